@@ -1,0 +1,23 @@
+# The two commands a newcomer needs:  make demo   and   make test
+PY ?= python3
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+.PHONY: deps demo test protos bench binaries
+
+deps:  ## install the project and its test dependencies (system packages too)
+	bash hack/install-deps.sh
+
+binaries: deps  ## build or reuse etcd, kube-apiserver, scheduler, controller-manager, helm, NRI harness
+	$(PY) -m devcluster.binaries --all
+
+demo: binaries  ## a real control plane, the driver on a simulated ND H100 v5 node, the seed example allocated
+	$(PY) -m devcluster.demo
+
+test: binaries  ## every test
+	$(PY) -m pytest -q -p no:cacheprovider
+
+protos:  ## regenerate driver/proto stubs after editing a .proto
+	$(PY) hack/gen_protos.py
+
+bench: deps  ## benchmarks (prints medians, p99s, ratios)
+	$(PY) -m bench

@@ -1,0 +1,187 @@
+"""Crash-safe driver state: prepared claims and the network state of running pods.
+
+Everything the driver must remember across a restart lives here, in one JSON
+file written by atomic replace (write temp, fsync, rename, fsync dir), so a
+driver killed at any instant finds either the old or the new state, never a torn
+one. NodePrepareResources writes :class:`PreparedClaim` entries; the NRI hooks
+write :class:`PodNetState` *before* each netlink step (write-ahead) so a restarted
+driver knows which NICs may sit in which namespace and under which name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from driver.model import Device
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+
+@dataclass
+class PreparedDevice:
+    """One allocated device of a prepared claim, with what pod start will need."""
+
+    request: str  # base request name ("nic", not "nic/sub")
+    pool: str
+    device: str
+    snapshot: Device  # the device as discovered at prepare time (attributes + host facts)
+    config: dict[str, Any] = field(default_factory=dict)  # validated claim config for this device
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PreparedDevice":
+        data = dict(data)
+        data["snapshot"] = Device.from_dict(data["snapshot"])
+        return cls(**data)
+
+
+@dataclass
+class PreparedClaim:
+    """A ResourceClaim the kubelet asked us to prepare, keyed by claim UID."""
+
+    uid: str
+    namespace: str
+    name: str
+    pod_uids: list[str] = field(default_factory=list)  # from status.reservedFor (pods)
+    devices: list[PreparedDevice] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PreparedClaim":
+        data = dict(data)
+        data["devices"] = [PreparedDevice.from_dict(d) for d in data.get("devices", [])]
+        return cls(**data)
+
+
+@dataclass
+class MovedDevice:
+    """Where one NIC of a pod is, and how to give it back exactly as it was.
+
+    ``step`` is written before the corresponding netlink operation so that after
+    a crash the driver knows the NIC may already be in the pod namespace.
+    """
+
+    device: str
+    host_ifname: str
+    pod_ifname: str
+    permanent_mac: str | None = None
+    pci_address: str | None = None
+    host_mtu: int | None = None
+    host_mac: str | None = None
+    host_addresses: list[str] = field(default_factory=list)  # CIDRs on the host side
+    host_routes: list[dict[str, Any]] = field(default_factory=list)  # route dicts, see netns module
+    rdma_device: str | None = None
+    rdma_moved: bool = False
+    step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
+
+
+@dataclass
+class PodNetState:
+    """The network namespace of a pod and the NICs moved into it."""
+
+    pod_uid: str
+    sandbox_id: str = ""
+    namespace: str = ""
+    name: str = ""
+    netns_path: str = ""
+    devices: list[MovedDevice] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PodNetState":
+        data = dict(data)
+        data["devices"] = [MovedDevice(**d) for d in data.get("devices", [])]
+        return cls(**data)
+
+
+@dataclass
+class DriverState:
+    """The whole checkpoint: claims by UID, pods by UID."""
+
+    claims: dict[str, PreparedClaim] = field(default_factory=dict)
+    pods: dict[str, PodNetState] = field(default_factory=dict)
+
+    def claims_for_pod(self, pod_uid: str) -> list[PreparedClaim]:
+        """Prepared claims reserved for ``pod_uid``, in stable (UID) order."""
+        return [c for _, c in sorted(self.claims.items()) if pod_uid in c.pod_uids]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": SCHEMA_VERSION,
+            "claims": {k: asdict(v) for k, v in self.claims.items()},
+            "pods": {k: asdict(v) for k, v in self.pods.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DriverState":
+        version = data.get("version")
+        if version != SCHEMA_VERSION:
+            raise CheckpointError(f"checkpoint schema version {version!r} is not {SCHEMA_VERSION}")
+        return cls(
+            claims={k: PreparedClaim.from_dict(v) for k, v in data.get("claims", {}).items()},
+            pods={k: PodNetState.from_dict(v) for k, v in data.get("pods", {}).items()},
+        )
+
+
+class CheckpointError(Exception):
+    """The checkpoint file exists but cannot be used."""
+
+
+class CheckpointStore:
+    """Owns the checkpoint file; every mutation is persisted before it returns.
+
+    Use :meth:`update` for read-modify-write: it runs ``fn`` on the in-memory
+    state under a lock and writes the result atomically. Readers use
+    :meth:`read`, which gives the function a consistent view.
+    """
+
+    FILENAME = "checkpoint.json"
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / self.FILENAME
+        self._lock = threading.RLock()
+        self._state = self._load()
+
+    def _load(self) -> DriverState:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            raw = self.path.read_text()
+        except FileNotFoundError:
+            return DriverState()
+        try:
+            return DriverState.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            # Keep the unreadable file for a human; never silently drop state.
+            raise CheckpointError(f"cannot parse {self.path}: {exc}") from exc
+
+    def read(self, fn: Callable[[DriverState], T]) -> T:
+        """Run ``fn`` on the current state under the lock (do not mutate)."""
+        with self._lock:
+            return fn(self._state)
+
+    def update(self, fn: Callable[[DriverState], T]) -> T:
+        """Mutate the state with ``fn`` and persist it before returning ``fn``'s result."""
+        with self._lock:
+            result = fn(self._state)
+            self._write()
+            return result
+
+    def _write(self) -> None:
+        data = json.dumps(self._state.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        tmp = self.path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -1,0 +1,121 @@
+"""The ``dranet`` command line: one subcommand per job, each handled by the module that owns it.
+
+Handlers are imported lazily so ``dranet discover`` does not pay for grpc,
+kopf or the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import socket
+import sys
+from typing import Callable, Sequence
+
+from driver.config import DEFAULT_FILTER, DriverConfig
+
+# subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
+HANDLERS: dict[str, str] = {
+    "run": "driver.daemon:cli_run",
+    "discover": "driver.discovery_cli:cli_discover",
+    "validate": "driver.claim_config:cli_validate",
+    "webhook": "driver.webhook:cli_webhook",
+    "topology": "driver.topology:cli_topology",
+    "templates": "driver.topology:cli_templates",
+}
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for all subcommands."""
+    parser = argparse.ArgumentParser(prog="dranet", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default=_env("DRANET_LOG_LEVEL", "info"),
+                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default=_env("DRANET_LOG_FORMAT", "json"), choices=["json", "text"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the node driver daemon (kubelet plugin, NRI plugin, slices)")
+    run.add_argument("--node-name", default=_env("NODE_NAME", socket.gethostname()))
+    run.add_argument("--driver-name", default="dra.net")
+    run.add_argument("--sysfs-root", default="/sys")
+    run.add_argument("--kubelet-root", default="/var/lib/kubelet")
+    run.add_argument("--state-dir", default="/var/lib/dranet", help="checkpoint directory")
+    run.add_argument("--nri-socket", default="/var/run/nri/nri.sock")
+    run.add_argument("--no-nri", dest="nri_enabled", action="store_false",
+                     help="do not connect to the container runtime (tests, discovery-only nodes)")
+    run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    run.add_argument("--filter", default=DEFAULT_FILTER,
+                     help="CEL expression over `device` (DeviceClass syntax); empty disables filtering")
+    run.add_argument("--bind-address", default=":9177", help="address of /healthz and /metrics")
+    run.add_argument("--publish-interval", type=float, default=2.0,
+                     help="seconds: at most one ResourceSlice write per interval")
+    run.add_argument("--resync-interval", type=float, default=60.0, help="seconds between full rescans")
+
+    disc = sub.add_parser("discover", help="print the devices this node would publish")
+    disc.add_argument("--sysfs-root", default="/sys")
+    disc.add_argument("--output", "-o", default="table", choices=["json", "table"])
+    disc.add_argument("--filter", default=DEFAULT_FILTER)
+
+    val = sub.add_parser("validate", help="validate dra.net configs in ResourceClaim(Template) files")
+    val.add_argument("files", nargs="+")
+
+    hook = sub.add_parser("webhook", help="run the validating admission webhook")
+    hook.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    hook.add_argument("--port", type=int, default=9443)
+    hook.add_argument("--host", default=None, help="address the apiserver uses to reach the webhook")
+    hook.add_argument("--tls-cert", default=None)
+    hook.add_argument("--tls-key", default=None)
+    hook.add_argument("--manage-configuration", action="store_true",
+                      help="create/patch the ValidatingWebhookConfiguration itself")
+    hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"])
+
+    topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")
+    topo.add_argument("--sysfs-root", default="/sys")
+    topo.add_argument("--output", "-o", default="table", choices=["json", "table"])
+
+    tmpl = sub.add_parser("templates", help="print NUMA-aligned ResourceClaimTemplates for this node")
+    tmpl.add_argument("--gpus", type=int, required=True)
+    tmpl.add_argument("--sysfs-root", default="/sys")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> DriverConfig:
+    """The daemon configuration from ``dranet run`` arguments."""
+    return DriverConfig(
+        node_name=args.node_name,
+        driver_name=args.driver_name,
+        sysfs_root=args.sysfs_root,
+        kubelet_root=args.kubelet_root,
+        state_dir=args.state_dir,
+        nri_socket=args.nri_socket,
+        nri_enabled=args.nri_enabled,
+        kubeconfig=args.kubeconfig,
+        filter=args.filter,
+        bind_address=args.bind_address,
+        publish_interval=args.publish_interval,
+        resync_interval=args.resync_interval,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+
+
+def _handler(command: str) -> Callable[[argparse.Namespace], int]:
+    module, func = HANDLERS[command].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dranet`` console script."""
+    from driver.logs import setup_logging
+
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level, args.log_format)
+    return int(_handler(args.command)(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

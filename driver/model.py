@@ -1,0 +1,105 @@
+"""Data models shared by discovery, slices, the kubelet plugin and the NRI hooks.
+
+A :class:`Device` is one allocatable thing this driver publishes: a PCI network
+function (with or without a netdev), an RDMA device without a network PCI class,
+or a virtual netdev. It carries the attributes exactly as they go into a
+``resource.k8s.io/v1`` ResourceSlice plus the host facts (:class:`HostFacts`)
+the driver needs later to prepare and move it, which are never published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+DRIVER_NAME = "dra.net"
+"""Driver name; the seed DeviceClass selects ``device.driver == "dra.net"``."""
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+MAX_ATTRIBUTES_PER_DEVICE = 32
+MAX_ATTRIBUTE_VALUE_LENGTH = 64
+MAX_DEVICES_PER_SLICE = 128
+
+AttributeValue = Union[bool, int, str]
+"""A DRA device attribute value: exactly one of bool, int or string (no versions here)."""
+
+
+def attribute_to_api(value: AttributeValue) -> dict[str, AttributeValue]:
+    """Encode a Python value as a v1 ``DeviceAttribute`` (``{"bool": ...}`` etc.)."""
+    # bool first: bool is a subclass of int.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    return {"string": value}
+
+
+def attribute_from_api(encoded: dict[str, Any]) -> AttributeValue:
+    """Decode a v1 ``DeviceAttribute`` back into a Python value."""
+    for key in ("bool", "int", "string", "version"):
+        if key in encoded:
+            return encoded[key]
+    raise ValueError(f"device attribute has no value field: {encoded!r}")
+
+
+@dataclass(frozen=True)
+class CharDevice:
+    """A character device node a container needs (e.g. ``/dev/infiniband/uverbs0``)."""
+
+    path: str
+    major: int
+    minor: int
+    type: str = "c"
+
+
+@dataclass
+class HostFacts:
+    """Host-side facts about a device, used by prepare and the NRI hooks; never published."""
+
+    pci_address: str | None = None
+    ifname: str | None = None
+    permanent_mac: str | None = None
+    rdma_device: str | None = None
+    char_devices: list[CharDevice] = field(default_factory=list)
+    numa_node: int | None = None
+    sriov_pf: str | None = None  # PCI address of the PF when this is a VF
+    virtual: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HostFacts":
+        data = dict(data)
+        data["char_devices"] = [CharDevice(**c) for c in data.get("char_devices", [])]
+        return cls(**data)
+
+
+@dataclass
+class Device:
+    """One published device: its DNS-label name, qualified attributes and host facts.
+
+    ``attributes`` keys are fully qualified (``dra.net/rdma``,
+    ``resource.kubernetes.io/pciBusID``); :meth:`to_api` turns them into the
+    v1 ``spec.devices[]`` entry.
+    """
+
+    name: str
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    host: HostFacts = field(default_factory=HostFacts)
+
+    def to_api(self) -> dict[str, Any]:
+        """The device as it appears in a ResourceSlice's ``spec.devices`` (v1 JSON)."""
+        return {
+            "name": self.name,
+            "attributes": {k: attribute_to_api(v) for k, v in sorted(self.attributes.items())},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Full serialisation (attributes and host facts), for checkpoints."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Device":
+        return cls(
+            name=data["name"],
+            attributes=dict(data.get("attributes", {})),
+            host=HostFacts.from_dict(data.get("host", {})),
+        )
