@@ -1,0 +1,1 @@
+"""pytest fixtures: cluster (see module owner in docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: netns (see module owner in docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: nri (see module owner in docs/architecture.md)."""

@@ -1,0 +1,1 @@
+"""pytest fixtures: sysfs (see module owner in docs/architecture.md)."""
