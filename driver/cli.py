@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
     run.add_argument("--filter", default=DEFAULT_FILTER,
                      help="CEL expression over `device` (DeviceClass syntax); empty disables filtering")
+    run.add_argument("--exclude-interfaces", default="",
+                     help="comma-separated interfaces treated like the uplink (never published, with their slaves)")
     run.add_argument("--bind-address", default=":9177", help="address of /healthz and /metrics")
     run.add_argument("--publish-interval", type=float, default=2.0,
                      help="seconds: at most one ResourceSlice write per interval")
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     disc.add_argument("--sysfs-root", default="/sys")
     disc.add_argument("--output", "-o", default="table", choices=["json", "table"])
     disc.add_argument("--filter", default=DEFAULT_FILTER)
+    disc.add_argument("--exclude-interfaces", default="")
 
     val = sub.add_parser("validate", help="validate dra.net configs in ResourceClaim(Template) files")
     val.add_argument("files", nargs="+")
@@ -95,6 +98,7 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
         nri_enabled=args.nri_enabled,
         kubeconfig=args.kubeconfig,
         filter=args.filter,
+        exclude_interfaces=[i for i in args.exclude_interfaces.split(",") if i],
         bind_address=args.bind_address,
         publish_interval=args.publish_interval,
         resync_interval=args.resync_interval,

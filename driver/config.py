@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_FILTER = 'device.attributes["dra.net"].type != "veth"'
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
@@ -21,6 +21,8 @@ class DriverConfig:
     nri_enabled: bool = True
     kubeconfig: str | None = None  # None: in-cluster config
     filter: str = DEFAULT_FILTER  # empty string disables filtering
+    # Treated like the default-route uplink: never published, nor anything enslaved to them.
+    exclude_interfaces: list[str] = field(default_factory=list)
     bind_address: str = ":9177"  # /healthz and /metrics
     publish_interval: float = 2.0  # coalescing window for ResourceSlice writes (s)
     resync_interval: float = 60.0  # periodic full rescan (s)
