@@ -1,0 +1,1 @@
+"""Development-only helpers (not shipped): build upstream binaries, run a real control plane."""
