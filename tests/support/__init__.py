@@ -1,0 +1,1 @@
+"""Reusable test helpers: a fake kube-apiserver and a client that plays the kubelet."""
