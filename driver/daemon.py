@@ -1,0 +1,269 @@
+"""``dranet run``: the node daemon, every component in one asyncio loop.
+
+Start order: checkpoint (fail if unreadable: never drop state), first discovery scan
+(so the first prepare finds the inventory), kubelet plugin (DRA socket, then
+registration), health server, then the background loops: ResourceSlice publisher,
+rescans (netlink link events + periodic resync, coalesced), NRI plugin.
+SIGTERM/SIGINT stop the gRPC servers, remove the sockets and exit 0.
+
+Blocking discovery (sysfs walks, netlink dumps) runs in a worker thread so gRPC
+calls are answered while a scan is in progress. Optional components that are not
+importable yet are logged and skipped, so the daemon still serves the kubelet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import logging
+import signal
+import time
+from typing import Any, Callable
+
+from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
+from driver.config import DriverConfig
+from driver.kube import KubeClient
+from driver.metrics import Metrics
+from driver.model import Device
+
+log = logging.getLogger(__name__)
+
+
+def _optional(module: str, name: str) -> Any | None:
+    """``module.name`` or None (logged) when that module is not part of this build yet."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise  # a real missing dependency inside the module: do not hide it
+        log.warning("component not available, skipped", extra={"kv": {"module": module}})
+        return None
+
+
+def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
+    """Device snapshots of prepared claims: published even while their netdev sits in a pod."""
+    return {d.device: d.snapshot for claim in state.claims.values() for d in claim.devices}
+
+
+class Daemon:
+    """Owns the components of one node driver and their lifecycle."""
+
+    def __init__(self, config: DriverConfig, kube: KubeClient, store: CheckpointStore,
+                 metrics: Metrics | None = None) -> None:
+        self.config = config
+        self.kube = kube
+        self.store = store
+        self.metrics = metrics or Metrics()
+        self.inventory: dict[str, Device] = {}
+        self.scanned = False
+        self.stopping = asyncio.Event()
+        self._rescan = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scan_fn = self._build_scanner()
+        self.publisher = self._build_publisher()
+        from driver.kubelet_plugin import DeviceHealthFeed, KubeletPlugin
+        from driver.prepare import Preparer
+
+        self.health_feed = DeviceHealthFeed()
+        self.preparer = Preparer(kube, store, lambda: self.inventory, config.driver_name, config.node_name,
+                                 config_decoder=_config_decoder())
+        self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
+        from driver.health import HealthServer
+
+        self.http = HealthServer(config.bind_address, self.metrics, self.ready)
+
+    # -- construction ------------------------------------------------------------------------
+
+    def _build_scanner(self) -> Callable[[], list[Device]]:
+        Scanner = _optional("driver.discovery", "Scanner")
+        merge = _optional("driver.discovery", "merge_allocated")
+        DeviceFilter = _optional("driver.device_filter", "DeviceFilter") if self.config.filter else None
+        scanner = Scanner(self.config.sysfs_root, netlink=self.config.host_sysfs,
+                          exclude_interfaces=self.config.exclude_interfaces) if Scanner else None
+        device_filter = DeviceFilter(self.config.filter) if DeviceFilter else None
+
+        def scan() -> list[Device]:
+            devices = scanner.scan() if scanner else []
+            if device_filter is not None:
+                devices = device_filter.apply(devices)
+            if merge is not None:
+                devices = merge(devices, self.store.read(_allocated_snapshots))
+            return devices
+
+        return scan
+
+    def _build_publisher(self) -> Any | None:
+        SlicePublisher = _optional("driver.publisher", "SlicePublisher")
+        if SlicePublisher is None:
+            return None
+        kwargs: dict[str, Any] = {"interval": self.config.publish_interval}
+        if "metrics" in inspect.signature(SlicePublisher).parameters:
+            kwargs["metrics"] = self.metrics  # lets it set the last-publish time
+        return SlicePublisher(self.kube, self.config.driver_name, self.config.node_name, **kwargs)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Healthy: the kubelet plugin serves and discovery ran at least once."""
+        return self.plugin.serving and self.scanned
+
+    def request_rescan(self) -> None:
+        """Ask for a rescan soon (coalesced); safe to call from any thread."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if self._loop is None or running is self._loop:
+            self._rescan.set()
+        else:
+            self._loop.call_soon_threadsafe(self._rescan.set)
+
+    async def rescan(self) -> None:
+        """One scan in a worker thread, then publish and refresh health."""
+        started = time.perf_counter()
+        devices = await asyncio.to_thread(self._scan_fn)
+        self.inventory = {d.name: d for d in devices}
+        self.scanned = True
+        rdma = sum(1 for d in devices if d.attributes.get("dra.net/rdma") is True)
+        self.metrics.set_devices(len(devices), rdma)
+        if self.publisher is not None:
+            self.publisher.update(devices)
+        from driver.kubelet_plugin import health_states
+
+        allocated = self.store.read(lambda s: {d.device for c in s.claims.values() for d in c.devices})
+        states = await asyncio.to_thread(health_states, self.inventory, self.config.node_name,
+                                         self.config.sysfs_root, allocated.__contains__)
+        await self.health_feed.set(states)
+        log.info("scan done", extra={"kv": {"devices": len(devices), "rdma": rdma,
+                                            "ms": round((time.perf_counter() - started) * 1000, 1)}})
+
+    async def _rescan_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._rescan.wait(), timeout=self.config.resync_interval)
+            except asyncio.TimeoutError:
+                pass
+            self._rescan.clear()
+            try:
+                await self.rescan()
+            except Exception:  # a failed scan keeps the last inventory; try again next time
+                log.exception("rescan failed")
+
+    async def _guard(self, name: str, coro_fn: Callable[[], Any]) -> None:
+        """Run a background loop; restart it after a crash instead of taking the daemon down."""
+        while True:
+            try:
+                await coro_fn()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("component crashed, restarting in 1s", extra={"kv": {"component": name}})
+                await asyncio.sleep(1.0)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Run until :attr:`stopping` is set; returns the exit code."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            await self.rescan()
+        except Exception:
+            log.exception("initial scan failed; serving an empty inventory until the next resync")
+        await self.plugin.start()
+        try:
+            await self.http.start()
+            self._start_background()
+            await self.stopping.wait()
+        finally:
+            await self.shutdown()
+        return 0
+
+    def _start_background(self) -> None:
+        spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))  # noqa: E731
+        spawn("rescan", self._rescan_loop)
+        if self.publisher is not None:
+            spawn("publisher", self.publisher.run)
+        if self.config.host_sysfs:
+            LinkWatcher = _optional("driver.link_watch", "LinkWatcher")
+            if LinkWatcher is not None:
+                spawn("link-watch", LinkWatcher(self.request_rescan).run)
+        if self.config.nri_enabled:
+            NRIPlugin = _optional("driver.nri.plugin", "NRIPlugin")
+            NRIHooks = _optional("driver.nri_hooks", "NRIHooks")
+            if NRIPlugin is not None and NRIHooks is not None:
+                nri = NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None))
+                spawn("nri", nri.run)
+
+    async def shutdown(self) -> None:
+        """Stop the servers (removing the sockets) and the background tasks."""
+        await self.plugin.stop(grace=0.5)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.http.stop()
+        log.info("daemon stopped")
+
+
+def _config_decoder() -> Callable[..., dict[str, Any]]:
+    """Strict validation of claim configs when ``driver.claim_config`` is present.
+
+    The stored shape stays ``{"opaque": [...]}`` (what the NRI hooks read); the decoded,
+    merged config is added as ``network`` so bad configs fail at prepare time, per claim.
+    """
+    from driver.prepare import opaque_configs
+
+    configs_for_request = _optional("driver.claim_config", "configs_for_request")
+    if configs_for_request is None:
+        return opaque_configs
+
+    def decode(configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
+        out = opaque_configs(configs, base, full, driver)
+        out["network"] = configs_for_request(configs, full, driver).to_parameters()
+        return out
+
+    return decode
+
+
+async def _main(config: DriverConfig) -> int:
+    try:
+        store = CheckpointStore(config.state_dir)
+    except CheckpointError as exc:
+        log.error("cannot load checkpoint; refusing to start without it", extra={"kv": {"error": str(exc)}})
+        return 1
+    try:
+        kube = KubeClient.from_kubeconfig(config.kubeconfig)
+    except Exception as exc:
+        log.error("cannot configure the Kubernetes client", extra={"kv": {
+            "kubeconfig": config.kubeconfig or "<in-cluster>", "error": str(exc)}})
+        return 1
+    daemon = Daemon(config, kube, store)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.stopping.set)
+    log.info("dranet starting", extra={"kv": {"node": config.node_name, "driver": config.driver_name,
+                                              "sysfs": config.sysfs_root, "state_dir": config.state_dir,
+                                              "nri": config.nri_enabled}})
+    return await daemon.run()
+
+
+def cli_run(args: argparse.Namespace) -> int:
+    """Entry point of ``dranet run``."""
+    from driver.cli import config_from_args
+    from driver.health import parse_bind_address
+
+    config = config_from_args(args)
+    try:
+        if not config.node_name:
+            raise ValueError("--node-name: must not be empty (set NODE_NAME)")
+        if config.resync_interval <= 0 or config.publish_interval <= 0:
+            raise ValueError("--resync-interval/--publish-interval: must be > 0 seconds")
+        parse_bind_address(config.bind_address)
+    except ValueError as exc:
+        log.error("invalid configuration", extra={"kv": {"error": str(exc)}})
+        return 2
+    return asyncio.run(_main(config))

@@ -1,0 +1,65 @@
+"""``/healthz`` and ``/metrics`` over HTTP (aiohttp), on the daemon's ``--bind-address``.
+
+``/healthz`` answers 200 only once ``ready()`` is true (the daemon: kubelet plugin
+serving and the first discovery done), 503 before, so a DaemonSet readiness probe
+does not mark a half-started driver ready.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from aiohttp import web
+
+from driver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def parse_bind_address(address: str) -> tuple[str, int]:
+    """``":9177"`` -> ``("0.0.0.0", 9177)``; ``"127.0.0.1:0"`` -> ephemeral port; ``"[::1]:80"`` works."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--bind-address {address!r}: expected [host]:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+class HealthServer:
+    """Serves /healthz and /metrics until :meth:`stop`."""
+
+    def __init__(self, bind_address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
+        self.host, self.port = parse_bind_address(bind_address)
+        self.metrics = metrics
+        self.ready = ready
+        self._runner: web.AppRunner | None = None
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        if self.ready():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="not ready\n")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    async def start(self) -> None:
+        """Bind and serve; :attr:`port` is the real port afterwards (useful with port 0)."""
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self._runner = runner
+        sockets = getattr(site._server, "sockets", None) or []  # aiohttp exposes no public accessor
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("health server listening", extra={"kv": {"host": self.host, "port": self.port}})
+
+    async def stop(self) -> None:
+        """Close the listener and connections."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
