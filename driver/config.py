@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DEFAULT_FILTER = 'device.attributes["dra.net"].type != "veth"'
+DEFAULT_FILTER = '!has(device.attributes["dra.net"].type) || device.attributes["dra.net"].type != "veth"'
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
 
 
