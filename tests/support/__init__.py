@@ -1,1 +1,38 @@
-"""Reusable test helpers: a fake kube-apiserver and a client that plays the kubelet."""
+"""Reusable test helpers: a fake kube-apiserver, a client that plays the kubelet, a tiny sysfs tree."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8A) -> list[str]:
+    """Write ``count`` Mellanox-like PCI Ethernet functions with netdevs ``eth0..`` under ``root``.
+
+    Shaped like the kernel's sysfs (``bus/pci/devices`` and ``class/net`` are symlinks into
+    ``devices/``, a bound ``driver`` link), enough for discovery to publish them. Returns the
+    device names discovery gives them (``pci-0000-8a-00-0``...). For full topologies use the
+    fixture builder in tests/plugins/sysfs.py.
+    """
+    root = Path(root)
+    names = []
+    drivers = root / "bus/pci/drivers/mlx5_core"
+    drivers.mkdir(parents=True, exist_ok=True)
+    (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+    (root / "class/net").mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        bdf = f"0000:{bus:02x}:{i // 8:02x}.{i % 8}"
+        dev = root / "devices/pci0000:80/0000:80:01.0" / bdf
+        net = dev / "net" / f"eth{i}"
+        net.mkdir(parents=True)
+        for name, value in {"class": "0x020000", "vendor": "0x15b3", "device": "0x101b", "numa_node": "1",
+                            "subsystem_device": "0x0023"}.items():
+            (dev / name).write_text(value + "\n")
+        for name, value in {"address": f"02:00:00:00:{i // 256:02x}:{i % 256:02x}", "mtu": "1500",
+                            "operstate": "up", "type": "1"}.items():
+            (net / name).write_text(value + "\n")
+        os.symlink(os.path.relpath(drivers, dev), dev / "driver")
+        os.symlink(os.path.relpath(dev, root / "bus/pci/devices"), root / "bus/pci/devices" / bdf)
+        os.symlink(os.path.relpath(net, root / "class/net"), root / "class/net" / f"eth{i}")
+        names.append("pci-" + bdf.replace(":", "-").replace(".", "-"))
+    return names

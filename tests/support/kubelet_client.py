@@ -78,6 +78,22 @@ class KubeletClient:
         await reg_grpc.RegistrationStub(self._channel(self.registration_socket)).NotifyRegistrationStatus(
             reg_pb.RegistrationStatus(plugin_registered=registered, error=error), timeout=self.timeout)
 
+    async def wait_serving(self, timeout: float = 20.0) -> reg_pb.PluginInfo:
+        """Retry GetInfo until the plugin answers (a stale socket of a killed driver refuses)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                return await reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(
+                    reg_pb.InfoRequest(), timeout=1.0, wait_for_ready=False)
+            except grpc.aio.AioRpcError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                # A channel that saw a refused connect backs off; start afresh.
+                channel = self._channels.pop(self.registration_socket, None)
+                if channel is not None:
+                    await channel.close()
+                await asyncio.sleep(0.05)
+
     async def register(self) -> reg_pb.PluginInfo:
         """GetInfo then NotifyRegistrationStatus(registered), as the plugin watcher does."""
         info = await self.get_info()
