@@ -146,7 +146,8 @@ class Builder:
             all_cpus: str = "0") -> Path:
         bdf = spec["bdf"]
         if parent is None:
-            dom, rid = _bdf_to_rid(bdf)
+            # The host bridge is named after the bus of the topmost device below it.
+            dom, rid = _bdf_to_rid((spec.get("bridges") or [bdf])[0])
             parent = Path("devices") / f"pci{dom:04x}:{rid >> 8:02x}"
             for bridge in spec.get("bridges", []):
                 parent = parent / bridge
