@@ -1,0 +1,209 @@
+"""``dranet webhook``: a kopf validating admission webhook for dra.net claim configs.
+
+It validates ResourceClaims and ResourceClaimTemplates (``resource.k8s.io/v1``) on CREATE and
+UPDATE with the same validator as NodePrepareResources and ``dranet validate``
+(:func:`driver.claim_config.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
+are looked at. A rejection lists every problem as ``<field path>: <reason>``.
+
+kopf runs with the smallest footprint it allows: standalone (no peering objects), cluster
+scanning disabled (no watches on CRDs or namespaces), no event posting, and no handlers except
+the two validators. TLS comes from ``--tls-cert``/``--tls-key`` or, when absent, a self-signed
+CA and server certificate generated at start (SANs: ``--host``, 127.0.0.1, localhost).
+With ``--manage-configuration`` kopf creates and keeps the ValidatingWebhookConfiguration
+``dra.net-webhook`` (URL and caBundle) up to date; otherwise one from the chart is used, pointing
+at ``https://<service>:<port>/validate`` (any path works: kopf selects handlers by resource).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from driver.claim_config import validate_claim_spec
+
+log = logging.getLogger(__name__)
+
+MANAGED_CONFIGURATION = "dra.net-webhook"
+GROUP, VERSION = "resource.k8s.io", "v1"
+# plural -> where the claim spec sits in the object (the path used in error messages)
+SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    """Everything ``dranet webhook`` needs, from its flags."""
+
+    kubeconfig: str | None = None
+    port: int = 9443
+    host: str | None = None  # address the apiserver uses to reach us (URL in a managed config)
+    listen: str | None = None  # None: all interfaces
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    manage_configuration: bool = False
+    failure_policy: str = "Fail"
+
+
+def review(plural: str, body: dict[str, Any]) -> list[str]:
+    """``path: reason`` for every problem in a claim or template object (empty when valid)."""
+    keys = SPEC_PATHS[plural]
+    spec: Any = body
+    for key in keys:
+        spec = spec.get(key) if isinstance(spec, dict) else None
+    if spec is None:
+        return []
+    return [f"{e.path}: {e.reason}" for err in validate_claim_spec(spec, ".".join(keys)) for e in err.errors]
+
+
+def _validator(plural: str):
+    def validate(body: kopf.Body, operation: str | None = None, **_: Any) -> None:
+        problems = review(plural, dict(body))
+        if problems:
+            meta = body.get("metadata") or {}
+            log.info("rejected", extra={"kv": {"resource": plural, "namespace": meta.get("namespace"),
+                                               "name": meta.get("name"), "operation": operation,
+                                               "problems": problems}})
+            raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
+
+    validate.__name__ = f"validate_{plural}"
+    return validate
+
+
+def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorRegistry:
+    """A registry with exactly the two validators, a login handler and the settings."""
+    registry = kopf.OperatorRegistry()
+    for plural in SPEC_PATHS:
+        kopf.on.validate(
+            GROUP, VERSION, plural, id=f"validate-{plural}", operations=["CREATE", "UPDATE"],
+            ignore_failures=options.failure_policy == "Ignore", registry=registry,
+        )(_validator(plural))
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(options.kubeconfig)
+
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.scanning.disabled = True  # no CRD/namespace watches: resources found once at start
+        settings.posting.enabled = False  # no k8s events from kopf's own logs
+        settings.admission.server = kopf.WebhookServer(
+            addr=options.listen, port=options.port, host=options.host,
+            certfile=tls.certfile, pkeyfile=tls.keyfile, cadata=tls.cadata,
+        )
+        settings.admission.managed = MANAGED_CONFIGURATION if options.manage_configuration else None
+
+    kopf.on.login(registry=registry)(login)
+    kopf.on.startup(registry=registry)(configure)
+    return registry
+
+
+def connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:
+    """kopf credentials from a kubeconfig path (or the in-cluster service account)."""
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    cfg = k8s_client.Configuration()
+    if kubeconfig:
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    if cfg.refresh_api_key_hook is not None:
+        cfg.refresh_api_key_hook(cfg)  # in-cluster: re-read the rotated service account token
+    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken") or ""
+    scheme, _, token = auth.partition(" ") if " " in auth else ("Bearer", "", auth)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        scheme=scheme if token else None,
+        token=token or None,
+    )
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """The server's certificate and key files, and the CA bundle clients need (PEM)."""
+
+    certfile: str
+    keyfile: str
+    cadata: bytes | None
+
+
+def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
+    """A throwaway CA and a server certificate for ``hosts`` (IPs or DNS names), valid 1 year."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dra.net webhook CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for host in dict.fromkeys(hosts):
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    certfile, keyfile = directory / "tls.crt", directory / "tls.key"
+    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile.touch(mode=0o600)
+    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    cadata = ca.public_bytes(serialization.Encoding.PEM)
+    (directory / "ca.crt").write_bytes(cadata)
+    return TLSFiles(str(certfile), str(keyfile), cadata)
+
+
+def options_from_args(args: argparse.Namespace) -> WebhookOptions:
+    """:class:`WebhookOptions` from the ``dranet webhook`` flags."""
+    return WebhookOptions(
+        kubeconfig=args.kubeconfig, port=args.port, host=args.host, tls_cert=args.tls_cert,
+        tls_key=args.tls_key, manage_configuration=args.manage_configuration, failure_policy=args.failure_policy,
+    )
+
+
+def cli_webhook(args: argparse.Namespace) -> int:
+    """``dranet webhook``: serve until SIGTERM/SIGINT."""
+    options = options_from_args(args)
+    if bool(options.tls_cert) != bool(options.tls_key):
+        log.error("--tls-cert and --tls-key must be given together")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="dranet-webhook-") as tmp:
+        if options.tls_cert and options.tls_key:
+            # caBundle for a managed configuration: a ca.crt next to the certificate (as in a
+            # cert-manager or kubernetes.io/tls secret mount), else the certificate file itself
+            # (right for a self-signed leaf or a file holding the chain up to the CA).
+            ca_file = Path(options.tls_cert).with_name("ca.crt")
+            cadata = (ca_file if ca_file.exists() else Path(options.tls_cert)).read_bytes()
+            tls = TLSFiles(options.tls_cert, options.tls_key, cadata)
+        else:
+            hosts = [h for h in (options.host, "127.0.0.1", "localhost") if h]
+            tls = self_signed(Path(tmp), hosts)
+            log.info("generated a self-signed webhook certificate", extra={"kv": {"sans": hosts, "dir": tmp}})
+        registry = build_registry(options, tls)
+        log.info("starting webhook", extra={"kv": {"port": options.port, "host": options.host,
+                                                    "managed": options.manage_configuration,
+                                                    "failurePolicy": options.failure_policy}})
+        kopf.run(registry=registry, standalone=True, clusterwide=True)
+    return 0
