@@ -166,8 +166,14 @@ class CheckpointStore:
     def update(self, fn: Callable[[DriverState], T]) -> T:
         """Mutate the state with ``fn`` and persist it before returning ``fn``'s result."""
         with self._lock:
-            result = fn(self._state)
-            self._write()
+            try:
+                result = fn(self._state)
+                self._write()
+            except BaseException:
+                # fn may have mutated the state before failing, or the write failed (ENOSPC):
+                # go back to what is on disk so memory never claims what was not persisted.
+                self._state = self._load()
+                raise
             return result
 
     def _write(self) -> None:

@@ -1,0 +1,111 @@
+"""CheckpointStore: round trips, refusal of unusable files, and crash safety under real SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from driver.checkpoint import (CheckpointError, CheckpointStore, MovedDevice, PodNetState, PreparedClaim,
+                               PreparedDevice)
+from driver.model import CharDevice, Device, HostFacts
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _claim(uid: str) -> PreparedClaim:
+    snap = Device("pci-0000-8a-00-0", {"dra.net/rdma": True, "dra.net/mtu": 4096, "dra.net/ifName": "ib0"},
+                  HostFacts(pci_address="0000:8a:00.0", ifname="ib0", rdma_device="mlx5_0", numa_node=1,
+                            char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)]))
+    return PreparedClaim(uid=uid, namespace="ns", name="c", pod_uids=["p1"],
+                         devices=[PreparedDevice("nic", "node", snap.name, snap, {"opaque": [{"mtu": 9000}]})])
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", netns_path="/var/run/netns/x", devices=[
+        MovedDevice("pci-0000-8a-00-0", "ib0", "net1", host_addresses=["10.0.0.2/24"], step="in-pod")])))
+    again = CheckpointStore(tmp_path)
+    assert again.read(lambda s: s.claims["u1"]) == _claim("u1")
+    pod = again.read(lambda s: s.pods["p1"])
+    assert pod.devices[0].step == "in-pod" and pod.devices[0].host_addresses == ["10.0.0.2/24"]
+    assert again.read(lambda s: [c.uid for c in s.claims_for_pod("p1")]) == ["u1"]
+    assert not (tmp_path / "checkpoint.tmp").exists()
+    assert oct(os.stat(tmp_path / "checkpoint.json").st_mode & 0o777) == "0o600"
+
+
+def test_unusable_files_are_refused_and_kept(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text("{torn")
+    with pytest.raises(CheckpointError, match="cannot parse"):
+        CheckpointStore(tmp_path)
+    assert (tmp_path / "checkpoint.json").read_text() == "{torn"
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"version": 99, "claims": {}}))
+    with pytest.raises(CheckpointError, match="version 99"):
+        CheckpointStore(tmp_path)
+
+
+def test_failed_mutation_is_not_persisted_as_partial_write(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+
+    def boom(state: object) -> None:
+        raise RuntimeError("bug")
+
+    with pytest.raises(RuntimeError):
+        store.update(boom)
+    assert CheckpointStore(tmp_path).read(lambda s: list(s.claims)) == ["u1"]
+
+
+WRITER = """
+import sys
+from driver.checkpoint import CheckpointStore
+from tests.test_checkpoint import _claim
+store = CheckpointStore(sys.argv[1])
+i = 0
+print("ready", flush=True)
+while True:
+    i += 1
+    store.update(lambda s: s.claims.__setitem__(f"u{i}", _claim(f"u{i}")))
+"""
+
+
+def test_sigkill_during_writes_leaves_old_or_new_state(tmp_path: Path) -> None:
+    """A writer process is SIGKILLed at arbitrary moments; the file always loads, claims are contiguous."""
+    for round_ in range(8):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+            time.sleep(0.05 + 0.03 * round_)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        uids = CheckpointStore(tmp_path).read(lambda s: sorted(int(u[1:]) for u in s.claims))
+        # Each round restarts numbering at u1 and overwrites; the set is always 1..n (no torn entries).
+        assert uids == list(range(1, len(uids) + 1))
+        (tmp_path / "checkpoint.json").unlink(missing_ok=True)
+
+
+def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+
+    def enospc(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", enospc)
+    with pytest.raises(OSError):
+        store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
+    monkeypatch.undo()
+    assert store.read(lambda s: sorted(s.claims)) == ["u1"]  # memory agrees with the disk
+    with pytest.raises(RuntimeError):
+        store.update(lambda s: (s.claims.pop("u1"), (_ for _ in ()).throw(RuntimeError("bug"))))
+    assert store.read(lambda s: sorted(s.claims)) == ["u1"]
