@@ -1,0 +1,346 @@
+"""charts/dranet rendered by real helm: lint, values variants, schema rejections, and every
+object validated against the Kubernetes 1.34 OpenAPI schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from driver.cli import build_parser, config_from_args
+from driver.config import DEFAULT_FILTER
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "dranet"
+KUBE_VERSION = "1.34.0"
+# Kinds without a Kubernetes schema (cert-manager CRDs).
+NON_CORE_KINDS = {"Issuer", "Certificate"}
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """helm v3 from PATH/cache, built from the Go module proxy on first use."""
+    from devcluster import helm as helm_mod
+
+    path = helm_mod.existing()
+    if path:
+        return path
+    try:
+        return helm_mod.build()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no helm and could not build it: {exc}")
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
+
+
+def render(helm: str, *sets: str, release: str = "dranet", namespace: str = "kube-system",
+           values: dict[str, Any] | None = None, tmp: Path | None = None) -> list[dict[str, Any]]:
+    """`helm template` -> list of objects; ``sets`` are --set arguments."""
+    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    if values is not None:
+        assert tmp is not None
+        f = tmp / "values.yaml"
+        f.write_text(yaml.safe_dump(values))
+        args += ["-f", str(f)]
+    out = run_helm(helm, *args)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def driver_args(docs: list[dict[str, Any]], node: str = "node-a") -> list[str]:
+    """The DaemonSet container args with $(NODE_NAME) expanded as the kubelet would."""
+    c = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    return [a.replace("$(NODE_NAME)", node) for a in c["args"]]
+
+
+def host_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
+    """volume name -> (hostPath, mountPath) of the driver container."""
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    return {m["name"]: (host[m["name"]], m["mountPath"])
+            for m in spec["containers"][0]["volumeMounts"] if m["name"] in host}
+
+
+VARIANTS = {
+    "defaults": [],
+    "no-webhook-no-class": ["webhook.enabled=false", "deviceClass.create=false"],
+    "custom-paths": ["kubeletRootDir=/data/kubelet", "stateDir=/data/dranet", "nri.socket=/run/alt/nri.sock",
+                     "driverName=net.example.com", "metricsPort=19177"],
+    "no-nri-privileged": ["nri.enabled=false", "securityContext.privileged=true", "logLevel=debug"],
+    "cert-manager": ["webhook.tls.mode=certManager", "webhook.failurePolicy=Ignore"],
+    "secret-tls": ["webhook.tls.mode=secret", "webhook.tls.secretName=my-tls",
+                   "webhook.tls.caBundle=" + base64.b64encode(b"not-a-real-ca").decode()],
+    "no-rbac-no-vap": ["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing",
+                       "nodeRestriction.enabled=false"],
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_lint(helm: str, variant: str) -> None:
+    args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION, "--namespace", "kube-system"]
+    for s in VARIANTS[variant]:
+        args += ["--set", s]
+    out = run_helm(helm, *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_object_valid_against_k8s_134_schemas(helm: str, variant: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = render(helm, *VARIANTS[variant])
+    assert docs
+    checked = 0
+    for d in docs:
+        if d["kind"] in NON_CORE_KINDS:
+            continue
+        # strict: unknown fields are errors, like the apiserver's strict field validation.
+        kubernetes_validate.validate(d, KUBE_VERSION, strict=True)
+        checked += 1
+    assert checked >= 5
+
+
+def test_schema_validation_catches_a_bad_object(helm: str) -> None:
+    """The validator above is not a no-op: a typo'd field and a wrong type are rejected."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    ds = one(render(helm), "DaemonSet")
+    ds["spec"]["template"]["spec"]["hostNetwrok"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, KUBE_VERSION, strict=True)
+    vap = one(render(helm), "ValidatingAdmissionPolicy")
+    vap["spec"]["validations"] = "not-a-list"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(vap, KUBE_VERSION, strict=True)
+
+
+def test_default_objects(helm: str) -> None:
+    docs = render(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted([
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass",
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "Secret",
+        "ValidatingWebhookConfiguration"])
+    for d in docs:
+        if d["kind"] not in {"ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration"}:
+            assert d["metadata"]["namespace"] == "kube-system", d["kind"]
+
+
+def test_driver_args_are_accepted_by_the_cli(helm: str) -> None:
+    """Every flag the chart passes parses with `dranet`'s own parser, with the chart's values."""
+    for variant in ("defaults", "custom-paths", "no-nri-privileged"):
+        docs = render(helm, *VARIANTS[variant])
+        args = build_parser().parse_args(driver_args(docs))
+        assert args.command == "run"
+        cfg = config_from_args(args)
+        assert cfg.node_name == "node-a"
+        if variant == "defaults":
+            assert cfg.filter == DEFAULT_FILTER
+            assert cfg.driver_name == "dra.net" and cfg.nri_enabled and cfg.bind_address == ":9177"
+            assert cfg.exclude_interfaces == [] and cfg.log_level == "info" and cfg.log_format == "json"
+        if variant == "no-nri-privileged":
+            assert not cfg.nri_enabled and cfg.log_level == "debug"
+
+
+def test_webhook_args_are_accepted_by_the_cli(helm: str) -> None:
+    dep = one(render(helm, "webhook.failurePolicy=Ignore"), "Deployment")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    assert args.command == "webhook" and args.failure_policy == "Ignore" and args.port == 9443
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert str(Path(args.tls_cert).parent) in mounts and str(Path(args.tls_key).parent) in mounts
+
+
+def test_custom_kubelet_root_moves_host_and_mount_paths_and_socket(helm: str) -> None:
+    docs = render(helm, *VARIANTS["custom-paths"])
+    mounts = host_mounts(docs)
+    assert mounts["kubelet-plugins"] == ("/data/kubelet/plugins", "/data/kubelet/plugins")
+    assert mounts["kubelet-plugins-registry"] == ("/data/kubelet/plugins_registry", "/data/kubelet/plugins_registry")
+    assert mounts["state"] == ("/data/dranet", "/data/dranet")
+    assert mounts["nri"] == ("/run/alt", "/run/alt")
+    cfg = config_from_args(build_parser().parse_args(driver_args(docs)))
+    # The sockets the driver creates are inside a mount whose host path is the same path,
+    # so the path the kubelet is given is valid on the host.
+    assert cfg.dra_socket == "/data/kubelet/plugins/net.example.com/dra.sock"
+    assert cfg.registration_socket == "/data/kubelet/plugins_registry/net.example.com-reg.sock"
+    for sock in (cfg.dra_socket, cfg.registration_socket, cfg.nri_socket, cfg.state_dir):
+        assert any(sock.startswith(m + "/") or sock == m for h, m in mounts.values() if h == m), sock
+    ds = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    probe_port = ds["containers"][0]["ports"][0]["containerPort"]
+    assert probe_port == 19177 and cfg.bind_address == ":19177"
+    dc = one(docs, "DeviceClass")
+    assert dc["spec"]["selectors"][0]["cel"]["expression"] == 'device.driver == "net.example.com"'
+
+
+def test_default_mounts_and_pod_spec(helm: str) -> None:
+    docs = render(helm)
+    mounts = host_mounts(docs)
+    assert mounts["kubelet-plugins"] == ("/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins")
+    assert mounts["nri"] == ("/var/run/nri", "/var/run/nri")
+    assert mounts["netns"] == ("/var/run/netns", "/var/run/netns")
+    assert mounts["infiniband"] == ("/dev/infiniband", "/dev/infiniband")
+    assert mounts["state"] == ("/var/lib/dranet", "/var/lib/dranet")
+    ds = one(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    prop = {m["name"]: m.get("mountPropagation") for m in c["volumeMounts"]}
+    assert prop["netns"] == prop["infiniband"] == "HostToContainer"
+    assert spec["hostNetwork"] is True and "hostPID" not in spec
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
+    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["runAsUser"] == 0
+    assert sc["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}
+    assert spec["serviceAccountName"] == one(docs, "ClusterRoleBinding")["subjects"][0]["name"]
+
+
+def test_deviceclass_is_the_seed_one(helm: str) -> None:
+    dc = one(render(helm), "DeviceClass")
+    assert dc["metadata"]["name"] == "dranet.net"
+    assert dc["spec"] == {"selectors": [{"cel": {"expression": 'device.driver == "dra.net"'}}]}
+
+
+EXPECTED_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["dra.net"],
+     "verbs": ["associated-node:patch", "associated-node:update"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
+    docs = render(helm)
+    assert one(docs, "ClusterRole")["rules"] == EXPECTED_RULES
+    binding = one(docs, "ClusterRoleBinding")
+    sa = by_kind(docs, "ServiceAccount")[0]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "kube-system"}]
+    # No wildcard anywhere, in the driver's or the webhook's role.
+    for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule["resources"]
+
+
+def test_driver_name_flows_into_rbac_and_policy(helm: str) -> None:
+    docs = render(helm, "driverName=net.example.com")
+    names = [r.get("resourceNames") for r in one(docs, "ClusterRole")["rules"]]
+    assert ["net.example.com"] in names
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    assert any('"net.example.com"' in v["expression"] for v in vap["spec"]["validations"])
+    assert "system:serviceaccount:kube-system:dranet" in vap["spec"]["matchConditions"][0]["expression"]
+    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+
+
+def test_webhook_off_and_deviceclass_off(helm: str) -> None:
+    docs = render(helm, *VARIANTS["no-webhook-no-class"])
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Deployment", "Service", "ValidatingWebhookConfiguration", "Secret", "Role", "DeviceClass"}
+    assert len(by_kind(docs, "ServiceAccount")) == 1
+    assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy"} <= kinds
+
+
+def test_no_nri_drops_socket_mount(helm: str) -> None:
+    docs = render(helm, "nri.enabled=false")
+    assert "--no-nri" in driver_args(docs)
+    assert "nri" not in host_mounts(docs)
+    assert not any(a.startswith("--nri-socket") for a in driver_args(docs))
+
+
+def test_webhook_configuration(helm: str, tmp_path: Path) -> None:
+    from cryptography import x509
+
+    docs = render(helm, "webhook.failurePolicy=Ignore")
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    svc = one(docs, "Service")
+    assert [w["name"] for w in vwc["webhooks"]] == ["resourceclaims.dra.net", "resourceclaimtemplates.dra.net"]
+    secret = one(docs, "Secret")
+    for w in vwc["webhooks"]:
+        assert w["failurePolicy"] == "Ignore" and w["sideEffects"] == "None"
+        assert w["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
+        assert w["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+        (rule,) = w["rules"]
+        assert rule["apiGroups"] == ["resource.k8s.io"] and rule["operations"] == ["CREATE", "UPDATE"]
+        assert '"dra.net"' in w["matchConditions"][0]["expression"]
+    # The generated serving cert is signed by the CA in caBundle and names the Service.
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    crt = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    crt.verify_directly_issued_by(ca)
+    sans = crt.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{svc['metadata']['name']}.kube-system.svc" in sans
+    dep = one(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_cert_manager_mode_injects_ca(helm: str) -> None:
+    docs = render(helm, "webhook.tls.mode=certManager")
+    vwc = one(docs, "ValidatingWebhookConfiguration")
+    cert = one(docs, "Certificate")
+    assert vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"kube-system/{cert['metadata']['name']}"
+    assert all("caBundle" not in w["clientConfig"] for w in vwc["webhooks"])
+    assert not by_kind(docs, "Secret")
+    dep = one(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == cert["spec"]["secretName"]
+
+
+@pytest.mark.parametrize("bad, field", [
+    ("logLevel=verbose", "logLevel"),
+    ("metricsPort=80", "metricsPort"),
+    ("kubeletRootDir=relative/path", "kubeletRootDir"),
+    ("driverName=Not_A_DNS_Name", "driverName"),
+    ("webhook.failurePolicy=Maybe", "failurePolicy"),
+    ("webhook.tls.mode=selfSigned", "mode"),
+    ("image.pullPolicy=Sometimes", "pullPolicy"),
+    ("unknownTopLevel=1", "unknownTopLevel"),
+    ("nri.enabled=yes-please", "enabled"),
+])
+def test_schema_rejects_bad_values(helm: str, bad: str, field: str) -> None:
+    out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad)
+    assert out.returncode != 0, f"--set {shlex.quote(bad)} was accepted"
+    assert field in out.stderr and "schema" in out.stderr.lower(), out.stderr
+
+
+def test_secret_mode_requires_ca_bundle(helm: str) -> None:
+    out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION,
+                   "--set", "webhook.tls.mode=secret", "--set", "webhook.tls.secretName=x")
+    assert out.returncode != 0 and "webhook.tls.caBundle" in out.stderr
+
+
+def test_chart_refuses_old_kubernetes(helm: str) -> None:
+    out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", "1.33.0")
+    assert out.returncode != 0 and "kubeVersion" in out.stderr
+
+
+def test_filter_default_matches_driver_default() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["filter"] == DEFAULT_FILTER
+    assert values["metricsPort"] == 9177 and values["driverName"] == "dra.net"
