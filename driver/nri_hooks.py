@@ -1,0 +1,385 @@
+"""The NRI hooks: move a pod's NICs in at RunPodSandbox, back at Stop/Remove, reconcile at Synchronize.
+
+Write-ahead: before the first netlink call of a hook, the pod's
+:class:`~driver.checkpoint.PodNetState` is persisted with every NIC in step
+``moving`` (or ``returning``) together with everything needed to restore it on
+the host. A driver killed at any point therefore finds, on restart, each NIC that
+may have left the host and puts it back (Synchronize). One checkpoint write before
+and one after the netlink work keep the fsync cost off the per-NIC path.
+
+Fault injection (tests only): ``DRANET_FAULT_AFTER=<step>`` makes the process
+``os._exit(137)`` right after that step; :data:`RUN_STEPS` and :data:`STOP_STEPS`
+list them (``{i}`` is the NIC's position in the pod).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from driver import netns_ops
+from driver.checkpoint import CheckpointStore, DriverState, MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.netns_ops import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
+from driver.proto import nri_v1alpha1_pb2 as api
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "DRANET_FAULT_AFTER"
+RUN_STEPS = ["run:planned", "run:moved-{i}", "run:configured", "run:committed"]
+STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
+IN_POD = "in-pod"
+MOVING = "moving"
+RETURNING = "returning"
+RETURNED = "returned"
+
+
+@dataclass
+class DeviceResult:
+    """How one NIC ended up in the pod, for ResourceClaim ``status.devices[].networkData``."""
+
+    device: str
+    interface_name: str
+    ips: list[str] = field(default_factory=list)  # CIDRs
+    hardware_address: str = ""
+
+
+class StatusSink(Protocol):
+    """Receives hook outcomes to publish (claim status, events). Must not block."""
+
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
+        """Every NIC of ``claim`` is configured in the pod."""
+
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str,
+                           message: str) -> None:
+        """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
+
+
+class HookError(Exception):
+    """A hook failed; the message names the pod, the device and the step."""
+
+
+def pod_netns_path(pod: api.PodSandbox) -> str:
+    """The pod's network namespace path, or "" for a hostNetwork pod."""
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""
+
+
+def _pick(config: dict[str, Any], key: str) -> Any:
+    """The value of ``key`` in the last opaque config that sets it (later configs win)."""
+    value = None
+    for item in config.get("opaque", []) or []:
+        if not isinstance(item, dict):
+            continue
+        params = item.get("parameters", item)
+        if isinstance(params, dict) and key in params:
+            value = params[key]
+    return value
+
+
+def _route_from_config(raw: dict[str, Any]) -> Route:
+    dst = raw.get("destination") or None
+    gw = raw.get("gateway") or None
+    probe = dst or gw or raw.get("source") or "0.0.0.0"
+    family = socket.AF_INET6 if ipaddress.ip_network(probe, strict=False).version == 6 else socket.AF_INET
+    scope = raw.get("scope", 0)
+    if isinstance(scope, str):
+        scope = netns_ops.SCOPES[scope.lower()]
+    elif not gw and dst and not raw.get("scope"):
+        scope = netns_ops.SCOPES["link"]  # a gateway-less route is on-link
+    return Route(dst=dst, gateway=gw, prefsrc=raw.get("source") or None,
+                 table=int(raw.get("table") or 254), scope=int(scope), family=family)
+
+
+def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
+    """Interpret a device's claim config (``interface``, ``routes``) against its host state.
+
+    The one place that reads claim config: swap in ``driver.claim_config`` here.
+    No addresses configured -> the host's addresses and routes are copied (as the
+    Go driver does).
+    """
+    iface = _pick(device.config, "interface") or {}
+    routes_raw = _pick(device.config, "routes") or []
+    addresses = list(iface.get("addresses") or [])
+    routes = [_route_from_config(r) for r in routes_raw]
+    if not addresses:
+        addresses = list(host.addresses)
+        if not routes:
+            routes = list(host.routes)
+    return PodLinkConfig(ifname=iface.get("name") or host.ifname, mtu=iface.get("mtu"),
+                         mac=iface.get("hardwareAddr") or None, addresses=addresses, routes=routes)
+
+
+def container_adjustment(devices: Sequence[PreparedDevice]) -> api.ContainerAdjustment | None:
+    """The CreateContainer adjustment for a pod's devices: RDMA char devices, deduplicated by path.
+
+    Extend here for env (NCCL_IB_HCA) and cpusets.
+    """
+    adjust = api.ContainerAdjustment()
+    seen: set[str] = set()
+    for dev in devices:
+        host = dev.snapshot.host
+        if not host.rdma_device and not host.char_devices:
+            continue
+        chars = list(host.char_devices)
+        if host.rdma_device and not any(c.path.endswith("/rdma_cm") for c in chars):
+            rdma_cm = _stat_char("/dev/infiniband/rdma_cm")
+            if rdma_cm is not None:
+                chars.append(rdma_cm)
+        for char in chars:
+            if char.path in seen:
+                continue
+            seen.add(char.path)
+            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
+                                                 minor=char.minor)
+            linux_dev.file_mode.value = 0o666
+    return adjust if seen else None
+
+
+def _stat_char(path: str) -> Any:
+    from driver.model import CharDevice
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return CharDevice(path=path, major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
+
+
+def _link_state(moved: MovedDevice) -> LinkState:
+    return LinkState(ifname=moved.host_ifname, mtu=moved.host_mtu or 0, mac=moved.host_mac or "",
+                     addresses=list(moved.host_addresses),
+                     routes=[Route.from_dict(r) for r in moved.host_routes],
+                     permanent_mac=moved.permanent_mac, pci_address=moved.pci_address)
+
+
+class NRIHooks:
+    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and netns_ops.
+
+    Not thread-safe: the NRI plugin calls it from its single hook worker thread.
+    """
+
+    def __init__(self, store: CheckpointStore, status: StatusSink | None = None,
+                 host_netns: str = "/proc/1/ns/net", *, fault_after: str | None = None,
+                 sysfs_root: str = "/sys") -> None:
+        self.store = store
+        self.status = status
+        self.sysfs_root = sysfs_root
+        self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
+        self.ns = Namespaces(host_netns)
+
+    # -- fault injection --------------------------------------------------------------------
+    def _step(self, name: str) -> None:
+        if self.fault_after and self.fault_after == name:
+            log.warning("fault injection: exiting", extra={"kv": {"after": name}})
+            os._exit(137)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _netdevs(self, pod_uid: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
+        claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
+        return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
+
+    # -- RunPodSandbox ----------------------------------------------------------------------
+    def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Move and configure every prepared netdev of the pod; all or nothing."""
+        netdevs = self._netdevs(pod.uid)
+        if not netdevs:
+            return
+        existing = self.store.read(lambda s: s.pods.get(pod.uid))
+        if existing is not None and existing.devices and all(d.step == IN_POD for d in existing.devices):
+            return  # a retried call: already done
+        if existing is not None:
+            self._return_all(pod.uid)  # leftovers of an interrupted attempt: start clean
+        netns = pod_netns_path(pod)
+        if not netns:
+            raise HookError(f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
+                            "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)")
+        self._attach(pod, netns, netdevs)
+
+    def _attach(self, pod: api.PodSandbox, netns: str,
+                netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
+        host = self.ns.host()
+        ifnames = [d.snapshot.host.ifname for _, d in netdevs]
+        try:
+            states = netns_ops.record_host(host, ifnames, self.sysfs_root)  # type: ignore[arg-type]
+        except KeyError as exc:
+            self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
+            raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
+        configs = {d.device: pod_link_config(d, states[d.snapshot.host.ifname]) for _, d in netdevs}
+        moved = []
+        for _, d in netdevs:
+            st, cfg = states[d.snapshot.host.ifname], configs[d.device]
+            moved.append(MovedDevice(
+                device=d.device, host_ifname=st.ifname, pod_ifname=cfg.ifname,
+                permanent_mac=d.snapshot.host.permanent_mac or st.permanent_mac,
+                pci_address=d.snapshot.host.pci_address or st.pci_address, host_mtu=st.mtu,
+                host_mac=st.mac, host_addresses=st.addresses,
+                host_routes=[r.to_dict() for r in st.routes], rdma_device=d.snapshot.host.rdma_device,
+                step=MOVING))
+        state = PodNetState(pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name,
+                            netns_path=netns, devices=moved)
+
+        def plan(s: DriverState) -> None:
+            s.pods[pod.uid] = state
+        self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
+        self._step("run:planned")
+        device, step = "", "move"
+        try:
+            with self.ns.pod(netns) as (pod_ipr, pod_fd):
+                for i, m in enumerate(moved):
+                    device = m.device
+                    cfg = configs[m.device]
+                    netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
+                    self._step(f"run:moved-{i}")
+                step = "configure"
+                results = netns_ops.configure_pod_links(pod_ipr, configs)
+                self._step("run:configured")
+        except (NetnsOpError, netns_ops.NetnsGone, OSError) as exc:
+            if isinstance(exc, NetnsOpError):
+                device, step, reason = exc.device, exc.step, exc.reason
+            else:
+                reason = f"pod network namespace {netns} is unusable: {exc}"
+            rollback = self._return_all(pod.uid, netns)
+            msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
+            if rollback:
+                msg += f"; rollback: {rollback}"
+            self._fail(pod, netdevs, device, step, msg)
+            raise HookError(msg) from exc
+
+        def commit(s: DriverState) -> None:
+            for m in s.pods[pod.uid].devices:
+                m.step = IN_POD
+        self.store.update(commit)
+        self._step("run:committed")
+        self._ready(pod, netdevs, results)
+
+    def _ready(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+               results: dict[str, netns_ops.PodLinkResult]) -> None:
+        if self.status is None:
+            return
+        for claim in {c.uid: c for c, _ in netdevs}.values():
+            out = [DeviceResult(d.device, results[d.device].ifname, results[d.device].addresses,
+                                results[d.device].mac) for c, d in netdevs if c.uid == claim.uid]
+            try:
+                self.status.pod_network_ready(pod.uid, claim, out)
+            except Exception:  # noqa: BLE001 - status is best effort, never fails the hook
+                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+
+    def _fail(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+              device: str, step: str, message: str) -> None:
+        log.error("RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step,
+                                                        "error": message}})
+        if self.status is None:
+            return
+        for claim, d in netdevs:
+            if d.device == device or not device:
+                try:
+                    self.status.pod_network_failed(pod.uid, claim, device, step, message)
+                except Exception:  # noqa: BLE001
+                    log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+                break
+
+    # -- Stop / Remove ----------------------------------------------------------------------
+    def _configured_macs(self, pod_uid: str) -> dict[str, str]:
+        """MACs the claim config gave NICs in the pod: how to recognise them there."""
+        macs = {}
+        for _, d in self._netdevs(pod_uid):
+            iface = _pick(d.config, "interface") or {}
+            if iface.get("hardwareAddr"):
+                macs[d.device] = str(iface["hardwareAddr"])
+        return macs
+
+    def _return_all(self, pod_uid: str, netns: str = "") -> str:
+        """Return every NIC of the pod to the host; idempotent. Returns "" or the errors."""
+        state = self.store.read(lambda s: s.pods.get(pod_uid))
+        if state is None:
+            return ""
+
+        def plan(s: DriverState) -> None:
+            for m in s.pods[pod_uid].devices:
+                if m.step != RETURNED:
+                    m.step = RETURNING
+        self.store.update(plan)
+        self._step("stop:planned")
+        netns = netns or state.netns_path
+        pod_macs = self._configured_macs(pod_uid)
+        errors, done = [], []
+        for i, m in enumerate(state.devices):
+            if m.step == RETURNED:
+                continue
+            try:
+                macs = (pod_macs[m.device],) if m.device in pod_macs else ()
+                how = netns_ops.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
+                                            extra_macs=macs, sysfs_root=self.sysfs_root)
+                done.append(m.device)
+                log.info("NIC returned", extra={"kv": {"pod": pod_uid, "device": m.device,
+                                                       "ifname": m.host_ifname, "found": how}})
+            except (NetnsOpError, OSError) as exc:
+                errors.append(str(exc))
+                log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device,
+                                                             "error": str(exc)}})
+            self._step(f"stop:returned-{i}")
+
+        def commit(s: DriverState) -> None:
+            pod = s.pods.get(pod_uid)
+            if pod is None:
+                return
+            for m in pod.devices:
+                if m.device in done:
+                    m.step = RETURNED
+            if all(m.step == RETURNED for m in pod.devices):
+                del s.pods[pod_uid]
+        self.store.update(commit)
+        self._step("stop:committed")
+        return "; ".join(errors)
+
+    def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
+        errors = self._return_all(pod.uid, pod_netns_path(pod))
+        if errors:
+            raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
+
+    def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Same as stop (idempotent): the last chance to get NICs back."""
+        self.stop_pod_sandbox(pod)
+
+    # -- CreateContainer --------------------------------------------------------------------
+    def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
+        """RDMA char devices of the pod's claims as device adjustments."""
+        claims = self.store.read(lambda s: s.claims_for_pod(pod.uid))
+        return container_adjustment([d for c in claims for d in c.devices])
+
+    # -- Synchronize / Shutdown -------------------------------------------------------------
+    def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:
+        """Reconcile the checkpoint with the runtime's pods after a (re)connect.
+
+        Gone pods: return their NICs. Pods with NICs mid-move: roll back (the hook
+        never reported success). Mid-return: finish returning. Running pods with
+        claims but no state (started while we were down): attach now, best effort.
+        """
+        self.ns.host()  # warm up the host socket here, not in the first RunPodSandbox
+        alive = {p.uid: p for p in pods}
+        known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
+        for uid, steps in known.items():
+            pod = alive.get(uid)
+            if pod is not None and steps and all(s == IN_POD for s in steps):
+                continue
+            why = "gone" if pod is None else "interrupted"
+            errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
+            log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
+        for uid, pod in alive.items():
+            if uid in known or not pod_netns_path(pod) or not self._netdevs(uid):
+                continue
+            try:
+                self.run_pod_sandbox(pod)
+                log.info("synchronize: attached NICs of a pod started while down", extra={"kv": {"pod": uid}})
+            except (HookError, OSError) as exc:
+                log.error("synchronize: attach failed", extra={"kv": {"pod": uid, "error": str(exc)}})
+
+    def shutdown(self) -> None:
+        """The runtime is going away; NIC state stays in the checkpoint."""
+        log.info("NRI shutdown received")

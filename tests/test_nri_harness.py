@@ -1,0 +1,142 @@
+"""End to end through containerd/nri's runtime adaptation (the Go harness) with real veth NICs.
+
+Our plugin runs as a separate process; prepared claims are written into its checkpoint
+directly (as NodePrepareResources would); pods get test-created network namespaces.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import pytest
+
+from driver.checkpoint import CheckpointStore
+from tests.plugins.nri import (DriverProcess, Harness, configure_host_nic, link_facts, pod_json,
+                               prepare_claim)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def _start(nri_harness: Harness, state_dir: Path, driver_procs: list[DriverProcess], syncs: int = 1) -> DriverProcess:
+    drv = DriverProcess.start(nri_harness.socket, str(state_dir))
+    driver_procs.append(drv)
+    res = nri_harness.cmd("wait-sync", count=syncs, timeout=15)
+    assert res["ok"], f"{res}\nharness: {nri_harness.log()[-1500:]}\ndriver: {drv.log()[-1500:]}"
+    return drv
+
+
+def test_full_pod_lifecycle(nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path) -> None:
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    b, pb = netns_factory.veth()
+    configure_host_nic(a, pa, "10.61.0.1/24", [["10.62.0.0/16", "via", "10.61.0.254"],
+                                               ["10.63.0.0/16", "via", "10.61.0.254", "table", "1234"]],
+                       mtu=1400)
+    configure_host_nic(b, pb, "10.64.0.1/24", [["10.65.0.0/16", "via", "10.64.0.254", "metric", "77"]])
+    before = {a: link_facts(a), b: link_facts(b)}
+    assert before[a]["routes"] and before[b]["routes"]
+
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    cfg = {"opaque": [{"interface": {"name": "net1", "mtu": 1300, "hardwareAddr": "02:11:22:33:44:55",
+                                     "addresses": ["192.168.77.2/24"]},
+                       "routes": [{"destination": "172.30.0.0/16", "gateway": "192.168.77.1"}]}]}
+    prepare_claim(store, pod_uid, [
+        {"ifname": a, "config": cfg, "rdma_device": "mlx5_0",
+         "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
+                          {"path": "/dev/infiniband/rdma_cm", "major": 10, "minor": 58}]},
+        {"ifname": b, "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
+                                       {"path": "/dev/infiniband/uverbs1", "major": 231, "minor": 193}]},
+    ])
+    del store  # the driver process owns the checkpoint from now on
+    _start(nri_harness, tmp_path, driver_procs)
+    pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
+
+    res = nri_harness.cmd("run", pod=pod)
+    assert res["ok"], res
+    # NIC a: renamed, MTU + MAC from the config, configured address and route.
+    net1 = link_facts("net1", netns=pod_ns)
+    assert net1 is not None and net1["mtu"] == 1300 and net1["mac"] == "02:11:22:33:44:55" and net1["up"]
+    assert net1["addresses"] == ["192.168.77.2/24"]
+    assert ("172.30.0.0/16", "192.168.77.1", "main", None) in net1["routes"]
+    # NIC b: no config -> host name, host addresses and routes copied.
+    nb = link_facts(b, netns=pod_ns)
+    assert nb is not None and nb["addresses"] == ["10.64.0.1/24"] and nb["routes"] == before[b]["routes"]
+    assert link_facts(a) is None and link_facts(b) is None
+
+    res = nri_harness.cmd("create", pod=pod, container={"id": "c1", "name": "main"})
+    assert res["ok"], res
+    devices = res["adjust"]["linux"]["devices"]
+    paths = [d["path"] for d in devices]
+    assert sorted(paths) == ["/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0", "/dev/infiniband/uverbs1"]
+    assert all(d["type"] == "c" and d["fileMode"]["value"] == 0o666 for d in devices)
+
+    res = nri_harness.cmd("stop", pod=pod)
+    assert res["ok"], res
+    assert link_facts(a) == before[a]
+    assert link_facts(b) == before[b]
+    assert link_facts("net1", netns=pod_ns) is None
+    # Idempotent: remove after stop is a no-op that succeeds.
+    assert nri_harness.cmd("remove", pod=pod)["ok"]
+    assert link_facts(a) == before[a]
+    assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
+
+
+def test_host_network_pod_with_nic_is_refused(nri_harness: Harness, netns_factory, driver_procs,
+                                              tmp_path: Path) -> None:
+    a, pa = netns_factory.veth()
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-a"}])
+    del store
+    _start(nri_harness, tmp_path, driver_procs)
+    res = nri_harness.cmd("run", pod=pod_json(pod_uid, ""))
+    assert not res["ok"]
+    assert "nic-a" in res["error"] and "hostNetwork" in res["error"]
+    assert link_facts(a) is not None
+
+
+def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory, driver_procs,
+                                             tmp_path: Path) -> None:
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    b, pb = netns_factory.veth()
+    configure_host_nic(a, pa, "10.71.0.1/24", [["10.72.0.0/16", "via", "10.71.0.254"]])
+    before = link_facts(a)
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    # Second NIC's route has an unreachable gateway: configure fails after both moved.
+    bad = {"opaque": [{"interface": {"addresses": ["192.168.9.2/24"]},
+                       "routes": [{"destination": "172.31.0.0/16", "gateway": "203.0.113.1"}]}]}
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-a"},
+                                   {"ifname": b, "device": "nic-b", "config": bad}])
+    del store
+    _start(nri_harness, tmp_path, driver_procs)
+    res = nri_harness.cmd("run", pod=pod_json(pod_uid, f"/run/netns/{pod_ns}"))
+    assert not res["ok"]
+    assert "nic-b" in res["error"] and "route" in res["error"], res["error"]
+    assert link_facts(a) == before
+    assert link_facts(b) is not None and link_facts(b, netns=pod_ns) is None
+    assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
+
+
+def test_synchronize_returns_nics_of_pods_gone_while_down(nri_harness: Harness, netns_factory, driver_procs,
+                                                         tmp_path: Path) -> None:
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    configure_host_nic(a, pa, "10.81.0.1/24", [["10.82.0.0/16", "via", "10.81.0.254"]])
+    before = link_facts(a)
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, pod_uid, [{"ifname": a}])
+    del store
+    drv = _start(nri_harness, tmp_path, driver_procs)
+    pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
+    assert nri_harness.cmd("run", pod=pod)["ok"]
+    assert link_facts(a, netns=pod_ns) is not None
+    drv.kill()
+    # The pod disappears while the driver is down; the restarted driver's Synchronize returns the NIC.
+    assert nri_harness.cmd("set-pods", pods=[])["ok"]
+    _start(nri_harness, tmp_path, driver_procs, syncs=2)
+    assert link_facts(a) == before
