@@ -81,6 +81,14 @@ def peak_tflops_for(device_name: str, env: Mapping[str, str] | None = None) -> t
     raise ValueError(f"no peak TFLOP/s known for device {device_name!r}; set {PEAK_ENV}")
 
 
+def _format_float(value: float, decimals: int) -> str:
+    # Fixed decimals as in the seed's table; values below 1 (CPU mode) switch to exponent
+    # form so they keep 4 significant digits. Both forms keep a '.': the parser reads a float.
+    if value == 0 or abs(value) >= 1:
+        return f"{value:.{decimals}f}"
+    return f"{value:.3e}"
+
+
 @dataclass(frozen=True)
 class MfuResult:
     """One benchmark run's summary: everything the ``MFU_RESULT`` line carries."""
@@ -107,7 +115,7 @@ class MfuResult:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float):
-                text = f"{value:.3f}" if f.name == "avg_step_ms" else f"{value:.2f}"
+                text = _format_float(value, 3 if f.name == "avg_step_ms" else 2)
             else:
                 text = str(value)
             # Values are single tokens; GPU names have spaces ("NVIDIA H100 80GB HBM3").
