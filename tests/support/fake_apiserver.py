@@ -45,6 +45,9 @@ class FakeAPIServer:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []  # ResourceSlice watch events, in order
+        self._changed = threading.Condition(self._lock)
+        self._stopping = False
         self._rv = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -62,6 +65,9 @@ class FakeAPIServer:
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()  # end open watches
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -108,6 +114,11 @@ class FakeAPIServer:
     def _next_rv(self) -> str:
         return str(next(self._rv))
 
+    def _emit(self, kind: str, obj: dict[str, Any]) -> None:
+        """Record a watch event (caller holds the lock)."""
+        self._events.append({"type": kind, "object": json.loads(json.dumps(obj))})
+        self._changed.notify_all()
+
 
 def make_claim(namespace: str, name: str, uid: str, results: list[dict[str, Any]],
                configs: list[dict[str, Any]] | None = None, pods: list[str] | None = None) -> dict[str, Any]:
@@ -136,6 +147,7 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     api: FakeAPIServer
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # like Go servers: no 40 ms Nagle/delayed-ACK stalls
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests print their own
         pass
@@ -158,11 +170,41 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.api
         with api._lock:
             api.requests.append((method, url.path))
+        if method == "GET" and url.path == SLICES and query.get("watch") in ("true", "1"):
+            self._watch(query)
+            return
         try:
             code, body = self._dispatch(method, url.path, query)
         except Exception as exc:  # report as a 500 so the client sees a real API error
             code, body = 500, _status(500, "InternalError", repr(exc))
         self._send(code, body)
+
+    def _watch(self, query: dict[str, str]) -> None:
+        """Stream slice events as JSON lines; the body ends when the watch does (Connection: close)."""
+        api = self.api
+        wanted = dict(s.split("=", 1) for s in query.get("fieldSelector", "").split(",") if "=" in s)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 300)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        with api._lock:
+            seen = len(api._events)
+        try:
+            while True:
+                with api._lock:
+                    while len(api._events) == seen and not api._stopping and time.monotonic() < deadline:
+                        api._changed.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+                    if api._stopping or time.monotonic() >= deadline:
+                        return
+                    batch, seen = api._events[seen:], len(api._events)
+                for event in batch:
+                    if all(_field(event["object"], k) == v for k, v in wanted.items()):
+                        self.wfile.write(json.dumps(event).encode() + b"\n")
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return
 
     def _dispatch(self, method: str, path: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
         api = self.api
@@ -210,6 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
                     return 409, _status(409, "AlreadyExists", meta["name"])
                 meta.update(uid=str(uuid.uuid4()), resourceVersion=api._next_rv())
                 api.slices[meta["name"]] = obj
+                api._emit("ADDED", obj)
                 return 201, obj
             current = api.slices.get(name)
             if current is None:
@@ -220,9 +263,11 @@ class _Handler(BaseHTTPRequestHandler):
                 obj = self._body()
                 obj.setdefault("metadata", {}).update(uid=current["metadata"]["uid"], resourceVersion=api._next_rv())
                 api.slices[name] = obj
+                api._emit("MODIFIED", obj)
                 return 200, obj
             if method == "DELETE":
                 del api.slices[name]
+                api._emit("DELETED", current)
                 return 200, current
         return 405, _status(405, "MethodNotAllowed", method)
 
@@ -246,3 +291,36 @@ def _field(obj: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         obj = obj.get(part, {}) if isinstance(obj, dict) else {}
     return obj
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the stub as its own process: ``python -m tests.support.fake_apiserver --kubeconfig F``.
+
+    Claims are read from ``--claims`` (a JSON list) at start; prints ``ready <url>`` on stdout
+    and serves until SIGTERM/SIGINT. Benchmarks use this so the stub does not share a GIL
+    with the process being measured.
+    """
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--claims", default=None, help="JSON file with a list of ResourceClaims")
+    parser.add_argument("--claim-delay", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    server = FakeAPIServer(claim_delay=args.claim_delay)
+    if args.claims:
+        for claim in json.loads(Path(args.claims).read_text()):
+            server.add_claim(claim)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with server:
+        server.write_kubeconfig(args.kubeconfig)
+        print(f"ready {server.url}", flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
