@@ -358,8 +358,9 @@ class NRIHooks:
         """Reconcile the checkpoint with the runtime's pods after a (re)connect.
 
         Gone pods: return their NICs. Pods with NICs mid-move: roll back (the hook
-        never reported success). Mid-return: finish returning. Running pods with
-        claims but no state (started while we were down): attach now, best effort.
+        never reported success). Mid-return: finish returning. Pods with claims but
+        no state are left alone: the runtime lists stopped-but-not-removed sandboxes
+        too, so attaching "late" could put NICs into a dead pod.
         """
         self.ns.host()  # warm up the host socket here, not in the first RunPodSandbox
         alive = {p.uid: p for p in pods}
@@ -371,14 +372,6 @@ class NRIHooks:
             why = "gone" if pod is None else "interrupted"
             errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
             log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
-        for uid, pod in alive.items():
-            if uid in known or not pod_netns_path(pod) or not self._netdevs(uid):
-                continue
-            try:
-                self.run_pod_sandbox(pod)
-                log.info("synchronize: attached NICs of a pod started while down", extra={"kv": {"pod": uid}})
-            except (HookError, OSError) as exc:
-                log.error("synchronize: attach failed", extra={"kv": {"pod": uid, "error": str(exc)}})
 
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""

@@ -183,7 +183,11 @@ class NRIPlugin:
         log.info("NRI configure", extra={"kv": {"runtime": req.runtime_name,
                                                 "version": req.runtime_version,
                                                 "request_timeout_ms": req.request_timeout}})
-        return api.ConfigureResponse(events=event_mask(SUBSCRIBED_EVENTS))
+        # fail_request: a pod whose NIC hook died or timed out must fail, not start without its
+        # NIC (the Go driver's issue #310); keep_connected: one slow call does not unregister us.
+        # Runtimes older than NRI v0.12.5 ignore the field.
+        policy = api.FailurePolicy(fail_request=True, keep_connected=True)
+        return api.ConfigureResponse(events=event_mask(SUBSCRIBED_EVENTS), failure_policy=policy)
 
     async def _synchronize(self, req: api.SynchronizeRequest) -> api.SynchronizeResponse:
         # Chunked: collect until a message with more=false, echo `more` on every chunk.
