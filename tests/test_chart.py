@@ -137,7 +137,7 @@ def test_default_objects(helm: str) -> None:
     assert kinds == sorted([
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass",
         "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-        "ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "Secret",
+        "ServiceAccount", "Deployment", "Service", "Secret",
         "ValidatingWebhookConfiguration"])
     for d in docs:
         if d["kind"] not in {"ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
@@ -227,12 +227,12 @@ def test_deviceclass_is_the_seed_one(helm: str) -> None:
 EXPECTED_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+     "verbs": ["list", "watch", "create", "update", "delete"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["dra.net"],
-     "verbs": ["associated-node:patch", "associated-node:update"]},
-    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+     "verbs": ["associated-node:patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 
@@ -243,8 +243,10 @@ def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
     sa = by_kind(docs, "ServiceAccount")[0]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": "kube-system"}]
-    # No wildcard anywhere, in the driver's or the webhook's role.
-    for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+    # The webhook gets no API permissions at all (kopf: standalone, no scanning, no events).
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    assert len(by_kind(docs, "ClusterRoleBinding")) == 1
+    for role in by_kind(docs, "ClusterRole"):
         for rule in role["rules"]:
             assert "*" not in rule["verbs"] and "*" not in rule["resources"]
 
@@ -262,7 +264,7 @@ def test_driver_name_flows_into_rbac_and_policy(helm: str) -> None:
 def test_webhook_off_and_deviceclass_off(helm: str) -> None:
     docs = render(helm, *VARIANTS["no-webhook-no-class"])
     kinds = {d["kind"] for d in docs}
-    assert not kinds & {"Deployment", "Service", "ValidatingWebhookConfiguration", "Secret", "Role", "DeviceClass"}
+    assert not kinds & {"Deployment", "Service", "ValidatingWebhookConfiguration", "Secret", "DeviceClass"}
     assert len(by_kind(docs, "ServiceAccount")) == 1
     assert {"DaemonSet", "ClusterRole", "ValidatingAdmissionPolicy"} <= kinds
 
