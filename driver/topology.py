@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 from driver.discovery import Scanner
 from driver.model import STANDARD_DOMAIN
@@ -128,8 +128,12 @@ def _is_gpu(pci_class: int, vendor: int | None) -> bool:
     return pci_class >> 8 in (0x0300, 0x0380) and vendor in GPU_VENDOR_CLASSES
 
 
-def read_topology(sysfs_root: str = "/sys") -> Topology:
-    """Read the GPUs, the published PCI NICs and the NUMA CPU lists of one sysfs tree."""
+def read_topology(sysfs_root: str = "/sys", exclude_interfaces: Sequence[str] = ()) -> Topology:
+    """Read the GPUs, the published PCI NICs and the NUMA CPU lists of one sysfs tree.
+
+    ``exclude_interfaces`` works as for ``dranet run``: on the host the uplink is found from
+    the default route, but a fixture tree has no netlink, so tests name it.
+    """
     sysfs = SysfsReader(sysfs_root)
     gpus: list[PciEndpoint] = []
     for bdf in sysfs.listdir("bus/pci/devices"):
@@ -139,7 +143,7 @@ def read_topology(sysfs_root: str = "/sys") -> Topology:
             gpus.append(_endpoint(sysfs, bdf, f"GPU{len(gpus)}"))
 
     nics: list[PciEndpoint] = []
-    scanned = [d for d in Scanner(sysfs_root).scan() if d.host.pci_address]
+    scanned = [d for d in Scanner(sysfs_root, exclude_interfaces=exclude_interfaces).scan() if d.host.pci_address]
     for dev in sorted(scanned, key=lambda d: d.host.pci_address or ""):
         nic = _endpoint(sysfs, dev.host.pci_address or "", f"NIC{len(nics)}")
         nic.device_name = dev.name
@@ -180,9 +184,14 @@ def render_table(topo: Topology, out: TextIO) -> None:
         out.write(f"  {key:<5}= {text}\n")
 
 
+def _excluded(args: argparse.Namespace) -> list[str]:
+    # --exclude-interfaces is optional on these subcommands (same meaning as for `dranet run`).
+    return [i for i in (getattr(args, "exclude_interfaces", "") or "").split(",") if i]
+
+
 def cli_topology(args: argparse.Namespace) -> int:
     """``dranet topology [--sysfs-root DIR] [--output json|table]``."""
-    topo = read_topology(args.sysfs_root)
+    topo = read_topology(args.sysfs_root, _excluded(args))
     if args.output == "json":
         json.dump(topo.to_json(), sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
@@ -263,7 +272,7 @@ spec:
 def cli_templates(args: argparse.Namespace) -> int:
     """``dranet templates --gpus N [--sysfs-root DIR]``: aligned templates on stdout."""
     try:
-        choices = aligned_choices(read_topology(args.sysfs_root), args.gpus)
+        choices = aligned_choices(read_topology(args.sysfs_root, _excluded(args)), args.gpus)
     except NoAlignmentError as err:
         sys.stderr.write(f"dranet templates: {err}\n")
         return 1

@@ -28,7 +28,11 @@ ND_H100_V5 = [
 
 @dataclass
 class TreeBuilder:
-    """Writes a minimal kernel-shaped sysfs tree (real dirs under devices/, symlinks elsewhere)."""
+    """Writes a minimal kernel-shaped sysfs tree (real dirs under devices/, symlinks elsewhere).
+
+    Only for PCIe switch hierarchies, which none of devcluster/topologies/ has; real node
+    shapes come from the shared fixtures (tests/plugins/sysfs.py).
+    """
 
     root: Path
 
@@ -72,31 +76,12 @@ class TreeBuilder:
         self._write(self.root / "devices/system/node/online", f"0-{max(cpulists)}")
 
 
-def build_nd_h100_v5(root: Path) -> Path:
-    """The seed's machine: Hyper-V gives every GPU and NIC its own PCI domain under VMBus."""
-    tree = TreeBuilder(root)
-    vmbus = ["LNXSYSTM:00", "LNXSYBUS:00", "ACPI0004:00", "VMBUS:00"]
-    for i, (numa, gpu, nic, ibdev) in enumerate(ND_H100_V5):
-        tree.pci(vmbus + [f"0000{i:04x}-0001-0000-3130-444531454238", f"pci{gpu[:4]}:00"], gpu,
-                 "0x030200", "0x10de", numa, driver="nvidia")
-        tree.pci(vmbus + [f"0000{i:04x}-0101-0000-3130-444531454238", f"pci{nic[:4]}:00"], nic,
-                 "0x020700", "0x15b3", numa, driver="mlx5_core", ibdev=ibdev, netdev=f"ib{i}")
-    # The emulated Hyper-V VGA adapter is not a GPU.
-    tree.pci(["pci0000:00"], "0000:00:08.0", "0x030000", "0x1414", 0)
-    tree.numa({0: "0-47", 1: "48-95"})
-    return root
-
-
-@pytest.fixture
-def nd_h100_v5(tmp_path: Path) -> Path:
-    """ND H100 v5 sysfs tree (tmp_path is removed by pytest)."""
-    return build_nd_h100_v5(tmp_path / "sys")
-
-
-def test_nd_h100_v5_matrix(nd_h100_v5: Path) -> None:
-    topo = read_topology(str(nd_h100_v5))
+def test_nd_h100_v5_matrix(nd_h100_sysfs: Path) -> None:
+    # eth0 is the uplink; its accelerated-networking VF (mlx5_an0) is enslaved to it.
+    topo = read_topology(str(nd_h100_sysfs), exclude_interfaces=["eth0"])
     assert [g.pci_bus_id for g in topo.gpus] == [g for _, g, _, _ in ND_H100_V5]
     assert [n.pci_bus_id for n in topo.nics] == [n for _, _, n, _ in ND_H100_V5]
+    assert [n.rdma_device for n in topo.nics] == [r for _, _, _, r in ND_H100_V5]
     by_bus = {e.pci_bus_id: e for e in topo.gpus + topo.nics}
     gpu0 = by_bus["0001:00:00.0"]
     assert topo.relation(gpu0, by_bus["0101:00:00.0"]) == NODE
@@ -106,11 +91,13 @@ def test_nd_h100_v5_matrix(nd_h100_v5: Path) -> None:
     assert topo.numa_cpulists == {0: "0-47", 1: "48-95"}
 
 
-def test_topology_json_output_shape(nd_h100_v5: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--log-format", "text", "topology", "--sysfs-root", str(nd_h100_v5), "-o", "json"]) == 0
+def test_topology_json_output_shape(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-format", "text", "topology", "--sysfs-root", str(nd_h100_sysfs), "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"gpus", "nics", "matrix", "numaNodes", "legend"}
-    assert len(doc["gpus"]) == 8 and len(doc["nics"]) == 8
+    # Without netlink (a fixture) the uplink's VF is listed too, as the ninth NIC.
+    assert len(doc["gpus"]) == 8 and len(doc["nics"]) == 9
+    assert doc["nics"][8]["rdma_device"] == "mlx5_an0"
     gpu0 = doc["gpus"][0]
     assert gpu0["pci_bus_id"] == "0001:00:00.0" and gpu0["numa_node"] == 0
     assert gpu0["pcie_root"] == "pci0001:00"
@@ -123,20 +110,20 @@ def test_topology_json_output_shape(nd_h100_v5: Path, capsys: pytest.CaptureFixt
     assert "SYS" in doc["legend"] and "NODE" in doc["legend"]
 
 
-def test_topology_table_output(nd_h100_v5: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--log-format", "text", "topology", "--sysfs-root", str(nd_h100_v5)]) == 0
+def test_topology_table_output(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-format", "text", "topology", "--sysfs-root", str(nd_h100_sysfs)]) == 0
     out = capsys.readouterr().out
     header, gpu0_row = out.splitlines()[0], out.splitlines()[1]
     assert header.split()[:2] == ["GPU0", "GPU1"] and header.rstrip().endswith("NUMA Affinity")
     # GPU0 row: X to itself, NODE to GPU1..3, SYS to GPU4..7, then NICs, then NUMA 0.
     assert gpu0_row.split() == ["GPU0", "X", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS",
-                                "NODE", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "0"]
+                                "NODE", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "NODE", "0"]
     assert "node1: CPUs 48-95" in out
     assert "mlx5_0" in out
 
 
-def test_templates_emit_one_per_numa_node(nd_h100_v5: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--log-format", "text", "templates", "--gpus", "4", "--sysfs-root", str(nd_h100_v5)]) == 0
+def test_templates_emit_one_per_numa_node(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-format", "text", "templates", "--gpus", "4", "--sysfs-root", str(nd_h100_sysfs)]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["metadata"]["name"] for d in docs] == ["4gpu-4nic-numa0", "4gpu-4nic-numa1"]
     numa0 = docs[0]
@@ -154,12 +141,13 @@ def test_templates_emit_one_per_numa_node(nd_h100_v5: Path, capsys: pytest.Captu
     assert '"0009:00:00.0"' in docs[1]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
 
 
-def test_templates_error_when_no_numa_node_fits(nd_h100_v5: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--log-format", "text", "templates", "--gpus", "5", "--sysfs-root", str(nd_h100_v5)]) == 1
+def test_templates_error_when_no_numa_node_fits(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--log-format", "text", "templates", "--gpus", "5", "--sysfs-root", str(nd_h100_sysfs)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "no NUMA node has 5 GPUs and 5 RDMA NICs" in captured.err
-    assert "NUMA 0: 4 GPUs, 4 RDMA NICs" in captured.err
+    assert "NUMA 0: 4 GPUs, 5 RDMA NICs" in captured.err  # 4 IB + the uplink's VF (no netlink here)
+    assert "NUMA 1: 4 GPUs, 4 RDMA NICs" in captured.err
 
 
 def test_pcie_switch_relations(tmp_path: Path) -> None:
