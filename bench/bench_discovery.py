@@ -1,0 +1,76 @@
+"""Discovery benchmarks: in-process scans of fixture trees and `dranet discover` wall time.
+
+``python -m bench.bench_discovery [--runs N]``. Prints median, p99 and the ratio to each goal
+(ratio < 1 = goal met). Fixture trees are built in a temp dir that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from devcluster.sysfs_fixture import build
+from driver.discovery import Scanner
+
+GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 50.0}
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def report(label: str, samples_ms: list[float], goal_ms: float | None) -> None:
+    med, p99 = statistics.median(samples_ms), percentile(samples_ms, 99)
+    ratio = f"  goal {goal_ms:.0f} ms  ratio {med / goal_ms:.2f}" if goal_ms else ""
+    print(f"{label:<40} runs {len(samples_ms):>4}  median {med:8.2f} ms  p99 {p99:8.2f} ms{ratio}", flush=True)
+
+
+def bench_scan(root: Path, runs: int, exclude: list[str]) -> tuple[list[float], int]:
+    scanner = Scanner(str(root), exclude_interfaces=exclude)
+    count = len(scanner.scan())  # warm-up (imports, pci.ids)
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        scanner.scan()
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples, count
+
+
+def bench_cli(root: Path, runs: int) -> list[float]:
+    cmd = [sys.executable, "-m", "driver.cli", "--log-level", "error", "discover",
+           "--sysfs-root", str(root), "--output", "json", "--exclude-interfaces", "eth0"]
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        samples.append((time.perf_counter() - start) * 1000)
+    return samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run all discovery benchmarks."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--cli-runs", type=int, default=15)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="dranet-bench-") as tmp:
+        for topology, goal in GOALS_MS.items():
+            root = build(topology, Path(tmp) / topology)
+            exclude = ["eth0"] if topology == "nd-h100-v5" else []
+            samples, count = bench_scan(root, args.runs, exclude)
+            report(f"scan {topology} ({count} devices)", samples, goal)
+        nd = Path(tmp) / "nd-h100-v5"
+        report("dranet discover (process, nd-h100-v5)", bench_cli(nd, args.cli_runs), None)
+        report("dranet discover (process, sriov-520)", bench_cli(Path(tmp) / "sriov-520", args.cli_runs), None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
