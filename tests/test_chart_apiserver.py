@@ -131,3 +131,44 @@ def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, n
     with pytest.raises(KubeError) as err:
         dry_run_create(kube, ds)
     assert "hostNetwrok" in str(err.value)
+
+
+def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeClient, control_plane: Any,  # noqa: F811
+                                                         namespace: str) -> None:
+    """A real `helm install` into the test apiserver; on upgrade the generated webhook CA (and
+    so the caBundle the apiserver trusts) is reused; uninstall removes every object."""
+    import subprocess
+
+    release, device_class = unique_release()
+    env_args = ["--kubeconfig", str(control_plane.kubeconfig), "--namespace", namespace]
+    chart = str(Path(__file__).resolve().parent.parent / "charts" / "dranet")
+
+    def run(*args: str) -> str:
+        out = subprocess.run([helm, *args, *env_args], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def vwc_ca() -> str:
+        vwc = kube.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
+                                  f"{release}-{namespace}")
+        return vwc["webhooks"][0]["clientConfig"]["caBundle"]
+
+    try:
+        notes = run("install", release, chart, "--set", f"deviceClass.name={device_class}")
+        assert "kubectl get resourceslices --field-selector spec.driver=dra.net" in notes
+        ca = vwc_ca()
+        secret = kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{release}-webhook-tls")
+        assert secret["data"]["ca.crt"] == ca
+        run("upgrade", release, chart, "--set", f"deviceClass.name={device_class}", "--set", "logLevel=debug")
+        assert vwc_ca() == ca
+        ds = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}")
+        assert "--log-level=debug" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    finally:
+        subprocess.run([helm, "uninstall", release, "--wait", *env_args], capture_output=True, timeout=120)
+    for url in (f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}",
+                f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}",
+                f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-node-resourceslices",
+                f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}"):
+        with pytest.raises(KubeError) as err:
+            kube.request("GET", url)
+        assert err.value.not_found, url
