@@ -5,6 +5,7 @@ RBAC, admission."""
 from __future__ import annotations
 
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +31,8 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "Deployment": ("deployments", True),
     "DeviceClass": ("deviceclasses", False),
     "ResourceSlice": ("resourceslices", False),
+    "ResourceClaim": ("resourceclaims", True),
+    "ResourceClaimTemplate": ("resourceclaimtemplates", True),
     "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
@@ -172,3 +175,50 @@ def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeCl
         with pytest.raises(KubeError) as err:
             kube.request("GET", url)
         assert err.value.not_found, url
+
+
+def _claim(ns: str, name: str, driver: str | None, template: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}]}}
+    if driver:
+        spec["devices"]["config"] = [{"requests": ["nic"], "opaque": {"driver": driver, "parameters": {"a": 1}}}]
+    if template:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name, "namespace": ns}, "spec": {"spec": spec}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def test_webhook_only_sees_objects_with_a_dra_net_config(helm: str, kube: KubeClient, created: Created,  # noqa: F811
+                                                         namespace: str) -> None:
+    """The chart's ValidatingWebhookConfiguration with its backend unreachable (failurePolicy
+    Fail): claims and templates carrying a dra.net config are refused (the webhook was called),
+    everything else is admitted (matchConditions kept it away), so a webhook outage never
+    blocks other drivers' claims."""
+    release, device_class = unique_release()
+    docs = render(helm, f"deviceClass.name={device_class}", release=release, namespace=namespace)
+    vwc = next(d for d in docs if d["kind"] == "ValidatingWebhookConfiguration")
+    for w in vwc["webhooks"]:
+        assert w["failurePolicy"] == "Fail"
+        # Nothing listens on port 1; scoped to this test's namespace so no other test is affected.
+        w["clientConfig"] = {"url": "https://127.0.0.1:1/validate", "caBundle": w["clientConfig"]["caBundle"]}
+        w["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+    created.create(vwc)
+
+    def refused(obj: dict[str, Any]) -> bool:
+        try:
+            dry_run_create(kube, obj)
+        except KubeError as exc:
+            assert "failed calling webhook" in exc.message, exc
+            return True
+        return False
+
+    # Webhook configurations reach the apiserver's dispatcher through an informer.
+    deadline = time.monotonic() + 30
+    while not refused(_claim(namespace, "with-config", "dra.net")):
+        assert time.monotonic() < deadline, "the webhook configuration never took effect"
+        time.sleep(0.5)
+    assert refused(_claim(namespace, "tmpl-with-config", "dra.net", template=True))
+    assert not refused(_claim(namespace, "no-config", None))
+    assert not refused(_claim(namespace, "other-driver", "gpu.example.com"))
+    assert not refused(_claim(namespace, "tmpl-no-config", None, template=True))
+    assert not refused(_claim(namespace, "tmpl-other-driver", "gpu.example.com", template=True))
