@@ -80,6 +80,14 @@ def host_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
             for m in spec["containers"][0]["volumeMounts"] if m["name"] in host}
 
 
+@pytest.mark.timeout(1200)
+def test_helm_is_v3(helm: str) -> None:
+    """First test to use the fixture: a cold `go install` of helm (~5 min on 2 cores) happens
+    here, under a timeout longer than the suite's 300 s default. `make binaries` pre-builds it."""
+    out = run_helm(helm, "version", "--short")
+    assert out.returncode == 0 and out.stdout.startswith("v3."), out.stdout + out.stderr
+
+
 VARIANTS = {
     "defaults": [],
     "no-webhook-no-class": ["webhook.enabled=false", "deviceClass.create=false"],
