@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ class RankEnv:
     local_rank: int
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | os._Environ[str]) -> "RankEnv":
+    def from_env(cls, env: Mapping[str, str]) -> "RankEnv":
         """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, falling back to ``OMPI_COMM_WORLD_*``."""
         def pick(*names: str, default: str = "0") -> int:
             for name in names:
