@@ -109,3 +109,15 @@ def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(RuntimeError):
         store.update(lambda s: (s.claims.pop("u1"), (_ for _ in ()).throw(RuntimeError("bug"))))
     assert store.read(lambda s: sorted(s.claims)) == ["u1"]
+
+
+def test_serialisation_matches_asdict() -> None:
+    from dataclasses import asdict
+
+    from driver.checkpoint import DriverState
+
+    state = DriverState(claims={"u1": _claim("u1")}, pods={"p1": PodNetState("p1", devices=[
+        MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])])})
+    expected = {"version": 1, "claims": {"u1": asdict(state.claims["u1"])}, "pods": {"p1": asdict(state.pods["p1"])}}
+    assert json.dumps(state.to_json(), sort_keys=True) == json.dumps(expected, sort_keys=True)
+    assert DriverState.from_json(json.loads(json.dumps(state.to_json()))) == state
