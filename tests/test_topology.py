@@ -176,3 +176,12 @@ def test_pcie_switch_relations(tmp_path: Path) -> None:
     assert topo.relation(gpu_sw, by_bus["0000:81:00.0"]) == NODE
     assert topo.relation(gpu_sw, by_bus["0000:c1:00.0"]) == UNKNOWN
     assert by_bus["0000:c1:00.0"].numa_node is None
+
+
+def test_unknown_numa_is_never_guessed(sysfs_trees, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    # A VM whose PCI devices all report numa_node = -1: no NUMA shown, no template offered.
+    root = str(sysfs_trees.get("vm-no-numa"))
+    topo = read_topology(root)
+    assert topo.nics and all(n.numa_node is None for n in topo.nics)
+    assert main(["--log-format", "text", "templates", "--gpus", "1", "--sysfs-root", root]) == 1
+    assert "no NUMA information" in capsys.readouterr().err
