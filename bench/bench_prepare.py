@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -55,7 +54,7 @@ def claims_for(devices: list[str], prefix: str, count: int) -> list[dict[str, An
     return out
 
 
-async def run(calls: int, concurrent: int, work: Path) -> dict[str, float]:
+async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[str, float]:
     devices = write_nic_sysfs(work / "sys", 8)
     claims = claims_for(devices, "seq", calls + 20) + claims_for(devices, "conc", concurrent)
     (work / "claims.json").write_text(json.dumps(claims))
@@ -70,7 +69,7 @@ async def run(calls: int, concurrent: int, work: Path) -> dict[str, float]:
         daemon = subprocess.Popen(
             [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--no-nri", "--node-name", NODE,
              "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
-             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(work / "state"),
+             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(state_dir),
              "--bind-address", "127.0.0.1:0"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         procs.append(daemon)
@@ -125,12 +124,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=100)
+    parser.add_argument("--state-parent", default=None,
+                        help="directory for the checkpoint (default: the temp dir on the root disk); "
+                             "e.g. /dev/shm to see the cost without disk fsync latency")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dranet-bp-"))
+    state = Path(tempfile.mkdtemp(prefix="dranet-bp-state-", dir=args.state_parent))
     try:
-        r = asyncio.run(run(args.calls, args.concurrent, work))
+        r = asyncio.run(run(args.calls, args.concurrent, work, state))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
+    print(f"checkpoint directory under {state.parent}")
     print(f"NodePrepareResources, new 4-device claim (GET + checkpoint fsync), {args.calls} calls over dra.sock:")
     print(f"  median {r['median']:.2f} ms  p99 {r['p99']:.2f} ms  max {r['max']:.2f} ms"
           f"  goal p99 <= {GOAL_P99_MS:.0f} ms  ratio p99/goal {r['p99'] / GOAL_P99_MS:.2f}")
