@@ -118,6 +118,9 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
         device_name = torch.cuda.get_device_name(rank_env.local_rank)
         bus_id = _pci_bus_id(rank_env.local_rank)
 
+    # Fail before training, not after it, when no peak is known for this device.
+    peak, peak_source = mfu.peak_tflops_for(device_name)
+
     # Bind before the process group and the model exist, so their threads and memory start local.
     binding = placement.Binding(None, (), "-", "disabled (--numa-bind off)")
     if args.numa_bind == "auto":
@@ -171,17 +174,17 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     for _ in range(args.steps):
         step()
     sync()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    # NCCL reduces device tensors only; gloo host tensors.
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     # The slowest rank sets the pace of a synchronous data-parallel job.
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     line = None
     if rank_env.rank == 0:
-        peak, source = mfu.peak_tflops_for(device_name)
         line = mfu.compute_result(
             world_size=rank_env.world_size, backend=backend, device=device_name, dtype=args.dtype,
             hidden=args.hidden, layers=args.layers, tokens_per_step=args.batch_tokens,
             steps=args.steps, total_seconds=float(elapsed.item()), peak_tflops=peak,
-            peak_source=source, numa_bind=binding.summary, nccl_ib_hca=hca or "",
+            peak_source=peak_source, numa_bind=binding.summary, nccl_ib_hca=hca or "",
         ).to_line()
     dist.destroy_process_group()
     return line
