@@ -253,11 +253,16 @@ class _KubernetesPackageTransport:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         self.api_client = k8s_client.ApiClient(configuration)
 
-    def call_api(self, resource_path: str, method: str, **kwargs: Any) -> Any:
+    def call_api(self, resource_path: str, method: str, query_params: list[tuple[str, Any]] | None = None,
+                 header_params: dict[str, str] | None = None, body: Any = None,
+                 auth_settings: list[str] | None = None, _preload_content: bool = False,
+                 _request_timeout: Any = None) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            resp = self.api_client.call_api(resource_path, method, **kwargs)
+            resp = self.api_client.call_api(
+                resource_path, method, query_params=query_params, header_params=header_params, body=body,
+                auth_settings=auth_settings, _preload_content=_preload_content, _request_timeout=_request_timeout)
         except ApiException as exc:
             body = exc.body if isinstance(exc.body, (bytes, str)) else str(exc.body or "")
             raise _error(int(exc.status or 0), str(exc.reason or ""),

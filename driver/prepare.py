@@ -113,7 +113,7 @@ class _GroupCommit:
             batch, self._pending = self._pending, []
             outcomes: list[tuple[bool, Any]] = []
 
-            def run_batch(state: DriverState) -> None:
+            def run_batch(state: DriverState, batch: list[Any] = batch, outcomes: list[Any] = outcomes) -> None:
                 for fn, _ in batch:
                     try:
                         outcomes.append((True, fn(state)))
@@ -129,7 +129,7 @@ class _GroupCommit:
                     if not future.done():
                         future.set_exception(ClaimError(f"checkpoint write failed: {exc}"))
                 continue
-            for (_, future), (ok, value) in zip(batch, outcomes):
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if future.done():
                     continue
                 if ok:
@@ -170,13 +170,13 @@ class Preparer:
         """Prepare every claim; the result has an entry for each claim UID, never an exception."""
         results: dict[str, PrepareResult] = {}
         known = self.store.read(lambda s: {c.uid: c for c in claims if c.uid in s.claims})
-        for uid, ref in known.items():
+        for uid in known:
             results[uid] = self._stored_result(uid) or PrepareResult(error=f"claim {uid} vanished from the checkpoint")
         todo = [c for c in claims if c.uid not in known and c.uid not in results]
         fetched = await asyncio.gather(*(self._get_claim(c) for c in todo), return_exceptions=True)
 
         records: list[PreparedClaim] = []
-        for ref, claim in zip(todo, fetched):
+        for ref, claim in zip(todo, fetched, strict=True):
             try:
                 if isinstance(claim, BaseException):
                     raise claim

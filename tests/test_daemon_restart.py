@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -149,7 +148,8 @@ async def test_run_serves_health_and_sigterm_removes_sockets(env: Env) -> None:
     port = _healthz_port(env.log_of(proc))
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status)
     assert body == 200
-    metrics = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+    metrics = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
     assert 'dranet_dra_plugin_requests_total{method="NodePrepareResources",status="ok"} 1.0' in metrics
     assert "dranet_published_devices 4.0" in metrics
     started = time.monotonic()

@@ -146,3 +146,50 @@ async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Pr
     outs = await asyncio.gather(*(preparer.prepare([ClaimRef("ns", f"c{i}", f"uid-{i}")]) for i in range(40)))
     assert all(o[f"uid-{i}"].error == "" for i, o in enumerate(outs))
     assert len(CheckpointStore(preparer.store.directory).read(lambda s: s.claims)) == 40
+
+
+# -- the KubeClient transport prepare depends on (driver/kube.py) ------------------------------
+
+
+def test_kube_errors_and_token_file(api: FakeAPIServer, tmp_path: Path) -> None:
+    import json as _json
+
+    from driver.kube import KubeError
+
+    kc = api.write_kubeconfig(tmp_path / "kc")
+    config = _json.loads(kc.read_text())
+    config["users"][0]["user"] = {"tokenFile": "token"}  # relative to the kubeconfig's directory
+    (tmp_path / "token").write_text("secret-1\n")
+    kc.write_text(_json.dumps(config))
+    kube = KubeClient.from_kubeconfig(str(kc))
+    assert kube.api.token.get() == "secret-1"
+    with pytest.raises(KubeError) as err:
+        kube.get_resource_claim("ns", "nope")
+    assert err.value.not_found and 'resourceclaims.resource.k8s.io "nope" not found' == err.value.message
+
+
+def test_kube_config_errors_name_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from driver.kube import KubeConfigError, transport_in_cluster
+
+    kc = tmp_path / "kc"
+    kc.write_text("apiVersion: v1\ncurrent-context: x\ncontexts: []\n")
+    with pytest.raises(KubeConfigError, match="current-context 'x' is not in contexts"):
+        KubeClient.from_kubeconfig(str(kc))
+    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', certificate-authority: nope.crt}}]\n"
+                  "users: [{name: u, user: {token: t}}]\n")
+    with pytest.raises(KubeConfigError, match=r"clusters\['c'\].certificate-authority: cannot read"):
+        KubeClient.from_kubeconfig(str(kc))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
+        transport_in_cluster(str(tmp_path))
+
+
+def test_kube_exec_credentials_fall_back_to_the_kubernetes_package(tmp_path: Path) -> None:
+    from driver.kube import Urllib3Transport
+
+    kc = tmp_path / "kc"
+    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+                  "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: 'true'}}}]\n")
+    assert not isinstance(KubeClient.from_kubeconfig(str(kc)).api, Urllib3Transport)
