@@ -151,8 +151,14 @@ def _run_benchmark(*extra: str, timeout: int) -> dict[str, int | float | str]:
 
 @needs_torch
 @pytest.mark.timeout(90)
-def test_cpu_benchmark_two_ranks_gloo() -> None:
-    r = _run_benchmark(timeout=60)
+def test_cpu_benchmark_two_ranks_gloo(tmp_path: Path) -> None:
+    # A two-node sysfs tree whose node 1 holds the "GPU" and one CPU this process may use:
+    # each rank must bind to node 1, and rank 0 reports it.
+    cpu = max(os.sched_getaffinity(0))
+    others = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != cpu) or "0"
+    root = _sysfs(tmp_path, {"0009:00:00.0": "1"}, {0: others, 1: str(cpu)})
+    r = _run_benchmark("--sysfs-root", str(root), "--device-bus-id", "0009:00:00.0", timeout=60)
+    assert r["numa_bind"] == "node1"
     assert r["world_size"] == 2 and r["backend"] == "gloo" and r["device"] == "cpu"
     assert (r["hidden"], r["layers"], r["tokens_per_step"], r["steps"]) == (64, 2, 64, 5)
     assert isinstance(r["avg_step_ms"], float) and r["avg_step_ms"] > 0

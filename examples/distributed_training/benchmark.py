@@ -73,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="per-batch CPU passes in the DataLoader (--data host): how heavy the input pipeline is")
     p.add_argument("--numa-bind", choices=["auto", "off"], default="auto")
     p.add_argument("--sysfs-root", default="/sys")
+    p.add_argument("--device-bus-id", default="",
+                   help="PCI bus ID whose NUMA node the rank binds to, instead of its GPU's "
+                        "(CPU mode has no GPU; also for GPUs whose bus ID torch does not report)")
     p.add_argument("--cpu", action="store_true", help="gloo on CPU (CI), no GPU needed")
     p.add_argument("--nprocs", type=int, default=0, help="CPU mode: spawn this many local ranks")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
@@ -124,7 +127,7 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     # Bind before the process group and the model exist, so their threads and memory start local.
     binding = placement.Binding(None, (), "-", "disabled (--numa-bind off)")
     if args.numa_bind == "auto":
-        binding = placement.bind_rank(bus_id, args.sysfs_root)
+        binding = placement.bind_rank(args.device_bus_id or bus_id, args.sysfs_root)
     hca, hca_source = placement.nccl_ib_hca(os.environ)
     if hca and backend == "nccl":
         os.environ["NCCL_IB_HCA"] = hca

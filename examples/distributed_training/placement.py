@@ -75,7 +75,7 @@ class Binding:
 
     node: int | None
     cpus: tuple[int, ...]
-    memory: str  # "preferred", "no-libnuma", "-"
+    memory: str  # "preferred", "no-libnuma", "node-unknown-to-libnuma", "-"
     reason: str
 
     @property
@@ -136,6 +136,9 @@ def apply_binding(binding: Binding) -> Binding:
     lib = _libnuma()
     if lib is None:
         return Binding(binding.node, binding.cpus, "no-libnuma", binding.reason)
+    # libnuma sees the kernel's nodes, which a --sysfs-root tree may not match.
+    if binding.node > lib.numa_max_node():
+        return Binding(binding.node, binding.cpus, "node-unknown-to-libnuma", binding.reason)
     lib.numa_set_preferred(ctypes.c_int(binding.node))
     return Binding(binding.node, binding.cpus, "preferred", binding.reason)
 
