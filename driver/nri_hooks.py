@@ -202,10 +202,10 @@ class NRIHooks:
 
     def _attach(self, pod: api.PodSandbox, netns: str,
                 netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
-        host = self.ns.host()
+        host = self.ns.host_rtnl()
         ifnames = [d.snapshot.host.ifname for _, d in netdevs]
         try:
-            states = netns_ops.record_host(host, ifnames, self.sysfs_root)  # type: ignore[arg-type]
+            states = netns_ops.record_host(self.ns, ifnames, self.sysfs_root)  # type: ignore[arg-type]
         except KeyError as exc:
             self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
@@ -229,14 +229,15 @@ class NRIHooks:
         self._step("run:planned")
         device, step = "", "move"
         try:
-            with self.ns.pod(netns) as (pod_ipr, pod_fd):
+            with self.ns.pod(netns) as (pod_rtnl, pod_fd):
                 for i, m in enumerate(moved):
                     device = m.device
                     cfg = configs[m.device]
-                    netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
+                    netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
+                                        index=states[m.host_ifname].index)
                     self._step(f"run:moved-{i}")
                 step = "configure"
-                results = netns_ops.configure_pod_links(pod_ipr, configs)
+                results = netns_ops.configure_pod_links(pod_rtnl, configs)
                 self._step("run:configured")
         except (NetnsOpError, netns_ops.NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
@@ -362,7 +363,7 @@ class NRIHooks:
         no state are left alone: the runtime lists stopped-but-not-removed sandboxes
         too, so attaching "late" could put NICs into a dead pod.
         """
-        self.ns.host()  # warm up the host socket here, not in the first RunPodSandbox
+        self.ns.host(), self.ns.host_rtnl()  # warm up the sockets here, not in the first RunPodSandbox
         alive = {p.uid: p for p in pods}
         known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
         for uid, steps in known.items():

@@ -47,7 +47,7 @@ def _nic(netns_factory) -> tuple[str, str]:
 
 def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
-    state = netns_ops.record_host(ns.host(), [a])[a]
+    state = netns_ops.record_host(ns, [a])[a]
     assert (state.ifname, state.mtu) == (a, 1450)
     assert state.mac == link_facts(a)["mac"]
     assert sorted(state.addresses) == ["10.41.0.1/24", "fd41::1/64"]  # no fe80:: (link scope)
@@ -57,19 +57,19 @@ def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, net
     v6 = [r for r in state.routes if r.family == socket.AF_INET6]
     assert [(r.dst, r.gateway) for r in v6] == [("fd42::/64", "fd41::fe")]  # no proto-kernel prefix routes
     with pytest.raises(KeyError, match="nosuch"):
-        netns_ops.record_host(ns.host(), [f"nosuch{secrets.token_hex(2)}"])
+        netns_ops.record_host(ns, [f"nosuch{secrets.token_hex(2)}"])
 
 
 def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = netns_ops.record_host(ns.host(), [a])[a]
+    state = netns_ops.record_host(ns, [a])[a]
     cfg = PodLinkConfig(ifname="eth7", mtu=1280, mac="02:00:00:00:07:07", addresses=["192.168.7.2/24"],
                         routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")])
-    with ns.pod(f"/run/netns/{pod_ns}") as (pod_ipr, pod_fd):
-        netns_ops.move_link(ns.host(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
-        res = netns_ops.configure_pod_links(pod_ipr, {"nic-a": cfg})
+    with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, pod_fd):
+        netns_ops.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
+        res = netns_ops.configure_pod_links(pod_rtnl, {"nic-a": cfg})
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
     inside = link_facts("eth7", netns=pod_ns)
     assert (inside["mtu"], inside["mac"], inside["up"], inside["addresses"]) == (
@@ -90,9 +90,9 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = netns_ops.record_host(ns.host(), [a])[a]
+    state = netns_ops.record_host(ns, [a])[a]
     with ns.pod(f"/run/netns/{pod_ns}") as (_, pod_fd):
-        netns_ops.move_link(ns.host(), "nic-a", a, pod_fd, "net1", 1300)
+        netns_ops.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, "net1", 1300)
     # What the kernel does to a physical NIC when its netns dies: back to init_net as devN.
     dev = f"dev{secrets.randbelow(10**6)}"
     netns_factory.host_links.append(dev)  # cleanup if the test fails before the rename back
@@ -140,4 +140,4 @@ def test_move_of_missing_link_names_device_and_step(ns: Namespaces, netns_factor
     pod_ns = netns_factory.netns()
     with ns.pod(f"/run/netns/{pod_ns}") as (_, fd):
         with pytest.raises(NetnsOpError, match="device nic-z: move failed"):
-            netns_ops.move_link(ns.host(), "nic-z", f"nx{secrets.token_hex(3)}", fd, "net1")
+            netns_ops.move_link(ns.host_rtnl(), "nic-z", f"nx{secrets.token_hex(3)}", fd, "net1")
