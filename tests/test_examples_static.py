@@ -214,3 +214,33 @@ def test_readme_carries_the_seed_results() -> None:
     text = (EXAMPLE_DIR / "README.md").read_text()
     for value in ("36.06%", "32.83%", "55.496 ms", "60.951 ms", "356.62", "324.70", "MFU_RESULT"):
         assert value in text, value
+
+
+def _core_objects() -> list[dict[str, Any]]:
+    """Every core-API object of the example: DeviceClass, templates, and the MPIJob pod templates as Pods."""
+    objs = [d for path in sorted(EXAMPLE_DIR.glob("*.yaml")) for d in _docs(path)
+            if d["apiVersion"].startswith("resource.k8s.io/")]
+    for job_path in (ALIGNED, UNALIGNED):
+        job = _docs(job_path)[0]
+        for role, replica in job["spec"]["mpiReplicaSpecs"].items():
+            objs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{role.lower()}-0"},
+                         "spec": replica["template"]["spec"]})
+    return objs
+
+
+def test_core_objects_valid_against_k8s_134_schemas() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objs = _core_objects()
+    assert sorted({o["kind"] for o in objs}) == ["DeviceClass", "Pod", "ResourceClaimTemplate"]
+    for obj in objs:
+        # strict: unknown fields are errors, like the apiserver's strict field validation.
+        kubernetes_validate.validate(obj, "1.34", strict=True)
+
+
+def test_schema_validation_catches_a_typo() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    pod = next(o for o in _core_objects() if o["kind"] == "Pod" and o["metadata"]["name"] == "worker-0")
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0]["securityContext"]["capabilites"] = {"add": ["IPC_LOCK"]}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, "1.34", strict=True)
