@@ -178,20 +178,30 @@ def nd_node(control_plane: ControlPlane) -> Iterator[Node]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _allocate(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
-    """Schedule a pod using ``template``; return the allocated devices' attributes, then release."""
+def _schedule(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
+    """Schedule a pod using ``template``; the allocated devices' attributes (with the request name)."""
     create_objects(node.kube, [pod_for_template(pod, template, node.name)], node.namespace)
-    try:
-        claim = wait_for(lambda: allocated_claim(node.kube, node.namespace, pod), 60, what=f"{pod} allocated")
-        attrs = slice_devices(node.kube, node.name)
-        return [{"request": r["request"], **attrs[(r["driver"], r["pool"], r["device"])]}
-                for r in claim["status"]["allocation"]["devices"]["results"]]
-    finally:
+    claim = wait_for(lambda: allocated_claim(node.kube, node.namespace, pod), 60, what=f"{pod} allocated")
+    attrs = slice_devices(node.kube, node.name)
+    return [{"request": r["request"], **attrs[(r["driver"], r["pool"], r["device"])]}
+            for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+def _release(node: Node, *pods: str) -> None:
+    for pod in pods:
         delete_pod(node.kube, node.namespace, pod)
-        # The generated claim goes with the pod; wait so the next pod can have the same GPUs.
-        wait_for(lambda: not node.kube.request(
-            "GET", f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims")["items"],
-            60, what="generated claim deleted")
+    # Generated claims go with their pods; wait so the next pod can have the same devices.
+    wait_for(lambda: not node.kube.request(
+        "GET", f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims")["items"],
+        60, what="generated claims deleted")
+
+
+def _allocate(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
+    """Schedule, read the allocation, release."""
+    try:
+        return _schedule(node, pod, template)
+    finally:
+        _release(node, pod)
 
 
 @pytest.mark.slow
@@ -217,8 +227,20 @@ def test_dranet_templates_allocate_nics_on_the_gpus_numa_node(nd_node: Node) -> 
 @pytest.mark.slow
 def test_match_numa_template_allocates_one_numa_node(nd_node: Node) -> None:
     (tmpl,) = load_yaml_docs(EXAMPLE_DIR / "resource-claim-template-match-numa.yaml")
-    create_objects(nd_node.kube, [tmpl], nd_node.namespace)
-    devices = _allocate(nd_node, "same-numa", tmpl["metadata"]["name"])
-    assert sorted(d["request"] for d in devices) == ["gpu"] * 4 + ["nic"] * 4
-    assert len({d[NUMA] for d in devices}) == 1, devices
-    assert all(d["dra.net/rdma"] is True for d in devices if d["request"] == "nic")
+    # One NUMA-0 NIC taken by another pod leaves NUMA 0 with 4 GPUs but only 3 RDMA NICs: the
+    # constraint must move GPUs and NICs to NUMA 1 (first-fit alone would take GPUs 0-3).
+    blocker = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+               "metadata": {"name": "one-numa0-nic"},
+               "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": {
+                   "deviceClassName": "dranet.net", "count": 1, "selectors": [{"cel": {"expression":
+                       'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 0'}}]}}]}}}}
+    create_objects(nd_node.kube, [tmpl, blocker], nd_node.namespace)
+    try:
+        (taken,) = _schedule(nd_node, "blocker", "one-numa0-nic")
+        assert taken[NUMA] == 0
+        devices = _schedule(nd_node, "same-numa", tmpl["metadata"]["name"])
+        assert sorted(d["request"] for d in devices) == ["gpu"] * 4 + ["nic"] * 4
+        assert {d[NUMA] for d in devices} == {1}, devices
+        assert all(d["dra.net/rdma"] is True for d in devices if d["request"] == "nic")
+    finally:
+        _release(nd_node, "blocker", "same-numa")
