@@ -32,7 +32,8 @@ def _env(name: str, default: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
-    parser = argparse.ArgumentParser(prog="dranet", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dranet", description="Kubernetes DRA driver for network interfaces and RDMA NICs (dra.net)")
     parser.add_argument("--log-level", default=_env("DRANET_LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default=_env("DRANET_LOG_FORMAT", "json"), choices=["json", "text"])
@@ -79,10 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")
     topo.add_argument("--sysfs-root", default="/sys")
     topo.add_argument("--output", "-o", default="table", choices=["json", "table"])
+    topo.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
 
     tmpl = sub.add_parser("templates", help="print NUMA-aligned ResourceClaimTemplates for this node")
     tmpl.add_argument("--gpus", type=int, required=True)
     tmpl.add_argument("--sysfs-root", default="/sys")
+    tmpl.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
     return parser
 
 
