@@ -11,7 +11,7 @@ the two validators. TLS comes from ``--tls-cert``/``--tls-key`` or, when absent,
 CA and server certificate generated at start (SANs: ``--host``, 127.0.0.1, localhost).
 With ``--manage-configuration`` kopf creates and keeps the ValidatingWebhookConfiguration
 ``dra.net-webhook`` (URL and caBundle) up to date; otherwise one from the chart is used, pointing
-at ``https://<service>:<port>/validate`` (any path works: kopf selects handlers by resource).
+at ``https://<service>:<port>/validate`` (the path must be exactly ``/validate``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 MANAGED_CONFIGURATION = "dra.net-webhook"
 GROUP, VERSION = "resource.k8s.io", "v1"
 # plural -> where the claim spec sits in the object (the path used in error messages)
+HANDLER_ID = "validate"  # also the URL path: https://<host>:<port>/validate
 SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
 
 
@@ -62,28 +63,34 @@ def review(plural: str, body: dict[str, Any]) -> list[str]:
     return [f"{e.path}: {e.reason}" for err in validate_claim_spec(spec, ".".join(keys)) for e in err.errors]
 
 
-def _validator(plural: str):
-    def validate(body: kopf.Body, operation: str | None = None, **_: Any) -> None:
-        problems = review(plural, dict(body))
-        if problems:
-            meta = body.get("metadata") or {}
-            log.info("rejected", extra={"kv": {"resource": plural, "namespace": meta.get("namespace"),
-                                               "name": meta.get("name"), "operation": operation,
-                                               "problems": problems}})
-            raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
+def _is_claim_resource(resource: Any) -> bool:
+    """kopf resource selector: ResourceClaims and ResourceClaimTemplates of resource.k8s.io/v1."""
+    return resource.group == GROUP and resource.version == VERSION and resource.plural in SPEC_PATHS
 
-    validate.__name__ = f"validate_{plural}"
-    return validate
+
+def validate(body: kopf.Body, resource: Any, operation: str | None = None, **_: Any) -> None:
+    """The kopf handler: reject with every ``path: reason`` found (HTTP 422)."""
+    problems = review(resource.plural, dict(body))
+    if problems:
+        meta = body.get("metadata") or {}
+        log.info("rejected", extra={"kv": {"resource": resource.plural, "namespace": meta.get("namespace"),
+                                           "name": meta.get("name"), "operation": operation,
+                                           "problems": problems}})
+        raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
 
 
 def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorRegistry:
-    """A registry with exactly the two validators, a login handler and the settings."""
+    """A registry with exactly one validator (both resources), a login handler and the settings.
+
+    One handler with the id ``validate`` serves both resources because kopf routes a request to
+    the handlers whose id equals the URL path (``/validate``); a chart's configuration must use
+    that path for both rules (a request on another path would match no handler and be allowed).
+    """
     registry = kopf.OperatorRegistry()
-    for plural in SPEC_PATHS:
-        kopf.on.validate(
-            GROUP, VERSION, plural, id=f"validate-{plural}", operations=["CREATE", "UPDATE"],
-            ignore_failures=options.failure_policy == "Ignore", registry=registry,
-        )(_validator(plural))
+    kopf.on.validate(
+        _is_claim_resource, id=HANDLER_ID, operations=["CREATE", "UPDATE"],
+        ignore_failures=options.failure_policy == "Ignore", registry=registry,
+    )(validate)
 
     def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(options.kubeconfig)

@@ -1,0 +1,208 @@
+"""`dranet webhook` (a real subprocess) behind a real kube-apiserver.
+
+1. --manage-configuration with a self-signed certificate: kopf creates the
+   ValidatingWebhookConfiguration itself; a bad ResourceClaimTemplate is rejected with the field
+   path in the message and a good one is admitted.
+2. Given --tls-cert/--tls-key and a configuration registered by the test (as the chart would):
+   a bad ResourceClaim is rejected, a claim for another driver and a good one are admitted.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from devcluster.controlplane import free_port
+from driver.kube import RESOURCE_API, KubeClient, KubeError
+from driver.webhook import MANAGED_CONFIGURATION, WebhookOptions, build_registry, review, self_signed
+
+
+ROOT = Path(__file__).resolve().parents[1]
+VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+NS = "default"
+
+
+def template(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": {"devices": {
+                "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
+                "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": "x"}}},
+                           {"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}}]}}}}
+
+
+def claim(name: str, params: dict[str, Any], driver: str = "dra.net") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {
+                "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
+                "config": [{"opaque": {"driver": driver, "parameters": params}}]}}}
+
+
+def start_webhook(kubeconfig: str, port: int, *extra: str, log_path: Path) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "driver.cli", "--log-format", "text", "webhook", "--kubeconfig", kubeconfig,
+         "--port", str(port), "--host", "127.0.0.1", *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # our own process group only
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+
+def delete(kube: KubeClient, path: str) -> None:
+    try:
+        kube.request("DELETE", path)
+    except KubeError as exc:
+        if not exc.not_found:
+            raise
+
+
+def create_until_rejected(kube: KubeClient, path: str, obj: dict[str, Any], log: Path,
+                          timeout: float = 30) -> KubeError:
+    """The apiserver picks up a new webhook configuration asynchronously: retry until it bites."""
+    name = obj["metadata"]["name"]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kube.request("POST", path, obj)
+        except KubeError as exc:
+            if exc.status in (400, 403, 422) and "dra.net" in exc.message:
+                return exc
+            if time.monotonic() > deadline:
+                raise
+        else:
+            delete(kube, f"{path}/{name}")  # admitted before the webhook was active
+            if time.monotonic() > deadline:
+                pytest.fail(f"{name} was never rejected; webhook log:\n{log.read_text()[-4000:]}")
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def names() -> Iterator[list[tuple[KubeClient, str]]]:
+    created: list[tuple[KubeClient, str]] = []
+    yield created
+    for kube, path in created:
+        delete(kube, path)
+
+
+@pytest.mark.parametrize("policy", ["Fail", "Ignore"])
+def test_registry_has_one_validator_with_the_failure_policy(policy, tmp_path: Path):
+    """No cluster needed: what kopf would put in a managed configuration."""
+    from kopf._core.engines.admission import build_webhooks
+    from kopf._cogs.structs.references import Resource
+
+    registry = build_registry(WebhookOptions(failure_policy=policy), self_signed(tmp_path, ["127.0.0.1"]))
+    handlers = registry._webhooks.get_all_handlers()
+    assert [h.id for h in handlers] == ["validate"]
+    resources = [Resource("resource.k8s.io", "v1", p, namespaced=True) for p in
+                 ("resourceclaims", "resourceclaimtemplates", "resourceslices")] + [
+                 Resource("resource.k8s.io", "v1beta2", "resourceclaims", namespaced=True)]
+    hooks = build_webhooks(handlers, resources=resources, name_suffix="x", client_config={"url": "https://h/"})
+    assert [h["failurePolicy"] for h in hooks] == [policy]
+    assert sorted((r["apiVersions"][0], r["resources"][0]) for r in hooks[0]["rules"]) == [
+        ("v1", "resourceclaims"), ("v1", "resourceclaimtemplates")]
+
+
+def test_review_paths_for_both_kinds():
+    bad = {"interface": {"mtu": 10}}
+    assert review("resourceclaimtemplates", template("t", bad)) == [
+        "spec.spec.devices.config[1].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"]
+    assert review("resourceclaims", claim("c", bad)) == [
+        "spec.devices.config[0].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"]
+    assert review("resourceclaims", claim("c", bad, driver="other.example.com")) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_managed_configuration_self_signed(control_plane, kube: KubeClient, tmp_path: Path, names):
+    port = free_port()
+    names.append((kube, f"{VWC_API}/{MANAGED_CONFIGURATION}"))
+    proc = start_webhook(str(control_plane.kubeconfig), port, "--manage-configuration",
+                         "--failure-policy", "Fail", log_path=tmp_path / "webhook.log")
+    try:
+        deadline = time.monotonic() + 60
+        vwc: dict[str, Any] = {}
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                vwc = kube.request("GET", f"{VWC_API}/{MANAGED_CONFIGURATION}")
+                if vwc.get("webhooks") and vwc["webhooks"][0]["clientConfig"].get("caBundle"):
+                    break
+            except KubeError as exc:
+                if not exc.not_found:
+                    raise
+            time.sleep(0.3)
+        assert vwc.get("webhooks"), (tmp_path / "webhook.log").read_text()[-3000:]
+        hooks = {h["name"]: h for h in vwc["webhooks"]}
+        assert {res for h in hooks.values() for r in h["rules"] for res in r["resources"]} == {
+            "resourceclaims", "resourceclaimtemplates"}
+        for hook in hooks.values():
+            assert hook["failurePolicy"] == "Fail"
+            assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
+            assert all(r["operations"] == ["CREATE", "UPDATE"] for r in hook["rules"])
+
+        path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaimtemplates"
+        bad = template(f"bad-{uuid.uuid4().hex[:6]}", {"interface": {"name": "a-much-too-long-name", "mtu": 9000}})
+        names.append((kube, f"{path}/{bad['metadata']['name']}"))
+        err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log")
+        assert "spec.spec.devices.config[1].opaque.parameters.interface.name" in err.message
+        assert "at most 15" in err.message
+
+        good = template(f"good-{uuid.uuid4().hex[:6]}", {"interface": {"name": "net1", "mtu": 9000}})
+        names.append((kube, f"{path}/{good['metadata']['name']}"))
+        created = kube.request("POST", path, good)
+        assert created["metadata"]["uid"]
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, (tmp_path / "webhook.log").read_text()[-2000:]
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_chart_configuration_with_given_certificate(control_plane, kube: KubeClient, tmp_path: Path, names):
+    port = free_port()
+    tls = self_signed(tmp_path, ["127.0.0.1"])
+    vwc_name = f"dra-net-test-{uuid.uuid4().hex[:6]}"
+    rules = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+    names.append((kube, f"{VWC_API}/{vwc_name}"))
+    proc = start_webhook(str(control_plane.kubeconfig), port, "--tls-cert", tls.certfile, "--tls-key", tls.keyfile,
+                         log_path=tmp_path / "webhook.log")
+    try:
+        kube.request("POST", VWC_API, {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": vwc_name},
+            "webhooks": [{"name": "claims.dra.net", "rules": rules, "failurePolicy": "Fail",
+                          "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 10,
+                          "clientConfig": {"url": f"https://127.0.0.1:{port}/validate",
+                                           "caBundle": base64.b64encode(tls.cadata).decode()}}]})
+        path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaims"
+        bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "rules": []})
+        names.append((kube, f"{path}/{bad['metadata']['name']}"))
+        err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log", timeout=60)
+        assert "spec.devices.config[0].opaque.parameters.routes[0].gateway" in err.message
+        assert "spec.devices.config[0].opaque.parameters.rules: unknown field" in err.message
+
+        for obj in (claim(f"other-{uuid.uuid4().hex[:6]}", {"rules": []}, driver="gpu.nvidia.com"),
+                    claim(f"good-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8",
+                                                                        "gateway": "192.0.2.1"}]})):
+            names.append((kube, f"{path}/{obj['metadata']['name']}"))
+            assert kube.request("POST", path, obj)["metadata"]["uid"]
+    finally:
+        stop(proc)
