@@ -321,6 +321,10 @@ class NRIHooks:
                                                        "ifname": m.host_ifname, "found": how}})
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
+                if isinstance(exc, NetnsOpError) and exc.step == "find":
+                    # Nowhere to be found: a virtual NIC (veth, ...) destroyed with its netns.
+                    # Retrying forever cannot bring it back; forget it (loudly).
+                    done.append(m.device)
                 log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device,
                                                              "error": str(exc)}})
             self._step(f"stop:returned-{i}")

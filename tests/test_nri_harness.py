@@ -140,3 +140,23 @@ def test_synchronize_returns_nics_of_pods_gone_while_down(nri_harness: Harness, 
     assert nri_harness.cmd("set-pods", pods=[])["ok"]
     _start(nri_harness, tmp_path, driver_procs, syncs=2)
     assert link_facts(a) == before
+
+
+def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(nri_harness: Harness, netns_factory, driver_procs,
+                                                                 tmp_path: Path) -> None:
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-v"}])
+    del store
+    _start(nri_harness, tmp_path, driver_procs)
+    pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
+    assert nri_harness.cmd("run", pod=pod)["ok"]
+    import subprocess
+    subprocess.run(["ip", "netns", "del", pod_ns], check=True)  # a veth dies with its netns
+    res = nri_harness.cmd("stop", pod=pod)
+    assert not res["ok"] and "nic-v" in res["error"] and "find" in res["error"]
+    assert link_facts(pa) is None  # the pair is gone: nothing to restore
+    assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
+    assert nri_harness.cmd("remove", pod=pod)["ok"]  # no endless retries
