@@ -133,7 +133,8 @@ class Daemon:
             self.publisher.update(devices)
         from driver.kubelet_plugin import health_states
 
-        allocated = self.store.read(lambda s: {d.device for c in s.claims.values() for d in c.devices})
+        allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
+            self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices})
         states = await asyncio.to_thread(health_states, self.inventory, self.config.node_name,
                                          self.config.sysfs_root, allocated.__contains__)
         await self.health_feed.set(states)

@@ -169,10 +169,13 @@ class Preparer:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare every claim; the result has an entry for each claim UID, never an exception."""
         results: dict[str, PrepareResult] = {}
-        known = self.store.read(lambda s: {c.uid: c for c in claims if c.uid in s.claims})
-        for uid in known:
-            results[uid] = self._stored_result(uid) or PrepareResult(error=f"claim {uid} vanished from the checkpoint")
-        todo = [c for c in claims if c.uid not in known and c.uid not in results]
+        # The store's lock is held by the writer thread during an fsync: never wait for it on
+        # the event loop (that would stall every other gRPC call for the whole write).
+        known = await asyncio.to_thread(self.store.read, lambda s: {c.uid: s.claims[c.uid] for c in claims
+                                                                     if c.uid in s.claims})
+        for uid, record in known.items():
+            results[uid] = _result_of(record)  # the kubelet's retry: answered from the checkpoint
+        todo = [c for c in claims if c.uid not in known]
         fetched = await asyncio.gather(*(self._get_claim(c) for c in todo), return_exceptions=True)
 
         records: list[PreparedClaim] = []
@@ -202,10 +205,6 @@ class Preparer:
         log.info("prepared claims", extra={"kv": {
             "claims": [c.uid for c in claims], "errors": {u: r.error for u, r in results.items() if r.error}}})
         return results
-
-    def _stored_result(self, uid: str) -> PrepareResult | None:
-        record = self.store.read(lambda s: s.claims.get(uid))
-        return None if record is None else _result_of(record)
 
     async def _get_claim(self, ref: ClaimRef) -> dict[str, Any]:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
