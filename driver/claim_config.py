@@ -546,6 +546,29 @@ def configs_for_request(
     return result
 
 
+def prepare_decoder(allocation_configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
+    """``driver.prepare.ConfigDecoder``: the validated, merged config of one allocated device.
+
+    Returns ``{"opaque": [<canonical parameters>]}`` (the shape prepare's default decoder
+    stores, so the NRI hooks read it unchanged); raises :class:`ConfigError` naming the
+    ``status.allocation.devices.config[i]...`` path and the reason.
+    """
+    return {"opaque": [configs_for_request(allocation_configs, full or base, driver).to_parameters()]}
+
+
+def stored_config(config: dict[str, Any] | None) -> NetworkConfig:
+    """The :class:`NetworkConfig` of a ``PreparedDevice.config`` (flat parameters, or prepare's
+    ``{"opaque": [params, ...]}``, merged in order)."""
+    if not config:
+        return NetworkConfig()
+    if isinstance(config.get("opaque"), list):
+        result = NetworkConfig()
+        for i, params in enumerate(config["opaque"]):
+            result = merge(result, decode_config(params if params is not None else {}, f"config.opaque[{i}]"))
+        return result
+    return decode_config(config, "config")
+
+
 # -- claim-level validation -------------------------------------------------------------------
 
 
@@ -638,8 +661,8 @@ class CpusetPlan:
 def container_env(devices: Iterable[tuple[dict[str, Any], str | None]]) -> dict[str, str]:
     """Environment for containers consuming the given devices.
 
-    ``devices``: ``(validated config parameters, RDMA device name or None)`` per allocated
-    device (``PreparedDevice.config`` and ``PreparedDevice.snapshot.host.rdma_device``).
+    ``devices``: ``(PreparedDevice.config, RDMA device name or None)`` per allocated device
+    (``PreparedDevice.snapshot.host.rdma_device``); see :func:`stored_config`.
     Returns ``NCCL_IB_HCA="=mlx5_0,mlx5_1"`` (a leading ``=`` is NCCL's exact-match form, so
     ``mlx5_1`` does not also select ``mlx5_10``) and ``DRANET_RDMA_DEVICES="mlx5_0,mlx5_1"``;
     empty when no device has RDMA or every RDMA device has ``rdma.injectEnv: false``.
@@ -648,7 +671,7 @@ def container_env(devices: Iterable[tuple[dict[str, Any], str | None]]) -> dict[
     for params, rdma_device in devices:
         if not rdma_device:
             continue
-        config = decode_config(params or {}, "config") if params else NetworkConfig()
+        config = stored_config(params)
         if config.rdma_env_enabled and rdma_device not in hcas:
             hcas.append(rdma_device)
     if not hcas:
@@ -660,7 +683,7 @@ def container_env(devices: Iterable[tuple[dict[str, Any], str | None]]) -> dict[
 def numa_pin_node(devices: Iterable[tuple[dict[str, Any], int | None, str]], path: str = "numa.pin") -> int | None:
     """The NUMA node to pin to, or None when no device asks for pinning.
 
-    ``devices``: ``(validated config parameters, NUMA node or None, device name)``. Raises
+    ``devices``: ``(PreparedDevice.config, NUMA node or None, device name)``. Raises
     :class:`ConfigError` when pinning is asked for and the NICs span several NUMA nodes or a
     NIC's node is unknown. prepare calls it to refuse the claim early; the NRI hooks again.
     """
@@ -668,7 +691,7 @@ def numa_pin_node(devices: Iterable[tuple[dict[str, Any], int | None, str]], pat
     nodes: dict[int, list[str]] = {}
     unknown: list[str] = []
     for params, node, name in devices:
-        config = decode_config(params, "config") if params else NetworkConfig()
+        config = stored_config(params)
         wanted = wanted or config.numa_pin
         if node is None or node < 0:
             unknown.append(name)
@@ -753,5 +776,5 @@ __all__ = [
     "API_VERSION", "KIND", "ConfigError", "FieldError", "NetworkConfig", "InterfaceConfig", "RouteConfig",
     "EthtoolConfig", "RdmaConfig", "NumaConfig", "CpusetPlan", "decode_config", "merge", "configs_for_request",
     "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node",
-    "cpuset_for", "errors_as_json",
+    "cpuset_for", "errors_as_json", "prepare_decoder", "stored_config",
 ]

@@ -14,6 +14,8 @@ from driver.claim_config import (
     cpuset_for,
     decode_config,
     numa_pin_node,
+    prepare_decoder,
+    stored_config,
     validate_claim_spec,
 )
 
@@ -168,3 +170,19 @@ def test_cpuset_for_reads_the_node_cpulist(tmp_path: Path):
     assert (plan.cpus, plan.mems, plan.numa_node) == ("24-47,72-95", "1", 1)
     with pytest.raises(FileNotFoundError):
         cpuset_for(5, str(tmp_path))
+
+
+def test_prepare_decoder_output_is_what_the_helpers_read():
+    configs = [_cfg({"rdma": {"injectEnv": False}}, source="FromClass"),
+               _cfg({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
+    stored = prepare_decoder(configs, "nic", "nic/fast", "dra.net")
+    assert list(stored) == ["opaque"] and len(stored["opaque"]) == 1
+    config = stored_config(stored)
+    assert config.numa_pin and not config.rdma_env_enabled and config.interface.mtu == 9000
+    assert container_env([(stored, "mlx5_0")]) == {}
+    assert numa_pin_node([(stored, 1, "nic-a")]) == 1
+    # prepare's own (unvalidated) shape with several parameter objects is merged in order too.
+    assert stored_config({"opaque": [{"interface": {"mtu": 1500}}, {"interface": {"mtu": 4000}}]}).interface.mtu == 4000
+    with pytest.raises(ConfigError) as info:
+        prepare_decoder([_cfg({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
+    assert info.value.path == "status.allocation.devices.config[0].opaque.parameters.interface.mtu"
