@@ -1,0 +1,262 @@
+"""``make demo``: the seed example allocated on a simulated Azure ND H100 v5 node, end to end.
+
+Builds or reuses the binaries, starts a real control plane, builds the ND H100 v5 sysfs
+fixture, runs ``dranet run`` on it as a separate process, installs the GPU driver TEST DOUBLE,
+applies ``examples/distributed_training/{device-class,resource-claim-template}.yaml``, creates one
+pod per template (one after the other: both templates want the same 4 GPUs), and prints which
+NICs and GPUs each claim got with their NUMA nodes. Everything is removed at the end, also on
+Ctrl-C. `DriverProcess` and the seed helpers here are reused by tests/test_e2e_seed.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devcluster import gpu_double
+from devcluster.binaries import ensure_control_plane
+from devcluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
+from driver.kube import RESOURCE_API, KubeClient, KubeError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE_DIR = REPO / "examples" / "distributed_training"
+ALIGNED, UNALIGNED = "h100-4gpu-4nic-numa-aligned", "h100-4gpu-4nic-numa-unaligned"
+
+
+@dataclass
+class DriverProcess:
+    """``python -m driver run`` as a separate process against a control plane.
+
+    The kubelet root lives in a short temp dir (unix socket paths are limited to 108 bytes).
+    """
+
+    kubeconfig: Path
+    node_name: str
+    sysfs_root: Path
+    workdir: Path
+    extra_args: list[str] = field(default_factory=list)   # extra `run` flags
+    log_level: str = "info"
+    popen: subprocess.Popen[bytes] | None = None
+    port: int = 0
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.workdir / "kubelet"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.workdir / "state"
+
+    @property
+    def registration_socket(self) -> str:
+        return str(self.kubelet_root / "plugins_registry" / "dra.net-reg.sock")
+
+    @property
+    def dra_socket(self) -> str:
+        return str(self.kubelet_root / "plugins" / "dra.net" / "dra.sock")
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "driver.log"
+
+    def start(self, timeout: float = 30.0) -> "DriverProcess":
+        """Start and wait for /healthz (kubelet plugin serving, first scan done)."""
+        (self.kubelet_root / "plugins" / "dra.net").mkdir(parents=True, exist_ok=True)
+        (self.kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        args = [sys.executable, "-m", "driver", "--log-format", "text",
+                "--log-level", self.log_level, "run",
+                "--node-name", self.node_name, "--sysfs-root", str(self.sysfs_root),
+                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.state_dir),
+                "--kubeconfig", str(self.kubeconfig), "--no-nri", "--exclude-interfaces", "eth0",
+                "--bind-address", f"127.0.0.1:{self.port}", *self.extra_args]
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          cwd=REPO, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"dranet run exited with {self.popen.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"dranet run not healthy within {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        """Signal the process group (SIGTERM: clean shutdown; SIGKILL: crash); returns exit code."""
+        p = self.popen
+        if p is None:
+            return None
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, sig)
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+        self.popen = None
+        return p.returncode
+
+    def restart(self) -> "DriverProcess":
+        """Clean stop, then start again with the same state dir and kubelet root."""
+        self.stop()
+        return self.start()
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def build_fixture(topology: str, out: Path) -> Path:
+    """Run the sysfs fixture builder (``python -m devcluster.sysfs_fixture``) into ``out``."""
+    subprocess.run([sys.executable, "-m", "devcluster.sysfs_fixture", "--topology", topology, "--out", str(out)],
+                   check=True, cwd=REPO, capture_output=True)
+    return out
+
+
+def seed_docs() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The seed's DeviceClass and ResourceClaimTemplates, read from the example files."""
+    return (load_yaml_docs(EXAMPLE_DIR / "device-class.yaml"),
+            load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml"))
+
+
+def pod_for_template(name: str, template: str, node: str) -> dict[str, Any]:
+    """An unscheduled pod pinned to ``node`` by label, using one claim from ``template``."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                     "terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "trainer", "image": "registry.k8s.io/pause:3.10",
+                                     "resources": {"claims": [{"name": "devices"}]}}]}}
+
+
+def allocated_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The pod's generated claim once the scheduler allocated it and bound the pod."""
+    p = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}")
+    statuses = p.get("status", {}).get("resourceClaimStatuses") or []
+    if not p["spec"].get("nodeName") or not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim = kube.get_resource_claim(namespace, statuses[0]["resourceClaimName"])
+    return claim if claim.get("status", {}).get("allocation") else None
+
+
+def slice_devices(kube: KubeClient, node: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """(driver, pool, device) -> device attributes, from every slice on ``node``."""
+    out = {}
+    for s in kube.request("GET", f"{RESOURCE_API}/resourceslices",
+                          query={"fieldSelector": f"spec.nodeName={node}"})["items"]:
+        for d in s["spec"].get("devices") or []:
+            out[(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])] = {
+                k: next(iter(v.values())) for k, v in (d.get("attributes") or {}).items()}
+    return out
+
+
+def allocation_rows(kube: KubeClient, claim: dict[str, Any], node: str) -> list[dict[str, Any]]:
+    """One row per allocated device: request, driver, device, interface/PCI, NUMA node."""
+    attrs = slice_devices(kube, node)
+    rows = []
+    for r in claim["status"]["allocation"]["devices"]["results"]:
+        a = attrs.get((r["driver"], r["pool"], r["device"]), {})
+        rows.append({"request": r["request"], "driver": r["driver"], "device": r["device"],
+                     "ifName": a.get("dra.net/ifName", ""), "rdma": a.get("dra.net/rdmaDevice", ""),
+                     "pciBusID": a.get("resource.kubernetes.io/pciBusID", ""),
+                     "numa": a.get("dra.net/numaNode", a.get(f"{gpu_double.GPU_DRIVER}/numaNode", "?"))})
+    return rows
+
+
+def print_table(title: str, rows: list[dict[str, Any]]) -> None:
+    cols = ["request", "driver", "device", "ifName", "rdma", "pciBusID", "numa"]
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print(f"\n{title}")
+    print("  ".join(c.upper().ljust(widths[c]) for c in cols))
+    for r in rows:
+        print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
+
+
+def delete_pod(kube: KubeClient, namespace: str, name: str) -> None:
+    """Delete a bound pod at once (no kubelet will ever finalize it)."""
+    try:
+        kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 0})
+    except KubeError as exc:
+        if not exc.not_found:
+            raise
+
+
+def run_demo() -> int:
+    """The whole demo; returns an exit code. Cleans up in ``finally`` blocks (also on Ctrl-C)."""
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.monotonic()
+    print("1/6 binaries (built from the Go module proxy on first use; progress below)", flush=True)
+    binaries = ensure_control_plane()
+    work = Path(tempfile.mkdtemp(prefix="dn-demo-"))
+    node = "nd-h100-v5-0"
+    try:
+        print(f"2/6 control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)", flush=True)
+        with ControlPlane(binaries) as cp:
+            kube = cp.kube()
+            print(f"    ready in {cp.start_seconds:.1f}s at {cp.server}; kubeconfig {cp.kubeconfig}")
+            cp.create_node(node)
+            print("3/6 ND H100 v5 sysfs fixture + `dranet run` on it", flush=True)
+            fixture = build_fixture("nd-h100-v5", work / "sysfs")
+            drv = DriverProcess(cp.kubeconfig, node, fixture, work / "driver")
+            try:
+                drv.start()
+                wait_for(lambda: any(k[0] == "dra.net" for k in slice_devices(kube, node)), 30, what="dra.net slices")
+                print("4/6 GPU driver TEST DOUBLE (gpu.nvidia.com slice + DeviceClass) and the seed example", flush=True)
+                gpu_double.install(kube, node)
+                classes, templates = seed_docs()
+                create_objects(kube, classes)
+                create_objects(kube, templates, "default")
+                print("5/6 one pod per template, scheduled by the real scheduler", flush=True)
+                for template in (ALIGNED, UNALIGNED):
+                    pod = template.replace("h100-4gpu-4nic-", "trainer-")
+                    create_objects(kube, [pod_for_template(pod, template, node)], "default")
+                    claim = wait_for(lambda: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation")
+                    print_table(f"pod {pod} -> claim {claim['metadata']['name']} (template {template})",
+                                allocation_rows(kube, claim, node))
+                    # Both templates want the same 4 GPUs: free them for the next pod.
+                    delete_pod(kube, "default", pod)
+                    wait_for(lambda: not kube.request("GET", f"{RESOURCE_API}/namespaces/default/resourceclaims")["items"],
+                             60, what="claim released")
+                print(f"\n6/6 done in {time.monotonic() - t0:.0f}s; cleaning up", flush=True)
+            finally:
+                # Cluster objects vanish with the control plane; only the process needs stopping.
+                drv.stop()
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted; cleaning up", file=sys.stderr)
+        return 130
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> int:
+    """Entry point of ``python -m devcluster.demo``."""
+    # SIGTERM behaves like Ctrl-C so `finally` blocks stop every process.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    return run_demo()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
