@@ -194,6 +194,15 @@ def print_table(title: str, rows: list[dict[str, Any]]) -> None:
         print("  ".join(str(r[c]).ljust(widths[c]) for c in cols))
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """One line: the NUMA nodes of the claim's GPUs and NICs, and whether they line up."""
+    gpus = sorted({r["numa"] for r in rows if r["driver"] == gpu_double.GPU_DRIVER})
+    nics = sorted({r["numa"] for r in rows if r["driver"] == "dra.net"})
+    verdict = "NUMA-aligned (GPU<->NIC traffic stays on one socket)" if gpus == nics and len(gpus) == 1 \
+        else "NOT aligned (GPU<->NIC traffic crosses the inter-socket link)"
+    return f"  GPUs on NUMA {gpus}, NICs on NUMA {nics}: {verdict}"
+
+
 def delete_pod(kube: KubeClient, namespace: str, name: str) -> None:
     """Delete a bound pod at once (no kubelet will ever finalize it)."""
     try:
@@ -233,8 +242,9 @@ def run_demo() -> int:
                     pod = template.replace("h100-4gpu-4nic-", "trainer-")
                     create_objects(kube, [pod_for_template(pod, template, node)], "default")
                     claim = wait_for(lambda: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation")
-                    print_table(f"pod {pod} -> claim {claim['metadata']['name']} (template {template})",
-                                allocation_rows(kube, claim, node))
+                    rows = allocation_rows(kube, claim, node)
+                    print_table(f"pod {pod} -> claim {claim['metadata']['name']} (template {template})", rows)
+                    print(summary(rows))
                     # Both templates want the same 4 GPUs: free them for the next pod.
                     delete_pod(kube, "default", pod)
                     wait_for(lambda: not kube.request("GET", f"{RESOURCE_API}/namespaces/default/resourceclaims")["items"],
