@@ -1,4 +1,4 @@
-"""Resident memory (VmRSS) of an idle ``dranet run --no-nri`` against the stub apiserver.
+"""Resident memory (VmRSS) of an idle ``dranet run`` against the stub apiserver.
 
 The daemon runs with a fixture sysfs root (``--devices N`` PCI NICs, default 8; 0 = empty
 root), publishes its slices, and is then left idle; VmRSS and VmHWM are sampled from
@@ -39,7 +39,7 @@ def status_kb(pid: int, key: str) -> int:
     raise KeyError(key)
 
 
-async def measure(devices: int, idle: float, work: Path) -> dict[str, float]:
+async def measure(devices: int, idle: float, work: Path, nri: bool) -> dict[str, float]:
     (work / "sys").mkdir()
     if devices:
         write_nic_sysfs(work / "sys", devices)
@@ -50,7 +50,8 @@ async def measure(devices: int, idle: float, work: Path) -> dict[str, float]:
         procs.append(api)
         assert api.stdout is not None and api.stdout.readline().startswith(b"ready")
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--no-nri", "--node-name", "mem-node",
+            [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--node-name", "mem-node",
+             *(["--nri-socket", str(work / "no-runtime/nri.sock")] if nri else ["--no-nri"]),
              "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
              "--kubelet-root", str(work / "kubelet"), "--state-dir", str(work / "state"),
              "--bind-address", "127.0.0.1:0", "--publish-interval", "0.5"],
@@ -87,13 +88,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--idle", type=float, default=5.0)
+    parser.add_argument("--nri", action="store_true",
+                        help="NRI enabled (pointed at a socket nobody serves: the plugin keeps reconnecting)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dranet-bm-"))
     try:
-        r = asyncio.run(measure(args.devices, args.idle, work))
+        r = asyncio.run(measure(args.devices, args.idle, work, args.nri))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"idle dranet run --no-nri, {args.devices} fixture devices, sampled {args.idle:.0f}s:")
+    mode = "NRI on (no runtime)" if args.nri else "--no-nri"
+    print(f"idle dranet run {mode}, {args.devices} fixture devices, sampled {args.idle:.0f}s:")
     print(f"  VmRSS median {r['rss_median']:.1f} MB  max {r['rss_max']:.1f} MB  VmHWM {r['hwm']:.1f} MB"
           f"  goal <= {GOAL_MB:.0f} MB  ratio {r['rss_max'] / GOAL_MB:.2f}")
     print(f"  start to first GetInfo answered: {r['startup'] * 1000:.0f} ms")

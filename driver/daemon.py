@@ -154,7 +154,9 @@ class Daemon:
                 log.exception("rescan failed")
 
     async def _guard(self, name: str, coro_fn: Callable[[], Any]) -> None:
-        """Run a background loop; restart it after a crash instead of taking the daemon down."""
+        """Run a background component; restart it after a crash (backoff 1 s .. 30 s) instead of
+        taking the daemon, and with it the kubelet's DRA socket, down."""
+        delay = 1.0
         while True:
             try:
                 await coro_fn()
@@ -162,8 +164,9 @@ class Daemon:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("component crashed, restarting in 1s", extra={"kv": {"component": name}})
-                await asyncio.sleep(1.0)
+                log.exception("component crashed, restarting", extra={"kv": {"component": name, "in_s": delay}})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -196,8 +199,12 @@ class Daemon:
             NRIPlugin = _optional("driver.nri.plugin", "NRIPlugin")
             NRIHooks = _optional("driver.nri_hooks", "NRIHooks")
             if NRIPlugin is not None and NRIHooks is not None:
-                nri = NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None))
-                spawn("nri", nri.run)
+                async def run_nri() -> None:
+                    # Built inside the guard: a failing constructor (e.g. no access to the host
+                    # netns) is logged and retried, never fatal for the kubelet plugin.
+                    await NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None)).run()
+
+                spawn("nri", run_nri)
 
     async def shutdown(self) -> None:
         """Stop the servers (removing the sockets) and the background tasks."""

@@ -69,16 +69,17 @@ class Env:
     def dra_socket(self) -> str:
         return str(self.dir / "kubelet/plugins/dra.net/dra.sock")
 
-    def args(self) -> list[str]:
-        return ["run", "--no-nri", "--node-name", NODE, "--kubeconfig", str(self.dir / "kubeconfig"),
+    def args(self, nri: bool = False) -> list[str]:
+        nri_flags = ["--nri-socket", str(self.dir / "no-runtime/nri.sock")] if nri else ["--no-nri"]
+        return ["run", *nri_flags, "--node-name", NODE, "--kubeconfig", str(self.dir / "kubeconfig"),
                 "--sysfs-root", str(self.dir / "sys"), "--kubelet-root", str(self.dir / "kubelet"),
                 "--state-dir", str(self.dir / "state"), "--bind-address", "127.0.0.1:0",
                 "--publish-interval", "0.2"]
 
-    def start(self, crash_after_commit: bool = False) -> subprocess.Popen[bytes]:
+    def start(self, crash_after_commit: bool = False, nri: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"daemon-{len(self.procs)}.log", "wb")
         cmd = ([sys.executable, "-c", CRASH_AFTER_COMMIT] if crash_after_commit
-               else [sys.executable, "-m", "driver", "--log-format", "json"]) + self.args()
+               else [sys.executable, "-m", "driver", "--log-format", "json"]) + self.args(nri)
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
@@ -224,3 +225,18 @@ async def test_corrupt_checkpoint_refuses_to_start(env: Env) -> None:
     assert await _wait_exit(proc, 20) == 1
     assert "cannot load checkpoint" in env.log_of(proc)
     assert (env.dir / "state/checkpoint.json").read_text() == "{not json"  # kept for a human
+
+
+async def test_broken_nri_side_never_takes_the_kubelet_plugin_down(env: Env) -> None:
+    """NRI enabled but no runtime socket (or no access to the host netns): keep serving the kubelet."""
+    _add_claim(env, "c1", "uid-1")
+    proc = env.start(nri=True)
+    await _ready(env, proc)
+    await asyncio.sleep(1.5)  # let the NRI component fail and be retried at least once
+    assert proc.poll() is None, env.log_of(proc)
+    async with KubeletClient(env.reg_socket) as kubelet:
+        await kubelet.register()
+        resp = await kubelet.prepare([("ns", "c1", "uid-1")])
+        assert resp.claims["uid-1"].error == "" and devices_of(resp, "uid-1") == EXPECTED
+    proc.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc, 10) == 0
