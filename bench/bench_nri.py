@@ -24,11 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable
 
-from driver.checkpoint import CheckpointStore
 from pyroute2 import IPRoute
 
+from driver.checkpoint import CheckpointStore
 from driver.netns_ops import Namespaces, Rtnl, _newlink
 from driver.nri_hooks import NRIHooks
 from driver.proto import nri_v1alpha1_pb2 as api
@@ -80,8 +79,8 @@ class Fixture:
 
     def cleanup(self) -> None:
         for link in self.links:
-            subprocess.run(["ip", "link", "del", link], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True)
+            subprocess.run(["ip", "link", "del", link], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
 
 
 def _prepare(store: CheckpointStore, pod_uid: str, links: list[str]) -> None:
@@ -177,7 +176,7 @@ def bench_hooks(nics: int, runs: int, state_root: str) -> dict[str, list[float]]
                 out["raw_out"].append((t7 - t6) * 1e3)
         # Sanity: the NICs are back with their addresses after all those rounds.
         for link in fx.links:
-            addrs = subprocess.run(["ip", "-br", "addr", "show", "dev", link], capture_output=True, text=True).stdout
+            addrs = subprocess.run(["ip", "-br", "addr", "show", "dev", link], capture_output=True, text=True, check=False).stdout
             assert "10." in addrs, f"{link} lost its host address: {addrs!r}"
     finally:
         clock.close()

@@ -27,9 +27,10 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pyroute2 import IPRoute
 
@@ -75,7 +76,7 @@ class Route:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Route":
+    def from_dict(cls, data: dict[str, Any]) -> Route:
         """Inverse of :meth:`to_dict`."""
         return cls(**data)
 
@@ -149,6 +150,10 @@ def _attrs(payload: bytes, off: int) -> dict[int, bytes]:
     return attrs
 
 
+def _ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
+    return str(ipaddress.ip_address(attrs[kind])) if kind in attrs else None
+
+
 def _mac_bytes(mac: str) -> bytes:
     return bytes(int(x, 16) for x in mac.split(":"))
 
@@ -198,7 +203,8 @@ class Rtnl:
             seqs.append(self.seq)
             out.append(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, self.seq, 0) + body)
         self.sock.send(b"".join(out))
-        pending, answers = set(seqs), {}
+        pending: set[int] = set(seqs)
+        answers: dict[int, tuple[int, bytes]] = {}
         while pending:
             data = self.sock.recv(1 << 16)
             off = 0
@@ -214,14 +220,14 @@ class Rtnl:
                         answers[seq] = (0, payload)
                         pending.discard(seq)
                 off += (length + 3) & ~3
-        return {i: answers[s] for i, s in enumerate(seqs)}  # type: ignore[misc]
+        return {i: answers[s] for i, s in enumerate(seqs)}
 
     def dump(self, kind: int, body: bytes) -> list[bytes]:
         """A multipart dump request; the payload of every reply message."""
         self.seq += 1
         seq = self.seq
         self.sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
-        out = []
+        out: list[bytes] = []
         while True:
             data = self.sock.recv(1 << 17)
             off = 0
@@ -361,7 +367,7 @@ class Namespaces:
         if ipr is None:
             with self._inside(self.host_fd):
                 ipr = IPRoute()
-                ipr.socket  # force socket creation now, inside the host netns
+                _ = ipr.socket  # force socket creation now, inside the host netns
             self._local.host = ipr
         return ipr
 
@@ -440,31 +446,30 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         states[ifname] = state
     for payload in rtnl.dump(RTM_GETADDR, _IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
         _family, prefixlen, _flags, scope, index = _IFADDRMSG.unpack_from(payload)
-        state = by_index.get(index)
-        if state is None or scope != RT_SCOPE_UNIVERSE:
+        owner = by_index.get(index)
+        if owner is None or scope != RT_SCOPE_UNIVERSE:
             continue
         attrs = _attrs(payload, _IFADDRMSG.size)
         raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
         if raw:
-            state.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
+            owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
     for payload in rtnl.dump(RTM_GETROUTE, _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)):
         family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = _RTMSG.unpack_from(payload)
         if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
             continue
         attrs = _attrs(payload, _RTMSG.size)
         oif = attrs.get(RTA_OIF)
-        state = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
-        if state is None:
+        via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
+        if via is None:
             continue
         if RTA_TABLE in attrs:
             table = struct.unpack("=I", attrs[RTA_TABLE])[0]
         if table == RT_TABLE_LOCAL:
             continue
-        ip = lambda k: str(ipaddress.ip_address(attrs[k])) if k in attrs else None  # noqa: E731
-        dst = ip(RTA_DST)
-        state.routes.append(Route(
-            dst=f"{dst}/{dst_len}" if dst is not None else None, gateway=ip(RTA_GATEWAY),
-            prefsrc=ip(RTA_PREFSRC), table=table,
+        dst = _ip_attr(attrs, RTA_DST)
+        via.routes.append(Route(
+            dst=f"{dst}/{dst_len}" if dst is not None else None, gateway=_ip_attr(attrs, RTA_GATEWAY),
+            prefsrc=_ip_attr(attrs, RTA_PREFSRC), table=table,
             priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
             scope=scope, proto=proto, family=family))
     return states

@@ -18,11 +18,19 @@ import ipaddress
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol
 
 from driver import netns_ops
-from driver.checkpoint import CheckpointStore, DriverState, MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint import (
+    CheckpointStore,
+    DriverState,
+    MovedDevice,
+    PodNetState,
+    PreparedClaim,
+    PreparedDevice,
+)
 from driver.netns_ops import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
 from driver.proto import nri_v1alpha1_pb2 as api
 
@@ -203,16 +211,16 @@ class NRIHooks:
     def _attach(self, pod: api.PodSandbox, netns: str,
                 netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
         host = self.ns.host_rtnl()
-        ifnames = [d.snapshot.host.ifname for _, d in netdevs]
+        ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
         try:
-            states = netns_ops.record_host(self.ns, ifnames, self.sysfs_root)  # type: ignore[arg-type]
+            states = netns_ops.record_host(self.ns, ifnames, self.sysfs_root)
         except KeyError as exc:
             self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
-        configs = {d.device: pod_link_config(d, states[d.snapshot.host.ifname]) for _, d in netdevs}
+        configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames)}
         moved = []
-        for _, d in netdevs:
-            st, cfg = states[d.snapshot.host.ifname], configs[d.device]
+        for (_, d), name in zip(netdevs, ifnames):
+            st, cfg = states[name], configs[d.device]
             moved.append(MovedDevice(
                 device=d.device, host_ifname=st.ifname, pod_ifname=cfg.ifname,
                 permanent_mac=d.snapshot.host.permanent_mac or st.permanent_mac,
@@ -267,7 +275,7 @@ class NRIHooks:
                                 results[d.device].mac) for c, d in netdevs if c.uid == claim.uid]
             try:
                 self.status.pod_network_ready(pod.uid, claim, out)
-            except Exception:  # noqa: BLE001 - status is best effort, never fails the hook
+            except Exception:
                 log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
 
     def _fail(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
@@ -280,7 +288,7 @@ class NRIHooks:
             if d.device == device or not device:
                 try:
                     self.status.pod_network_failed(pod.uid, claim, device, step, message)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
                 break
 

@@ -11,8 +11,8 @@ import os
 import secrets
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -118,9 +118,8 @@ def test_missing_everywhere_is_a_clear_error(ns: Namespaces, netns_factory) -> N
 def test_regular_file_is_not_a_netns(ns: Namespaces, tmp_path: Path) -> None:
     fake = tmp_path / "netns"
     fake.write_text("")
-    with pytest.raises(netns_ops.NetnsGone):
-        with ns.pod(str(fake)):
-            pass
+    with pytest.raises(netns_ops.NetnsGone), ns.pod(str(fake)):
+        pass
 
 
 def test_find_host_link_by_pci_address(ns: Namespaces, netns_factory, tmp_path: Path) -> None:

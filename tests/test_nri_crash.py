@@ -14,7 +14,14 @@ import pytest
 
 from driver.checkpoint import CheckpointStore
 from driver.nri_hooks import RUN_STEPS, STOP_STEPS
-from tests.plugins.nri import DriverProcess, Harness, configure_host_nic, link_facts, pod_json, prepare_claim
+from tests.plugins.nri import (
+    DriverProcess,
+    Harness,
+    configure_host_nic,
+    link_facts,
+    pod_json,
+    prepare_claim,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -12,7 +12,8 @@ import shutil
 import struct
 import tempfile
 import threading
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -261,7 +262,7 @@ async def test_runtime_disconnects_mid_call_then_plugin_reconnects(sock_path: st
                 break
             await asyncio.sleep(0.01)
         assert plugin.sessions == 2
-        resp, conf = await second.call("Configure", api.ConfigureRequest(), api.ConfigureResponse)
+        _, conf = await second.call("Configure", api.ConfigureRequest(), api.ConfigureResponse)
         assert conf.events == 0xF
     finally:
         handler.block.set()

@@ -32,7 +32,7 @@ class MuxError(Exception):
 class MuxConn:
     """One virtual connection: a byte stream in, framed writes out."""
 
-    def __init__(self, mux: "Mux", conn_id: int) -> None:
+    def __init__(self, mux: Mux, conn_id: int) -> None:
         self.conn_id = conn_id
         self._mux = mux
         self.reader = asyncio.StreamReader(limit=2 * MAX_PAYLOAD)

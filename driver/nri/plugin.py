@@ -14,7 +14,8 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from driver.nri import ttrpc
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
@@ -96,8 +97,7 @@ class NRIPlugin:
             while not self._stopping.is_set():
                 try:
                     registered = await self._session()
-                except (OSError, ConnectionError, asyncio.IncompleteReadError, ttrpc.RPCError,
-                        asyncio.TimeoutError) as exc:
+                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ttrpc.RPCError) as exc:
                     registered = False
                     log.info("NRI connection failed", extra={"kv": {"socket": self.socket_path,
                                                                     "error": str(exc)}})
@@ -106,7 +106,7 @@ class NRIPlugin:
                 delay = self.backoff_initial if registered else min(delay * 2, self.backoff_max)
                 try:
                     await asyncio.wait_for(self._stopping.wait(), delay)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             self._worker.shutdown(wait=False)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 from driver.proto import ttrpc_pb2
 
@@ -144,7 +145,7 @@ class Server:
             body = _response(OK, "", payload)
         except RPCError as exc:
             body = _response(exc.code, exc.message)
-        except Exception as exc:  # noqa: BLE001 - a hook failure fails the call, never the server
+        except Exception as exc:
             log.exception("ttrpc: handler failed", extra={"kv": {"method": req.method}})
             body = _response(UNKNOWN, str(exc) or type(exc).__name__)
         await self._send(frame.stream_id, body)

@@ -25,9 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ class Harness:
     workdir: str
 
     @classmethod
-    def start(cls, binary: Path) -> "Harness":
+    def start(cls, binary: Path) -> Harness:
         """Start it on a fresh socket in a short private directory (unix paths max 107 bytes)."""
         workdir = tempfile.mkdtemp(prefix="dn-nri-", dir="/tmp")
         sock = f"{workdir}/nri.sock"
@@ -141,7 +142,7 @@ class DriverProcess:
 
     @classmethod
     def start(cls, socket: str, state_dir: str, fault_after: str | None = None,
-              log_path: str | None = None) -> "DriverProcess":
+              log_path: str | None = None) -> DriverProcess:
         """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER."""
         env = dict(os.environ)
         env.pop("DRANET_FAULT_AFTER", None)
@@ -204,7 +205,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
 
 def _ipj(*args: str, netns: str | None = None) -> Any:
     cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + list(args)
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         return None
     return json.loads(out.stdout or "[]")
