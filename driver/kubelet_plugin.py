@@ -114,11 +114,15 @@ class DeviceHealthFeed:
         """The version and the complete device list."""
         return self._version, list(self._states)
 
-    async def wait_change(self, seen: int) -> None:
-        """Return once the version differs from ``seen``."""
+    async def wait_change(self, seen: int, timeout: float | None = None) -> bool:
+        """Return True once the version differs from ``seen``; False after ``timeout`` seconds."""
         cond = self._condition()
         async with cond:
-            await cond.wait_for(lambda: self._version != seen)
+            try:
+                await asyncio.wait_for(cond.wait_for(lambda: self._version != seen), timeout)
+            except asyncio.TimeoutError:
+                return False
+            return True
 
 
 # -- gRPC servicers ----------------------------------------------------------------------------
@@ -187,26 +191,27 @@ class _DRAService:
 
 
 class _HealthService(health_grpc.DRAResourceHealthServicer):
-    def __init__(self, feed: DeviceHealthFeed, timeout_seconds: int) -> None:
+    def __init__(self, feed: DeviceHealthFeed, timeout_seconds: int, resend_seconds: float) -> None:
         self.feed = feed
         self.timeout_seconds = timeout_seconds
+        self.resend_seconds = resend_seconds
 
     async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext
                                  ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
-        version = -1
+        # Send the complete list at once, on every change, and again every resend_seconds:
+        # the kubelet turns devices whose last update is older than its timeout into Unknown.
         while True:
-            current, states = self.feed.snapshot()
-            if current != version:
-                version = current
-                yield health_pb.NodeWatchResourcesResponse(devices=[
-                    health_pb.DeviceHealth(
-                        device=health_pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
-                        health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
-                        last_updated_time=self.feed.updated_at,
-                        health_check_timeout_seconds=self.timeout_seconds,
-                        message=s.message,
-                    ) for s in states])
-            await self.feed.wait_change(version)
+            version, states = self.feed.snapshot()
+            now = int(time.time())
+            yield health_pb.NodeWatchResourcesResponse(devices=[
+                health_pb.DeviceHealth(
+                    device=health_pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
+                    health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=self.timeout_seconds,
+                    message=s.message,
+                ) for s in states])
+            await self.feed.wait_change(version, self.resend_seconds)
 
 
 class _RegistrationService(reg_grpc.RegistrationServicer):
@@ -251,12 +256,14 @@ class KubeletPlugin:
     """Registration + DRA gRPC servers for one driver instance."""
 
     def __init__(self, config: DriverConfig, preparer: Preparer, health: DeviceHealthFeed | None = None,
-                 metrics: Metrics | None = None, health_check_timeout: int = 60) -> None:
+                 metrics: Metrics | None = None, health_check_timeout: int = 60,
+                 health_resend: float = 10.0) -> None:
         self.config = config
         self.preparer = preparer
         self.health = health
         self.metrics = metrics or Metrics()
         self.health_check_timeout = health_check_timeout
+        self.health_resend = health_resend
         self.dra_socket = os.path.abspath(config.dra_socket)
         self.registration_socket = os.path.abspath(config.registration_socket)
         self.supported_versions = DRA_SERVICES + ([HEALTH_SERVICE] if health is not None else [])
@@ -276,7 +283,7 @@ class KubeletPlugin:
         for pb, grpc_mod, version in services:
             grpc_mod.add_DRAPluginServicer_to_server(_DRAService(pb, self.preparer, self.metrics, version), dra)
         if self.health is not None:
-            health_grpc.add_DRAResourceHealthServicer_to_server(_HealthService(self.health, self.health_check_timeout), dra)
+            health_grpc.add_DRAResourceHealthServicer_to_server(_HealthService(self.health, self.health_check_timeout, self.health_resend), dra)
         dra.add_insecure_port(_listen_path(self.dra_socket))
         await dra.start()
         self._dra = dra

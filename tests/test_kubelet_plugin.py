@@ -47,7 +47,7 @@ async def plugin(api: FakeAPIServer, short_tmp: Path) -> AsyncIterator[KubeletPl
     config = DriverConfig(node_name=NODE, kubelet_root=str(short_tmp / "kubelet"), state_dir=str(short_tmp / "state"))
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kubeconfig")))
     preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE)
-    p = KubeletPlugin(config, preparer, health=DeviceHealthFeed(), metrics=Metrics())
+    p = KubeletPlugin(config, preparer, health=DeviceHealthFeed(), metrics=Metrics(), health_resend=0.5)
     await p.start()
     try:
         yield p
@@ -103,6 +103,10 @@ async def test_health_stream_sends_complete_list_and_changes(plugin: KubeletPlug
         await feed.set([DeviceHealthState(NODE, "dev-0", True), DeviceHealthState(NODE, "dev-1", True)])
         second = await asyncio.wait_for(stream.__anext__(), 5)
         assert {d.device.device_name: d.health for d in second.devices} == {"dev-0": 1, "dev-1": 1}
+        assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in second.devices)
+        # No change: the full list is re-sent anyway so the kubelet never times devices out.
+        third = await asyncio.wait_for(stream.__anext__(), 5)
+        assert len(third.devices) == 2
         await stream.aclose()
 
 
