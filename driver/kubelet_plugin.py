@@ -283,7 +283,8 @@ class KubeletPlugin:
         for pb, grpc_mod, version in services:
             grpc_mod.add_DRAPluginServicer_to_server(_DRAService(pb, self.preparer, self.metrics, version), dra)
         if self.health is not None:
-            health_grpc.add_DRAResourceHealthServicer_to_server(_HealthService(self.health, self.health_check_timeout, self.health_resend), dra)
+            service = _HealthService(self.health, self.health_check_timeout, self.health_resend)
+            health_grpc.add_DRAResourceHealthServicer_to_server(service, dra)
         dra.add_insecure_port(_listen_path(self.dra_socket))
         await dra.start()
         self._dra = dra
