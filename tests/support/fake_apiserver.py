@@ -48,6 +48,7 @@ class FakeAPIServer:
         self._events: list[dict[str, Any]] = []  # ResourceSlice watch events, in order
         self._changed = threading.Condition(self._lock)
         self._stopping = False
+        self._halt = threading.Event()  # interrupts claim delays on stop: no handler outlives the test
         self._rv = itertools.count(1)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -65,6 +66,7 @@ class FakeAPIServer:
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
+        self._halt.set()
         with self._lock:
             self._stopping = True
             self._changed.notify_all()  # end open watches
@@ -213,7 +215,7 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET" and not sub:
                 api.claim_get_started.set()
                 if api.claim_delay:
-                    time.sleep(api.claim_delay)
+                    api._halt.wait(api.claim_delay)
             with api._lock:
                 claim = api.claims.get((ns, name))
                 if claim is None:
