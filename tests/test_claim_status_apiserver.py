@@ -205,3 +205,34 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
     assert len(ours) == 1, events
     assert ours[0]["type"] == "Warning" and ours[0]["reason"] == "SetMtuFailed"
     assert failed in ours[0]["message"] and "invalid argument" in ours[0]["message"]
+
+
+@pytest.mark.parametrize("role, allowed", [("dranet-claim-status", True), (None, False)])
+def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path,
+                                              role: str | None, allowed: bool):
+    """The status writer with a ServiceAccount bound to docs/rbac.md's role (or to nothing)."""
+    from tests.test_webhook_apiserver import service_account_kubeconfig
+
+    pod, claim = scheduled("h100-4gpu-4nic-numa-aligned")
+    prepared = prepared_claim(nd_node, claim)
+    pod_uid = pod["metadata"]["uid"]
+    with service_account_kubeconfig(control_plane, nd_node.kube, role, tmp_path / "sa.kubeconfig") as kubeconfig:
+        sa_kube = KubeClient.from_kubeconfig(str(kubeconfig))
+        writer = ClaimStatusWriter(sa_kube, nd_node.name, sysfs_root=str(nd_node.sysfs), max_attempts=2,
+                                   sleep=lambda s: None)
+        writer.pod_network_ready(pod_uid, prepared, [DeviceResult(d.device, "net0", [], "") for d in prepared.devices])
+        writer.pod_network_failed(pod_uid, prepared, prepared.devices[0].device, "move", "EBUSY")
+        writer.start()
+        writer.stop(timeout=30)
+    if not allowed:
+        assert (writer.delivered, writer.dropped) == (0, 2)
+        assert not entries(nd_node.kube, claim)
+        return
+    assert (writer.delivered, writer.dropped) == (2, 0)
+    got = entries(nd_node.kube, claim)
+    for dev in prepared.devices:
+        assert conditions(got[("dra.net", dev.device)])["NUMAAligned"]["status"] == "True"
+    assert conditions(got[("dra.net", prepared.devices[0].device)])["Ready"]["status"] == "False"
+    events = nd_node.kube.request("GET", f"/api/v1/namespaces/{nd_node.namespace}/events",
+                                  query={"fieldSelector": f"involvedObject.uid={pod_uid}"})["items"]
+    assert [e["reason"] for e in events if e.get("source", {}).get("component") == "dra.net"] == ["MoveFailed"]

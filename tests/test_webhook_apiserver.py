@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,6 +21,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
+
+from devcluster import certs
 
 from devcluster.controlplane import free_port
 from driver.kube import RESOURCE_API, KubeClient, KubeError
@@ -46,6 +50,44 @@ def claim(name: str, params: dict[str, Any], driver: str = "dra.net") -> dict[st
             "spec": {"devices": {
                 "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
                 "config": [{"opaque": {"driver": driver, "parameters": params}}]}}}
+
+
+def documented_role(name: str) -> dict[str, Any]:
+    """A ClusterRole exactly as docs/rbac.md shows it."""
+    text = (ROOT / "docs/rbac.md").read_text()
+    blocks = [yaml.safe_load(b.split("```", 1)[0]) for b in text.split("```yaml")[1:]]
+    return next(b for b in blocks if b["metadata"]["name"] == name)
+
+
+@contextlib.contextmanager
+def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None, out: Path) -> Iterator[Path]:
+    """A kubeconfig for a fresh ServiceAccount bound to the documented ClusterRole ``role``
+    (None: no permissions at all); everything is deleted afterwards."""
+    suffix = uuid.uuid4().hex[:6]
+    sa = f"dranet-test-{suffix}"
+    cleanup = [f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}"]
+    try:
+        kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
+                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})
+        if role is not None:
+            body = documented_role(role)
+            body["metadata"]["name"] = f"{role}-{suffix}"
+            kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
+            cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}-{suffix}")
+            kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{role}-{suffix}"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{role}-{suffix}"},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]})
+            cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}-{suffix}")
+        token = kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token",
+                             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                              "spec": {"expirationSeconds": 3600}})["status"]["token"]
+        out.write_text(certs.kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
+        yield out
+    finally:
+        for path in reversed(cleanup):
+            delete(kube, path)
 
 
 def start_webhook(kubeconfig: str, port: int, *extra: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -131,10 +173,20 @@ def test_review_paths_for_both_kinds():
 
 @pytest.mark.cluster
 @pytest.mark.slow
-def test_managed_configuration_self_signed(control_plane, kube: KubeClient, tmp_path: Path, names):
+@pytest.mark.parametrize("credentials", ["admin", "documented-rbac"])
+def test_managed_configuration_self_signed(control_plane, kube: KubeClient, tmp_path: Path, names, credentials):
     port = free_port()
     names.append((kube, f"{VWC_API}/{MANAGED_CONFIGURATION}"))
-    proc = start_webhook(str(control_plane.kubeconfig), port, "--manage-configuration",
+    with contextlib.ExitStack() as stack:
+        kubeconfig = control_plane.kubeconfig
+        if credentials != "admin":  # the ServiceAccount with exactly docs/rbac.md's dranet-webhook role
+            kubeconfig = stack.enter_context(
+                service_account_kubeconfig(control_plane, kube, "dranet-webhook", tmp_path / "sa.kubeconfig"))
+        _managed(kube, port, str(kubeconfig), tmp_path, names)
+
+
+def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names) -> None:
+    proc = start_webhook(kubeconfig, port, "--manage-configuration",
                          "--failure-policy", "Fail", log_path=tmp_path / "webhook.log")
     try:
         deadline = time.monotonic() + 60
