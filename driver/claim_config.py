@@ -707,13 +707,52 @@ def numa_pin_node(devices: Iterable[tuple[dict[str, Any], int | None, str]], pat
     return next(iter(nodes))
 
 
-def cpuset_for(numa_node: int, sysfs_root: str = "/sys") -> CpusetPlan:
-    """The cpuset of ``numa_node`` from ``<sysfs>/devices/system/node/node<N>/cpulist``."""
+def parse_cpulist(text: str) -> set[int]:
+    """``"0-3,8,10-11"`` -> {0,1,2,3,8,10,11} (the kernel's cpulist format)."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """{0,1,2,3,8} -> ``"0-3,8"``."""
+    out: list[str] = []
+    ordered = sorted(set(cpus))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def cpuset_for(numa_node: int, sysfs_root: str = "/sys", requested: str | None = None) -> CpusetPlan:
+    """The cpuset pinning a container to ``numa_node``.
+
+    CPUs come from ``<sysfs>/devices/system/node/node<N>/cpulist``. ``requested`` is the
+    cpuset the kubelet asked for in CreateContainer (``linux.resources.cpu.cpus``), if any. We
+    only narrow it and never widen it: the result is the intersection, so CPUs the kubelet's
+    static CPU manager gave another container exclusively are never added. An empty intersection
+    raises :class:`ConfigError`. That happens when the kubelet gave this container exclusive CPUs
+    on another node, and then the container must not be pinned.
+    """
     cpulist = Path(sysfs_root, "devices/system/node", f"node{numa_node}", "cpulist")
-    cpus = cpulist.read_text().strip()
-    if not cpus:
+    node_cpus = parse_cpulist(cpulist.read_text())
+    if not node_cpus:
         raise ConfigError("numa.pin", f"NUMA node {numa_node} has no CPUs ({cpulist} is empty)")
-    return CpusetPlan(numa_node=numa_node, cpus=cpus, mems=str(numa_node))
+    cpus = node_cpus
+    if requested and requested.strip():
+        cpus = node_cpus & parse_cpulist(requested)
+        if not cpus:
+            raise ConfigError("numa.pin", f"the container's CPUs ({requested}) are all outside NUMA node "
+                                          f"{numa_node} ({format_cpulist(node_cpus)}); not pinning")
+    return CpusetPlan(numa_node=numa_node, cpus=format_cpulist(cpus), mems=str(numa_node))
 
 
 # -- dranet validate --------------------------------------------------------------------------
@@ -776,5 +815,5 @@ __all__ = [
     "API_VERSION", "KIND", "ConfigError", "FieldError", "NetworkConfig", "InterfaceConfig", "RouteConfig",
     "EthtoolConfig", "RdmaConfig", "NumaConfig", "CpusetPlan", "decode_config", "merge", "configs_for_request",
     "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node",
-    "cpuset_for", "errors_as_json", "prepare_decoder", "stored_config",
+    "cpuset_for", "parse_cpulist", "format_cpulist", "errors_as_json", "prepare_decoder", "stored_config",
 ]

@@ -12,6 +12,8 @@ from driver.claim_config import (
     configs_for_request,
     container_env,
     cpuset_for,
+    format_cpulist,
+    parse_cpulist,
     decode_config,
     numa_pin_node,
     prepare_decoder,
@@ -170,6 +172,17 @@ def test_cpuset_for_reads_the_node_cpulist(tmp_path: Path):
     assert (plan.cpus, plan.mems, plan.numa_node) == ("24-47,72-95", "1", 1)
     with pytest.raises(FileNotFoundError):
         cpuset_for(5, str(tmp_path))
+    # Only ever narrowed: the kubelet's cpuset intersected with the node's CPUs.
+    assert cpuset_for(1, str(tmp_path), requested="0-95").cpus == "24-47,72-95"
+    assert cpuset_for(1, str(tmp_path), requested="20-30,80").cpus == "24-30,80"
+    with pytest.raises(ConfigError, match="outside NUMA node 1"):
+        cpuset_for(1, str(tmp_path), requested="0-3")
+
+
+def test_cpulist_round_trip():
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert format_cpulist({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
+    assert format_cpulist(parse_cpulist("")) == ""
 
 
 def test_prepare_decoder_output_is_what_the_helpers_read():

@@ -75,3 +75,10 @@ def test_claim_level_functions_never_crash(spec, params):
         configs_for_request([{"opaque": {"driver": "dra.net", "parameters": params}}, spec], "nic")
     except ConfigError as exc:
         assert exc.path.startswith("status.allocation.devices.config[")
+
+
+@given(st.sets(st.integers(0, 511), max_size=64))
+def test_cpulist_format_parse_round_trip(cpus):
+    from driver.claim_config import format_cpulist, parse_cpulist
+
+    assert parse_cpulist(format_cpulist(cpus)) == cpus
