@@ -169,3 +169,39 @@ async def test_storm_of_updates_is_coalesced(kube: KubeClient, cluster_node: str
     assert api_writes == rounds, (api_writes, rounds)
     assert 1 <= api_writes <= limit, f"{api_writes} writes for {i} updates in {duration}s (limit {limit})"
     assert device_names([s_end]) == sorted(d.name for d in final)
+
+
+async def test_foreign_edit_is_reverted(kube: KubeClient, cluster_node: str):
+    async with running(SlicePublisher(kube, DRIVER, cluster_node, interval=0.2)) as pub:
+        pub.update([nic(1)])
+        [s] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
+        s["spec"]["devices"][0]["attributes"]["dra.net/numaNode"] = {"int": 7}
+        edited = kube.request("PUT", f"{RESOURCE_API}/resourceslices/{s['metadata']['name']}", s)
+        fixed = await eventually(lambda: [x for x in list_slices(kube, cluster_node)
+                                          if x["metadata"]["resourceVersion"] != edited["metadata"]["resourceVersion"]],
+                                 what="slice restored")
+    assert fixed[0]["spec"]["devices"][0]["attributes"]["dra.net/numaNode"] == {"int": 0}
+
+
+async def test_conflicting_write_is_retried_after_relisting(kube: KubeClient, cluster_node: str):
+    pub = SlicePublisher(kube, DRIVER, cluster_node, interval=0.2)
+    pub.node_uid = kube.get_node(cluster_node)["metadata"]["uid"]
+    pub.update([nic(1)])
+    await asyncio.to_thread(pub.sync)
+    real_list = pub.list_slices
+    raced = []
+
+    def racing_list() -> list[dict]:
+        items = real_list()
+        if not raced:   # someone else writes between our list and our update: our PUT must get 409
+            other = dict(items[0], metadata=dict(items[0]["metadata"], labels={"touched": "yes"}))
+            raced.append(kube.request("PUT", f"{RESOURCE_API}/resourceslices/{items[0]['metadata']['name']}", other))
+        return items
+
+    pub.list_slices = racing_list  # type: ignore[method-assign]
+    pub.update([nic(1), nic(2)])
+    await asyncio.to_thread(pub.sync)
+    assert pub.stats.conflicts == 1
+    [s] = list_slices(kube, cluster_node)
+    assert device_names([s]) == sorted([nic(1).name, nic(2).name])
+    assert s["metadata"]["labels"] == {"touched": "yes"}   # the other writer's change survived
