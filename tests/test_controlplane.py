@@ -78,3 +78,45 @@ def test_failed_start_cleans_up(control_plane_binaries: ControlPlaneBinaries, tm
         cp.start()
     assert list(tmp_path.iterdir()) == []
     assert _procs_mentioning(str(tmp_path)) == []
+
+
+def test_build_go_tool_builds_once_and_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import shutil
+    import subprocess
+
+    from devcluster.binaries import GoBuild, build_go_tool
+
+    if shutil.which("go") is None:
+        pytest.skip("no Go toolchain")
+    monkeypatch.setenv("DRANET_CACHE_DIR", str(tmp_path))
+    main_go = 'package main\nimport "fmt"\nvar v = "dev"\nfunc main() { fmt.Println("hello", v) }\n'
+    lines: list[str] = []
+    bin_dir = build_go_tool("hello", "v1", "module example.invalid/hello\n\ngo 1.24.0\n",
+                            [GoBuild(packages=(".",), output="hello", ldflags="-s -w -X main.v=v1")],
+                            expect=("hello",), progress=lines.append, extra_files={"main.go": main_go})
+    assert bin_dir == tmp_path / "hello" / "v1" / "bin"
+    assert subprocess.run([str(bin_dir / "hello")], capture_output=True, text=True).stdout == "hello v1\n"
+    assert any("built hello" in line for line in lines)
+    lines.clear()
+    again = build_go_tool("hello", "v1", "unused", [GoBuild(packages=(".",), output="hello")],
+                          expect=("hello",), progress=lines.append)
+    assert again == bin_dir and lines == []        # cached: no go invocation at all
+    assert not (tmp_path / "hello" / "v1" / "bin.tmp").exists()
+
+
+def test_existing_binaries_are_version_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from devcluster.binaries import find_binary
+
+    def fake(name: str, version_line: str) -> Path:
+        p = tmp_path / name
+        p.write_text(f"#!/bin/sh\necho '{version_line}'\n")
+        p.chmod(0o755)
+        return p
+
+    monkeypatch.setenv("DRANET_K8S_BIN_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("DRANET_CACHE_DIR", str(tmp_path / "empty-cache"))
+    ok = fake("kube-scheduler", "Kubernetes v1.34.3")
+    fake("kube-apiserver", "Kubernetes v1.33.9")
+    assert find_binary("kube-scheduler", "1.34") == ok
+    assert find_binary("kube-apiserver", "1.34") is None

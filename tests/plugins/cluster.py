@@ -37,8 +37,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                                                "KUBEBUILDER_ASSETS, ~/.cache/dranet, PATH) and no Go "
                                                "toolchain to build them; run `make binaries`")
             return
+        # Show the build's progress lines (one every ~30 s) instead of capturing them.
+        capman = session.config.pluginmanager.getplugin("capturemanager")
         try:
-            found = ensure_control_plane()
+            if capman is not None:
+                with capman.global_and_fixture_disabled():
+                    found = ensure_control_plane()
+            else:
+                found = ensure_control_plane()
         except Exception as exc:  # noqa: BLE001 - reported as the skip reason
             session.config.stash[_BINARIES] = f"building the control plane binaries failed: {exc}"
             return
