@@ -218,23 +218,16 @@ class Daemon:
 
 
 def _config_decoder() -> Callable[..., dict[str, Any]]:
-    """Strict validation of claim configs when ``driver.claim_config`` is present.
+    """Strict validation of claim configs (``driver.claim_config.prepare_decoder``) when present.
 
-    The stored shape stays ``{"opaque": [...]}`` (what the NRI hooks read); the decoded,
-    merged config is added as ``network`` so bad configs fail at prepare time, per claim.
+    It stores ``{"opaque": [<validated, merged parameters>]}`` (what the NRI hooks read), so
+    bad configs fail at prepare time as per-claim errors naming the field; without the module,
+    the raw applicable parameters are stored in the same shape.
     """
     from driver.prepare import opaque_configs
 
-    configs_for_request = _optional("driver.claim_config", "configs_for_request")
-    if configs_for_request is None:
-        return opaque_configs
-
-    def decode(configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
-        out = opaque_configs(configs, base, full, driver)
-        out["network"] = configs_for_request(configs, full, driver).to_parameters()
-        return out
-
-    return decode
+    decoder = _optional("driver.claim_config", "prepare_decoder")
+    return decoder if decoder is not None else opaque_configs
 
 
 async def _main(config: DriverConfig) -> int:

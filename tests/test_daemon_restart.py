@@ -240,3 +240,24 @@ async def test_broken_nri_side_never_takes_the_kubelet_plugin_down(env: Env) -> 
         assert resp.claims["uid-1"].error == "" and devices_of(resp, "uid-1") == EXPECTED
     proc.send_signal(signal.SIGTERM)
     assert await _wait_exit(proc, 10) == 0
+
+
+async def test_claim_configs_are_validated_at_prepare(env: Env) -> None:
+    bad = [{"source": "FromClaim", "requests": [],
+            "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": "jumbo"}}}}]
+    good = [{"source": "FromClaim", "requests": ["nic"],
+             "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
+    env.api.add_claim(make_claim("ns", "bad", "uid-bad", [result(env.devices[0], NODE)], configs=bad))
+    env.api.add_claim(make_claim("ns", "good", "uid-good", [result(env.devices[1], NODE)], configs=good))
+    proc = env.start()
+    await _ready(env, proc)
+    async with KubeletClient(env.reg_socket) as kubelet:
+        await kubelet.register()
+        resp = await kubelet.prepare([("ns", "bad", "uid-bad"), ("ns", "good", "uid-good")])
+    assert "status.allocation.devices.config[0]" in resp.claims["uid-bad"].error
+    assert "mtu" in resp.claims["uid-bad"].error
+    assert resp.claims["uid-good"].error == ""
+    stored = CheckpointStore(env.dir / "state").read(lambda s: s.claims["uid-good"].devices[0].config)
+    assert stored["opaque"][-1]["interface"]["mtu"] == 9000
+    proc.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc, 10) == 0
