@@ -755,6 +755,46 @@ def cpuset_for(numa_node: int, sysfs_root: str = "/sys", requested: str | None =
     return CpusetPlan(numa_node=numa_node, cpus=format_cpulist(cpus), mems=str(numa_node))
 
 
+@dataclass(frozen=True)
+class ContainerSettings:
+    """What the NRI CreateContainer adjustment adds for a container's dra.net devices."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    cpuset: CpusetPlan | None = None
+    skipped_pin: str | None = None  # why numa.pin was asked for and not applied (for the log)
+
+
+def container_settings(devices: Sequence[Any], sysfs_root: str = "/sys",
+                       requested_cpus: str | None = None) -> ContainerSettings:
+    """Env and cpuset for a container consuming ``devices`` (``checkpoint.PreparedDevice``).
+
+    ``requested_cpus`` is the container's cpuset in the CreateContainer request
+    (``container.linux.resources.cpu.cpus``). Pinning problems never fail the container: prepare
+    already refused claims whose NICs span NUMA nodes, so what is left here (an empty
+    intersection with the kubelet's exclusive CPUs, a missing cpulist) is reported in
+    ``skipped_pin`` and the container runs unpinned.
+    """
+    env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices)
+    cpuset, skipped = None, None
+    try:
+        node = numa_pin_node(
+            ((d.config, _numa_of(d), d.device) for d in devices), "numa.pin")
+        if node is not None:
+            cpuset = cpuset_for(node, sysfs_root, requested_cpus)
+    except ConfigError as exc:
+        skipped = str(exc)
+    except OSError as exc:
+        skipped = f"numa.pin: cannot read the NUMA node's CPUs: {exc}"
+    return ContainerSettings(env=env, cpuset=cpuset, skipped_pin=skipped)
+
+
+def _numa_of(device: Any) -> int | None:
+    attr = device.snapshot.attributes.get(f"{DRIVER_NAME}/numaNode")
+    if isinstance(attr, int) and not isinstance(attr, bool):
+        return attr
+    return device.snapshot.host.numa_node
+
+
 # -- dranet validate --------------------------------------------------------------------------
 
 _CLAIM_KINDS = {"ResourceClaim": "spec", "ResourceClaimTemplate": "spec.spec"}
@@ -815,5 +855,5 @@ __all__ = [
     "API_VERSION", "KIND", "ConfigError", "FieldError", "NetworkConfig", "InterfaceConfig", "RouteConfig",
     "EthtoolConfig", "RdmaConfig", "NumaConfig", "CpusetPlan", "decode_config", "merge", "configs_for_request",
     "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node",
-    "cpuset_for", "parse_cpulist", "format_cpulist", "errors_as_json", "prepare_decoder", "stored_config",
+    "cpuset_for", "ContainerSettings", "container_settings", "parse_cpulist", "format_cpulist", "errors_as_json", "prepare_decoder", "stored_config",
 ]

@@ -199,3 +199,32 @@ def test_prepare_decoder_output_is_what_the_helpers_read():
     with pytest.raises(ConfigError) as info:
         prepare_decoder([_cfg({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
     assert info.value.path == "status.allocation.devices.config[0].opaque.parameters.interface.mtu"
+
+
+def _prepared(name, numa, rdma, config):
+    from driver.checkpoint import PreparedDevice
+    from driver.model import Device, HostFacts
+    attrs = {"dra.net/numaNode": numa} if numa is not None else {}
+    return PreparedDevice("nic", "node-a", name, Device(name, attrs, HostFacts(rdma_device=rdma)), config)
+
+
+def test_container_settings_env_and_cpuset(tmp_path: Path):
+    from driver.claim_config import container_settings
+    for n, cpus in ((0, "0-47"), (1, "48-95")):
+        d = tmp_path / f"devices/system/node/node{n}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus)
+    pin = prepare_decoder([_cfg({"numa": {"pin": True}})], "nic", "nic", "dra.net")
+    devs = [_prepared("a", 1, "mlx5_4", pin), _prepared("b", 1, "mlx5_5", pin)]
+    out = container_settings(devs, str(tmp_path), requested_cpus="0-95")
+    assert out.env == {"NCCL_IB_HCA": "=mlx5_4,mlx5_5", "DRANET_RDMA_DEVICES": "mlx5_4,mlx5_5"}
+    assert (out.cpuset.cpus, out.cpuset.mems, out.skipped_pin) == ("48-95", "1", None)
+    # Exclusive CPUs on the other node: not pinned, with the reason.
+    out = container_settings(devs, str(tmp_path), requested_cpus="2-3")
+    assert out.cpuset is None and "outside NUMA node 1" in out.skipped_pin
+    # Spanning nodes: not pinned, reason names the nodes; env still injected.
+    out = container_settings([_prepared("a", 0, "mlx5_0", pin), _prepared("b", 1, "mlx5_5", pin)], str(tmp_path))
+    assert out.cpuset is None and "node 0: a; node 1: b" in out.skipped_pin and out.env
+    # No pin asked: no cpuset, no complaint.
+    out = container_settings([_prepared("a", 0, None, {})], str(tmp_path))
+    assert out == type(out)()
