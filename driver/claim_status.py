@@ -70,6 +70,7 @@ class _Update:
     failed_device: str | None = None
     failed_step: str = ""
     failed_message: str = ""
+    clear: bool = False  # drop all our entries (claim unprepared)
     attempts: int = 0
     event_posted: bool = False  # retries of the status write must not repeat the event
 
@@ -128,6 +129,14 @@ class ClaimStatusWriter:
     def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         """Setting up ``device`` failed at ``step``: queue Ready=False and a Warning event on the pod."""
         self._enqueue(_Update(pod_uid, claim, failed_device=device, failed_step=step, failed_message=message))
+
+    def claim_unprepared(self, claim: PreparedClaim) -> None:
+        """``claim`` was unprepared on this node: queue the removal of all our entries.
+
+        Applying an empty list with our field manager drops exactly the entries we own, so a
+        claim that stays allocated and is used by a later pod shows no stale ``Ready=True``.
+        """
+        self._enqueue(_Update("", claim, clear=True))
 
     def _enqueue(self, update: _Update) -> None:
         try:
@@ -205,6 +214,8 @@ class ClaimStatusWriter:
     def status_body(self, update: _Update, current: dict[str, Any]) -> dict[str, Any]:
         """The SSA body: every one of our entries in the claim, updated by ``update``."""
         claim = update.claim
+        if update.clear:
+            return self._body(claim, [])
         existing = {
             (d.get("pool"), d.get("device")): d
             for d in ((current.get("status") or {}).get("devices") or [])
@@ -227,11 +238,16 @@ class ClaimStatusWriter:
             elif dev.device == update.failed_device:
                 ready = {"type": READY, "status": "False", "reason": _reason(update.failed_step),
                          "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE]}
+                network_data = None  # rolled back: the NIC is not in the pod
             conditions = [c for c in (ready, numa) if c]
             entry["conditions"] = [self._stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
             if network_data:
                 entry["networkData"] = network_data
             entries.append(entry)
+        return self._body(claim, entries)
+
+    @staticmethod
+    def _body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",

@@ -121,6 +121,17 @@ def test_failure_keeps_other_entries_and_posts_one_event_despite_retries(tmp_pat
     assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "default",
                                        "name": "trainer-0", "uid": "pod-1"}
     assert devs["gpu-0"] == GPU_ENTRY
+    assert "networkData" not in devs["nic-1"]
+
+
+def test_unprepared_applies_an_empty_list(tmp_path):
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    w.claim_unprepared(prepared())
+    w.start()
+    w.stop()
+    assert kube.applies[-1]["status"] == {"devices": []}
+    assert list(by_device(kube.claim)) == ["gpu-0"]
 
 
 def test_transition_time_kept_when_status_unchanged(tmp_path):

@@ -206,6 +206,13 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
     assert ours[0]["type"] == "Warning" and ours[0]["reason"] == "SetMtuFailed"
     assert failed in ours[0]["message"] and "invalid argument" in ours[0]["message"]
 
+    # Unprepare: all our entries go (an empty apply drops what we own); the GPU's stays.
+    writer = ClaimStatusWriter(nd_node.kube, nd_node.name, sysfs_root=str(nd_node.sysfs), sleep=lambda s: None)
+    writer.claim_unprepared(prepared)
+    writer.start()
+    writer.stop(timeout=30)
+    assert list(entries(nd_node.kube, claim)) == [("gpu.nvidia.com", gpu_entry["device"])]
+
 
 @pytest.mark.parametrize("role, allowed", [("dranet-claim-status", True), (None, False)])
 def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path,
