@@ -23,6 +23,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -68,8 +69,14 @@ def _is_claim_resource(resource: Any) -> bool:
     return resource.group == GROUP and resource.version == VERSION and resource.plural in SPEC_PATHS
 
 
-def validate(body: kopf.Body, resource: Any, operation: str | None = None, **_: Any) -> None:
-    """The kopf handler: reject with every ``path: reason`` found (HTTP 422)."""
+def validate(body: kopf.Body, resource: Any, old: Any = None, operation: str | None = None, **_: Any) -> None:
+    """The kopf handler: reject with every ``path: reason`` found (HTTP 422).
+
+    On UPDATE only a changed spec is judged: a claim created before the webhook existed must
+    still accept metadata updates (labels, and the finalizer removal that lets it be deleted).
+    """
+    if operation == "UPDATE" and isinstance(old, Mapping) and old.get("spec") == body.get("spec"):
+        return
     problems = review(resource.plural, dict(body))
     if problems:
         meta = body.get("metadata") or {}

@@ -234,6 +234,11 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
     rules = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
               "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
     names.append((kube, f"{VWC_API}/{vwc_name}"))
+    path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaims"
+    # A bad claim from before the webhook existed: later metadata updates must still pass.
+    old_bad = claim(f"old-{uuid.uuid4().hex[:6]}", {"interface": {"mtu": 1}})
+    names.append((kube, f"{path}/{old_bad['metadata']['name']}"))
+    kube.request("POST", path, old_bad)
     proc = start_webhook(str(control_plane.kubeconfig), port, "--tls-cert", tls.certfile, "--tls-key", tls.keyfile,
                          log_path=tmp_path / "webhook.log")
     try:
@@ -244,7 +249,6 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
                           "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 10,
                           "clientConfig": {"url": f"https://127.0.0.1:{port}/validate",
                                            "caBundle": base64.b64encode(tls.cadata).decode()}}]})
-        path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaims"
         bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "rules": []})
         names.append((kube, f"{path}/{bad['metadata']['name']}"))
         err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log", timeout=60)
@@ -256,5 +260,12 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
                                                                         "gateway": "192.0.2.1"}]})):
             names.append((kube, f"{path}/{obj['metadata']['name']}"))
             assert kube.request("POST", path, obj)["metadata"]["uid"]
+        # UPDATE with an unchanged spec is admitted even though the old config is bad. (PUT, not
+        # PATCH: the 1.34 apiserver rejects any PATCH of a claim with opaque parameters as a
+        # spec change, webhook or not.)
+        current = kube.request("GET", f"{path}/{old_bad['metadata']['name']}")
+        current["metadata"]["labels"] = {"team": "ml"}
+        updated = kube.request("PUT", f"{path}/{old_bad['metadata']['name']}", current)
+        assert updated["metadata"]["labels"] == {"team": "ml"}
     finally:
         stop(proc)
