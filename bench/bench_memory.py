@@ -53,7 +53,7 @@ async def measure(devices: int, idle: float, work: Path, nri: bool) -> dict[str,
             [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--node-name", "mem-node",
              *(["--nri-socket", str(work / "no-runtime/nri.sock")] if nri else ["--no-nri"]),
              "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
-             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(work / "state"),
+             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(work / "state"), "--runtime-dir", str(work / "run"),
              "--bind-address", "127.0.0.1:0", "--publish-interval", "0.5"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(daemon)

@@ -69,7 +69,7 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
         daemon = subprocess.Popen(
             [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--no-nri", "--node-name", NODE,
              "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
-             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(state_dir),
+             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(state_dir), "--runtime-dir", str(state_dir),
              "--bind-address", "127.0.0.1:0"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         procs.append(daemon)

@@ -44,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--driver-name", default="dra.net")
     run.add_argument("--sysfs-root", default="/sys")
     run.add_argument("--kubelet-root", default="/var/lib/kubelet")
-    run.add_argument("--state-dir", default="/var/lib/dranet", help="checkpoint directory")
+    run.add_argument("--state-dir", default="/var/lib/dranet", help="prepared-claims checkpoint (on disk)")
+    run.add_argument("--runtime-dir", default="/run/dranet",
+                     help="pod network state (tmpfs: survives driver restarts, cleared by reboots)")
+    run.add_argument("--host-netns", default="/proc/self/ns/net",
+                     help="the host network namespace NICs return to (hostNetwork pod: its own)")
     run.add_argument("--nri-socket", default="/var/run/nri/nri.sock")
     run.add_argument("--no-nri", dest="nri_enabled", action="store_false",
                      help="do not connect to the container runtime (tests, discovery-only nodes)")
@@ -97,6 +101,8 @@ def config_from_args(args: argparse.Namespace) -> DriverConfig:
         sysfs_root=args.sysfs_root,
         kubelet_root=args.kubelet_root,
         state_dir=args.state_dir,
+        runtime_dir=args.runtime_dir,
+        host_netns=args.host_netns,
         nri_socket=args.nri_socket,
         nri_enabled=args.nri_enabled,
         kubeconfig=args.kubeconfig,

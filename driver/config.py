@@ -16,7 +16,9 @@ class DriverConfig:
     driver_name: str = "dra.net"
     sysfs_root: str = "/sys"
     kubelet_root: str = "/var/lib/kubelet"
-    state_dir: str = "/var/lib/dranet"
+    state_dir: str = "/var/lib/dranet"  # prepared claims (disk: survives reboots)
+    runtime_dir: str = "/run/dranet"  # pod network state (tmpfs: cleared by a reboot, like the netns)
+    host_netns: str = "/proc/self/ns/net"  # opened at start, while the daemon is in the host netns
     nri_socket: str = "/var/run/nri/nri.sock"
     nri_enabled: bool = True
     kubeconfig: str | None = None  # None: in-cluster config

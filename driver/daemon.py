@@ -202,7 +202,7 @@ class Daemon:
                 async def run_nri() -> None:
                     # Built inside the guard: a failing constructor (e.g. no access to the host
                     # netns) is logged and retried, never fatal for the kubelet plugin.
-                    await NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None)).run()
+                    await NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None, host_netns=self.config.host_netns)).run()
 
                 spawn("nri", run_nri)
 
@@ -232,7 +232,7 @@ def _config_decoder() -> Callable[..., dict[str, Any]]:
 
 async def _main(config: DriverConfig) -> int:
     try:
-        store = CheckpointStore(config.state_dir)
+        store = CheckpointStore(config.state_dir, config.runtime_dir)
     except CheckpointError as exc:
         log.error("cannot load checkpoint; refusing to start without it", extra={"kv": {"error": str(exc)}})
         return 1

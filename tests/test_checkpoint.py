@@ -121,3 +121,41 @@ def test_serialisation_matches_asdict() -> None:
     expected = {"version": 1, "claims": {"u1": asdict(state.claims["u1"])}, "pods": {"p1": asdict(state.pods["p1"])}}
     assert json.dumps(state.to_json(), sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert DriverState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_pods_live_in_the_runtime_dir_and_only_changed_files_are_written(tmp_path: Path) -> None:
+    state, run = tmp_path / "state", tmp_path / "run"
+    store = CheckpointStore(state, run)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    assert "u1" in json.loads((state / "checkpoint.json").read_text())["claims"]
+    assert not (run / "pods.json").exists()  # nothing changed there: not written
+    claims_mtime = (state / "checkpoint.json").stat().st_mtime_ns
+    time.sleep(0.01)
+    store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", netns_path="/var/run/netns/x")))
+    assert (state / "checkpoint.json").stat().st_mtime_ns == claims_mtime  # claims untouched
+    assert "p1" in json.loads((run / "pods.json").read_text())["pods"]
+    assert "pods" not in json.loads((state / "checkpoint.json").read_text()) or \
+        not json.loads((state / "checkpoint.json").read_text())["pods"]
+    again = CheckpointStore(state, run)
+    assert again.read(lambda s: (list(s.claims), list(s.pods))) == (["u1"], ["p1"])
+    # A reboot clears the tmpfs runtime dir: claims remain, pod network state is gone.
+    (run / "pods.json").unlink()
+    assert CheckpointStore(state, run).read(lambda s: (list(s.claims), list(s.pods))) == (["u1"], [])
+
+
+def test_single_file_checkpoint_from_before_the_split_keeps_its_pods(tmp_path: Path) -> None:
+    legacy = CheckpointStore(tmp_path)  # runtime dir defaults to the state dir: one directory
+    legacy.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1")))
+    body = json.loads((tmp_path / "pods.json").read_text())
+    (tmp_path / "pods.json").unlink()
+    merged = {"version": body["version"], "claims": {}, "pods": body["pods"]}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(merged))
+    store = CheckpointStore(tmp_path, tmp_path / "run")
+    assert store.read(lambda s: list(s.pods)) == ["p1"]
+
+
+def test_unreadable_pods_file_refuses_to_start(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "pods.json").write_text("{torn")
+    with pytest.raises(CheckpointError, match="pods.json"):
+        CheckpointStore(tmp_path / "state", tmp_path / "run")

@@ -73,7 +73,7 @@ class Env:
         nri_flags = ["--nri-socket", str(self.dir / "no-runtime/nri.sock")] if nri else ["--no-nri"]
         return ["run", *nri_flags, "--node-name", NODE, "--kubeconfig", str(self.dir / "kubeconfig"),
                 "--sysfs-root", str(self.dir / "sys"), "--kubelet-root", str(self.dir / "kubelet"),
-                "--state-dir", str(self.dir / "state"), "--bind-address", "127.0.0.1:0",
+                "--state-dir", str(self.dir / "state"), "--runtime-dir", str(self.dir / "run"), "--bind-address", "127.0.0.1:0",
                 "--publish-interval", "0.2"]
 
     def start(self, crash_after_commit: bool = False, nri: bool = False) -> subprocess.Popen[bytes]:
