@@ -12,7 +12,7 @@ import pytest
 from driver.kube import RESOURCE_API, KubeClient
 from driver.model import Device
 from driver.publisher import SlicePublisher
-from tests.plugins.cluster import list_slices
+from tests.plugins.cluster import delete_node_and_slices, list_slices
 
 pytestmark = [pytest.mark.cluster]
 DRIVER = "dra.net"
@@ -205,3 +205,17 @@ async def test_conflicting_write_is_retried_after_relisting(kube: KubeClient, cl
     [s] = list_slices(kube, cluster_node)
     assert device_names([s]) == sorted([nic(1).name, nic(2).name])
     assert s["metadata"]["labels"] == {"touched": "yes"}   # the other writer's change survived
+
+
+async def test_slices_garbage_collected_with_their_node(kube: KubeClient, control_plane):
+    node = "gc-node-" + str(int(time.time() * 1000) % 100000)
+    control_plane.create_node(node)
+    try:
+        async with running(SlicePublisher(kube, DRIVER, node, interval=0.2)) as pub:
+            pub.update([nic(1)])
+            await eventually(lambda: list_slices(kube, node), what="slice")
+        kube.request("DELETE", f"/api/v1/nodes/{node}")
+        # The owner reference (controller: true) lets the garbage collector remove them.
+        await eventually(lambda: not list_slices(kube, node), timeout=30, what="slices garbage-collected")
+    finally:
+        delete_node_and_slices(kube, node)
