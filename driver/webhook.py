@@ -9,14 +9,18 @@ kopf runs with the smallest footprint it allows: standalone (no peering objects)
 scanning disabled (no watches on CRDs or namespaces), no event posting, and no handlers except
 the two validators. TLS comes from ``--tls-cert``/``--tls-key`` or, when absent, a self-signed
 CA and server certificate generated at start (SANs: ``--host``, 127.0.0.1, localhost).
-With ``--manage-configuration`` kopf creates and keeps the ValidatingWebhookConfiguration
-``dra.net-webhook`` (URL and caBundle) up to date; otherwise one from the chart is used, pointing
+With ``--manage-configuration`` we apply the ValidatingWebhookConfiguration ``dra.net-webhook``
+(server-side apply, URL from ``--host``/``--port`` and the caBundle) once the server listens,
+and empty its webhook list on exit (kopf's own management would also create an empty
+MutatingWebhookConfiguration); otherwise one from the chart is used, pointing
 at ``https://<service>:<port>/validate`` (the path must be exactly ``/validate``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
 import datetime
 import ipaddress
 import logging
@@ -109,11 +113,110 @@ def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorReg
             addr=options.listen, port=options.port, host=options.host,
             certfile=tls.certfile, pkeyfile=tls.keyfile, cadata=tls.cadata,
         )
-        settings.admission.managed = MANAGED_CONFIGURATION if options.manage_configuration else None
+        # kopf's own management would also create an empty MutatingWebhookConfiguration (it
+        # always manages both kinds); we manage only the validating one (ConfigurationManager).
+        settings.admission.managed = None
 
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(configure)
+    if options.manage_configuration:
+        manager = ConfigurationManager(options, tls)
+        kopf.on.startup(registry=registry)(manager.on_startup)
+        kopf.on.cleanup(registry=registry)(manager.on_cleanup)
     return registry
+
+
+def webhook_configuration(options: WebhookOptions, cadata: bytes | None) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration ``dranet webhook --manage-configuration`` applies."""
+    host = options.host or "127.0.0.1"
+    client_config: dict[str, Any] = {"url": f"https://{_url_host(host)}:{options.port}/{HANDLER_ID}"}
+    if cadata:
+        client_config["caBundle"] = base64.b64encode(cadata).decode("ascii")
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": MANAGED_CONFIGURATION},
+        "webhooks": [{
+            "name": "claims.dra.net",
+            "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
+                       "resources": sorted(SPEC_PATHS), "scope": "Namespaced"}],
+            "failurePolicy": options.failure_policy,
+            "matchPolicy": "Equivalent",  # also sees v1beta1/v1beta2 requests, converted to v1
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+            "clientConfig": client_config,
+        }],
+    }
+
+
+def _url_host(host: str) -> str:
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
+
+
+class ConfigurationManager:
+    """Applies the ValidatingWebhookConfiguration once the server answers; empties it on exit.
+
+    Registered only after the TLS port accepts connections, so ``failurePolicy: Fail`` never
+    meets a webhook that is not listening yet. On shutdown the webhook list is emptied (not the
+    object deleted): the API server stops calling a webhook that is gone. Run a single replica
+    in this mode; with several, use the chart's configuration instead.
+    """
+
+    FIELD_MANAGER = "dra.net-webhook"
+    PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+
+    def __init__(self, options: WebhookOptions, tls: "TLSFiles") -> None:
+        self.options = options
+        self.tls = tls
+        self._task: asyncio.Task[None] | None = None
+
+    def _apply(self, body: dict[str, Any]) -> None:
+        from driver.kube import APPLY_PATCH, KubeClient
+
+        kube = KubeClient.from_kubeconfig(self.options.kubeconfig)
+        kube.request("PATCH", f"{self.PATH}/{MANAGED_CONFIGURATION}", body,
+                     query={"fieldManager": self.FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+
+    async def _register_when_listening(self) -> None:
+        host = self.options.listen or "127.0.0.1"
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, self.options.port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        body = webhook_configuration(self.options, self.tls.cadata)
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.to_thread(self._apply, body)
+                log.info("webhook configuration applied", extra={"kv": {"name": MANAGED_CONFIGURATION,
+                                                                        "url": body["webhooks"][0]["clientConfig"]["url"]}})
+                return
+            except Exception as exc:  # noqa: BLE001 - keep serving; retry with backoff
+                log.error("cannot apply the webhook configuration", extra={"kv": {"error": str(exc)}})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def on_startup(self, **_: Any) -> None:
+        """kopf startup: register in the background (the server starts after startup handlers)."""
+        self._task = asyncio.create_task(self._register_when_listening())
+
+    async def on_cleanup(self, **_: Any) -> None:
+        """kopf cleanup: stop registering and empty the webhook list."""
+        if self._task is not None:
+            self._task.cancel()
+        body = webhook_configuration(self.options, self.tls.cadata)
+        body["webhooks"] = []
+        try:
+            await asyncio.to_thread(self._apply, body)
+        except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            log.error("cannot empty the webhook configuration", extra={"kv": {"error": str(exc)}})
 
 
 def connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:

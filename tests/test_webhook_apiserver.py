@@ -27,7 +27,8 @@ from devcluster import certs
 
 from devcluster.controlplane import free_port
 from driver.kube import RESOURCE_API, KubeClient, KubeError
-from driver.webhook import MANAGED_CONFIGURATION, WebhookOptions, build_registry, review, self_signed
+from driver.webhook import (MANAGED_CONFIGURATION, WebhookOptions, build_registry, review, self_signed,
+                            webhook_configuration)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,21 +146,20 @@ def names() -> Iterator[list[tuple[KubeClient, str]]]:
 
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])
-def test_registry_has_one_validator_with_the_failure_policy(policy, tmp_path: Path):
-    """No cluster needed: what kopf would put in a managed configuration."""
-    from kopf._core.engines.admission import build_webhooks
-    from kopf._cogs.structs.references import Resource
-
-    registry = build_registry(WebhookOptions(failure_policy=policy), self_signed(tmp_path, ["127.0.0.1"]))
-    handlers = registry._webhooks.get_all_handlers()
-    assert [h.id for h in handlers] == ["validate"]
-    resources = [Resource("resource.k8s.io", "v1", p, namespaced=True) for p in
-                 ("resourceclaims", "resourceclaimtemplates", "resourceslices")] + [
-                 Resource("resource.k8s.io", "v1beta2", "resourceclaims", namespaced=True)]
-    hooks = build_webhooks(handlers, resources=resources, name_suffix="x", client_config={"url": "https://h/"})
-    assert [h["failurePolicy"] for h in hooks] == [policy]
-    assert sorted((r["apiVersions"][0], r["resources"][0]) for r in hooks[0]["rules"]) == [
-        ("v1", "resourceclaims"), ("v1", "resourceclaimtemplates")]
+def test_one_handler_and_the_managed_configuration(policy, tmp_path: Path):
+    """No cluster needed: the registry and the configuration --manage-configuration applies."""
+    tls = self_signed(tmp_path, ["127.0.0.1"])
+    options = WebhookOptions(failure_policy=policy, port=9443, host="dranet-webhook.kube-system.svc",
+                             manage_configuration=True)
+    registry = build_registry(options, tls)
+    assert [h.id for h in registry._webhooks.get_all_handlers()] == ["validate"]
+    (hook,) = webhook_configuration(options, tls.cadata)["webhooks"]
+    assert hook["failurePolicy"] == policy
+    assert hook["clientConfig"]["url"] == "https://dranet-webhook.kube-system.svc:9443/validate"
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == tls.cadata
+    assert hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                              "operations": ["CREATE", "UPDATE"],
+                              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
 
 
 def test_review_paths_for_both_kinds():
@@ -222,7 +222,16 @@ def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names
         assert created["metadata"]["uid"]
     finally:
         stop(proc)
-    assert proc.returncode == 0, (tmp_path / "webhook.log").read_text()[-2000:]
+    log = (tmp_path / "webhook.log").read_text()
+    assert proc.returncode == 0, log[-2000:]
+    # On exit the webhook list is emptied, so a stopped webhook blocks nobody.
+    assert not kube.request("GET", f"{VWC_API}/{MANAGED_CONFIGURATION}").get("webhooks")
+    # Only the validating configuration is ours: no (empty) mutating one.
+    with pytest.raises(KubeError) as info:
+        kube.request("GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{MANAGED_CONFIGURATION}")
+    assert info.value.not_found
+    # Minimal footprint: nothing beyond the documented rules was even attempted.
+    assert "forbidden" not in log.lower(), log[-3000:]
 
 
 @pytest.mark.cluster
