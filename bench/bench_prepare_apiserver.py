@@ -77,6 +77,13 @@ async def bench(drv: DriverProcess, claims: list[tuple[str, str, str]], concurre
         print(f"{len(concurrent)} claims prepared concurrently ({len(concurrent)} parallel calls): "
               f"wall {wall * 1000:.1f} ms, per call {ms(list(lat))}")
         await kubelet.unprepare(concurrent)
+        # The same 100 claims again, now in ONE call (the kubelet batches a pod's claims).
+        t0 = time.perf_counter()
+        r = await kubelet.prepare(concurrent)
+        wall = time.perf_counter() - t0
+        assert all(r.claims[c[2]].error == "" for c in concurrent)
+        print(f"{len(concurrent)} claims in one NodePrepareResources call: {wall * 1000:.1f} ms")
+        await kubelet.unprepare(concurrent)
 
 
 def main() -> int:
