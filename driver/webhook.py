@@ -13,7 +13,7 @@ With ``--manage-configuration`` we apply the ValidatingWebhookConfiguration ``dr
 (server-side apply, URL from ``--host``/``--port`` and the caBundle) once the server listens,
 and empty its webhook list on exit (kopf's own management would also create an empty
 MutatingWebhookConfiguration); otherwise one from the chart is used, pointing
-at ``https://<service>:<port>/validate`` (the path must be exactly ``/validate``).
+at ``https://<service>:<port>/<any path>`` (every path validates by resource).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 MANAGED_CONFIGURATION = "dra.net-webhook"
 GROUP, VERSION = "resource.k8s.io", "v1"
 # plural -> where the claim spec sits in the object (the path used in error messages)
-HANDLER_ID = "validate"  # also the URL path: https://<host>:<port>/validate
+HANDLER_ID = "validate"  # also the URL path of the managed configuration
 SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
 
 
@@ -90,12 +90,28 @@ def validate(body: kopf.Body, resource: Any, old: Any = None, operation: str | N
         raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
 
 
+class AnyPathWebhookServer(kopf.WebhookServer):
+    """kopf's TLS webhook server, answering on every URL path with every matching handler.
+
+    Stock kopf runs only the handlers whose id equals the URL path and *allows* a request on
+    any other path (no handler, no objection): a configuration with a different path (the
+    chart's ``/validate-resourceclaims``) would silently validate nothing. Dropping the path
+    hint makes kopf pick handlers by resource alone. Relies on kopf's ``_serve`` (kopf 1.x).
+    """
+
+    @staticmethod
+    async def _serve(fn: Any, request: Any) -> Any:
+        async def by_resource(data: Any, *, webhook: Any = None, **kwargs: Any) -> Any:
+            return await fn(data, webhook=None, **kwargs)
+
+        return await kopf.WebhookServer._serve(by_resource, request)
+
+
 def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorRegistry:
     """A registry with exactly one validator (both resources), a login handler and the settings.
 
-    One handler with the id ``validate`` serves both resources because kopf routes a request to
-    the handlers whose id equals the URL path (``/validate``); a chart's configuration must use
-    that path for both rules (a request on another path would match no handler and be allowed).
+    The server answers on any URL path (:class:`AnyPathWebhookServer`); the managed
+    configuration uses ``/validate``.
     """
     registry = kopf.OperatorRegistry()
     kopf.on.validate(
@@ -109,7 +125,7 @@ def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorReg
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.scanning.disabled = True  # no CRD/namespace watches: resources found once at start
         settings.posting.enabled = False  # no k8s events from kopf's own logs
-        settings.admission.server = kopf.WebhookServer(
+        settings.admission.server = AnyPathWebhookServer(
             addr=options.listen, port=options.port, host=options.host,
             certfile=tls.certfile, pkeyfile=tls.keyfile, cadata=tls.cadata,
         )

@@ -251,18 +251,26 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
     proc = start_webhook(str(control_plane.kubeconfig), port, "--tls-cert", tls.certfile, "--tls-key", tls.keyfile,
                          log_path=tmp_path / "webhook.log")
     try:
+        # One webhook per resource on the chart's paths (charts/dranet values webhook.paths).
         kube.request("POST", VWC_API, {
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": vwc_name},
-            "webhooks": [{"name": "claims.dra.net", "rules": rules, "failurePolicy": "Fail",
-                          "sideEffects": "None", "admissionReviewVersions": ["v1"], "timeoutSeconds": 10,
-                          "clientConfig": {"url": f"https://127.0.0.1:{port}/validate",
-                                           "caBundle": base64.b64encode(tls.cadata).decode()}}]})
+            "webhooks": [{"name": f"{res}.dra.net", "rules": [dict(rules[0], resources=[res])],
+                          "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                          "timeoutSeconds": 10,
+                          "clientConfig": {"url": f"https://127.0.0.1:{port}/validate-{res}",
+                                           "caBundle": base64.b64encode(tls.cadata).decode()}}
+                         for res in ("resourceclaims", "resourceclaimtemplates")]})
         bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "rules": []})
         names.append((kube, f"{path}/{bad['metadata']['name']}"))
         err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log", timeout=60)
         assert "spec.devices.config[0].opaque.parameters.routes[0].gateway" in err.message
         assert "spec.devices.config[0].opaque.parameters.rules: unknown field" in err.message
+        tpath = f"{RESOURCE_API}/namespaces/{NS}/resourceclaimtemplates"
+        bad_t = template(f"bad-{uuid.uuid4().hex[:6]}", {"numa": {"pin": "yes"}})
+        names.append((kube, f"{tpath}/{bad_t['metadata']['name']}"))
+        err = create_until_rejected(kube, tpath, bad_t, tmp_path / "webhook.log")
+        assert "spec.spec.devices.config[1].opaque.parameters.numa.pin: must be a boolean" in err.message
 
         for obj in (claim(f"other-{uuid.uuid4().hex[:6]}", {"rules": []}, driver="gpu.nvidia.com"),
                     claim(f"good-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8",
