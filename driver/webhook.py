@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import datetime
 import ipaddress
 import logging
@@ -322,7 +323,9 @@ def cli_webhook(args: argparse.Namespace) -> int:
     if bool(options.tls_cert) != bool(options.tls_key):
         log.error("--tls-cert and --tls-key must be given together")
         return 2
-    with tempfile.TemporaryDirectory(prefix="dranet-webhook-") as tmp:
+    # A temp dir only for a generated certificate: with --tls-cert/--tls-key the webhook writes
+    # nothing, so it runs on a read-only root filesystem (as the chart deploys it).
+    with contextlib.ExitStack() as stack:
         if options.tls_cert and options.tls_key:
             # caBundle for a managed configuration: a ca.crt next to the certificate (as in a
             # cert-manager or kubernetes.io/tls secret mount), else the certificate file itself
@@ -331,8 +334,9 @@ def cli_webhook(args: argparse.Namespace) -> int:
             cadata = (ca_file if ca_file.exists() else Path(options.tls_cert)).read_bytes()
             tls = TLSFiles(options.tls_cert, options.tls_key, cadata)
         else:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="dranet-webhook-"))
             hosts = [h for h in (options.host, "127.0.0.1", "localhost") if h]
-            tls = self_signed(Path(tmp), hosts)
+            tls = self_signed(Path(tmp), list(dict.fromkeys(hosts)))
             log.info("generated a self-signed webhook certificate", extra={"kv": {"sans": hosts, "dir": tmp}})
         registry = build_registry(options, tls)
         log.info("starting webhook", extra={"kv": {"port": options.port, "host": options.host,
