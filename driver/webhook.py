@@ -6,8 +6,8 @@ UPDATE with the same validator as NodePrepareResources and ``dranet validate``
 are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 
 kopf runs with the smallest footprint it allows: standalone (no peering objects), cluster
-scanning disabled (no watches on CRDs or namespaces), no event posting, and no handlers except
-the two validators. TLS comes from ``--tls-cert``/``--tls-key`` or, when absent, a self-signed
+scanning disabled (no watches on CRDs or namespaces), no event posting, and one validating
+handler for both resources. TLS comes from ``--tls-cert``/``--tls-key`` or, when absent, a self-signed
 CA and server certificate generated at start (SANs: ``--host``, 127.0.0.1, localhost).
 With ``--manage-configuration`` we apply the ValidatingWebhookConfiguration ``dra.net-webhook``
 (server-side apply, URL from ``--host``/``--port`` and the caBundle) once the server listens,
@@ -26,9 +26,9 @@ import datetime
 import ipaddress
 import logging
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 
 MANAGED_CONFIGURATION = "dra.net-webhook"
 GROUP, VERSION = "resource.k8s.io", "v1"
-# plural -> where the claim spec sits in the object (the path used in error messages)
 HANDLER_ID = "validate"  # also the URL path of the managed configuration
+# plural -> where the claim spec sits in the object (the path used in error messages)
 SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
 
 
