@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -221,7 +220,7 @@ def run_demo() -> int:
     work = Path(tempfile.mkdtemp(prefix="dn-demo-"))
     node = "nd-h100-v5-0"
     try:
-        print(f"2/6 control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)", flush=True)
+        print("2/6 control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)", flush=True)
         with ControlPlane(binaries) as cp:
             kube = cp.kube()
             print(f"    ready in {cp.start_seconds:.1f}s at {cp.server}; kubeconfig {cp.kubeconfig}")

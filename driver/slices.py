@@ -9,6 +9,7 @@ slice of the pool, while an unchanged pool costs no write at all.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -76,8 +77,7 @@ class SlicePlan:
 
 
 def _devices_key(devices: list[dict[str, Any]]) -> str:
-    # Canonical JSON of the device list: what the API returns for what we sent.
-    import json
+    # Canonical JSON of the device list: the API returns what we sent, key order aside.
     return json.dumps(devices, sort_keys=True, separators=(",", ":"))
 
 
