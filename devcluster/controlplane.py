@@ -110,11 +110,19 @@ class ControlPlane:
     def start(self) -> "ControlPlane":
         """Start all components and wait until each is healthy; cleans up on failure."""
         t0 = time.monotonic()
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(3):
+            try:
+                self._start()
+                break
+            except ControlPlaneError as exc:
+                self.stop()
+                # free_port() can race with other processes grabbing the same port: retry.
+                if "address already in use" not in str(exc) or attempt == 2:
+                    raise
+                log.warning("port taken while starting, retrying", extra={"kv": {"error": str(exc)[:200]}})
+            except BaseException:
+                self.stop()
+                raise
         self.start_seconds = time.monotonic() - t0
         log.info("control plane ready", extra={"kv": {"server": self.server, "seconds": round(self.start_seconds, 2)}})
         return self
@@ -331,6 +339,8 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what:
 def main() -> int:
     """``python -m devcluster.controlplane``: start, print the kubeconfig path, run until Ctrl-C."""
     logging.basicConfig(level=logging.INFO)
+    # SIGTERM behaves like Ctrl-C, so the context manager stops every process and removes files.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with ControlPlane() as cp:
         print(json.dumps({"server": cp.server, "kubeconfig": str(cp.kubeconfig),
                           "start_seconds": round(cp.start_seconds, 2)}), flush=True)
