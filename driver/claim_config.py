@@ -778,7 +778,7 @@ def container_settings(devices: Sequence[Any], sysfs_root: str = "/sys",
     cpuset, skipped = None, None
     try:
         node = numa_pin_node(
-            ((d.config, _numa_of(d), d.device) for d in devices), "numa.pin")
+            ((d.config, device_numa_node(d), d.device) for d in devices), "numa.pin")
         if node is not None:
             cpuset = cpuset_for(node, sysfs_root, requested_cpus)
     except ConfigError as exc:
@@ -788,7 +788,8 @@ def container_settings(devices: Sequence[Any], sysfs_root: str = "/sys",
     return ContainerSettings(env=env, cpuset=cpuset, skipped_pin=skipped)
 
 
-def _numa_of(device: Any) -> int | None:
+def device_numa_node(device: Any) -> int | None:
+    """The NUMA node of a ``PreparedDevice`` (its published attribute, else the host fact)."""
     attr = device.snapshot.attributes.get(f"{DRIVER_NAME}/numaNode")
     if isinstance(attr, int) and not isinstance(attr, bool):
         return attr
@@ -854,6 +855,6 @@ def errors_as_json(errors: Sequence[ConfigError]) -> list[dict[str, str]]:
 __all__ = [
     "API_VERSION", "KIND", "ConfigError", "FieldError", "NetworkConfig", "InterfaceConfig", "RouteConfig",
     "EthtoolConfig", "RdmaConfig", "NumaConfig", "CpusetPlan", "decode_config", "merge", "configs_for_request",
-    "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node",
+    "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node", "device_numa_node",
     "cpuset_for", "ContainerSettings", "container_settings", "parse_cpulist", "format_cpulist", "errors_as_json", "prepare_decoder", "stored_config",
 ]

@@ -7,39 +7,35 @@ rescans (netlink link events + periodic resync, coalesced), NRI plugin.
 SIGTERM/SIGINT stop the gRPC servers, remove the sockets and exit 0.
 
 Blocking discovery (sysfs walks, netlink dumps) runs in a worker thread so gRPC
-calls are answered while a scan is in progress. Optional components that are not
-importable yet are logged and skipped, so the daemon still serves the kubelet.
+calls are answered while a scan is in progress. Background components run under a
+guard that restarts them with backoff, so none can take the kubelet's socket down.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
-import inspect
 import logging
 import signal
 import time
 from typing import Any, Callable
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
+from driver.claim_config import prepare_decoder
+from driver.claim_status import ClaimStatusWriter
 from driver.config import DriverConfig
+from driver.device_filter import DeviceFilter, FilterError
+from driver.discovery import Scanner, merge_allocated
+from driver.health import HealthServer
 from driver.kube import KubeClient
+from driver.kubelet_plugin import DeviceHealthFeed, KubeletPlugin, health_states
+from driver.link_watch import LinkWatcher
 from driver.metrics import Metrics
 from driver.model import Device
+from driver.prepare import Preparer
+from driver.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
-
-
-def _optional(module: str, name: str) -> Any | None:
-    """``module.name`` or None (logged) when that module is not part of this build yet."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise  # a real missing dependency inside the module: do not hide it
-        log.warning("component not available, skipped", extra={"kv": {"module": module}})
-        return None
 
 
 def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
@@ -63,46 +59,37 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scan_fn = self._build_scanner()
-        self.publisher = self._build_publisher()
-        from driver.kubelet_plugin import DeviceHealthFeed, KubeletPlugin
-        from driver.prepare import Preparer
-
+        self.publisher = SlicePublisher(kube, config.driver_name, config.node_name,
+                                        interval=config.publish_interval, metrics=self.metrics)
+        self.status_writer = ClaimStatusWriter(kube, config.node_name, driver_name=config.driver_name,
+                                               sysfs_root=config.sysfs_root)
         self.health_feed = DeviceHealthFeed()
+        # prepare_decoder validates claim configs strictly: a bad config is a per-claim error
+        # naming the field, at prepare time, not a pod that fails to start.
         self.preparer = Preparer(kube, store, lambda: self.inventory, config.driver_name, config.node_name,
-                                 config_decoder=_config_decoder())
+                                 config_decoder=prepare_decoder,
+                                 on_unprepare=self.status_writer.claim_unprepared)
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
-        from driver.health import HealthServer
-
         self.http = HealthServer(config.bind_address, self.metrics, self.ready)
 
     # -- construction ------------------------------------------------------------------------
 
     def _build_scanner(self) -> Callable[[], list[Device]]:
-        Scanner = _optional("driver.discovery", "Scanner")
-        merge = _optional("driver.discovery", "merge_allocated")
-        DeviceFilter = _optional("driver.device_filter", "DeviceFilter") if self.config.filter else None
+        """Scan, filter, then re-add allocated devices (published while their netdev is in a pod).
+
+        The filter is compiled here so a bad ``--filter`` stops the daemon at start.
+        """
         scanner = Scanner(self.config.sysfs_root, netlink=self.config.host_sysfs,
-                          exclude_interfaces=self.config.exclude_interfaces) if Scanner else None
-        device_filter = DeviceFilter(self.config.filter) if DeviceFilter else None
+                          exclude_interfaces=self.config.exclude_interfaces)
+        device_filter = DeviceFilter(self.config.filter, self.config.driver_name) if self.config.filter else None
 
         def scan() -> list[Device]:
-            devices = scanner.scan() if scanner else []
+            devices = scanner.scan()
             if device_filter is not None:
                 devices = device_filter.apply(devices)
-            if merge is not None:
-                devices = merge(devices, self.store.read(_allocated_snapshots))
-            return devices
+            return merge_allocated(devices, self.store.read(_allocated_snapshots))
 
         return scan
-
-    def _build_publisher(self) -> Any | None:
-        SlicePublisher = _optional("driver.publisher", "SlicePublisher")
-        if SlicePublisher is None:
-            return None
-        kwargs: dict[str, Any] = {"interval": self.config.publish_interval}
-        if "metrics" in inspect.signature(SlicePublisher).parameters:
-            kwargs["metrics"] = self.metrics  # lets it set the last-publish time
-        return SlicePublisher(self.kube, self.config.driver_name, self.config.node_name, **kwargs)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -129,10 +116,7 @@ class Daemon:
         self.scanned = True
         rdma = sum(1 for d in devices if d.attributes.get("dra.net/rdma") is True)
         self.metrics.set_devices(len(devices), rdma)
-        if self.publisher is not None:
-            self.publisher.update(devices)
-        from driver.kubelet_plugin import health_states
-
+        self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
             self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices})
         states = await asyncio.to_thread(health_states, self.inventory, self.config.node_name,
@@ -177,6 +161,7 @@ class Daemon:
             await self.rescan()
         except Exception:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
+        self.status_writer.start()
         await self.plugin.start()
         try:
             await self.http.start()
@@ -189,22 +174,21 @@ class Daemon:
     def _start_background(self) -> None:
         spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))  # noqa: E731
         spawn("rescan", self._rescan_loop)
-        if self.publisher is not None:
-            spawn("publisher", self.publisher.run)
+        spawn("publisher", self.publisher.run)
         if self.config.host_sysfs:
-            LinkWatcher = _optional("driver.link_watch", "LinkWatcher")
-            if LinkWatcher is not None:
-                spawn("link-watch", LinkWatcher(self.request_rescan).run)
+            spawn("link-watch", LinkWatcher(self.request_rescan).run)
         if self.config.nri_enabled:
-            NRIPlugin = _optional("driver.nri.plugin", "NRIPlugin")
-            NRIHooks = _optional("driver.nri_hooks", "NRIHooks")
-            if NRIPlugin is not None and NRIHooks is not None:
-                async def run_nri() -> None:
-                    # Built inside the guard: a failing constructor (e.g. no access to the host
-                    # netns) is logged and retried, never fatal for the kubelet plugin.
-                    await NRIPlugin(self.config.nri_socket, handler=NRIHooks(self.store, status=None, host_netns=self.config.host_netns)).run()
+            spawn("nri", self._run_nri)
 
-                spawn("nri", run_nri)
+    async def _run_nri(self) -> None:
+        from driver.nri.plugin import NRIPlugin
+        from driver.nri_hooks import NRIHooks
+
+        # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
+        # logged and retried, never fatal for the kubelet plugin.
+        hooks = NRIHooks(self.store, status=self.status_writer, host_netns=self.config.host_netns,
+                         sysfs_root=self.config.sysfs_root)
+        await NRIPlugin(self.config.nri_socket, handler=hooks).run()
 
     async def shutdown(self) -> None:
         """Stop the servers (removing the sockets) and the background tasks."""
@@ -214,20 +198,8 @@ class Daemon:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self.http.stop()
+        await asyncio.to_thread(self.status_writer.stop, 5.0)
         log.info("daemon stopped")
-
-
-def _config_decoder() -> Callable[..., dict[str, Any]]:
-    """Strict validation of claim configs (``driver.claim_config.prepare_decoder``) when present.
-
-    It stores ``{"opaque": [<validated, merged parameters>]}`` (what the NRI hooks read), so
-    bad configs fail at prepare time as per-claim errors naming the field; without the module,
-    the raw applicable parameters are stored in the same shape.
-    """
-    from driver.prepare import opaque_configs
-
-    decoder = _optional("driver.claim_config", "prepare_decoder")
-    return decoder if decoder is not None else opaque_configs
 
 
 async def _main(config: DriverConfig) -> int:
@@ -242,7 +214,11 @@ async def _main(config: DriverConfig) -> int:
         log.error("cannot configure the Kubernetes client", extra={"kv": {
             "kubeconfig": config.kubeconfig or "<in-cluster>", "error": str(exc)}})
         return 1
-    daemon = Daemon(config, kube, store)
+    try:
+        daemon = Daemon(config, kube, store)
+    except FilterError as exc:
+        log.error("invalid --filter", extra={"kv": {"error": str(exc)}})
+        return 2
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stopping.set)

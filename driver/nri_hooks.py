@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from driver import netns_ops
+from driver.claim_config import (ContainerSettings, InterfaceConfig, RouteConfig, container_settings,
+                                 stored_config)
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,
@@ -35,6 +37,7 @@ from driver.netns_ops import LinkState, Namespaces, NetnsOpError, PodLinkConfig,
 from driver.proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
+MAIN_TABLE = 254  # claim config table 0 means the main table
 
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:configured", "run:committed"]
@@ -78,55 +81,38 @@ def pod_netns_path(pod: api.PodSandbox) -> str:
     return ""
 
 
-def _pick(config: dict[str, Any], key: str) -> Any:
-    """The value of ``key`` in the last opaque config that sets it (later configs win)."""
-    value = None
-    for item in config.get("opaque", []) or []:
-        if not isinstance(item, dict):
-            continue
-        params = item.get("parameters", item)
-        if isinstance(params, dict) and key in params:
-            value = params[key]
-    return value
-
-
-def _route_from_config(raw: dict[str, Any]) -> Route:
-    dst = raw.get("destination") or None
-    gw = raw.get("gateway") or None
-    probe = dst or gw or raw.get("source") or "0.0.0.0"
-    family = socket.AF_INET6 if ipaddress.ip_network(probe, strict=False).version == 6 else socket.AF_INET
-    scope = raw.get("scope", 0)
-    if isinstance(scope, str):
-        scope = netns_ops.SCOPES[scope.lower()]
-    elif not gw and dst and not raw.get("scope"):
-        scope = netns_ops.SCOPES["link"]  # a gateway-less route is on-link
-    return Route(dst=dst, gateway=gw, prefsrc=raw.get("source") or None,
-                 table=int(raw.get("table") or 254), scope=int(scope), family=family)
+def _route(cfg: RouteConfig) -> Route:
+    """A validated claim-config route as the netlink layer's :class:`Route`."""
+    version = ipaddress.ip_network(cfg.destination, strict=False).version
+    return Route(dst=cfg.destination, gateway=cfg.gateway, prefsrc=cfg.source,
+                 table=cfg.table or MAIN_TABLE, scope=cfg.scope,
+                 family=socket.AF_INET6 if version == 6 else socket.AF_INET)
 
 
 def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
-    """Interpret a device's claim config (``interface``, ``routes``) against its host state.
+    """The claim config of ``device`` (``interface``, ``routes``) applied to its host state.
 
-    The one place that reads claim config: swap in ``driver.claim_config`` here.
-    No addresses configured -> the host's addresses and routes are copied (as the
-    Go driver does).
+    No addresses configured: the host's addresses (and, without configured routes, its
+    routes) are copied into the pod, as the Go driver does.
     """
-    iface = _pick(device.config, "interface") or {}
-    routes_raw = _pick(device.config, "routes") or []
-    addresses = list(iface.get("addresses") or [])
-    routes = [_route_from_config(r) for r in routes_raw]
+    cfg = stored_config(device.config)  # validated at prepare time; re-decoding is cheap
+    iface = cfg.interface or InterfaceConfig()
+    addresses = list(iface.addresses or ())
+    routes = [_route(r) for r in cfg.routes or ()]
     if not addresses:
         addresses = list(host.addresses)
         if not routes:
             routes = list(host.routes)
-    return PodLinkConfig(ifname=iface.get("name") or host.ifname, mtu=iface.get("mtu"),
-                         mac=iface.get("hardwareAddr") or None, addresses=addresses, routes=routes)
+    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu,
+                         mac=iface.hardware_addr, addresses=addresses, routes=routes)
 
 
-def container_adjustment(devices: Sequence[PreparedDevice]) -> api.ContainerAdjustment | None:
-    """The CreateContainer adjustment for a pod's devices: RDMA char devices, deduplicated by path.
+def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerSettings | None = None,
+                         ) -> api.ContainerAdjustment | None:
+    """The CreateContainer adjustment for a pod's devices, or None when there is nothing to add.
 
-    Extend here for env (NCCL_IB_HCA) and cpusets.
+    RDMA char devices (deduplicated by path), plus ``settings`` from the claim config: the
+    exact HCAs as ``NCCL_IB_HCA``/``DRANET_RDMA_DEVICES`` and the NUMA cpuset when pinning.
     """
     adjust = api.ContainerAdjustment()
     seen: set[str] = set()
@@ -146,7 +132,13 @@ def container_adjustment(devices: Sequence[PreparedDevice]) -> api.ContainerAdju
             linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
                                                  minor=char.minor)
             linux_dev.file_mode.value = 0o666
-    return adjust if seen else None
+    if settings is not None:
+        for key, value in sorted(settings.env.items()):
+            adjust.env.add(key=key, value=value)
+        if settings.cpuset is not None:
+            adjust.linux.resources.cpu.cpus = settings.cpuset.cpus
+            adjust.linux.resources.cpu.mems = settings.cpuset.mems
+    return adjust if adjust.ByteSize() else None
 
 
 def _stat_char(path: str) -> Any:
@@ -227,7 +219,7 @@ class NRIHooks:
                 pci_address=d.snapshot.host.pci_address or st.pci_address, host_mtu=st.mtu,
                 host_mac=st.mac, host_addresses=st.addresses,
                 host_routes=[r.to_dict() for r in st.routes], rdma_device=d.snapshot.host.rdma_device,
-                step=MOVING))
+                pod_mac=cfg.mac or st.mac, step=MOVING))
         state = PodNetState(pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name,
                             netns_path=netns, devices=moved)
 
@@ -293,15 +285,6 @@ class NRIHooks:
                 break
 
     # -- Stop / Remove ----------------------------------------------------------------------
-    def _configured_macs(self, pod_uid: str) -> dict[str, str]:
-        """MACs the claim config gave NICs in the pod: how to recognise them there."""
-        macs = {}
-        for _, d in self._netdevs(pod_uid):
-            iface = _pick(d.config, "interface") or {}
-            if iface.get("hardwareAddr"):
-                macs[d.device] = str(iface["hardwareAddr"])
-        return macs
-
     def _return_all(self, pod_uid: str, netns: str = "") -> str:
         """Return every NIC of the pod to the host; idempotent. Returns "" or the errors."""
         state = self.store.read(lambda s: s.pods.get(pod_uid))
@@ -315,13 +298,13 @@ class NRIHooks:
         self.store.update(plan)
         self._step("stop:planned")
         netns = netns or state.netns_path
-        pod_macs = self._configured_macs(pod_uid)
         errors, done = [], []
         for i, m in enumerate(state.devices):
             if m.step == RETURNED:
                 continue
             try:
-                macs = (pod_macs[m.device],) if m.device in pod_macs else ()
+                # The MAC it has in the pod: how to recognise it there (or renamed on the host).
+                macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
                 how = netns_ops.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
                                             extra_macs=macs, sysfs_root=self.sysfs_root)
                 done.append(m.device)
@@ -362,9 +345,18 @@ class NRIHooks:
 
     # -- CreateContainer --------------------------------------------------------------------
     def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
-        """RDMA char devices of the pod's claims as device adjustments."""
+        """RDMA char devices, NCCL HCA env and the NUMA cpuset of the pod's claims."""
         claims = self.store.read(lambda s: s.claims_for_pod(pod.uid))
-        return container_adjustment([d for c in claims for d in c.devices])
+        devices = [d for c in claims for d in c.devices]
+        if not devices:
+            return None
+        # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
+        requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
+        settings = container_settings(devices, self.sysfs_root, requested or None)
+        if settings.skipped_pin:
+            log.warning("numa.pin not applied", extra={"kv": {
+                "pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}})
+        return container_adjustment(devices, settings)
 
     # -- Synchronize / Shutdown -------------------------------------------------------------
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
+from driver.claim_config import ConfigError, device_numa_node, numa_pin_node
 from driver.kube import KubeClient, KubeError
 from driver.model import Device
 
@@ -150,11 +151,13 @@ class Preparer:
         node_name: str,
         config_decoder: ConfigDecoder = opaque_configs,
         after_commit: Callable[[list[str]], None] | None = None,
+        on_unprepare: Callable[[PreparedClaim], None] | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
         the allocation's config entries into the per-device config (strict decoding plugs in
         here); ``after_commit`` is called with the claim UIDs just persisted (tests use it to
-        crash the process between the checkpoint write and the response)."""
+        crash the process between the checkpoint write and the response); ``on_unprepare`` gets
+        each claim that unprepare removed (the claim status writer drops our entries)."""
         self.kube = kube
         self.store = store
         self.devices = devices
@@ -162,6 +165,7 @@ class Preparer:
         self.node_name = node_name
         self.config_decoder = config_decoder
         self.after_commit = after_commit
+        self.on_unprepare = on_unprepare
         self._commit = _GroupCommit(store)
 
     # -- prepare ------------------------------------------------------------------------------
@@ -250,6 +254,13 @@ class Preparer:
             prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
         pod_uids = [r["uid"] for r in status.get("reservedFor") or []
                     if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")]
+        try:
+            # numa.pin across NICs on several NUMA nodes can never be honoured: refuse it now,
+            # as a per-claim error, rather than start a pod that silently runs unpinned.
+            numa_pin_node(((d.config, device_numa_node(d), d.device) for d in prepared),
+                          "status.allocation.devices.config: numa.pin")
+        except ConfigError as exc:
+            raise ClaimError(f"{where}: {exc}") from None
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 
     # -- unprepare ----------------------------------------------------------------------------
@@ -258,10 +269,16 @@ class Preparer:
         """Forget the claims; returns claim UID -> error ("" = success). Unknown UIDs succeed."""
         uids = [c.uid for c in claims]
         try:
-            removed = await self._commit.apply(lambda state: [u for u in uids if state.claims.pop(u, None)])
+            removed = await self._commit.apply(
+                lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None])
         except Exception as exc:
             return {u: f"cannot update checkpoint: {exc}" for u in uids}
-        log.info("unprepared claims", extra={"kv": {"claims": uids, "known": removed}})
+        log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
+        for claim in removed if self.on_unprepare else ():
+            try:
+                self.on_unprepare(claim)  # type: ignore[misc]
+            except Exception:
+                log.exception("on_unprepare failed", extra={"kv": {"claim": claim.uid}})
         return {u: "" for u in uids}
 
 

@@ -56,7 +56,7 @@ def test_opaque_configs_order_and_matching() -> None:
 
 
 async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, preparer: Preparer) -> None:
-    configs = [{"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"mtu": 9000}}}]
+    configs = [{"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
     api.add_claim(make_claim("ns", "c1", "uid-1", [
         result("pci-0000-8a-00-0", NODE, "nic/sub"),
         result("gpu-0", NODE, "gpu", driver="gpu.example.com"),
@@ -69,7 +69,7 @@ async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, prepar
     record = preparer.store.read(lambda s: s.claims["uid-1"])
     assert record.pod_uids == ["pod-1"]
     assert record.devices[0].snapshot.host.rdma_device == "mlx5_0"
-    assert record.devices[0].config == {"opaque": [{"mtu": 9000}]}
+    assert record.devices[0].config == {"opaque": [{"interface": {"mtu": 9000}}]}
     # Persisted: a fresh store reads the same record.
     again = CheckpointStore(preparer.store.directory).read(lambda s: s.claims["uid-1"])
     assert again.devices[1].device == "pci-0000-8a-00-1" and again.namespace == "ns"
