@@ -167,3 +167,42 @@ def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(nri_harness: Har
     wait_for(lambda: link_facts(pa) is None)  # the pair dies with the netns (asynchronously)
     assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
     assert nri_harness.cmd("remove", pod=pod)["ok"]  # no endless retries
+
+
+def test_create_container_injects_exact_hcas_and_numa_cpuset(nri_harness: Harness, driver_procs,
+                                                             nd_h100_sysfs: Path, tmp_path: Path) -> None:
+    """Through the real runtime adaptation: NCCL_IB_HCA in exact-match form, the driver's own
+    variable, and (numa.pin) the cpuset of the NICs' NUMA node from the node's sysfs."""
+    store = CheckpointStore(tmp_path)
+    pinned = {"opaque": [{"numa": {"pin": True}}]}
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, pod_uid, [
+        {"rdma_device": "mlx5_5", "numa_node": 1, "config": pinned,
+         "char_devices": [{"path": "/dev/infiniband/uverbs5", "major": 231, "minor": 197}]},
+        {"rdma_device": "mlx5_4", "numa_node": 1,
+         "char_devices": [{"path": "/dev/infiniband/uverbs4", "major": 231, "minor": 196}]},
+    ])
+    other_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, other_uid, [{"rdma_device": "mlx5_0", "numa_node": 0,
+                                      "config": {"opaque": [{"rdma": {"injectEnv": False}}]}}])
+    del store
+    drv = DriverProcess.start(nri_harness.socket, str(tmp_path), sysfs_root=str(nd_h100_sysfs))
+    driver_procs.append(drv)
+    assert nri_harness.cmd("wait-sync", count=1, timeout=15)["ok"], drv.log()[-1500:]
+
+    res = nri_harness.cmd("create", pod=pod_json(pod_uid, ""), container={"id": "c1", "name": "train"})
+    assert res["ok"], res
+    env = {e["key"]: e["value"] for e in res["adjust"]["env"]}
+    hcas = env["NCCL_IB_HCA"]
+    assert hcas.startswith("=") and sorted(hcas[1:].split(",")) == ["mlx5_4", "mlx5_5"]
+    assert sorted(env["DRANET_RDMA_DEVICES"].split(",")) == ["mlx5_4", "mlx5_5"]
+    cpu = res["adjust"]["linux"]["resources"]["cpu"]
+    node1 = (nd_h100_sysfs / "devices/system/node/node1/cpulist").read_text().strip()
+    assert cpu["cpus"] == node1 and cpu["mems"] == "1"
+
+    # rdma.injectEnv: false and no numa.pin: no env, no cpuset (char devices only, none here).
+    res = nri_harness.cmd("create", pod=pod_json(other_uid, ""), container={"id": "c2", "name": "x"})
+    assert res["ok"], res
+    adjust = res.get("adjust") or {}
+    cpu = adjust.get("linux", {}).get("resources", {}).get("cpu", {})
+    assert not adjust.get("env") and not cpu.get("cpus") and not cpu.get("mems")

@@ -193,3 +193,43 @@ def test_kube_exec_credentials_fall_back_to_the_kubernetes_package(tmp_path: Pat
                   "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
                   "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: 'true'}}}]\n")
     assert not isinstance(KubeClient.from_kubeconfig(str(kc)).api, Urllib3Transport)
+
+
+def _numa_inventory() -> dict[str, Device]:
+    """Two NICs on NUMA 0 and one on NUMA 1."""
+    devs = {}
+    for i, node in enumerate((0, 0, 1)):
+        name = f"pci-0000-9a-00-{i}"
+        devs[name] = Device(name=name, attributes={"dra.net/rdma": True, "dra.net/numaNode": node},
+                            host=HostFacts(pci_address=f"0000:9a:00.{i}", rdma_device=f"mlx5_{i}", numa_node=node))
+    return devs
+
+
+async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServer, tmp_path: Path) -> None:
+    from driver.claim_config import prepare_decoder
+
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE,
+                        config_decoder=prepare_decoder)
+    pin = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}]
+    api.add_claim(make_claim("ns", "spans", "uid-s", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-2", NODE)],
+                             configs=pin, pods=["p"]))
+    api.add_claim(make_claim("ns", "fits", "uid-f", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-1", NODE)],
+                             configs=pin, pods=["p"]))
+    out = await preparer.prepare([ClaimRef("ns", "spans", "uid-s"), ClaimRef("ns", "fits", "uid-f")])
+    assert "ResourceClaim ns/spans" in out["uid-s"].error and "numa.pin" in out["uid-s"].error
+    assert "node 0: pci-0000-9a-00-0" in out["uid-s"].error and "node 1: pci-0000-9a-00-2" in out["uid-s"].error
+    assert out["uid-f"].error == "" and len(out["uid-f"].devices) == 2
+    assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-f"]  # the refused claim is not recorded
+
+
+async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer, tmp_path: Path) -> None:
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    seen: list[str] = []
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE,
+                        on_unprepare=lambda claim: seen.append(claim.uid))
+    api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)]))
+    assert (await preparer.prepare([ClaimRef("ns", "c1", "uid-1")]))["uid-1"].error == ""
+    out = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "gone", "uid-unknown")])
+    assert out == {"uid-1": "", "uid-unknown": ""}
+    assert seen == ["uid-1"]  # unknown claims succeed but are not reported

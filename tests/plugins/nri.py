@@ -142,15 +142,15 @@ class DriverProcess:
 
     @classmethod
     def start(cls, socket: str, state_dir: str, fault_after: str | None = None,
-              log_path: str | None = None) -> DriverProcess:
-        """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER."""
+              log_path: str | None = None, sysfs_root: str = "/sys") -> DriverProcess:
+        """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER; ``sysfs_root`` feeds NUMA cpusets."""
         env = dict(os.environ)
         env.pop("DRANET_FAULT_AFTER", None)
         if fault_after:
             env["DRANET_FAULT_AFTER"] = fault_after
         log_path = log_path or f"{state_dir}/driver-{secrets.token_hex(3)}.log"
         proc = subprocess.Popen([sys.executable, "-m", "tests.plugins.nri", "--socket", socket,
-                                 "--state-dir", state_dir], cwd=ROOT, env=env,
+                                 "--state-dir", state_dir, "--sysfs-root", sysfs_root], cwd=ROOT, env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
         return cls(proc, log_path)
 
@@ -182,7 +182,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     """Write a PreparedClaim for ``pod_uid`` straight into ``store`` (as NodePrepareResources would).
 
     Each device dict: ``ifname`` (host netdev), optional ``config`` (device config dict with
-    ``opaque``), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``.
+    ``opaque``), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``, ``numa_node``.
     """
     from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
     from driver.model import CharDevice, Device, HostFacts
@@ -190,7 +190,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     uid = f"claim-{secrets.token_hex(4)}"
     prepared = []
     for i, d in enumerate(devices):
-        host = HostFacts(ifname=d.get("ifname"), rdma_device=d.get("rdma_device"),
+        host = HostFacts(ifname=d.get("ifname"), rdma_device=d.get("rdma_device"), numa_node=d.get("numa_node"),
                          char_devices=[CharDevice(**c) for c in d.get("char_devices", [])])
         name = d.get("device", f"dev{i}-{secrets.token_hex(2)}")
         prepared.append(PreparedDevice(request="nic", pool="node", device=name,
@@ -285,6 +285,7 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--socket", required=True)
     parser.add_argument("--state-dir", required=True)
     parser.add_argument("--host-netns", default="/proc/self/ns/net")
+    parser.add_argument("--sysfs-root", default="/sys")
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s %(kv)s",
@@ -294,7 +295,7 @@ def _main(argv: list[str]) -> int:
     from driver.nri.plugin import NRIPlugin
     from driver.nri_hooks import NRIHooks
 
-    hooks = NRIHooks(CheckpointStore(args.state_dir), host_netns=args.host_netns)
+    hooks = NRIHooks(CheckpointStore(args.state_dir), host_netns=args.host_netns, sysfs_root=args.sysfs_root)
     plugin = NRIPlugin(args.socket, hooks, backoff_initial=0.05, backoff_max=0.5)
 
     async def run() -> None:
