@@ -78,7 +78,7 @@ class DriverProcess:
         args = [sys.executable, "-m", "driver", "--log-format", "text",
                 "--log-level", self.log_level, "run",
                 "--node-name", self.node_name, "--sysfs-root", str(self.sysfs_root),
-                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.state_dir),
+                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.state_dir), "--runtime-dir", str(self.state_dir / "run"),
                 "--kubeconfig", str(self.kubeconfig), "--no-nri", "--exclude-interfaces", "eth0",
                 "--bind-address", f"127.0.0.1:{self.port}", *self.extra_args]
         with open(self.log_path, "ab") as out:
