@@ -10,6 +10,7 @@ deps:  ## install the project and its test dependencies (system packages too)
 binaries: deps  ## build or reuse etcd, kube-apiserver, scheduler, controller-manager, helm, NRI harness
 	$(PY) -m devcluster.binaries --all
 	$(PY) -m devcluster.helm
+	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
 
 demo: binaries  ## a real control plane, the driver on a simulated ND H100 v5 node, the seed example allocated
 	$(PY) -m devcluster.demo
