@@ -15,4 +15,4 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
   fi
 fi
-python3 -m pip install -q -e '.[test,example]'
+python3 -m pip install -q --root-user-action=ignore -e '.[test,example]'
