@@ -1,10 +1,12 @@
-"""The ``dra.net`` claim configuration: schema, strict decoder, merging and ``dranet validate``.
+"""The ``dra.net`` claim configuration: schema, strict decoding and merging by request.
 
 Users put a :class:`NetworkConfig` in ``spec.devices.config[].opaque.parameters`` of a
 ResourceClaim (or a DeviceClass) with ``opaque.driver: dra.net``. The same decoder runs in
-three places so a mistake is reported identically everywhere: the admission webhook
-(:mod:`driver.webhook`), NodePrepareResources (:mod:`driver.prepare`, via
-:func:`configs_for_request`) and ``dranet validate FILE...`` (:func:`cli_validate`).
+three places so a mistake is reported identically everywhere: the admission webhook and
+``dranet validate FILE...`` (both through :mod:`driver.claim_validation`) and
+NodePrepareResources (:mod:`driver.prepare`, through :func:`prepare_decoder`). The NRI hooks read
+the stored result back with :func:`stored_config`; :mod:`driver.container_settings` turns it
+into container environment and cpusets.
 
 Decoding is strict: unknown fields and wrong types are errors, and every error names the full
 field path (``spec.devices.config[1].opaque.parameters.interface.mtu``) and the reason.
@@ -14,14 +16,13 @@ Several configs may apply to one request; they are merged field by field in DRA 
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import re
-import sys
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any, Sequence
 
+from driver.json_fields import (FieldError, FieldErrors, json_type_name, read_bool, read_bool_map, read_int,
+                                read_ip, read_object, read_str)
 from driver.model import DRIVER_NAME
 
 API_VERSION = "dra.net/v1alpha1"
@@ -38,17 +39,6 @@ _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 
 # -- errors -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One problem at one field path."""
-
-    path: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.reason}"
 
 
 class ConfigError(Exception):
@@ -74,10 +64,12 @@ class ConfigError(Exception):
 
     @property
     def path(self) -> str:
+        """The field path of the first error."""
         return self.errors[0].path
 
     @property
     def reason(self) -> str:
+        """The reason of the first error."""
         return self.errors[0].reason
 
     def __str__(self) -> str:
@@ -178,113 +170,8 @@ def _to_json(obj: Any) -> Any:
 # -- decoding ---------------------------------------------------------------------------------
 
 
-class _Errors:
-    """Collects field errors so one pass reports every problem, not just the first."""
-
-    def __init__(self) -> None:
-        self.items: list[FieldError] = []
-
-    def add(self, path: str, reason: str) -> None:
-        self.items.append(FieldError(path, reason))
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-def _object(raw: Any, path: str, allowed: Iterable[str], errs: _Errors) -> dict[str, Any] | None:
-    """``raw`` as an object with only ``allowed`` keys (unknown keys reported, then dropped)."""
-    if not isinstance(raw, dict):
-        errs.add(path, f"must be an object, got {_type_name(raw)}")
-        return None
-    allowed = list(allowed)
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in allowed:
-            errs.add(f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})")
-        else:
-            out[key] = value
-    return out
-
-
-def _bool(raw: Any, path: str, errs: _Errors) -> bool | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, bool):
-        errs.add(path, f"must be a boolean, got {_type_name(raw)}")
-        return None
-    return raw
-
-
-def _int(raw: Any, path: str, errs: _Errors, lo: int, hi: int) -> int | None:
-    if raw is None:
-        return None
-    # bool is an int in Python but not in JSON; 1500.0 from a JSON number is accepted as 1500.
-    if isinstance(raw, float) and raw.is_integer():
-        raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int):
-        errs.add(path, f"must be an integer, got {_type_name(raw)}")
-        return None
-    if not lo <= raw <= hi:
-        errs.add(path, f"must be between {lo} and {hi}, got {raw}")
-        return None
-    return raw
-
-
-def _str(raw: Any, path: str, errs: _Errors) -> str | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        errs.add(path, f"must be a string, got {_type_name(raw)}")
-        return None
-    return raw
-
-
-def _ip(raw: Any, path: str, errs: _Errors) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    text = _str(raw, path, errs)
-    if text is None:
-        return None
-    try:
-        return ipaddress.ip_address(text)
-    except ValueError:
-        errs.add(path, f"{text!r} is not an IP address")
-        return None
-
-
-def _bool_map(raw: Any, path: str, errs: _Errors) -> dict[str, bool] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        errs.add(path, f"must be an object of name: boolean, got {_type_name(raw)}")
-        return None
-    out: dict[str, bool] = {}
-    for key, value in raw.items():
-        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
-            errs.add(f"{path}.{key}", "name must be non-empty without whitespace")
-            continue
-        if not isinstance(value, bool):
-            errs.add(f"{path}.{key}", f"must be a boolean, got {_type_name(value)}")
-            continue
-        out[key] = value
-    return out
-
-
-def _decode_ifname(raw: Any, path: str, errs: _Errors) -> str | None:
-    name = _str(raw, path, errs)
+def _decode_ifname(raw: Any, path: str, errs: FieldErrors) -> str | None:
+    name = read_str(raw, path, errs)
     if name is None:
         return None
     if not name:
@@ -303,8 +190,8 @@ def _decode_ifname(raw: Any, path: str, errs: _Errors) -> str | None:
     return None
 
 
-def _decode_mac(raw: Any, path: str, errs: _Errors) -> str | None:
-    mac = _str(raw, path, errs)
+def _decode_mac(raw: Any, path: str, errs: FieldErrors) -> str | None:
+    mac = read_str(raw, path, errs)
     if mac is None:
         return None
     if not _MAC_RE.match(mac):
@@ -320,21 +207,21 @@ def _decode_mac(raw: Any, path: str, errs: _Errors) -> str | None:
     return mac.lower()
 
 
-def _decode_interface(raw: Any, path: str, errs: _Errors) -> InterfaceConfig | None:
-    obj = _object(raw, path, ["name", "addresses", "mtu", "hardwareAddr"], errs)
+def _decode_interface(raw: Any, path: str, errs: FieldErrors) -> InterfaceConfig | None:
+    obj = read_object(raw, path, ["name", "addresses", "mtu", "hardwareAddr"], errs)
     if obj is None:
         return None
     addresses: tuple[str, ...] | None = None
     if obj.get("addresses") is not None:
         raw_addrs = obj["addresses"]
         if not isinstance(raw_addrs, list):
-            errs.add(f"{path}.addresses", f"must be an array of CIDR strings, got {_type_name(raw_addrs)}")
+            errs.add(f"{path}.addresses", f"must be an array of CIDR strings, got {json_type_name(raw_addrs)}")
         else:
             seen: set[str] = set()
             out: list[str] = []
             for i, item in enumerate(raw_addrs):
                 ipath = f"{path}.addresses[{i}]"
-                text = _str(item, ipath, errs)
+                text = read_str(item, ipath, errs)
                 if text is None:
                     if item is None:
                         errs.add(ipath, "must be a CIDR string, got null")
@@ -357,17 +244,17 @@ def _decode_interface(raw: Any, path: str, errs: _Errors) -> InterfaceConfig | N
     return InterfaceConfig(
         name=_decode_ifname(obj.get("name"), f"{path}.name", errs),
         addresses=addresses,
-        mtu=_int(obj.get("mtu"), f"{path}.mtu", errs, MIN_MTU, MAX_MTU),
+        mtu=read_int(obj.get("mtu"), f"{path}.mtu", errs, MIN_MTU, MAX_MTU),
         hardware_addr=_decode_mac(obj.get("hardwareAddr"), f"{path}.hardwareAddr", errs),
     )
 
 
-def _decode_route(raw: Any, path: str, errs: _Errors) -> RouteConfig | None:
-    obj = _object(raw, path, ["destination", "gateway", "source", "scope", "table"], errs)
+def _decode_route(raw: Any, path: str, errs: FieldErrors) -> RouteConfig | None:
+    obj = read_object(raw, path, ["destination", "gateway", "source", "scope", "table"], errs)
     if obj is None:
         return None
     before = len(errs.items)
-    dest_text = _str(obj.get("destination"), f"{path}.destination", errs)
+    dest_text = read_str(obj.get("destination"), f"{path}.destination", errs)
     dest = None
     if obj.get("destination") is None:
         errs.add(f"{path}.destination", "is required (a CIDR, e.g. 10.0.0.0/8 or 0.0.0.0/0)")
@@ -376,8 +263,8 @@ def _decode_route(raw: Any, path: str, errs: _Errors) -> RouteConfig | None:
             dest = ipaddress.ip_network(dest_text, strict=True)
         except ValueError as exc:
             errs.add(f"{path}.destination", f"{dest_text!r} is not a network CIDR ({exc})")
-    gateway = _ip(obj.get("gateway"), f"{path}.gateway", errs)
-    source = _ip(obj.get("source"), f"{path}.source", errs)
+    gateway = read_ip(obj.get("gateway"), f"{path}.gateway", errs)
+    source = read_ip(obj.get("source"), f"{path}.source", errs)
     scope_raw = obj.get("scope")
     scope: int | None = 0
     if isinstance(scope_raw, str):
@@ -385,11 +272,11 @@ def _decode_route(raw: Any, path: str, errs: _Errors) -> RouteConfig | None:
         if scope is None:
             errs.add(f"{path}.scope", f"{scope_raw!r} is not a supported scope (universe, link, 0, 253)")
     elif scope_raw is not None:
-        scope = _int(scope_raw, f"{path}.scope", errs, 0, 255)
+        scope = read_int(scope_raw, f"{path}.scope", errs, 0, 255)
         if scope is not None and scope not in SCOPES.values():
             errs.add(f"{path}.scope", f"{scope} is not a supported scope (0 universe or 253 link)")
             scope = None
-    table = _int(obj.get("table"), f"{path}.table", errs, 0, MAX_ROUTE_TABLE)
+    table = read_int(obj.get("table"), f"{path}.table", errs, 0, MAX_ROUTE_TABLE)
     if scope == 0 and gateway is None and obj.get("gateway") is None:
         errs.add(f"{path}.gateway", "is required for a universe-scope route (or set scope: link)")
     if dest is not None:
@@ -407,11 +294,11 @@ def _decode_route(raw: Any, path: str, errs: _Errors) -> RouteConfig | None:
     )
 
 
-def _decode_routes(raw: Any, path: str, errs: _Errors) -> tuple[RouteConfig, ...] | None:
+def _decode_routes(raw: Any, path: str, errs: FieldErrors) -> tuple[RouteConfig, ...] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        errs.add(path, f"must be an array of routes, got {_type_name(raw)}")
+        errs.add(path, f"must be an array of routes, got {json_type_name(raw)}")
         return None
     routes: list[RouteConfig] = []
     seen: set[tuple[str, int]] = set()
@@ -435,9 +322,9 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
     ``apiVersion`` and ``kind`` are optional (configs written for the Go reference driver have
     none), but when present must be ``dra.net/v1alpha1`` and ``NetworkConfig``.
     """
-    errs = _Errors()
+    errs = FieldErrors()
     allowed = ["apiVersion", "kind", "interface", "routes", "ethtool", "rdma", "numa"]
-    obj = _object(raw, path, allowed, errs)
+    obj = read_object(raw, path, allowed, errs)
     if obj is None:
         raise ConfigError.of(errs.items)
     version = obj.get("apiVersion")
@@ -452,22 +339,22 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
         interface = _decode_interface(obj["interface"], f"{path}.interface", errs)
     ethtool = None
     if obj.get("ethtool") is not None:
-        eobj = _object(obj["ethtool"], f"{path}.ethtool", ["features", "privateFlags"], errs)
+        eobj = read_object(obj["ethtool"], f"{path}.ethtool", ["features", "privateFlags"], errs)
         if eobj is not None:
             ethtool = EthtoolConfig(
-                features=_bool_map(eobj.get("features"), f"{path}.ethtool.features", errs),
-                private_flags=_bool_map(eobj.get("privateFlags"), f"{path}.ethtool.privateFlags", errs),
+                features=read_bool_map(eobj.get("features"), f"{path}.ethtool.features", errs),
+                private_flags=read_bool_map(eobj.get("privateFlags"), f"{path}.ethtool.privateFlags", errs),
             )
     rdma = None
     if obj.get("rdma") is not None:
-        robj = _object(obj["rdma"], f"{path}.rdma", ["injectEnv"], errs)
+        robj = read_object(obj["rdma"], f"{path}.rdma", ["injectEnv"], errs)
         if robj is not None:
-            rdma = RdmaConfig(inject_env=_bool(robj.get("injectEnv"), f"{path}.rdma.injectEnv", errs))
+            rdma = RdmaConfig(inject_env=read_bool(robj.get("injectEnv"), f"{path}.rdma.injectEnv", errs))
     numa = None
     if obj.get("numa") is not None:
-        nobj = _object(obj["numa"], f"{path}.numa", ["pin"], errs)
+        nobj = read_object(obj["numa"], f"{path}.numa", ["pin"], errs)
         if nobj is not None:
-            numa = NumaConfig(pin=_bool(nobj.get("pin"), f"{path}.numa.pin", errs))
+            numa = NumaConfig(pin=read_bool(nobj.get("pin"), f"{path}.numa.pin", errs))
     config = NetworkConfig(
         interface=interface,
         routes=_decode_routes(obj.get("routes"), f"{path}.routes", errs),
@@ -504,8 +391,11 @@ def _merge(base: Any, over: Any) -> Any:
     return over
 
 
-def _matches(requests: Any, request: str) -> bool:
-    """DRA: an empty list applies to all requests; "req" also covers subrequests "req/sub"."""
+def request_matches(requests: Any, request: str) -> bool:
+    """Whether a config's ``requests`` list covers ``request``.
+
+    DRA: an empty list applies to all requests; "req" also covers subrequests "req/sub".
+    """
     if not requests:
         return True
     if not isinstance(requests, list):
@@ -535,7 +425,7 @@ def configs_for_request(
         opaque = entry.get("opaque") or {}
         if not isinstance(opaque, dict) or opaque.get("driver") != driver:
             continue
-        if not _matches(entry.get("requests"), request):
+        if not request_matches(entry.get("requests"), request):
             continue
         try:
             result = merge(result, decode_config(opaque.get("parameters"), f"{base}[{i}].opaque.parameters"))
@@ -567,294 +457,3 @@ def stored_config(config: dict[str, Any] | None) -> NetworkConfig:
             result = merge(result, decode_config(params if params is not None else {}, f"config.opaque[{i}]"))
         return result
     return decode_config(config, "config")
-
-
-# -- claim-level validation -------------------------------------------------------------------
-
-
-def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
-    """Requests (and subrequests) that may allocate several devices -> why."""
-    out: dict[str, str] = {}
-    for req in devices.get("requests") or []:
-        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
-            continue
-        subs = [(req["name"], req.get("exactly"))] if req.get("exactly") else [
-            (f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)
-        ]
-        for name, spec in subs:
-            if not isinstance(spec, dict):
-                continue
-            if spec.get("allocationMode") == "All":
-                out[name] = "allocationMode All"
-            elif isinstance(spec.get("count"), int) and spec["count"] > 1:
-                out[name] = f"count {spec['count']}"
-    return out
-
-
-def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
-    """Validate the ``dra.net`` configs of a ResourceClaim spec (or a template's ``spec.spec``).
-
-    Returns one :class:`ConfigError` per problem (empty when valid). Configs for other
-    drivers are ignored. Besides decoding, it refuses per-device settings (interface name,
-    addresses, MAC) on a request that can allocate several devices: every NIC would get the
-    same name or address in the pod and the second one would fail at pod start.
-    """
-    if not isinstance(spec, dict):
-        return [ConfigError(path, f"must be an object, got {_type_name(spec)}")]
-    devices = spec.get("devices")
-    if not isinstance(devices, dict):
-        return []
-    configs = devices.get("config")
-    if not isinstance(configs, list):
-        return []
-    multi = _multi_device_requests(devices)
-    problems: list[ConfigError] = []
-    for i, entry in enumerate(configs):
-        if not isinstance(entry, dict):
-            continue
-        opaque = entry.get("opaque")
-        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
-            continue
-        ppath = f"{path}.devices.config[{i}].opaque.parameters"
-        try:
-            config = decode_config(opaque.get("parameters"), ppath)
-        except ConfigError as exc:
-            problems.extend(ConfigError(e.path, e.reason) for e in exc.errors)
-            continue
-        problems.extend(_per_device_conflicts(config, entry.get("requests"), multi, ppath))
-    return problems
-
-
-def _per_device_conflicts(
-    config: NetworkConfig, requests: Any, multi: dict[str, str], ppath: str
-) -> list[ConfigError]:
-    iface = config.interface
-    if iface is None:
-        return []
-    targets = [r for r in multi if _matches(requests, r)]
-    if not targets:
-        return []
-    out = []
-    for fname, value in (("name", iface.name), ("addresses", iface.addresses), ("hardwareAddr", iface.hardware_addr)):
-        if value:
-            req = targets[0]
-            out.append(ConfigError(
-                f"{ppath}.interface.{fname}",
-                f"applies to request {req!r} ({multi[req]}), which can allocate several NICs; "
-                "each would get the same value and pod start would fail (use one request per NIC)",
-            ))
-    return out
-
-
-# -- container adjustments for the NRI hooks --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CpusetPlan:
-    """cpuset for a container pinned to one NUMA node (``linux.resources.cpu``)."""
-
-    numa_node: int
-    cpus: str  # the node's cpulist, e.g. "0-23,48-71"
-    mems: str  # the node number, e.g. "0"
-
-
-def container_env(devices: Iterable[tuple[dict[str, Any], str | None]]) -> dict[str, str]:
-    """Environment for containers consuming the given devices.
-
-    ``devices``: ``(PreparedDevice.config, RDMA device name or None)`` per allocated device
-    (``PreparedDevice.snapshot.host.rdma_device``); see :func:`stored_config`.
-    Returns ``NCCL_IB_HCA="=mlx5_0,mlx5_1"`` (a leading ``=`` is NCCL's exact-match form, so
-    ``mlx5_1`` does not also select ``mlx5_10``) and ``DRANET_RDMA_DEVICES="mlx5_0,mlx5_1"``;
-    empty when no device has RDMA or every RDMA device has ``rdma.injectEnv: false``.
-    """
-    hcas: list[str] = []
-    for params, rdma_device in devices:
-        if not rdma_device:
-            continue
-        config = stored_config(params)
-        if config.rdma_env_enabled and rdma_device not in hcas:
-            hcas.append(rdma_device)
-    if not hcas:
-        return {}
-    hcas.sort()
-    return {"NCCL_IB_HCA": "=" + ",".join(hcas), "DRANET_RDMA_DEVICES": ",".join(hcas)}
-
-
-def numa_pin_node(devices: Iterable[tuple[dict[str, Any], int | None, str]], path: str = "numa.pin") -> int | None:
-    """The NUMA node to pin to, or None when no device asks for pinning.
-
-    ``devices``: ``(PreparedDevice.config, NUMA node or None, device name)``. Raises
-    :class:`ConfigError` when pinning is asked for and the NICs span several NUMA nodes or a
-    NIC's node is unknown. prepare calls it to refuse the claim early; the NRI hooks again.
-    """
-    wanted = False
-    nodes: dict[int, list[str]] = {}
-    unknown: list[str] = []
-    for params, node, name in devices:
-        config = stored_config(params)
-        wanted = wanted or config.numa_pin
-        if node is None or node < 0:
-            unknown.append(name)
-        else:
-            nodes.setdefault(node, []).append(name)
-    if not wanted:
-        return None
-    if unknown:
-        raise ConfigError(path, f"cannot pin: the NUMA node of {', '.join(sorted(unknown))} is unknown")
-    if len(nodes) != 1:
-        spans = "; ".join(f"node {n}: {', '.join(sorted(d))}" for n, d in sorted(nodes.items()))
-        raise ConfigError(path, f"cannot pin to one NUMA node: the claim's NICs span several ({spans})")
-    return next(iter(nodes))
-
-
-def parse_cpulist(text: str) -> set[int]:
-    """``"0-3,8,10-11"`` -> {0,1,2,3,8,10,11} (the kernel's cpulist format)."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """{0,1,2,3,8} -> ``"0-3,8"``."""
-    out: list[str] = []
-    ordered = sorted(set(cpus))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-def cpuset_for(numa_node: int, sysfs_root: str = "/sys", requested: str | None = None) -> CpusetPlan:
-    """The cpuset pinning a container to ``numa_node``.
-
-    CPUs come from ``<sysfs>/devices/system/node/node<N>/cpulist``. ``requested`` is the
-    cpuset the kubelet asked for in CreateContainer (``linux.resources.cpu.cpus``), if any. We
-    only narrow it and never widen it: the result is the intersection, so CPUs the kubelet's
-    static CPU manager gave another container exclusively are never added. An empty intersection
-    raises :class:`ConfigError`. That happens when the kubelet gave this container exclusive CPUs
-    on another node, and then the container must not be pinned.
-    """
-    cpulist = Path(sysfs_root, "devices/system/node", f"node{numa_node}", "cpulist")
-    node_cpus = parse_cpulist(cpulist.read_text())
-    if not node_cpus:
-        raise ConfigError("numa.pin", f"NUMA node {numa_node} has no CPUs ({cpulist} is empty)")
-    cpus = node_cpus
-    if requested and requested.strip():
-        cpus = node_cpus & parse_cpulist(requested)
-        if not cpus:
-            raise ConfigError("numa.pin", f"the container's CPUs ({requested}) are all outside NUMA node "
-                                          f"{numa_node} ({format_cpulist(node_cpus)}); not pinning")
-    return CpusetPlan(numa_node=numa_node, cpus=format_cpulist(cpus), mems=str(numa_node))
-
-
-@dataclass(frozen=True)
-class ContainerSettings:
-    """What the NRI CreateContainer adjustment adds for a container's dra.net devices."""
-
-    env: dict[str, str] = field(default_factory=dict)
-    cpuset: CpusetPlan | None = None
-    skipped_pin: str | None = None  # why numa.pin was asked for and not applied (for the log)
-
-
-def container_settings(devices: Sequence[Any], sysfs_root: str = "/sys",
-                       requested_cpus: str | None = None) -> ContainerSettings:
-    """Env and cpuset for a container consuming ``devices`` (``checkpoint.PreparedDevice``).
-
-    ``requested_cpus`` is the container's cpuset in the CreateContainer request
-    (``container.linux.resources.cpu.cpus``). Pinning problems never fail the container: prepare
-    already refused claims whose NICs span NUMA nodes, so what is left here (an empty
-    intersection with the kubelet's exclusive CPUs, a missing cpulist) is reported in
-    ``skipped_pin`` and the container runs unpinned.
-    """
-    env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices)
-    cpuset, skipped = None, None
-    try:
-        node = numa_pin_node(
-            ((d.config, device_numa_node(d), d.device) for d in devices), "numa.pin")
-        if node is not None:
-            cpuset = cpuset_for(node, sysfs_root, requested_cpus)
-    except ConfigError as exc:
-        skipped = str(exc)
-    except OSError as exc:
-        skipped = f"numa.pin: cannot read the NUMA node's CPUs: {exc}"
-    return ContainerSettings(env=env, cpuset=cpuset, skipped_pin=skipped)
-
-
-def device_numa_node(device: Any) -> int | None:
-    """The NUMA node of a ``PreparedDevice`` (its published attribute, else the host fact)."""
-    attr = device.snapshot.attributes.get(f"{DRIVER_NAME}/numaNode")
-    if isinstance(attr, int) and not isinstance(attr, bool):
-        return attr
-    return device.snapshot.host.numa_node
-
-
-# -- dranet validate --------------------------------------------------------------------------
-
-_CLAIM_KINDS = {"ResourceClaim": "spec", "ResourceClaimTemplate": "spec.spec"}
-
-
-def validate_object(obj: Any) -> list[ConfigError]:
-    """Validate one manifest; objects other than ResourceClaim(Template) are accepted as is."""
-    if not isinstance(obj, dict):
-        return [ConfigError("(document)", f"must be an object, got {_type_name(obj)}")]
-    kind = obj.get("kind")
-    if kind not in _CLAIM_KINDS:
-        return []
-    spec = obj.get("spec")
-    if kind == "ResourceClaimTemplate":
-        spec = spec.get("spec") if isinstance(spec, dict) else None
-    if spec is None:
-        return []
-    return validate_claim_spec(spec, _CLAIM_KINDS[kind])
-
-
-def validate_file(path: str) -> list[str]:
-    """``file:doc: path: reason`` lines for every problem in a multi-document YAML file."""
-    import yaml  # imported here: only the CLI needs it
-
-    try:
-        text = Path(path).read_text() if path != "-" else sys.stdin.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        return [f"{path}:0: (file): cannot read: {exc}"]
-    lines: list[str] = []
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        return [f"{path}:0: (file): invalid YAML: {' '.join(str(exc).split())}"]
-    for n, doc in enumerate(docs, start=1):
-        if doc is None:
-            continue  # an empty document ("---" at the end) is not an error
-        for error in validate_object(doc):
-            lines.extend(f"{path}:{n}: {e.path}: {e.reason}" for e in error.errors)
-    return lines
-
-
-def cli_validate(args: argparse.Namespace) -> int:
-    """``dranet validate FILE...``: print every problem; exit 1 if any, else 0."""
-    failed = False
-    for path in args.files:
-        for line in validate_file(path):
-            failed = True
-            print(line)
-    return 1 if failed else 0
-
-
-def errors_as_json(errors: Sequence[ConfigError]) -> list[dict[str, str]]:
-    """Errors as ``[{"path": ..., "reason": ...}]`` (for logs and events)."""
-    return [{"path": e.path, "reason": e.reason} for err in errors for e in err.errors]
-
-
-__all__ = [
-    "API_VERSION", "KIND", "ConfigError", "FieldError", "NetworkConfig", "InterfaceConfig", "RouteConfig",
-    "EthtoolConfig", "RdmaConfig", "NumaConfig", "CpusetPlan", "decode_config", "merge", "configs_for_request",
-    "validate_claim_spec", "validate_object", "validate_file", "cli_validate", "container_env", "numa_pin_node", "device_numa_node",
-    "cpuset_for", "ContainerSettings", "container_settings", "parse_cpulist", "format_cpulist", "errors_as_json", "prepare_decoder", "stored_config",
-]

@@ -19,7 +19,7 @@ from driver.config import DEFAULT_FILTER, DriverConfig
 HANDLERS: dict[str, str] = {
     "run": "driver.daemon:cli_run",
     "discover": "driver.discovery_cli:cli_discover",
-    "validate": "driver.claim_config:cli_validate",
+    "validate": "driver.claim_validation:cli_validate",
     "webhook": "driver.webhook:cli_webhook",
     "topology": "driver.topology:cli_topology",
     "templates": "driver.topology:cli_templates",

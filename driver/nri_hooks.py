@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from driver import netns_ops
-from driver.claim_config import (ContainerSettings, InterfaceConfig, RouteConfig, container_settings,
-                                 stored_config)
+from driver.claim_config import InterfaceConfig, RouteConfig, stored_config
+from driver.container_settings import ContainerSettings, container_settings
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
-from driver.claim_config import ConfigError, device_numa_node, numa_pin_node
+from driver.claim_config import ConfigError
+from driver.container_settings import device_numa_node, numa_pin_node
 from driver.kube import KubeClient, KubeError
 from driver.model import Device
 

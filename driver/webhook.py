@@ -2,7 +2,7 @@
 
 It validates ResourceClaims and ResourceClaimTemplates (``resource.k8s.io/v1``) on CREATE and
 UPDATE with the same validator as NodePrepareResources and ``dranet validate``
-(:func:`driver.claim_config.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
+(:func:`driver.claim_validation.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
 are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 
 kopf runs with the smallest footprint it allows: standalone (no peering objects), cluster
@@ -33,7 +33,7 @@ from typing import Any
 
 import kopf
 
-from driver.claim_config import validate_claim_spec
+from driver.claim_validation import validate_claim_spec
 
 log = logging.getLogger(__name__)
 

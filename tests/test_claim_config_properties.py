@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.claim_config import ConfigError, NetworkConfig, configs_for_request, decode_config, validate_claim_spec
+from driver.claim_config import ConfigError, NetworkConfig, configs_for_request, decode_config
+from driver.claim_validation import validate_claim_spec
+from driver.container_settings import format_cpulist, parse_cpulist
 
 P = "spec.devices.config[0].opaque.parameters"
 
@@ -79,6 +81,4 @@ def test_claim_level_functions_never_crash(spec, params):
 
 @given(st.sets(st.integers(0, 511), max_size=64))
 def test_cpulist_format_parse_round_trip(cpus):
-    from driver.claim_config import format_cpulist, parse_cpulist
-
     assert parse_cpulist(format_cpulist(cpus)) == cpus
