@@ -1,7 +1,8 @@
 """Generate Python protobuf/gRPC stubs for every driver/proto/*.proto.
 
-Run ``make protos`` after editing a .proto file. The generated ``*_pb2.py`` and
-``*_pb2_grpc.py`` files are committed; tests/test_protos.py regenerates them
+Run ``make protos`` after editing a .proto file. The generated ``*_pb2.py``,
+``*_pb2.pyi`` (type stubs, so type checkers see the message classes and their fields)
+and ``*_pb2_grpc.py`` files are committed; tests/test_protos.py regenerates them
 into a temp dir and fails if the committed ones differ.
 """
 
@@ -24,10 +25,10 @@ def generate(out_dir: Path) -> list[Path]:
     include = str(Path(protoc.__file__).parent / "_proto")
     for proto in protos:
         rc = protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out_dir}",
-                          f"--grpc_python_out={out_dir}", str(proto)])
+                          f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", str(proto)])
         if rc != 0:
             raise SystemExit(f"protoc failed for {proto.name}")
-    written = sorted(out_dir.glob("*_pb2*.py"))
+    written = sorted(p for p in out_dir.glob("*_pb2*") if p.suffix in (".py", ".pyi"))
     for path in written:
         # protoc emits absolute imports ("import x_pb2"); make them package-relative.
         text = re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", path.read_text(), flags=re.M)

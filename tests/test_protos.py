@@ -17,8 +17,10 @@ OUR_PROTOS = ["pluginregistration", "dra_v1", "dra_v1beta1", "dra_health_v1alpha
 
 def test_committed_stubs_match_regenerated(tmp_path: Path) -> None:
     generated = {p.name: p for p in gen_protos.generate(tmp_path / "out")}
-    for stem in OUR_PROTOS:
-        for suffix in ("_pb2.py", "_pb2_grpc.py"):
+    stems = sorted(p.stem for p in gen_protos.PROTO_DIR.glob("*.proto"))
+    assert set(OUR_PROTOS) <= set(stems)
+    for stem in stems:
+        for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
             name = stem + suffix
             committed = gen_protos.PROTO_DIR / name
             assert name in generated, f"{name} was not generated"
