@@ -28,7 +28,8 @@ import time
 from pyroute2 import IPRoute
 
 from driver.checkpoint import CheckpointStore
-from driver.netns_ops import Namespaces, Rtnl, _newlink
+from driver.netns_ops import Namespaces
+from driver.rtnl import Rtnl, newlink
 from driver.nri_hooks import NRIHooks
 from driver.proto import nri_v1alpha1_pb2 as api
 
@@ -158,10 +159,10 @@ def bench_hooks(nics: int, runs: int, state_root: str) -> dict[str, list[float]]
                 t5 = time.perf_counter()
                 # Same moves as raw single RTM_NEWLINKs (the floor: kernel time only).
                 for idx in indexes:
-                    ns.host_rtnl().run([_newlink("bench", idx, ns_fd=pod_fd)])
+                    ns.host_rtnl().run([newlink("bench", idx, ns_fd=pod_fd)])
                 t6 = time.perf_counter()
                 for idx in indexes:
-                    pod_rtnl.run([_newlink("bench", idx, ns_fd=ns.host_fd)])
+                    pod_rtnl.run([newlink("bench", idx, ns_fd=ns.host_fd)])
                 t7 = time.perf_counter()
             for n in range(nics):
                 fx.configure(n)  # untimed: the next hook must see a configured host NIC
