@@ -42,12 +42,20 @@ MAX_MESSAGE = 32768
 
 
 class DeviceResultLike(Protocol):
-    """What the NRI hooks report per device after moving it into the pod."""
+    """What the NRI hooks report per device after moving it into the pod.
 
-    device: str
-    interface_name: str
-    ips: list[str]
-    hardware_address: str | None
+    Read-only members, so a result type whose ``hardware_address`` is a plain ``str`` (the NRI
+    hooks' own) fits as well as ours with ``str | None``.
+    """
+
+    @property
+    def device(self) -> str: ...
+    @property
+    def interface_name(self) -> str: ...
+    @property
+    def ips(self) -> Sequence[str]: ...
+    @property
+    def hardware_address(self) -> str | None: ...
 
 
 @dataclass
@@ -259,8 +267,10 @@ class ClaimStatusWriter:
     def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[str, Any]:
         # lastTransitionTime changes only when the status does (metav1.Condition semantics).
         out = {k: cond[k] for k in ("type", "status", "reason", "message")}
-        same = old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime")
-        out["lastTransitionTime"] = old["lastTransitionTime"] if same else now
+        if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
+            out["lastTransitionTime"] = old["lastTransitionTime"]
+        else:
+            out["lastTransitionTime"] = now
         return out
 
     @staticmethod

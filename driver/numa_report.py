@@ -83,7 +83,7 @@ def _slice_attributes(slices: Iterable[dict[str, Any]]) -> dict[tuple[str, str, 
     index: dict[tuple[str, str, str], dict[str, Any]] = {}
     for rs in slices:
         spec = rs.get("spec") or {}
-        driver, pool = spec.get("driver"), (spec.get("pool") or {}).get("name")
+        driver, pool = str(spec.get("driver") or ""), str((spec.get("pool") or {}).get("name") or "")
         for dev in spec.get("devices") or []:
             attrs = {}
             for name, encoded in (dev.get("attributes") or {}).items():
@@ -91,7 +91,7 @@ def _slice_attributes(slices: Iterable[dict[str, Any]]) -> dict[tuple[str, str, 
                     attrs[name] = attribute_from_api(encoded)
                 except (ValueError, TypeError):
                     continue
-            index[(driver, pool, dev.get("name"))] = attrs
+            index[(driver, pool, str(dev.get("name") or ""))] = attrs
     return index
 
 
@@ -108,7 +108,7 @@ def other_devices(
     index = _slice_attributes(slices)
     out = []
     for res in results:
-        driver, pool, device = res.get("driver"), res.get("pool"), res.get("device")
+        driver, pool, device = (str(res.get(k) or "") for k in ("driver", "pool", "device"))
         if driver == own_driver or not driver:
             continue
         attrs = index.get((driver, pool, device))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from driver.claim_validation import validate_claim_spec
@@ -101,9 +102,12 @@ class AnyPathWebhookServer(kopf.WebhookServer):
     """
 
     @staticmethod
-    async def _serve(fn: Any, request: Any) -> Any:
-        async def by_resource(data: Any, *, webhook: Any = None, **kwargs: Any) -> Any:
-            return await fn(data, webhook=None, **kwargs)
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        # kopf.WebhookFn's signature; kopf does not export its Request/Response types.
+        async def by_resource(request: Any, *, webhook: str | None = None,
+                              headers: dict[str, str] | None = None,
+                              sslpeer: dict[str, Any] | None = None) -> Any:
+            return await fn(request, webhook=None, headers=headers, sslpeer=sslpeer)
 
         return await kopf.WebhookServer._serve(by_resource, request)
 

@@ -32,6 +32,10 @@ def generate(out_dir: Path) -> list[Path]:
     for path in written:
         # protoc emits absolute imports ("import x_pb2"); make them package-relative.
         text = re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", path.read_text(), flags=re.M)
+        if path.suffix == ".pyi":
+            # NRI's enum Field has a value named None: protoc writes "None: Field", which is not
+            # Python and stops type checkers. Keep it as a comment; the value is Field.Value("None").
+            text = re.sub(r"^(\s*)(None: .*)$", r'\1# \2  (a Python keyword: use Value("None"))', text, flags=re.M)
         path.write_text(text)
     return written
 

@@ -80,7 +80,7 @@ class MpolFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 
 class Field(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    None: _ClassVar[Field]
+    # None: _ClassVar[Field]  (a Python keyword: use Value("None"))
     Annotations: _ClassVar[Field]
     Mounts: _ClassVar[Field]
     OciHooks: _ClassVar[Field]
@@ -171,7 +171,7 @@ MPOL_WEIGHTED_INTERLEAVE: MpolMode
 MPOL_F_STATIC_NODES: MpolFlag
 MPOL_F_RELATIVE_NODES: MpolFlag
 MPOL_F_NUMA_BALANCING: MpolFlag
-None: Field
+# None: Field  (a Python keyword: use Value("None"))
 Annotations: Field
 Mounts: Field
 OciHooks: Field
