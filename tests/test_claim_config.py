@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from driver.claim_config import ConfigError, NetworkConfig, configs_for_request, decode_config
+from tests.support.claims import allocation_config
 
 P = "spec.devices.config[1].opaque.parameters"
 
@@ -77,19 +78,13 @@ def test_all_errors_are_reported_at_once():
     assert set(errors) == {f"{P}.interface.name", f"{P}.interface.mtu", f"{P}.rules"}
 
 
-def _cfg(params, requests=None, source="FromClaim", driver="dra.net"):
-    entry = {"source": source, "opaque": {"driver": driver, "parameters": params}}
-    if requests is not None:
-        entry["requests"] = requests
-    return entry
-
-
 def test_configs_merge_class_first_then_claim_field_by_field():
     configs = [
-        _cfg({"interface": {"mtu": 9000}, "ethtool": {"features": {"a": True}}}, requests=["nic"]),
-        _cfg({"interface": {"mtu": 1500, "name": "cls0"}, "ethtool": {"features": {"b": True}}}, source="FromClass"),
-        _cfg({"interface": {"name": "other"}}, requests=["gpu"]),
-        _cfg({"interface": {"mtu": "bad"}}, driver="gpu.nvidia.com"),  # other driver: ignored
+        allocation_config({"interface": {"mtu": 9000}, "ethtool": {"features": {"a": True}}}, requests=["nic"]),
+        allocation_config({"interface": {"mtu": 1500, "name": "cls0"}, "ethtool": {"features": {"b": True}}},
+                          source="FromClass"),
+        allocation_config({"interface": {"name": "other"}}, requests=["gpu"]),
+        allocation_config({"interface": {"mtu": "bad"}}, driver="gpu.nvidia.com"),  # other driver: ignored
     ]
     config = configs_for_request(configs, "nic")
     # claim config (later) overrides mtu; the class config's name survives; maps merge key by key.
@@ -99,12 +94,12 @@ def test_configs_merge_class_first_then_claim_field_by_field():
 
 
 def test_config_for_request_applies_to_subrequests():
-    configs = [_cfg({"interface": {"mtu": 4000}}, requests=["nic"])]
+    configs = [allocation_config({"interface": {"mtu": 4000}}, requests=["nic"])]
     assert configs_for_request(configs, "nic/fast").interface.mtu == 4000
     assert configs_for_request(configs, "other").interface is None
 
 
 def test_configs_for_request_errors_name_allocation_path():
     with pytest.raises(ConfigError) as info:
-        configs_for_request([_cfg({}), _cfg({"interface": {"mtu": 1}})], "nic")
+        configs_for_request([allocation_config({}), allocation_config({"interface": {"mtu": 1}})], "nic")
     assert info.value.path == "status.allocation.devices.config[1].opaque.parameters.interface.mtu"

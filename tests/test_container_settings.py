@@ -11,13 +11,7 @@ from driver.claim_config import ConfigError, prepare_decoder, stored_config
 from driver.container_settings import (container_env, container_settings, cpuset_for, format_cpulist,
                                        numa_pin_node, parse_cpulist)
 from driver.model import Device, HostFacts
-
-
-def _cfg(params, requests=None, source="FromClaim", driver="dra.net"):
-    entry = {"source": source, "opaque": {"driver": driver, "parameters": params}}
-    if requests is not None:
-        entry["requests"] = requests
-    return entry
+from tests.support.claims import allocation_config
 
 
 def test_container_env_exact_match_and_opt_out():
@@ -59,8 +53,8 @@ def test_cpulist_round_trip():
 
 
 def test_prepare_decoder_output_is_what_the_helpers_read():
-    configs = [_cfg({"rdma": {"injectEnv": False}}, source="FromClass"),
-               _cfg({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
+    configs = [allocation_config({"rdma": {"injectEnv": False}}, source="FromClass"),
+               allocation_config({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
     stored = prepare_decoder(configs, "nic", "nic/fast", "dra.net")
     assert list(stored) == ["opaque"] and len(stored["opaque"]) == 1
     config = stored_config(stored)
@@ -70,9 +64,8 @@ def test_prepare_decoder_output_is_what_the_helpers_read():
     # prepare's own (unvalidated) shape with several parameter objects is merged in order too.
     assert stored_config({"opaque": [{"interface": {"mtu": 1500}}, {"interface": {"mtu": 4000}}]}).interface.mtu == 4000
     with pytest.raises(ConfigError) as info:
-        prepare_decoder([_cfg({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
+        prepare_decoder([allocation_config({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
     assert info.value.path == "status.allocation.devices.config[0].opaque.parameters.interface.mtu"
-
 
 
 def _prepared(name, numa, rdma, config):
@@ -85,7 +78,7 @@ def test_container_settings_env_and_cpuset(tmp_path: Path):
         d = tmp_path / f"devices/system/node/node{n}"
         d.mkdir(parents=True)
         (d / "cpulist").write_text(cpus)
-    pin = prepare_decoder([_cfg({"numa": {"pin": True}})], "nic", "nic", "dra.net")
+    pin = prepare_decoder([allocation_config({"numa": {"pin": True}})], "nic", "nic", "dra.net")
     devs = [_prepared("a", 1, "mlx5_4", pin), _prepared("b", 1, "mlx5_5", pin)]
     out = container_settings(devs, str(tmp_path), requested_cpus="0-95")
     assert out.env == {"NCCL_IB_HCA": "=mlx5_4,mlx5_5", "DRANET_RDMA_DEVICES": "mlx5_4,mlx5_5"}

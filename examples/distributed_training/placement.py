@@ -1,7 +1,9 @@
 """Where one training rank runs: its GPU's NUMA node (CPUs and memory) and the HCAs NCCL uses.
 
-Standard library only (it ships in the benchmark ConfigMap and runs in any training image), so
-the cpulist parser here is a deliberate copy of what the driver does on the host side.
+Standard library only (it ships in the benchmark ConfigMap and runs in any training image,
+where the driver is not installed), so the cpulist parser here is a deliberate copy of
+``driver.container_settings.parse_cpulist`` (this one returns a sorted list and rejects
+reversed ranges).
 
 Rules (seed 004): a device ``numa_node`` of ``-1`` means the firmware did not say, so the rank
 runs unbound rather than mis-bound; binding is skipped on single-NUMA machines, where there is
