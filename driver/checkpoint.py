@@ -89,6 +89,9 @@ class MovedDevice:
     rdma_moved: bool = False
     pod_mac: str | None = None  # MAC in the pod (configured or host MAC), to find it again
     host_up: bool = True  # whether the host link was up before the move (restored on return)
+    # ethtool settings changed in the pod: their host values (kernel names), restored on return.
+    host_features: dict[str, bool] = field(default_factory=dict)
+    host_private_flags: dict[str, bool] = field(default_factory=dict)
     step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
 
 

@@ -108,6 +108,24 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
+@contextlib.contextmanager
+def inside_netns(ns_fd: int, libc: ctypes.CDLL | None = None) -> Iterator[None]:
+    """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
+    libc = libc or _libc()
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(ns_fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into target netns failed")
+        try:
+            yield
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                # Staying in the pod netns would corrupt every later call: fail loudly.
+                raise OSError(ctypes.get_errno(), "setns back to own netns failed")
+    finally:
+        os.close(own)
+
+
 def _config_reqs(device: str, index: int, addresses: list[str], routes: list[Route], up: bool) -> list[Request]:
     """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
     reqs = [newaddr(device, index, a) for a in addresses]
@@ -130,27 +148,18 @@ class Namespaces:
         self._libc = _libc()
         self._local = threading.local()  # pyroute2 sockets are per thread
 
-    @contextlib.contextmanager
-    def _inside(self, ns_fd: int) -> Iterator[None]:
-        """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
-        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            if self._libc.setns(ns_fd, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns into target netns failed")
-            try:
-                yield
-            finally:
-                if self._libc.setns(own, CLONE_NEWNET) != 0:
-                    # Staying in the pod netns would corrupt every later call: fail loudly.
-                    raise OSError(ctypes.get_errno(), "setns back to own netns failed")
-        finally:
-            os.close(own)
+    def _inside(self, ns_fd: int) -> contextlib.AbstractContextManager[None]:
+        return inside_netns(ns_fd, self._libc)
+
+    def socket_in(self, ns_fd: int, proto: int) -> socket.socket:
+        """A raw netlink socket of protocol ``proto`` that lives in ``ns_fd``'s netns (caller closes it)."""
+        with self._inside(ns_fd):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
+        sock.bind((0, 0))
+        return sock
 
     def _rtnl_in(self, ns_fd: int) -> Rtnl:
-        with self._inside(ns_fd):
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
-        sock.bind((0, 0))
-        return Rtnl(sock)
+        return Rtnl(self.socket_in(ns_fd, socket.NETLINK_ROUTE))
 
     def host(self) -> IPRoute:
         """The (cached, per-thread) pyroute2 IPRoute in the host netns, for dumps."""

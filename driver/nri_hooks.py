@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from driver import netns_ops
+from driver import ethtool, netns_ops
 from driver.claim_config import InterfaceConfig, RouteConfig, stored_config
 from driver.container_settings import ContainerSettings, container_settings
 from driver.checkpoint import (
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 MAIN_TABLE = 254  # claim config table 0 means the main table
 
 FAULT_ENV = "DRANET_FAULT_AFTER"
-RUN_STEPS = ["run:planned", "run:moved-{i}", "run:configured", "run:committed"]
+RUN_STEPS = ["run:planned", "run:moved-{i}", "run:ethtool", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
 IN_POD = "in-pod"
 MOVING = "moving"
@@ -171,6 +171,7 @@ class NRIHooks:
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
         self.ns = Namespaces(host_netns)
+        self._ethtool: ethtool.Ethtool | None = None  # host side; opened for the first ethtool config
 
     # -- fault injection --------------------------------------------------------------------
     def _step(self, name: str) -> None:
@@ -179,6 +180,43 @@ class NRIHooks:
             os._exit(137)
 
     # -- helpers ----------------------------------------------------------------------------
+    def _host_ethtool(self) -> ethtool.Ethtool:
+        if self._ethtool is None:
+            self._ethtool = ethtool.Ethtool(self.ns.socket_in(self.ns.host_fd, ethtool.NETLINK_GENERIC))
+        return self._ethtool
+
+    def _ethtool_plans(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+                       ifnames: list[str]) -> dict[str, ethtool.EthtoolPlan]:
+        """Resolve each NIC's ``ethtool`` config on the host (before any move); device -> plan.
+
+        NICs without an ethtool section cost nothing here: no socket is opened.
+        """
+        plans = {}
+        for (_, d), name in zip(netdevs, ifnames):
+            cfg = stored_config(d.config).ethtool
+            if cfg is None or not (cfg.features or cfg.private_flags):
+                continue
+            try:
+                plans[d.device] = ethtool.plan(self._host_ethtool(), name, cfg.features, cfg.private_flags)
+            except (ethtool.EthtoolError, OSError) as exc:
+                msg = f"pod {pod.namespace}/{pod.name}: device {d.device}: ethtool failed: {exc}"
+                self._fail(pod, netdevs, d.device, "ethtool", msg)
+                raise HookError(msg) from exc
+        return plans
+
+    def _apply_ethtool(self, pod_fd: int, configs: dict[str, PodLinkConfig],
+                       plans: dict[str, ethtool.EthtoolPlan]) -> None:
+        """Set the planned features and private flags in the pod netns (before link up)."""
+        todo = {dev: p for dev, p in plans.items() if not p.empty()}
+        if not todo:
+            return
+        pod_eth = self._host_ethtool().sibling(self.ns.socket_in(pod_fd, ethtool.NETLINK_GENERIC))
+        try:
+            for dev, p in todo.items():
+                ethtool.apply(pod_eth, dev, configs[dev].ifname, p.features, p.private_flags)
+        finally:
+            pod_eth.close()
+
     def _netdevs(self, pod_uid: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
         claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
         return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
@@ -210,6 +248,7 @@ class NRIHooks:
             self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames)}
+        plans = self._ethtool_plans(pod, netdevs, ifnames)
         moved = []
         for (_, d), name in zip(netdevs, ifnames):
             st, cfg = states[name], configs[d.device]
@@ -219,7 +258,9 @@ class NRIHooks:
                 pci_address=d.snapshot.host.pci_address or st.pci_address, host_mtu=st.mtu,
                 host_mac=st.mac, host_addresses=st.addresses,
                 host_routes=[r.to_dict() for r in st.routes], rdma_device=d.snapshot.host.rdma_device,
-                pod_mac=cfg.mac or st.mac, step=MOVING))
+                pod_mac=cfg.mac or st.mac, step=MOVING,
+                host_features=dict(plans[d.device].original_features) if d.device in plans else {},
+                host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {}))
         state = PodNetState(pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name,
                             netns_path=netns, devices=moved)
 
@@ -236,6 +277,9 @@ class NRIHooks:
                     netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
                                         index=states[m.host_ifname].index)
                     self._step(f"run:moved-{i}")
+                step = "ethtool"
+                self._apply_ethtool(pod_fd, configs, plans)
+                self._step("run:ethtool")
                 step = "configure"
                 results = netns_ops.configure_pod_links(pod_rtnl, configs)
                 self._step("run:configured")
@@ -308,6 +352,10 @@ class NRIHooks:
                 how = netns_ops.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
                                             extra_macs=macs, sysfs_root=self.sysfs_root)
                 done.append(m.device)
+                if m.host_features or m.host_private_flags:
+                    # After the return, on the host: also right when the pod netns is gone.
+                    ethtool.apply(self._host_ethtool(), m.device, m.host_ifname, m.host_features,
+                                  m.host_private_flags, step="restore-ethtool")
                 log.info("NIC returned", extra={"kv": {"pod": pod_uid, "device": m.device,
                                                        "ifname": m.host_ifname, "found": how}})
             except (NetnsOpError, OSError) as exc:
