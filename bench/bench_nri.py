@@ -84,12 +84,14 @@ class Fixture:
         subprocess.run(["ip", "netns", "del", self.netns], capture_output=True, check=False)
 
 
-def _prepare(store: CheckpointStore, pod_uid: str, links: list[str]) -> None:
+def _prepare(store: CheckpointStore, pod_uid: str, links: list[str], ethtool: bool = False) -> None:
     from tests.plugins.nri import prepare_claim
     devices = []
     for i, link in enumerate(links):
         cfg = {"opaque": [{"interface": {"name": f"net{i + 1}", "addresses": [f"192.168.{i}.2/24"]},
                            "routes": [{"destination": f"172.{16 + i}.0.0/16", "gateway": f"192.168.{i}.1"}]}]}
+        if ethtool:  # two offloads changed in the pod, restored on return
+            cfg["opaque"][0]["ethtool"] = {"features": {"tx-checksum-ip-generic": False, "gro": True}}
         devices.append({"ifname": link, "config": cfg, "device": f"nic{i}"})
     prepare_claim(store, pod_uid, devices)
 
@@ -120,7 +122,7 @@ class MoveClock:
         Rtnl.run = self._orig  # type: ignore[method-assign]
 
 
-def bench_hooks(nics: int, runs: int, state_root: str) -> dict[str, list[float]]:
+def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) -> dict[str, list[float]]:
     """Alternate hook run/stop and bare moves in/out on the same NICs; times in ms."""
     fx = Fixture(nics)
     state_dir = tempfile.mkdtemp(prefix="dn-bench-", dir=state_root)
@@ -132,7 +134,7 @@ def bench_hooks(nics: int, runs: int, state_root: str) -> dict[str, list[float]]
     try:
         store = CheckpointStore(state_dir)
         pod_uid = f"bench-{secrets.token_hex(4)}"
-        _prepare(store, pod_uid, fx.links)
+        _prepare(store, pod_uid, fx.links, ethtool)
         hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
         pod = api.PodSandbox(id="sb", uid=pod_uid, name="bench", namespace="default")
         pod.linux.namespaces.add(type="network", path=fx.netns_path)
@@ -256,6 +258,8 @@ def main(argv: list[str]) -> int:
     for store_kind, root in (("tmpfs (/dev/shm)", "/dev/shm"), ("disk (/var/tmp)", "/var/tmp")):
         for nics in (1, 4):
             _report(nics, store_kind, bench_hooks(nics, args.runs, root))
+    for nics in (1, 4):  # claim config with an ethtool section: what applying + restoring costs
+        _report(nics, "tmpfs (/dev/shm), with ethtool.features", bench_hooks(nics, args.runs, "/dev/shm", True))
     if not args.no_round_trip:
         rt = bench_round_trip(max(args.runs, 200))
         if rt:

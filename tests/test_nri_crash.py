@@ -3,6 +3,7 @@
 DRANET_FAULT_AFTER=<step> makes the driver process ``os._exit(137)`` right after that step
 (driver/nri_hooks.py). The runtime side is the real containerd/nri adaptation (Go harness),
 which keeps the pod in its Synchronize list, so the restarted driver reconciles it.
+NIC 0 also gets ethtool features, so every step checks their host values come back too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from driver.checkpoint import CheckpointStore
 from driver.nri_hooks import RUN_STEPS, STOP_STEPS
+from tests.test_ethtool import ioctl_features
 from tests.plugins.nri import (
     DriverProcess,
     Harness,
@@ -41,11 +43,12 @@ def _setup(netns_factory, tmp_path: Path) -> tuple[str, str, list[str], dict]:
                                                       [f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254",
                                                        "table", str(500 + i)]], mtu=1400 + i)
         names.append(a)
-        before[a] = link_facts(a)
+        before[a] = {**link_facts(a), "features": ioctl_features(a)}
     pod_uid = f"uid-{secrets.token_hex(4)}"
-    # One NIC renamed with a new MAC and MTU, the other keeps its host identity.
+    # One NIC renamed with a new MAC, MTU and offloads, the other keeps its host identity.
     cfg = {"opaque": [{"interface": {"name": "net1", "mtu": 1300, "hardwareAddr": "02:aa:bb:cc:dd:01",
-                                     "addresses": ["192.168.50.2/24"]}}]}
+                                     "addresses": ["192.168.50.2/24"]},
+                       "ethtool": {"features": {"tx": False, "gro": True}}}]}
     prepare_claim(CheckpointStore(tmp_path), pod_uid,
                   [{"ifname": names[0], "config": cfg}, {"ifname": names[1]}])
     return pod_ns, pod_uid, names, before
@@ -62,7 +65,7 @@ def _restart(h: Harness, tmp_path: Path, procs: list[DriverProcess], syncs: int,
 
 def _assert_on_host(names: list[str], before: dict, pod_ns: str) -> None:
     for a in names:
-        assert link_facts(a) == before[a], f"{a} not restored"
+        assert {**link_facts(a), "features": ioctl_features(a)} == before[a], f"{a} not restored"
     assert link_facts("net1", netns=pod_ns) is None
 
 
@@ -81,6 +84,8 @@ def test_crash_during_run_pod_sandbox(step: str, nri_harness: Harness, netns_fac
         # The hook finished its work before dying: the NICs stay, fully configured, in the pod.
         net1 = link_facts("net1", netns=pod_ns)
         assert net1 is not None and net1["mac"] == "02:aa:bb:cc:dd:01" and net1["mtu"] == 1300
+        inside = ioctl_features("net1", pod_ns)
+        assert inside["rx-gro"] and not inside["tx-checksum-ip-generic"]
         assert link_facts(names[1], netns=pod_ns)["addresses"] == before[names[1]]["addresses"]
     else:
         _assert_on_host(names, before, pod_ns)

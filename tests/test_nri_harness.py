@@ -206,3 +206,52 @@ def test_create_container_injects_exact_hcas_and_numa_cpuset(nri_harness: Harnes
     adjust = res.get("adjust") or {}
     cpu = adjust.get("linux", {}).get("resources", {}).get("cpu", {})
     assert not adjust.get("env") and not cpu.get("cpus") and not cpu.get("mems")
+
+
+def test_ethtool_features_set_in_pod_and_restored_on_host(nri_harness: Harness, netns_factory, driver_procs,
+                                                          tmp_path: Path) -> None:
+    """claim config ethtool.features: applied inside the pod, host values back after StopPodSandbox."""
+    from tests.test_ethtool import ioctl_features  # SIOCETHTOOL: not the genetlink code under test
+
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    configure_host_nic(a, pa, "10.91.0.1/24", [])
+    before = ioctl_features(a)
+    assert before["tx-checksum-ip-generic"] and not before["rx-gro"]
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    cfg = {"opaque": [{"interface": {"name": "net1"},
+                       "ethtool": {"features": {"tx-checksum-ip-generic": False, "generic-receive-offload": True}}}]}
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-e", "config": cfg}])
+    del store
+    _start(nri_harness, tmp_path, driver_procs)
+    pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
+
+    assert nri_harness.cmd("run", pod=pod)["ok"]
+    inside = ioctl_features("net1", pod_ns)
+    assert not inside["tx-checksum-ip-generic"] and inside["rx-gro"]
+    assert link_facts("net1", netns=pod_ns)["up"]
+    moved = CheckpointStore(tmp_path).read(lambda s: s.pods[pod_uid].devices[0])
+    assert moved.host_features == {"tx-checksum-ip-generic": True, "rx-gro": False}  # write-ahead record
+
+    assert nri_harness.cmd("stop", pod=pod)["ok"]
+    assert ioctl_features(a) == before
+    assert link_facts(a)["addresses"] == ["10.91.0.1/24"]
+
+
+def test_unknown_ethtool_feature_fails_before_any_move(nri_harness: Harness, netns_factory, driver_procs,
+                                                       tmp_path: Path) -> None:
+    pod_ns = netns_factory.netns()
+    a, _ = netns_factory.veth()
+    before = link_facts(a)
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    cfg = {"opaque": [{"ethtool": {"features": {"rx-warp-drive": True}}}]}
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-u", "config": cfg}])
+    del store
+    _start(nri_harness, tmp_path, driver_procs)
+    res = nri_harness.cmd("run", pod=pod_json(pod_uid, f"/run/netns/{pod_ns}"))
+    assert not res["ok"]
+    assert "nic-u" in res["error"] and "ethtool" in res["error"] and "'rx-warp-drive'" in res["error"], res
+    assert link_facts(a) == before
+    assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
