@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.plugins.netns",    # throwaway network namespaces and veth pairs
     "tests.plugins.cluster",  # real etcd + kube-apiserver + scheduler + controller-manager
     "tests.plugins.nri",      # the NRI runtime-side harness
+    "tests.plugins.least_privilege",  # the chart's RBAC + node policy, a pod-bound driver token
 ]

@@ -1,0 +1,308 @@
+"""The driver under least privilege: the chart's own RBAC and node policy on the real control plane.
+
+:func:`least_privilege_identity` renders ``charts/dranet`` with real helm, creates its
+ServiceAccount, ClusterRole(+Binding), ValidatingAdmissionPolicy(+Binding) and DeviceClass, a
+stand-in DaemonSet pod bound to a fresh Node, and writes a kubeconfig whose token is bound to that
+pod (so it carries the node name the policy keys on). :class:`DranetRun` starts ``dranet run`` as
+a separate process with exactly that kubeconfig - never admin - so every API call the driver
+makes is checked against what the chart grants. :func:`forbidden_lines` finds any denial in the
+driver's log. Everything created is removed at teardown, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from devcluster.certs import kubeconfig_yaml
+from devcluster.controlplane import ControlPlane, free_port
+from driver.kube import RESOURCE_API, KubeClient, KubeError
+from tests.plugins.cluster import delete_node_and_slices
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "dranet"
+KUBE_VERSION = "1.34.0"
+# What the node daemon needs from the chart (the webhook is a separate component).
+DRIVER_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass")
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+# How an authorization or admission denial shows up in the driver's log (KubeError text is
+# "<status> <reason>: <message>", the apiserver's reason for both is "Forbidden").
+_DENIAL = re.compile(r"forbidden|\b403 [A-Z]|\bstatus\W{1,4}403\b|\"code\":\s*403", re.IGNORECASE)
+
+
+def render_chart(helm: str, release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
+    """``helm template`` of charts/dranet -> objects (``sets`` are ``--set`` arguments)."""
+    args = [helm, "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _collection(obj: dict[str, Any]) -> str:
+    api, kind = obj["apiVersion"], obj["kind"]
+    plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies", "DeviceClass": "deviceclasses",
+              "ServiceAccount": "serviceaccounts", "ResourceClaim": "resourceclaims",
+              "ResourceClaimTemplate": "resourceclaimtemplates"}.get(kind, kind.lower() + "s")
+    prefix = "/api/v1" if api == "v1" else f"/apis/{api}"
+    ns = (obj.get("metadata") or {}).get("namespace")
+    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+
+
+@dataclass
+class ApiObjects:
+    """Objects created with an admin client; :meth:`cleanup` deletes them newest first."""
+
+    kube: KubeClient
+    urls: list[str] = field(default_factory=list)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST ``obj`` and remember it for cleanup; returns the stored object."""
+        out = self.kube.request("POST", _collection(obj), obj)
+        self.urls.append(f"{_collection(obj)}/{obj['metadata']['name']}")
+        return out
+
+    def cleanup(self) -> None:
+        """Delete everything (grace 0: no kubelet will confirm a pod's end); ignores what is gone."""
+        errors = []
+        for url in reversed(self.urls):
+            try:
+                self.kube.request("DELETE", url, query={"gracePeriodSeconds": "0"})
+            except KubeError as exc:
+                if not exc.not_found:
+                    errors.append(f"{url}: {exc}")
+        self.urls.clear()
+        assert not errors, errors
+
+
+@dataclass
+class DriverIdentity:
+    """The node driver's identity as the chart installs it, with a pod-bound token."""
+
+    node: str
+    namespace: str        # release namespace: ServiceAccount and the stand-in driver pod
+    release: str
+    service_account: str
+    device_class: str     # the chart's DeviceClass (unique name per test)
+    pod: dict[str, Any]   # the stand-in DaemonSet pod (spec.nodeName = node)
+    kubeconfig: Path      # token of service_account bound to pod; NOT admin
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def client(self) -> KubeClient:
+        """A client with the driver's own token (for checks made as the driver)."""
+        return KubeClient.from_kubeconfig(str(self.kubeconfig))
+
+
+def request_pod_token(kube: KubeClient, namespace: str, sa: str, pod: dict[str, Any]) -> str:
+    """TokenRequest for ``sa`` bound to ``pod`` (the kubelet's projected token does the same)."""
+    spec = {"expirationSeconds": 3600,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
+                               "uid": pod["metadata"]["uid"]}}
+    tr = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+                      {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    return tr["status"]["token"]
+
+
+def _poll(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _wait_rbac(driver: KubeClient, node: str) -> None:
+    # The authorizer sees new bindings through an informer: without this wait the driver's
+    # first calls could be denied for reasons that have nothing to do with the chart.
+    def allowed() -> bool:
+        try:
+            driver.request("GET", f"/api/v1/nodes/{node}")
+            return True
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            return False
+    _poll(allowed, 30, "the chart's ClusterRoleBinding to take effect")
+
+
+def _wait_policy(kube: KubeClient, driver: KubeClient, node: str) -> None:
+    # Likewise the node policy: wait until it denies this token a slice of another node, so the
+    # driver provably runs under it (a slice written before that is removed by the admin).
+    other = f"absent-{secrets.token_hex(3)}"
+    name = f"{other}-probe"
+    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+            "spec": {"driver": "dra.net", "nodeName": other,
+                     "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": "probe"}]}}
+
+    def denied() -> bool:
+        try:
+            driver.request("POST", f"{RESOURCE_API}/resourceslices", body)
+        except KubeError as exc:
+            assert exc.status == 403, exc
+            assert f"spec.nodeName {node}" in exc.message, exc.message
+            return True
+        kube.request("DELETE", f"{RESOURCE_API}/resourceslices/{name}")
+        return False
+    _poll(denied, 30, "the chart's ValidatingAdmissionPolicy to take effect", interval=0.5)
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> str:
+    """helm from PATH or the build cache (built from its Go module on first use); skips if impossible."""
+    from devcluster import helm as helm_mod
+
+    path = helm_mod.existing()
+    if path:
+        return path
+    try:
+        return helm_mod.build()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no helm and could not build it: {exc}")
+
+
+@pytest.fixture
+def least_privilege_identity(control_plane: ControlPlane, helm_binary: str) -> Iterator[DriverIdentity]:
+    """A fresh Node and the chart's driver identity for it (see module doc); all removed after."""
+    kube = control_plane.kube()
+    tag = secrets.token_hex(3)
+    node, ns, release = f"lp-node-{tag}", f"dranet-lp-{tag}", f"dranet-lp-{tag}"
+    device_class = f"{release}.net"
+    objects = ApiObjects(kube)
+    workdir = Path(tempfile.mkdtemp(prefix="dn-lp-"))
+    try:
+        control_plane.create_node(node)
+        objects.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        docs = render_chart(helm_binary, release, ns, "webhook.enabled=false", f"deviceClass.name={device_class}")
+        for kind in DRIVER_KINDS:
+            for obj in (d for d in docs if d["kind"] == kind):
+                objects.create(obj)
+        sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
+        # Stands in for the DaemonSet pod on `node` (no kubelet runs it; tokens can bind to it).
+        pod = objects.create({"apiVersion": "v1", "kind": "Pod",
+                              "metadata": {"name": f"dranet-{tag}", "namespace": ns},
+                              "spec": {"serviceAccountName": sa, "nodeName": node,
+                                       "containers": [{"name": "dranet", "image": "dranet:test"}]}})
+        kubeconfig = workdir / "driver.kubeconfig"
+        kubeconfig.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt,
+                                              request_pod_token(kube, ns, sa, pod), name="dranet-driver"))
+        kubeconfig.chmod(0o600)
+        identity = DriverIdentity(node, ns, release, sa, device_class, pod, kubeconfig)
+        driver = identity.client()
+        _wait_rbac(driver, node)
+        _wait_policy(kube, driver, node)
+        yield identity
+    finally:
+        try:
+            delete_node_and_slices(kube, node)
+        finally:
+            try:
+                objects.cleanup()
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+@dataclass
+class DranetRun:
+    """``python -m driver run`` on the host's own /sys with NRI, as a separate process group."""
+
+    identity: DriverIdentity
+    nri_socket: str
+    filter: str
+    workdir: Path         # short (unix socket paths <= 108 bytes)
+    popen: subprocess.Popen[bytes] | None = None
+    port: int = 0
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.workdir / "kubelet"
+
+    @property
+    def registration_socket(self) -> str:
+        return str(self.kubelet_root / "plugins_registry" / "dra.net-reg.sock")
+
+    @property
+    def dra_socket(self) -> str:
+        return str(self.kubelet_root / "plugins" / "dra.net" / "dra.sock")
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "driver.log"
+
+    def start(self, timeout: float = 30.0) -> DranetRun:
+        """Start and wait for /healthz (first scan done, kubelet plugin serving)."""
+        (self.kubelet_root / "plugins" / "dra.net").mkdir(parents=True, exist_ok=True)
+        (self.kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        args = [sys.executable, "-m", "driver", "--log-format", "text", "--log-level", "info", "run",
+                "--node-name", self.identity.node, "--sysfs-root", "/sys",
+                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.workdir / "state"),
+                "--runtime-dir", str(self.workdir / "run"), "--kubeconfig", str(self.identity.kubeconfig),
+                "--nri-socket", self.nri_socket, "--filter", self.filter,
+                "--publish-interval", "0.5", "--bind-address", f"127.0.0.1:{self.port}"]
+        with open(self.log_path, "ab") as out:
+            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          cwd=ROOT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"dranet run exited with {self.popen.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"dranet run not healthy within {timeout}s:\n{self.log()[-3000:]}")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group (SIGKILL after ``timeout``); returns the exit code."""
+        p, self.popen = self.popen, None
+        if p is None:
+            return None
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+        return p.returncode
+
+    def log(self) -> str:
+        """Everything the driver logged so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def forbidden_lines(log: str) -> list[str]:
+    """Lines of a driver log that show an authorization or admission denial (403)."""
+    return [line for line in log.splitlines() if _DENIAL.search(line)]
