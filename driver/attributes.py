@@ -42,7 +42,8 @@ _RANK = {name: i for i, name in enumerate(PRIORITY)}
 
 def shorten(name: str, value: str, limit: int = MAX_ATTRIBUTE_VALUE_LENGTH) -> str:
     """``value`` cut to at most ``limit`` UTF-8 bytes (the apiserver counts bytes), safely."""
-    if len(value.encode()) <= limit:
+    # isascii() is O(1) in CPython: the common short ASCII value skips the encode.
+    if len(value) <= limit and (value.isascii() or len(value.encode()) <= limit):
         return value
     if name in LIST_ATTRIBUTES:
         kept: list[str] = []

@@ -212,11 +212,13 @@ class Scanner:
             out[D + "numaNode"] = numa
             out[S + "numaNode"] = numa
             host.numa_node = numa
-        total = sysfs.read_int(f"{base}/sriov_totalvfs")
+        physfn = sysfs.resolve(f"{base}/physfn")
+        # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
+        # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
+        total = None if physfn else sysfs.read_int(f"{base}/sriov_totalvfs")
         out[D + "sriov"] = bool(total)
         if total:
             out[D + "sriovVfs"] = sysfs.read_int(f"{base}/sriov_numvfs") or 0
-        physfn = sysfs.resolve(f"{base}/physfn")
         if physfn:
             out[D + "isSriovVf"] = True
             host.sriov_pf = os.path.basename(physfn)

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 """An extended PCI bus address (``dddd:bb:dd.f``), as sysfs spells it."""
 
+_UNSET: object = object()
+"""Memo sentinel: None is a valid memoised answer (missing file or link)."""
+
 PCIE_ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 """A PCI host bridge directory name (``pci0000:00``), the standard ``pcieRoot`` value."""
 
@@ -27,6 +30,8 @@ class SysfsReader:
     _files: dict[str, str | None] = field(default_factory=dict, repr=False)
     _links: dict[str, str | None] = field(default_factory=dict, repr=False)
     _dirs: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    _real_dirs: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _link_names: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.root = os.path.realpath(self.root)
@@ -37,41 +42,48 @@ class SysfsReader:
 
     def read(self, rel: str) -> str | None:
         """The stripped content of a file, or None when missing or unreadable (e.g. ``speed`` of a down link)."""
-        try:
-            return self._files[rel]
-        except KeyError:
-            pass
-        value: str | None
-        try:
-            # os.open/os.read: a third of the cost of open() for these tiny files.
-            # Open through the resolved directory: the kernel then walks no symlinks.
-            fd = os.open(self._fast_path(rel), os.O_RDONLY)
-            try:
-                value = os.read(fd, 65536).decode("utf-8", "replace").strip()
-            finally:
-                os.close(fd)
-        except OSError:
+        # dict.get with a sentinel: a KeyError raised per miss costs more than the lookup itself.
+        value = self._files.get(rel, _UNSET)
+        if value is not _UNSET:
+            return value  # type: ignore[return-value]
+        directory, _, name = rel.rpartition("/")
+        real_dir = self._real_dirs.get(directory, _UNSET)
+        if real_dir is _UNSET:
+            real_dir = self._real_dirs[directory] = self._fast_dir(directory)
+        if real_dir is None:
             value = None
+        else:
+            try:
+                # os.open/os.read: a third of the cost of open() for these tiny files.
+                fd = os.open(f"{real_dir}/{name}", os.O_RDONLY)
+                try:
+                    value = os.read(fd, 65536).decode("utf-8", "replace").strip()
+                finally:
+                    os.close(fd)
+            except OSError:
+                value = None
         self._files[rel] = value
         return value
 
-    def _fast_path(self, rel: str) -> str:
-        """``rel`` with its anchor link (``bus/pci/devices/<BDF>``, ``class/<cls>/<name>``) resolved.
+    def _fast_dir(self, rel_dir: str) -> str | None:
+        """Absolute path of directory ``rel_dir`` with its anchor link resolved; None when the anchor is missing.
 
-        Below the anchor sysfs has only real directories (plus links the kernel follows itself),
-        so one memoised readlink per device replaces a symlink walk on every open.
+        The anchor is ``bus/pci/devices/<BDF>`` or ``class/<cls>/<name>``. Below it sysfs has only
+        real directories (plus links the kernel follows itself), so the kernel then walks no
+        symlinks on open. Memoised per directory: each file read costs one dict lookup, not a
+        re-split of its path.
         """
-        parts = rel.split("/", 4)
-        if parts[0] == "bus" and len(parts) == 5:
-            anchor, rest = "/".join(parts[:4]), parts[4]
-        elif parts[0] == "class" and len(parts) >= 4:
+        parts = rel_dir.split("/", 4)
+        if parts[0] == "bus" and len(parts) >= 4:
+            anchor, rest = "/".join(parts[:4]), "/".join(parts[4:])
+        elif parts[0] == "class" and len(parts) >= 3:
             anchor, rest = "/".join(parts[:3]), "/".join(parts[3:])
         else:
-            return self.path(rel)
+            return self.path(rel_dir)
         real = self.resolve(anchor)
         if real is None:
-            raise FileNotFoundError(rel)
-        return f"{self.root}/{real}/{rest}"
+            return None
+        return f"{self.root}/{real}/{rest}" if rest else f"{self.root}/{real}"
 
     def read_int(self, rel: str, base: int = 10) -> int | None:
         """A file parsed as an integer (``base`` 16 accepts a ``0x`` prefix), or None."""
@@ -107,10 +119,9 @@ class SysfsReader:
         """
         if not rel:
             return ""
-        try:
-            return self._links[rel]
-        except KeyError:
-            pass
+        memo = self._links.get(rel, _UNSET)
+        if memo is not _UNSET:
+            return memo  # type: ignore[return-value]
         head, _, tail = rel.rpartition("/")
         real_head = self.resolve(head) if head else ""
         result: str | None = None
@@ -127,14 +138,19 @@ class SysfsReader:
 
     def link_name(self, rel: str) -> str | None:
         """The last component of a symlink's target (e.g. the driver name of ``.../driver``)."""
-        real = self.resolve(rel.rpartition("/")[0]) if "/" in rel else ""
-        if real is None:
-            return None
-        try:
-            return os.path.basename(os.readlink(self.path(f"{real}/{rel.rpartition('/')[2]}" if real else rel)))
-        except OSError:
-            return None
-
+        memo = self._link_names.get(rel, _UNSET)
+        if memo is not _UNSET:
+            return memo  # type: ignore[return-value]
+        head, _, tail = rel.rpartition("/")
+        real = self.resolve(head) if head else ""
+        name: str | None = None
+        if real is not None:
+            try:
+                name = os.path.basename(os.readlink(self.path(f"{real}/{tail}" if real else rel)))
+            except OSError:
+                name = None
+        self._link_names[rel] = name
+        return name
 
 def pci_address_of(real_path: str) -> str | None:
     """The nearest PCI function (BDF) in a resolved ``devices/...`` path, or None when not PCI."""
