@@ -234,7 +234,21 @@ def _assert_no_denials(c: Chain) -> None:
 # -- tests -----------------------------------------------------------------------------------------
 
 
-async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain) -> None:
+NONCANONICAL_CONFIG_BUG = (
+    "claim status is never written when the claim's opaque parameters were not sent in the API "
+    "server's canonical JSON (compact, sorted keys), e.g. Python json.dumps spacing or a Go struct's "
+    "field-order keys: the server-side apply of resourceclaims/status re-encodes the RawExtension "
+    "parameters copied into status.allocation.devices.config, ValidateImmutableField compares bytes "
+    "and answers 422 'status.allocation: field is immutable'; driver/claim_status.py "
+    "ClaimStatusWriter._deliver retries the same apply 5 times, then drops it (no Ready, no networkData)")
+
+
+@pytest.mark.parametrize("kubectl_json", [
+    True,
+    pytest.param(False, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
+                                                reason=NONCANONICAL_CONFIG_BUG)),
+], ids=["kubectl-json", "python-json"])
+async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain, kubectl_json: bool) -> None:
     c = chain
     a, b = c.nics
     before = {n.ifname: link_facts(n.ifname) for n in c.nics}
@@ -249,7 +263,8 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
         "interface": {"name": "net1", "addresses": [pod_ip], "mtu": 1300, "hardwareAddr": mac},
         "routes": [{"destination": "172.30.0.0/16", "gateway": gw}]}}}]
     claim, pod = _schedule(c, "nics", [_request("nic1", c.identity.device_class, a.ifname),
-                                       _request("nic2", c.identity.device_class, b.ifname)], config, "trainer")
+                                       _request("nic2", c.identity.device_class, b.ifname)], config, "trainer",
+                                 kubectl_json)
     allocated = _allocated(claim)
     assert set(allocated) == {"nic1", "nic2"}
     uid, pod_uid = claim["metadata"]["uid"], pod["metadata"]["uid"]
@@ -286,7 +301,8 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
             ours = _ours(c.kube.get_resource_claim(c.workload_ns, "nics"))
             ok = len(ours) == 2 and all(_conditions(e).get("Ready", {}).get("status") == "True" for e in ours.values())
             return ours if ok else None
-        ours = _wait(c, ready, what="Ready=True on both devices")
+        # 20 s: the writer's own retries (5 attempts, backoff 0.5..4 s) end well before.
+        ours = _wait(c, ready, what="Ready=True on both devices", timeout=20)
         assert set(ours) == set(allocated.values())
         assert ours[allocated["nic1"]]["networkData"] == {"interfaceName": "net1", "ips": [pod_ip],
                                                            "hardwareAddress": mac}
@@ -369,3 +385,13 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
     _wait(c, lambda: not _ours(c.kube.get_resource_claim(c.workload_ns, "bad-route")),
           what="our status entries removed after unprepare")
     _assert_no_denials(c)
+
+
+def test_denial_detector_recognises_what_the_driver_logs() -> None:
+    """The no-403 assertions above have teeth: KubeError text and kube reasons are caught."""
+    from driver.kube import KubeError
+
+    err = KubeError(403, "Forbidden", 'resourceclaims.resource.k8s.io "x" is forbidden: User "u" cannot get')
+    assert forbidden_lines(f"2026 WARNING driver.claim_status: write failed error={err}\nok line")
+    assert forbidden_lines('... "reason":"Forbidden","code": 403}')
+    assert not forbidden_lines("scan done devices=2 rdma=0 ms=403.2\npublished ResourceSlices slices=1")
