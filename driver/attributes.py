@@ -62,7 +62,9 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
     """The attributes shortened and capped so the device is always valid in a slice."""
     out: dict[str, AttributeValue] = {}
     for name, value in attributes.items():
-        if isinstance(value, str):
+        # Non-empty short ASCII strings (nearly all values) fit as they are: skip shorten().
+        # Empty ones take the slow path, which omits an empty list attribute.
+        if isinstance(value, str) and not (value and len(value) <= MAX_ATTRIBUTE_VALUE_LENGTH and value.isascii()):
             short = shorten(name, value)
             if short != value:
                 log.debug("attribute value shortened", extra={"kv": {

@@ -26,7 +26,7 @@ from driver.model import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 from driver.names import netdev_device_name, pci_device_name
 from driver.netlink_facts import ARPHRD_ENCAP, ARPHRD_LOOPBACK, LinkFacts, NetlinkFacts, collect, enslaved_closure
 from driver.rdma import RdmaDevice, scan_rdma
-from driver.sysfs import SysfsReader, pci_address_of, pcie_root_of
+from driver.sysfs import PciIdentityCache, SysfsReader, pci_address_of, pcie_root_of
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class Scanner:
         self.netns = netns
         self.use_pyverbs = use_pyverbs and self.netlink
         self.pci_ids = PciIds(pci_ids_paths)
+        self.pci_identity = PciIdentityCache()  # immutable per-function facts, across scans
 
     # -- step 1: netdevs --------------------------------------------------------------------
     def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> dict[str, Netdev]:
@@ -267,7 +268,9 @@ class Scanner:
 
         devices: list[Device] = []
         network_pci: set[str] = set()
-        for bdf in sysfs.listdir("bus/pci/devices"):
+        listed = sysfs.listdir("bus/pci/devices")
+        identity_keys = {bdf: self.pci_identity.prime(sysfs, bdf) for bdf in listed}
+        for bdf in listed:
             cls = sysfs.read(f"bus/pci/devices/{bdf}/class") or ""
             if not cls.lower().startswith("0x02"):
                 continue
@@ -285,6 +288,9 @@ class Scanner:
             if pci is None or pci in network_pci or pci in excluded_pci:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
             devices.append(self._pci_device(sysfs, pci, [], rdma))
+        for bdf, key in identity_keys.items():
+            self.pci_identity.remember(sysfs, bdf, key)
+        self.pci_identity.retain(set(identity_keys))
 
         for name, dev in netdevs.items():
             if dev.pci_address or name in excluded:

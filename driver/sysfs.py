@@ -170,3 +170,61 @@ def pcie_root_of(real_path: str) -> str | None:
         if PCIE_ROOT_RE.match(part):
             return part
     return None
+
+
+class PciIdentityCache:
+    """Facts of PCI functions that cannot change while the function's sysfs object exists, kept across scans.
+
+    ``class``, ``vendor``, ``device``, ``subsystem_device`` and ``sriov_totalvfs`` are read-only
+    copies of config space taken at enumeration; ``physfn`` and the function's place in the tree
+    are fixed when the function is created. Each rescan (link events, resync) would otherwise
+    re-open them for every function: on an SR-IOV host that is most of a scan's syscalls.
+
+    An entry is keyed by the function directory's ``(st_dev, st_ino, st_ctime_ns)``: kernfs gives
+    every object a new inode number (generation included), so a function that is removed and
+    added again (hotplug, SR-IOV disabled and re-enabled, driver-less rescan) is read afresh.
+    Everything that can change at run time (driver binding, ``numa_node``, ``sriov_numvfs``,
+    netdev and RDMA files) is still read by every scan.
+    """
+
+    FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
+    LINKS = ("", "/physfn")  # the function's own link (its real path) and its PF
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[int, int, int], dict[str, str | None], dict[str, str | None]]] = {}
+
+    def prime(self, sysfs: SysfsReader, bdf: str) -> tuple[int, int, int] | None:
+        """Seed ``sysfs`` with what is known of ``bdf`` if it is still the same object; its key, or None."""
+        try:
+            st = os.stat(sysfs.path(f"bus/pci/devices/{bdf}"))
+        except OSError:
+            return None  # gone: let the scan find that out as before
+        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
+        entry = self._entries.get(bdf)
+        if entry is not None and entry[0] == key:
+            sysfs._files.update(entry[1])
+            sysfs._links.update(entry[2])
+        return key
+
+    def remember(self, sysfs: SysfsReader, bdf: str, key: tuple[int, int, int] | None) -> None:
+        """Keep the identity facts this scan read of ``bdf`` (those it did not need stay unknown)."""
+        if key is None:
+            return
+        base = f"bus/pci/devices/{bdf}"
+        entry = self._entries.get(bdf)
+        if entry is None or entry[0] != key:
+            entry = self._entries[bdf] = (key, {}, {})
+        files, links = entry[1], entry[2]
+        for name in self.FILES:
+            rel = f"{base}/{name}"
+            if rel in sysfs._files:
+                files[rel] = sysfs._files[rel]
+        for suffix in self.LINKS:
+            rel = base + suffix
+            if rel in sysfs._links:
+                links[rel] = sysfs._links[rel]
+
+    def retain(self, bdfs: set[str]) -> None:
+        """Forget functions that are no longer listed."""
+        for bdf in [b for b in self._entries if b not in bdfs]:
+            del self._entries[bdf]

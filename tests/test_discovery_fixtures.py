@@ -195,3 +195,43 @@ def test_fixture_shape(sysfs_trees, topology: str) -> None:
         assert real.parts[0] == "devices" and real.parts[1].startswith("pci") and real.name == link.name
     for link in (root / "class/net").iterdir():
         assert link.is_symlink() and (link / "address").is_file()
+
+
+def test_rescans_with_one_scanner_match_fresh_scans(sriov_sysfs: Path) -> None:
+    """The daemon keeps one Scanner: rescans (which reuse the per-function identity cache) give
+    exactly what a fresh scanner reads."""
+    scanner = Scanner(str(sriov_sysfs), pci_ids_paths=())
+    first = [d.to_dict() for d in scanner.scan()]
+    assert [d.to_dict() for d in scanner.scan()] == first == [d.to_dict() for d in scan(sriov_sysfs)]
+    assert [d.to_dict() for d in scanner.scan()] == first
+
+
+def test_rescan_sees_replaced_function_and_runtime_changes(tmp_path: Path) -> None:
+    """Identity facts are cached per function *object*: a function removed and re-created (hotplug)
+    is read afresh, and run-time files (numa_node, driver binding) are read on every scan."""
+    from devcluster.sysfs_fixture import build
+    import shutil
+
+    root = build("single-socket", tmp_path / "sys")
+    scanner = Scanner(str(root), pci_ids_paths=())
+    name = "pci-0000-31-00-0"
+    before = {d.name: d for d in scanner.scan()}[name]
+    assert before.attributes[D + "pciVendor"] == "15b3" and before.attributes[D + "numaNode"] == 0
+
+    real = (root / "bus/pci/devices/0000:31:00.0").resolve()
+    (real / "numa_node").write_text("1\n")  # in place: same function object
+    after = {d.name: d for d in scanner.scan()}[name]
+    assert after.attributes[D + "numaNode"] == 1 and after.attributes[D + "pciVendor"] == "15b3"
+
+    replacement = tmp_path / "replacement"
+    shutil.copytree(real, replacement, symlinks=True)
+    (replacement / "vendor").write_text("0x8086\n")
+    (replacement / "device").write_text("0x1592\n")
+    shutil.rmtree(real)
+    replacement.rename(real)  # a new directory object at the same bus address
+    replaced = {d.name: d for d in scanner.scan()}[name]
+    assert replaced.attributes[D + "pciVendor"] == "8086" and replaced.attributes[D + "pciDevice"] == "1592"
+    assert [d.to_dict() for d in scanner.scan()] == [d.to_dict() for d in scan(root)]
+
+    (real / "driver").unlink()  # unbound: no longer a device, although its identity is cached
+    assert name not in {d.name for d in scanner.scan()}
