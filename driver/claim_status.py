@@ -15,6 +15,7 @@ step and the reason) and ``NUMAAligned`` (see :mod:`driver.numa_report`).
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import re
@@ -81,6 +82,11 @@ class _Update:
     clear: bool = False  # drop all our entries (claim unprepared)
     attempts: int = 0
     event_posted: bool = False  # retries of the status write must not repeat the event
+
+
+def _raw_parameters_refused(exc: KubeError) -> bool:
+    """The apiserver's 422 for a status write that re-encoded the allocation's raw parameters."""
+    return exc.status == 422 and "status.allocation" in exc.message and "immutable" in exc.message
 
 
 def _now() -> str:
@@ -215,7 +221,49 @@ class ClaimStatusWriter:
             self._post_event(update, current)
             update.event_posted = True
         body = self.status_body(update, current)
-        self.kube.apply_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
+        ours = body["status"]["devices"]
+        try:
+            written = self.kube.apply_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
+        except KubeError as exc:
+            if not _raw_parameters_refused(exc):
+                raise
+            self._replace_status(current, ours)
+            return
+        if self._entries(written) != self._entries({"status": {"devices": ours}}):
+            # Entries an earlier PUT wrote are not owned by our apply, so an apply cannot
+            # remove them: finish with a PUT (read again: the apply changed resourceVersion).
+            self._replace_status(self.kube.get_resource_claim(claim.namespace, claim.name), ours)
+
+    def _entries(self, obj: dict[str, Any]) -> list[tuple[Any, Any]]:
+        """Our (pool, device) keys in ``status.devices``, sorted."""
+        return sorted((d.get("pool"), d.get("device"))
+                      for d in (obj.get("status") or {}).get("devices") or [] if d.get("driver") == self.driver_name)
+
+    def _replace_status(self, current: dict[str, Any], ours: list[dict[str, Any]]) -> None:
+        """Write our entries with a PUT of the object as read, when server-side apply is refused.
+
+        Why: the apiserver (1.34) compares ``status.allocation`` byte for byte, including the
+        opaque ``parameters`` (a RawExtension) the scheduler copied from the claim. Apply and
+        PATCH re-encode the object, so unless the user sent those parameters in canonical JSON
+        (compact, sorted keys: what kubectl sends) the write is refused as "field is immutable".
+        A PUT of the object exactly as served (compact, original key order) preserves compact
+        originals; a second try with Python's default spacing matches bodies that Python
+        clients created. Other drivers' entries are kept; resourceVersion guards against races.
+        """
+        meta = current.get("metadata") or {}
+        status = current.setdefault("status", {})
+        status["devices"] = [d for d in status.get("devices") or []
+                             if d.get("driver") != self.driver_name] + ours
+        encodings = ({"separators": (",", ":")}, {})
+        for i, options in enumerate(encodings):
+            try:
+                self.kube.replace_claim_status(meta.get("namespace", ""), meta.get("name", ""),
+                                               json.dumps(current, **options).encode(),  # type: ignore[arg-type]
+                                               FIELD_MANAGER)
+                return
+            except KubeError as exc:
+                if not _raw_parameters_refused(exc) or i == len(encodings) - 1:
+                    raise
 
     # -- building the apply -------------------------------------------------------------------
 

@@ -327,5 +327,11 @@ class KubeClient:
             content_type=APPLY_PATCH,
         )
 
+    def replace_claim_status(self, namespace: str, name: str, body: bytes, field_manager: str) -> dict[str, Any]:
+        """PUT ``resourceclaims/status`` with a pre-encoded object (its resourceVersion guards it)."""
+        return self.request(
+            "PUT", f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}/status", body,
+            query={"fieldManager": field_manager})
+
     def get_node(self, name: str) -> dict[str, Any]:
         return self.request("GET", f"/api/v1/nodes/{quote(name)}")

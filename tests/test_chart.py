@@ -237,9 +237,9 @@ EXPECTED_RULES = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["list", "watch", "create", "update", "delete"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["dra.net"],
-     "verbs": ["associated-node:patch"]},
+     "verbs": ["associated-node:patch", "associated-node:update"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 

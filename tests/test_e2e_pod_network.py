@@ -65,10 +65,14 @@ class Chain:
     objects: ApiObjects
     control_plane: ControlPlane
 
-    def create_as_kubectl(self, obj: dict[str, Any]) -> None:
-        """POST ``obj`` as kubectl sends it: compact JSON with sorted keys (the form the API
-        server itself re-encodes opaque parameters to; see test_status_with_python_style_json)."""
-        data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+    def create_raw(self, obj: dict[str, Any], encoding: str) -> None:
+        """POST ``obj`` encoded as a given client would: "kubectl" (compact, sorted keys: the
+        form the API server itself re-encodes opaque parameters to), "go-struct" (compact,
+        keys in field order, not sorted)."""
+        if encoding == "kubectl":
+            data = json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+        else:
+            data = json.dumps(obj, separators=(",", ":")).encode()
         token = self.control_plane.creds.admin_token
         req = urllib.request.Request(f"{self.control_plane.server}/apis/resource.k8s.io/v1/namespaces/"
                                      f"{obj['metadata']['namespace']}/resourceclaims", data=data, method="POST",
@@ -155,18 +159,19 @@ def _request(name: str, device_class: str, ifname: str) -> dict[str, Any]:
 
 
 def _schedule(c: Chain, claim_name: str, requests: list[dict[str, Any]], config: list[dict[str, Any]],
-              pod_name: str, kubectl_json: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+              pod_name: str, encoding: str = "kubectl") -> tuple[dict[str, Any], dict[str, Any]]:
     """Create the claim and a pod using it; wait until the real scheduler allocated and bound.
 
-    ``kubectl_json``: send the claim as kubectl does (compact, sorted keys); else as Python's
-    json.dumps does (spaces after ':' and ',')."""
+    ``encoding``: send the claim as kubectl does ("kubectl": compact, sorted keys), as a Go
+    struct encodes ("go-struct": compact, unsorted) or as Python's json.dumps ("python": spaces
+    after ':' and ',')."""
     claim_obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
                  "metadata": {"name": claim_name, "namespace": c.workload_ns},
                  "spec": {"devices": {"requests": requests, "config": config}}}
-    if kubectl_json:
-        c.create_as_kubectl(claim_obj)
-    else:
+    if encoding == "python":
         c.objects.create(claim_obj)
+    else:
+        c.create_raw(claim_obj, encoding)
     c.objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": c.workload_ns},
                       "spec": {"nodeSelector": {"kubernetes.io/hostname": c.identity.node},
                                "terminationGracePeriodSeconds": 0,
@@ -234,21 +239,12 @@ def _assert_no_denials(c: Chain) -> None:
 # -- tests -----------------------------------------------------------------------------------------
 
 
-NONCANONICAL_CONFIG_BUG = (
-    "claim status is never written when the claim's opaque parameters were not sent in the API "
-    "server's canonical JSON (compact, sorted keys), e.g. Python json.dumps spacing or a Go struct's "
-    "field-order keys: the server-side apply of resourceclaims/status re-encodes the RawExtension "
-    "parameters copied into status.allocation.devices.config, ValidateImmutableField compares bytes "
-    "and answers 422 'status.allocation: field is immutable'; driver/claim_status.py "
-    "ClaimStatusWriter._deliver retries the same apply 5 times, then drops it (no Ready, no networkData)")
-
-
-@pytest.mark.parametrize("kubectl_json", [
-    True,
-    pytest.param(False, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                                reason=NONCANONICAL_CONFIG_BUG)),
-], ids=["kubectl-json", "python-json"])
-async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain, kubectl_json: bool) -> None:
+# The apiserver compares status.allocation (with the opaque parameters the scheduler copied from
+# the claim) byte for byte on every status write; server-side apply re-encodes them, so only
+# kubectl-style claims accept it. The driver falls back to a PUT of the object as served
+# (driver/claim_status.py _replace_status): all three client encodings must get their status.
+@pytest.mark.parametrize("encoding", ["kubectl", "go-struct", "python"])
+async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain, encoding: str) -> None:
     c = chain
     a, b = c.nics
     before = {n.ifname: link_facts(n.ifname) for n in c.nics}
@@ -264,7 +260,7 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
         "routes": [{"destination": "172.30.0.0/16", "gateway": gw}]}}}]
     claim, pod = _schedule(c, "nics", [_request("nic1", c.identity.device_class, a.ifname),
                                        _request("nic2", c.identity.device_class, b.ifname)], config, "trainer",
-                                 kubectl_json)
+                                 encoding)
     allocated = _allocated(claim)
     assert set(allocated) == {"nic1", "nic2"}
     uid, pod_uid = claim["metadata"]["uid"], pod["metadata"]["uid"]
