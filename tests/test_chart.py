@@ -354,3 +354,10 @@ def test_filter_default_matches_driver_default() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["filter"] == DEFAULT_FILTER
     assert values["metricsPort"] == 9177 and values["driverName"] == "dra.net"
+
+
+def test_documented_node_role_is_the_charts() -> None:
+    """docs/rbac.md's dranet-node role (applied by the status tests) is exactly the chart's."""
+    from tests.test_webhook_apiserver import documented_role
+
+    assert documented_role("dranet-node")["rules"] == EXPECTED_RULES

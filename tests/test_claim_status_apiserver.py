@@ -214,7 +214,7 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
     assert list(entries(nd_node.kube, claim)) == [("gpu.nvidia.com", gpu_entry["device"])]
 
 
-@pytest.mark.parametrize("role, allowed", [("dranet-claim-status", True), (None, False)])
+@pytest.mark.parametrize("role, allowed", [("dranet-node", True), (None, False)])
 def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path,
                                               role: str | None, allowed: bool):
     """The status writer with a ServiceAccount bound to docs/rbac.md's role (or to nothing)."""
