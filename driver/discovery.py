@@ -26,12 +26,14 @@ from driver.model import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 from driver.names import netdev_device_name, pci_device_name
 from driver.netlink_facts import ARPHRD_ENCAP, ARPHRD_LOOPBACK, LinkFacts, NetlinkFacts, collect, enslaved_closure
 from driver.rdma import RdmaDevice, scan_rdma
-from driver.sysfs import PciIdentityCache, SysfsReader, pci_address_of, pcie_root_of
+from driver.sysfs import IdentityCache, SysfsReader, pci_address_of, pcie_root_of
 
 log = logging.getLogger(__name__)
 
 USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
 IGNORED_INTERFACES = frozenset({"cilium_net", "cilium_host", "docker0"})
+PCI_IDENTITY_FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
+"""A PCI function's read-only config-space copies: fixed for the function object's lifetime."""
 PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
 D = "dra.net/"
 S = STANDARD_DOMAIN + "/"
@@ -111,7 +113,7 @@ class Scanner:
         self.netns = netns
         self.use_pyverbs = use_pyverbs and self.netlink
         self.pci_ids = PciIds(pci_ids_paths)
-        self.pci_identity = PciIdentityCache()  # immutable per-function facts, across scans
+        self.identity = IdentityCache()  # immutable per-object facts, across scans
 
     # -- step 1: netdevs --------------------------------------------------------------------
     def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> dict[str, Netdev]:
@@ -260,7 +262,7 @@ class Scanner:
         for name, dev in netdevs.items():
             if dev.pci_address and name not in excluded:
                 pci_netdevs.setdefault(dev.pci_address, []).append(dev)
-        rdma_devices = scan_rdma(sysfs, use_pyverbs=self.use_pyverbs)
+        rdma_devices = scan_rdma(sysfs, use_pyverbs=self.use_pyverbs, identity=self.identity)
         rdma_by_pci: dict[str, RdmaDevice] = {}
         for rdma in rdma_devices.values():
             if rdma.pci_address:
@@ -269,7 +271,7 @@ class Scanner:
         devices: list[Device] = []
         network_pci: set[str] = set()
         listed = sysfs.listdir("bus/pci/devices")
-        identity_keys = {bdf: self.pci_identity.prime(sysfs, bdf) for bdf in listed}
+        identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}") for bdf in listed}
         for bdf in listed:
             cls = sysfs.read(f"bus/pci/devices/{bdf}/class") or ""
             if not cls.lower().startswith("0x02"):
@@ -289,8 +291,8 @@ class Scanner:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
             devices.append(self._pci_device(sysfs, pci, [], rdma))
         for bdf, key in identity_keys.items():
-            self.pci_identity.remember(sysfs, bdf, key)
-        self.pci_identity.retain(set(identity_keys))
+            self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
+        self.identity.end_scan()
 
         for name, dev in netdevs.items():
             if dev.pci_address or name in excluded:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from driver.model import CharDevice
-from driver.sysfs import SysfsReader, pci_address_of
+from driver.sysfs import IdentityCache, SysfsReader, pci_address_of
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,17 @@ def _char_device(sysfs: SysfsReader, dev_file: str, path: str) -> CharDevice | N
         return None
 
 
-def _by_ibdev(sysfs: SysfsReader, cls: str) -> dict[str, list[str]]:
+def _by_ibdev(sysfs: SysfsReader, cls: str, identity: IdentityCache | None = None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for entry in sysfs.listdir(cls):
-        ibdev = sysfs.read(f"{cls}/{entry}/ibdev")
+        anchor = f"{cls}/{entry}"
+        key = identity.prime(sysfs, anchor) if identity else None
+        ibdev = sysfs.read(f"{anchor}/ibdev")  # not cached: an RDMA device can be renamed
         if ibdev:
             out.setdefault(ibdev, []).append(entry)
+        if identity:
+            sysfs.read(f"{anchor}/dev")  # the char device's numbers, fixed while it exists
+            identity.remember(sysfs, anchor, key, ("dev",))
     return out
 
 
@@ -82,18 +87,26 @@ def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
         return None, None
 
 
-def scan_rdma(sysfs: SysfsReader, use_pyverbs: bool = False) -> dict[str, RdmaDevice]:
-    """All RDMA devices under ``class/infiniband`` keyed by name."""
+def scan_rdma(sysfs: SysfsReader, use_pyverbs: bool = False,
+              identity: IdentityCache | None = None) -> dict[str, RdmaDevice]:
+    """All RDMA devices under ``class/infiniband`` keyed by name.
+
+    ``identity`` (kept across scans by the caller) spares rescans the links and char device
+    numbers that cannot change while their object exists.
+    """
     names = sysfs.listdir("class/infiniband")
     if not names:
         return {}
-    verbs = _by_ibdev(sysfs, "class/infiniband_verbs")
-    mads = _by_ibdev(sysfs, "class/infiniband_mad")
+    verbs = _by_ibdev(sysfs, "class/infiniband_verbs", identity)
+    mads = _by_ibdev(sysfs, "class/infiniband_mad", identity)
     rdma_cm = _char_device(sysfs, "class/misc/rdma_cm/dev", "/dev/infiniband/rdma_cm")
     devices: dict[str, RdmaDevice] = {}
     for name in names:
         base = f"class/infiniband/{name}"
-        real = sysfs.resolve(f"{base}/device")
+        key = identity.prime(sysfs, base) if identity else None
+        real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
+        if identity:
+            identity.remember(sysfs, base, key, links=("", "/device"))
         pci = pci_address_of(real) if real else None
         layer = sysfs.read(f"{base}/ports/1/link_layer") or None
         rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))

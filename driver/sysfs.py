@@ -172,59 +172,65 @@ def pcie_root_of(real_path: str) -> str | None:
     return None
 
 
-class PciIdentityCache:
-    """Facts of PCI functions that cannot change while the function's sysfs object exists, kept across scans.
+IdentityKey = tuple[int, int, int]
+"""``(st_dev, st_ino, st_ctime_ns)`` of a sysfs object's directory."""
 
-    ``class``, ``vendor``, ``device``, ``subsystem_device`` and ``sriov_totalvfs`` are read-only
-    copies of config space taken at enumeration; ``physfn`` and the function's place in the tree
-    are fixed when the function is created. Each rescan (link events, resync) would otherwise
-    re-open them for every function: on an SR-IOV host that is most of a scan's syscalls.
 
-    An entry is keyed by the function directory's ``(st_dev, st_ino, st_ctime_ns)``: kernfs gives
-    every object a new inode number (generation included), so a function that is removed and
-    added again (hotplug, SR-IOV disabled and re-enabled, driver-less rescan) is read afresh.
+class IdentityCache:
+    """Facts of sysfs objects that cannot change while the object exists, kept across scans.
+
+    Each rescan (link events, resync) would otherwise re-read them for every device: on an SR-IOV
+    host that is most of a scan's syscalls. Callers name, per kind of object, which files and
+    links are immutable, e.g. a PCI function's ``class``/``vendor``/``device``/``subsystem_device``/
+    ``sriov_totalvfs`` (read-only copies of config space taken at enumeration), its ``physfn`` and
+    its place in the tree; an RDMA device's parent; a uverbs char device's ``dev`` numbers.
     Everything that can change at run time (driver binding, ``numa_node``, ``sriov_numvfs``,
-    netdev and RDMA files) is still read by every scan.
+    netdev files, port state, an RDMA device's name) is read by every scan.
+
+    An entry is keyed by the object directory's ``(st_dev, st_ino, st_ctime_ns)``: kernfs gives
+    every object a new inode number (generation included), so an object that is removed and
+    added again (hotplug, SR-IOV disabled and re-enabled, driver reload) is read afresh.
     """
 
-    FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
-    LINKS = ("", "/physfn")  # the function's own link (its real path) and its PF
-
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[tuple[int, int, int], dict[str, str | None], dict[str, str | None]]] = {}
+        self._entries: dict[str, tuple[IdentityKey, dict[str, str | None], dict[str, str | None]]] = {}
+        self._seen: set[str] = set()
 
-    def prime(self, sysfs: SysfsReader, bdf: str) -> tuple[int, int, int] | None:
-        """Seed ``sysfs`` with what is known of ``bdf`` if it is still the same object; its key, or None."""
+    def prime(self, sysfs: SysfsReader, anchor: str) -> IdentityKey | None:
+        """Seed ``sysfs`` with what is known of ``anchor`` if it is still the same object; its key, or None."""
+        self._seen.add(anchor)
         try:
-            st = os.stat(sysfs.path(f"bus/pci/devices/{bdf}"))
+            st = os.stat(sysfs.path(anchor))
         except OSError:
             return None  # gone: let the scan find that out as before
         key = (st.st_dev, st.st_ino, st.st_ctime_ns)
-        entry = self._entries.get(bdf)
+        entry = self._entries.get(anchor)
         if entry is not None and entry[0] == key:
             sysfs._files.update(entry[1])
             sysfs._links.update(entry[2])
         return key
 
-    def remember(self, sysfs: SysfsReader, bdf: str, key: tuple[int, int, int] | None) -> None:
-        """Keep the identity facts this scan read of ``bdf`` (those it did not need stay unknown)."""
+    def remember(self, sysfs: SysfsReader, anchor: str, key: IdentityKey | None,
+                 files: tuple[str, ...] = (), links: tuple[str, ...] = ("",)) -> None:
+        """Keep what this scan read of ``anchor``'s immutable ``files`` and ``links`` (suffixes;
+        ``""`` is the anchor's own link). Facts the scan did not need stay unknown."""
         if key is None:
             return
-        base = f"bus/pci/devices/{bdf}"
-        entry = self._entries.get(bdf)
+        entry = self._entries.get(anchor)
         if entry is None or entry[0] != key:
-            entry = self._entries[bdf] = (key, {}, {})
-        files, links = entry[1], entry[2]
-        for name in self.FILES:
-            rel = f"{base}/{name}"
-            if rel in sysfs._files:
-                files[rel] = sysfs._files[rel]
-        for suffix in self.LINKS:
-            rel = base + suffix
-            if rel in sysfs._links:
-                links[rel] = sysfs._links[rel]
+            entry = self._entries[anchor] = (key, {}, {})
+        known_files, known_links = entry[1], entry[2]
+        for name in files:
+            rel = f"{anchor}/{name}"
+            if rel not in known_files and rel in sysfs._files:
+                known_files[rel] = sysfs._files[rel]
+        for suffix in links:
+            rel = anchor + suffix
+            if rel not in known_links and rel in sysfs._links:
+                known_links[rel] = sysfs._links[rel]
 
-    def retain(self, bdfs: set[str]) -> None:
-        """Forget functions that are no longer listed."""
-        for bdf in [b for b in self._entries if b not in bdfs]:
-            del self._entries[bdf]
+    def end_scan(self) -> None:
+        """Forget objects this scan did not prime (gone from their listing)."""
+        for anchor in [a for a in self._entries if a not in self._seen]:
+            del self._entries[anchor]
+        self._seen = set()

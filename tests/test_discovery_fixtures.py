@@ -235,3 +235,28 @@ def test_rescan_sees_replaced_function_and_runtime_changes(tmp_path: Path) -> No
 
     (real / "driver").unlink()  # unbound: no longer a device, although its identity is cached
     assert name not in {d.name for d in scanner.scan()}
+
+
+def test_rescan_rdma_identity(tmp_path: Path) -> None:
+    """RDMA char device numbers are cached per uverbs object; a re-created one is read afresh, and
+    the ``ibdev`` name (an RDMA device can be renamed) is read on every scan."""
+    from devcluster.sysfs_fixture import build
+    import shutil
+
+    root = build("nd-h100-v5", tmp_path / "sys")
+    scanner = Scanner(str(root), exclude_interfaces=["eth0"], pci_ids_paths=())
+    first = {d.name: d for d in scanner.scan()}
+    assert first["pci-0101-00-00-0"].host.char_devices[0] == CharDevice("/dev/infiniband/uverbs0", 231, 192)
+
+    real = (root / "class/infiniband_verbs/uverbs0").resolve()
+    replacement = tmp_path / "uverbs0"
+    shutil.copytree(real, replacement, symlinks=True)
+    (replacement / "dev").write_text("231:200\n")
+    shutil.rmtree(real)
+    replacement.rename(real)
+    (root / "class/infiniband_verbs/uverbs1/ibdev").write_text("mlx5_0\n")  # now also mlx5_0's
+    again = {d.name: d for d in scanner.scan()}
+    assert again["pci-0101-00-00-0"].host.char_devices[:2] == [
+        CharDevice("/dev/infiniband/uverbs0", 231, 200), CharDevice("/dev/infiniband/uverbs1", 231, 193)]
+    assert not any(c.path == "/dev/infiniband/uverbs1" for c in again["pci-0102-00-00-0"].host.char_devices)
+    assert [d.to_dict() for d in again.values()] == [d.to_dict() for d in scan(root, exclude_interfaces=["eth0"])]
