@@ -48,6 +48,8 @@ RUN apt-get update \
       "ibverbs-providers=${RDMA_CORE_VERSION}" \
       "librdmacm1=${RDMA_CORE_VERSION}" \
       "python3-pyverbs=${RDMA_CORE_VERSION}" \
+      # vendor/device names for dra.net/pciVendor and dra.net/pciDevice (else hex IDs)
+      "pci.ids=0.0~2023.04.11-1" \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=builder /opt/dranet /opt/dranet
 ENV PATH=/opt/dranet/bin:$PATH \

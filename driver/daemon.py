@@ -26,6 +26,7 @@ from driver.claim_status import ClaimStatusWriter
 from driver.config import DriverConfig
 from driver.device_filter import DeviceFilter, FilterError
 from driver.discovery import Scanner, merge_allocated
+from driver.discovery_cli import sysfs_root_error
 from driver.health import HealthServer
 from driver.kube import KubeClient
 from driver.kubelet_plugin import DeviceHealthFeed, KubeletPlugin, health_states
@@ -240,6 +241,9 @@ def cli_run(args: argparse.Namespace) -> int:
         if config.resync_interval <= 0 or config.publish_interval <= 0:
             raise ValueError("--resync-interval/--publish-interval: must be > 0 seconds")
         parse_bind_address(config.bind_address)
+        problem = sysfs_root_error(config.sysfs_root)
+        if problem:
+            raise ValueError(problem)
     except ValueError as exc:
         log.error("invalid configuration", extra={"kv": {"error": str(exc)}})
         return 2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import TextIO
 
@@ -41,9 +42,22 @@ def format_table(devices: list[Device]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows) + "\n"
 
 
+def sysfs_root_error(root: str) -> str | None:
+    """Why ``root`` cannot be a sysfs tree (a typo would otherwise publish nothing, silently)."""
+    if not os.path.isdir(root):
+        return f"--sysfs-root {root}: no such directory"
+    if not any(os.path.isdir(os.path.join(root, d)) for d in ("class", "bus", "devices")):
+        return f"--sysfs-root {root}: not a sysfs tree (no class/, bus/ or devices/ directory)"
+    return None
+
+
 def cli_discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run one scan with the filter and print it; 2 on a bad filter expression."""
     out = out or sys.stdout
+    problem = sysfs_root_error(args.sysfs_root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         device_filter = DeviceFilter(getattr(args, "filter", "") or "")
     except FilterError as err:

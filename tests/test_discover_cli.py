@@ -56,3 +56,15 @@ def test_fixture_root_makes_no_netlink_calls(nd_h100_sysfs: Path) -> None:
             "Scanner(%r).scan(); print('pyroute2' in sys.modules)") % (REPO, str(nd_h100_sysfs))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_missing_or_wrong_sysfs_root_is_a_clear_error(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    for root, why in ((tmp_path / "nope", "no such directory"), (tmp_path, "not a sysfs tree")):
+        for cmd in (["discover"], ["run", "--no-nri"]):
+            out = subprocess.run([sys.executable, "-m", "driver.cli", "--log-format", "text", *cmd,
+                                  "--sysfs-root", str(root)], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 2, (cmd, out.stderr)
+            assert f"--sysfs-root {root}: {why}" in out.stderr, (cmd, out.stderr)
