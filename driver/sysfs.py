@@ -189,26 +189,29 @@ class IdentityCache:
 
     An entry is keyed by the object directory's ``(st_dev, st_ino, st_ctime_ns)``: kernfs gives
     every object a new inode number (generation included), so an object that is removed and
-    added again (hotplug, SR-IOV disabled and re-enabled, driver reload) is read afresh.
+    added again (hotplug, SR-IOV disabled and re-enabled, driver reload) is read afresh. The
+    check stats the directory's cached real path, not the class link (no symlink walk): a real
+    path names the parent chain and the object's own name, so if the link now leads elsewhere
+    (a renamed RDMA device) the old path is gone or holds a new object, and the stat misses.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, tuple[IdentityKey, dict[str, str | None], dict[str, str | None]]] = {}
+        # anchor -> (key, real path of the anchor, immutable files, immutable links)
+        self._entries: dict[str, tuple[IdentityKey, str, dict[str, str | None], dict[str, str | None]]] = {}
         self._seen: set[str] = set()
 
     def prime(self, sysfs: SysfsReader, anchor: str) -> IdentityKey | None:
         """Seed ``sysfs`` with what is known of ``anchor`` if it is still the same object; its key, or None."""
         self._seen.add(anchor)
-        try:
-            st = os.stat(sysfs.path(anchor))
-        except OSError:
-            return None  # gone: let the scan find that out as before
-        key = (st.st_dev, st.st_ino, st.st_ctime_ns)
         entry = self._entries.get(anchor)
-        if entry is not None and entry[0] == key:
-            sysfs._files.update(entry[1])
-            sysfs._links.update(entry[2])
-        return key
+        if entry is not None:
+            key = _identity_key(sysfs.path(entry[1]))
+            if key == entry[0]:
+                sysfs._files.update(entry[2])
+                sysfs._links.update(entry[3])
+                return key
+        real = sysfs.resolve(anchor)  # a miss: the scan needs this link anyway
+        return None if real is None else _identity_key(sysfs.path(real))
 
     def remember(self, sysfs: SysfsReader, anchor: str, key: IdentityKey | None,
                  files: tuple[str, ...] = (), links: tuple[str, ...] = ("",)) -> None:
@@ -218,8 +221,11 @@ class IdentityCache:
             return
         entry = self._entries.get(anchor)
         if entry is None or entry[0] != key:
-            entry = self._entries[anchor] = (key, {}, {})
-        known_files, known_links = entry[1], entry[2]
+            real = sysfs._links.get(anchor)
+            if not real:
+                return
+            entry = self._entries[anchor] = (key, real, {}, {})
+        known_files, known_links = entry[2], entry[3]
         for name in files:
             rel = f"{anchor}/{name}"
             if rel not in known_files and rel in sysfs._files:
@@ -234,3 +240,11 @@ class IdentityCache:
         for anchor in [a for a in self._entries if a not in self._seen]:
             del self._entries[anchor]
         self._seen = set()
+
+
+def _identity_key(path: str) -> IdentityKey | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
