@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
-from driver.claim_config import ConfigError
+from driver.claim_config import ConfigError, stored_config
 from driver.container_settings import device_numa_node, numa_pin_node
+from driver.ethtool import check_features
 from driver.kube import KubeClient, KubeError
 from driver.model import Device
 
@@ -32,8 +34,6 @@ T = TypeVar("T")
 
 CLAIM_LOOKUP_THREADS = 16
 """Concurrent claim lookups (checkpoint read + GET); matches the API client's connection pool."""
-
-Executor = Any  # concurrent.futures.Executor (see Preparer._io_pool)
 
 ConfigDecoder = Callable[[list[dict[str, Any]], str, str, str], dict[str, Any]]
 """``(allocation_configs, base_request, full_request, driver) -> config dict`` stored per device."""
@@ -173,8 +173,6 @@ class Preparer:
         self.after_commit = after_commit
         self.on_unprepare = on_unprepare
         self._commit = _GroupCommit(store)
-        # Executor type only; imported where the pool is built (the module's import block is
-        # being reorganised in parallel work).
         self._pool: Executor | None = None
 
     # -- prepare ------------------------------------------------------------------------------
@@ -232,7 +230,6 @@ class Preparer:
         away (a TLS handshake each). Its idle threads exit when the Preparer is collected.
         """
         if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - see __init__
             self._pool = ThreadPoolExecutor(max_workers=CLAIM_LOOKUP_THREADS, thread_name_prefix="claim-lookup")
         return self._pool
 
@@ -283,6 +280,7 @@ class Preparer:
                 raise
             except Exception as exc:  # decoder errors name the field; pass them on per claim
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
+            _check_ethtool(where, base, device, config)
             prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
         pod_uids = [r["uid"] for r in status.get("reservedFor") or []
                     if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")]
@@ -312,6 +310,22 @@ class Preparer:
             except Exception:
                 log.exception("on_unprepare failed", extra={"kv": {"claim": claim.uid}})
         return {u: "" for u in uids}
+
+
+def _check_ethtool(where: str, request: str, device: Device, config: dict[str, Any]) -> None:
+    """Refuse, at prepare, ethtool settings the NIC cannot take (like the Go driver), rather than
+    fail at pod start. Only devices whose config has an ``ethtool`` section pay the netlink call."""
+    try:
+        eth = stored_config(config).ethtool
+    except ConfigError as exc:
+        raise ClaimError(f"{where}: config for request {request!r}: {exc}") from None
+    if eth is None or not (eth.features or eth.private_flags):
+        return
+    if not device.host.ifname:
+        raise ClaimError(f"{where}: config for request {request!r}: ethtool: device {device.name} has no netdev")
+    problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
+    if problems:
+        raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
 
 
 def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim]:

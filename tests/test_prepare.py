@@ -233,3 +233,28 @@ async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer
     out = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "gone", "uid-unknown")])
     assert out == {"uid-1": "", "uid-unknown": ""}
     assert seen == ["uid-1"]  # unknown claims succeed but are not reported
+
+
+async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(api: FakeAPIServer, tmp_path: Path,
+                                                                     netns_factory) -> None:
+    """A real veth: a known feature prepares; an unknown one is a per-claim error naming it."""
+    from driver.claim_config import prepare_decoder
+
+    host, _peer = netns_factory.veth()
+    dev = Device(name="veth-nic", host=HostFacts(ifname=host))
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE,
+                        config_decoder=prepare_decoder)
+
+    def claim(name: str, uid: str, features: dict[str, bool]) -> None:
+        cfg = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {
+            "ethtool": {"features": features}}}}]
+        api.add_claim(make_claim("ns", name, uid, [result(dev.name, NODE)], configs=cfg, pods=["p"]))
+
+    claim("good", "uid-good", {"generic-receive-offload": True})
+    claim("bad", "uid-bad", {"no-such-offload": False})
+    out = await preparer.prepare([ClaimRef("ns", "good", "uid-good"), ClaimRef("ns", "bad", "uid-bad")])
+    assert out["uid-good"].error == ""
+    assert "ResourceClaim ns/bad" in out["uid-bad"].error and "no-such-offload" in out["uid-bad"].error
+    assert host in out["uid-bad"].error
+    assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-good"]
