@@ -188,6 +188,10 @@ class CheckpointStore:
         self.pods_path = self.runtime_directory / self.PODS_FILENAME
         self._lock = threading.RLock()
         self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file
+        # Encoded JSON per claim, reused while the same object is stored: a prepare then
+        # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
+        # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
+        self._encoded: dict[str, tuple[PreparedClaim, bytes]] = {}
         self._state = self._load()
 
     def _load(self) -> DriverState:
@@ -233,17 +237,32 @@ class CheckpointStore:
                 # fn may have mutated the state before failing, or the write failed (ENOSPC):
                 # go back to what is on disk so memory never claims what was not persisted.
                 self._written.clear()
+                self._encoded.clear()
                 self._state = self._load()
                 raise
             return result
 
     def _write(self) -> None:
-        parts = ((self.path, self._state.claims_json()), (self.pods_path, self._state.pods_json()))
-        for path, body in parts:
-            data = _encode(body)
+        parts = ((self.path, self._encode_claims()), (self.pods_path, _encode(self._state.pods_json())))
+        for path, data in parts:
             if self._written.get(path) != data:
                 _atomic_write(path, data)
                 self._written[path] = data
+
+    def _encode_claims(self) -> bytes:
+        """The claims file, byte for byte what ``_encode(claims_json())`` gives, from cached pieces."""
+        claims = self._state.claims
+        pieces = []
+        for uid in sorted(claims):
+            cached = self._encoded.get(uid)
+            if cached is None or cached[0] is not claims[uid]:
+                cached = (claims[uid], json.dumps(_plain(claims[uid]), sort_keys=True,
+                                                  separators=(",", ":")).encode())
+                self._encoded[uid] = cached
+            pieces.append(json.dumps(uid).encode() + b":" + cached[1])
+        for uid in self._encoded.keys() - claims.keys():
+            del self._encoded[uid]
+        return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(SCHEMA_VERSION).encode() + b"}"
 
 
 def _encode(body: dict[str, Any]) -> bytes:

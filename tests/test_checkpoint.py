@@ -159,3 +159,17 @@ def test_unreadable_pods_file_refuses_to_start(tmp_path: Path) -> None:
     (tmp_path / "run" / "pods.json").write_text("{torn")
     with pytest.raises(CheckpointError, match="pods.json"):
         CheckpointStore(tmp_path / "state", tmp_path / "run")
+
+
+def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path) -> None:
+    from driver.checkpoint import _encode
+
+    store = CheckpointStore(tmp_path)
+    for i in range(5):
+        store.update(lambda s, i=i: s.claims.__setitem__(f"u{i}", _claim(f"u{i}")))
+    store.update(lambda s: s.claims.pop("u2"))
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1-replaced")))  # a new object: re-encoded
+    expected = store.read(lambda s: _encode(s.claims_json()))
+    assert (tmp_path / "checkpoint.json").read_bytes() == expected
+    assert sorted(json.loads(expected)["claims"]) == ["u0", "u1", "u3", "u4"]
+    assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
