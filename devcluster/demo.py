@@ -46,6 +46,8 @@ class DriverProcess:
     workdir: Path
     extra_args: list[str] = field(default_factory=list)   # extra `run` flags
     log_level: str = "info"
+    nri_socket: str | None = None  # None: --no-nri (no container runtime in the demo)
+    exclude_interfaces: str = "eth0"  # the ND H100 v5 fixture's uplink
     popen: subprocess.Popen[bytes] | None = None
     port: int = 0
 
@@ -79,7 +81,9 @@ class DriverProcess:
                 "--log-level", self.log_level, "run",
                 "--node-name", self.node_name, "--sysfs-root", str(self.sysfs_root),
                 "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.state_dir), "--runtime-dir", str(self.state_dir / "run"),
-                "--kubeconfig", str(self.kubeconfig), "--no-nri", "--exclude-interfaces", "eth0",
+                "--kubeconfig", str(self.kubeconfig),
+                *(["--nri-socket", self.nri_socket] if self.nri_socket else ["--no-nri"]),
+                "--exclude-interfaces", self.exclude_interfaces,
                 "--bind-address", f"127.0.0.1:{self.port}", *self.extra_args]
         with open(self.log_path, "ab") as out:
             self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -120,11 +124,15 @@ class DriverProcess:
         self.stop()
         return self.start()
 
-    def log_tail(self, n: int = 40) -> str:
+    def log(self) -> str:
+        """Everything the driver logged so far."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-n:])
 
 
 def build_fixture(topology: str, out: Path) -> Path:

@@ -33,7 +33,8 @@ from devcluster.controlplane import ControlPlane, wait_for
 from driver import numa_report
 from driver.kube import RESOURCE_API, KubeClient
 from tests.plugins.cluster import list_slices
-from tests.plugins.least_privilege import ApiObjects, DranetRun, DriverIdentity, forbidden_lines
+from devcluster.demo import DriverProcess
+from tests.plugins.least_privilege import ApiObjects, DriverIdentity, dranet_run, forbidden_lines
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import Harness, configure_host_nic, link_facts, pod_json
 from tests.support.kubelet_client import KubeletClient, devices_of
@@ -57,7 +58,7 @@ class Chain:
 
     kube: KubeClient         # admin: only the test's own setup and reads
     identity: DriverIdentity
-    driver: DranetRun
+    driver: DriverProcess
     harness: Harness
     nics: list[HostNic]
     pod_netns: str
@@ -108,7 +109,7 @@ def chain(control_plane: ControlPlane, least_privilege_identity: DriverIdentity,
     pod_ns = netns_factory.netns()
     objects = ApiObjects(kube)
     workload_ns = f"e2e-{prefix}"
-    driver = DranetRun(least_privilege_identity, nri_harness.socket,
+    driver = dranet_run(least_privilege_identity, nri_harness.socket,
                        f'has(device.attributes["dra.net"].ifName) && '
                        f'device.attributes["dra.net"].ifName.startsWith("{prefix}")',
                        Path(tempfile.mkdtemp(prefix="dn-e2e-")))  # short: unix socket paths

@@ -3,7 +3,7 @@
 :func:`least_privilege_identity` renders ``charts/dranet`` with real helm, creates its
 ServiceAccount, ClusterRole(+Binding), ValidatingAdmissionPolicy(+Binding) and DeviceClass, a
 stand-in DaemonSet pod bound to a fresh Node, and writes a kubeconfig whose token is bound to that
-pod (so it carries the node name the policy keys on). :class:`DranetRun` starts ``dranet run`` as
+pod (so it carries the node name the policy keys on). :func:`dranet_run` starts ``dranet run`` as
 a separate process with exactly that kubeconfig - never admin - so every API call the driver
 makes is checked against what the chart grants. :func:`forbidden_lines` finds any denial in the
 driver's log. Everything created is removed at teardown, also when the test fails.
@@ -11,16 +11,12 @@ driver's log. Everything created is removed at teardown, also when the test fail
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -29,7 +25,8 @@ import pytest
 import yaml
 
 from devcluster.certs import kubeconfig_yaml
-from devcluster.controlplane import ControlPlane, free_port
+from devcluster.controlplane import ControlPlane
+from devcluster.demo import DriverProcess
 from driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.plugins.cluster import delete_node_and_slices
 
@@ -224,83 +221,12 @@ def least_privilege_identity(control_plane: ControlPlane, helm_binary: str) -> I
                 shutil.rmtree(workdir, ignore_errors=True)
 
 
-@dataclass
-class DranetRun:
-    """``python -m driver run`` on the host's own /sys with NRI, as a separate process group."""
-
-    identity: DriverIdentity
-    nri_socket: str
-    filter: str
-    workdir: Path         # short (unix socket paths <= 108 bytes)
-    popen: subprocess.Popen[bytes] | None = None
-    port: int = 0
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.workdir / "kubelet"
-
-    @property
-    def registration_socket(self) -> str:
-        return str(self.kubelet_root / "plugins_registry" / "dra.net-reg.sock")
-
-    @property
-    def dra_socket(self) -> str:
-        return str(self.kubelet_root / "plugins" / "dra.net" / "dra.sock")
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / "driver.log"
-
-    def start(self, timeout: float = 30.0) -> DranetRun:
-        """Start and wait for /healthz (first scan done, kubelet plugin serving)."""
-        (self.kubelet_root / "plugins" / "dra.net").mkdir(parents=True, exist_ok=True)
-        (self.kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        args = [sys.executable, "-m", "driver", "--log-format", "text", "--log-level", "info", "run",
-                "--node-name", self.identity.node, "--sysfs-root", "/sys",
-                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.workdir / "state"),
-                "--runtime-dir", str(self.workdir / "run"), "--kubeconfig", str(self.identity.kubeconfig),
-                "--nri-socket", self.nri_socket, "--filter", self.filter,
-                "--publish-interval", "0.5", "--bind-address", f"127.0.0.1:{self.port}"]
-        with open(self.log_path, "ab") as out:
-            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=ROOT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"dranet run exited with {self.popen.returncode}:\n{self.log()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"dranet run not healthy within {timeout}s:\n{self.log()[-3000:]}")
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM the process group (SIGKILL after ``timeout``); returns the exit code."""
-        p, self.popen = self.popen, None
-        if p is None:
-            return None
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=timeout)
-            except ProcessLookupError:
-                pass
-        return p.returncode
-
-    def log(self) -> str:
-        """Everything the driver logged so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+def dranet_run(identity: DriverIdentity, nri_socket: str, filter: str, workdir: Path) -> DriverProcess:
+    """``python -m driver run`` on the host's own /sys with NRI, under the least-privilege
+    identity, as a separate process group (``workdir`` short: unix socket paths <= 108 bytes)."""
+    return DriverProcess(kubeconfig=Path(identity.kubeconfig), node_name=identity.node, sysfs_root=Path("/sys"),
+                         workdir=workdir, nri_socket=nri_socket, exclude_interfaces="",
+                         extra_args=["--filter", filter, "--publish-interval", "0.5"])
 
 
 def forbidden_lines(log: str) -> list[str]:
