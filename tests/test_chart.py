@@ -22,20 +22,6 @@ KUBE_VERSION = "1.34.0"
 NON_CORE_KINDS = {"Issuer", "Certificate"}
 
 
-@pytest.fixture(scope="session")
-def helm() -> str:
-    """helm v3 from PATH/cache, built from the Go module proxy on first use."""
-    from devcluster import helm as helm_mod
-
-    path = helm_mod.existing()
-    if path:
-        return path
-    try:
-        return helm_mod.build()
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no helm and could not build it: {exc}")
-
-
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
 

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 import pytest
 
 from driver.kube import KubeClient, KubeError
-from tests.test_chart import helm, render  # noqa: F401 - session fixture (helm binary)
+from tests.test_chart import render
 
 pytestmark = pytest.mark.cluster
 

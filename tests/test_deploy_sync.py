@@ -7,7 +7,6 @@ from pathlib import Path
 
 import yaml
 
-from tests.test_chart import helm  # noqa: F401 - session fixture (helm binary)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

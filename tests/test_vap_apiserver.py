@@ -14,7 +14,7 @@ import pytest
 from devcluster.certs import kubeconfig_yaml
 from driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.plugins.cluster import delete_node_and_slices
-from tests.test_chart import helm, render  # noqa: F401 - session fixture (helm binary)
+from tests.test_chart import render
 from tests.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401
 
 pytestmark = pytest.mark.cluster

@@ -108,3 +108,19 @@ def list_slices(kube: KubeClient, node: str, driver: str = "dra.net") -> list[di
     """The ResourceSlices of ``driver`` on ``node``."""
     return kube.request("GET", f"{RESOURCE_API}/resourceslices",
                         query={"fieldSelector": f"spec.driver={driver},spec.nodeName={node}"})["items"]
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """helm v3 from PATH or the build cache (built from its Go module on first use); skips if impossible."""
+    import subprocess
+
+    from devcluster import helm as helm_mod
+
+    path = helm_mod.existing()
+    if path:
+        return path
+    try:
+        return helm_mod.build()
+    except (RuntimeError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"no helm and could not build it: {exc}")

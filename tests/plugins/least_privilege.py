@@ -166,22 +166,8 @@ def _wait_policy(kube: KubeClient, driver: KubeClient, node: str) -> None:
     _poll(denied, 30, "the chart's ValidatingAdmissionPolicy to take effect", interval=0.5)
 
 
-@pytest.fixture(scope="session")
-def helm_binary() -> str:
-    """helm from PATH or the build cache (built from its Go module on first use); skips if impossible."""
-    from devcluster import helm as helm_mod
-
-    path = helm_mod.existing()
-    if path:
-        return path
-    try:
-        return helm_mod.build()
-    except (RuntimeError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"no helm and could not build it: {exc}")
-
-
 @pytest.fixture
-def least_privilege_identity(control_plane: ControlPlane, helm_binary: str) -> Iterator[DriverIdentity]:
+def least_privilege_identity(control_plane: ControlPlane, helm: str) -> Iterator[DriverIdentity]:
     """A fresh Node and the chart's driver identity for it (see module doc); all removed after."""
     kube = control_plane.kube()
     tag = secrets.token_hex(3)
@@ -192,7 +178,7 @@ def least_privilege_identity(control_plane: ControlPlane, helm_binary: str) -> I
     try:
         control_plane.create_node(node)
         objects.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        docs = render_chart(helm_binary, release, ns, "webhook.enabled=false", f"deviceClass.name={device_class}")
+        docs = render_chart(helm, release, ns, "webhook.enabled=false", f"deviceClass.name={device_class}")
         for kind in DRIVER_KINDS:
             for obj in (d for d in docs if d["kind"] == kind):
                 objects.create(obj)
