@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             samples, count = bench_scan(root, args.runs, exclude)
             report(f"scan {topology} ({count} devices)", samples, goal)
             samples, _ = bench_scan(root, max(1, args.runs // 3), exclude, first_scan=True)
-            report(f"  first scan (no identity cache)", samples, None)
+            report("  first scan (no identity cache)", samples, None)
         nd = Path(tmp) / "nd-h100-v5"
         report("dranet discover (process, nd-h100-v5)", bench_cli(nd, args.cli_runs), None)
         report("dranet discover (process, sriov-520)", bench_cli(Path(tmp) / "sriov-520", args.cli_runs), None)
