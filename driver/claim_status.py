@@ -254,15 +254,14 @@ class ClaimStatusWriter:
         status = current.setdefault("status", {})
         status["devices"] = [d for d in status.get("devices") or []
                              if d.get("driver") != self.driver_name] + ours
-        encodings = ({"separators": (",", ":")}, {})
-        for i, options in enumerate(encodings):
+        separators: tuple[tuple[str, str], ...] = ((",", ":"), (", ", ": "))  # compact, then Python's
+        for i, sep in enumerate(separators):
             try:
                 self.kube.replace_claim_status(meta.get("namespace", ""), meta.get("name", ""),
-                                               json.dumps(current, **options).encode(),  # type: ignore[arg-type]
-                                               FIELD_MANAGER)
+                                               json.dumps(current, separators=sep).encode(), FIELD_MANAGER)
                 return
             except KubeError as exc:
-                if not _raw_parameters_refused(exc) or i == len(encodings) - 1:
+                if not _raw_parameters_refused(exc) or i == len(separators) - 1:
                     raise
 
     # -- building the apply -------------------------------------------------------------------

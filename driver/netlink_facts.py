@@ -121,12 +121,12 @@ def collect(netns: str | None = None) -> NetlinkFacts:
         facts.links[link.ifname] = link
         index[link.index] = link
     for msg in addr_msgs:
-        link = index.get(msg["index"])
+        owner = index.get(msg["index"])
         address = msg.get("IFA_LOCAL") or msg.get("IFA_ADDRESS")
-        if link is None or not address or not is_global_unicast(address):
+        if owner is None or not address or not is_global_unicast(address):
             continue
         cidr = f"{address}/{msg['prefixlen']}"
-        (link.ipv4 if msg["family"] == socket.AF_INET else link.ipv6).append(cidr)
+        (owner.ipv4 if msg["family"] == socket.AF_INET else owner.ipv6).append(cidr)
     for link in facts.links.values():
         link.ipv4.sort()
         link.ipv6.sort()
