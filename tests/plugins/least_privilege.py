@@ -38,8 +38,9 @@ DRIVER_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding",
                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass")
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # How an authorization or admission denial shows up in the driver's log (KubeError text is
-# "<status> <reason>: <message>", the apiserver's reason for both is "Forbidden").
-_DENIAL = re.compile(r"forbidden|\b403 [A-Z]|\bstatus\W{1,4}403\b|\"code\":\s*403", re.IGNORECASE)
+# "<status> <reason>: <message>", the apiserver's reason for both is "Forbidden", so "forbidden"
+# catches it). No bare "403 <word>": it also matches a log timestamp ("06:40:12,403 INFO").
+_DENIAL = re.compile(r"forbidden|\bstatus\W{1,4}403\b|\"code\":\s*403", re.IGNORECASE)
 
 
 def render_chart(helm: str, release: str, namespace: str, *sets: str) -> list[dict[str, Any]]:
