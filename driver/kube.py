@@ -94,6 +94,7 @@ class Urllib3Transport:
                  maxsize: int = 16, server_name: str | None = None) -> None:
         self.server = server.rstrip("/")
         self.token = token
+        # maxsize matches prepare.CLAIM_LOOKUP_THREADS: one kept-alive connection per lookup thread.
         kwargs: dict[str, Any] = {"maxsize": maxsize, "retries": False}
         if ssl_context is not None:
             kwargs["ssl_context"] = ssl_context
