@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import write_nic_sysfs  # noqa: E402
+from tests.support import stop_processes, write_nic_sysfs  # noqa: E402
 from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402
 
 GOAL_MB = 80.0
@@ -72,16 +71,7 @@ async def measure(devices: int, idle: float, work: Path, nri: bool) -> dict[str,
         return {"rss_median": statistics.median(samples), "rss_max": max(samples),
                 "hwm": status_kb(daemon.pid, "VmHWM") / 1024, "startup": startup}
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_processes(procs)
 
 
 def main() -> int:

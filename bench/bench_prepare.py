@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import write_nic_sysfs  # noqa: E402
+from tests.support import stop_processes, write_nic_sysfs  # noqa: E402
 from tests.support.fake_apiserver import make_claim, result  # noqa: E402
 from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402
 
@@ -108,16 +107,7 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
                 "hit_median": statistics.median(hit), "hit_p99": pct(hit, 99),
                 "conc_wall": wall, "conc_median": statistics.median(conc), "conc_p99": pct(conc, 99)}
     finally:
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            if proc.stdout is not None:
-                proc.stdout.close()
+        stop_processes(procs)
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import quote
 
 from driver import numa_report
@@ -42,30 +42,13 @@ MAX_HWADDR = 128
 MAX_MESSAGE = 32768
 
 
-class DeviceResultLike(Protocol):
-    """What the NRI hooks report per device after moving it into the pod.
-
-    Read-only members, so a result type whose ``hardware_address`` is a plain ``str`` (the NRI
-    hooks' own) fits as well as ours with ``str | None``.
-    """
-
-    @property
-    def device(self) -> str: ...
-    @property
-    def interface_name(self) -> str: ...
-    @property
-    def ips(self) -> Sequence[str]: ...
-    @property
-    def hardware_address(self) -> str | None: ...
-
-
 @dataclass
 class DeviceResult:
-    """A concrete :class:`DeviceResultLike` (the NRI hooks may pass their own type)."""
+    """How one NIC ended up in the pod (reported by the NRI hooks), for ``networkData``."""
 
     device: str
     interface_name: str
-    ips: list[str] = field(default_factory=list)
+    ips: list[str] = field(default_factory=list)  # CIDRs
     hardware_address: str | None = None
 
 
@@ -75,7 +58,7 @@ class _Update:
 
     pod_uid: str
     claim: PreparedClaim
-    ready: dict[str, DeviceResultLike] = field(default_factory=dict)  # device -> result
+    ready: dict[str, DeviceResult] = field(default_factory=dict)  # device -> result
     failed_device: str | None = None
     failed_step: str = ""
     failed_message: str = ""
@@ -136,7 +119,7 @@ class ClaimStatusWriter:
 
     # -- StatusSink ---------------------------------------------------------------------------
 
-    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: Sequence[DeviceResultLike]) -> None:
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: Sequence[DeviceResult]) -> None:
         """All of ``claim``'s NICs are configured in the pod: queue Ready=True with networkData."""
         self._enqueue(_Update(pod_uid, claim, ready={r.device: r for r in results}))
 
@@ -321,7 +304,7 @@ class ClaimStatusWriter:
         return out
 
     @staticmethod
-    def _network_data(result: DeviceResultLike) -> dict[str, Any]:
+    def _network_data(result: DeviceResult) -> dict[str, Any]:
         data: dict[str, Any] = {}
         if result.interface_name:
             data["interfaceName"] = result.interface_name[:MAX_IFNAME]

@@ -19,12 +19,9 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from driver import ethtool, netns_ops
-from driver.claim_config import InterfaceConfig, RouteConfig, stored_config
-from driver.container_settings import ContainerSettings, container_settings
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,
@@ -33,6 +30,9 @@ from driver.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
+from driver.claim_status import DeviceResult
+from driver.claim_config import InterfaceConfig, RouteConfig, stored_config
+from driver.container_settings import ContainerSettings, container_settings
 from driver.netns_ops import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
 from driver.proto import nri_v1alpha1_pb2 as api
 
@@ -46,16 +46,6 @@ IN_POD = "in-pod"
 MOVING = "moving"
 RETURNING = "returning"
 RETURNED = "returned"
-
-
-@dataclass
-class DeviceResult:
-    """How one NIC ended up in the pod, for ResourceClaim ``status.devices[].networkData``."""
-
-    device: str
-    interface_name: str
-    ips: list[str] = field(default_factory=list)  # CIDRs
-    hardware_address: str = ""
 
 
 class StatusSink(Protocol):

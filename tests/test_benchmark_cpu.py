@@ -17,20 +17,10 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "distributed_training"
+from tests.support import EXAMPLE_DIR, load_example_module
 
-
-def _load(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"dt_{name}", EXAMPLE_DIR / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-placement = _load("placement")
-mfu = _load("mfu")
+placement = load_example_module("placement")
+mfu = load_example_module("mfu")
 
 
 def _torch_python() -> str | None:

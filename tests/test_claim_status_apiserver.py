@@ -18,7 +18,12 @@ from typing import Any, Iterator
 import pytest
 
 from devcluster import gpu_double
-from devcluster.controlplane import ControlPlane, create_objects, load_yaml_docs, wait_for
+from devcluster.controlplane import (
+    ControlPlane,
+    create_objects,
+    load_yaml_docs,
+    wait_for,
+)
 from devcluster.demo import allocated_claim, delete_pod, pod_for_template
 from devcluster.sysfs_fixture import build
 from driver.checkpoint import PreparedClaim, PreparedDevice

@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "distributed_training"
+from tests.support import load_example_module
 
-
-def _load(name: str) -> ModuleType:
-    # The example ships as loose files in a ConfigMap, not as a package: load it by path.
-    spec = importlib.util.spec_from_file_location(f"dt_{name}", EXAMPLE_DIR / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mfu = _load("mfu")
+mfu = load_example_module("mfu")
 
 
 def test_flops_formula_counts_forward_and_backward_matmuls() -> None:

@@ -2,8 +2,40 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "distributed_training"
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each process, newest first (SIGKILL after 10 s), reap it and close its stdout."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def load_example_module(name: str) -> ModuleType:
+    """A module of examples/distributed_training by file path: the example ships as loose files
+    in a ConfigMap, not as a package."""
+    spec = importlib.util.spec_from_file_location(f"dt_{name}", EXAMPLE_DIR / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8A) -> list[str]:
