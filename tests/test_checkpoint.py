@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import (CheckpointError, CheckpointStore, MovedDevice, PodNetState, PreparedClaim,
-                               PreparedDevice)
+from driver.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    MovedDevice,
+    PodNetState,
+    PreparedClaim,
+    PreparedDevice,
+)
 from driver.model import CharDevice, Device, HostFacts
 
 ROOT = Path(__file__).resolve().parent.parent

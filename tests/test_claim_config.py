@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from driver.claim_config import ConfigError, NetworkConfig, configs_for_request, decode_config
+from driver.claim_config import (
+    ConfigError,
+    NetworkConfig,
+    configs_for_request,
+    decode_config,
+)
 from tests.support.claims import allocation_config
 
 P = "spec.devices.config[1].opaque.parameters"

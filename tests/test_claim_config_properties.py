@@ -5,7 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.claim_config import ConfigError, NetworkConfig, configs_for_request, decode_config
+from driver.claim_config import (
+    ConfigError,
+    NetworkConfig,
+    configs_for_request,
+    decode_config,
+)
 from driver.claim_validation import validate_claim_spec
 from driver.container_settings import format_cpulist, parse_cpulist
 

@@ -33,7 +33,7 @@ from driver.discovery import Scanner
 from driver.kube import RESOURCE_API, KubeClient, KubeError
 from driver.model import Device
 from driver.slices import build_slices
-from tests.plugins.cluster import delete_node_and_slices
+from tests.plugins.cluster import delete_if_present, delete_node_and_slices
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parent.parent
@@ -49,13 +49,6 @@ class Node:
     def __init__(self, kube: KubeClient, name: str, namespace: str, sysfs: Path, devices: dict[str, Device]):
         self.kube, self.name, self.namespace, self.sysfs, self.devices = kube, name, namespace, sysfs, devices
 
-
-def _delete(kube: KubeClient, path: str) -> None:
-    try:
-        kube.request("DELETE", path)
-    except KubeError as exc:
-        if not exc.not_found:
-            raise
 
 
 @pytest.fixture(scope="module")
@@ -83,12 +76,12 @@ def nd_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         yield Node(kube, name, ns, sysfs, devices)
     finally:
         for tmpl in TEMPLATES:
-            _delete(kube, f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates/{tmpl}")
-        _delete(kube, f"/api/v1/namespaces/{ns}/events")
+            delete_if_present(kube, f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates/{tmpl}")
+        delete_if_present(kube, f"/api/v1/namespaces/{ns}/events")
         if made_class:
-            _delete(kube, f"{RESOURCE_API}/deviceclasses/dranet.net")
+            delete_if_present(kube, f"{RESOURCE_API}/deviceclasses/dranet.net")
         delete_node_and_slices(kube, name)
-        _delete(kube, f"/api/v1/namespaces/{ns}")
+        delete_if_present(kube, f"/api/v1/namespaces/{ns}")
 
 
 @pytest.fixture

@@ -8,8 +8,14 @@ import pytest
 
 from driver.checkpoint import PreparedDevice
 from driver.claim_config import ConfigError, prepare_decoder, stored_config
-from driver.container_settings import (container_env, container_settings, cpuset_for, format_cpulist,
-                                       numa_pin_node, parse_cpulist)
+from driver.container_settings import (
+    container_env,
+    container_settings,
+    cpuset_for,
+    format_cpulist,
+    numa_pin_node,
+    parse_cpulist,
+)
 from driver.model import Device, HostFacts
 from tests.support.claims import allocation_config
 

@@ -8,7 +8,6 @@ from driver.config import DEFAULT_FILTER
 from driver.device_filter import DeviceFilter, FilterError, cel_device
 from driver.model import Device
 
-
 VETH = Device("veth1", {"dra.net/type": "veth", "dra.net/mtu": 1500})
 NIC = Device("pci-0000-3b-00-0", {"dra.net/type": "device", "dra.net/rdma": True,
                                   "resource.kubernetes.io/pciBusID": "0000:3b:00.0"})

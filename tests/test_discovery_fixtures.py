@@ -209,8 +209,9 @@ def test_rescans_with_one_scanner_match_fresh_scans(sriov_sysfs: Path) -> None:
 def test_rescan_sees_replaced_function_and_runtime_changes(tmp_path: Path) -> None:
     """Identity facts are cached per function *object*: a function removed and re-created (hotplug)
     is read afresh, and run-time files (numa_node, driver binding) are read on every scan."""
-    from devcluster.sysfs_fixture import build
     import shutil
+
+    from devcluster.sysfs_fixture import build
 
     root = build("single-socket", tmp_path / "sys")
     scanner = Scanner(str(root), pci_ids_paths=())
@@ -240,8 +241,9 @@ def test_rescan_sees_replaced_function_and_runtime_changes(tmp_path: Path) -> No
 def test_rescan_rdma_identity(tmp_path: Path) -> None:
     """RDMA char device numbers are cached per uverbs object; a re-created one is read afresh, and
     the ``ibdev`` name (an RDMA device can be renamed) is read on every scan."""
-    from devcluster.sysfs_fixture import build
     import shutil
+
+    from devcluster.sysfs_fixture import build
 
     root = build("nd-h100-v5", tmp_path / "sys")
     scanner = Scanner(str(root), exclude_interfaces=["eth0"], pci_ids_paths=())

@@ -30,11 +30,16 @@ from typing import Any, Iterator
 import pytest
 
 from devcluster.controlplane import ControlPlane, wait_for
+from devcluster.demo import DriverProcess
 from driver import numa_report
 from driver.kube import RESOURCE_API, KubeClient
 from tests.plugins.cluster import list_slices
-from devcluster.demo import DriverProcess
-from tests.plugins.least_privilege import ApiObjects, DriverIdentity, dranet_run, forbidden_lines
+from tests.plugins.least_privilege import (
+    ApiObjects,
+    DriverIdentity,
+    dranet_run,
+    forbidden_lines,
+)
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import Harness, configure_host_nic, link_facts, pod_json
 from tests.support.kubelet_client import KubeletClient, devices_of

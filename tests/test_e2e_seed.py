@@ -19,10 +19,19 @@ import pytest
 
 from devcluster import gpu_double
 from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import (ALIGNED, UNALIGNED, DriverProcess, allocated_claim, build_fixture, delete_pod,
-                             pod_for_template, seed_docs, slice_devices)
-from driver.kube import RESOURCE_API, KubeClient, KubeError
-from tests.plugins.cluster import delete_node_and_slices, list_slices
+from devcluster.demo import (
+    ALIGNED,
+    UNALIGNED,
+    DriverProcess,
+    allocated_claim,
+    build_fixture,
+    delete_pod,
+    pod_for_template,
+    seed_docs,
+    slice_devices,
+)
+from driver.kube import RESOURCE_API, KubeClient
+from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
 from tests.support.kubelet_client import KubeletClient, devices_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -46,13 +55,6 @@ class Seed:
         return KubeletClient(self.driver.registration_socket, self.driver.dra_socket, timeout=15)
 
 
-def _delete(kube: KubeClient, path: str) -> None:
-    try:
-        kube.request("DELETE", path)
-    except KubeError as exc:
-        if not exc.not_found:
-            raise
-
 
 @pytest.fixture(scope="module")
 def seed(control_plane: ControlPlane) -> Iterator[Seed]:
@@ -73,9 +75,9 @@ def seed(control_plane: ControlPlane) -> Iterator[Seed]:
         yield Seed(kube, node, ns, driver)
     finally:
         driver.stop()
-        _delete(kube, f"/api/v1/namespaces/{ns}")
+        delete_if_present(kube, f"/api/v1/namespaces/{ns}")
         for c in classes + [gpu_double.device_class()]:
-            _delete(kube, f"{RESOURCE_API}/deviceclasses/{c['metadata']['name']}")
+            delete_if_present(kube, f"{RESOURCE_API}/deviceclasses/{c['metadata']['name']}")
         delete_node_and_slices(kube, node)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -25,8 +25,21 @@ import pytest
 import yaml
 
 from devcluster import gpu_double
-from devcluster.controlplane import ControlPlane, create_objects, load_yaml_docs, object_path, wait_for
-from devcluster.demo import DriverProcess, allocated_claim, build_fixture, delete_pod, pod_for_template, slice_devices
+from devcluster.controlplane import (
+    ControlPlane,
+    create_objects,
+    load_yaml_docs,
+    object_path,
+    wait_for,
+)
+from devcluster.demo import (
+    DriverProcess,
+    allocated_claim,
+    build_fixture,
+    delete_pod,
+    pod_for_template,
+    slice_devices,
+)
 from driver.kube import RESOURCE_API, KubeClient, KubeError
 from tests.plugins.cluster import delete_node_and_slices, list_slices
 

@@ -15,7 +15,12 @@ import pytest
 from driver.checkpoint import CheckpointStore
 from driver.config import DriverConfig
 from driver.kube import KubeClient
-from driver.kubelet_plugin import DeviceHealthFeed, DeviceHealthState, KubeletPlugin, evaluate_health
+from driver.kubelet_plugin import (
+    DeviceHealthFeed,
+    DeviceHealthState,
+    KubeletPlugin,
+    evaluate_health,
+)
 from driver.metrics import Metrics
 from driver.model import Device, HostFacts
 from driver.prepare import Preparer

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import base64
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from driver.names import is_dns_label, netdev_device_name, pci_device_name
 

@@ -15,7 +15,6 @@ import pytest
 
 from driver.checkpoint import CheckpointStore
 from driver.nri_hooks import RUN_STEPS, STOP_STEPS
-from tests.test_ethtool import ioctl_features
 from tests.plugins.nri import (
     DriverProcess,
     Harness,
@@ -24,6 +23,7 @@ from tests.plugins.nri import (
     pod_json,
     prepare_claim,
 )
+from tests.test_ethtool import ioctl_features
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -211,7 +211,9 @@ def test_create_container_injects_exact_hcas_and_numa_cpuset(nri_harness: Harnes
 def test_ethtool_features_set_in_pod_and_restored_on_host(nri_harness: Harness, netns_factory, driver_procs,
                                                           tmp_path: Path) -> None:
     """claim config ethtool.features: applied inside the pod, host values back after StopPodSandbox."""
-    from tests.test_ethtool import ioctl_features  # SIOCETHTOOL: not the genetlink code under test
+    from tests.test_ethtool import (
+        ioctl_features,  # SIOCETHTOOL: not the genetlink code under test
+    )
 
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()

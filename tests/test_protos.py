@@ -33,8 +33,9 @@ def _fields(message) -> dict[str, tuple[int, int]]:
 
 
 def test_registration_contract() -> None:
-    from driver.proto import pluginregistration_pb2 as pb
     from google.protobuf.descriptor import FieldDescriptor as F
+
+    from driver.proto import pluginregistration_pb2 as pb
 
     svc = pb.DESCRIPTOR.services_by_name["Registration"]
     assert svc.full_name == "pluginregistration.Registration"
@@ -81,8 +82,9 @@ def test_dra_contract(version: str) -> None:
 
 
 def test_health_contract() -> None:
-    from driver.proto import dra_health_v1alpha1_pb2 as pb
     from google.protobuf.descriptor import FieldDescriptor as F
+
+    from driver.proto import dra_health_v1alpha1_pb2 as pb
 
     svc = pb.DESCRIPTOR.services_by_name["DRAResourceHealth"]
     assert svc.full_name == "v1alpha1.DRAResourceHealth"

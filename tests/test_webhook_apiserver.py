@@ -24,12 +24,17 @@ import pytest
 import yaml
 
 from devcluster import certs
-
 from devcluster.controlplane import free_port
 from driver.kube import RESOURCE_API, KubeClient, KubeError
-from driver.webhook import (MANAGED_CONFIGURATION, WebhookOptions, build_registry, review, self_signed,
-                            webhook_configuration)
-
+from driver.webhook import (
+    MANAGED_CONFIGURATION,
+    WebhookOptions,
+    build_registry,
+    review,
+    self_signed,
+    webhook_configuration,
+)
+from tests.plugins.cluster import delete_if_present
 
 ROOT = Path(__file__).resolve().parents[1]
 VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -88,7 +93,7 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
         yield out
     finally:
         for path in reversed(cleanup):
-            delete(kube, path)
+            delete_if_present(kube, path)
 
 
 def start_webhook(kubeconfig: str, port: int, *extra: str, log_path: Path) -> subprocess.Popen[bytes]:
@@ -109,13 +114,6 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-def delete(kube: KubeClient, path: str) -> None:
-    try:
-        kube.request("DELETE", path)
-    except KubeError as exc:
-        if not exc.not_found:
-            raise
-
 
 def create_until_rejected(kube: KubeClient, path: str, obj: dict[str, Any], log: Path,
                           timeout: float = 30) -> KubeError:
@@ -131,7 +129,7 @@ def create_until_rejected(kube: KubeClient, path: str, obj: dict[str, Any], log:
             if time.monotonic() > deadline:
                 raise
         else:
-            delete(kube, f"{path}/{name}")  # admitted before the webhook was active
+            delete_if_present(kube, f"{path}/{name}")  # admitted before the webhook was active
             if time.monotonic() > deadline:
                 pytest.fail(f"{name} was never rejected; webhook log:\n{log.read_text()[-4000:]}")
         time.sleep(0.5)
@@ -142,7 +140,7 @@ def names() -> Iterator[list[tuple[KubeClient, str]]]:
     created: list[tuple[KubeClient, str]] = []
     yield created
     for kube, path in created:
-        delete(kube, path)
+        delete_if_present(kube, path)
 
 
 @pytest.mark.parametrize("policy", ["Fail", "Ignore"])

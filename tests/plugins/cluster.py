@@ -14,7 +14,12 @@ from typing import Any, Iterator
 
 import pytest
 
-from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane, find_control_plane, go_available
+from devcluster.binaries import (
+    ControlPlaneBinaries,
+    ensure_control_plane,
+    find_control_plane,
+    go_available,
+)
 from devcluster.controlplane import ControlPlane
 from driver.kube import RESOURCE_API, KubeClient, KubeError
 
@@ -124,3 +129,12 @@ def helm() -> str:
         return helm_mod.build()
     except (RuntimeError, subprocess.CalledProcessError) as exc:
         pytest.skip(f"no helm and could not build it: {exc}")
+
+
+def delete_if_present(kube: KubeClient, path: str) -> None:
+    """DELETE an API object; already gone is fine (test cleanup)."""
+    try:
+        kube.request("DELETE", path)
+    except KubeError as exc:
+        if not exc.not_found:
+            raise
