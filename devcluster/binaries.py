@@ -30,6 +30,10 @@ K8S_VERSION = "v1.34.10"          # latest v1.34.x the proxy serves AND sum.gola
 ETCD_VERSION = "v3.6.16"          # latest etcd 3.6.x
 K8S_MINOR = "1.34"
 K8S_COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
+# The real node's binaries, built from the same wrapper module in the same `go build` (shared
+# packages compile once; one cache entry per Kubernetes version).
+K8S_NODE_COMPONENTS = ("kubelet", "kubectl")
+K8S_ALL = K8S_COMPONENTS + K8S_NODE_COMPONENTS
 
 # Every staging module k8s.io/kubernetes v1.34 requires at v0.0.0 (real-cluster.md §1.3).
 K8S_STAGING = (
@@ -176,7 +180,7 @@ def k8s_gomod(version: str = K8S_VERSION, go_line: str = "1.24.0") -> str:
     """Wrapper go.mod for the control plane binaries (real-cluster.md §1.4)."""
     staging = "v0." + version[len("v1."):]
     replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} {staging}" for m in K8S_STAGING)
-    tools = "\n".join(f"\tk8s.io/kubernetes/cmd/{c}" for c in K8S_COMPONENTS)
+    tools = "\n".join(f"\tk8s.io/kubernetes/cmd/{c}" for c in K8S_ALL)
     minor = go_line.rsplit(".", 1)[0]
     return (f"module example.invalid/k8sbins\n\ngo {go_line}\n\n"
             f"// upstream's own GODEBUG defaults, not those of our newer toolchain\n"
@@ -202,10 +206,10 @@ def etcd_gomod(version: str = ETCD_VERSION) -> str:
 
 
 def build_k8s(version: str = K8S_VERSION, progress: Progress = _print_progress) -> Path:
-    """Build (or reuse cached) kube-apiserver, kube-scheduler, kube-controller-manager."""
-    b = GoBuild(packages=tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_COMPONENTS),
+    """Build (or reuse cached) the control plane binaries plus kubelet and kubectl."""
+    b = GoBuild(packages=tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_ALL),
                 tags=("selinux", "notest", "grpcnotrace"), ldflags=k8s_ldflags(version))
-    return build_go_tool("k8s", version, k8s_gomod(version), [b], expect=K8S_COMPONENTS,
+    return build_go_tool("k8s", version, k8s_gomod(version), [b], expect=K8S_ALL,
                          progress=progress)
 
 
