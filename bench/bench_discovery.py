@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from devcluster.sysfs_fixture import build
-from driver.discovery import Scanner
-from driver.sysfs import IdentityCache
+from driver.inventory.discovery import Scanner
+from driver.inventory.sysfs import IdentityCache
 
 GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 50.0}
 

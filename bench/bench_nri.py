@@ -28,9 +28,9 @@ import time
 from pyroute2 import IPRoute
 
 from driver.checkpoint import CheckpointStore
-from driver.netns_ops import Namespaces
-from driver.rtnl import Rtnl, newlink
-from driver.nri_hooks import NRIHooks
+from driver.netlink.nic_moves import Namespaces
+from driver.netlink.rtnl import Rtnl, newlink
+from driver.nri.hooks import NRIHooks
 from driver.proto import nri_v1alpha1_pb2 as api
 
 GOAL_TOTAL_P99_MS = 100.0  # 4 NICs (brief); the issue asks p99 <= 50 ms

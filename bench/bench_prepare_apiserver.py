@@ -22,7 +22,7 @@ from pathlib import Path
 from devcluster.binaries import ensure_control_plane
 from devcluster.controlplane import ControlPlane, create_objects
 from devcluster.demo import DriverProcess, build_fixture, seed_docs
-from driver.kube import RESOURCE_API, KubeClient
+from driver.kube.client import RESOURCE_API, KubeClient
 from tests.support.kubelet_client import KubeletClient
 
 NODE, NS = "bench-node", "default"

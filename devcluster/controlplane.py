@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from devcluster import certs
 from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane
-from driver.kube import KubeClient, KubeError
+from driver.kube.client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ fixture, runs ``dranet run`` on it as a separate process, installs the GPU drive
 applies ``examples/distributed_training/{device-class,resource-claim-template}.yaml``, creates one
 pod per template (one after the other: both templates want the same 4 GPUs), and prints which
 NICs and GPUs each claim got with their NUMA nodes. Everything is removed at the end, also on
-Ctrl-C. `DriverProcess` and the seed helpers here are reused by tests/test_e2e_seed.py.
+Ctrl-C. `DriverProcess` and the seed helpers here are reused by tests/e2e/test_seed.py.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from devcluster import gpu_double
 from devcluster.binaries import ensure_control_plane
 from devcluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
-from driver.kube import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = REPO / "examples" / "distributed_training"

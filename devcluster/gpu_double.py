@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from driver.kube import RESOURCE_API, KubeClient, KubeError
-from driver.slices import owner_reference
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.publish.slices import owner_reference
 
 GPU_DRIVER = "gpu.nvidia.com"
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from driver.model import Device
+from driver.model.device import Device
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")

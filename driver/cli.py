@@ -18,11 +18,11 @@ from driver.config import DEFAULT_FILTER, DriverConfig
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
     "run": "driver.daemon:cli_run",
-    "discover": "driver.discovery_cli:cli_discover",
-    "validate": "driver.claim_validation:cli_validate",
+    "discover": "driver.inventory.discovery_cli:cli_discover",
+    "validate": "driver.claims.validation:cli_validate",
     "webhook": "driver.webhook:cli_webhook",
-    "topology": "driver.topology:cli_topology",
-    "templates": "driver.topology:cli_templates",
+    "topology": "driver.inventory.topology:cli_topology",
+    "templates": "driver.inventory.topology:cli_templates",
 }
 
 

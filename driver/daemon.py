@@ -21,20 +21,20 @@ import time
 from typing import Any, Callable
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
-from driver.claim_config import prepare_decoder
-from driver.claim_status import ClaimStatusWriter
+from driver.claims.decode import prepare_decoder
+from driver.claims.status import ClaimStatusWriter
 from driver.config import DriverConfig
-from driver.device_filter import DeviceFilter, FilterError
-from driver.discovery import Scanner, merge_allocated
-from driver.discovery_cli import sysfs_root_error
-from driver.health import HealthServer
-from driver.kube import KubeClient
-from driver.kubelet_plugin import DeviceHealthFeed, KubeletPlugin, health_states
-from driver.link_watch import LinkWatcher
+from driver.inventory.device_filter import DeviceFilter, FilterError
+from driver.inventory.discovery import Scanner, merge_allocated
+from driver.inventory.discovery_cli import sysfs_root_error
+from driver.probe_server import HealthServer
+from driver.kube.client import KubeClient
+from driver.kubelet.plugin import DeviceHealthFeed, KubeletPlugin, health_states
+from driver.netlink.link_watch import LinkWatcher
 from driver.metrics import Metrics
-from driver.model import Device
-from driver.prepare import Preparer
-from driver.publisher import SlicePublisher
+from driver.model.device import Device
+from driver.claims.prepare import Preparer
+from driver.publish.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class Daemon:
 
     async def _run_nri(self) -> None:
         from driver.nri.plugin import NRIPlugin
-        from driver.nri_hooks import NRIHooks
+        from driver.nri.hooks import NRIHooks
 
         # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
         # logged and retried, never fatal for the kubelet plugin.
@@ -232,7 +232,7 @@ async def _main(config: DriverConfig) -> int:
 def cli_run(args: argparse.Namespace) -> int:
     """Entry point of ``dranet run``."""
     from driver.cli import config_from_args
-    from driver.health import parse_bind_address
+    from driver.probe_server import parse_bind_address
 
     config = config_from_args(args)
     try:

@@ -2,7 +2,7 @@
 
 It validates ResourceClaims and ResourceClaimTemplates (``resource.k8s.io/v1``) on CREATE and
 UPDATE with the same validator as NodePrepareResources and ``dranet validate``
-(:func:`driver.claim_validation.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
+(:func:`driver.claims.validation.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
 are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 
 kopf runs with the smallest footprint it allows: standalone (no peering objects), cluster
@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from driver.claim_validation import validate_claim_spec
+from driver.claims.validation import validate_claim_spec
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class ConfigurationManager:
         self._task: asyncio.Task[None] | None = None
 
     def _apply(self, body: dict[str, Any]) -> None:
-        from driver.kube import APPLY_PATCH, KubeClient
+        from driver.kube.client import APPLY_PATCH, KubeClient
 
         kube = KubeClient.from_kubeconfig(self.options.kubeconfig)
         kube.request("PATCH", f"{self.PATH}/{MANAGED_CONFIGURATION}", body,

@@ -344,6 +344,6 @@ def test_filter_default_matches_driver_default() -> None:
 
 def test_documented_node_role_is_the_charts() -> None:
     """docs/rbac.md's dranet-node role (applied by the status tests) is exactly the chart's."""
-    from tests.test_webhook_apiserver import documented_role
+    from tests.e2e.test_webhook_apiserver import documented_role
 
     assert documented_role("dranet-node")["rules"] == EXPECTED_RULES

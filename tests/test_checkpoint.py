@@ -20,7 +20,7 @@ from driver.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
-from driver.model import CharDevice, Device, HostFacts
+from driver.model.device import CharDevice, Device, HostFacts
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,7 +9,7 @@ import pytest
 
 from devcluster.binaries import K8S_VERSION, ControlPlaneBinaries
 from devcluster.controlplane import ControlPlane, ControlPlaneError, ControlPlaneOptions
-from driver.kube import KubeClient
+from driver.kube.client import KubeClient
 
 pytestmark = [pytest.mark.cluster]
 

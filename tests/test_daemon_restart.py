@@ -39,7 +39,7 @@ import asyncio, os, signal, sys
 from driver.checkpoint import CheckpointStore
 from driver.cli import build_parser, config_from_args
 from driver.daemon import Daemon
-from driver.kube import KubeClient
+from driver.kube.client import KubeClient
 from driver.logs import setup_logging
 
 async def main():

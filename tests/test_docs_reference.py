@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from driver import attributes
+from driver.inventory import attributes
 from driver.cli import build_parser
 from driver.metrics import Metrics
 

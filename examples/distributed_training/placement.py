@@ -2,7 +2,7 @@
 
 Standard library only (it ships in the benchmark ConfigMap and runs in any training image,
 where the driver is not installed), so the cpulist parser here is a deliberate copy of
-``driver.container_settings.parse_cpulist`` (this one returns a sorted list and rejects
+``driver.claims.container_settings.parse_cpulist`` (this one returns a sorted list and rejects
 reversed ranges).
 
 Rules (seed 004): a device ``numa_node`` of ``-1`` means the firmware did not say, so the rank

@@ -21,7 +21,7 @@ from devcluster.binaries import (
     go_available,
 )
 from devcluster.controlplane import ControlPlane
-from driver.kube import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
 
 _BINARIES = pytest.StashKey["ControlPlaneBinaries | str"]()
 

@@ -27,7 +27,7 @@ import yaml
 from devcluster.certs import kubeconfig_yaml
 from devcluster.controlplane import ControlPlane
 from devcluster.demo import DriverProcess
-from driver.kube import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
 from tests.plugins.cluster import delete_node_and_slices
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -185,7 +185,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     ``opaque``), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``, ``numa_node``.
     """
     from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
-    from driver.model import CharDevice, Device, HostFacts
+    from driver.model.device import CharDevice, Device, HostFacts
 
     uid = f"claim-{secrets.token_hex(4)}"
     prepared = []
@@ -293,7 +293,7 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     from driver.checkpoint import CheckpointStore
     from driver.nri.plugin import NRIPlugin
-    from driver.nri_hooks import NRIHooks
+    from driver.nri.hooks import NRIHooks
 
     hooks = NRIHooks(CheckpointStore(args.state_dir), host_netns=args.host_netns, sysfs_root=args.sysfs_root)
     plugin = NRIPlugin(args.socket, hooks, backoff_initial=0.05, backoff_max=0.5)

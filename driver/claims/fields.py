@@ -1,0 +1,133 @@
+"""Strict readers for JSON values that collect every field error in one pass.
+
+The claim configuration decoder (:mod:`driver.claims.decode`) reads user JSON field by field.
+Each reader here takes the raw value, its field path and a :class:`FieldErrors` collector; it
+returns the typed value, or ``None`` after recording why the value was refused. ``None`` in the
+input means "not set" and is never an error here (required fields are checked by the caller).
+Collecting instead of raising lets one ``kubectl apply`` report every mistake at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem at one field path."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+class FieldErrors:
+    """Collects field errors so one pass reports every problem, not just the first."""
+
+    def __init__(self) -> None:
+        self.items: list[FieldError] = []
+
+    def add(self, path: str, reason: str) -> None:
+        """Record that the value at ``path`` is refused for ``reason``."""
+        self.items.append(FieldError(path, reason))
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of ``value``'s type, for messages ("must be an object, got array")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: bool is an int in Python, not in JSON
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def read_object(raw: Any, path: str, allowed: Iterable[str], errs: FieldErrors) -> dict[str, Any] | None:
+    """``raw`` as an object with only ``allowed`` keys (unknown keys reported, then dropped)."""
+    if not isinstance(raw, dict):
+        errs.add(path, f"must be an object, got {json_type_name(raw)}")
+        return None
+    allowed = list(allowed)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in allowed:
+            errs.add(f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})")
+        else:
+            out[key] = value
+    return out
+
+
+def read_bool(raw: Any, path: str, errs: FieldErrors) -> bool | None:
+    """A JSON boolean (``1`` and ``"true"`` are refused)."""
+    if raw is None or isinstance(raw, bool):
+        return raw
+    errs.add(path, f"must be a boolean, got {json_type_name(raw)}")
+    return None
+
+
+def read_str(raw: Any, path: str, errs: FieldErrors) -> str | None:
+    """A JSON string."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    errs.add(path, f"must be a string, got {json_type_name(raw)}")
+    return None
+
+
+def read_int(raw: Any, path: str, errs: FieldErrors, lo: int, hi: int) -> int | None:
+    """A JSON integer in ``[lo, hi]``."""
+    if raw is None:
+        return None
+    # bool is an int in Python but not in JSON; 1500.0 from a JSON number is accepted as 1500.
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        errs.add(path, f"must be an integer, got {json_type_name(raw)}")
+        return None
+    if not lo <= raw <= hi:
+        errs.add(path, f"must be between {lo} and {hi}, got {raw}")
+        return None
+    return raw
+
+
+def read_ip(raw: Any, path: str, errs: FieldErrors) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """A JSON string holding one IPv4 or IPv6 address (no prefix length)."""
+    text = read_str(raw, path, errs)
+    if text is None:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        errs.add(path, f"{text!r} is not an IP address")
+        return None
+
+
+def read_bool_map(raw: Any, path: str, errs: FieldErrors) -> dict[str, bool] | None:
+    """An object of ``name: boolean`` (names non-empty, without whitespace)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        errs.add(path, f"must be an object of name: boolean, got {json_type_name(raw)}")
+        return None
+    out: dict[str, bool] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+            errs.add(f"{path}.{key}", "name must be non-empty without whitespace")
+            continue
+        if not isinstance(value, bool):
+            errs.add(f"{path}.{key}", f"must be a boolean, got {json_type_name(value)}")
+            continue
+        out[key] = value
+    return out

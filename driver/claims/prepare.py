@@ -1,0 +1,341 @@
+"""NodePrepareResources / NodeUnprepareResources: the kubelet's claims to checkpointed devices.
+
+The kubelet sends only claim identities (namespace, name, UID). For each claim we
+GET the ResourceClaim (concurrently, before any serialization: those calls are the
+slow part), keep the allocation results of our driver, check they are in our node's
+pool and in our inventory, and record a :class:`PreparedClaim` with a device snapshot
+and the applicable opaque configs in the checkpoint. That record is all the NRI hooks
+need at pod start, and it is what makes a retried prepare (also after a crash and
+restart) return the same answer without asking the API server again.
+
+Checkpoint mutations go through a group commit: concurrent prepares and unprepares
+are applied in arrival order, atomically, and persisted with one fsynced write per
+batch. That queue is the serialization point (the Go helper's mutex): decisions that
+depend on the stored state are made inside the mutation, under the store's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence, TypeVar
+
+from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
+from driver.claims.decode import ConfigError, stored_config
+from driver.claims.container_settings import device_numa_node, numa_pin_node
+from driver.netlink.ethtool import check_features
+from driver.kube.client import KubeClient, KubeError
+from driver.model.device import Device
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+CLAIM_LOOKUP_THREADS = 16
+"""Concurrent claim lookups (checkpoint read + GET); matches the API client's connection pool."""
+
+ConfigDecoder = Callable[[list[dict[str, Any]], str, str, str], dict[str, Any]]
+"""``(allocation_configs, base_request, full_request, driver) -> config dict`` stored per device."""
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepare/NodeUnprepare requests."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass
+class ResultDevice:
+    """One device of a prepared claim, as returned to the kubelet."""
+
+    request_names: list[str]
+    pool: str
+    device: str
+    cdi_device_ids: list[str] = field(default_factory=list)
+    share_id: str | None = None
+
+
+@dataclass
+class PrepareResult:
+    """Per-claim outcome: devices, or a non-empty error (then devices are ignored)."""
+
+    devices: list[ResultDevice] = field(default_factory=list)
+    error: str = ""
+
+
+class ClaimError(Exception):
+    """A claim cannot be prepared; the message is returned to the kubelet for that claim only."""
+
+
+def base_request(request: str) -> str:
+    """The request name without a subrequest suffix (``"nic/sub"`` -> ``"nic"``)."""
+    return request.split("/", 1)[0]
+
+
+def opaque_configs(allocation_configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
+    """All opaque parameters of ``driver`` that apply to a request, class configs first.
+
+    An entry applies when its ``requests`` is empty or names the base or full request.
+    Order within a source is kept; all entries are returned (later ones override earlier
+    ones when a decoder merges them), never just the first.
+    """
+    applicable: list[tuple[int, int, Any]] = []
+    for index, entry in enumerate(allocation_configs or []):
+        if not isinstance(entry, dict):
+            raise ClaimError(f"status.allocation.devices.config[{index}]: not an object")
+        opaque = entry.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        requests = entry.get("requests") or []
+        if requests and base not in requests and full not in requests:
+            continue
+        rank = 0 if entry.get("source") == "FromClass" else 1
+        applicable.append((rank, index, opaque.get("parameters")))
+    applicable.sort(key=lambda item: (item[0], item[1]))
+    return {"opaque": [params for _, _, params in applicable]}
+
+
+class _GroupCommit:
+    """Applies checkpoint mutations in arrival order, batching concurrent ones into one write."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+        self._pending: list[tuple[Callable[[DriverState], Any], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def apply(self, fn: Callable[[DriverState], T]) -> T:
+        """Run ``fn`` on the state and return its result once the state is on disk."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            outcomes: list[tuple[bool, Any]] = []
+
+            def run_batch(state: DriverState, batch: list[Any] = batch, outcomes: list[Any] = outcomes) -> None:
+                for fn, _ in batch:
+                    try:
+                        outcomes.append((True, fn(state)))
+                    except Exception as exc:  # one bad mutation must not sink the batch
+                        outcomes.append((False, exc))
+
+            try:
+                # fsync blocks for milliseconds: keep it off the event loop.
+                await asyncio.to_thread(self._store.update, run_batch)
+            except Exception as exc:
+                log.error("checkpoint write failed", extra={"kv": {"error": str(exc), "batch": len(batch)}})
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(ClaimError(f"checkpoint write failed: {exc}"))
+                continue
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+
+
+class Preparer:
+    """Prepares and unprepares claims for the kubelet; all state lives in the checkpoint."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        store: CheckpointStore,
+        devices: Callable[[], dict[str, Device]],
+        driver_name: str,
+        node_name: str,
+        config_decoder: ConfigDecoder = opaque_configs,
+        after_commit: Callable[[list[str]], None] | None = None,
+        on_unprepare: Callable[[PreparedClaim], None] | None = None,
+    ) -> None:
+        """``devices`` returns the current inventory by device name; ``config_decoder`` turns
+        the allocation's config entries into the per-device config (strict decoding plugs in
+        here); ``after_commit`` is called with the claim UIDs just persisted (tests use it to
+        crash the process between the checkpoint write and the response); ``on_unprepare`` gets
+        each claim that unprepare removed (the claim status writer drops our entries)."""
+        self.kube = kube
+        self.store = store
+        self.devices = devices
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.config_decoder = config_decoder
+        self.after_commit = after_commit
+        self.on_unprepare = on_unprepare
+        self._commit = _GroupCommit(store)
+        self._pool: Executor | None = None
+
+    # -- prepare ------------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Prepare every claim; the result has an entry for each claim UID, never an exception."""
+        results: dict[str, PrepareResult] = {}
+        # One pool job per claim does the checkpoint lookup and, on a miss, the GET: the
+        # store's lock is held by the writer thread during an fsync (never wait for it on the
+        # event loop), and each thread hop costs a loop round trip.
+        loop = asyncio.get_running_loop()
+        pool = self._io_pool()
+        found = await asyncio.gather(*(loop.run_in_executor(pool, self._lookup, c) for c in claims),
+                                     return_exceptions=True)
+
+        records: list[PreparedClaim] = []
+        for ref, claim in zip(claims, found, strict=True):
+            if isinstance(claim, BaseException) and not isinstance(claim, ClaimError):
+                raise claim  # the checkpoint itself failed (GET failures are ClaimErrors): fail the call
+            if isinstance(claim, PreparedClaim):
+                results[ref.uid] = _result_of(claim)  # the kubelet's retry: answered from the checkpoint
+                continue
+            try:
+                if isinstance(claim, BaseException):
+                    raise claim
+                records.append(self._build(ref, claim))
+            except ClaimError as exc:
+                results[ref.uid] = PrepareResult(error=str(exc))
+            except Exception as exc:  # a bug for one claim must not fail the others
+                log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
+                results[ref.uid] = PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
+        if records:
+            try:
+                stored = await self._commit.apply(lambda state: _record(state, records))
+            except Exception as exc:
+                for record in records:
+                    results[record.uid] = PrepareResult(error=str(exc))
+            else:
+                if self.after_commit is not None:
+                    self.after_commit([r.uid for r in records])
+                for record in stored:
+                    results[record.uid] = _result_of(record)
+        for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
+            results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
+        log.info("prepared claims", extra={"kv": {
+            "claims": [c.uid for c in claims], "errors": {u: r.error for u, r in results.items() if r.error}}})
+        return results
+
+    def _io_pool(self) -> Executor:
+        """The threads for claim lookups, created on first use.
+
+        Not asyncio's default executor: that has min(32, CPUs + 4) threads (6 on a 2-core node)
+        shared with checkpoint writes and scans, so 100 concurrent claims were fetched 6 at a
+        time. Sized to the API client's connection pool so no connection is opened and thrown
+        away (a TLS handshake each). Its idle threads exit when the Preparer is collected.
+        """
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=CLAIM_LOOKUP_THREADS, thread_name_prefix="claim-lookup")
+        return self._pool
+
+    def _lookup(self, ref: ClaimRef) -> PreparedClaim | dict[str, Any]:
+        """(pool thread) The checkpointed record of ``ref``, else the ResourceClaim from the API."""
+        record = self.store.read(lambda s: s.claims.get(ref.uid))
+        return record if record is not None else self._get_claim(ref)
+
+    def _get_claim(self, ref: ClaimRef) -> dict[str, Any]:
+        """(pool thread) GET the claim; every failure is a :class:`ClaimError` for this claim only."""
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        try:
+            return self.kube.get_resource_claim(ref.namespace, ref.name)
+        except KubeError as exc:
+            if exc.not_found:
+                raise ClaimError(f"{where} not found (deleted?)") from None
+            raise ClaimError(f"cannot get {where}: {exc}") from None
+        except Exception as exc:
+            raise ClaimError(f"cannot get {where}: {exc}") from None
+
+    def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(f"{where} was replaced: it has UID {uid}, the kubelet asked for {ref.uid}")
+        status = claim.get("status") or {}
+        allocation = status.get("allocation")
+        if not allocation:
+            raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
+        alloc_devices = allocation.get("devices") or {}
+        configs = alloc_devices.get("config") or []
+        inventory = self.devices()
+        prepared: list[PreparedDevice] = []
+        for index, result in enumerate(alloc_devices.get("results") or []):
+            if result.get("driver") != self.driver_name:
+                continue  # another driver's device in a mixed claim
+            path = f"status.allocation.devices.results[{index}]"
+            pool, name, request = result.get("pool"), result.get("device"), result.get("request") or ""
+            if pool != self.node_name:
+                raise ClaimError(f"{where}: {path}.pool is {pool!r}, not this node's pool {self.node_name!r}")
+            device = inventory.get(name or "")
+            if device is None:
+                raise ClaimError(f"{where}: {path}.device {name!r} is not a device of this node")
+            base = base_request(request)
+            try:
+                config = self.config_decoder(configs, base, request, self.driver_name)
+            except ClaimError:
+                raise
+            except Exception as exc:  # decoder errors name the field; pass them on per claim
+                raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
+            _check_ethtool(where, base, device, config)
+            prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
+        pod_uids = [r["uid"] for r in status.get("reservedFor") or []
+                    if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")]
+        try:
+            # numa.pin across NICs on several NUMA nodes can never be honoured: refuse it now,
+            # as a per-claim error, rather than start a pod that silently runs unpinned.
+            numa_pin_node(((d.config, device_numa_node(d), d.device) for d in prepared),
+                          "status.allocation.devices.config: numa.pin")
+        except ConfigError as exc:
+            raise ClaimError(f"{where}: {exc}") from None
+        return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
+
+    # -- unprepare ----------------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Forget the claims; returns claim UID -> error ("" = success). Unknown UIDs succeed."""
+        uids = [c.uid for c in claims]
+        try:
+            removed = await self._commit.apply(
+                lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None])
+        except Exception as exc:
+            return {u: f"cannot update checkpoint: {exc}" for u in uids}
+        log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
+        for claim in removed if self.on_unprepare else ():
+            try:
+                self.on_unprepare(claim)  # type: ignore[misc]
+            except Exception:
+                log.exception("on_unprepare failed", extra={"kv": {"claim": claim.uid}})
+        return {u: "" for u in uids}
+
+
+def _check_ethtool(where: str, request: str, device: Device, config: dict[str, Any]) -> None:
+    """Refuse, at prepare, ethtool settings the NIC cannot take (like the Go driver), rather than
+    fail at pod start. Only devices whose config has an ``ethtool`` section pay the netlink call."""
+    try:
+        eth = stored_config(config).ethtool
+    except ConfigError as exc:
+        raise ClaimError(f"{where}: config for request {request!r}: {exc}") from None
+    if eth is None or not (eth.features or eth.private_flags):
+        return
+    if not device.host.ifname:
+        raise ClaimError(f"{where}: config for request {request!r}: ethtool: device {device.name} has no netdev")
+    problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
+    if problems:
+        raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+
+
+def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim]:
+    """Store new claims; a claim a concurrent call stored first keeps its original record."""
+    out = []
+    for record in records:
+        out.append(state.claims.setdefault(record.uid, record))
+    return out
+
+
+def _result_of(record: PreparedClaim) -> PrepareResult:
+    return PrepareResult(devices=[ResultDevice(request_names=[d.request], pool=d.pool, device=d.device)
+                                  for d in record.devices])

@@ -1,0 +1,380 @@
+"""Claim status: our entries in ``status.devices`` of a ResourceClaim, and Warning events.
+
+:class:`ClaimStatusWriter` implements the NRI hooks' ``StatusSink``. The hooks call
+:meth:`~ClaimStatusWriter.pod_network_ready` / :meth:`~ClaimStatusWriter.pod_network_failed`
+from inside a runtime callback, so those only enqueue; a worker thread does the API work with
+bounded retries and drops (with a log) what it cannot deliver.
+
+Each write is a server-side apply on ``resourceclaims/status`` with field manager ``dra.net``
+containing *all* our entries for the claim (list-map keys driver, pool, device): with SSA,
+an entry we owned and left out would be deleted, and an entry written by another manager (the
+GPU driver's) is never in our apply, so it is never touched. Entries: ``networkData``
+(interface name in the pod, CIDRs, MAC) and conditions ``Ready`` (True, or False with the failed
+step and the reason) and ``NUMAAligned`` (see :mod:`driver.claims.numa_report`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
+from urllib.parse import quote
+
+from driver.claims import numa_report
+from driver.checkpoint import PreparedClaim
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.model.device import DRIVER_NAME
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = DRIVER_NAME
+READY = "Ready"
+MAX_IPS = 16  # NetworkDeviceData.ips limit
+MAX_IFNAME = 256
+MAX_HWADDR = 128
+MAX_MESSAGE = 32768
+
+
+@dataclass
+class DeviceResult:
+    """How one NIC ended up in the pod (reported by the NRI hooks), for ``networkData``."""
+
+    device: str
+    interface_name: str
+    ips: list[str] = field(default_factory=list)  # CIDRs
+    hardware_address: str | None = None
+
+
+@dataclass
+class _Update:
+    """One queued status change for one claim."""
+
+    pod_uid: str
+    claim: PreparedClaim
+    ready: dict[str, DeviceResult] = field(default_factory=dict)  # device -> result
+    failed_device: str | None = None
+    failed_step: str = ""
+    failed_message: str = ""
+    clear: bool = False  # drop all our entries (claim unprepared)
+    attempts: int = 0
+    event_posted: bool = False  # retries of the status write must not repeat the event
+
+
+def _raw_parameters_refused(exc: KubeError) -> bool:
+    """The apiserver's 422 for a status write that re-encoded the allocation's raw parameters."""
+    return exc.status == 422 and "status.allocation" in exc.message and "immutable" in exc.message
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reason(step: str) -> str:
+    """A metav1.Condition reason (CamelCase, ``[A-Za-z][A-Za-z0-9_,:]*``) for a failed step."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", step) if w]
+    camel = "".join(w[:1].upper() + w[1:] for w in words)
+    if not camel or not camel[0].isalpha():
+        camel = "NetworkSetup"
+    return f"{camel}Failed"
+
+
+def _cidr(ip: str) -> str:
+    if "/" in ip:
+        return ip
+    return f"{ip}/128" if ":" in ip else f"{ip}/32"
+
+
+class ClaimStatusWriter:
+    """Writes our ``status.devices`` entries and failure events; the NRI hooks' StatusSink.
+
+    ``sysfs_root`` is this node's sysfs (NUMA of the claim's other devices). Call
+    :meth:`start` once; :meth:`stop` drains what is queued (up to ``timeout``) and stops.
+    """
+
+    def __init__(
+        self, kube: KubeClient, node_name: str, *, driver_name: str = DRIVER_NAME, sysfs_root: str = "/sys",
+        max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 8.0, queue_size: int = 1024,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.kube = kube
+        self.node_name = node_name
+        self.driver_name = driver_name
+        self.sysfs_root = sysfs_root
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._sleep = sleep
+        self._queue: queue.Queue[_Update | None] = queue.Queue(maxsize=queue_size)
+        self._thread: threading.Thread | None = None
+        self._numa_cache: dict[str, dict[str, str]] = {}  # claim uid -> condition (allocation is immutable)
+        self.delivered = 0
+        self.dropped = 0
+
+    # -- StatusSink ---------------------------------------------------------------------------
+
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: Sequence[DeviceResult]) -> None:
+        """All of ``claim``'s NICs are configured in the pod: queue Ready=True with networkData."""
+        self._enqueue(_Update(pod_uid, claim, ready={r.device: r for r in results}))
+
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
+        """Setting up ``device`` failed at ``step``: queue Ready=False and a Warning event on the pod."""
+        self._enqueue(_Update(pod_uid, claim, failed_device=device, failed_step=step, failed_message=message))
+
+    def claim_unprepared(self, claim: PreparedClaim) -> None:
+        """``claim`` was unprepared on this node: queue the removal of all our entries.
+
+        Applying an empty list with our field manager drops exactly the entries we own, so a
+        claim that stays allocated and is used by a later pod shows no stale ``Ready=True``.
+        """
+        self._enqueue(_Update("", claim, clear=True))
+
+    def _enqueue(self, update: _Update) -> None:
+        try:
+            self._queue.put_nowait(update)
+        except queue.Full:
+            # Never block the runtime's hook: status is informative, the pod's fate is not.
+            self.dropped += 1
+            log.error("claim status queue full; dropping update",
+                      extra={"kv": {"claim": f"{update.claim.namespace}/{update.claim.name}"}})
+
+    # -- worker -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the worker thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="claim-status", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued (best effort within ``timeout``), then stop the worker."""
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout)
+        self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            update = self._queue.get()
+            if update is None:
+                return
+            self.process(update)
+
+    def process(self, update: _Update) -> bool:
+        """Deliver one update with bounded retries; True when written."""
+        delay = self.backoff
+        claim = update.claim
+        kv = {"claim": f"{claim.namespace}/{claim.name}", "pod": update.pod_uid}
+        while True:
+            update.attempts += 1
+            try:
+                self._deliver(update)
+                self.delivered += 1
+                return True
+            except KubeError as exc:
+                if exc.not_found:
+                    log.info("claim gone; status not written", extra={"kv": kv})
+                    return False
+                error: Exception = exc
+            except Exception as exc:  # noqa: BLE001 - a bug here must not kill the worker
+                error = exc
+            if update.attempts >= self.max_attempts:
+                self.dropped += 1
+                log.error("giving up writing claim status", extra={"kv": {**kv, "error": str(error),
+                                                                          "attempts": update.attempts}})
+                return False
+            log.warning("claim status write failed; retrying", extra={"kv": {**kv, "error": str(error)}})
+            self._sleep(delay)
+            delay = min(delay * 2, self.max_backoff)
+
+    def _deliver(self, update: _Update) -> None:
+        claim = update.claim
+        current = self.kube.get_resource_claim(claim.namespace, claim.name)
+        if (current.get("metadata") or {}).get("uid") != claim.uid:
+            # Same name, new object: our devices are not in it.
+            raise KubeError(404, "NotFound", f"claim {claim.namespace}/{claim.name} has another UID now")
+        if update.failed_device is not None and not update.event_posted:
+            self._post_event(update, current)
+            update.event_posted = True
+        body = self.status_body(update, current)
+        ours = body["status"]["devices"]
+        try:
+            written = self.kube.apply_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
+        except KubeError as exc:
+            if not _raw_parameters_refused(exc):
+                raise
+            self._replace_status(current, ours)
+            return
+        if self._entries(written) != self._entries({"status": {"devices": ours}}):
+            # Entries an earlier PUT wrote are not owned by our apply, so an apply cannot
+            # remove them: finish with a PUT (read again: the apply changed resourceVersion).
+            self._replace_status(self.kube.get_resource_claim(claim.namespace, claim.name), ours)
+
+    def _entries(self, obj: dict[str, Any]) -> list[tuple[Any, Any]]:
+        """Our (pool, device) keys in ``status.devices``, sorted."""
+        return sorted((d.get("pool"), d.get("device"))
+                      for d in (obj.get("status") or {}).get("devices") or [] if d.get("driver") == self.driver_name)
+
+    def _replace_status(self, current: dict[str, Any], ours: list[dict[str, Any]]) -> None:
+        """Write our entries with a PUT of the object as read, when server-side apply is refused.
+
+        Why: the apiserver (1.34) compares ``status.allocation`` byte for byte, including the
+        opaque ``parameters`` (a RawExtension) the scheduler copied from the claim. Apply and
+        PATCH re-encode the object, so unless the user sent those parameters in canonical JSON
+        (compact, sorted keys: what kubectl sends) the write is refused as "field is immutable".
+        A PUT of the object exactly as served (compact, original key order) preserves compact
+        originals; a second try with Python's default spacing matches bodies that Python
+        clients created. Other drivers' entries are kept; resourceVersion guards against races.
+        """
+        meta = current.get("metadata") or {}
+        status = current.setdefault("status", {})
+        status["devices"] = [d for d in status.get("devices") or []
+                             if d.get("driver") != self.driver_name] + ours
+        separators: tuple[tuple[str, str], ...] = ((",", ":"), (", ", ": "))  # compact, then Python's
+        for i, sep in enumerate(separators):
+            try:
+                self.kube.replace_claim_status(meta.get("namespace", ""), meta.get("name", ""),
+                                               json.dumps(current, separators=sep).encode(), FIELD_MANAGER)
+                return
+            except KubeError as exc:
+                if not _raw_parameters_refused(exc) or i == len(separators) - 1:
+                    raise
+
+    # -- building the apply -------------------------------------------------------------------
+
+    def status_body(self, update: _Update, current: dict[str, Any]) -> dict[str, Any]:
+        """The SSA body: every one of our entries in the claim, updated by ``update``."""
+        claim = update.claim
+        if update.clear:
+            return self._body(claim, [])
+        existing = {
+            (d.get("pool"), d.get("device")): d
+            for d in ((current.get("status") or {}).get("devices") or [])
+            if d.get("driver") == self.driver_name
+        }
+        numa = self._numa_condition(claim, current)
+        now = _now()
+        entries = []
+        for dev in claim.devices:
+            old = existing.get((dev.pool, dev.device), {})
+            old_conditions = {c.get("type"): c for c in old.get("conditions") or []}
+            entry: dict[str, Any] = {"driver": self.driver_name, "pool": dev.pool, "device": dev.device}
+            ready = old_conditions.get(READY)
+            network_data = old.get("networkData")
+            if dev.device in update.ready:
+                result = update.ready[dev.device]
+                ready = {"type": READY, "status": "True", "reason": "NetworkReady",
+                         "message": f"interface {result.interface_name} configured in pod {update.pod_uid}"}
+                network_data = self._network_data(result)
+            elif dev.device == update.failed_device:
+                ready = {"type": READY, "status": "False", "reason": _reason(update.failed_step),
+                         "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE]}
+                network_data = None  # rolled back: the NIC is not in the pod
+            conditions = [c for c in (ready, numa) if c]
+            entry["conditions"] = [self._stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
+            if network_data:
+                entry["networkData"] = network_data
+            entries.append(entry)
+        return self._body(claim, entries)
+
+    @staticmethod
+    def _body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": claim.namespace},
+            "status": {"devices": entries},
+        }
+
+    @staticmethod
+    def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[str, Any]:
+        # lastTransitionTime changes only when the status does (metav1.Condition semantics).
+        out = {k: cond[k] for k in ("type", "status", "reason", "message")}
+        if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
+            out["lastTransitionTime"] = old["lastTransitionTime"]
+        else:
+            out["lastTransitionTime"] = now
+        return out
+
+    @staticmethod
+    def _network_data(result: DeviceResult) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if result.interface_name:
+            data["interfaceName"] = result.interface_name[:MAX_IFNAME]
+        ips = [_cidr(ip) for ip in (result.ips or [])]
+        if ips:
+            data["ips"] = ips[:MAX_IPS]
+        if result.hardware_address:
+            data["hardwareAddress"] = result.hardware_address[:MAX_HWADDR]
+        return data
+
+    def _numa_condition(self, claim: PreparedClaim, current: dict[str, Any]) -> dict[str, str] | None:
+        cached = self._numa_cache.get(claim.uid)
+        if cached is not None:
+            return cached
+        try:
+            results = (((current.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            drivers = sorted({r.get("driver") for r in results if r.get("driver") not in (None, self.driver_name)})
+            slices: list[dict[str, Any]] = []
+            for driver in drivers:
+                slices.extend(self.list_slices(driver))
+            single = numa_report.numa_node_count(self.sysfs_root) == 1
+            condition = numa_report.numa_condition(
+                numa_report.own_devices(claim, single),
+                numa_report.other_devices(results, slices, self.sysfs_root, single, self.driver_name),
+            )
+        except KubeError as exc:
+            # Report what we could not find instead of failing the Ready write.
+            log.warning("NUMA report: cannot list slices", extra={"kv": {"error": str(exc)}})
+            return {"type": numa_report.CONDITION_TYPE, "status": "Unknown", "reason": "NUMAUnknown",
+                    "message": f"cannot read the other devices' ResourceSlices: {exc}"[:MAX_MESSAGE]}
+        self._numa_cache[claim.uid] = condition
+        if len(self._numa_cache) > 4096:  # bounded: claims come and go
+            self._numa_cache.pop(next(iter(self._numa_cache)))
+        return condition
+
+    def list_slices(self, driver: str) -> list[dict[str, Any]]:
+        """All ResourceSlices of ``driver`` (field selector ``spec.driver``)."""
+        items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
+                                  query={"fieldSelector": f"spec.driver={driver}"}).get("items") or []
+        return list(items)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _post_event(self, update: _Update, current: dict[str, Any]) -> None:
+        claim = update.claim
+        pod_name = next((r.get("name") for r in (current.get("status") or {}).get("reservedFor") or []
+                         if r.get("uid") == update.pod_uid), None)
+        if pod_name is None:
+            log.warning("pod not in claim's reservedFor; no event", extra={"kv": {"pod": update.pod_uid}})
+            return
+        now = _now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{pod_name}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": claim.namespace,
+                               "name": pod_name, "uid": update.pod_uid},
+            "type": "Warning",
+            "reason": _reason(update.failed_step),
+            "message": (f"device {update.failed_device} of claim {claim.name}: "
+                        f"{update.failed_step}: {update.failed_message}")[:1024],
+            "source": {"component": self.driver_name, "host": self.node_name},
+            "reportingComponent": self.driver_name,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{quote(claim.namespace)}/events", event)
+        except KubeError as exc:
+            # The status write still carries the failure; an event is a courtesy.
+            log.warning("cannot post event", extra={"kv": {"error": str(exc)}})

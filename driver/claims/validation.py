@@ -1,0 +1,143 @@
+"""Claim-level validation of ``dra.net`` configs: the admission webhook and ``dranet validate``.
+
+:func:`validate_claim_spec` is the one validator the webhook (:mod:`driver.webhook`) and the CLI
+(:func:`cli_validate`) share. It decodes each ``dra.net`` config with
+:func:`driver.claims.decode.decode_config` (the decoder NodePrepareResources runs too) and adds
+the checks only a whole claim allows: per-device settings on a request that can allocate
+several NICs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from driver.claims.decode import ConfigError, NetworkConfig, decode_config, request_matches
+from driver.claims.fields import json_type_name
+from driver.model.device import DRIVER_NAME
+
+
+def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
+    """Requests (and subrequests) that may allocate several devices -> why."""
+    out: dict[str, str] = {}
+    for req in devices.get("requests") or []:
+        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
+            continue
+        subs = [(req["name"], req.get("exactly"))] if req.get("exactly") else [
+            (f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)
+        ]
+        for name, spec in subs:
+            if not isinstance(spec, dict):
+                continue
+            if spec.get("allocationMode") == "All":
+                out[name] = "allocationMode All"
+            elif isinstance(spec.get("count"), int) and spec["count"] > 1:
+                out[name] = f"count {spec['count']}"
+    return out
+
+
+def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
+    """Validate the ``dra.net`` configs of a ResourceClaim spec (or a template's ``spec.spec``).
+
+    Returns one :class:`ConfigError` per problem (empty when valid). Configs for other
+    drivers are ignored. Besides decoding, it refuses per-device settings (interface name,
+    addresses, MAC) on a request that can allocate several devices: every NIC would get the
+    same name or address in the pod and the second one would fail at pod start.
+    """
+    if not isinstance(spec, dict):
+        return [ConfigError(path, f"must be an object, got {json_type_name(spec)}")]
+    devices = spec.get("devices")
+    if not isinstance(devices, dict):
+        return []
+    configs = devices.get("config")
+    if not isinstance(configs, list):
+        return []
+    multi = _multi_device_requests(devices)
+    problems: list[ConfigError] = []
+    for i, entry in enumerate(configs):
+        if not isinstance(entry, dict):
+            continue
+        opaque = entry.get("opaque")
+        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
+            continue
+        ppath = f"{path}.devices.config[{i}].opaque.parameters"
+        try:
+            config = decode_config(opaque.get("parameters"), ppath)
+        except ConfigError as exc:
+            problems.extend(ConfigError(e.path, e.reason) for e in exc.errors)
+            continue
+        problems.extend(_per_device_conflicts(config, entry.get("requests"), multi, ppath))
+    return problems
+
+
+def _per_device_conflicts(
+    config: NetworkConfig, requests: Any, multi: dict[str, str], ppath: str
+) -> list[ConfigError]:
+    """Errors for interface settings that cannot be shared by the several NICs of one request."""
+    iface = config.interface
+    if iface is None:
+        return []
+    targets = [r for r in multi if request_matches(requests, r)]
+    if not targets:
+        return []
+    out = []
+    for fname, value in (("name", iface.name), ("addresses", iface.addresses), ("hardwareAddr", iface.hardware_addr)):
+        if value:
+            req = targets[0]
+            out.append(ConfigError(
+                f"{ppath}.interface.{fname}",
+                f"applies to request {req!r} ({multi[req]}), which can allocate several NICs; "
+                "each would get the same value and pod start would fail (use one request per NIC)",
+            ))
+    return out
+
+
+_CLAIM_KINDS = {"ResourceClaim": "spec", "ResourceClaimTemplate": "spec.spec"}
+
+
+def validate_object(obj: Any) -> list[ConfigError]:
+    """Validate one manifest; objects other than ResourceClaim(Template) are accepted as is."""
+    if not isinstance(obj, dict):
+        return [ConfigError("(document)", f"must be an object, got {json_type_name(obj)}")]
+    kind = obj.get("kind")
+    if kind not in _CLAIM_KINDS:
+        return []
+    spec = obj.get("spec")
+    if kind == "ResourceClaimTemplate":
+        spec = spec.get("spec") if isinstance(spec, dict) else None
+    if spec is None:
+        return []
+    return validate_claim_spec(spec, _CLAIM_KINDS[kind])
+
+
+def validate_file(path: str) -> list[str]:
+    """``file:doc: path: reason`` lines for every problem in a multi-document YAML file."""
+    import yaml  # imported here: only the CLI needs it
+
+    try:
+        text = Path(path).read_text() if path != "-" else sys.stdin.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"{path}:0: (file): cannot read: {exc}"]
+    lines: list[str] = []
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        return [f"{path}:0: (file): invalid YAML: {' '.join(str(exc).split())}"]
+    for n, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue  # an empty document ("---" at the end) is not an error
+        for error in validate_object(doc):
+            lines.extend(f"{path}:{n}: {e.path}: {e.reason}" for e in error.errors)
+    return lines
+
+
+def cli_validate(args: argparse.Namespace) -> int:
+    """``dranet validate FILE...``: print every problem; exit 1 if any, else 0."""
+    failed = False
+    for path in args.files:
+        for line in validate_file(path):
+            failed = True
+            print(line)
+    return 1 if failed else 0

@@ -1,0 +1,83 @@
+"""Building a device's published attributes within the DRA API limits.
+
+Two limits make the apiserver reject a whole ResourceSlice (Go driver bugs #198/#300/#313):
+a string value longer than 64 bytes and more than 32 attributes on one device. :func:`finalize`
+enforces both so no device can ever make its slice invalid:
+
+- strings longer than 64 bytes are shortened: comma-joined lists (``ipv4``, ``ipv6``) are cut at an
+  element boundary so every remaining CIDR is whole; other strings are cut at a UTF-8 character
+  boundary;
+- past 32 attributes, the lowest-priority ones are dropped. Priority is the order of
+  :data:`PRIORITY` (first = most important); attributes not listed there (e.g. cloud provider
+  ones) rank after all listed ones, in sorted name order, so the choice is deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from driver.model.device import (MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, STANDARD_DOMAIN,
+                          AttributeValue)
+
+log = logging.getLogger(__name__)
+
+D = "dra.net/"
+S = STANDARD_DOMAIN + "/"
+
+PRIORITY: tuple[str, ...] = (
+    # Identity and what claims select on most (seed templates: rdma, numaNode, pciBusID).
+    D + "rdma", D + "numaNode", S + "numaNode", S + "pciBusID", S + "pcieRoot",
+    D + "pciAddress", D + "rdmaDevice", D + "ifName", D + "linkLayer", D + "type",
+    D + "virtual", D + "isSriovVf", D + "sriov", D + "sriovVfs", D + "rateGbps",
+    D + "mac", D + "mtu", D + "state", D + "encapsulation", D + "pciVendor", D + "pciDevice",
+    D + "pciSubsystem", D + "ipv4", D + "ipv6", D + "alias",
+)
+"""Attribute keep-order when a device has more than 32 attributes (first = kept longest)."""
+
+LIST_ATTRIBUTES = frozenset({D + "ipv4", D + "ipv6"})
+"""Comma-joined list attributes: shortened at an element boundary."""
+
+_RANK = {name: i for i, name in enumerate(PRIORITY)}
+
+
+def shorten(name: str, value: str, limit: int = MAX_ATTRIBUTE_VALUE_LENGTH) -> str:
+    """``value`` cut to at most ``limit`` UTF-8 bytes (the apiserver counts bytes), safely."""
+    # isascii() is O(1) in CPython: the common short ASCII value skips the encode.
+    if len(value) <= limit and (value.isascii() or len(value.encode()) <= limit):
+        return value
+    if name in LIST_ATTRIBUTES:
+        kept: list[str] = []
+        size = 0
+        for item in value.split(","):
+            extra = len(item.encode()) + (1 if kept else 0)
+            if size + extra > limit:
+                break
+            kept.append(item)
+            size += extra
+        return ",".join(kept)
+    return value.encode()[:limit].decode("utf-8", "ignore")
+
+
+def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[str, AttributeValue]:
+    """The attributes shortened and capped so the device is always valid in a slice."""
+    out: dict[str, AttributeValue] = {}
+    for name, value in attributes.items():
+        # Non-empty short ASCII strings (nearly all values) fit as they are: skip shorten().
+        # Empty ones take the slow path, which omits an empty list attribute.
+        if isinstance(value, str) and not (value and len(value) <= MAX_ATTRIBUTE_VALUE_LENGTH and value.isascii()):
+            short = shorten(name, value)
+            if short != value:
+                log.debug("attribute value shortened", extra={"kv": {
+                    "device": device, "attribute": name, "length": len(value.encode())}})
+            if name in LIST_ATTRIBUTES and not short:
+                continue  # not even one element fits: omit rather than publish an empty list
+            value = short
+        out[name] = value
+    if len(out) > MAX_ATTRIBUTES_PER_DEVICE:
+        ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
+        dropped = ranked[MAX_ATTRIBUTES_PER_DEVICE:]
+        log.warning("too many attributes, dropping lowest-priority ones", extra={"kv": {
+            "device": device, "dropped": dropped}})
+        for name in dropped:
+            del out[name]
+    return out

@@ -1,0 +1,358 @@
+"""The discovery scan: sysfs + one netlink dump each of links/addresses/routes -> sorted devices.
+
+Pipeline (one :class:`SysfsReader` per scan, so every file is read at most once):
+
+1. netdevs from ``class/net`` (plus netlink links when netlink applies), each resolved to its PCI
+   function when it has one;
+2. exclusions: loopback, the Go driver's ignored names, the default-route interfaces and
+   ``exclude_interfaces`` together with everything enslaved to them (master chain);
+3. PCI network functions (class ``0x02xxxx``) from ``bus/pci/devices``, skipping unbound ones and
+   those taken by user-space drivers; a function whose netdev is in a pod's netns still appears
+   (``net/`` entries are netns-tagged) without netdev attributes;
+4. RDMA devices from ``class/infiniband``: attached to their PCI device, or published alone
+   (``pci-...``) when their function is not a network function (e.g. eRDMA, class ``0x00ff``);
+5. non-PCI netdevs become devices named after the interface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from driver.inventory import attributes as attrs
+from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
+from driver.inventory.names import netdev_device_name, pci_device_name
+from driver.inventory.netlink_facts import ARPHRD_ENCAP, ARPHRD_LOOPBACK, LinkFacts, NetlinkFacts, collect, enslaved_closure
+from driver.inventory.rdma import RdmaDevice, scan_rdma
+from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of, pcie_root_of
+
+log = logging.getLogger(__name__)
+
+USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
+IGNORED_INTERFACES = frozenset({"cilium_net", "cilium_host", "docker0"})
+PCI_IDENTITY_FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
+"""A PCI function's read-only config-space copies: fixed for the function object's lifetime."""
+PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
+D = "dra.net/"
+S = STANDARD_DOMAIN + "/"
+
+
+@dataclass
+class Netdev:
+    """One netdev as seen by this scan (sysfs and, when available, netlink)."""
+
+    ifname: str
+    sysfs_path: str | None  # resolved class/net/<if> path relative to the sysfs root
+    pci_address: str | None
+    virtual: bool
+    link: LinkFacts | None
+    master: str | None
+
+
+def _is_host_sysfs(root: str) -> bool:
+    return os.path.realpath(root) == "/sys"
+
+
+class PciIds:
+    """Vendor/device names from pci.ids, loaded lazily, only for the IDs actually asked about."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._path = next((p for p in paths if os.path.isfile(p)), None)
+        self._vendors: dict[str, str] | None = None
+        self._devices: dict[tuple[str, str], str] = {}
+
+    def _load(self) -> None:
+        self._vendors = {}
+        if not self._path:
+            return
+        vendor = ""
+        with open(self._path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip() or line.startswith("#"):
+                    continue
+                if line.startswith("C "):
+                    break  # device classes follow the vendor list
+                if line[0] != "\t":
+                    vendor = line[:4].lower()
+                    self._vendors[vendor] = line[4:].strip()
+                elif line[1] != "\t":
+                    self._devices[(vendor, line[1:5].lower())] = line[5:].strip()
+
+    def vendor(self, vid: str) -> str:
+        """The vendor name, or the 4-digit hex ID when unknown."""
+        if self._vendors is None:
+            self._load()
+        return self._vendors.get(vid, vid) if self._vendors else vid
+
+    def device(self, vid: str, did: str) -> str:
+        """The device name, or the 4-digit hex ID when unknown."""
+        if self._vendors is None:
+            self._load()
+        return self._devices.get((vid, did), did)
+
+
+def _hex4(text: str | None) -> str | None:
+    if not text:
+        return None
+    text = text.lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+class Scanner:
+    """Scans one node's sysfs (and netlink when it is the host's own) into publishable devices."""
+
+    def __init__(self, sysfs_root: str = "/sys", netlink: bool = True,
+                 exclude_interfaces: Sequence[str] = (), *, netns: str | None = None,
+                 pci_ids_paths: Sequence[str] = PCI_IDS_PATHS, use_pyverbs: bool = True) -> None:
+        self.sysfs_root = sysfs_root
+        # Netlink describes the host, so it only applies to the host's own sysfs.
+        self.netlink = netlink and _is_host_sysfs(sysfs_root)
+        self.exclude_interfaces = tuple(exclude_interfaces)
+        self.netns = netns
+        self.use_pyverbs = use_pyverbs and self.netlink
+        self.pci_ids = PciIds(pci_ids_paths)
+        self.identity = IdentityCache()  # immutable per-object facts, across scans
+
+    # -- step 1: netdevs --------------------------------------------------------------------
+    def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> dict[str, Netdev]:
+        names = set(sysfs.listdir("class/net"))
+        if facts:
+            names.update(facts.links)
+        by_index = facts.by_index() if facts else {}
+        out: dict[str, Netdev] = {}
+        for ifname in sorted(names):
+            link = facts.links.get(ifname) if facts else None
+            real = sysfs.resolve(f"class/net/{ifname}")
+            master = None
+            if link and link.master and link.master in by_index:
+                master = by_index[link.master].ifname
+            elif real:
+                master = sysfs.link_name(f"class/net/{ifname}/master")
+            pci = pci_address_of(real) if real else None
+            virtual = real is None or real.startswith("devices/virtual/")
+            out[ifname] = Netdev(ifname, real, pci, virtual and pci is None, link, master)
+        return out
+
+    # -- step 2: exclusions -----------------------------------------------------------------
+    def _excluded(self, sysfs: SysfsReader, netdevs: dict[str, Netdev], facts: NetlinkFacts | None) -> set[str]:
+        roots = set(self.exclude_interfaces)
+        if facts:
+            roots |= facts.default_route_ifnames
+        excluded = enslaved_closure(roots, {n: d.master for n, d in netdevs.items() if d.master})
+        for name, dev in netdevs.items():
+            arphrd = dev.link.arphrd if dev.link else sysfs.read_int(f"class/net/{name}/type")
+            if name == "lo" or arphrd == ARPHRD_LOOPBACK or (dev.link and dev.link.loopback):
+                excluded.add(name)
+            if name in IGNORED_INTERFACES:
+                excluded.add(name)
+        return excluded
+
+    # -- attribute helpers ------------------------------------------------------------------
+    def _netdev_attributes(self, sysfs: SysfsReader, dev: Netdev) -> dict[str, AttributeValue]:
+        base = f"class/net/{dev.ifname}"
+        link = dev.link
+        out: dict[str, AttributeValue] = {D + "ifName": dev.ifname, D + "virtual": dev.virtual}
+        mac = link.mac if link and link.mac else sysfs.read(f"{base}/address")
+        if mac:
+            out[D + "mac"] = mac
+        mtu = link.mtu if link and link.mtu else sysfs.read_int(f"{base}/mtu")
+        if mtu is not None:
+            out[D + "mtu"] = mtu
+        state = link.operstate if link and link.operstate else sysfs.read(f"{base}/operstate")
+        if state:
+            out[D + "state"] = state
+        arphrd = link.arphrd if link else sysfs.read_int(f"{base}/type")
+        if arphrd is not None:
+            out[D + "encapsulation"] = ARPHRD_ENCAP.get(arphrd, "unknown")
+        kind = self._kind(sysfs, dev, arphrd)
+        if kind:
+            out[D + "type"] = kind
+        alias = link.alias if link else sysfs.read(f"{base}/ifalias")
+        if alias:
+            out[D + "alias"] = alias
+        if link and link.ipv4:
+            out[D + "ipv4"] = ",".join(link.ipv4)
+        if link and link.ipv6:
+            out[D + "ipv6"] = ",".join(link.ipv6)
+        return out
+
+    @staticmethod
+    def _kind(sysfs: SysfsReader, dev: Netdev, arphrd: int | None) -> str | None:
+        """``type`` like Go's ``link.Type()``; from sysfs only when sysfs can tell."""
+        if dev.link:
+            return dev.link.kind or "device"
+        if dev.pci_address:
+            return "ipoib" if arphrd == 32 else "device"
+        base = f"class/net/{dev.ifname}"
+        if sysfs.exists(f"{base}/bridge"):
+            return "bridge"
+        if sysfs.exists(f"{base}/bonding"):
+            return "bond"
+        if not dev.virtual:
+            return "device"
+        return None  # a virtual link sysfs cannot classify (veth, vlan, ...)
+
+    def _pci_attributes(self, sysfs: SysfsReader, bdf: str) -> tuple[dict[str, AttributeValue], HostFacts]:
+        base = f"bus/pci/devices/{bdf}"
+        out: dict[str, AttributeValue] = {D + "pciAddress": bdf, S + "pciBusID": bdf}
+        host = HostFacts(pci_address=bdf)
+        real = sysfs.resolve(base)
+        root = pcie_root_of(real) if real else None
+        if root:
+            out[S + "pcieRoot"] = root
+        vid, did = _hex4(sysfs.read(f"{base}/vendor")), _hex4(sysfs.read(f"{base}/device"))
+        if vid:
+            out[D + "pciVendor"] = self.pci_ids.vendor(vid)
+            if did:
+                out[D + "pciDevice"] = self.pci_ids.device(vid, did)
+        sub = _hex4(sysfs.read(f"{base}/subsystem_device"))
+        if sub:
+            out[D + "pciSubsystem"] = sub
+        numa = sysfs.read_int(f"{base}/numa_node")
+        if numa is not None and numa >= 0:  # -1 = firmware does not say: publish nothing
+            out[D + "numaNode"] = numa
+            out[S + "numaNode"] = numa
+            host.numa_node = numa
+        physfn = sysfs.resolve(f"{base}/physfn")
+        # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
+        # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
+        total = None if physfn else sysfs.read_int(f"{base}/sriov_totalvfs")
+        out[D + "sriov"] = bool(total)
+        if total:
+            out[D + "sriovVfs"] = sysfs.read_int(f"{base}/sriov_numvfs") or 0
+        if physfn:
+            out[D + "isSriovVf"] = True
+            host.sriov_pf = os.path.basename(physfn)
+        return out, host
+
+    @staticmethod
+    def _rdma_attributes(rdma: RdmaDevice | None, out: dict[str, AttributeValue], host: HostFacts) -> None:
+        out[D + "rdma"] = rdma is not None
+        if rdma is None:
+            return
+        out[D + "rdmaDevice"] = rdma.name
+        if rdma.link_layer:
+            out[D + "linkLayer"] = rdma.link_layer
+        if rdma.rate_gbps:
+            out[D + "rateGbps"] = rdma.rate_gbps
+        host.rdma_device = rdma.name
+        host.char_devices = list(rdma.char_devices)
+
+    @staticmethod
+    def _speed_gbps(sysfs: SysfsReader, ifname: str) -> int | None:
+        mbps = sysfs.read_int(f"class/net/{ifname}/speed")
+        return mbps // 1000 if mbps and mbps >= 1000 else None
+
+    # -- the scan ---------------------------------------------------------------------------
+    def scan(self) -> list[Device]:
+        """All publishable devices, sorted by name (deterministic for identical inputs)."""
+        sysfs = SysfsReader(self.sysfs_root)
+        facts: NetlinkFacts | None = None
+        if self.netlink:
+            try:
+                facts = collect(self.netns)
+            except Exception as err:  # noqa: BLE001 - a scan must not kill the daemon
+                log.warning("netlink dump failed, scanning sysfs only", extra={"kv": {"error": str(err)}})
+        netdevs = self._netdevs(sysfs, facts)
+        excluded = self._excluded(sysfs, netdevs, facts)
+        excluded_pci = {d.pci_address for n, d in netdevs.items() if n in excluded and d.pci_address}
+        pci_netdevs: dict[str, list[Netdev]] = {}
+        for name, dev in netdevs.items():
+            if dev.pci_address and name not in excluded:
+                pci_netdevs.setdefault(dev.pci_address, []).append(dev)
+        rdma_devices = scan_rdma(sysfs, use_pyverbs=self.use_pyverbs, identity=self.identity)
+        rdma_by_pci: dict[str, RdmaDevice] = {}
+        for rdma in rdma_devices.values():
+            if rdma.pci_address:
+                rdma_by_pci.setdefault(rdma.pci_address, rdma)
+
+        devices: list[Device] = []
+        network_pci: set[str] = set()
+        listed = sysfs.listdir("bus/pci/devices")
+        identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}") for bdf in listed}
+        for bdf in listed:
+            cls = sysfs.read(f"bus/pci/devices/{bdf}/class") or ""
+            if not cls.lower().startswith("0x02"):
+                continue
+            network_pci.add(bdf)
+            if bdf in excluded_pci:
+                continue
+            driver = sysfs.link_name(f"bus/pci/devices/{bdf}/driver")
+            if driver is None or driver in USERSPACE_DRIVERS:
+                log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
+                continue
+            devices.append(self._pci_device(sysfs, bdf, pci_netdevs.get(bdf, []), rdma_by_pci.get(bdf)))
+
+        for rdma in rdma_devices.values():
+            pci = rdma.pci_address
+            if pci is None or pci in network_pci or pci in excluded_pci:
+                continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
+            devices.append(self._pci_device(sysfs, pci, [], rdma))
+        for bdf, key in identity_keys.items():
+            self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
+        self.identity.end_scan()
+
+        for name, dev in netdevs.items():
+            if dev.pci_address or name in excluded:
+                continue
+            if not dev.virtual:
+                log.debug("non-PCI hardware netdev published as a standalone device",
+                          extra={"kv": {"ifname": name, "path": dev.sysfs_path}})
+            values = self._netdev_attributes(sysfs, dev)
+            values[D + "rdma"] = False
+            host = HostFacts(ifname=name, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
+            dev_name = netdev_device_name(name)
+            devices.append(Device(dev_name, attrs.finalize(values, dev_name), host))
+
+        devices.sort(key=lambda d: d.name)
+        return devices
+
+    @staticmethod
+    def _perm_mac(dev: Netdev, values: dict[str, AttributeValue]) -> str | None:
+        if dev.link and dev.link.permanent_mac:
+            return dev.link.permanent_mac
+        mac = values.get(D + "mac")
+        return mac if isinstance(mac, str) else None
+
+    def _pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
+        values, host = self._pci_attributes(sysfs, bdf)
+        if netdevs:
+            # A multi-port function (rare) publishes its first netdev by name; the device is the function.
+            dev = netdevs[0]
+            values.update(self._netdev_attributes(sysfs, dev))
+            host.ifname = dev.ifname
+            host.permanent_mac = self._perm_mac(dev, values)
+            if rdma is None or not rdma.rate_gbps:
+                speed = self._speed_gbps(sysfs, dev.ifname)
+                if speed:
+                    values[D + "rateGbps"] = speed
+        self._rdma_attributes(rdma, values, host)
+        name = pci_device_name(bdf)
+        return Device(name, attrs.finalize(values, name), host)
+
+
+def merge_allocated(scanned: list[Device], allocated: dict[str, Device]) -> list[Device]:
+    """Scanned devices plus allocated ones whose netdev moved into a pod, with last known attributes.
+
+    Live attributes win where present; attributes only the snapshot knows (``ifName``, ``mac``,
+    ...) fill in, so the published device does not change while a pod uses it. Allocated devices
+    missing from the scan altogether (virtual netdevs) are kept as they were.
+    """
+    by_name = {d.name: d for d in scanned}
+    out: dict[str, Device] = dict(by_name)
+    for name, snapshot in allocated.items():
+        live = by_name.get(name)
+        if live is None:
+            out[name] = replace(snapshot, attributes=dict(snapshot.attributes), host=replace(snapshot.host))
+            continue
+        merged_host = replace(live.host)
+        for fname in ("pci_address", "ifname", "permanent_mac", "rdma_device", "numa_node", "sriov_pf"):
+            if getattr(merged_host, fname) is None:
+                setattr(merged_host, fname, getattr(snapshot.host, fname))
+        if not merged_host.char_devices:
+            merged_host.char_devices = list(snapshot.host.char_devices)
+        merged = {**snapshot.attributes, **live.attributes}
+        out[name] = Device(name, attrs.finalize(merged, name), merged_host)
+    return [out[n] for n in sorted(out)]

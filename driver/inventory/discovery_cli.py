@@ -1,0 +1,74 @@
+"""``dranet discover``: print the devices this node would publish.
+
+``--output json`` prints exactly a ResourceSlice's ``spec.devices`` (v1 JSON); ``table`` prints one
+line per device for people. With a sysfs root other than the host's ``/sys``, netlink facts are
+skipped and no netlink call touches the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import TextIO
+
+from driver.inventory.device_filter import DeviceFilter, FilterError
+from driver.inventory.discovery import Scanner
+from driver.model.device import STANDARD_DOMAIN, Device
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ("NAME", "IFNAME", "PCIADDRESS", "RDMADEVICE", "NUMANODE", "LINKLAYER", "STATE")
+
+
+def _row(device: Device) -> tuple[str, ...]:
+    a = device.attributes
+
+    def get(key: str) -> str:
+        value = a.get(key)
+        return "-" if value is None else str(value)
+
+    numa = a.get(f"{STANDARD_DOMAIN}/numaNode")
+    return (device.name, get("dra.net/ifName"), get("dra.net/pciAddress"), get("dra.net/rdmaDevice"),
+            "-" if numa is None else str(numa), get("dra.net/linkLayer"), get("dra.net/state"))
+
+
+def format_table(devices: list[Device]) -> str:
+    """The devices as aligned columns (one line each, ``-`` for unknown)."""
+    rows = [COLUMNS] + [_row(d) for d in devices]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows) + "\n"
+
+
+def sysfs_root_error(root: str) -> str | None:
+    """Why ``root`` cannot be a sysfs tree (a typo would otherwise publish nothing, silently)."""
+    if not os.path.isdir(root):
+        return f"--sysfs-root {root}: no such directory"
+    if not any(os.path.isdir(os.path.join(root, d)) for d in ("class", "bus", "devices")):
+        return f"--sysfs-root {root}: not a sysfs tree (no class/, bus/ or devices/ directory)"
+    return None
+
+
+def cli_discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run one scan with the filter and print it; 2 on a bad filter expression."""
+    out = out or sys.stdout
+    problem = sysfs_root_error(args.sysfs_root)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        device_filter = DeviceFilter(getattr(args, "filter", "") or "")
+    except FilterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    excluded = [i.strip() for i in (getattr(args, "exclude_interfaces", "") or "").split(",") if i.strip()]
+    scanner = Scanner(sysfs_root=args.sysfs_root, exclude_interfaces=excluded)
+    devices = device_filter.apply(scanner.scan())
+    if args.output == "json":
+        json.dump([d.to_api() for d in devices], out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_table(devices))
+    return 0

@@ -1,0 +1,129 @@
+"""RDMA devices from sysfs: their PCI function, port 1 facts and the char devices a container needs.
+
+Sysfs is the primary source (``class/infiniband``, ``class/infiniband_verbs``,
+``class/infiniband_mad``, ``class/misc/rdma_cm``). pyverbs, when importable and reading the
+host's own ``/sys``, only refines port facts (link layer, rate); it is never required.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from driver.model.device import CharDevice
+from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of
+
+log = logging.getLogger(__name__)
+
+try:  # optional: rdma-core's Python bindings
+    import pyverbs.device as _pyverbs_device  # type: ignore[import-not-found]
+except Exception:  # noqa: BLE001 - any import failure (missing libibverbs too) means "not available"
+    _pyverbs_device = None
+
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
+_ACTIVE_WIDTH = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
+_ACTIVE_SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.0, 16: 14.0, 32: 25.0, 64: 50.0, 128: 100.0, 256: 200.0}
+
+
+@dataclass
+class RdmaDevice:
+    """One RDMA device (``mlx5_0``) as discovery needs it."""
+
+    name: str
+    pci_address: str | None
+    link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE), from port 1
+    rate_gbps: int | None = None
+    char_devices: list[CharDevice] = field(default_factory=list)
+
+
+def parse_rate(text: str | None) -> int | None:
+    """Gb/s from a port ``rate`` file (``400 Gb/sec (4X NDR)`` -> 400); None when unknown."""
+    if not text:
+        return None
+    match = _RATE.match(text)
+    if not match:
+        return None
+    value = round(float(match.group(1)))
+    return value if value > 0 else None
+
+
+def _char_device(sysfs: SysfsReader, dev_file: str, path: str) -> CharDevice | None:
+    text = sysfs.read(dev_file)
+    if not text or ":" not in text:
+        return None
+    major, _, minor = text.partition(":")
+    try:
+        return CharDevice(path=path, major=int(major), minor=int(minor))
+    except ValueError:
+        log.warning("bad char device number", extra={"kv": {"file": dev_file, "value": text}})
+        return None
+
+
+def _by_ibdev(sysfs: SysfsReader, cls: str, identity: IdentityCache | None = None) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for entry in sysfs.listdir(cls):
+        anchor = f"{cls}/{entry}"
+        key = identity.prime(sysfs, anchor) if identity else None
+        ibdev = sysfs.read(f"{anchor}/ibdev")  # not cached: an RDMA device can be renamed
+        if ibdev:
+            out.setdefault(ibdev, []).append(entry)
+        if identity:
+            sysfs.read(f"{anchor}/dev")  # the char device's numbers, fixed while it exists
+            identity.remember(sysfs, anchor, key, ("dev",))
+    return out
+
+
+def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
+    """Port 1 link layer and rate through pyverbs; (None, None) on any failure."""
+    try:
+        with _pyverbs_device.Context(name=name) as ctx:  # type: ignore[union-attr]
+            attr = ctx.query_port(1)
+        layer = {1: "InfiniBand", 2: "Ethernet"}.get(attr.link_layer)
+        rate = _ACTIVE_WIDTH.get(attr.active_width, 0) * _ACTIVE_SPEED_GBPS.get(attr.active_speed, 0)
+        return layer, (round(rate) or None)
+    except Exception as err:  # noqa: BLE001 - fall back to sysfs
+        log.debug("pyverbs port query failed", extra={"kv": {"rdma": name, "error": str(err)}})
+        return None, None
+
+
+def scan_rdma(sysfs: SysfsReader, use_pyverbs: bool = False,
+              identity: IdentityCache | None = None) -> dict[str, RdmaDevice]:
+    """All RDMA devices under ``class/infiniband`` keyed by name.
+
+    ``identity`` (kept across scans by the caller) spares rescans the links and char device
+    numbers that cannot change while their object exists.
+    """
+    names = sysfs.listdir("class/infiniband")
+    if not names:
+        return {}
+    verbs = _by_ibdev(sysfs, "class/infiniband_verbs", identity)
+    mads = _by_ibdev(sysfs, "class/infiniband_mad", identity)
+    rdma_cm = _char_device(sysfs, "class/misc/rdma_cm/dev", "/dev/infiniband/rdma_cm")
+    devices: dict[str, RdmaDevice] = {}
+    for name in names:
+        base = f"class/infiniband/{name}"
+        key = identity.prime(sysfs, base) if identity else None
+        real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
+        if identity:
+            identity.remember(sysfs, base, key, links=("", "/device"))
+        pci = pci_address_of(real) if real else None
+        layer = sysfs.read(f"{base}/ports/1/link_layer") or None
+        rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
+        if use_pyverbs and _pyverbs_device is not None:
+            pv_layer, pv_rate = _pyverbs_port(name)
+            layer, rate = pv_layer or layer, pv_rate or rate
+        chars: list[CharDevice] = []
+        for entry in verbs.get(name, []):
+            char = _char_device(sysfs, f"class/infiniband_verbs/{entry}/dev", f"/dev/infiniband/{entry}")
+            if char:
+                chars.append(char)
+        for entry in mads.get(name, []):  # umadN and issmN
+            char = _char_device(sysfs, f"class/infiniband_mad/{entry}/dev", f"/dev/infiniband/{entry}")
+            if char:
+                chars.append(char)
+        if rdma_cm:
+            chars.append(rdma_cm)
+        devices[name] = RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate,
+                                   char_devices=chars)
+    return devices

@@ -1,0 +1,383 @@
+"""Netlink operations on NICs across network namespaces (pyroute2): record, move, configure, restore.
+
+A NIC goes into a pod with ONE ``RTM_NEWLINK`` on the host link carrying
+``IFLA_NET_NS_FD`` + ``IFLA_IFNAME`` (+ ``IFLA_MTU``/``IFLA_ADDRESS``), so it is
+never in a half-renamed state; the kernel applies the attributes after the move.
+Then, inside the pod: addresses, link up, routes. Coming back is the mirror image
+(one ``RTM_NEWLINK`` restoring name, MTU and MAC) followed by re-adding the host
+addresses and routes recorded before the move, which the Go driver never does.
+
+The hot path speaks raw rtnetlink (:class:`driver.netlink.rtnl.Rtnl`): pyroute2's sync API
+costs about 1 ms of Python per request, more than the kernel work of an address or a
+route, and raw requests can be pipelined (all addresses, link-ups and routes of a pod
+in one ``send``). pyroute2 is kept for slow-path lookups.
+A netlink socket belongs to the netns of the thread that created it, so
+:class:`Namespaces` opens sockets by entering the target netns with ``setns`` in the
+calling thread and leaving it right away. Use one :class:`Namespaces` per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from driver.netlink.rtnl import (  # noqa: F401 - NetnsOpError, Route, Rtnl, LinkInfo: re-exported
+    IFA_ADDRESS,
+    IFA_LOCAL,
+    IFADDRMSG,
+    RT_SCOPE_UNIVERSE,
+    RT_TABLE_LOCAL,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_OIF,
+    RTA_PREFSRC,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTM_GETADDR,
+    RTM_GETROUTE,
+    RTMSG,
+    RTN_UNICAST,
+    RTPROT_KERNEL,
+    LinkInfo,
+    NetnsOpError,
+    Request,
+    Route,
+    Rtnl,
+    ip_attr,
+    newaddr,
+    newlink,
+    newroute,
+    parse_attrs,
+)
+
+log = logging.getLogger(__name__)
+
+CLONE_NEWNET = 0x40000000
+
+
+class NetnsGone(Exception):
+    """The pod network namespace no longer exists."""
+
+
+@dataclass
+class LinkState:
+    """A NIC exactly as the host had it: what a return must restore."""
+
+    ifname: str
+    mtu: int
+    mac: str
+    addresses: list[str] = field(default_factory=list)  # CIDRs, global scope only
+    routes: list[Route] = field(default_factory=list)
+    permanent_mac: str | None = None
+    pci_address: str | None = None
+    index: int | None = None  # host ifindex when recorded (not persisted)
+
+
+@dataclass
+class PodLinkConfig:
+    """What a NIC should look like inside the pod."""
+
+    ifname: str
+    mtu: int | None = None
+    mac: str | None = None
+    addresses: list[str] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+
+
+@dataclass
+class PodLinkResult:
+    """What the NIC looks like in the pod once configured."""
+
+    ifname: str
+    mac: str
+    addresses: list[str]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def inside_netns(ns_fd: int, libc: ctypes.CDLL | None = None) -> Iterator[None]:
+    """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
+    libc = libc or _libc()
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if libc.setns(ns_fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into target netns failed")
+        try:
+            yield
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                # Staying in the pod netns would corrupt every later call: fail loudly.
+                raise OSError(ctypes.get_errno(), "setns back to own netns failed")
+    finally:
+        os.close(own)
+
+
+def _config_reqs(device: str, index: int, addresses: list[str], routes: list[Route], up: bool) -> list[Request]:
+    """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
+    reqs = [newaddr(device, index, a) for a in addresses]
+    if up:
+        reqs.append(newlink(device, index, up=True, step="link-up"))
+    reqs += [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
+    return reqs
+
+
+class Namespaces:
+    """Netlink sockets in the host netns and in pod netns, opened from one thread.
+
+    ``host_netns`` is a path to the host network namespace (``/proc/1/ns/net`` in a
+    hostNetwork DaemonSet with hostPID, or a bind mount the daemon keeps).
+    """
+
+    def __init__(self, host_netns: str = "/proc/1/ns/net") -> None:
+        self.host_netns = host_netns
+        self.host_fd = os.open(host_netns, os.O_RDONLY | os.O_CLOEXEC)
+        self._libc = _libc()
+        self._local = threading.local()  # pyroute2 sockets are per thread
+
+    def _inside(self, ns_fd: int) -> contextlib.AbstractContextManager[None]:
+        return inside_netns(ns_fd, self._libc)
+
+    def socket_in(self, ns_fd: int, proto: int) -> socket.socket:
+        """A raw netlink socket of protocol ``proto`` that lives in ``ns_fd``'s netns (caller closes it)."""
+        with self._inside(ns_fd):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
+        sock.bind((0, 0))
+        return sock
+
+    def _rtnl_in(self, ns_fd: int) -> Rtnl:
+        return Rtnl(self.socket_in(ns_fd, socket.NETLINK_ROUTE))
+
+    def host(self) -> IPRoute:
+        """The (cached, per-thread) pyroute2 IPRoute in the host netns, for dumps."""
+        ipr = getattr(self._local, "host", None)
+        if ipr is None:
+            with self._inside(self.host_fd):
+                ipr = IPRoute()
+                _ = ipr.socket  # force socket creation now, inside the host netns
+            self._local.host = ipr
+        return ipr
+
+    def host_rtnl(self) -> Rtnl:
+        """The (cached, per-thread) raw rtnetlink socket in the host netns."""
+        rtnl = getattr(self._local, "rtnl", None)
+        if rtnl is None:
+            rtnl = self._rtnl_in(self.host_fd)
+            self._local.rtnl = rtnl
+        return rtnl
+
+    @contextlib.contextmanager
+    def pod(self, netns_path: str) -> Iterator[tuple[Rtnl, int]]:
+        """(raw rtnetlink socket, fd) for the pod netns at ``netns_path``; raises :class:`NetnsGone`."""
+        try:
+            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise NetnsGone(netns_path) from exc
+        try:
+            if not _is_netns(fd):
+                raise NetnsGone(netns_path)  # e.g. a bind mount whose namespace was released
+            rtnl = self._rtnl_in(fd)
+            try:
+                yield rtnl, fd
+            finally:
+                rtnl.close()
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close this thread's host sockets and the host netns fd."""
+        for attr in ("host", "rtnl"):
+            obj = getattr(self._local, attr, None)
+            if obj is not None:
+                obj.close()
+                setattr(self._local, attr, None)
+        with contextlib.suppress(OSError):
+            os.close(self.host_fd)
+
+
+def _is_netns(fd: int) -> bool:
+    # An unmounted /run/netns/<name> file is a plain empty file, not an nsfs inode.
+    NSFS_MAGIC = 0x6E736673
+    buf = ctypes.create_string_buffer(120)
+    if _libc().fstatfs(fd, buf) != 0:
+        return False
+    return int.from_bytes(buf.raw[:8], "little") == NSFS_MAGIC
+
+
+def _pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
+    try:
+        target = os.readlink(f"{sysfs_root}/class/net/{ifname}/device")
+    except OSError:
+        return None
+    return Path(target).name
+
+
+def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") -> dict[str, LinkState]:
+    """Snapshot name, MTU, MAC, global addresses and routes of ``ifnames``.
+
+    One RTM_GETLINK per NIC plus one address and one route dump in total (raw netlink). Routes
+    from every table are kept except what the kernel recreates by itself (``proto
+    kernel``, the local table), non-unicast ones and multipath ones. Raises
+    ``KeyError`` naming a missing link.
+    """
+    rtnl = ns.host_rtnl()
+    by_index: dict[int, LinkState] = {}
+    states: dict[str, LinkState] = {}
+    for ifname in ifnames:
+        link = rtnl.link(ifname)
+        if link is None:
+            raise KeyError(f"link {ifname} not found in the host namespace")
+        state = LinkState(ifname=ifname, mtu=link.mtu, mac=link.mac, permanent_mac=link.permanent_mac,
+                          pci_address=_pci_address(ifname, sysfs_root), index=link.index)
+        by_index[link.index] = state
+        states[ifname] = state
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        _family, prefixlen, _flags, scope, index = IFADDRMSG.unpack_from(payload)
+        owner = by_index.get(index)
+        if owner is None or scope != RT_SCOPE_UNIVERSE:
+            continue
+        attrs = parse_attrs(payload, IFADDRMSG.size)
+        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
+        if raw:
+            owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
+    for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)):
+        family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
+        if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
+            continue
+        attrs = parse_attrs(payload, RTMSG.size)
+        oif = attrs.get(RTA_OIF)
+        via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
+        if via is None:
+            continue
+        if RTA_TABLE in attrs:
+            table = struct.unpack("=I", attrs[RTA_TABLE])[0]
+        if table == RT_TABLE_LOCAL:
+            continue
+        dst = ip_attr(attrs, RTA_DST)
+        via.routes.append(Route(
+            dst=f"{dst}/{dst_len}" if dst is not None else None, gateway=ip_attr(attrs, RTA_GATEWAY),
+            prefsrc=ip_attr(attrs, RTA_PREFSRC), table=table,
+            priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
+            scope=scope, proto=proto, family=family))
+    return states
+
+
+def move_link(rtnl: Rtnl, device: str, ifname: str, target_fd: int, new_name: str,
+              mtu: int | None = None, mac: str | None = None, index: int | None = None) -> None:
+    """Move ``ifname`` (in ``rtnl``'s netns) to ``target_fd``'s netns, renamed, in one RTM_NEWLINK.
+
+    ``index`` (from :func:`record_host`) saves a lookup.
+    """
+    if index is None:
+        link = rtnl.link(ifname)
+        if link is None:
+            raise NetnsOpError(device, "move", f"link {ifname} not found")
+        index = link.index
+    rtnl.run([newlink(device, index, ns_fd=target_fd, ifname=new_name, mtu=mtu, mac=mac, step="move")])
+
+
+def configure_pod_links(rtnl: Rtnl, configs: dict[str, PodLinkConfig]) -> dict[str, PodLinkResult]:
+    """Addresses, link up and routes for moved NICs (keyed by device name), in the pod netns.
+
+    All NICs' requests go to the kernel in one pipelined batch.
+    """
+    reqs: list[Request] = []
+    results = {}
+    for device, cfg in configs.items():
+        link = rtnl.link(cfg.ifname)
+        if link is None:
+            raise NetnsOpError(device, "configure", f"{cfg.ifname} not found in the pod namespace")
+        reqs += _config_reqs(device, link.index, cfg.addresses, cfg.routes, up=True)
+        results[device] = PodLinkResult(cfg.ifname, link.mac, list(cfg.addresses))
+    rtnl.run(reqs)
+    return results
+
+
+def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState) -> None:
+    """Give a NIC that is back in the host netns its name, MTU, MAC, addresses and routes."""
+    reqs: list[Request] = []
+    rename = link.ifname != state.ifname
+    remac = bool(state.mac) and link.mac.lower() != state.mac.lower()
+    if rename or remac:
+        reqs.append(newlink(device, link.index, up=False, step="restore-link"))  # rename/MAC need it down
+    if rename or remac or (state.mtu and link.mtu != state.mtu):
+        reqs.append(newlink(device, link.index, ifname=state.ifname if rename else None,
+                             mtu=state.mtu if state.mtu and link.mtu != state.mtu else None,
+                             mac=state.mac if remac else None, step="restore-link"))
+    # Routes need the link up; the Go driver also sets it up on return.
+    reqs += _config_reqs(device, link.index, state.addresses, state.routes, up=True)
+    rtnl.run(reqs)
+
+
+def return_link(ns: Namespaces, device: str, netns_path: str, pod_ifname: str, state: LinkState,
+                extra_macs: tuple[str, ...] = (), sysfs_root: str = "/sys") -> str:
+    """Bring a NIC back to the host and restore it; idempotent. Returns how it was found.
+
+    Looks in the pod netns first (normal case), then in the host: under its host
+    name, or (netns gone: the kernel returned a physical NIC, maybe as ``devN``)
+    by permanent MAC, PCI address or current MAC. Raises :class:`NetnsOpError`
+    when the NIC is nowhere (e.g. a virtual NIC destroyed with its netns).
+    """
+    how = "pod"
+    try:
+        with ns.pod(netns_path) as (pod, _):
+            link = pod.link(pod_ifname)
+            if link is not None and _mac_matches(link, state, extra_macs):
+                mac = state.mac if state.mac and link.mac.lower() != state.mac.lower() else None
+                mtu = state.mtu if state.mtu and link.mtu != state.mtu else None
+                pod.run([newlink(device, link.index, ns_fd=ns.host_fd, ifname=state.ifname, mtu=mtu, mac=mac,
+                                  step="return")])
+            else:
+                how = "host"
+    except NetnsGone:
+        how = "netns-gone"
+    rtnl = ns.host_rtnl()
+    host_link = rtnl.link(state.ifname)
+    if host_link is None or not _mac_matches(host_link, state, extra_macs):
+        index = find_host_link(ns.host(), state, extra_macs, sysfs_root)
+        if index is None:
+            raise NetnsOpError(device, "find", f"{state.ifname} (MAC {state.mac}) is neither in "
+                                               f"{netns_path} nor in the host namespace")
+        name = ns.host().link("get", index=index)[0].get("IFLA_IFNAME")
+        host_link = rtnl.link(name)
+        if host_link is None:
+            raise NetnsOpError(device, "find", f"{name} vanished while restoring {state.ifname}")
+    restore_host_link(rtnl, device, host_link, state)
+    return how
+
+
+def _mac_matches(link: LinkInfo, state: LinkState, extra_macs: tuple[str, ...]) -> bool:
+    macs = {m.lower() for m in (state.mac, state.permanent_mac, *extra_macs) if m}
+    return not macs or link.mac.lower() in macs or (link.permanent_mac or "").lower() in macs
+
+
+def find_host_link(ipr: IPRoute, state: LinkState, extra_macs: tuple[str, ...] = (),
+                   sysfs_root: str = "/sys") -> int | None:
+    """Index of the host link that is this NIC (slow path, one dump): permanent MAC, PCI, MAC."""
+    links = ipr.link("dump")
+    if state.permanent_mac:
+        for link in links:
+            if (link.get("IFLA_PERM_ADDRESS") or "").lower() == state.permanent_mac.lower():
+                return link["index"]
+    if state.pci_address:
+        for link in links:
+            if _pci_address(link.get("IFLA_IFNAME"), sysfs_root) == state.pci_address:
+                return link["index"]
+    macs = {m.lower() for m in (state.mac, *extra_macs) if m}
+    for link in links:
+        if (link.get("IFLA_ADDRESS") or "").lower() in macs and link.get("IFLA_IFNAME") != "lo":
+            return link["index"]
+    return None

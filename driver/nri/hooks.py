@@ -1,0 +1,423 @@
+"""The NRI hooks: move a pod's NICs in at RunPodSandbox, back at Stop/Remove, reconcile at Synchronize.
+
+Write-ahead: before the first netlink call of a hook, the pod's
+:class:`~driver.checkpoint.PodNetState` is persisted with every NIC in step
+``moving`` (or ``returning``) together with everything needed to restore it on
+the host. A driver killed at any point therefore finds, on restart, each NIC that
+may have left the host and puts it back (Synchronize). One checkpoint write before
+and one after the netlink work keep the fsync cost off the per-NIC path.
+
+Fault injection (tests only): ``DRANET_FAULT_AFTER=<step>`` makes the process
+``os._exit(137)`` right after that step; :data:`RUN_STEPS` and :data:`STOP_STEPS`
+list them (``{i}`` is the NIC's position in the pod).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from driver.netlink import ethtool
+
+from driver.netlink import nic_moves as netns_ops
+from driver.checkpoint import (
+    CheckpointStore,
+    DriverState,
+    MovedDevice,
+    PodNetState,
+    PreparedClaim,
+    PreparedDevice,
+)
+from driver.claims.status import DeviceResult
+from driver.claims.decode import InterfaceConfig, RouteConfig, stored_config
+from driver.claims.container_settings import ContainerSettings, container_settings
+from driver.netlink.nic_moves import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
+from driver.proto import nri_v1alpha1_pb2 as api
+
+log = logging.getLogger(__name__)
+MAIN_TABLE = 254  # claim config table 0 means the main table
+
+FAULT_ENV = "DRANET_FAULT_AFTER"
+RUN_STEPS = ["run:planned", "run:moved-{i}", "run:ethtool", "run:configured", "run:committed"]
+STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
+IN_POD = "in-pod"
+MOVING = "moving"
+RETURNING = "returning"
+RETURNED = "returned"
+
+
+class StatusSink(Protocol):
+    """Receives hook outcomes to publish (claim status, events). Must not block."""
+
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
+        """Every NIC of ``claim`` is configured in the pod."""
+
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str,
+                           message: str) -> None:
+        """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
+
+
+class HookError(Exception):
+    """A hook failed; the message names the pod, the device and the step."""
+
+
+def pod_netns_path(pod: api.PodSandbox) -> str:
+    """The pod's network namespace path, or "" for a hostNetwork pod."""
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""
+
+
+def _route(cfg: RouteConfig) -> Route:
+    """A validated claim-config route as the netlink layer's :class:`Route`."""
+    version = ipaddress.ip_network(cfg.destination, strict=False).version
+    return Route(dst=cfg.destination, gateway=cfg.gateway, prefsrc=cfg.source,
+                 table=cfg.table or MAIN_TABLE, scope=cfg.scope,
+                 family=socket.AF_INET6 if version == 6 else socket.AF_INET)
+
+
+def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
+    """The claim config of ``device`` (``interface``, ``routes``) applied to its host state.
+
+    No addresses configured: the host's addresses (and, without configured routes, its
+    routes) are copied into the pod, as the Go driver does.
+    """
+    cfg = stored_config(device.config)  # validated at prepare time; re-decoding is cheap
+    iface = cfg.interface or InterfaceConfig()
+    addresses = list(iface.addresses or ())
+    routes = [_route(r) for r in cfg.routes or ()]
+    if not addresses:
+        addresses = list(host.addresses)
+        if not routes:
+            routes = list(host.routes)
+    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu,
+                         mac=iface.hardware_addr, addresses=addresses, routes=routes)
+
+
+def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerSettings | None = None,
+                         ) -> api.ContainerAdjustment | None:
+    """The CreateContainer adjustment for a pod's devices, or None when there is nothing to add.
+
+    RDMA char devices (deduplicated by path), plus ``settings`` from the claim config: the
+    exact HCAs as ``NCCL_IB_HCA``/``DRANET_RDMA_DEVICES`` and the NUMA cpuset when pinning.
+    """
+    adjust = api.ContainerAdjustment()
+    seen: set[str] = set()
+    for dev in devices:
+        host = dev.snapshot.host
+        if not host.rdma_device and not host.char_devices:
+            continue
+        chars = list(host.char_devices)
+        if host.rdma_device and not any(c.path.endswith("/rdma_cm") for c in chars):
+            rdma_cm = _stat_char("/dev/infiniband/rdma_cm")
+            if rdma_cm is not None:
+                chars.append(rdma_cm)
+        for char in chars:
+            if char.path in seen:
+                continue
+            seen.add(char.path)
+            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
+                                                 minor=char.minor)
+            linux_dev.file_mode.value = 0o666
+    if settings is not None:
+        for key, value in sorted(settings.env.items()):
+            adjust.env.add(key=key, value=value)
+        if settings.cpuset is not None:
+            adjust.linux.resources.cpu.cpus = settings.cpuset.cpus
+            adjust.linux.resources.cpu.mems = settings.cpuset.mems
+    return adjust if adjust.ByteSize() else None
+
+
+def _stat_char(path: str) -> Any:
+    from driver.model.device import CharDevice
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return CharDevice(path=path, major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
+
+
+def _link_state(moved: MovedDevice) -> LinkState:
+    return LinkState(ifname=moved.host_ifname, mtu=moved.host_mtu or 0, mac=moved.host_mac or "",
+                     addresses=list(moved.host_addresses),
+                     routes=[Route.from_dict(r) for r in moved.host_routes],
+                     permanent_mac=moved.permanent_mac, pci_address=moved.pci_address)
+
+
+class NRIHooks:
+    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and netns_ops.
+
+    Not thread-safe: the NRI plugin calls it from its single hook worker thread.
+    """
+
+    def __init__(self, store: CheckpointStore, status: StatusSink | None = None,
+                 host_netns: str = "/proc/1/ns/net", *, fault_after: str | None = None,
+                 sysfs_root: str = "/sys") -> None:
+        self.store = store
+        self.status = status
+        self.sysfs_root = sysfs_root
+        self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
+        self.ns = Namespaces(host_netns)
+        self._ethtool: ethtool.Ethtool | None = None  # host side; opened for the first ethtool config
+
+    # -- fault injection --------------------------------------------------------------------
+    def _step(self, name: str) -> None:
+        if self.fault_after and self.fault_after == name:
+            log.warning("fault injection: exiting", extra={"kv": {"after": name}})
+            os._exit(137)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _host_ethtool(self) -> ethtool.Ethtool:
+        if self._ethtool is None:
+            self._ethtool = ethtool.Ethtool(self.ns.socket_in(self.ns.host_fd, ethtool.NETLINK_GENERIC))
+        return self._ethtool
+
+    def _ethtool_plans(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+                       ifnames: list[str]) -> dict[str, ethtool.EthtoolPlan]:
+        """Resolve each NIC's ``ethtool`` config on the host (before any move); device -> plan.
+
+        NICs without an ethtool section cost nothing here: no socket is opened.
+        """
+        plans = {}
+        for (_, d), name in zip(netdevs, ifnames):
+            cfg = stored_config(d.config).ethtool
+            if cfg is None or not (cfg.features or cfg.private_flags):
+                continue
+            try:
+                plans[d.device] = ethtool.plan(self._host_ethtool(), name, cfg.features, cfg.private_flags)
+            except (ethtool.EthtoolError, OSError) as exc:
+                msg = f"pod {pod.namespace}/{pod.name}: device {d.device}: ethtool failed: {exc}"
+                self._fail(pod, netdevs, d.device, "ethtool", msg)
+                raise HookError(msg) from exc
+        return plans
+
+    def _apply_ethtool(self, pod_fd: int, configs: dict[str, PodLinkConfig],
+                       plans: dict[str, ethtool.EthtoolPlan]) -> None:
+        """Set the planned features and private flags in the pod netns (before link up)."""
+        todo = {dev: p for dev, p in plans.items() if not p.empty()}
+        if not todo:
+            return
+        pod_eth = self._host_ethtool().sibling(self.ns.socket_in(pod_fd, ethtool.NETLINK_GENERIC))
+        try:
+            for dev, p in todo.items():
+                ethtool.apply(pod_eth, dev, configs[dev].ifname, p.features, p.private_flags)
+        finally:
+            pod_eth.close()
+
+    def _netdevs(self, pod_uid: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
+        claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
+        return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
+
+    # -- RunPodSandbox ----------------------------------------------------------------------
+    def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Move and configure every prepared netdev of the pod; all or nothing."""
+        netdevs = self._netdevs(pod.uid)
+        if not netdevs:
+            return
+        existing = self.store.read(lambda s: s.pods.get(pod.uid))
+        if existing is not None and existing.devices and all(d.step == IN_POD for d in existing.devices):
+            return  # a retried call: already done
+        if existing is not None:
+            self._return_all(pod.uid)  # leftovers of an interrupted attempt: start clean
+        netns = pod_netns_path(pod)
+        if not netns:
+            raise HookError(f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
+                            "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)")
+        self._attach(pod, netns, netdevs)
+
+    def _attach(self, pod: api.PodSandbox, netns: str,
+                netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
+        host = self.ns.host_rtnl()
+        ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
+        try:
+            states = netns_ops.record_host(self.ns, ifnames, self.sysfs_root)
+        except KeyError as exc:
+            self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
+            raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
+        configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames)}
+        plans = self._ethtool_plans(pod, netdevs, ifnames)
+        moved = []
+        for (_, d), name in zip(netdevs, ifnames):
+            st, cfg = states[name], configs[d.device]
+            moved.append(MovedDevice(
+                device=d.device, host_ifname=st.ifname, pod_ifname=cfg.ifname,
+                permanent_mac=d.snapshot.host.permanent_mac or st.permanent_mac,
+                pci_address=d.snapshot.host.pci_address or st.pci_address, host_mtu=st.mtu,
+                host_mac=st.mac, host_addresses=st.addresses,
+                host_routes=[r.to_dict() for r in st.routes], rdma_device=d.snapshot.host.rdma_device,
+                pod_mac=cfg.mac or st.mac, step=MOVING,
+                host_features=dict(plans[d.device].original_features) if d.device in plans else {},
+                host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {}))
+        state = PodNetState(pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name,
+                            netns_path=netns, devices=moved)
+
+        def plan(s: DriverState) -> None:
+            s.pods[pod.uid] = state
+        self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
+        self._step("run:planned")
+        device, step = "", "move"
+        try:
+            with self.ns.pod(netns) as (pod_rtnl, pod_fd):
+                for i, m in enumerate(moved):
+                    device = m.device
+                    cfg = configs[m.device]
+                    netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
+                                        index=states[m.host_ifname].index)
+                    self._step(f"run:moved-{i}")
+                step = "ethtool"
+                self._apply_ethtool(pod_fd, configs, plans)
+                self._step("run:ethtool")
+                step = "configure"
+                results = netns_ops.configure_pod_links(pod_rtnl, configs)
+                self._step("run:configured")
+        except (NetnsOpError, netns_ops.NetnsGone, OSError) as exc:
+            if isinstance(exc, NetnsOpError):
+                device, step, reason = exc.device, exc.step, exc.reason
+            else:
+                reason = f"pod network namespace {netns} is unusable: {exc}"
+            rollback = self._return_all(pod.uid, netns)
+            msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
+            if rollback:
+                msg += f"; rollback: {rollback}"
+            self._fail(pod, netdevs, device, step, msg)
+            raise HookError(msg) from exc
+
+        def commit(s: DriverState) -> None:
+            for m in s.pods[pod.uid].devices:
+                m.step = IN_POD
+        self.store.update(commit)
+        self._step("run:committed")
+        self._ready(pod, netdevs, results)
+
+    def _ready(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+               results: dict[str, netns_ops.PodLinkResult]) -> None:
+        if self.status is None:
+            return
+        for claim in {c.uid: c for c, _ in netdevs}.values():
+            out = [DeviceResult(d.device, results[d.device].ifname, results[d.device].addresses,
+                                results[d.device].mac) for c, d in netdevs if c.uid == claim.uid]
+            try:
+                self.status.pod_network_ready(pod.uid, claim, out)
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+
+    def _fail(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+              device: str, step: str, message: str) -> None:
+        log.error("RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step,
+                                                        "error": message}})
+        if self.status is None:
+            return
+        for claim, d in netdevs:
+            if d.device == device or not device:
+                try:
+                    self.status.pod_network_failed(pod.uid, claim, device, step, message)
+                except Exception:
+                    log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+                break
+
+    # -- Stop / Remove ----------------------------------------------------------------------
+    def _return_all(self, pod_uid: str, netns: str = "") -> str:
+        """Return every NIC of the pod to the host; idempotent. Returns "" or the errors."""
+        state = self.store.read(lambda s: s.pods.get(pod_uid))
+        if state is None:
+            return ""
+
+        def plan(s: DriverState) -> None:
+            for m in s.pods[pod_uid].devices:
+                if m.step != RETURNED:
+                    m.step = RETURNING
+        self.store.update(plan)
+        self._step("stop:planned")
+        netns = netns or state.netns_path
+        errors, done = [], []
+        for i, m in enumerate(state.devices):
+            if m.step == RETURNED:
+                continue
+            try:
+                # The MAC it has in the pod: how to recognise it there (or renamed on the host).
+                macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
+                how = netns_ops.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
+                                            extra_macs=macs, sysfs_root=self.sysfs_root)
+                done.append(m.device)
+                if m.host_features or m.host_private_flags:
+                    # After the return, on the host: also right when the pod netns is gone.
+                    ethtool.apply(self._host_ethtool(), m.device, m.host_ifname, m.host_features,
+                                  m.host_private_flags, step="restore-ethtool")
+                log.info("NIC returned", extra={"kv": {"pod": pod_uid, "device": m.device,
+                                                       "ifname": m.host_ifname, "found": how}})
+            except (NetnsOpError, OSError) as exc:
+                errors.append(str(exc))
+                if isinstance(exc, NetnsOpError) and exc.step == "find":
+                    # Nowhere to be found: a virtual NIC (veth, ...) destroyed with its netns.
+                    # Retrying forever cannot bring it back; forget it (loudly).
+                    done.append(m.device)
+                log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device,
+                                                             "error": str(exc)}})
+            self._step(f"stop:returned-{i}")
+
+        def commit(s: DriverState) -> None:
+            pod = s.pods.get(pod_uid)
+            if pod is None:
+                return
+            for m in pod.devices:
+                if m.device in done:
+                    m.step = RETURNED
+            if all(m.step == RETURNED for m in pod.devices):
+                del s.pods[pod_uid]
+        self.store.update(commit)
+        self._step("stop:committed")
+        return "; ".join(errors)
+
+    def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
+        errors = self._return_all(pod.uid, pod_netns_path(pod))
+        if errors:
+            raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
+
+    def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
+        """Same as stop (idempotent): the last chance to get NICs back."""
+        self.stop_pod_sandbox(pod)
+
+    # -- CreateContainer --------------------------------------------------------------------
+    def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
+        """RDMA char devices, NCCL HCA env and the NUMA cpuset of the pod's claims."""
+        claims = self.store.read(lambda s: s.claims_for_pod(pod.uid))
+        devices = [d for c in claims for d in c.devices]
+        if not devices:
+            return None
+        # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
+        requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
+        settings = container_settings(devices, self.sysfs_root, requested or None)
+        if settings.skipped_pin:
+            log.warning("numa.pin not applied", extra={"kv": {
+                "pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}})
+        return container_adjustment(devices, settings)
+
+    # -- Synchronize / Shutdown -------------------------------------------------------------
+    def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:
+        """Reconcile the checkpoint with the runtime's pods after a (re)connect.
+
+        Gone pods: return their NICs. Pods with NICs mid-move: roll back (the hook
+        never reported success). Mid-return: finish returning. Pods with claims but
+        no state are left alone: the runtime lists stopped-but-not-removed sandboxes
+        too, so attaching "late" could put NICs into a dead pod.
+        """
+        self.ns.host(), self.ns.host_rtnl()  # warm up the sockets here, not in the first RunPodSandbox
+        alive = {p.uid: p for p in pods}
+        known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
+        for uid, steps in known.items():
+            pod = alive.get(uid)
+            if pod is not None and steps and all(s == IN_POD for s in steps):
+                continue
+            why = "gone" if pod is None else "interrupted"
+            errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
+            log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
+
+    def shutdown(self) -> None:
+        """The runtime is going away; NIC state stays in the checkpoint."""
+        log.info("NRI shutdown received")

@@ -1,0 +1,310 @@
+"""Publishes this node's devices as ResourceSlices, coalescing bursts of changes.
+
+``update(devices)`` only records the desired set (cheap, thread-safe). ``run()`` (async) writes
+at most once per ``interval``: the first change after a quiet period is written at once, a
+burst that follows is folded into one write at the end of the interval. A watch on our own
+slices (field selector ``spec.driver,spec.nodeName``) notices deletions by others (the kubelet
+wipes a node's slices when it starts) and edits, and triggers a re-publish; a periodic re-list
+covers a broken watch. Conflicts re-list and re-plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.model.device import Device
+from driver.publish.slices import SlicePlan, plan_slices
+
+log = logging.getLogger(__name__)
+
+
+class PublishMetrics(Protocol):
+    """The part of `driver.metrics.Metrics` the publisher uses."""
+
+    def set_devices(self, total: int, rdma: int) -> None: ...
+    def mark_published(self, when: float | None = None) -> None: ...
+
+
+@dataclass
+class PublishStats:
+    """Counters for tests and benchmarks."""
+
+    syncs: int = 0          # list+plan rounds
+    writes: int = 0         # API write calls (create/update/delete)
+    write_rounds: int = 0   # syncs that wrote anything
+    conflicts: int = 0
+    errors: int = 0
+    last_write: float = 0.0  # time.monotonic() of the last write round
+
+
+class SlicePublisher:
+    """Keeps the node's pool of ResourceSlices equal to the last `update()`."""
+
+    def __init__(self, kube: KubeClient, driver_name: str, node_name: str, interval: float = 2.0,
+                 metrics: PublishMetrics | None = None, resync_interval: float = 60.0) -> None:
+        self.kube = kube
+        self.driver_name = driver_name
+        self.node_name = node_name
+        self.interval = interval
+        self.metrics = metrics
+        self.resync_interval = resync_interval
+        self.stats = PublishStats()
+        self.node_uid: str | None = None
+        self._lock = threading.Lock()
+        self._desired: list[Device] | None = None
+        self._version = 0            # bumped by every update() and every foreign slice event
+        self._synced_version = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop = threading.Event()
+        self._own_rvs: set[str] = set()    # resourceVersions our writes produced (watch echo)
+        self._own_deletes: set[str] = set()  # names of slices we deleted (watch echo)
+        self._watch_resp: Any = None
+        self._published = asyncio.Event()  # set after each successful sync (for waiters)
+
+    # -- producer side -----------------------------------------------------------------------
+
+    def update(self, devices: list[Device]) -> None:
+        """Record the desired device set; the next write picks it up. Callable from any thread."""
+        with self._lock:
+            self._desired = list(devices)
+            self._version += 1
+        self._poke()
+
+    def _poke(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:   # loop closing
+                pass
+
+    def _dirty(self) -> None:
+        with self._lock:
+            self._version += 1
+        self._poke()
+
+    @property
+    def selector(self) -> str:
+        """Field selector for this driver's slices of this node."""
+        return f"spec.driver={self.driver_name},spec.nodeName={self.node_name}"
+
+    # -- loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publish until cancelled or `stop()`; never raises on API errors (logs and retries)."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._published = asyncio.Event()
+        self._stop.clear()
+        await self._lookup_node()
+        watcher = threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True)
+        watcher.start()
+        backoff = 0.5
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    pending = self._desired is not None and self._version != self._synced_version
+                if not pending:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=self.resync_interval)
+                    except asyncio.TimeoutError:
+                        self._dirty()   # periodic re-list: repairs anything a broken watch missed
+                    continue
+                # Rate limit: at most one write round per interval; what arrives meanwhile is
+                # folded into the next round because we snapshot only after the wait.
+                wait = self.stats.last_write + self.interval - time.monotonic()
+                if self.stats.last_write and wait > 0:
+                    await asyncio.sleep(wait)
+                try:
+                    await asyncio.to_thread(self.sync)
+                    backoff = 0.5
+                except Exception as exc:  # noqa: BLE001 - keep publishing whatever the API says
+                    self.stats.errors += 1
+                    log.warning("publishing ResourceSlices failed", extra={"kv": {"error": str(exc), "retry_s": backoff}})
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 30.0)
+        finally:
+            self._stop.set()
+            self._close_watch()
+            self._loop = None
+
+    def stop(self) -> None:
+        """Ask `run()` to return (thread-safe)."""
+        self._stop.set()
+        self._close_watch()
+        self._poke()
+
+    async def wait_published(self, timeout: float = 10.0) -> None:
+        """Wait for the next successful sync (tests, benchmarks)."""
+        self._published.clear()
+        await asyncio.wait_for(self._published.wait(), timeout)
+
+    async def _lookup_node(self) -> None:
+        # The node UID is needed for the owner reference; it never changes for a node object,
+        # so one GET (retried until the Node exists) is enough.
+        delay = 0.2
+        while self.node_uid is None and not self._stop.is_set():
+            try:
+                node = await asyncio.to_thread(self.kube.get_node, self.node_name)
+                self.node_uid = node["metadata"]["uid"]
+            except KubeError as exc:
+                log.warning("node lookup failed", extra={"kv": {"node": self.node_name, "error": str(exc)}})
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    # -- one sync round (blocking; runs in a worker thread) ---------------------------------------
+
+    def list_slices(self) -> list[dict[str, Any]]:
+        """Our driver's slices for this node, as the API has them."""
+        return self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
+                                 query={"fieldSelector": self.selector}).get("items", [])
+
+    def sync(self, attempts: int = 3) -> SlicePlan:
+        """List, plan and apply once; re-list and re-plan on a conflict."""
+        assert self.node_uid is not None, "node UID unknown"
+        for attempt in range(attempts):
+            with self._lock:
+                devices = list(self._desired or [])
+                version = self._version
+            existing = self.list_slices()
+            plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid)
+            self.stats.syncs += 1
+            try:
+                self._apply(plan)
+            except KubeError as exc:
+                if exc.conflict or exc.not_found:
+                    self.stats.conflicts += 1
+                    log.info("slice write conflict, re-listing", extra={"kv": {"error": str(exc), "attempt": attempt}})
+                    continue
+                raise
+            with self._lock:
+                self._synced_version = version
+            self._after_publish(devices, plan)
+            return plan
+        raise RuntimeError(f"ResourceSlice sync still conflicting after {attempts} attempts")
+
+    def _apply(self, plan: SlicePlan) -> None:
+        if plan.empty:
+            return
+        self.stats.write_rounds += 1
+        self.stats.last_write = time.monotonic()
+        base = f"{RESOURCE_API}/resourceslices"
+        for s in plan.delete:
+            meta = s["metadata"]
+            # Preconditions: never delete a slice someone replaced since we listed it.
+            body = {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
+            self.stats.writes += 1
+            self._own_deletes.add(meta["name"])
+            try:
+                self.kube.request("DELETE", f"{base}/{quote(meta['name'])}", body)
+            except KubeError as exc:
+                if not exc.not_found:
+                    raise
+        for s in plan.update:
+            self.stats.writes += 1
+            out = self.kube.request("PUT", f"{base}/{quote(s['metadata']['name'])}", s)
+            self._own_rvs.add(out["metadata"]["resourceVersion"])
+        for s in plan.create:
+            self.stats.writes += 1
+            out = self.kube.request("POST", base, s)
+            self._own_rvs.add(out["metadata"]["resourceVersion"])
+        log.info("published ResourceSlices", extra={"kv": {
+            "node": self.node_name, "generation": plan.generation, "created": len(plan.create),
+            "updated": len(plan.update), "deleted": len(plan.delete)}})
+
+    def _after_publish(self, devices: list[Device], plan: SlicePlan) -> None:
+        if self.metrics is not None:
+            rdma = sum(1 for d in devices if d.attributes.get(f"{self.driver_name}/rdma") is True)
+            self.metrics.set_devices(len(devices), rdma)
+            if not plan.empty:
+                self.metrics.mark_published()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._published.set)
+            except RuntimeError:
+                pass
+
+    # -- watch (thread) --------------------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        """Watch our slices; any change we did not make marks the pool dirty."""
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                if not rv:
+                    lst = self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
+                                            query={"fieldSelector": self.selector, "limit": 1})
+                    rv = lst["metadata"]["resourceVersion"]
+                rv = self._watch_once(rv)
+            except Exception as exc:  # noqa: BLE001 - a broken watch just restarts
+                if self._stop.is_set():
+                    return
+                log.debug("slice watch restarting", extra={"kv": {"error": str(exc)}})
+                rv = ""
+                self._dirty()        # we may have missed events: re-check the pool
+                self._stop.wait(1.0)
+
+    def _watch_once(self, rv: str) -> str:
+        query = [("watch", "true"), ("fieldSelector", self.selector), ("resourceVersion", rv),
+                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", "300")]
+        resp = self.kube.api.call_api(
+            f"{RESOURCE_API}/resourceslices", "GET", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            _preload_content=False, _request_timeout=(10, 330))
+        resp = resp[0] if isinstance(resp, tuple) else resp
+        self._watch_resp = resp
+        try:
+            buf = b""
+            for chunk in resp.stream(4096, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        rv = self._on_event(json.loads(line), rv)
+                if self._stop.is_set():
+                    break
+        finally:
+            self._watch_resp = None
+            resp.release_conn()
+        return rv
+
+    def _on_event(self, event: dict[str, Any], rv: str) -> str:
+        kind, obj = event.get("type"), event.get("object", {})
+        if kind == "ERROR":
+            # 410 Gone: our resourceVersion is too old; start over with a fresh list.
+            raise RuntimeError(f"watch error: {obj.get('message')}")
+        new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
+        if kind == "BOOKMARK":
+            return new_rv
+        if kind in ("ADDED", "MODIFIED") and new_rv in self._own_rvs:
+            self._own_rvs.discard(new_rv)   # echo of our own write
+            return new_rv
+        name = obj.get("metadata", {}).get("name", "")
+        if kind == "DELETED" and name in self._own_deletes:
+            self._own_deletes.discard(name)
+            return new_rv
+        if len(self._own_rvs) > 1000:       # echoes lost across a watch restart: don't grow forever
+            self._own_rvs.clear()
+        log.info("ResourceSlice changed by someone else, re-publishing",
+                 extra={"kv": {"event": kind, "slice": obj.get("metadata", {}).get("name")}})
+        self._dirty()
+        return new_rv
+
+    def _close_watch(self) -> None:
+        resp = self._watch_resp
+        if resp is not None:
+            try:
+                resp.shutdown()     # urllib3 >= 2.3: unblocks a read in another thread
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,140 @@
+"""ResourceSlice bodies for one node's pool, and the plan to bring the API in line with them.
+
+One pool per node, named after the node (like the Go reference driver). Devices are sorted by
+name and split into chunks of at most 128 (``ResourceSliceMaxDevices``), so the same device set
+always gives the same slices. The pool generation is bumped on any change; because the
+scheduler ignores slices older than the newest generation of a pool, a bump rewrites every
+slice of the pool, while an unchanged pool costs no write at all.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from driver.model.device import MAX_DEVICES_PER_SLICE, Device
+
+API_VERSION = "resource.k8s.io/v1"
+
+
+def _chunks(devices: Iterable[Device], size: int) -> list[list[dict[str, Any]]]:
+    ordered = sorted(devices, key=lambda d: d.name)
+    names = [d.name for d in ordered]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"duplicate device names in pool: {dup}")
+    api = [d.to_api() for d in ordered]
+    # An empty pool still gets one (empty) slice: "empty pool is different from no pool".
+    return [api[i:i + size] for i in range(0, len(api), size)] or [[]]
+
+
+def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
+    """Controller owner reference to the Node, so the garbage collector removes our slices with it."""
+    return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
+
+
+def build_slices(devices: list[Device], driver_name: str, node_name: str, node_uid: str,
+                 generation: int = 1, max_devices: int = MAX_DEVICES_PER_SLICE) -> list[dict[str, Any]]:
+    """resource.k8s.io/v1 ResourceSlice bodies (no names yet: ``generateName``) for the node's pool."""
+    chunks = _chunks(devices, max_devices)
+    return [{
+        "apiVersion": API_VERSION,
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node_name}-{driver_name}-",
+                     "ownerReferences": [owner_reference(node_name, node_uid)]},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+            "devices": chunk,
+        },
+    } for chunk in chunks]
+
+
+@dataclass
+class SlicePlan:
+    """Writes needed to go from the existing slices to the desired ones.
+
+    Apply in order: ``delete`` (obsolete slices), ``update`` (full objects carrying the
+    existing name and resourceVersion, so a concurrent change gives 409), ``create``.
+    """
+
+    generation: int
+    delete: list[dict[str, Any]] = field(default_factory=list)
+    update: list[dict[str, Any]] = field(default_factory=list)
+    create: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        """Number of API write calls the plan takes."""
+        return len(self.delete) + len(self.update) + len(self.create)
+
+    @property
+    def empty(self) -> bool:
+        return self.writes == 0
+
+
+def _devices_key(devices: list[dict[str, Any]]) -> str:
+    # Canonical JSON of the device list: the API returns what we sent, key order aside.
+    return json.dumps(devices, sort_keys=True, separators=(",", ":"))
+
+
+def _is_current(s: dict[str, Any], generation: int, count: int, owner: dict[str, Any]) -> bool:
+    pool = s.get("spec", {}).get("pool", {})
+    owners = s.get("metadata", {}).get("ownerReferences") or []
+    return (pool.get("generation") == generation and pool.get("resourceSliceCount") == count
+            and any(_same_owner(o, owner) for o in owners))
+
+
+def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in ("apiVersion", "kind", "name", "uid")) and bool(a.get("controller"))
+
+
+def plan_slices(devices: list[Device], existing: list[dict[str, Any]], driver_name: str, node_name: str,
+                node_uid: str, max_devices: int = MAX_DEVICES_PER_SLICE) -> SlicePlan:
+    """Decide which of ``existing`` (our driver's slices for this node) to delete, update, create.
+
+    Unchanged pool (same device chunks, one generation, right count and owner): empty plan.
+    Otherwise the generation becomes max(existing) + 1, slices whose devices already match a
+    desired chunk are reused for it, the rest are paired in name order, extras are deleted.
+    """
+    ours = [s for s in existing if s.get("spec", {}).get("pool", {}).get("name") == node_name]
+    foreign = [s for s in existing if s not in ours]      # other pool names: obsolete
+    current_gen = max((s["spec"]["pool"].get("generation", 0) for s in ours), default=0)
+    owner = owner_reference(node_name, node_uid)
+    chunks = _chunks(devices, max_devices)
+    wanted = Counter(_devices_key(c) for c in chunks)
+    have = Counter(_devices_key(s["spec"].get("devices") or []) for s in ours)
+    if (not foreign and wanted == have and len(ours) == len(chunks)
+            and all(_is_current(s, current_gen, len(chunks), owner) for s in ours)):
+        return SlicePlan(generation=current_gen)
+
+    generation = current_gen + 1
+    bodies = build_slices(devices, driver_name, node_name, node_uid, generation, max_devices)
+    plan = SlicePlan(generation=generation, delete=list(foreign))
+    free = sorted(ours, key=lambda s: s["metadata"]["name"])
+    unpaired: list[dict[str, Any]] = []
+    for body in bodies:
+        key = _devices_key(body["spec"]["devices"])
+        match = next((s for s in free if _devices_key(s["spec"].get("devices") or []) == key), None)
+        if match is None:
+            unpaired.append(body)
+            continue
+        free.remove(match)
+        plan.update.append(_as_update(match, body))
+    for body in unpaired:
+        if free:
+            plan.update.append(_as_update(free.pop(0), body))
+        else:
+            plan.create.append(body)
+    plan.delete.extend(free)
+    return plan
+
+
+def _as_update(existing: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(existing["metadata"])
+    meta.pop("managedFields", None)
+    meta["ownerReferences"] = body["metadata"]["ownerReferences"]
+    return {"apiVersion": API_VERSION, "kind": "ResourceSlice", "metadata": meta, "spec": body["spec"]}

@@ -1,0 +1,100 @@
+"""Unit tests of the container environment and NUMA cpuset the NRI hooks add to containers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from driver.checkpoint import PreparedDevice
+from driver.claims.decode import ConfigError, prepare_decoder, stored_config
+from driver.claims.container_settings import (
+    container_env,
+    container_settings,
+    cpuset_for,
+    format_cpulist,
+    numa_pin_node,
+    parse_cpulist,
+)
+from driver.model.device import Device, HostFacts
+from tests.support.claims import allocation_config
+
+
+def test_container_env_exact_match_and_opt_out():
+    env = container_env([({}, "mlx5_1"), (None, "mlx5_0"), ({}, None)])
+    assert env == {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "DRANET_RDMA_DEVICES": "mlx5_0,mlx5_1"}
+    assert container_env([({"rdma": {"injectEnv": False}}, "mlx5_0")]) == {}
+    assert container_env([({}, None)]) == {}
+
+
+def test_numa_pin_node():
+    pin = {"numa": {"pin": True}}
+    assert numa_pin_node([({}, 0, "a"), ({}, 1, "b")]) is None  # not asked for
+    assert numa_pin_node([(pin, 1, "a"), ({}, 1, "b")]) == 1
+    with pytest.raises(ConfigError, match=r"span several \(node 0: a; node 1: b\)"):
+        numa_pin_node([(pin, 0, "a"), (pin, 1, "b")])
+    with pytest.raises(ConfigError, match="NUMA node of a is unknown"):
+        numa_pin_node([(pin, -1, "a")])
+
+
+def test_cpuset_for_reads_the_node_cpulist(tmp_path: Path):
+    node = tmp_path / "devices/system/node/node1"
+    node.mkdir(parents=True)
+    (node / "cpulist").write_text("24-47,72-95\n")
+    plan = cpuset_for(1, str(tmp_path))
+    assert (plan.cpus, plan.mems, plan.numa_node) == ("24-47,72-95", "1", 1)
+    with pytest.raises(FileNotFoundError):
+        cpuset_for(5, str(tmp_path))
+    # Only ever narrowed: the kubelet's cpuset intersected with the node's CPUs.
+    assert cpuset_for(1, str(tmp_path), requested="0-95").cpus == "24-47,72-95"
+    assert cpuset_for(1, str(tmp_path), requested="20-30,80").cpus == "24-30,80"
+    with pytest.raises(ConfigError, match="outside NUMA node 1"):
+        cpuset_for(1, str(tmp_path), requested="0-3")
+
+
+def test_cpulist_round_trip():
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert format_cpulist({11, 0, 1, 2, 3, 8, 10}) == "0-3,8,10-11"
+    assert format_cpulist(parse_cpulist("")) == ""
+
+
+def test_prepare_decoder_output_is_what_the_helpers_read():
+    configs = [allocation_config({"rdma": {"injectEnv": False}}, source="FromClass"),
+               allocation_config({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
+    stored = prepare_decoder(configs, "nic", "nic/fast", "dra.net")
+    assert list(stored) == ["opaque"] and len(stored["opaque"]) == 1
+    config = stored_config(stored)
+    assert config.numa_pin and not config.rdma_env_enabled and config.interface.mtu == 9000
+    assert container_env([(stored, "mlx5_0")]) == {}
+    assert numa_pin_node([(stored, 1, "nic-a")]) == 1
+    # prepare's own (unvalidated) shape with several parameter objects is merged in order too.
+    assert stored_config({"opaque": [{"interface": {"mtu": 1500}}, {"interface": {"mtu": 4000}}]}).interface.mtu == 4000
+    with pytest.raises(ConfigError) as info:
+        prepare_decoder([allocation_config({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
+    assert info.value.path == "status.allocation.devices.config[0].opaque.parameters.interface.mtu"
+
+
+def _prepared(name, numa, rdma, config):
+    attrs = {"dra.net/numaNode": numa} if numa is not None else {}
+    return PreparedDevice("nic", "node-a", name, Device(name, attrs, HostFacts(rdma_device=rdma)), config)
+
+
+def test_container_settings_env_and_cpuset(tmp_path: Path):
+    for n, cpus in ((0, "0-47"), (1, "48-95")):
+        d = tmp_path / f"devices/system/node/node{n}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpus)
+    pin = prepare_decoder([allocation_config({"numa": {"pin": True}})], "nic", "nic", "dra.net")
+    devs = [_prepared("a", 1, "mlx5_4", pin), _prepared("b", 1, "mlx5_5", pin)]
+    out = container_settings(devs, str(tmp_path), requested_cpus="0-95")
+    assert out.env == {"NCCL_IB_HCA": "=mlx5_4,mlx5_5", "DRANET_RDMA_DEVICES": "mlx5_4,mlx5_5"}
+    assert (out.cpuset.cpus, out.cpuset.mems, out.skipped_pin) == ("48-95", "1", None)
+    # Exclusive CPUs on the other node: not pinned, with the reason.
+    out = container_settings(devs, str(tmp_path), requested_cpus="2-3")
+    assert out.cpuset is None and "outside NUMA node 1" in out.skipped_pin
+    # Spanning nodes: not pinned, reason names the nodes; env still injected.
+    out = container_settings([_prepared("a", 0, "mlx5_0", pin), _prepared("b", 1, "mlx5_5", pin)], str(tmp_path))
+    assert out.cpuset is None and "node 0: a; node 1: b" in out.skipped_pin and out.env
+    # No pin asked: no cpuset, no complaint.
+    out = container_settings([_prepared("a", 0, None, {})], str(tmp_path))
+    assert out == type(out)()

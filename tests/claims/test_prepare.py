@@ -1,0 +1,260 @@
+"""Preparer logic against a real KubeClient talking to the fake apiserver, with a real checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from driver.checkpoint import CheckpointStore
+from driver.kube.client import KubeClient
+from driver.model.device import Device, HostFacts
+from driver.claims.prepare import ClaimRef, Preparer, base_request, opaque_configs
+from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
+
+NODE = "node-a"
+
+
+def inventory() -> dict[str, Device]:
+    devs = {}
+    for i in range(4):
+        name = f"pci-0000-8a-00-{i}"
+        devs[name] = Device(name=name, attributes={"dra.net/ifName": f"ib{i}", "dra.net/rdma": True},
+                            host=HostFacts(pci_address=f"0000:8a:00.{i}", ifname=f"ib{i}", rdma_device=f"mlx5_{i}"))
+    return devs
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer() as server:
+        yield server
+
+
+@pytest.fixture
+def preparer(api: FakeAPIServer, tmp_path: Path) -> Preparer:
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    return Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+
+
+def test_base_request() -> None:
+    assert base_request("nic/sub") == "nic" and base_request("nic") == "nic"
+
+
+def test_opaque_configs_order_and_matching() -> None:
+    configs = [
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"n": "claim-all"}}},
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "dra.net", "parameters": {"n": "other"}}},
+        {"source": "FromClass", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"n": "class"}}},
+        {"source": "FromClaim", "requests": ["nic/sub"], "opaque": {"driver": "dra.net", "parameters": {"n": "sub"}}},
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.example.com", "parameters": {"n": "gpu"}}},
+    ]
+    got = opaque_configs(configs, "nic", "nic/sub", "dra.net")
+    assert got == {"opaque": [{"n": "class"}, {"n": "claim-all"}, {"n": "sub"}]}
+    assert opaque_configs([], "nic", "nic", "dra.net") == {"opaque": []}
+
+
+async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, preparer: Preparer) -> None:
+    configs = [{"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
+    api.add_claim(make_claim("ns", "c1", "uid-1", [
+        result("pci-0000-8a-00-0", NODE, "nic/sub"),
+        result("gpu-0", NODE, "gpu", driver="gpu.example.com"),
+        result("pci-0000-8a-00-1", NODE, "nic"),
+    ], configs=configs, pods=["pod-1"]))
+    out = await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
+    assert out["uid-1"].error == ""
+    assert [(d.request_names, d.pool, d.device) for d in out["uid-1"].devices] == [
+        (["nic"], NODE, "pci-0000-8a-00-0"), (["nic"], NODE, "pci-0000-8a-00-1")]
+    record = preparer.store.read(lambda s: s.claims["uid-1"])
+    assert record.pod_uids == ["pod-1"]
+    assert record.devices[0].snapshot.host.rdma_device == "mlx5_0"
+    assert record.devices[0].config == {"opaque": [{"interface": {"mtu": 9000}}]}
+    # Persisted: a fresh store reads the same record.
+    again = CheckpointStore(preparer.store.directory).read(lambda s: s.claims["uid-1"])
+    assert again.devices[1].device == "pci-0000-8a-00-1" and again.namespace == "ns"
+
+
+async def test_retry_is_idempotent_without_second_get(api: FakeAPIServer, preparer: Preparer) -> None:
+    api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)]))
+    first = await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
+    gets = api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1")
+    second = await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
+    assert first == second and first["uid-1"].devices
+    assert api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1") == gets == 1
+
+
+async def test_per_claim_errors_do_not_fail_others(api: FakeAPIServer, preparer: Preparer) -> None:
+    api.add_claim(make_claim("ns", "good", "uid-good", [result("pci-0000-8a-00-0", NODE)]))
+    api.add_claim(make_claim("ns", "replaced", "uid-new", [result("pci-0000-8a-00-1", NODE)]))
+    unallocated = make_claim("ns", "pending", "uid-pending", [])
+    unallocated["status"] = {}
+    api.add_claim(unallocated)
+    api.add_claim(make_claim("ns", "foreign", "uid-foreign", [result("pci-0000-8a-00-2", "node-b")]))
+    api.add_claim(make_claim("ns", "unknown", "uid-unknown", [result("pci-9999-00-00-0", NODE)]))
+    refs = [ClaimRef("ns", "good", "uid-good"), ClaimRef("ns", "replaced", "uid-old"),
+            ClaimRef("ns", "pending", "uid-pending"), ClaimRef("ns", "missing", "uid-missing"),
+            ClaimRef("ns", "foreign", "uid-foreign"), ClaimRef("ns", "unknown", "uid-unknown")]
+    out = await preparer.prepare(refs)
+    assert set(out) == {r.uid for r in refs}
+    assert out["uid-good"].error == "" and len(out["uid-good"].devices) == 1
+    assert "replaced" in out["uid-old"].error and "uid-new" in out["uid-old"].error
+    assert "not allocated" in out["uid-pending"].error
+    assert "not found" in out["uid-missing"].error
+    assert "node-b" in out["uid-foreign"].error and "pool" in out["uid-foreign"].error
+    assert "pci-9999-00-00-0" in out["uid-unknown"].error
+    assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-good"]
+
+
+async def test_decoder_exception_is_per_claim(api: FakeAPIServer, preparer: Preparer) -> None:
+    def strict(configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
+        if configs:
+            raise ValueError("interface.mtu: must be >= 68")
+        return {}
+
+    preparer.config_decoder = strict
+    bad = [{"requests": [], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 1}}}}]
+    api.add_claim(make_claim("ns", "bad", "uid-bad", [result("pci-0000-8a-00-0", NODE)], configs=bad))
+    api.add_claim(make_claim("ns", "ok", "uid-ok", [result("pci-0000-8a-00-1", NODE)]))
+    out = await preparer.prepare([ClaimRef("ns", "bad", "uid-bad"), ClaimRef("ns", "ok", "uid-ok")])
+    assert "interface.mtu: must be >= 68" in out["uid-bad"].error
+    assert out["uid-ok"].error == ""
+
+
+async def test_inventory_crash_is_contained(api: FakeAPIServer, preparer: Preparer) -> None:
+    def broken() -> dict[str, Device]:
+        raise RuntimeError("scan exploded")
+
+    preparer.devices = broken
+    api.add_claim(make_claim("ns", "c", "uid-c", [result("pci-0000-8a-00-0", NODE)]))
+    out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
+    assert "scan exploded" in out["uid-c"].error
+
+
+async def test_unprepare_removes_and_unknown_succeeds(api: FakeAPIServer, preparer: Preparer) -> None:
+    api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)], pods=["p"]))
+    await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
+    preparer.store.update(lambda s: s.pods.setdefault("p", __import__("driver.checkpoint").checkpoint.PodNetState("p")))
+    errors = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "never", "uid-never")])
+    assert errors == {"uid-1": "", "uid-never": ""}
+    assert preparer.store.read(lambda s: (dict(s.claims), sorted(s.pods))) == ({}, ["p"])  # pods untouched
+
+
+async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Preparer) -> None:
+    for i in range(40):
+        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i % 4}", NODE)]))
+    outs = await asyncio.gather(*(preparer.prepare([ClaimRef("ns", f"c{i}", f"uid-{i}")]) for i in range(40)))
+    assert all(o[f"uid-{i}"].error == "" for i, o in enumerate(outs))
+    assert len(CheckpointStore(preparer.store.directory).read(lambda s: s.claims)) == 40
+
+
+# -- the KubeClient transport prepare depends on (driver/kube/client.py) ------------------------------
+
+
+def test_kube_errors_and_token_file(api: FakeAPIServer, tmp_path: Path) -> None:
+    import json as _json
+
+    from driver.kube.client import KubeError
+
+    kc = api.write_kubeconfig(tmp_path / "kc")
+    config = _json.loads(kc.read_text())
+    config["users"][0]["user"] = {"tokenFile": "token"}  # relative to the kubeconfig's directory
+    (tmp_path / "token").write_text("secret-1\n")
+    kc.write_text(_json.dumps(config))
+    kube = KubeClient.from_kubeconfig(str(kc))
+    assert kube.api.token.get() == "secret-1"
+    with pytest.raises(KubeError) as err:
+        kube.get_resource_claim("ns", "nope")
+    assert err.value.not_found and 'resourceclaims.resource.k8s.io "nope" not found' == err.value.message
+
+
+def test_kube_config_errors_name_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from driver.kube.client import KubeConfigError, transport_in_cluster
+
+    kc = tmp_path / "kc"
+    kc.write_text("apiVersion: v1\ncurrent-context: x\ncontexts: []\n")
+    with pytest.raises(KubeConfigError, match="current-context 'x' is not in contexts"):
+        KubeClient.from_kubeconfig(str(kc))
+    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', certificate-authority: nope.crt}}]\n"
+                  "users: [{name: u, user: {token: t}}]\n")
+    with pytest.raises(KubeConfigError, match=r"clusters\['c'\].certificate-authority: cannot read"):
+        KubeClient.from_kubeconfig(str(kc))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
+        transport_in_cluster(str(tmp_path))
+
+
+def test_kube_exec_credentials_fall_back_to_the_kubernetes_package(tmp_path: Path) -> None:
+    from driver.kube.client import Urllib3Transport
+
+    kc = tmp_path / "kc"
+    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+                  "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: 'true'}}}]\n")
+    assert not isinstance(KubeClient.from_kubeconfig(str(kc)).api, Urllib3Transport)
+
+
+def _numa_inventory() -> dict[str, Device]:
+    """Two NICs on NUMA 0 and one on NUMA 1."""
+    devs = {}
+    for i, node in enumerate((0, 0, 1)):
+        name = f"pci-0000-9a-00-{i}"
+        devs[name] = Device(name=name, attributes={"dra.net/rdma": True, "dra.net/numaNode": node},
+                            host=HostFacts(pci_address=f"0000:9a:00.{i}", rdma_device=f"mlx5_{i}", numa_node=node))
+    return devs
+
+
+async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServer, tmp_path: Path) -> None:
+    from driver.claims.decode import prepare_decoder
+
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE,
+                        config_decoder=prepare_decoder)
+    pin = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}]
+    api.add_claim(make_claim("ns", "spans", "uid-s", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-2", NODE)],
+                             configs=pin, pods=["p"]))
+    api.add_claim(make_claim("ns", "fits", "uid-f", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-1", NODE)],
+                             configs=pin, pods=["p"]))
+    out = await preparer.prepare([ClaimRef("ns", "spans", "uid-s"), ClaimRef("ns", "fits", "uid-f")])
+    assert "ResourceClaim ns/spans" in out["uid-s"].error and "numa.pin" in out["uid-s"].error
+    assert "node 0: pci-0000-9a-00-0" in out["uid-s"].error and "node 1: pci-0000-9a-00-2" in out["uid-s"].error
+    assert out["uid-f"].error == "" and len(out["uid-f"].devices) == 2
+    assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-f"]  # the refused claim is not recorded
+
+
+async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer, tmp_path: Path) -> None:
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    seen: list[str] = []
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE,
+                        on_unprepare=lambda claim: seen.append(claim.uid))
+    api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)]))
+    assert (await preparer.prepare([ClaimRef("ns", "c1", "uid-1")]))["uid-1"].error == ""
+    out = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "gone", "uid-unknown")])
+    assert out == {"uid-1": "", "uid-unknown": ""}
+    assert seen == ["uid-1"]  # unknown claims succeed but are not reported
+
+
+async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(api: FakeAPIServer, tmp_path: Path,
+                                                                     netns_factory) -> None:
+    """A real veth: a known feature prepares; an unknown one is a per-claim error naming it."""
+    from driver.claims.decode import prepare_decoder
+
+    host, _peer = netns_factory.veth()
+    dev = Device(name="veth-nic", host=HostFacts(ifname=host))
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE,
+                        config_decoder=prepare_decoder)
+
+    def claim(name: str, uid: str, features: dict[str, bool]) -> None:
+        cfg = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {
+            "ethtool": {"features": features}}}}]
+        api.add_claim(make_claim("ns", name, uid, [result(dev.name, NODE)], configs=cfg, pods=["p"]))
+
+    claim("good", "uid-good", {"generic-receive-offload": True})
+    claim("bad", "uid-bad", {"no-such-offload": False})
+    out = await preparer.prepare([ClaimRef("ns", "good", "uid-good"), ClaimRef("ns", "bad", "uid-bad")])
+    assert out["uid-good"].error == ""
+    assert "ResourceClaim ns/bad" in out["uid-bad"].error and "no-such-offload" in out["uid-bad"].error
+    assert host in out["uid-bad"].error
+    assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-good"]

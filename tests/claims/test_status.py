@@ -1,0 +1,179 @@
+"""Unit tests of ClaimStatusWriter against an in-process fake of the KubeClient surface it uses."""
+
+from __future__ import annotations
+
+import threading
+import time
+from copy import deepcopy
+from typing import Any
+
+from driver.checkpoint import PreparedClaim, PreparedDevice
+from driver.claims.status import ClaimStatusWriter, DeviceResult, _reason
+from driver.kube.client import KubeError
+from driver.model.device import Device, HostFacts
+
+
+class FakeKube:
+    """Records applies and events; merges applies into the claim by (driver, pool, device)."""
+
+    def __init__(self, claim: dict[str, Any], fail_applies: int = 0) -> None:
+        self.claim = claim
+        self.applies: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.fail_applies = fail_applies
+        self.slices: list[dict[str, Any]] = []
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if self.claim is None:
+            raise KubeError(404, "NotFound", "gone")
+        return deepcopy(self.claim)
+
+    def apply_claim_status(self, namespace, name, body, field_manager):
+        assert field_manager == "dra.net"
+        if self.fail_applies:
+            self.fail_applies -= 1
+            raise KubeError(500, "InternalError", "etcd hiccup")
+        self.applies.append(deepcopy(body))
+        ours = {(d["driver"], d["pool"], d["device"]) for d in body["status"]["devices"]}
+        kept = [d for d in self.claim["status"].get("devices", []) if d["driver"] != "dra.net"]
+        self.claim["status"]["devices"] = kept + body["status"]["devices"]
+        assert all(k[0] == "dra.net" for k in ours)
+        return self.claim
+
+    def request(self, method, path, body=None, *, query=None, **_):
+        if method == "POST" and path.endswith("/events"):
+            self.events.append(body)
+            return body
+        if method == "GET" and path.endswith("/resourceslices"):
+            return {"items": self.slices}
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+GPU_ENTRY = {"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0",
+             "conditions": [{"type": "Ready", "status": "True", "reason": "GPUReady", "message": "",
+                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+
+
+def api_claim() -> dict[str, Any]:
+    return {"metadata": {"name": "c", "namespace": "default", "uid": "u1"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"},
+                {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-0"},
+                {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-1"}]}},
+                "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "pod-1"}],
+                "devices": [deepcopy(GPU_ENTRY)]}}
+
+
+def prepared() -> PreparedClaim:
+    devs = [PreparedDevice("nic", "node-a", f"nic-{i}", Device(f"nic-{i}", {"dra.net/numaNode": 0}, HostFacts()))
+            for i in range(2)]
+    return PreparedClaim(uid="u1", namespace="default", name="c", pod_uids=["pod-1"], devices=devs)
+
+
+def writer(kube: FakeKube, tmp_path) -> ClaimStatusWriter:
+    kube.slices = [{"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-a"}, "devices": [
+        {"name": "gpu-0", "attributes": {"resource.kubernetes.io/numaNode": {"int": 0}}}]}}]
+    return ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), sleep=lambda s: None)
+
+
+def by_device(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["device"]: d for d in claim["status"]["devices"]}
+
+
+def test_ready_writes_network_data_and_conditions_without_touching_gpu(tmp_path):
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    w.pod_network_ready("pod-1", prepared(), [
+        DeviceResult("nic-0", "net1", ["192.0.2.5/24", "2001:db8::5"], "02:00:00:00:00:01"),
+        DeviceResult("nic-1", "net2", [], None)])
+    w.start()
+    w.stop()
+    devs = by_device(kube.claim)
+    assert devs["gpu-0"] == GPU_ENTRY
+    assert devs["nic-0"]["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.5/24", "2001:db8::5/128"],
+                                            "hardwareAddress": "02:00:00:00:00:01"}
+    conds = {c["type"]: c for c in devs["nic-0"]["conditions"]}
+    assert conds["Ready"]["status"] == "True"
+    assert conds["NUMAAligned"]["status"] == "True", conds["NUMAAligned"]
+    assert kube.events == []
+
+
+def test_failure_keeps_other_entries_and_posts_one_event_despite_retries(tmp_path):
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    w.pod_network_ready("pod-1", prepared(), [DeviceResult("nic-0", "net1", ["192.0.2.5/24"], None)])
+    w.start()
+    w.stop()
+    kube.fail_applies = 2
+    w.pod_network_failed("pod-1", prepared(), "nic-1", "set mtu", "Numerical result out of range")
+    w.start()
+    w.stop()
+    devs = by_device(kube.claim)
+    # nic-0's Ready=True and networkData survive an apply about nic-1 (all our entries are re-applied).
+    assert {c["type"]: c["status"] for c in devs["nic-0"]["conditions"]}["Ready"] == "True"
+    assert devs["nic-0"]["networkData"]["interfaceName"] == "net1"
+    ready1 = {c["type"]: c for c in devs["nic-1"]["conditions"]}["Ready"]
+    assert (ready1["status"], ready1["reason"]) == ("False", "SetMtuFailed")
+    assert ready1["message"] == "set mtu: Numerical result out of range"
+    assert len(kube.events) == 1
+    event = kube.events[0]
+    assert event["type"] == "Warning"
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "default",
+                                       "name": "trainer-0", "uid": "pod-1"}
+    assert devs["gpu-0"] == GPU_ENTRY
+    assert "networkData" not in devs["nic-1"]
+
+
+def test_unprepared_applies_an_empty_list(tmp_path):
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    w.claim_unprepared(prepared())
+    w.start()
+    w.stop()
+    assert kube.applies[-1]["status"] == {"devices": []}
+    assert list(by_device(kube.claim)) == ["gpu-0"]
+
+
+def test_transition_time_kept_when_status_unchanged(tmp_path):
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    from driver.claims.status import _Update
+    w.process(_Update("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "a", [], None)}))
+    first = by_device(kube.claim)["nic-0"]["conditions"][0]["lastTransitionTime"]
+    time.sleep(1.1)
+    w.process(_Update("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "b", [], None)}))
+    assert by_device(kube.claim)["nic-0"]["conditions"][0]["lastTransitionTime"] == first
+
+
+def test_retries_are_bounded_and_gone_claims_are_dropped(tmp_path):
+    from driver.claims.status import _Update
+    kube = FakeKube(api_claim(), fail_applies=100)
+    sleeps: list[float] = []
+    w = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), max_attempts=4, backoff=0.5,
+                          max_backoff=1.0, sleep=sleeps.append)
+    assert w.process(_Update("pod-1", prepared(), ready={})) is False
+    assert sleeps == [0.5, 1.0, 1.0]
+    assert w.dropped == 1
+    kube.claim = None
+    assert w.process(_Update("pod-1", prepared(), ready={})) is False
+
+
+def test_hooks_never_block(tmp_path):
+    kube = FakeKube(api_claim())
+    gate = threading.Event()
+    kube.get_resource_claim = lambda ns, n: (gate.wait(), api_claim())[1]  # a hung API server
+    w = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), queue_size=2)
+    w.start()
+    start = time.monotonic()
+    for _ in range(10):
+        w.pod_network_failed("pod-1", prepared(), "nic-0", "move", "boom")
+    assert time.monotonic() - start < 0.5
+    assert w.dropped >= 7
+    gate.set()
+    w.stop()
+
+
+def test_reason_is_a_valid_condition_reason():
+    assert _reason("move netdev") == "MoveNetdevFailed"
+    assert _reason("") == "NetworkSetupFailed"
+    assert _reason("9x") == "NetworkSetupFailed"

@@ -1,0 +1,40 @@
+"""Attribute limits: 64-byte values shortened safely, at most 32 attributes a device."""
+
+from __future__ import annotations
+
+from driver.inventory.attributes import PRIORITY, finalize, shorten
+
+
+def test_short_values_untouched() -> None:
+    assert shorten("dra.net/pciDevice", "MT2910 Family [ConnectX-7]") == "MT2910 Family [ConnectX-7]"
+
+
+def test_long_string_cut_to_64_bytes_on_char_boundary() -> None:
+    value = "é" * 40  # 80 bytes
+    out = shorten("dra.net/pciDevice", value)
+    assert len(out.encode()) <= 64 and out == "é" * 32
+    assert shorten("dra.net/alias", "x" * 100) == "x" * 64
+
+
+def test_ip_list_cut_at_cidr_boundary() -> None:
+    cidrs = [f"10.96.{i}.{i}/32" for i in range(10)]  # kube-ipvs0 style
+    out = shorten("dra.net/ipv4", ",".join(cidrs))
+    assert len(out) <= 64
+    assert out.split(",") == cidrs[: len(out.split(","))]
+    assert out == "10.96.0.0/32,10.96.1.1/32,10.96.2.2/32,10.96.3.3/32,10.96.4.4/32"
+
+
+def test_list_with_no_whole_element_is_omitted() -> None:
+    huge = "2001:db8:aaaa:bbbb:cccc:dddd:eeee:ffff/128" * 2
+    assert "dra.net/ipv6" not in finalize({"dra.net/ipv6": huge, "dra.net/rdma": True})
+
+
+def test_cap_drops_lowest_priority_deterministically() -> None:
+    attrs: dict = {name: "v" for name in PRIORITY}
+    attrs.update({f"cloud.example/a{i:02d}": i for i in range(20)})
+    out = finalize(attrs)
+    assert len(out) == 32
+    assert set(PRIORITY) <= set(out)  # 25 known ones kept, then the first 7 others by name
+    assert sorted(k for k in out if k.startswith("cloud")) == [f"cloud.example/a{i:02d}" for i in range(7)]
+    small = {n: "v" for n in PRIORITY[:31]}
+    assert finalize(small) == small

@@ -1,0 +1,184 @@
+"""The kubelet plugin over real unix sockets, driven by a client that plays the kubelet."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+import grpc
+import pytest
+
+from driver.checkpoint import CheckpointStore
+from driver.config import DriverConfig
+from driver.kube.client import KubeClient
+from driver.kubelet.plugin import (
+    DeviceHealthFeed,
+    DeviceHealthState,
+    KubeletPlugin,
+    evaluate_health,
+)
+from driver.metrics import Metrics
+from driver.model.device import Device, HostFacts
+from driver.claims.prepare import Preparer
+from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
+from tests.support.kubelet_client import KubeletClient, devices_of
+
+NODE = "node-a"
+
+
+def inventory() -> dict[str, Device]:
+    return {f"dev-{i}": Device(name=f"dev-{i}", host=HostFacts(ifname=f"eth{i}")) for i in range(4)}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    # AF_UNIX paths are limited to 108 bytes: pytest's tmp_path can be too long.
+    with tempfile.TemporaryDirectory(prefix="dranet-kp-") as d:
+        yield Path(d)
+
+
+@pytest.fixture
+def api() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer() as server:
+        yield server
+
+
+@pytest.fixture
+async def plugin(api: FakeAPIServer, short_tmp: Path) -> AsyncIterator[KubeletPlugin]:
+    config = DriverConfig(node_name=NODE, kubelet_root=str(short_tmp / "kubelet"), state_dir=str(short_tmp / "state"))
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE)
+    p = KubeletPlugin(config, preparer, health=DeviceHealthFeed(), metrics=Metrics(), health_resend=0.5)
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.stop(grace=0.1)
+
+
+async def test_registration(plugin: KubeletPlugin, short_tmp: Path) -> None:
+    reg = str(short_tmp / "kubelet/plugins_registry/dra.net-reg.sock")
+    dra = str(short_tmp / "kubelet/plugins/dra.net/dra.sock")
+    assert stat.S_ISSOCK(os.stat(reg).st_mode) and stat.S_ISSOCK(os.stat(dra).st_mode)
+    async with KubeletClient(reg) as kubelet:
+        info = await kubelet.get_info()
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", "dra.net", dra)
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+        await kubelet.notify(True)
+        assert plugin.registered is True
+        await kubelet.notify(False, "version mismatch")
+        assert plugin.registered is False
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPIServer, version: str) -> None:
+    api.add_claim(make_claim("ns", "c1", "uid-1", [result("dev-0", NODE, "nic/a"), result("dev-1", NODE, "nic/a"),
+                                                   result("gpu0", NODE, "gpu", driver="gpu.example.com")]))
+    async with KubeletClient(plugin.registration_socket) as kubelet:
+        await kubelet.register()
+        resp = await kubelet.prepare([("ns", "c1", "uid-1"), ("ns", "gone", "uid-gone")], version=version)
+        assert set(resp.claims) == {"uid-1", "uid-gone"}
+        assert resp.claims["uid-1"].error == ""
+        assert devices_of(resp, "uid-1") == [(("nic",), NODE, "dev-0"), (("nic",), NODE, "dev-1")]
+        assert "not found" in resp.claims["uid-gone"].error
+        retry = await kubelet.prepare([("ns", "c1", "uid-1")], version=version)
+        assert devices_of(retry, "uid-1") == devices_of(resp, "uid-1")
+        un = await kubelet.unprepare([("ns", "c1", "uid-1"), ("ns", "x", "uid-x")], version=version)
+        assert {k: v.error for k, v in un.claims.items()} == {"uid-1": "", "uid-x": ""}
+    assert plugin.preparer.store.read(lambda s: list(s.claims)) == []
+    text = plugin.metrics.render().decode()
+    assert 'dranet_dra_plugin_requests_total{method="NodePrepareResources",status="claim_error"} 1.0' in text
+    assert 'dranet_dra_plugin_requests_total{method="NodeUnprepareResources",status="ok"} 1.0' in text
+
+
+async def test_health_stream_sends_complete_list_and_changes(plugin: KubeletPlugin) -> None:
+    feed = plugin.health
+    assert feed is not None
+    await feed.set([DeviceHealthState(NODE, "dev-0", True), DeviceHealthState(NODE, "dev-1", False, "netdev eth1 is missing")])
+    async with KubeletClient(plugin.registration_socket) as kubelet:
+        await kubelet.get_info()
+        stream = kubelet.watch_health()
+        first = await asyncio.wait_for(stream.__anext__(), 5)
+        got = {(d.device.device_name, d.health, d.message) for d in first.devices}
+        assert got == {("dev-0", 1, ""), ("dev-1", 2, "netdev eth1 is missing")}
+        await feed.set([DeviceHealthState(NODE, "dev-0", True), DeviceHealthState(NODE, "dev-1", True)])
+        second = await asyncio.wait_for(stream.__anext__(), 5)
+        assert {d.device.device_name: d.health for d in second.devices} == {"dev-0": 1, "dev-1": 1}
+        assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in second.devices)
+        # No change: the full list is re-sent anyway so the kubelet never times devices out.
+        third = await asyncio.wait_for(stream.__anext__(), 5)
+        assert len(third.devices) == 2
+        await stream.aclose()
+
+
+async def test_stop_removes_sockets_and_stale_socket_is_replaced(api: FakeAPIServer, short_tmp: Path) -> None:
+    config = DriverConfig(node_name=NODE, kubelet_root=str(short_tmp / "k2"), state_dir=str(short_tmp / "s2"))
+    Path(config.registration_socket).parent.mkdir(parents=True)
+    Path(config.registration_socket).write_text("stale")  # left by a killed driver
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kc2")))
+    p = KubeletPlugin(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+    await p.start()
+    try:
+        async with KubeletClient(p.registration_socket) as kubelet:
+            assert "v1alpha1.DRAResourceHealth" not in (await kubelet.get_info()).supported_versions
+    finally:
+        await p.stop(grace=0.1)
+    assert not os.path.exists(config.registration_socket) and not os.path.exists(config.dra_socket)
+    async with KubeletClient(config.registration_socket) as kubelet:
+        with pytest.raises(grpc.aio.AioRpcError):
+            kubelet.timeout = 1
+            await kubelet.get_info()
+
+
+def test_evaluate_health(tmp_path: Path) -> None:
+    (tmp_path / "class/net/eth0").mkdir(parents=True)
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    down = tmp_path / "class/infiniband/mlx5_1/ports/1"
+    down.mkdir(parents=True)
+    (down / "state").write_text("1: DOWN\n")
+    assert evaluate_health(Device("a", host=HostFacts(ifname="eth0")), str(tmp_path), False) == (True, "")
+    assert evaluate_health(Device("b", host=HostFacts(ifname="eth9")), str(tmp_path), False)[0] is False
+    assert evaluate_health(Device("b", host=HostFacts(ifname="eth9")), str(tmp_path), True)[0] is True
+    assert evaluate_health(Device("c", host=HostFacts(rdma_device="mlx5_0")), str(tmp_path), False) == (True, "")
+    healthy, message = evaluate_health(Device("d", host=HostFacts(rdma_device="mlx5_1")), str(tmp_path), False)
+    assert not healthy and "mlx5_1" in message and "DOWN" in message
+
+
+async def test_health_server_ready_gate_and_metrics() -> None:
+    import aiohttp
+
+    from driver.probe_server import HealthServer
+
+    ready = {"value": False}
+    metrics = Metrics()
+    metrics.set_devices(5, 2)
+    server = HealthServer("127.0.0.1:0", metrics, lambda: ready["value"])
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 503
+            ready["value"] = True
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(base + "/metrics") as resp:
+                text = await resp.text()
+                assert "dranet_published_devices 5.0" in text and "dranet_published_rdma_devices 2.0" in text
+    finally:
+        await server.stop()
+
+
+def test_bind_address_errors() -> None:
+    from driver.probe_server import parse_bind_address
+
+    assert parse_bind_address(":9177") == ("0.0.0.0", 9177)
+    assert parse_bind_address("[::1]:80") == ("::1", 80)
+    with pytest.raises(ValueError, match="--bind-address"):
+        parse_bind_address("localhost")

@@ -1,0 +1,155 @@
+"""ResourceSlice builder and diff (driver/publish/slices.py): pure functions, no API server."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from driver.model.device import Device, HostFacts
+from driver.publish.slices import build_slices, plan_slices
+
+DRIVER, NODE, UID = "dra.net", "node-a", "uid-1"
+
+
+def dev(i: int, numa: int = 0) -> Device:
+    return Device(name=f"pci-0000-{i:04x}-00-0", attributes={"dra.net/rdma": True, "dra.net/numaNode": numa},
+                  host=HostFacts(pci_address=f"0000:{i:04x}:00.0"))
+
+
+def store(bodies: list[dict]) -> list[dict]:
+    """What the API server would hold after creating ``bodies`` (names, uids, resourceVersions)."""
+    out = []
+    for i, b in enumerate(bodies):
+        o = copy.deepcopy(b)
+        o["metadata"].pop("generateName")
+        o["metadata"].update(name=f"{NODE}-{DRIVER}-{i:05d}", uid=f"s{i}", resourceVersion=str(100 + i))
+        out.append(o)
+    return out
+
+
+def apply(existing: list[dict], plan) -> list[dict]:
+    """Apply a plan to a fake store the way the publisher applies it to the API."""
+    gone = {s["metadata"]["name"] for s in plan.delete}
+    by_name = {s["metadata"]["name"]: s for s in existing if s["metadata"]["name"] not in gone}
+    for u in plan.update:
+        by_name[u["metadata"]["name"]] = copy.deepcopy(u)
+    new = store(plan.create)
+    for i, n in enumerate(new):
+        n["metadata"]["name"] += f"-new{i}"
+        by_name[n["metadata"]["name"]] = n
+    return list(by_name.values())
+
+
+def test_empty_pool_gets_one_empty_slice():
+    [s] = build_slices([], DRIVER, NODE, UID)
+    assert s["spec"]["devices"] == []
+    assert s["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+
+
+def test_slice_shape():
+    [s] = build_slices([dev(1)], DRIVER, NODE, UID, generation=7)
+    assert s["apiVersion"] == "resource.k8s.io/v1" and s["kind"] == "ResourceSlice"
+    assert s["metadata"]["generateName"] == f"{NODE}-{DRIVER}-"
+    assert s["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}]
+    assert s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == NODE
+    assert s["spec"]["pool"]["generation"] == 7
+    assert s["spec"]["devices"] == [dev(1).to_api()]
+
+
+def test_split_beyond_128_is_deterministic_in_name_order():
+    devices = [dev(i) for i in range(300)]
+    shuffled = devices[:]
+    random.Random(4).shuffle(shuffled)
+    slices = build_slices(shuffled, DRIVER, NODE, UID, generation=3)
+    assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 44]
+    assert all(s["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 3} for s in slices)
+    names = [d["name"] for s in slices for d in s["spec"]["devices"]]
+    assert names == sorted(d.name for d in devices)
+    assert slices == build_slices(devices, DRIVER, NODE, UID, generation=3)
+
+
+def test_exactly_128_fits_one_slice():
+    assert len(build_slices([dev(i) for i in range(128)], DRIVER, NODE, UID)) == 1
+    assert len(build_slices([dev(i) for i in range(129)], DRIVER, NODE, UID)) == 2
+
+
+def test_duplicate_device_names_rejected():
+    with pytest.raises(ValueError, match="duplicate"):
+        build_slices([dev(1), dev(1)], DRIVER, NODE, UID)
+
+
+def test_plan_from_nothing_creates_generation_1():
+    plan = plan_slices([dev(1), dev(2)], [], DRIVER, NODE, UID)
+    assert plan.generation == 1 and not plan.update and not plan.delete
+    assert len(plan.create) == 1 and plan.create[0]["spec"]["pool"]["generation"] == 1
+
+
+def test_unchanged_pool_needs_no_write():
+    devices = [dev(i) for i in range(200)]
+    existing = store(build_slices(devices, DRIVER, NODE, UID, generation=5))
+    plan = plan_slices(list(reversed(devices)), existing, DRIVER, NODE, UID)
+    assert plan.empty and plan.generation == 5
+
+
+def test_changed_device_bumps_generation_and_updates_in_place():
+    existing = store(build_slices([dev(1), dev(2)], DRIVER, NODE, UID, generation=2))
+    plan = plan_slices([dev(1), dev(2, numa=1)], existing, DRIVER, NODE, UID)
+    assert plan.generation == 3 and not plan.create and not plan.delete
+    [u] = plan.update
+    assert u["metadata"]["name"] == existing[0]["metadata"]["name"]
+    assert u["metadata"]["resourceVersion"] == existing[0]["metadata"]["resourceVersion"]
+    assert u["spec"]["pool"]["generation"] == 3
+    assert plan_slices([dev(1), dev(2, numa=1)], apply(existing, plan), DRIVER, NODE, UID).empty
+
+
+def test_shrinking_deletes_obsolete_slices_and_fixes_count():
+    existing = store(build_slices([dev(i) for i in range(300)], DRIVER, NODE, UID, generation=1))
+    plan = plan_slices([dev(i) for i in range(10)], existing, DRIVER, NODE, UID)
+    assert plan.generation == 2 and len(plan.update) == 1 and len(plan.delete) == 2 and not plan.create
+    assert plan.update[0]["spec"]["pool"]["resourceSliceCount"] == 1
+    after = apply(existing, plan)
+    assert len(after) == 1 and plan_slices([dev(i) for i in range(10)], after, DRIVER, NODE, UID).empty
+
+
+def test_growing_creates_new_slices_with_the_new_generation_everywhere():
+    existing = store(build_slices([dev(i) for i in range(100)], DRIVER, NODE, UID, generation=4))
+    devices = [dev(i) for i in range(260)]
+    plan = plan_slices(devices, existing, DRIVER, NODE, UID)
+    assert plan.generation == 5 and len(plan.update) == 1 and len(plan.create) == 2
+    after = apply(existing, plan)
+    assert {s["spec"]["pool"]["generation"] for s in after} == {5}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in after} == {3}
+    assert sorted(d["name"] for s in after for d in s["spec"]["devices"]) == sorted(d.name for d in devices)
+
+
+def test_unchanged_chunk_is_reused_for_the_same_devices():
+    devices = [dev(i) for i in range(256)]
+    existing = store(build_slices(devices, DRIVER, NODE, UID))
+    # Swap storage order: matching is by content, not by list position.
+    plan = plan_slices(devices + [dev(999)], list(reversed(existing)), DRIVER, NODE, UID)
+    first_two = {u["metadata"]["name"]: u["spec"]["devices"] for u in plan.update}
+    for s in existing:
+        assert first_two[s["metadata"]["name"]] == s["spec"]["devices"]
+    assert len(plan.create) == 1 and plan.create[0]["spec"]["devices"] == [dev(999).to_api()]
+
+
+def test_mixed_generations_after_a_partial_write_are_repaired():
+    existing = store(build_slices([dev(i) for i in range(200)], DRIVER, NODE, UID, generation=2))
+    existing[1]["spec"]["pool"]["generation"] = 3
+    plan = plan_slices([dev(i) for i in range(200)], existing, DRIVER, NODE, UID)
+    assert plan.generation == 4 and len(plan.update) == 2
+
+
+def test_wrong_owner_uid_is_rewritten():
+    existing = store(build_slices([dev(1)], DRIVER, NODE, "old-node-uid"))
+    plan = plan_slices([dev(1)], existing, DRIVER, NODE, UID)
+    assert plan.update[0]["metadata"]["ownerReferences"][0]["uid"] == UID
+
+
+def test_slices_of_another_pool_name_are_deleted():
+    other = store(build_slices([dev(1)], DRIVER, "renamed", UID))
+    plan = plan_slices([dev(1)], other, DRIVER, NODE, UID)
+    assert plan.delete == other and len(plan.create) == 1
