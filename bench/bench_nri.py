@@ -28,7 +28,7 @@ import time
 from pyroute2 import IPRoute
 
 from driver.checkpoint import CheckpointStore
-from driver.netlink.nic_moves import Namespaces
+from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Rtnl, newlink
 from driver.nri.hooks import NRIHooks
 from driver.proto import nri_v1alpha1_pb2 as api

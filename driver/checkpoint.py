@@ -16,7 +16,9 @@ one:
   tmpfs also keeps fsync out of the RunPodSandbox budget (disk fsync p99 was
   26 ms here).
 
-An update writes only the file whose content changed.
+An update writes only the file whose content changed. Each file carries ``version``
+(:data:`SCHEMA_VERSION`); an older file is migrated when read (:data:`MIGRATIONS`, one step per
+version), a newer one is refused: a downgraded driver must not guess at state it cannot read.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from driver.model.device import Device
+from driver.model.network_config import NetworkConfig
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
+pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form."""
 T = TypeVar("T")
 
 
@@ -42,13 +47,19 @@ class PreparedDevice:
     pool: str
     device: str
     snapshot: Device  # the device as discovered at prepare time (attributes + host facts)
-    config: dict[str, Any] = field(default_factory=dict)  # validated claim config for this device
+    config: NetworkConfig = field(default_factory=NetworkConfig)  # decoded and validated once, at prepare
+
+    def to_dict(self) -> dict[str, Any]:
+        """Checkpoint form: the config as its canonical parameters."""
+        return {"request": self.request, "pool": self.pool, "device": self.device,
+                "snapshot": _plain(self.snapshot), "config": self.config.to_parameters()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PreparedDevice":
-        data = dict(data)
-        data["snapshot"] = Device.from_dict(data["snapshot"])
-        return cls(**data)
+        """Inverse of :meth:`to_dict`."""
+        return cls(request=data["request"], pool=data["pool"], device=data["device"],
+                   snapshot=Device.from_dict(data["snapshot"]),
+                   config=NetworkConfig.from_parameters(data["config"]))
 
 
 @dataclass
@@ -61,8 +72,14 @@ class PreparedClaim:
     pod_uids: list[str] = field(default_factory=list)  # from status.reservedFor (pods)
     devices: list[PreparedDevice] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Checkpoint form."""
+        return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
+                "pod_uids": list(self.pod_uids), "devices": [d.to_dict() for d in self.devices]}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PreparedClaim":
+        """Inverse of :meth:`to_dict`."""
         data = dict(data)
         data["devices"] = [PreparedDevice.from_dict(d) for d in data.get("devices", [])]
         return cls(**data)
@@ -86,9 +103,7 @@ class MovedDevice:
     host_addresses: list[str] = field(default_factory=list)  # CIDRs on the host side
     host_routes: list[dict[str, Any]] = field(default_factory=list)  # route dicts, see netns module
     rdma_device: str | None = None
-    rdma_moved: bool = False
     pod_mac: str | None = None  # MAC in the pod (configured or host MAC), to find it again
-    host_up: bool = True  # whether the host link was up before the move (restored on return)
     # ethtool settings changed in the pod: their host values (kernel names), restored on return.
     host_features: dict[str, bool] = field(default_factory=dict)
     host_private_flags: dict[str, bool] = field(default_factory=dict)
@@ -108,6 +123,7 @@ class PodNetState:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PodNetState":
+        """Inverse of the checkpoint's plain form."""
         data = dict(data)
         data["devices"] = [MovedDevice(**d) for d in data.get("devices", [])]
         return cls(**data)
@@ -129,13 +145,16 @@ class DriverState:
         return {"version": SCHEMA_VERSION, **self.claims_json(), **self.pods_json()}
 
     def claims_json(self) -> dict[str, Any]:
-        return {"claims": {k: _plain(v) for k, v in self.claims.items()}}
+        """The prepared claims part (``checkpoint.json``)."""
+        return {"claims": {k: v.to_dict() for k, v in self.claims.items()}}
 
     def pods_json(self) -> dict[str, Any]:
+        """The pod network state part (``pods.json``)."""
         return {"pods": {k: _plain(v) for k, v in self.pods.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "DriverState":
+        """Both parts from one document of the current version (see :func:`migrate` for older)."""
         _check_version(data)
         return cls(
             claims={k: PreparedClaim.from_dict(v) for k, v in data.get("claims", {}).items()},
@@ -147,6 +166,49 @@ def _check_version(data: dict[str, Any]) -> None:
     version = data.get("version")
     if version != SCHEMA_VERSION:
         raise CheckpointError(f"checkpoint schema version {version!r} is not {SCHEMA_VERSION}")
+
+
+def _v1_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """A version-1 device config (flat parameters, or prepare's ``{"opaque": [params, ...]}``
+    merged in order) as canonical parameters. Version-1 daemons stored only configs their strict
+    decoder had accepted, in canonical form, so reading them back needs no validation."""
+    config = config or {}
+    params = config["opaque"] if isinstance(config.get("opaque"), list) else [config]
+    merged = NetworkConfig()
+    for p in params:
+        merged = merged.merged(NetworkConfig.from_parameters(p or {}))
+    return merged.to_parameters()
+
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    claims = {uid: {**c, "devices": [{**d, "config": _v1_config(d.get("config"))} for d in c.get("devices", [])]}
+              for uid, c in data.get("claims", {}).items()}
+    dropped = ("rdma_moved", "host_up")  # never read: a moved RDMA device follows its netdev; links come back up
+    pods = {uid: {**p, "devices": [{k: v for k, v in d.items() if k not in dropped} for d in p.get("devices", [])]}
+            for uid, p in data.get("pods", {}).items()}
+    return {**data, "version": 2, **({"claims": claims} if "claims" in data else {}),
+            **({"pods": pods} if "pods" in data else {})}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+"""Version N -> the function that turns a version-N file into version N + 1."""
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """A state file of any version this driver knows, brought to :data:`SCHEMA_VERSION`.
+
+    Files without ``version`` are refused like any unknown version; so is a file from a newer
+    driver, with a message that says so.
+    """
+    version = data.get("version")
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise CheckpointError(f"checkpoint schema version {version} was written by a newer driver (this one "
+                              f"reads versions 1 to {SCHEMA_VERSION}); refusing to start rather than lose state")
+    while version in MIGRATIONS:
+        data = MIGRATIONS[version](data)
+        version = data["version"]
+    _check_version(data)
+    return data
 
 
 def _plain(obj: Any) -> Any:
@@ -214,9 +276,8 @@ class CheckpointStore:
             self._written[path] = _encode({"claims" if path == self.path else "pods": {}})
             return {}
         try:
-            data = json.loads(raw)
-            _check_version(data)
-        except (ValueError, AttributeError) as exc:
+            data = migrate(json.loads(raw))
+        except (ValueError, AttributeError, KeyError, TypeError) as exc:
             # Keep the unreadable file for a human; never silently drop state.
             raise CheckpointError(f"cannot parse {path}: {exc}") from exc
         self._written[path] = raw
@@ -256,7 +317,7 @@ class CheckpointStore:
         for uid in sorted(claims):
             cached = self._encoded.get(uid)
             if cached is None or cached[0] is not claims[uid]:
-                cached = (claims[uid], json.dumps(_plain(claims[uid]), sort_keys=True,
+                cached = (claims[uid], json.dumps(claims[uid].to_dict(), sort_keys=True,
                                                   separators=(",", ":")).encode())
                 self._encoded[uid] = cached
             pieces.append(json.dumps(uid).encode() + b":" + cached[1])

@@ -13,7 +13,7 @@ import socket
 import sys
 from typing import Callable, Sequence
 
-from driver.config import DEFAULT_FILTER, DriverConfig
+from driver.config import DriverConfig, default
 
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
@@ -33,39 +33,40 @@ def _env(name: str, default: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
     parser = argparse.ArgumentParser(
-        prog="dranet", description="Kubernetes DRA driver for network interfaces and RDMA NICs (dra.net)")
-    parser.add_argument("--log-level", default=_env("DRANET_LOG_LEVEL", "info"),
+        prog="dranet", description=f"Kubernetes DRA driver for network interfaces and RDMA NICs ({default('driver_name')})")
+    parser.add_argument("--log-level", default=_env("DRANET_LOG_LEVEL", str(default("log_level"))),
                         choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default=_env("DRANET_LOG_FORMAT", "json"), choices=["json", "text"])
+    parser.add_argument("--log-format", default=_env("DRANET_LOG_FORMAT", str(default("log_format"))),
+                        choices=["json", "text"])
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the node driver daemon (kubelet plugin, NRI plugin, slices)")
     run.add_argument("--node-name", default=_env("NODE_NAME", socket.gethostname()))
-    run.add_argument("--driver-name", default="dra.net")
-    run.add_argument("--sysfs-root", default="/sys")
-    run.add_argument("--kubelet-root", default="/var/lib/kubelet")
-    run.add_argument("--state-dir", default="/var/lib/dranet", help="prepared-claims checkpoint (on disk)")
-    run.add_argument("--runtime-dir", default="/run/dranet",
+    run.add_argument("--driver-name", default=default("driver_name"))
+    run.add_argument("--sysfs-root", default=default("sysfs_root"))
+    run.add_argument("--kubelet-root", default=default("kubelet_root"))
+    run.add_argument("--state-dir", default=default("state_dir"), help="prepared-claims checkpoint (on disk)")
+    run.add_argument("--runtime-dir", default=default("runtime_dir"),
                      help="pod network state (tmpfs: survives driver restarts, cleared by reboots)")
-    run.add_argument("--host-netns", default="/proc/self/ns/net",
+    run.add_argument("--host-netns", default=default("host_netns"),
                      help="the host network namespace NICs return to (hostNetwork pod: its own)")
-    run.add_argument("--nri-socket", default="/var/run/nri/nri.sock")
+    run.add_argument("--nri-socket", default=default("nri_socket"))
     run.add_argument("--no-nri", dest="nri_enabled", action="store_false",
                      help="do not connect to the container runtime (tests, discovery-only nodes)")
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    run.add_argument("--filter", default=DEFAULT_FILTER,
+    run.add_argument("--filter", default=default("filter"),
                      help="CEL expression over `device` (DeviceClass syntax); empty disables filtering")
     run.add_argument("--exclude-interfaces", default="",
                      help="comma-separated interfaces treated like the uplink (never published, with their slaves)")
-    run.add_argument("--bind-address", default=":9177", help="address of /healthz and /metrics")
-    run.add_argument("--publish-interval", type=float, default=2.0,
+    run.add_argument("--bind-address", default=default("bind_address"), help="address of /healthz and /metrics")
+    run.add_argument("--publish-interval", type=float, default=default("publish_interval"),
                      help="seconds: at most one ResourceSlice write per interval")
-    run.add_argument("--resync-interval", type=float, default=60.0, help="seconds between full rescans")
+    run.add_argument("--resync-interval", type=float, default=default("resync_interval"), help="seconds between full rescans")
 
     disc = sub.add_parser("discover", help="print the devices this node would publish")
-    disc.add_argument("--sysfs-root", default="/sys")
+    disc.add_argument("--sysfs-root", default=default("sysfs_root"))
     disc.add_argument("--output", "-o", default="table", choices=["json", "table"])
-    disc.add_argument("--filter", default=DEFAULT_FILTER)
+    disc.add_argument("--filter", default=default("filter"))
     disc.add_argument("--exclude-interfaces", default="")
 
     val = sub.add_parser("validate", help="validate dra.net configs in ResourceClaim(Template) files")
@@ -82,13 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"])
 
     topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")
-    topo.add_argument("--sysfs-root", default="/sys")
+    topo.add_argument("--sysfs-root", default=default("sysfs_root"))
     topo.add_argument("--output", "-o", default="table", choices=["json", "table"])
     topo.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
 
     tmpl = sub.add_parser("templates", help="print NUMA-aligned ResourceClaimTemplates for this node")
     tmpl.add_argument("--gpus", type=int, required=True)
-    tmpl.add_argument("--sysfs-root", default="/sys")
+    tmpl.add_argument("--sysfs-root", default=default("sysfs_root"))
     tmpl.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
     return parser
 

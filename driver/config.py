@@ -1,8 +1,20 @@
-"""The daemon's configuration (`dranet run` flags), one dataclass passed to every component."""
+"""The daemon's configuration (`dranet run` flags) and the one definition of each default.
+
+:class:`DriverConfig` is passed to every component; its field defaults are the flags' defaults
+(``driver.cli`` reads them from here, the chart's values and docs/reference.md are checked
+against them by tests).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+DRIVER_NAME = "dra.net"
+"""Driver name; the seed DeviceClass selects ``device.driver == "dra.net"``."""
+
+HOST_NETNS = "/proc/self/ns/net"
+"""The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork
+pod is in the host netns; ``/proc/1/ns/net`` would also need hostPID)."""
 
 DEFAULT_FILTER = '!has(device.attributes["dra.net"].type) || device.attributes["dra.net"].type != "veth"'
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
@@ -13,12 +25,12 @@ class DriverConfig:
     """Settings of a running node driver. CLI flags map 1:1 onto these fields."""
 
     node_name: str
-    driver_name: str = "dra.net"
+    driver_name: str = DRIVER_NAME
     sysfs_root: str = "/sys"
     kubelet_root: str = "/var/lib/kubelet"
     state_dir: str = "/var/lib/dranet"  # prepared claims (disk: survives reboots)
     runtime_dir: str = "/run/dranet"  # pod network state (tmpfs: cleared by a reboot, like the netns)
-    host_netns: str = "/proc/self/ns/net"  # opened at start, while the daemon is in the host netns
+    host_netns: str = HOST_NETNS
     nri_socket: str = "/var/run/nri/nri.sock"
     nri_enabled: bool = True
     kubeconfig: str | None = None  # None: in-cluster config
@@ -38,13 +50,23 @@ class DriverConfig:
 
     @property
     def dra_socket(self) -> str:
+        """The DRA gRPC socket the kubelet dials."""
         return f"{self.plugin_dir}/dra.sock"
 
     @property
     def registration_socket(self) -> str:
+        """The plugin-registration socket the kubelet watches for."""
         return f"{self.kubelet_root}/plugins_registry/{self.driver_name}-reg.sock"
 
     @property
     def host_sysfs(self) -> bool:
         """True when discovery reads the host's own /sys, so netlink facts apply to it."""
         return self.sysfs_root.rstrip("/") in ("", "/sys")
+
+
+def default(name: str) -> object:
+    """The default of :class:`DriverConfig` field ``name`` (the CLI's flag defaults)."""
+    for f in fields(DriverConfig):
+        if f.name == name:
+            return f.default_factory() if callable(f.default_factory) else f.default
+    raise KeyError(name)

@@ -21,7 +21,6 @@ import time
 from typing import Any, Callable
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
-from driver.claims.decode import prepare_decoder
 from driver.claims.status import ClaimStatusWriter
 from driver.config import DriverConfig
 from driver.inventory.device_filter import DeviceFilter, FilterError
@@ -65,10 +64,9 @@ class Daemon:
         self.status_writer = ClaimStatusWriter(kube, config.node_name, driver_name=config.driver_name,
                                                sysfs_root=config.sysfs_root)
         self.health_feed = DeviceHealthFeed()
-        # prepare_decoder validates claim configs strictly: a bad config is a per-claim error
+        # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
         # naming the field, at prepare time, not a pod that fails to start.
         self.preparer = Preparer(kube, store, lambda: self.inventory, config.driver_name, config.node_name,
-                                 config_decoder=prepare_decoder,
                                  on_unprepare=self.status_writer.claim_unprepared)
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
         self.http = HealthServer(config.bind_address, self.metrics, self.ready)

@@ -21,6 +21,7 @@ from driver.checkpoint import (
     PreparedDevice,
 )
 from driver.model.device import CharDevice, Device, HostFacts
+from driver.model.network_config import InterfaceConfig, NetworkConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +31,7 @@ def _claim(uid: str) -> PreparedClaim:
                   HostFacts(pci_address="0000:8a:00.0", ifname="ib0", rdma_device="mlx5_0", numa_node=1,
                             char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)]))
     return PreparedClaim(uid=uid, namespace="ns", name="c", pod_uids=["p1"],
-                         devices=[PreparedDevice("nic", "node", snap.name, snap, {"opaque": [{"mtu": 9000}]})])
+                         devices=[PreparedDevice("nic", "node", snap.name, snap, NetworkConfig(interface=InterfaceConfig(mtu=9000)))])
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -124,7 +125,10 @@ def test_serialisation_matches_asdict() -> None:
 
     state = DriverState(claims={"u1": _claim("u1")}, pods={"p1": PodNetState("p1", devices=[
         MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])])})
-    expected = {"version": 1, "claims": {"u1": asdict(state.claims["u1"])}, "pods": {"p1": asdict(state.pods["p1"])}}
+    claim = asdict(state.claims["u1"])
+    for stored, device in zip(claim["devices"], state.claims["u1"].devices):
+        stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
+    expected = {"version": 2, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
     assert json.dumps(state.to_json(), sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert DriverState.from_json(json.loads(json.dumps(state.to_json()))) == state
 
@@ -179,3 +183,58 @@ def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path
     assert (tmp_path / "checkpoint.json").read_bytes() == expected
     assert sorted(json.loads(expected)["claims"]) == ["u0", "u1", "u3", "u4"]
     assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
+
+
+V1_CLAIMS = {"version": 1, "claims": {"u1": {
+    "uid": "u1", "namespace": "ns", "name": "c", "pod_uids": ["p1"],
+    "devices": [{"request": "nic", "pool": "node", "device": "pci-0000-8a-00-0",
+                 "snapshot": {"name": "pci-0000-8a-00-0", "attributes": {"dra.net/rdma": True},
+                              "host": {"ifname": "ib0", "rdma_device": "mlx5_0"}},
+                 "config": {"opaque": [{"apiVersion": "dra.net/v1alpha1", "kind": "NetworkConfig",
+                                        "interface": {"name": "net1", "mtu": 1500}},
+                                       {"interface": {"mtu": 9000}, "rdma": {"injectEnv": False}}]}},
+                {"request": "nic", "pool": "node", "device": "pci-0000-8a-00-1",
+                 "snapshot": {"name": "pci-0000-8a-00-1"}, "config": {}}]}}}
+V1_PODS = {"version": 1, "pods": {"p1": {"pod_uid": "p1", "netns_path": "/var/run/netns/x", "devices": [
+    {"device": "pci-0000-8a-00-0", "host_ifname": "ib0", "pod_ifname": "net1", "rdma_moved": False,
+     "host_up": True, "host_routes": [{"dst": None, "gateway": "10.0.0.1"}], "step": "in-pod"}]}}}
+
+
+def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
+    from driver.model.network_config import RdmaConfig
+
+    state, run = tmp_path / "state", tmp_path / "run"
+    state.mkdir()
+    run.mkdir()
+    (state / "checkpoint.json").write_text(json.dumps(V1_CLAIMS))
+    (run / "pods.json").write_text(json.dumps(V1_PODS))
+    store = CheckpointStore(state, run)
+    first, second = store.read(lambda s: s.claims["u1"].devices)
+    # The stored parameter objects merged in order, as version-1 readers did on every hook.
+    assert first.config == NetworkConfig(interface=InterfaceConfig(name="net1", mtu=9000),
+                                         rdma=RdmaConfig(inject_env=False))
+    assert second.config == NetworkConfig()
+    pod = store.read(lambda s: s.pods["p1"])
+    assert pod.devices[0].step == "in-pod" and pod.devices[0].host_routes == [{"dst": None, "gateway": "10.0.0.1"}]
+    # The next write stores version 2; reading it back gives the same state.
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("step", "returning"))
+    store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
+    assert json.loads((state / "checkpoint.json").read_text())["version"] == 2
+    assert json.loads((run / "pods.json").read_text())["version"] == 2
+    assert "rdma_moved" not in (run / "pods.json").read_text()
+    again = CheckpointStore(state, run)
+    assert again.read(lambda s: s.claims["u1"].devices[0].config) == first.config
+
+
+@pytest.mark.parametrize("name", ["checkpoint.json", "pods.json"])
+def test_a_newer_version_is_refused_with_a_clear_message(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_text(json.dumps({"version": 3, "claims": {}, "pods": {}}))
+    with pytest.raises(CheckpointError, match="version 3 was written by a newer driver"):
+        CheckpointStore(tmp_path)
+    assert json.loads((tmp_path / name).read_text())["version"] == 3  # kept for a human
+
+
+def test_a_file_without_version_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"claims": {}}))
+    with pytest.raises(CheckpointError, match="version None"):
+        CheckpointStore(tmp_path)

@@ -267,6 +267,6 @@ async def test_claim_configs_are_validated_at_prepare(env: Env) -> None:
     assert "mtu" in resp.claims["uid-bad"].error
     assert resp.claims["uid-good"].error == ""
     stored = CheckpointStore(env.dir / "state").read(lambda s: s.claims["uid-good"].devices[0].config)
-    assert stored["opaque"][-1]["interface"]["mtu"] == 9000
+    assert stored.interface.mtu == 9000  # typed: decoded once, at prepare
     proc.send_signal(signal.SIGTERM)
     assert await _wait_exit(proc, 10) == 0

@@ -1,173 +1,34 @@
-"""The ``dra.net`` claim configuration: schema, strict decoding and merging by request.
+"""Strict decoding of a ``dra.net`` opaque config into a :class:`~driver.model.network_config.NetworkConfig`.
 
-Users put a :class:`NetworkConfig` in ``spec.devices.config[].opaque.parameters`` of a
-ResourceClaim (or a DeviceClass) with ``opaque.driver: dra.net``. The same decoder runs in
-three places so a mistake is reported identically everywhere: the admission webhook and
-``dranet validate FILE...`` (both through :mod:`driver.claims.validation`) and
-NodePrepareResources (:mod:`driver.claims.prepare`, through :func:`prepare_decoder`). The NRI hooks read
-the stored result back with :func:`stored_config`; :mod:`driver.claims.container_settings` turns it
-into container environment and cpusets.
+Users put the config in ``spec.devices.config[].opaque.parameters`` of a ResourceClaim (or a
+DeviceClass) with ``opaque.driver: dra.net``. The same decoder runs in three places so a mistake
+is reported identically everywhere: the admission webhook and ``dranet validate FILE...`` (both
+through :mod:`driver.claims.validation`) and NodePrepareResources (:mod:`driver.claims.prepare`,
+through :func:`driver.claims.merge.configs_for_request`). It runs once per claim: what prepare
+decodes is stored typed in the checkpoint and never decoded again.
 
 Decoding is strict: unknown fields and wrong types are errors, and every error names the full
 field path (``spec.devices.config[1].opaque.parameters.interface.mtu``) and the reason.
-Several configs may apply to one request; they are merged field by field in DRA order
-(class configs, then claim configs, each in list order; later wins). See docs/configuration.md.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from typing import Any
 
-from driver.claims.fields import (FieldError, FieldErrors, json_type_name, read_bool, read_bool_map, read_int,
-                                read_ip, read_object, read_str)
-from driver.model.device import DRIVER_NAME
-
-API_VERSION = "dra.net/v1alpha1"
-"""The only schema version this driver understands (``apiVersion`` is optional; see docs)."""
-KIND = "NetworkConfig"
+from driver.claims.fields import (ConfigError, FieldErrors, json_type_name, read_bool, read_bool_map, read_int,
+                                  read_ip, read_object, read_str)
+from driver.model.network_config import (API_VERSION, KIND, EthtoolConfig, InterfaceConfig, NetworkConfig,
+                                         NumaConfig, RdmaConfig, RouteConfig)
 
 MAX_IFNAME_LENGTH = 15  # IFNAMSIZ - 1
 MIN_MTU = 68  # RFC 791 minimum; the kernel refuses less for IPv4
 MAX_MTU = 65536  # the largest max_mtu any Linux netdev reports (loopback)
 MAX_ROUTE_TABLE = 2**32 - 1
-SCOPES = {"universe": 0, "link": 253}
+ROUTE_SCOPES = {"universe": 0, "link": 253}  # the scopes a claim's route may name
 _IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-class ConfigError(Exception):
-    """A configuration is invalid. ``errors`` holds every problem found (at least one).
-
-    ``ConfigError(path, reason)`` builds a single-error instance; :meth:`of` several.
-    ``path``/``reason`` are those of the first error.
-    """
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.errors: list[FieldError] = [FieldError(path, reason)]
-        super().__init__(str(self))
-
-    @classmethod
-    def of(cls, errors: Sequence[FieldError]) -> "ConfigError":
-        """One exception carrying all ``errors`` (must not be empty)."""
-        if not errors:
-            raise ValueError("ConfigError.of needs at least one error")
-        exc = cls(errors[0].path, errors[0].reason)
-        exc.errors = list(errors)
-        exc.args = (str(exc),)
-        return exc
-
-    @property
-    def path(self) -> str:
-        """The field path of the first error."""
-        return self.errors[0].path
-
-    @property
-    def reason(self) -> str:
-        """The reason of the first error."""
-        return self.errors[0].reason
-
-    def __str__(self) -> str:
-        return "; ".join(str(e) for e in self.errors)
-
-
-# -- schema -----------------------------------------------------------------------------------
-# Every field is optional and None means "not set", so configs can be merged field by field.
-
-
-@dataclass(frozen=True)
-class InterfaceConfig:
-    """How the NIC looks inside the pod."""
-
-    name: str | None = None  # interface name in the pod; default: the host name
-    addresses: tuple[str, ...] | None = None  # CIDRs ("192.0.2.5/24"); default: keep the host's
-    mtu: int | None = None
-    hardware_addr: str | None = None  # JSON "hardwareAddr"
-
-
-@dataclass(frozen=True)
-class RouteConfig:
-    """One route added in the pod namespace through this NIC."""
-
-    destination: str
-    gateway: str | None = None
-    source: str | None = None
-    scope: int = 0  # 0 universe, 253 link
-    table: int = 0  # 0 = main
-
-
-@dataclass(frozen=True)
-class EthtoolConfig:
-    """Offload features and private flags, set by name (checked against the NIC at prepare)."""
-
-    features: dict[str, bool] | None = None
-    private_flags: dict[str, bool] | None = None  # JSON "privateFlags"
-
-
-@dataclass(frozen=True)
-class RdmaConfig:
-    """RDMA environment injection into the consuming containers."""
-
-    inject_env: bool | None = None  # JSON "injectEnv"; default True for RDMA NICs
-
-
-@dataclass(frozen=True)
-class NumaConfig:
-    """Opt-in NUMA pinning of the consuming containers."""
-
-    pin: bool | None = None  # default False: cpuset.cpus and cpuset.mems of the NICs' NUMA node
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    """The whole ``opaque.parameters`` object for ``dra.net``."""
-
-    interface: InterfaceConfig | None = None
-    routes: tuple[RouteConfig, ...] | None = None
-    ethtool: EthtoolConfig | None = None
-    rdma: RdmaConfig | None = None
-    numa: NumaConfig | None = None
-
-    @property
-    def rdma_env_enabled(self) -> bool:
-        """Whether NCCL_IB_HCA / DRANET_RDMA_DEVICES are injected (on unless turned off)."""
-        return not (self.rdma and self.rdma.inject_env is False)
-
-    @property
-    def numa_pin(self) -> bool:
-        """Whether containers are pinned to the NICs' NUMA node (off unless turned on)."""
-        return bool(self.numa and self.numa.pin)
-
-    def to_parameters(self) -> dict[str, Any]:
-        """The canonical JSON form; ``decode_config(c.to_parameters(), p) == c``."""
-        out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
-        out.update(_to_json(self))
-        return out
-
-
-_JSON_NAMES = {"hardware_addr": "hardwareAddr", "private_flags": "privateFlags", "inject_env": "injectEnv"}
-
-
-def _to_json(obj: Any) -> Any:
-    if isinstance(obj, tuple):
-        return [_to_json(o) for o in obj]
-    if isinstance(obj, dict):
-        return dict(obj)
-    if hasattr(obj, "__dataclass_fields__"):
-        return {
-            _JSON_NAMES.get(f.name, f.name): _to_json(getattr(obj, f.name))
-            for f in fields(obj)
-            if getattr(obj, f.name) is not None
-        }
-    return obj
-
-
-# -- decoding ---------------------------------------------------------------------------------
 
 
 def _decode_ifname(raw: Any, path: str, errs: FieldErrors) -> str | None:
@@ -268,12 +129,12 @@ def _decode_route(raw: Any, path: str, errs: FieldErrors) -> RouteConfig | None:
     scope_raw = obj.get("scope")
     scope: int | None = 0
     if isinstance(scope_raw, str):
-        scope = SCOPES.get(scope_raw)
+        scope = ROUTE_SCOPES.get(scope_raw)
         if scope is None:
             errs.add(f"{path}.scope", f"{scope_raw!r} is not a supported scope (universe, link, 0, 253)")
     elif scope_raw is not None:
         scope = read_int(scope_raw, f"{path}.scope", errs, 0, 255)
-        if scope is not None and scope not in SCOPES.values():
+        if scope is not None and scope not in ROUTE_SCOPES.values():
             errs.add(f"{path}.scope", f"{scope} is not a supported scope (0 universe or 253 link)")
             scope = None
     table = read_int(obj.get("table"), f"{path}.table", errs, 0, MAX_ROUTE_TABLE)
@@ -365,95 +226,3 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
     if errs.items:
         raise ConfigError.of(errs.items)
     return config
-
-
-# -- merging ----------------------------------------------------------------------------------
-
-
-def merge(base: NetworkConfig, override: NetworkConfig) -> NetworkConfig:
-    """``override`` on top of ``base``, field by field.
-
-    Scalars and lists (``addresses``, ``routes``) set in ``override`` replace those of
-    ``base``; maps (``ethtool.features``, ``ethtool.privateFlags``) merge key by key.
-    """
-    return _merge(base, override)
-
-
-def _merge(base: Any, over: Any) -> Any:
-    if over is None:
-        return base
-    if base is None:
-        return over
-    if isinstance(base, dict) and isinstance(over, dict):
-        return {**base, **over}
-    if hasattr(base, "__dataclass_fields__") and type(base) is type(over):
-        return replace(base, **{f.name: _merge(getattr(base, f.name), getattr(over, f.name)) for f in fields(base)})
-    return over
-
-
-def request_matches(requests: Any, request: str) -> bool:
-    """Whether a config's ``requests`` list covers ``request``.
-
-    DRA: an empty list applies to all requests; "req" also covers subrequests "req/sub".
-    """
-    if not requests:
-        return True
-    if not isinstance(requests, list):
-        return False  # malformed (the API server rejects it); never substring-match a string
-    base = request.split("/", 1)[0]
-    return request in requests or base in requests
-
-
-def configs_for_request(
-    allocation_configs: list[dict[str, Any]], request: str, driver: str = DRIVER_NAME
-) -> NetworkConfig:
-    """The effective config of ``request`` from ``status.allocation.devices.config``.
-
-    Configs for ``driver`` whose ``requests`` match are decoded and merged: ``FromClass``
-    entries first, then ``FromClaim``, each in list order (DRA's precedence: later wins).
-    Raises :class:`ConfigError` with every error of every applicable config.
-    """
-    base = "status.allocation.devices.config"
-    indexed = list(enumerate(allocation_configs or []))
-    # Stable sort: class configs before claim configs, list order kept within each source.
-    indexed.sort(key=lambda item: 0 if isinstance(item[1], dict) and item[1].get("source") == "FromClass" else 1)
-    result = NetworkConfig()
-    errors: list[FieldError] = []
-    for i, entry in indexed:
-        if not isinstance(entry, dict):
-            continue
-        opaque = entry.get("opaque") or {}
-        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
-            continue
-        if not request_matches(entry.get("requests"), request):
-            continue
-        try:
-            result = merge(result, decode_config(opaque.get("parameters"), f"{base}[{i}].opaque.parameters"))
-        except ConfigError as exc:
-            errors.extend(exc.errors)
-    if errors:
-        raise ConfigError.of(errors)
-    return result
-
-
-def prepare_decoder(allocation_configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
-    """``driver.claims.prepare.ConfigDecoder``: the validated, merged config of one allocated device.
-
-    Returns ``{"opaque": [<canonical parameters>]}`` (the shape prepare's default decoder
-    stores, so the NRI hooks read it unchanged); raises :class:`ConfigError` naming the
-    ``status.allocation.devices.config[i]...`` path and the reason.
-    """
-    return {"opaque": [configs_for_request(allocation_configs, full or base, driver).to_parameters()]}
-
-
-def stored_config(config: dict[str, Any] | None) -> NetworkConfig:
-    """The :class:`NetworkConfig` of a ``PreparedDevice.config`` (flat parameters, or prepare's
-    ``{"opaque": [params, ...]}``, merged in order)."""
-    if not config:
-        return NetworkConfig()
-    if isinstance(config.get("opaque"), list):
-        result = NetworkConfig()
-        for i, params in enumerate(config["opaque"]):
-            result = merge(result, decode_config(params if params is not None else {}, f"config.opaque[{i}]"))
-        return result
-    return decode_config(config, "config")

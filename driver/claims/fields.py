@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,41 @@ class FieldError:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.reason}"
+
+
+class ConfigError(Exception):
+    """A configuration is invalid. ``errors`` holds every problem found (at least one).
+
+    ``ConfigError(path, reason)`` builds a single-error instance; :meth:`of` several.
+    ``path``/``reason`` are those of the first error.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.errors: list[FieldError] = [FieldError(path, reason)]
+        super().__init__(str(self))
+
+    @classmethod
+    def of(cls, errors: Sequence[FieldError]) -> "ConfigError":
+        """One exception carrying all ``errors`` (must not be empty)."""
+        if not errors:
+            raise ValueError("ConfigError.of needs at least one error")
+        exc = cls(errors[0].path, errors[0].reason)
+        exc.errors = list(errors)
+        exc.args = (str(exc),)
+        return exc
+
+    @property
+    def path(self) -> str:
+        """The field path of the first error."""
+        return self.errors[0].path
+
+    @property
+    def reason(self) -> str:
+        """The reason of the first error."""
+        return self.errors[0].reason
+
+    def __str__(self) -> str:
+        return "; ".join(str(e) for e in self.errors)
 
 
 class FieldErrors:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from driver.checkpoint import PreparedClaim
-from driver.model.device import DRIVER_NAME, STANDARD_DOMAIN, attribute_from_api
+from driver.config import DRIVER_NAME
+from driver.model.device import STANDARD_DOMAIN, attribute_from_api
 
 CONDITION_TYPE = "NUMAAligned"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"

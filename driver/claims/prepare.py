@@ -4,7 +4,7 @@ The kubelet sends only claim identities (namespace, name, UID). For each claim w
 GET the ResourceClaim (concurrently, before any serialization: those calls are the
 slow part), keep the allocation results of our driver, check they are in our node's
 pool and in our inventory, and record a :class:`PreparedClaim` with a device snapshot
-and the applicable opaque configs in the checkpoint. That record is all the NRI hooks
+and its decoded, validated config in the checkpoint. That record is all the NRI hooks
 need at pod start, and it is what makes a retried prepare (also after a crash and
 restart) return the same answer without asking the API server again.
 
@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
-from driver.claims.decode import ConfigError, stored_config
-from driver.claims.container_settings import device_numa_node, numa_pin_node
-from driver.netlink.ethtool import check_features
+from driver.claims.fields import ConfigError
+from driver.claims.merge import configs_for_request
+from driver.claims.numa_pinning import device_numa_node, numa_pin_node
 from driver.kube.client import KubeClient, KubeError
 from driver.model.device import Device
+from driver.model.network_config import NetworkConfig
+from driver.netlink.ethtool import check_features
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -35,8 +37,9 @@ T = TypeVar("T")
 CLAIM_LOOKUP_THREADS = 16
 """Concurrent claim lookups (checkpoint read + GET); matches the API client's connection pool."""
 
-ConfigDecoder = Callable[[list[dict[str, Any]], str, str, str], dict[str, Any]]
-"""``(allocation_configs, base_request, full_request, driver) -> config dict`` stored per device."""
+ConfigDecoder = Callable[[list[dict[str, Any]], str, str], NetworkConfig]
+"""``(allocation_configs, request, driver) -> NetworkConfig``: the decoded, validated config of one
+allocated device (:func:`~driver.claims.merge.configs_for_request`); stored typed per device."""
 
 
 @dataclass(frozen=True)
@@ -74,29 +77,6 @@ class ClaimError(Exception):
 def base_request(request: str) -> str:
     """The request name without a subrequest suffix (``"nic/sub"`` -> ``"nic"``)."""
     return request.split("/", 1)[0]
-
-
-def opaque_configs(allocation_configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
-    """All opaque parameters of ``driver`` that apply to a request, class configs first.
-
-    An entry applies when its ``requests`` is empty or names the base or full request.
-    Order within a source is kept; all entries are returned (later ones override earlier
-    ones when a decoder merges them), never just the first.
-    """
-    applicable: list[tuple[int, int, Any]] = []
-    for index, entry in enumerate(allocation_configs or []):
-        if not isinstance(entry, dict):
-            raise ClaimError(f"status.allocation.devices.config[{index}]: not an object")
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != driver:
-            continue
-        requests = entry.get("requests") or []
-        if requests and base not in requests and full not in requests:
-            continue
-        rank = 0 if entry.get("source") == "FromClass" else 1
-        applicable.append((rank, index, opaque.get("parameters")))
-    applicable.sort(key=lambda item: (item[0], item[1]))
-    return {"opaque": [params for _, _, params in applicable]}
 
 
 class _GroupCommit:
@@ -155,13 +135,12 @@ class Preparer:
         devices: Callable[[], dict[str, Device]],
         driver_name: str,
         node_name: str,
-        config_decoder: ConfigDecoder = opaque_configs,
+        config_decoder: ConfigDecoder = configs_for_request,
         after_commit: Callable[[list[str]], None] | None = None,
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
-        the allocation's config entries into the per-device config (strict decoding plugs in
-        here); ``after_commit`` is called with the claim UIDs just persisted (tests use it to
+        the allocation's config entries into the per-device config (decoded once, here); ``after_commit`` is called with the claim UIDs just persisted (tests use it to
         crash the process between the checkpoint write and the response); ``on_unprepare`` gets
         each claim that unprepare removed (the claim status writer drops our entries)."""
         self.kube = kube
@@ -275,7 +254,7 @@ class Preparer:
                 raise ClaimError(f"{where}: {path}.device {name!r} is not a device of this node")
             base = base_request(request)
             try:
-                config = self.config_decoder(configs, base, request, self.driver_name)
+                config = self.config_decoder(configs, request or base, self.driver_name)
             except ClaimError:
                 raise
             except Exception as exc:  # decoder errors name the field; pass them on per claim
@@ -312,14 +291,11 @@ class Preparer:
         return {u: "" for u in uids}
 
 
-def _check_ethtool(where: str, request: str, device: Device, config: dict[str, Any]) -> None:
+def _check_ethtool(where: str, request: str, device: Device, config: NetworkConfig) -> None:
     """Refuse, at prepare, ethtool settings the NIC cannot take (like the Go driver), rather than
     fail at pod start. Only devices whose config has an ``ethtool`` section pay the netlink call."""
-    try:
-        eth = stored_config(config).ethtool
-    except ConfigError as exc:
-        raise ClaimError(f"{where}: config for request {request!r}: {exc}") from None
-    if eth is None or not (eth.features or eth.private_flags):
+    eth = config.ethtool
+    if eth is None or eth.empty:
         return
     if not device.host.ifname:
         raise ClaimError(f"{where}: config for request {request!r}: ethtool: device {device.name} has no netdev")

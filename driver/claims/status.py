@@ -30,7 +30,7 @@ from urllib.parse import quote
 from driver.claims import numa_report
 from driver.checkpoint import PreparedClaim
 from driver.kube.client import RESOURCE_API, KubeClient, KubeError
-from driver.model.device import DRIVER_NAME
+from driver.config import DRIVER_NAME
 
 log = logging.getLogger(__name__)
 

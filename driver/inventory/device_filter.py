@@ -17,7 +17,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from driver.model.device import DRIVER_NAME, STANDARD_DOMAIN, Device
+from driver.config import DRIVER_NAME
+from driver.model.device import STANDARD_DOMAIN, Device
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-DRIVER_NAME = "dra.net"
-"""Driver name; the seed DeviceClass selects ``device.driver == "dra.net"``."""
-
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64

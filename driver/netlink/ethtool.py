@@ -5,11 +5,11 @@ What ``ethtool -k/-K`` and ``--show-priv-flags/--set-priv-flags`` do, for the cl
 with name-based ("verbose") bitsets, so the kernel's own feature names are used and no bit
 numbers are hard-coded. pyroute2 0.9's ethtool netlink module has neither message (its
 features go through the legacy ``SIOCETHTOOL`` ioctl, several ioctls per call and bound to the
-netns of a socket it creates itself), hence this small raw client in the style of
-:mod:`driver.netlink.rtnl`.
+netns of a socket it creates itself), hence this small raw client on the package's
+:class:`~driver.netlink.channel.NetlinkChannel`, like :mod:`driver.netlink.rtnl`.
 
 A genetlink socket acts on devices of the netns it was created in; the caller opens it there
-(:meth:`driver.netlink.nic_moves.Namespaces.socket_in`). Family ids are global, so one resolution
+(:meth:`driver.netlink.namespaces.Namespaces.socket_in`). Family ids are global, so one resolution
 serves every namespace.
 
 Names: a kernel feature name (``tx-checksum-ip-generic``), or an ethtool CLI alias, short or
@@ -28,13 +28,11 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from driver.netlink.rtnl import NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR, NLMSGHDR, NetnsOpError, attr
+from driver.netlink.channel import NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, attr_list, text
+from driver.netlink.namespaces import inside_netns
+from driver.netlink.rtnl import NetnsOpError
 
 NETLINK_GENERIC = 16  # not exported by the socket module
-NLA_F_NESTED = 0x8000
-NLM_F_ACK_TLVS = 0x200
-SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
-NLMSGERR_ATTR_MSG = 1
 GENL_ID_CTRL, CTRL_CMD_GETFAMILY, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 0x10, 3, 1, 2
 ETHTOOL_GENL_VERSION = 1
 MSG_STRSET_GET, MSG_FEATURES_GET, MSG_FEATURES_SET, MSG_PRIVFLAGS_GET, MSG_PRIVFLAGS_SET = 1, 11, 12, 13, 14
@@ -105,35 +103,19 @@ def _str(kind: int, value: str) -> bytes:
     return attr(kind, value.encode() + b"\0")
 
 
-def _attr_list(data: bytes) -> list[tuple[int, bytes]]:
-    """Attributes in order, repeats kept (bitset bits and strings repeat the same type)."""
-    out, off = [], 0
-    while off + 4 <= len(data):
-        alen, kind = struct.unpack_from("=HH", data, off)
-        if alen < 4:
-            break
-        out.append((kind & 0x3FFF, data[off + 4:off + alen]))
-        off += (alen + 3) & ~3
-    return out
-
-
-def _text(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode()
-
-
 def _bitset(data: bytes) -> dict[str, bool]:
     """A verbose bitset: name -> value. A list-type bitset (NOMASK) names only its set bits."""
-    attrs = _attr_list(data)
+    attrs = attr_list(data)
     is_list = any(k == A_BITSET_NOMASK for k, _ in attrs)
     out: dict[str, bool] = {}
     for kind, bits in attrs:
         if kind != A_BITSET_BITS:
             continue
-        for bkind, bit in _attr_list(bits):
+        for bkind, bit in attr_list(bits):
             if bkind != A_BITSET_BITS_BIT:
                 continue
-            battrs = _attr_list(bit)
-            name = next((_text(v) for k, v in battrs if k == A_BITSET_BIT_NAME), "")
+            battrs = attr_list(bit)
+            name = next((text(v) for k, v in battrs if k == A_BITSET_BIT_NAME), "")
             if name:
                 out[name] = is_list or any(k == A_BITSET_BIT_VALUE for k, _ in battrs)
     return out
@@ -148,7 +130,7 @@ def _bitset_request(values: dict[str, bool]) -> bytes:
 
 
 # -- the client -------------------------------------------------------------------------------
-class Ethtool:
+class Ethtool(NetlinkChannel):
     """A raw generic-netlink socket speaking the ethtool family, in the netns it was created in.
 
     ``family`` (from another client) skips the family lookup; ``names`` shares the kernel's
@@ -157,20 +139,9 @@ class Ethtool:
 
     def __init__(self, sock: socket.socket, family: int | None = None,
                  names: frozenset[str] | None = None) -> None:
-        self.sock = sock
-        # Kernel error strings (extack) make refusals readable; CAP_ACK keeps acks small.
-        for opt in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
-            try:
-                sock.setsockopt(SOL_NETLINK, opt, 1)
-            except OSError:
-                pass
-        self.seq = int.from_bytes(os.urandom(2), "little") << 8
+        super().__init__(sock, ext_ack=True)  # kernel error strings make refusals readable
         self._family = family
         self._names = names
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.sock.close()
 
     def sibling(self, sock: socket.socket) -> Ethtool:
         """A client on ``sock`` (e.g. in a pod netns) sharing this one's family id and name table."""
@@ -178,34 +149,19 @@ class Ethtool:
 
     def _request(self, family: int, cmd: int, body: bytes, what: str) -> list[bytes]:
         """One acked request; the genetlink payloads (attributes) of its replies. Raises EthtoolError."""
-        self.seq += 1
         msg = _GENLMSGHDR.pack(cmd, ETHTOOL_GENL_VERSION, 0) + body
-        self.sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(msg), family, NLM_F_REQUEST | NLM_F_ACK, self.seq, 0)
-                       + msg)
-        replies: list[bytes] = []
-        while True:
-            data = self.sock.recv(1 << 17)
-            off = 0
-            while off + NLMSGHDR.size <= len(data):
-                length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-                payload = data[off + NLMSGHDR.size:off + length]
-                off += (length + 3) & ~3
-                if seq != self.seq:
-                    continue
-                if kind != NLMSG_ERROR:
-                    replies.append(payload[_GENLMSGHDR.size:])
-                    continue
-                err = -struct.unpack_from("=i", payload)[0]
-                if not err:
-                    return replies
-                raise EthtoolError(f"{what}: {os.strerror(err)}{_extack(payload, flags)}") from OSError(err, what)
+        reply = self.exchange([(family, NLM_F_REQUEST | NLM_F_ACK, msg)])[0]
+        if reply.error:
+            note = f" ({reply.message})" if reply.message else ""
+            raise EthtoolError(f"{what}: {os.strerror(reply.error)}{note}") from OSError(reply.error, what)
+        return [p[_GENLMSGHDR.size:] for p in reply.payloads]
 
     def family(self) -> int:
         """The ethtool genetlink family id (looked up once)."""
         if self._family is None:
             body = _str(CTRL_ATTR_FAMILY_NAME, "ethtool")
             for reply in self._request(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, body, "genetlink family ethtool"):
-                for kind, value in _attr_list(reply):
+                for kind, value in attr_list(reply):
                     if kind == CTRL_ATTR_FAMILY_ID:
                         self._family = struct.unpack_from("=H", value)[0]
             if self._family is None:
@@ -220,13 +176,13 @@ class Ethtool:
                                                      attr(A_STRINGSET_ID, struct.pack("=I", ETH_SS_FEATURES))))
             names: set[str] = set()
             for reply in self._request(self.family(), MSG_STRSET_GET, body, f"device {ifname}: feature names"):
-                for _k, sets in _attr_list(reply):
-                    for _k2, sset in _attr_list(sets):
-                        for k3, strings in _attr_list(sset):
+                for _k, sets in attr_list(reply):
+                    for _k2, sset in attr_list(sets):
+                        for k3, strings in attr_list(sset):
                             if k3 != A_STRINGSET_STRINGS:
                                 continue
-                            for _k4, string in _attr_list(strings):
-                                names.update(_text(v) for k5, v in _attr_list(string) if k5 == A_STRING_VALUE)
+                            for _k4, string in attr_list(strings):
+                                names.update(text(v) for k5, v in attr_list(string) if k5 == A_STRING_VALUE)
             names.discard("")
             self._names = frozenset(names)
         return self._names
@@ -236,7 +192,7 @@ class Ethtool:
         body = _nest(A_FEATURES_HEADER, _str(A_HEADER_DEV_NAME, ifname))
         sets: dict[int, set[str]] = {}
         for reply in self._request(self.family(), MSG_FEATURES_GET, body, f"device {ifname}: read features"):
-            for kind, value in _attr_list(reply):
+            for kind, value in attr_list(reply):
                 if kind in (A_FEATURES_HW, A_FEATURES_WANTED, A_FEATURES_ACTIVE, A_FEATURES_NOCHANGE):
                     sets[kind] = {n for n, on in _bitset(value).items() if on}
         return FeatureState(changeable=sets.get(A_FEATURES_HW, set()), wanted=sets.get(A_FEATURES_WANTED, set()),
@@ -264,7 +220,7 @@ class Ethtool:
             raise
         flags: dict[str, bool] = {}
         for reply in replies:
-            for kind, value in _attr_list(reply):
+            for kind, value in attr_list(reply):
                 if kind == A_PRIVFLAGS_FLAGS:
                     flags.update(_bitset(value))
         return flags
@@ -277,16 +233,6 @@ class Ethtool:
         body += _nest(A_PRIVFLAGS_FLAGS, _bitset_request(values))
         self._request(self.family(), MSG_PRIVFLAGS_SET, body,
                       f"device {ifname}: set private flags {_fmt(values)}")
-
-
-def _extack(payload: bytes, flags: int) -> str:
-    """The kernel's error message (extended ack), as ``" (message)"``, or ""."""
-    if not flags & NLM_F_ACK_TLVS or len(payload) < 4 + NLMSGHDR.size:
-        return ""
-    orig_len = NLMSGHDR.unpack_from(payload, 4)[0]
-    tlvs = payload[4 + (NLMSGHDR.size if flags & 0x100 else orig_len):]  # 0x100: NLM_F_CAPPED
-    msg = next((_text(v) for k, v in _attr_list(tlvs) if k == NLMSGERR_ATTR_MSG), "")
-    return f" ({msg})" if msg else ""
 
 
 def _fmt(values: dict[str, bool]) -> str:
@@ -397,7 +343,6 @@ def open_socket(netns: str | None = None) -> socket.socket:
     if netns is None:
         sock = make()
     else:
-        from driver.netlink.nic_moves import inside_netns  # netns_ops is heavier (pyroute2); only here
         fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
         try:
             with inside_netns(fd):

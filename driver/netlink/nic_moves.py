@@ -11,28 +11,24 @@ The hot path speaks raw rtnetlink (:class:`driver.netlink.rtnl.Rtnl`): pyroute2'
 costs about 1 ms of Python per request, more than the kernel work of an address or a
 route, and raw requests can be pipelined (all addresses, link-ups and routes of a pod
 in one ``send``). pyroute2 is kept for slow-path lookups.
-A netlink socket belongs to the netns of the thread that created it, so
-:class:`Namespaces` opens sockets by entering the target netns with ``setns`` in the
-calling thread and leaving it right away. Use one :class:`Namespaces` per thread.
+The sockets of each namespace come from :class:`driver.netlink.namespaces.Namespaces`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import ipaddress
 import logging
 import os
 import socket
 import struct
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from driver.netlink.rtnl import (  # noqa: F401 - NetnsOpError, Route, Rtnl, LinkInfo: re-exported
+from driver.netlink.channel import parse_attrs
+from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.rtnl import (
     IFA_ADDRESS,
     IFA_LOCAL,
     IFADDRMSG,
@@ -58,17 +54,9 @@ from driver.netlink.rtnl import (  # noqa: F401 - NetnsOpError, Route, Rtnl, Lin
     newaddr,
     newlink,
     newroute,
-    parse_attrs,
 )
 
 log = logging.getLogger(__name__)
-
-CLONE_NEWNET = 0x40000000
-
-
-class NetnsGone(Exception):
-    """The pod network namespace no longer exists."""
-
 
 @dataclass
 class LinkState:
@@ -104,28 +92,6 @@ class PodLinkResult:
     addresses: list[str]
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-@contextlib.contextmanager
-def inside_netns(ns_fd: int, libc: ctypes.CDLL | None = None) -> Iterator[None]:
-    """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
-    libc = libc or _libc()
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(ns_fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into target netns failed")
-        try:
-            yield
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:
-                # Staying in the pod netns would corrupt every later call: fail loudly.
-                raise OSError(ctypes.get_errno(), "setns back to own netns failed")
-    finally:
-        os.close(own)
-
-
 def _config_reqs(device: str, index: int, addresses: list[str], routes: list[Route], up: bool) -> list[Request]:
     """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
     reqs = [newaddr(device, index, a) for a in addresses]
@@ -133,88 +99,6 @@ def _config_reqs(device: str, index: int, addresses: list[str], routes: list[Rou
         reqs.append(newlink(device, index, up=True, step="link-up"))
     reqs += [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
     return reqs
-
-
-class Namespaces:
-    """Netlink sockets in the host netns and in pod netns, opened from one thread.
-
-    ``host_netns`` is a path to the host network namespace (``/proc/1/ns/net`` in a
-    hostNetwork DaemonSet with hostPID, or a bind mount the daemon keeps).
-    """
-
-    def __init__(self, host_netns: str = "/proc/1/ns/net") -> None:
-        self.host_netns = host_netns
-        self.host_fd = os.open(host_netns, os.O_RDONLY | os.O_CLOEXEC)
-        self._libc = _libc()
-        self._local = threading.local()  # pyroute2 sockets are per thread
-
-    def _inside(self, ns_fd: int) -> contextlib.AbstractContextManager[None]:
-        return inside_netns(ns_fd, self._libc)
-
-    def socket_in(self, ns_fd: int, proto: int) -> socket.socket:
-        """A raw netlink socket of protocol ``proto`` that lives in ``ns_fd``'s netns (caller closes it)."""
-        with self._inside(ns_fd):
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
-        sock.bind((0, 0))
-        return sock
-
-    def _rtnl_in(self, ns_fd: int) -> Rtnl:
-        return Rtnl(self.socket_in(ns_fd, socket.NETLINK_ROUTE))
-
-    def host(self) -> IPRoute:
-        """The (cached, per-thread) pyroute2 IPRoute in the host netns, for dumps."""
-        ipr = getattr(self._local, "host", None)
-        if ipr is None:
-            with self._inside(self.host_fd):
-                ipr = IPRoute()
-                _ = ipr.socket  # force socket creation now, inside the host netns
-            self._local.host = ipr
-        return ipr
-
-    def host_rtnl(self) -> Rtnl:
-        """The (cached, per-thread) raw rtnetlink socket in the host netns."""
-        rtnl = getattr(self._local, "rtnl", None)
-        if rtnl is None:
-            rtnl = self._rtnl_in(self.host_fd)
-            self._local.rtnl = rtnl
-        return rtnl
-
-    @contextlib.contextmanager
-    def pod(self, netns_path: str) -> Iterator[tuple[Rtnl, int]]:
-        """(raw rtnetlink socket, fd) for the pod netns at ``netns_path``; raises :class:`NetnsGone`."""
-        try:
-            fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError as exc:
-            raise NetnsGone(netns_path) from exc
-        try:
-            if not _is_netns(fd):
-                raise NetnsGone(netns_path)  # e.g. a bind mount whose namespace was released
-            rtnl = self._rtnl_in(fd)
-            try:
-                yield rtnl, fd
-            finally:
-                rtnl.close()
-        finally:
-            os.close(fd)
-
-    def close(self) -> None:
-        """Close this thread's host sockets and the host netns fd."""
-        for attr in ("host", "rtnl"):
-            obj = getattr(self._local, attr, None)
-            if obj is not None:
-                obj.close()
-                setattr(self._local, attr, None)
-        with contextlib.suppress(OSError):
-            os.close(self.host_fd)
-
-
-def _is_netns(fd: int) -> bool:
-    # An unmounted /run/netns/<name> file is a plain empty file, not an nsfs inode.
-    NSFS_MAGIC = 0x6E736673
-    buf = ctypes.create_string_buffer(120)
-    if _libc().fstatfs(fd, buf) != 0:
-        return False
-    return int.from_bytes(buf.raw[:8], "little") == NSFS_MAGIC
 
 
 def _pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:

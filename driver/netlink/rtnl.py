@@ -1,9 +1,9 @@
 """Raw rtnetlink: the hot path of NIC moves (pyroute2's sync API costs ~1 ms of Python per request).
 
-:class:`Rtnl` is a ``NETLINK_ROUTE`` socket bound to one network namespace. Requests
-(:class:`Request`, built by :func:`newlink`, :func:`newaddr`, :func:`newroute`) are
-pipelined: all of a pod's addresses, link-ups and routes go to the kernel in one
-``send`` and the acks are matched by sequence number. Only what the driver needs is
+:class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink.channel.NetlinkChannel` bound to
+one network namespace. Requests (:class:`Request`, built by :func:`newlink`, :func:`newaddr`,
+:func:`newroute`) are pipelined: all of a pod's addresses, link-ups and routes go to the kernel
+in one ``send`` and the acks are matched by sequence number. Only what the driver needs is
 encoded here; dumps of whole tables for slow paths stay with pyroute2.
 """
 
@@ -17,11 +17,14 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from driver.netlink.channel import (NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkChannel, attr,
+                                    parse_attrs)
+
 RT_TABLE_LOCAL = 255
+RT_TABLE_MAIN = 254
 RTPROT_KERNEL = 2
 RTN_UNICAST = 1
 RT_SCOPE_UNIVERSE = 0
-SCOPES = {"universe": 0, "global": 0, "site": 200, "link": 253, "host": 254, "nowhere": 255}
 
 
 class NetnsOpError(Exception):
@@ -41,7 +44,7 @@ class Route:
     dst: str | None = None  # CIDR; None = default route
     gateway: str | None = None
     prefsrc: str | None = None
-    table: int = 254
+    table: int = RT_TABLE_MAIN
     priority: int | None = None
     scope: int = RT_SCOPE_UNIVERSE
     proto: int = 3  # RTPROT_BOOT, what `ip route add` uses
@@ -57,35 +60,14 @@ class Route:
         return cls(**data)
 
 
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = 16, 18, 20, 22, 24, 26
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_NET_NS_FD, IFLA_PERM_ADDRESS = 1, 3, 4, 28, 54
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_TABLE = 1, 4, 5, 6, 7, 15
 IFF_UP = 0x1
-NLMSGHDR = struct.Struct("=IHHII")
 IFINFOMSG = struct.Struct("=BxHiII")
 IFADDRMSG = struct.Struct("=BBBBI")
 RTMSG = struct.Struct("=BBBBBBBBI")
-
-
-def attr(kind: int, data: bytes) -> bytes:
-    """One netlink attribute (header + data, padded to 4 bytes)."""
-    raw = struct.pack("=HH", 4 + len(data), kind) + data
-    return raw + b"\0" * (-len(raw) % 4)
-
-
-def parse_attrs(payload: bytes, off: int) -> dict[int, bytes]:
-    """Top-level netlink attributes from ``off`` on (type -> data)."""
-    attrs: dict[int, bytes] = {}
-    while off + 4 <= len(payload):
-        alen, akind = struct.unpack_from("=HH", payload, off)
-        if alen < 4:
-            break
-        attrs[akind & 0x3FFF] = payload[off + 4:off + alen]
-        off += (alen + 3) & ~3
-    return attrs
 
 
 def ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
@@ -127,76 +109,19 @@ class Request:
     ignore: tuple[int, ...] = ()
 
 
-class Rtnl:
-    """A raw NETLINK_ROUTE socket bound to one netns; requests are pipelined in one sendmsg."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.seq = int.from_bytes(os.urandom(2), "little") << 8
-
-    def close(self) -> None:
-        """Close the socket."""
-        self.sock.close()
-
-    def _exchange(self, reqs: list[tuple[int, int, bytes]]) -> dict[int, tuple[int, bytes]]:
-        """Send all requests at once; seq -> (errno, reply payload) for each."""
-        out, seqs = [], []
-        for kind, flags, body in reqs:
-            self.seq += 1
-            seqs.append(self.seq)
-            out.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, self.seq, 0) + body)
-        self.sock.send(b"".join(out))
-        pending: set[int] = set(seqs)
-        answers: dict[int, tuple[int, bytes]] = {}
-        while pending:
-            data = self.sock.recv(1 << 16)
-            off = 0
-            while off + NLMSGHDR.size <= len(data):
-                length, kind, _flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-                payload = data[off + NLMSGHDR.size:off + length]
-                if seq in pending:
-                    if kind == NLMSG_ERROR:
-                        err = -struct.unpack_from("=i", payload)[0]
-                        answers[seq] = (err, answers.get(seq, (0, b""))[1])
-                        pending.discard(seq)
-                    else:  # a GET reply; its ack follows only with NLM_F_ACK, so it completes it
-                        answers[seq] = (0, payload)
-                        pending.discard(seq)
-                off += (length + 3) & ~3
-        return {i: answers[s] for i, s in enumerate(seqs)}
-
-    def dump(self, kind: int, body: bytes) -> list[bytes]:
-        """A multipart dump request; the payload of every reply message."""
-        self.seq += 1
-        seq = self.seq
-        self.sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
-        out: list[bytes] = []
-        while True:
-            data = self.sock.recv(1 << 17)
-            off = 0
-            while off + NLMSGHDR.size <= len(data):
-                length, mtype, _flags, mseq, _pid = NLMSGHDR.unpack_from(data, off)
-                payload = data[off + NLMSGHDR.size:off + length]
-                off += (length + 3) & ~3
-                if mseq != seq:
-                    continue
-                if mtype == NLMSG_DONE:
-                    return out
-                if mtype == NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", payload)[0]
-                    if err == errno.EINTR:  # dump interrupted by a concurrent change: the kernel asks to retry
-                        return self.dump(kind, body)
-                    raise OSError(err, f"netlink dump {kind}: {os.strerror(err)}")
-                out.append(payload)
+class Rtnl(NetlinkChannel):
+    """A raw NETLINK_ROUTE socket bound to one netns; requests are pipelined in one send."""
 
     def link(self, ifname: str) -> LinkInfo | None:
         """RTM_GETLINK by name; None when there is no such link."""
         body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_IFNAME, ifname.encode() + b"\0")
-        err, payload = self._exchange([(RTM_GETLINK, NLM_F_REQUEST, body)])[0]
+        reply = self.exchange([(RTM_GETLINK, NLM_F_REQUEST, body)])[0]
+        err = reply.error
         if err == errno.ENODEV:
             return None
         if err:
             raise OSError(err, f"RTM_GETLINK {ifname}: {os.strerror(err)}")
+        payload = reply.payloads[0]
         _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
         attrs = parse_attrs(payload, IFINFOMSG.size)
         perm = attrs.get(IFLA_PERM_ADDRESS)
@@ -208,9 +133,9 @@ class Rtnl:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""
         if not reqs:
             return
-        answers = self._exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs])
-        for i, req in enumerate(reqs):
-            err = answers[i][0]
+        answers = self.exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs])
+        for req, answer in zip(reqs, answers):
+            err = answer.error
             if err and err not in req.ignore:
                 raise NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}")
 
@@ -247,7 +172,7 @@ def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Reques
 def newroute(device: str, index: int, route: Route, step: str = "route") -> Request:
     """RTM_NEWROUTE through ``index``; an existing route is not an error."""
     dst = ipaddress.ip_network(route.dst, strict=False) if route.dst else None
-    table = route.table or 254
+    table = route.table or RT_TABLE_MAIN
     body = RTMSG.pack(route.family, dst.prefixlen if dst else 0, 0, 0, table if table < 256 else 0,
                        route.proto, route.scope, RTN_UNICAST, 0)
     body += attr(RTA_TABLE, struct.pack("=I", table)) + attr(RTA_OIF, struct.pack("=i", index))

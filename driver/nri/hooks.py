@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from driver.netlink import ethtool
 
-from driver.netlink import nic_moves as netns_ops
+from driver.netlink import nic_moves
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,
@@ -33,9 +33,13 @@ from driver.checkpoint import (
     PreparedDevice,
 )
 from driver.claims.status import DeviceResult
-from driver.claims.decode import InterfaceConfig, RouteConfig, stored_config
-from driver.claims.container_settings import ContainerSettings, container_settings
-from driver.netlink.nic_moves import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
+from driver.claims.container_settings import settings_for_container
+from driver.config import HOST_NETNS
+from driver.model.network_config import InterfaceConfig, RouteConfig
+from driver.nri.container_adjustment import container_adjustment
+from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
+from driver.netlink.rtnl import NetnsOpError, Route
 from driver.proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
@@ -87,7 +91,7 @@ def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
     No addresses configured: the host's addresses (and, without configured routes, its
     routes) are copied into the pod, as the Go driver does.
     """
-    cfg = stored_config(device.config)  # validated at prepare time; re-decoding is cheap
+    cfg = device.config  # decoded and validated at prepare time
     iface = cfg.interface or InterfaceConfig()
     addresses = list(iface.addresses or ())
     routes = [_route(r) for r in cfg.routes or ()]
@@ -99,49 +103,6 @@ def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
                          mac=iface.hardware_addr, addresses=addresses, routes=routes)
 
 
-def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerSettings | None = None,
-                         ) -> api.ContainerAdjustment | None:
-    """The CreateContainer adjustment for a pod's devices, or None when there is nothing to add.
-
-    RDMA char devices (deduplicated by path), plus ``settings`` from the claim config: the
-    exact HCAs as ``NCCL_IB_HCA``/``DRANET_RDMA_DEVICES`` and the NUMA cpuset when pinning.
-    """
-    adjust = api.ContainerAdjustment()
-    seen: set[str] = set()
-    for dev in devices:
-        host = dev.snapshot.host
-        if not host.rdma_device and not host.char_devices:
-            continue
-        chars = list(host.char_devices)
-        if host.rdma_device and not any(c.path.endswith("/rdma_cm") for c in chars):
-            rdma_cm = _stat_char("/dev/infiniband/rdma_cm")
-            if rdma_cm is not None:
-                chars.append(rdma_cm)
-        for char in chars:
-            if char.path in seen:
-                continue
-            seen.add(char.path)
-            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
-                                                 minor=char.minor)
-            linux_dev.file_mode.value = 0o666
-    if settings is not None:
-        for key, value in sorted(settings.env.items()):
-            adjust.env.add(key=key, value=value)
-        if settings.cpuset is not None:
-            adjust.linux.resources.cpu.cpus = settings.cpuset.cpus
-            adjust.linux.resources.cpu.mems = settings.cpuset.mems
-    return adjust if adjust.ByteSize() else None
-
-
-def _stat_char(path: str) -> Any:
-    from driver.model.device import CharDevice
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return CharDevice(path=path, major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
-
-
 def _link_state(moved: MovedDevice) -> LinkState:
     return LinkState(ifname=moved.host_ifname, mtu=moved.host_mtu or 0, mac=moved.host_mac or "",
                      addresses=list(moved.host_addresses),
@@ -150,13 +111,13 @@ def _link_state(moved: MovedDevice) -> LinkState:
 
 
 class NRIHooks:
-    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and netns_ops.
+    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and nic_moves.
 
     Not thread-safe: the NRI plugin calls it from its single hook worker thread.
     """
 
     def __init__(self, store: CheckpointStore, status: StatusSink | None = None,
-                 host_netns: str = "/proc/1/ns/net", *, fault_after: str | None = None,
+                 host_netns: str = HOST_NETNS, *, fault_after: str | None = None,
                  sysfs_root: str = "/sys") -> None:
         self.store = store
         self.status = status
@@ -185,8 +146,8 @@ class NRIHooks:
         """
         plans = {}
         for (_, d), name in zip(netdevs, ifnames):
-            cfg = stored_config(d.config).ethtool
-            if cfg is None or not (cfg.features or cfg.private_flags):
+            cfg = d.config.ethtool
+            if cfg is None or cfg.empty:
                 continue
             try:
                 plans[d.device] = ethtool.plan(self._host_ethtool(), name, cfg.features, cfg.private_flags)
@@ -235,7 +196,7 @@ class NRIHooks:
         host = self.ns.host_rtnl()
         ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
         try:
-            states = netns_ops.record_host(self.ns, ifnames, self.sysfs_root)
+            states = nic_moves.record_host(self.ns, ifnames, self.sysfs_root)
         except KeyError as exc:
             self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
@@ -266,16 +227,16 @@ class NRIHooks:
                 for i, m in enumerate(moved):
                     device = m.device
                     cfg = configs[m.device]
-                    netns_ops.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
+                    nic_moves.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
                                         index=states[m.host_ifname].index)
                     self._step(f"run:moved-{i}")
                 step = "ethtool"
                 self._apply_ethtool(pod_fd, configs, plans)
                 self._step("run:ethtool")
                 step = "configure"
-                results = netns_ops.configure_pod_links(pod_rtnl, configs)
+                results = nic_moves.configure_pod_links(pod_rtnl, configs)
                 self._step("run:configured")
-        except (NetnsOpError, netns_ops.NetnsGone, OSError) as exc:
+        except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
                 device, step, reason = exc.device, exc.step, exc.reason
             else:
@@ -295,7 +256,7 @@ class NRIHooks:
         self._ready(pod, netdevs, results)
 
     def _ready(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-               results: dict[str, netns_ops.PodLinkResult]) -> None:
+               results: dict[str, PodLinkResult]) -> None:
         if self.status is None:
             return
         for claim in {c.uid: c for c, _ in netdevs}.values():
@@ -341,7 +302,7 @@ class NRIHooks:
             try:
                 # The MAC it has in the pod: how to recognise it there (or renamed on the host).
                 macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
-                how = netns_ops.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
+                how = nic_moves.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
                                             extra_macs=macs, sysfs_root=self.sysfs_root)
                 done.append(m.device)
                 if m.host_features or m.host_private_flags:
@@ -392,7 +353,7 @@ class NRIHooks:
             return None
         # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
         requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
-        settings = container_settings(devices, self.sysfs_root, requested or None)
+        settings = settings_for_container(devices, self.sysfs_root, requested or None)
         if settings.skipped_pin:
             log.warning("numa.pin not applied", extra={"kv": {
                 "pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}})

@@ -7,30 +7,29 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint import PreparedDevice
-from driver.claims.decode import ConfigError, prepare_decoder, stored_config
-from driver.claims.container_settings import (
-    container_env,
-    container_settings,
-    cpuset_for,
-    format_cpulist,
-    numa_pin_node,
-    parse_cpulist,
-)
+from driver.claims.container_settings import container_env, settings_for_container
+from driver.claims.fields import ConfigError
+from driver.claims.merge import configs_for_request
+from driver.claims.numa_pinning import cpuset_for, format_cpulist, numa_pin_node, parse_cpulist
+from driver.model.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from driver.model.device import Device, HostFacts
 from tests.support.claims import allocation_config
 
 
+NONE = NetworkConfig()
+
+
 def test_container_env_exact_match_and_opt_out():
-    env = container_env([({}, "mlx5_1"), (None, "mlx5_0"), ({}, None)])
+    env = container_env([(NONE, "mlx5_1"), (NONE, "mlx5_0"), (NONE, None)])
     assert env == {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "DRANET_RDMA_DEVICES": "mlx5_0,mlx5_1"}
-    assert container_env([({"rdma": {"injectEnv": False}}, "mlx5_0")]) == {}
-    assert container_env([({}, None)]) == {}
+    assert container_env([(NetworkConfig(rdma=RdmaConfig(inject_env=False)), "mlx5_0")]) == {}
+    assert container_env([(NONE, None)]) == {}
 
 
 def test_numa_pin_node():
-    pin = {"numa": {"pin": True}}
-    assert numa_pin_node([({}, 0, "a"), ({}, 1, "b")]) is None  # not asked for
-    assert numa_pin_node([(pin, 1, "a"), ({}, 1, "b")]) == 1
+    pin = NetworkConfig(numa=NumaConfig(pin=True))
+    assert numa_pin_node([(NONE, 0, "a"), (NONE, 1, "b")]) is None  # not asked for
+    assert numa_pin_node([(pin, 1, "a"), (NONE, 1, "b")]) == 1
     with pytest.raises(ConfigError, match=r"span several \(node 0: a; node 1: b\)"):
         numa_pin_node([(pin, 0, "a"), (pin, 1, "b")])
     with pytest.raises(ConfigError, match="NUMA node of a is unknown"):
@@ -61,16 +60,15 @@ def test_cpulist_round_trip():
 def test_prepare_decoder_output_is_what_the_helpers_read():
     configs = [allocation_config({"rdma": {"injectEnv": False}}, source="FromClass"),
                allocation_config({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
-    stored = prepare_decoder(configs, "nic", "nic/fast", "dra.net")
-    assert list(stored) == ["opaque"] and len(stored["opaque"]) == 1
-    config = stored_config(stored)
+    config = configs_for_request(configs, "nic/fast", "dra.net")
     assert config.numa_pin and not config.rdma_env_enabled and config.interface.mtu == 9000
-    assert container_env([(stored, "mlx5_0")]) == {}
-    assert numa_pin_node([(stored, 1, "nic-a")]) == 1
-    # prepare's own (unvalidated) shape with several parameter objects is merged in order too.
-    assert stored_config({"opaque": [{"interface": {"mtu": 1500}}, {"interface": {"mtu": 4000}}]}).interface.mtu == 4000
+    assert container_env([(config, "mlx5_0")]) == {}
+    assert numa_pin_node([(config, 1, "nic-a")]) == 1
+    # Several parameter objects for one request are merged in order.
+    two = [allocation_config({"interface": {"mtu": 1500}}), allocation_config({"interface": {"mtu": 4000}})]
+    assert configs_for_request(two, "nic", "dra.net").interface.mtu == 4000
     with pytest.raises(ConfigError) as info:
-        prepare_decoder([allocation_config({"interface": {"mtu": 1}})], "nic", "nic", "dra.net")
+        configs_for_request([allocation_config({"interface": {"mtu": 1}})], "nic", "dra.net")
     assert info.value.path == "status.allocation.devices.config[0].opaque.parameters.interface.mtu"
 
 
@@ -84,17 +82,17 @@ def test_container_settings_env_and_cpuset(tmp_path: Path):
         d = tmp_path / f"devices/system/node/node{n}"
         d.mkdir(parents=True)
         (d / "cpulist").write_text(cpus)
-    pin = prepare_decoder([allocation_config({"numa": {"pin": True}})], "nic", "nic", "dra.net")
+    pin = configs_for_request([allocation_config({"numa": {"pin": True}})], "nic", "dra.net")
     devs = [_prepared("a", 1, "mlx5_4", pin), _prepared("b", 1, "mlx5_5", pin)]
-    out = container_settings(devs, str(tmp_path), requested_cpus="0-95")
+    out = settings_for_container(devs, str(tmp_path), requested_cpus="0-95")
     assert out.env == {"NCCL_IB_HCA": "=mlx5_4,mlx5_5", "DRANET_RDMA_DEVICES": "mlx5_4,mlx5_5"}
     assert (out.cpuset.cpus, out.cpuset.mems, out.skipped_pin) == ("48-95", "1", None)
     # Exclusive CPUs on the other node: not pinned, with the reason.
-    out = container_settings(devs, str(tmp_path), requested_cpus="2-3")
+    out = settings_for_container(devs, str(tmp_path), requested_cpus="2-3")
     assert out.cpuset is None and "outside NUMA node 1" in out.skipped_pin
     # Spanning nodes: not pinned, reason names the nodes; env still injected.
-    out = container_settings([_prepared("a", 0, "mlx5_0", pin), _prepared("b", 1, "mlx5_5", pin)], str(tmp_path))
+    out = settings_for_container([_prepared("a", 0, "mlx5_0", pin), _prepared("b", 1, "mlx5_5", pin)], str(tmp_path))
     assert out.cpuset is None and "node 0: a; node 1: b" in out.skipped_pin and out.env
     # No pin asked: no cpuset, no complaint.
-    out = container_settings([_prepared("a", 0, None, {})], str(tmp_path))
+    out = settings_for_container([_prepared("a", 0, None, NetworkConfig())], str(tmp_path))
     assert out == type(out)()

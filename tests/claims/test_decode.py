@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from driver.claims.decode import (
-    ConfigError,
-    NetworkConfig,
-    configs_for_request,
-    decode_config,
-)
+from driver.claims.decode import decode_config
+from driver.claims.fields import ConfigError
+from driver.claims.merge import configs_for_request
+from driver.model.network_config import NetworkConfig
 from tests.support.claims import allocation_config
 
 P = "spec.devices.config[1].opaque.parameters"
@@ -108,3 +106,14 @@ def test_configs_for_request_errors_name_allocation_path():
     with pytest.raises(ConfigError) as info:
         configs_for_request([allocation_config({}), allocation_config({"interface": {"mtu": 1}})], "nic")
     assert info.value.path == "status.allocation.devices.config[1].opaque.parameters.interface.mtu"
+
+
+def test_canonical_parameters_read_back_without_decoding():
+    """The checkpoint's form: from_parameters is the exact inverse of to_parameters."""
+    raw = {"interface": {"name": "net1", "addresses": ["192.0.2.5/24"], "mtu": 9000, "hardwareAddr": "02:aa:bb:cc:dd:ee"},
+           "routes": [{"destination": "10.0.0.0/8", "gateway": "192.0.2.1"}],
+           "ethtool": {"features": {"tso": False}, "privateFlags": {"x": True}},
+           "rdma": {"injectEnv": False}, "numa": {"pin": True}}
+    config = decode_config(raw, P)
+    assert NetworkConfig.from_parameters(config.to_parameters()) == config
+    assert NetworkConfig.from_parameters(NetworkConfig().to_parameters()) == NetworkConfig()

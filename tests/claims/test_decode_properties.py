@@ -5,14 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.claims.decode import (
-    ConfigError,
-    NetworkConfig,
-    configs_for_request,
-    decode_config,
-)
+from driver.claims.decode import decode_config
+from driver.claims.fields import ConfigError
+from driver.claims.merge import configs_for_request
+from driver.model.network_config import NetworkConfig
 from driver.claims.validation import validate_claim_spec
-from driver.claims.container_settings import format_cpulist, parse_cpulist
+from driver.claims.numa_pinning import format_cpulist, parse_cpulist
 
 P = "spec.devices.config[0].opaque.parameters"
 

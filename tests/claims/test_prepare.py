@@ -11,7 +11,9 @@ import pytest
 from driver.checkpoint import CheckpointStore
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
-from driver.claims.prepare import ClaimRef, Preparer, base_request, opaque_configs
+from driver.claims.merge import configs_for_request
+from driver.claims.prepare import ClaimRef, Preparer, base_request
+from driver.model.network_config import InterfaceConfig, NetworkConfig
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 NODE = "node-a"
@@ -42,17 +44,19 @@ def test_base_request() -> None:
     assert base_request("nic/sub") == "nic" and base_request("nic") == "nic"
 
 
-def test_opaque_configs_order_and_matching() -> None:
-    configs = [
-        {"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"n": "claim-all"}}},
-        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "dra.net", "parameters": {"n": "other"}}},
-        {"source": "FromClass", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"n": "class"}}},
-        {"source": "FromClaim", "requests": ["nic/sub"], "opaque": {"driver": "dra.net", "parameters": {"n": "sub"}}},
-        {"source": "FromClaim", "requests": [], "opaque": {"driver": "gpu.example.com", "parameters": {"n": "gpu"}}},
-    ]
-    got = opaque_configs(configs, "nic", "nic/sub", "dra.net")
-    assert got == {"opaque": [{"n": "class"}, {"n": "claim-all"}, {"n": "sub"}]}
-    assert opaque_configs([], "nic", "nic", "dra.net") == {"opaque": []}
+def test_prepare_config_order_and_matching() -> None:
+    """The default decoder applies class configs, then claim configs, in list order; only ours."""
+    def entry(source: str, requests: list[str], name: str, driver: str = "dra.net") -> dict[str, Any]:
+        return {"source": source, "requests": requests,
+                "opaque": {"driver": driver, "parameters": {"interface": {"name": name}}}}
+
+    configs = [entry("FromClaim", [], "claimall"), entry("FromClaim", ["gpu"], "other"),
+               entry("FromClass", ["nic"], "class"), entry("FromClaim", ["nic/sub"], "sub"),
+               entry("FromClaim", [], "gpu", driver="gpu.example.com")]
+    assert configs_for_request(configs, "nic/sub").interface.name == "sub"
+    assert configs_for_request(configs[:3], "nic/sub").interface.name == "claimall"  # class first, claim wins
+    assert configs_for_request(configs[2:3] + configs[4:], "nic").interface.name == "class"
+    assert configs_for_request([], "nic") == NetworkConfig()
 
 
 async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, preparer: Preparer) -> None:
@@ -69,7 +73,7 @@ async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, prepar
     record = preparer.store.read(lambda s: s.claims["uid-1"])
     assert record.pod_uids == ["pod-1"]
     assert record.devices[0].snapshot.host.rdma_device == "mlx5_0"
-    assert record.devices[0].config == {"opaque": [{"interface": {"mtu": 9000}}]}
+    assert record.devices[0].config == NetworkConfig(interface=InterfaceConfig(mtu=9000))
     # Persisted: a fresh store reads the same record.
     again = CheckpointStore(preparer.store.directory).read(lambda s: s.claims["uid-1"])
     assert again.devices[1].device == "pci-0000-8a-00-1" and again.namespace == "ns"
@@ -107,10 +111,10 @@ async def test_per_claim_errors_do_not_fail_others(api: FakeAPIServer, preparer:
 
 
 async def test_decoder_exception_is_per_claim(api: FakeAPIServer, preparer: Preparer) -> None:
-    def strict(configs: list[dict[str, Any]], base: str, full: str, driver: str) -> dict[str, Any]:
+    def strict(configs: list[dict[str, Any]], request: str, driver: str) -> NetworkConfig:
         if configs:
             raise ValueError("interface.mtu: must be >= 68")
-        return {}
+        return NetworkConfig()
 
     preparer.config_decoder = strict
     bad = [{"requests": [], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 1}}}}]
@@ -206,11 +210,9 @@ def _numa_inventory() -> dict[str, Device]:
 
 
 async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServer, tmp_path: Path) -> None:
-    from driver.claims.decode import prepare_decoder
 
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE,
-                        config_decoder=prepare_decoder)
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE)
     pin = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}]
     api.add_claim(make_claim("ns", "spans", "uid-s", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-2", NODE)],
                              configs=pin, pods=["p"]))
@@ -238,13 +240,11 @@ async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer
 async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(api: FakeAPIServer, tmp_path: Path,
                                                                      netns_factory) -> None:
     """A real veth: a known feature prepares; an unknown one is a per-claim error naming it."""
-    from driver.claims.decode import prepare_decoder
 
     host, _peer = netns_factory.veth()
     dev = Device(name="veth-nic", host=HostFacts(ifname=host))
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE,
-                        config_decoder=prepare_decoder)
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE)
 
     def claim(name: str, uid: str, features: dict[str, bool]) -> None:
         cfg = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {

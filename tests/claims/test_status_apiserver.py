@@ -27,7 +27,7 @@ from devcluster.controlplane import (
 from devcluster.demo import allocated_claim, delete_pod, pod_for_template
 from devcluster.sysfs_fixture import build
 from driver.checkpoint import PreparedClaim, PreparedDevice
-from driver.claims.decode import prepare_decoder
+from driver.claims.merge import configs_for_request
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter, DeviceResult
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API, KubeClient, KubeError
@@ -109,7 +109,7 @@ def prepared_claim(node: Node, claim: dict[str, Any]) -> PreparedClaim:
     alloc = claim["status"]["allocation"]["devices"]
     devices = [PreparedDevice(request=r["request"], pool=r["pool"], device=r["device"],
                               snapshot=node.devices[r["device"]],
-                              config=prepare_decoder(alloc.get("config") or [], r["request"], r["request"], "dra.net"))
+                              config=configs_for_request(alloc.get("config") or [], r["request"], "dra.net"))
                for r in alloc["results"] if r["driver"] == "dra.net"]
     meta = claim["metadata"]
     return PreparedClaim(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from driver.netlink import nic_moves as netns_ops
-from driver.netlink.nic_moves import LinkState, Namespaces, NetnsOpError, PodLinkConfig, Route
+from driver.netlink import nic_moves
+from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
+from driver.netlink.rtnl import NetnsOpError, Route
 from tests.plugins.nri import configure_host_nic, ip, link_facts
 
 pytestmark = pytest.mark.root
@@ -47,7 +49,7 @@ def _nic(netns_factory) -> tuple[str, str]:
 
 def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
-    state = netns_ops.record_host(ns, [a])[a]
+    state = nic_moves.record_host(ns, [a])[a]
     assert (state.ifname, state.mtu) == (a, 1450)
     assert state.mac == link_facts(a)["mac"]
     assert sorted(state.addresses) == ["10.41.0.1/24", "fd41::1/64"]  # no fe80:: (link scope)
@@ -57,19 +59,19 @@ def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, net
     v6 = [r for r in state.routes if r.family == socket.AF_INET6]
     assert [(r.dst, r.gateway) for r in v6] == [("fd42::/64", "fd41::fe")]  # no proto-kernel prefix routes
     with pytest.raises(KeyError, match="nosuch"):
-        netns_ops.record_host(ns, [f"nosuch{secrets.token_hex(2)}"])
+        nic_moves.record_host(ns, [f"nosuch{secrets.token_hex(2)}"])
 
 
 def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = netns_ops.record_host(ns, [a])[a]
+    state = nic_moves.record_host(ns, [a])[a]
     cfg = PodLinkConfig(ifname="eth7", mtu=1280, mac="02:00:00:00:07:07", addresses=["192.168.7.2/24"],
                         routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")])
     with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, pod_fd):
-        netns_ops.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
-        res = netns_ops.configure_pod_links(pod_rtnl, {"nic-a": cfg})
+        nic_moves.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
+        res = nic_moves.configure_pod_links(pod_rtnl, {"nic-a": cfg})
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
     inside = link_facts("eth7", netns=pod_ns)
     assert (inside["mtu"], inside["mac"], inside["up"], inside["addresses"]) == (
@@ -77,12 +79,12 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
     assert ("172.16.0.0/12", "192.168.7.1", "main", None) in inside["routes"]
     assert link_facts(a) is None
 
-    how = netns_ops.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state,
+    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state,
                                 extra_macs=("02:00:00:00:07:07",))
     assert how == "pod"
     assert link_facts(a) == before
     # Idempotent: a second return finds it on the host and changes nothing.
-    assert netns_ops.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state) == "host"
+    assert nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state) == "host"
     assert link_facts(a) == before
 
 
@@ -90,9 +92,9 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = netns_ops.record_host(ns, [a])[a]
+    state = nic_moves.record_host(ns, [a])[a]
     with ns.pod(f"/run/netns/{pod_ns}") as (_, pod_fd):
-        netns_ops.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, "net1", 1300)
+        nic_moves.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, "net1", 1300)
     # What the kernel does to a physical NIC when its netns dies: back to init_net as devN.
     dev = f"dev{secrets.randbelow(10**6)}"
     netns_factory.host_links.append(dev)  # cleanup if the test fails before the rename back
@@ -101,7 +103,7 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
     subprocess.run(["ip", "netns", "del", pod_ns], check=True)
     assert link_facts(dev) is not None
 
-    how = netns_ops.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "net1", state)
+    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "net1", state)
     assert how == "netns-gone"
     assert link_facts(a) == before
     assert link_facts(dev) is None
@@ -111,14 +113,14 @@ def test_missing_everywhere_is_a_clear_error(ns: Namespaces, netns_factory) -> N
     pod_ns = netns_factory.netns()
     state = LinkState(ifname=f"gone{secrets.token_hex(2)}", mtu=1500, mac="02:de:ad:00:00:01")
     with pytest.raises(NetnsOpError) as err:
-        netns_ops.return_link(ns, "nic-x", f"/run/netns/{pod_ns}", "net1", state)
+        nic_moves.return_link(ns, "nic-x", f"/run/netns/{pod_ns}", "net1", state)
     assert err.value.device == "nic-x" and err.value.step == "find" and state.ifname in str(err.value)
 
 
 def test_regular_file_is_not_a_netns(ns: Namespaces, tmp_path: Path) -> None:
     fake = tmp_path / "netns"
     fake.write_text("")
-    with pytest.raises(netns_ops.NetnsGone), ns.pod(str(fake)):
+    with pytest.raises(NetnsGone), ns.pod(str(fake)):
         pass
 
 
@@ -131,7 +133,7 @@ def test_find_host_link_by_pci_address(ns: Namespaces, netns_factory, tmp_path: 
     os.symlink(f"../../../devices/pci0000:3a/{pci}", tmp_path / "class" / "net" / a / "device")
     # Neither the name nor any MAC matches: only the PCI address identifies it.
     state = LinkState(ifname="renamed0", mtu=1500, mac="02:00:00:00:00:99", pci_address=pci)
-    index = netns_ops.find_host_link(ns.host(), state, sysfs_root=str(tmp_path))
+    index = nic_moves.find_host_link(ns.host(), state, sysfs_root=str(tmp_path))
     assert index == ns.host().link("get", ifname=a)[0]["index"]
 
 
@@ -139,4 +141,4 @@ def test_move_of_missing_link_names_device_and_step(ns: Namespaces, netns_factor
     pod_ns = netns_factory.netns()
     with ns.pod(f"/run/netns/{pod_ns}") as (_, fd):
         with pytest.raises(NetnsOpError, match="device nic-z: move failed"):
-            netns_ops.move_link(ns.host_rtnl(), "nic-z", f"nx{secrets.token_hex(3)}", fd, "net1")
+            nic_moves.move_link(ns.host_rtnl(), "nic-z", f"nx{secrets.token_hex(3)}", fd, "net1")

@@ -181,11 +181,19 @@ def pod_json(uid: str, netns_path: str, name: str | None = None, namespace: str 
 def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> str:
     """Write a PreparedClaim for ``pod_uid`` straight into ``store`` (as NodePrepareResources would).
 
-    Each device dict: ``ifname`` (host netdev), optional ``config`` (device config dict with
-    ``opaque``), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``, ``numa_node``.
+    Each device dict: ``ifname`` (host netdev), optional ``config`` (``{"opaque": [params, ...]}``,
+    decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``, ``numa_node``.
     """
     from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
+    from driver.claims.decode import decode_config
     from driver.model.device import CharDevice, Device, HostFacts
+    from driver.model.network_config import NetworkConfig
+
+    def typed(config: dict[str, Any]) -> NetworkConfig:
+        result = NetworkConfig()
+        for i, params in enumerate(config.get("opaque", [])):
+            result = result.merged(decode_config(params, f"config.opaque[{i}]"))
+        return result
 
     uid = f"claim-{secrets.token_hex(4)}"
     prepared = []
@@ -194,7 +202,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
                          char_devices=[CharDevice(**c) for c in d.get("char_devices", [])])
         name = d.get("device", f"dev{i}-{secrets.token_hex(2)}")
         prepared.append(PreparedDevice(request="nic", pool="node", device=name,
-                                       snapshot=Device(name=name, host=host), config=d.get("config", {})))
+                                       snapshot=Device(name=name, host=host), config=typed(d.get("config", {}))))
     claim = PreparedClaim(uid=uid, namespace="default", name=uid, pod_uids=[pod_uid], devices=prepared)
 
     def add(s: DriverState) -> None:

@@ -1,0 +1,62 @@
+"""Which opaque configs apply to an allocated request, merged in DRA order.
+
+Several configs may apply to one request: ``status.allocation.devices.config`` lists the
+DeviceClass's configs (``FromClass``) and the claim's (``FromClaim``). Those for our driver whose
+``requests`` match are decoded (:func:`driver.claims.decode.decode_config`) and merged field by
+field (:meth:`~driver.model.network_config.NetworkConfig.merged`): class configs first, then
+claim configs, each in list order; later wins. See docs/configuration.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from driver.claims.decode import decode_config
+from driver.claims.fields import ConfigError, FieldError
+from driver.config import DRIVER_NAME
+from driver.model.network_config import NetworkConfig
+
+
+def request_matches(requests: Any, request: str) -> bool:
+    """Whether a config's ``requests`` list covers ``request``.
+
+    DRA: an empty list applies to all requests; "req" also covers subrequests "req/sub".
+    """
+    if not requests:
+        return True
+    if not isinstance(requests, list):
+        return False  # malformed (the API server rejects it); never substring-match a string
+    base = request.split("/", 1)[0]
+    return request in requests or base in requests
+
+
+def configs_for_request(
+    allocation_configs: list[dict[str, Any]], request: str, driver: str = DRIVER_NAME
+) -> NetworkConfig:
+    """The effective config of ``request`` from ``status.allocation.devices.config``.
+
+    Configs for ``driver`` whose ``requests`` match are decoded and merged: ``FromClass``
+    entries first, then ``FromClaim``, each in list order (DRA's precedence: later wins).
+    Raises :class:`ConfigError` with every error of every applicable config.
+    """
+    base = "status.allocation.devices.config"
+    indexed = list(enumerate(allocation_configs or []))
+    # Stable sort: class configs before claim configs, list order kept within each source.
+    indexed.sort(key=lambda item: 0 if isinstance(item[1], dict) and item[1].get("source") == "FromClass" else 1)
+    result = NetworkConfig()
+    errors: list[FieldError] = []
+    for i, entry in indexed:
+        if not isinstance(entry, dict):
+            continue
+        opaque = entry.get("opaque") or {}
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
+            continue
+        if not request_matches(entry.get("requests"), request):
+            continue
+        try:
+            result = result.merged(decode_config(opaque.get("parameters"), f"{base}[{i}].opaque.parameters"))
+        except ConfigError as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise ConfigError.of(errors)
+    return result

@@ -1,0 +1,150 @@
+"""The typed claim configuration: what a ``dra.net`` opaque config asks of one NIC.
+
+These are the objects every layer passes around once a config is decoded: prepare builds them
+(:func:`driver.claims.decode.decode_config`, strict, naming every wrong field), the checkpoint
+stores their canonical JSON form (:meth:`NetworkConfig.to_parameters`) and reads it back with
+:meth:`NetworkConfig.from_parameters`, the NRI hooks read their fields. Every field is optional
+and ``None`` means "not set", so configs merge field by field (:meth:`NetworkConfig.merged`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+API_VERSION = "dra.net/v1alpha1"
+"""The only schema version this driver understands (``apiVersion`` is optional; see docs)."""
+KIND = "NetworkConfig"
+
+
+@dataclass(frozen=True)
+class InterfaceConfig:
+    """How the NIC looks inside the pod."""
+
+    name: str | None = None  # interface name in the pod; default: the host name
+    addresses: tuple[str, ...] | None = None  # CIDRs ("192.0.2.5/24"); default: keep the host's
+    mtu: int | None = None
+    hardware_addr: str | None = None  # JSON "hardwareAddr"
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """One route added in the pod namespace through this NIC."""
+
+    destination: str
+    gateway: str | None = None
+    source: str | None = None
+    scope: int = 0  # 0 universe, 253 link
+    table: int = 0  # 0 = main
+
+
+@dataclass(frozen=True)
+class EthtoolConfig:
+    """Offload features and private flags, set by name (checked against the NIC at prepare)."""
+
+    features: dict[str, bool] | None = None
+    private_flags: dict[str, bool] | None = None  # JSON "privateFlags"
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to set: no netlink call is needed for this NIC."""
+        return not (self.features or self.private_flags)
+
+
+@dataclass(frozen=True)
+class RdmaConfig:
+    """RDMA environment injection into the consuming containers."""
+
+    inject_env: bool | None = None  # JSON "injectEnv"; default True for RDMA NICs
+
+
+@dataclass(frozen=True)
+class NumaConfig:
+    """Opt-in NUMA pinning of the consuming containers."""
+
+    pin: bool | None = None  # default False: cpuset.cpus and cpuset.mems of the NICs' NUMA node
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The whole ``opaque.parameters`` object for ``dra.net``."""
+
+    interface: InterfaceConfig | None = None
+    routes: tuple[RouteConfig, ...] | None = None
+    ethtool: EthtoolConfig | None = None
+    rdma: RdmaConfig | None = None
+    numa: NumaConfig | None = None
+
+    @property
+    def rdma_env_enabled(self) -> bool:
+        """Whether NCCL_IB_HCA / DRANET_RDMA_DEVICES are injected (on unless turned off)."""
+        return not (self.rdma and self.rdma.inject_env is False)
+
+    @property
+    def numa_pin(self) -> bool:
+        """Whether containers are pinned to the NICs' NUMA node (off unless turned on)."""
+        return bool(self.numa and self.numa.pin)
+
+    def merged(self, override: NetworkConfig) -> NetworkConfig:
+        """``override`` on top of this config, field by field.
+
+        Scalars and lists (``addresses``, ``routes``) set in ``override`` replace these;
+        maps (``ethtool.features``, ``ethtool.privateFlags``) merge key by key.
+        """
+        result: NetworkConfig = _merge(self, override)
+        return result
+
+    def to_parameters(self) -> dict[str, Any]:
+        """The canonical JSON form; ``decode_config(c.to_parameters(), p) == c``."""
+        out: dict[str, Any] = {"apiVersion": API_VERSION, "kind": KIND}
+        out.update(_to_json(self))
+        return out
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, Any]) -> NetworkConfig:
+        """Read back what :meth:`to_parameters` wrote (the checkpoint's form); no validation.
+
+        Only for JSON this driver wrote itself after :func:`~driver.claims.decode.decode_config`
+        accepted it; a wrong shape raises ``KeyError``/``TypeError``/``AttributeError``.
+        """
+        iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
+        routes = params.get("routes")
+        return cls(
+            interface=None if iface is None else InterfaceConfig(
+                name=iface.get("name"), mtu=iface.get("mtu"), hardware_addr=iface.get("hardwareAddr"),
+                addresses=None if iface.get("addresses") is None else tuple(iface["addresses"])),
+            routes=None if routes is None else tuple(RouteConfig(**r) for r in routes),
+            ethtool=None if eth is None else EthtoolConfig(features=eth.get("features"),
+                                                           private_flags=eth.get("privateFlags")),
+            rdma=None if rdma is None else RdmaConfig(inject_env=rdma.get("injectEnv")),
+            numa=None if numa is None else NumaConfig(pin=numa.get("pin")),
+        )
+
+
+_JSON_NAMES = {"hardware_addr": "hardwareAddr", "private_flags": "privateFlags", "inject_env": "injectEnv"}
+
+
+def _to_json(obj: Any) -> Any:
+    if isinstance(obj, tuple):
+        return [_to_json(o) for o in obj]
+    if isinstance(obj, dict):
+        return dict(obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return {
+            _JSON_NAMES.get(f.name, f.name): _to_json(getattr(obj, f.name))
+            for f in fields(obj)
+            if getattr(obj, f.name) is not None
+        }
+    return obj
+
+
+def _merge(base: Any, over: Any) -> Any:
+    if over is None:
+        return base
+    if base is None:
+        return over
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **over}
+    if hasattr(base, "__dataclass_fields__") and type(base) is type(over):
+        return replace(base, **{f.name: _merge(getattr(base, f.name), getattr(over, f.name)) for f in fields(base)})
+    return over

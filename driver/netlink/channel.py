@@ -1,0 +1,149 @@
+"""The one netlink socket layer: message framing, sequence numbers, pipelined requests and acks.
+
+Both raw clients of this package speak through it: :class:`driver.netlink.rtnl.Rtnl`
+(``NETLINK_ROUTE``) and :class:`driver.netlink.ethtool.Ethtool` (generic netlink, ethtool
+family). A :class:`NetlinkChannel` wraps a socket bound to one network namespace; requests sent
+together go to the kernel in one ``send`` and their answers are matched by sequence number.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from dataclasses import dataclass, field
+
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
+NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200  # flags of an error message (extended ack)
+NLA_F_NESTED = 0x8000
+SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
+NLMSGERR_ATTR_MSG = 1
+NLMSGHDR = struct.Struct("=IHHII")
+
+
+def attr(kind: int, data: bytes) -> bytes:
+    """One netlink attribute (header + data, padded to 4 bytes)."""
+    raw = struct.pack("=HH", 4 + len(data), kind) + data
+    return raw + b"\0" * (-len(raw) % 4)
+
+
+def attr_list(data: bytes, off: int = 0) -> list[tuple[int, bytes]]:
+    """Attributes from ``off`` on, in order, repeats kept (type without flag bits, data)."""
+    out = []
+    while off + 4 <= len(data):
+        alen, kind = struct.unpack_from("=HH", data, off)
+        if alen < 4:
+            break
+        out.append((kind & 0x3FFF, data[off + 4:off + alen]))
+        off += (alen + 3) & ~3
+    return out
+
+
+def parse_attrs(payload: bytes, off: int) -> dict[int, bytes]:
+    """Top-level attributes from ``off`` on (type -> data; a repeated type keeps its last)."""
+    return dict(attr_list(payload, off))
+
+
+def text(raw: bytes) -> str:
+    """A NUL-terminated string attribute."""
+    return raw.split(b"\0", 1)[0].decode()
+
+
+@dataclass
+class Reply:
+    """The kernel's answer to one request: errno (0 = success), reply payloads, extended-ack text."""
+
+    error: int = 0
+    payloads: list[bytes] = field(default_factory=list)
+    message: str = ""
+
+
+class NetlinkChannel:
+    """A raw netlink socket in one namespace; requests are pipelined and matched by sequence number.
+
+    ``ext_ack`` asks the kernel for its error strings (extended ack) and for short acks.
+    """
+
+    def __init__(self, sock: socket.socket, ext_ack: bool = False) -> None:
+        self.sock = sock
+        if ext_ack:
+            for opt in (NETLINK_CAP_ACK, NETLINK_EXT_ACK):
+                try:
+                    sock.setsockopt(SOL_NETLINK, opt, 1)
+                except OSError:
+                    pass  # older kernels: plain errno messages
+        self.seq = int.from_bytes(os.urandom(2), "little") << 8
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+    def exchange(self, requests: list[tuple[int, int, bytes]]) -> list[Reply]:
+        """Send ``(type, flags, body)`` requests in one ``send``; one :class:`Reply` each, in order.
+
+        A request with ``NLM_F_ACK`` is complete at its ack (or error), its replies before it
+        collected; one without is complete at its first reply (a GET).
+        """
+        out, seqs, acked = [], [], {}
+        for kind, flags, body in requests:
+            self.seq += 1
+            seqs.append(self.seq)
+            acked[self.seq] = bool(flags & NLM_F_ACK)
+            out.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, self.seq, 0) + body)
+        self.sock.send(b"".join(out))
+        replies = {s: Reply() for s in seqs}
+        pending = set(seqs)
+        while pending:
+            data = self.sock.recv(1 << 17)
+            off = 0
+            while off + NLMSGHDR.size <= len(data):
+                length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
+                payload = data[off + NLMSGHDR.size:off + length]
+                off += (length + 3) & ~3
+                if seq not in pending:
+                    continue
+                reply = replies[seq]
+                if kind == NLMSG_ERROR:
+                    reply.error = -struct.unpack_from("=i", payload)[0]
+                    reply.message = _extack(payload, flags)
+                    pending.discard(seq)
+                else:
+                    reply.payloads.append(payload)
+                    if not acked[seq]:
+                        pending.discard(seq)
+        return [replies[s] for s in seqs]
+
+    def dump(self, kind: int, body: bytes) -> list[bytes]:
+        """A multipart dump request; the payload of every reply message."""
+        self.seq += 1
+        seq = self.seq
+        self.sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
+        out: list[bytes] = []
+        while True:
+            data = self.sock.recv(1 << 17)
+            off = 0
+            while off + NLMSGHDR.size <= len(data):
+                length, mtype, _flags, mseq, _pid = NLMSGHDR.unpack_from(data, off)
+                payload = data[off + NLMSGHDR.size:off + length]
+                off += (length + 3) & ~3
+                if mseq != seq:
+                    continue
+                if mtype == NLMSG_DONE:
+                    return out
+                if mtype == NLMSG_ERROR:
+                    err = -struct.unpack_from("=i", payload)[0]
+                    if err == errno.EINTR:  # dump interrupted by a concurrent change: the kernel asks to retry
+                        return self.dump(kind, body)
+                    raise OSError(err, f"netlink dump {kind}: {os.strerror(err)}")
+                out.append(payload)
+
+
+def _extack(payload: bytes, flags: int) -> str:
+    """The kernel's error message (extended ack) of an error message, or ""."""
+    if not flags & NLM_F_ACK_TLVS or len(payload) < 4 + NLMSGHDR.size:
+        return ""
+    orig_len = NLMSGHDR.unpack_from(payload, 4)[0]
+    tlvs = payload[4 + (NLMSGHDR.size if flags & NLM_F_CAPPED else orig_len):]
+    return next((text(v) for k, v in attr_list(tlvs) if k == NLMSGERR_ATTR_MSG), "")

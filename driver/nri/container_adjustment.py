@@ -1,0 +1,60 @@
+"""The CreateContainer answer: RDMA character devices, NCCL environment and the NUMA cpuset.
+
+:func:`container_adjustment` turns a pod's prepared devices and the
+:class:`~driver.claims.container_settings.ContainerSettings` of their claim configs into the NRI
+``ContainerAdjustment`` the runtime applies to the container.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from driver.checkpoint import PreparedDevice
+from driver.claims.container_settings import ContainerSettings
+from driver.model.device import CharDevice
+from driver.proto import nri_v1alpha1_pb2 as api
+
+RDMA_CM = "/dev/infiniband/rdma_cm"  # connection manager: every RDMA consumer needs it, no device owns it
+
+
+def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerSettings | None = None,
+                         ) -> api.ContainerAdjustment | None:
+    """The CreateContainer adjustment for a pod's devices, or None when there is nothing to add.
+
+    RDMA char devices (deduplicated by path), plus ``settings`` from the claim config: the
+    exact HCAs as ``NCCL_IB_HCA``/``DRANET_RDMA_DEVICES`` and the NUMA cpuset when pinning.
+    """
+    adjust = api.ContainerAdjustment()
+    seen: set[str] = set()
+    for dev in devices:
+        host = dev.snapshot.host
+        if not host.rdma_device and not host.char_devices:
+            continue
+        chars = list(host.char_devices)
+        if host.rdma_device and not any(c.path.endswith("/rdma_cm") for c in chars):
+            rdma_cm = _stat_char(RDMA_CM)
+            if rdma_cm is not None:
+                chars.append(rdma_cm)
+        for char in chars:
+            if char.path in seen:
+                continue
+            seen.add(char.path)
+            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
+                                                 minor=char.minor)
+            linux_dev.file_mode.value = 0o666
+    if settings is not None:
+        for key, value in sorted(settings.env.items()):
+            adjust.env.add(key=key, value=value)
+        if settings.cpuset is not None:
+            adjust.linux.resources.cpu.cpus = settings.cpuset.cpus
+            adjust.linux.resources.cpu.mems = settings.cpuset.mems
+    return adjust if adjust.ByteSize() else None
+
+
+def _stat_char(path: str) -> CharDevice | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return CharDevice(path=path, major=os.major(st.st_rdev), minor=os.minor(st.st_rdev))
