@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 from devcluster import certs
 from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane
-from driver.kube.client import KubeClient, KubeError
+from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
 

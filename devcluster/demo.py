@@ -26,7 +26,8 @@ from typing import Any
 from devcluster import gpu_double
 from devcluster.binaries import ensure_control_plane
 from devcluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = REPO / "examples" / "distributed_training"
@@ -164,7 +165,7 @@ def allocated_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any
     statuses = p.get("status", {}).get("resourceClaimStatuses") or []
     if not p["spec"].get("nodeName") or not statuses or not statuses[0].get("resourceClaimName"):
         return None
-    claim = kube.get_resource_claim(namespace, statuses[0]["resourceClaimName"])
+    claim = kube.read_namespaced_resource_claim(namespace, statuses[0]["resourceClaimName"])
     return claim if claim.get("status", {}).get("allocation") else None
 
 

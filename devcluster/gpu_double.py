@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError
 from driver.publish.slices import owner_reference
 
 GPU_DRIVER = "gpu.nvidia.com"
@@ -77,7 +78,7 @@ def install(kube: KubeClient, node_name: str) -> dict[str, Any]:
         "fieldSelector": f"spec.driver={GPU_DRIVER},spec.nodeName={node_name}"})["items"]
     if existing:
         return existing[0]
-    uid = kube.get_node(node_name)["metadata"]["uid"]
+    uid = kube.read_node(node_name)["metadata"]["uid"]
     return kube.request("POST", f"{RESOURCE_API}/resourceslices", gpu_slice(node_name, uid))
 
 

@@ -16,7 +16,7 @@ HOST_NETNS = "/proc/self/ns/net"
 """The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork
 pod is in the host netns; ``/proc/1/ns/net`` would also need hostPID)."""
 
-DEFAULT_FILTER = '!has(device.attributes["dra.net"].type) || device.attributes["dra.net"].type != "veth"'
+DEFAULT_FILTER = f'!has(device.attributes["{DRIVER_NAME}"].type) || device.attributes["{DRIVER_NAME}"].type != "veth"'
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
 
 

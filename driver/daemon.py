@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
 from driver.claims.status import ClaimStatusWriter
-from driver.config import DriverConfig
+from driver.config import DRIVER_NAME, DriverConfig
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
@@ -113,7 +113,7 @@ class Daemon:
         devices = await asyncio.to_thread(self._scan_fn)
         self.inventory = {d.name: d for d in devices}
         self.scanned = True
-        rdma = sum(1 for d in devices if d.attributes.get("dra.net/rdma") is True)
+        rdma = sum(1 for d in devices if d.attributes.get(f"{DRIVER_NAME}/rdma") is True)
         self.metrics.set_devices(len(devices), rdma)
         self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs

@@ -35,10 +35,11 @@ import aiohttp.web
 import kopf
 
 from driver.claims.validation import validate_claim_spec
+from driver.config import DRIVER_NAME
 
 log = logging.getLogger(__name__)
 
-MANAGED_CONFIGURATION = "dra.net-webhook"
+MANAGED_CONFIGURATION = f"{DRIVER_NAME}-webhook"
 GROUP, VERSION = "resource.k8s.io", "v1"
 HANDLER_ID = "validate"  # also the URL path of the managed configuration
 # plural -> where the claim spec sits in the object (the path used in error messages)
@@ -158,7 +159,7 @@ def webhook_configuration(options: WebhookOptions, cadata: bytes | None) -> dict
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": MANAGED_CONFIGURATION},
         "webhooks": [{
-            "name": "claims.dra.net",
+            "name": f"claims.{DRIVER_NAME}",
             "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
                        "resources": sorted(SPEC_PATHS), "scope": "Namespaced"}],
             "failurePolicy": options.failure_policy,
@@ -187,8 +188,7 @@ class ConfigurationManager:
     in this mode; with several, use the chart's configuration instead.
     """
 
-    FIELD_MANAGER = "dra.net-webhook"
-    PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    FIELD_MANAGER = MANAGED_CONFIGURATION
 
     def __init__(self, options: WebhookOptions, tls: "TLSFiles") -> None:
         self.options = options
@@ -196,11 +196,10 @@ class ConfigurationManager:
         self._task: asyncio.Task[None] | None = None
 
     def _apply(self, body: dict[str, Any]) -> None:
-        from driver.kube.client import APPLY_PATCH, KubeClient
+        from driver.kube.client import KubeClient
 
         kube = KubeClient.from_kubeconfig(self.options.kubeconfig)
-        kube.request("PATCH", f"{self.PATH}/{MANAGED_CONFIGURATION}", body,
-                     query={"fieldManager": self.FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+        kube.apply_validating_webhook_configuration(MANAGED_CONFIGURATION, body, self.FIELD_MANAGER)
 
     async def _register_when_listening(self) -> None:
         host = self.options.listen or "127.0.0.1"

@@ -51,7 +51,7 @@ def test_all_components_running(control_plane: ControlPlane):
 
 
 def test_node_is_schedulable(control_plane: ControlPlane, cluster_node: str):
-    node = control_plane.kube().get_node(cluster_node)
+    node = control_plane.kube().read_node(cluster_node)
     assert node["status"]["allocatable"]["pods"] == "110"
     assert not node["spec"].get("taints"), "TaintNodesByCondition must be disabled"
     assert node["metadata"]["labels"]["kubernetes.io/hostname"] == cluster_node

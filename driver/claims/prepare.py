@@ -26,7 +26,8 @@ from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, Prepa
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
-from driver.kube.client import KubeClient, KubeError
+from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError, NotFound
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
 from driver.netlink.ethtool import check_features
@@ -221,10 +222,10 @@ class Preparer:
         """(pool thread) GET the claim; every failure is a :class:`ClaimError` for this claim only."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         try:
-            return self.kube.get_resource_claim(ref.namespace, ref.name)
+            return self.kube.read_namespaced_resource_claim(ref.namespace, ref.name)
+        except NotFound:
+            raise ClaimError(f"{where} not found (deleted?)") from None
         except KubeError as exc:
-            if exc.not_found:
-                raise ClaimError(f"{where} not found (deleted?)") from None
             raise ClaimError(f"cannot get {where}: {exc}") from None
         except Exception as exc:
             raise ClaimError(f"cannot get {where}: {exc}") from None

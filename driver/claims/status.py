@@ -25,11 +25,11 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
-from urllib.parse import quote
 
-from driver.claims import numa_report
 from driver.checkpoint import PreparedClaim
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.claims import numa_report
+from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError, NotFound
 from driver.config import DRIVER_NAME
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,10 @@ MAX_IPS = 16  # NetworkDeviceData.ips limit
 MAX_IFNAME = 256
 MAX_HWADDR = 128
 MAX_MESSAGE = 32768
+
+
+class ClaimReplaced(Exception):
+    """The claim was deleted and re-created under the same name: our devices are not in it."""
 
 
 @dataclass
@@ -178,13 +182,11 @@ class ClaimStatusWriter:
                 self._deliver(update)
                 self.delivered += 1
                 return True
-            except KubeError as exc:
-                if exc.not_found:
-                    log.info("claim gone; status not written", extra={"kv": kv})
-                    return False
+            except (NotFound, ClaimReplaced):
+                log.info("claim gone; status not written", extra={"kv": kv})
+                return False
+            except Exception as exc:  # noqa: BLE001 - an API error or a bug: retry, never kill the worker
                 error: Exception = exc
-            except Exception as exc:  # noqa: BLE001 - a bug here must not kill the worker
-                error = exc
             if update.attempts >= self.max_attempts:
                 self.dropped += 1
                 log.error("giving up writing claim status", extra={"kv": {**kv, "error": str(error),
@@ -196,17 +198,16 @@ class ClaimStatusWriter:
 
     def _deliver(self, update: _Update) -> None:
         claim = update.claim
-        current = self.kube.get_resource_claim(claim.namespace, claim.name)
+        current = self.kube.read_namespaced_resource_claim(claim.namespace, claim.name)
         if (current.get("metadata") or {}).get("uid") != claim.uid:
-            # Same name, new object: our devices are not in it.
-            raise KubeError(404, "NotFound", f"claim {claim.namespace}/{claim.name} has another UID now")
+            raise ClaimReplaced(f"claim {claim.namespace}/{claim.name} has another UID now")
         if update.failed_device is not None and not update.event_posted:
             self._post_event(update, current)
             update.event_posted = True
         body = self.status_body(update, current)
         ours = body["status"]["devices"]
         try:
-            written = self.kube.apply_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
+            written = self.kube.patch_namespaced_resource_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
         except KubeError as exc:
             if not _raw_parameters_refused(exc):
                 raise
@@ -215,7 +216,7 @@ class ClaimStatusWriter:
         if self._entries(written) != self._entries({"status": {"devices": ours}}):
             # Entries an earlier PUT wrote are not owned by our apply, so an apply cannot
             # remove them: finish with a PUT (read again: the apply changed resourceVersion).
-            self._replace_status(self.kube.get_resource_claim(claim.namespace, claim.name), ours)
+            self._replace_status(self.kube.read_namespaced_resource_claim(claim.namespace, claim.name), ours)
 
     def _entries(self, obj: dict[str, Any]) -> list[tuple[Any, Any]]:
         """Our (pool, device) keys in ``status.devices``, sorted."""
@@ -240,7 +241,7 @@ class ClaimStatusWriter:
         separators: tuple[tuple[str, str], ...] = ((",", ":"), (", ", ": "))  # compact, then Python's
         for i, sep in enumerate(separators):
             try:
-                self.kube.replace_claim_status(meta.get("namespace", ""), meta.get("name", ""),
+                self.kube.replace_namespaced_resource_claim_status(meta.get("namespace", ""), meta.get("name", ""),
                                                json.dumps(current, separators=sep).encode(), FIELD_MANAGER)
                 return
             except KubeError as exc:
@@ -342,8 +343,7 @@ class ClaimStatusWriter:
 
     def list_slices(self, driver: str) -> list[dict[str, Any]]:
         """All ResourceSlices of ``driver`` (field selector ``spec.driver``)."""
-        items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
-                                  query={"fieldSelector": f"spec.driver={driver}"}).get("items") or []
+        items = self.kube.list_resource_slice(f"spec.driver={driver}").get("items") or []
         return list(items)
 
     # -- events -------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ class ClaimStatusWriter:
             "count": 1,
         }
         try:
-            self.kube.request("POST", f"/api/v1/namespaces/{quote(claim.namespace)}/events", event)
+            self.kube.create_namespaced_event(claim.namespace, event)
         except KubeError as exc:
             # The status write still carries the failure; an event is a courtesy.
             log.warning("cannot post event", extra={"kv": {"error": str(exc)}})

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 
+from driver.config import DRIVER_NAME
 from driver.model.device import (MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, STANDARD_DOMAIN,
                           AttributeValue)
 
 log = logging.getLogger(__name__)
 
-D = "dra.net/"
+D = DRIVER_NAME + "/"  # our attributes' domain is the driver name
 S = STANDARD_DOMAIN + "/"
 
 PRIORITY: tuple[str, ...] = (

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from driver.inventory import attributes as attrs
+from driver.inventory.attributes import D
 from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 from driver.inventory.names import netdev_device_name, pci_device_name
 from driver.inventory.netlink_facts import ARPHRD_ENCAP, ARPHRD_LOOPBACK, LinkFacts, NetlinkFacts, collect, enslaved_closure
@@ -35,7 +36,6 @@ IGNORED_INTERFACES = frozenset({"cilium_net", "cilium_host", "docker0"})
 PCI_IDENTITY_FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
 """A PCI function's read-only config-space copies: fixed for the function object's lifetime."""
 PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
-D = "dra.net/"
 S = STANDARD_DOMAIN + "/"
 
 

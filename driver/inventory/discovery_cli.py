@@ -14,6 +14,7 @@ import os
 import sys
 from typing import TextIO
 
+from driver.inventory.attributes import D
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner
 from driver.model.device import STANDARD_DOMAIN, Device
@@ -31,8 +32,8 @@ def _row(device: Device) -> tuple[str, ...]:
         return "-" if value is None else str(value)
 
     numa = a.get(f"{STANDARD_DOMAIN}/numaNode")
-    return (device.name, get("dra.net/ifName"), get("dra.net/pciAddress"), get("dra.net/rdmaDevice"),
-            "-" if numa is None else str(numa), get("dra.net/linkLayer"), get("dra.net/state"))
+    return (device.name, get(D + "ifName"), get(D + "pciAddress"), get(D + "rdmaDevice"),
+            "-" if numa is None else str(numa), get(D + "linkLayer"), get(D + "state"))
 
 
 def format_table(devices: list[Device]) -> str:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence, TextIO
 
+from driver.config import DRIVER_NAME
 from driver.inventory.discovery import Scanner
 from driver.model.device import STANDARD_DOMAIN
 from driver.inventory.sysfs import BDF_RE, SysfsReader, pcie_root_of
@@ -264,8 +265,8 @@ spec:
           selectors:
           - cel:
               expression: >-
-                device.attributes["dra.net"]["rdma"] == true &&
-                device.attributes["dra.net"]["numaNode"] == {choice.numa_node}
+                device.attributes["{DRIVER_NAME}"]["rdma"] == true &&
+                device.attributes["{DRIVER_NAME}"]["numaNode"] == {choice.numa_node}
 """
 
 

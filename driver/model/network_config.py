@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-API_VERSION = "dra.net/v1alpha1"
+from driver.config import DRIVER_NAME
+
+API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 """The only schema version this driver understands (``apiVersion`` is optional; see docs)."""
 KIND = "NetworkConfig"
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from driver.config import DRIVER_NAME
 from driver.nri import ttrpc
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from driver.proto import nri_v1alpha1_pb2 as api
@@ -70,7 +71,7 @@ class NRIHandler(Protocol):
 class NRIPlugin:
     """An external NRI plugin that reconnects with exponential backoff until :meth:`stop`."""
 
-    def __init__(self, socket_path: str, handler: NRIHandler, name: str = "dra.net", idx: str = "00",
+    def __init__(self, socket_path: str, handler: NRIHandler, name: str = DRIVER_NAME, idx: str = "00",
                  *, backoff_initial: float = 0.1, backoff_max: float = 5.0) -> None:
         if len(idx) != 2 or not idx.isdigit():
             raise ValueError(f"NRI plugin index must be two digits, got {idx!r}")

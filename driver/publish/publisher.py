@@ -17,9 +17,9 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import quote
 
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import KubeClient
+from driver.kube.errors import Conflict, KubeError, NotFound
 from driver.model.device import Device
 from driver.publish.slices import SlicePlan, plan_slices
 
@@ -68,7 +68,6 @@ class SlicePublisher:
         self._own_rvs: set[str] = set()    # resourceVersions our writes produced (watch echo)
         self._own_deletes: set[str] = set()  # names of slices we deleted (watch echo)
         self._watch_resp: Any = None
-        self._published = asyncio.Event()  # set after each successful sync (for waiters)
 
     # -- producer side -----------------------------------------------------------------------
 
@@ -103,7 +102,6 @@ class SlicePublisher:
         """Publish until cancelled or `stop()`; never raises on API errors (logs and retries)."""
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        self._published = asyncio.Event()
         self._stop.clear()
         await self._lookup_node()
         watcher = threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True)
@@ -144,18 +142,13 @@ class SlicePublisher:
         self._close_watch()
         self._poke()
 
-    async def wait_published(self, timeout: float = 10.0) -> None:
-        """Wait for the next successful sync (tests, benchmarks)."""
-        self._published.clear()
-        await asyncio.wait_for(self._published.wait(), timeout)
-
     async def _lookup_node(self) -> None:
         # The node UID is needed for the owner reference; it never changes for a node object,
         # so one GET (retried until the Node exists) is enough.
         delay = 0.2
         while self.node_uid is None and not self._stop.is_set():
             try:
-                node = await asyncio.to_thread(self.kube.get_node, self.node_name)
+                node = await asyncio.to_thread(self.kube.read_node, self.node_name)
                 self.node_uid = node["metadata"]["uid"]
             except KubeError as exc:
                 log.warning("node lookup failed", extra={"kv": {"node": self.node_name, "error": str(exc)}})
@@ -166,8 +159,8 @@ class SlicePublisher:
 
     def list_slices(self) -> list[dict[str, Any]]:
         """Our driver's slices for this node, as the API has them."""
-        return self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
-                                 query={"fieldSelector": self.selector}).get("items", [])
+        items: list[dict[str, Any]] = self.kube.list_resource_slice(self.selector).get("items") or []
+        return items
 
     def sync(self, attempts: int = 3) -> SlicePlan:
         """List, plan and apply once; re-list and re-plan on a conflict."""
@@ -181,12 +174,10 @@ class SlicePublisher:
             self.stats.syncs += 1
             try:
                 self._apply(plan)
-            except KubeError as exc:
-                if exc.conflict or exc.not_found:
-                    self.stats.conflicts += 1
-                    log.info("slice write conflict, re-listing", extra={"kv": {"error": str(exc), "attempt": attempt}})
-                    continue
-                raise
+            except (Conflict, NotFound) as exc:  # a slice changed or vanished since we listed: re-plan
+                self.stats.conflicts += 1
+                log.info("slice write conflict, re-listing", extra={"kv": {"error": str(exc), "attempt": attempt}})
+                continue
             with self._lock:
                 self._synced_version = version
             self._after_publish(devices, plan)
@@ -198,25 +189,22 @@ class SlicePublisher:
             return
         self.stats.write_rounds += 1
         self.stats.last_write = time.monotonic()
-        base = f"{RESOURCE_API}/resourceslices"
         for s in plan.delete:
             meta = s["metadata"]
-            # Preconditions: never delete a slice someone replaced since we listed it.
-            body = {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
             self.stats.writes += 1
             self._own_deletes.add(meta["name"])
             try:
-                self.kube.request("DELETE", f"{base}/{quote(meta['name'])}", body)
-            except KubeError as exc:
-                if not exc.not_found:
-                    raise
+                # Preconditions: never delete a slice someone replaced since we listed it.
+                self.kube.delete_resource_slice(meta["name"], meta["uid"], meta["resourceVersion"])
+            except NotFound:
+                pass  # already gone: what we wanted
         for s in plan.update:
             self.stats.writes += 1
-            out = self.kube.request("PUT", f"{base}/{quote(s['metadata']['name'])}", s)
+            out = self.kube.replace_resource_slice(s["metadata"]["name"], s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
         for s in plan.create:
             self.stats.writes += 1
-            out = self.kube.request("POST", base, s)
+            out = self.kube.create_resource_slice(s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
         log.info("published ResourceSlices", extra={"kv": {
             "node": self.node_name, "generation": plan.generation, "created": len(plan.create),
@@ -228,12 +216,6 @@ class SlicePublisher:
             self.metrics.set_devices(len(devices), rdma)
             if not plan.empty:
                 self.metrics.mark_published()
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._published.set)
-            except RuntimeError:
-                pass
 
     # -- watch (thread) --------------------------------------------------------------------------
 
@@ -243,8 +225,7 @@ class SlicePublisher:
         while not self._stop.is_set():
             try:
                 if not rv:
-                    lst = self.kube.request("GET", f"{RESOURCE_API}/resourceslices",
-                                            query={"fieldSelector": self.selector, "limit": 1})
+                    lst = self.kube.list_resource_slice(self.selector, limit=1)
                     rv = lst["metadata"]["resourceVersion"]
                 rv = self._watch_once(rv)
             except Exception as exc:  # noqa: BLE001 - a broken watch just restarts
@@ -256,13 +237,7 @@ class SlicePublisher:
                 self._stop.wait(1.0)
 
     def _watch_once(self, rv: str) -> str:
-        query = [("watch", "true"), ("fieldSelector", self.selector), ("resourceVersion", rv),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", "300")]
-        resp = self.kube.api.call_api(
-            f"{RESOURCE_API}/resourceslices", "GET", query_params=query,
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            _preload_content=False, _request_timeout=(10, 330))
-        resp = resp[0] if isinstance(resp, tuple) else resp
+        resp = self.kube.watch_resource_slice(self.selector, rv)
         self._watch_resp = resp
         try:
             buf = b""

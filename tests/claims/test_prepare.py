@@ -158,7 +158,7 @@ async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Pr
 def test_kube_errors_and_token_file(api: FakeAPIServer, tmp_path: Path) -> None:
     import json as _json
 
-    from driver.kube.client import KubeError
+    from driver.kube.errors import KubeError, NotFound
 
     kc = api.write_kubeconfig(tmp_path / "kc")
     config = _json.loads(kc.read_text())
@@ -168,12 +168,13 @@ def test_kube_errors_and_token_file(api: FakeAPIServer, tmp_path: Path) -> None:
     kube = KubeClient.from_kubeconfig(str(kc))
     assert kube.api.token.get() == "secret-1"
     with pytest.raises(KubeError) as err:
-        kube.get_resource_claim("ns", "nope")
-    assert err.value.not_found and 'resourceclaims.resource.k8s.io "nope" not found' == err.value.message
+        kube.read_namespaced_resource_claim("ns", "nope")
+    assert isinstance(err.value, NotFound) and 'resourceclaims.resource.k8s.io "nope" not found' == err.value.message
 
 
 def test_kube_config_errors_name_the_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from driver.kube.client import KubeConfigError, transport_in_cluster
+    from driver.kube.errors import KubeConfigError
+    from driver.kube.transport import transport_in_cluster
 
     kc = tmp_path / "kc"
     kc.write_text("apiVersion: v1\ncurrent-context: x\ncontexts: []\n")
@@ -190,7 +191,7 @@ def test_kube_config_errors_name_the_field(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_kube_exec_credentials_fall_back_to_the_kubernetes_package(tmp_path: Path) -> None:
-    from driver.kube.client import Urllib3Transport
+    from driver.kube.transport import Urllib3Transport
 
     kc = tmp_path / "kc"
     kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"

@@ -9,7 +9,7 @@ from typing import Any
 
 from driver.checkpoint import PreparedClaim, PreparedDevice
 from driver.claims.status import ClaimStatusWriter, DeviceResult, _reason
-from driver.kube.client import KubeError
+from driver.kube.errors import NotFound, Unavailable
 from driver.model.device import Device, HostFacts
 
 
@@ -23,16 +23,16 @@ class FakeKube:
         self.fail_applies = fail_applies
         self.slices: list[dict[str, Any]] = []
 
-    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         if self.claim is None:
-            raise KubeError(404, "NotFound", "gone")
+            raise NotFound(404, "NotFound", "gone")
         return deepcopy(self.claim)
 
-    def apply_claim_status(self, namespace, name, body, field_manager):
+    def patch_namespaced_resource_claim_status(self, namespace, name, body, field_manager):
         assert field_manager == "dra.net"
         if self.fail_applies:
             self.fail_applies -= 1
-            raise KubeError(500, "InternalError", "etcd hiccup")
+            raise Unavailable(500, "InternalError", "etcd hiccup")
         self.applies.append(deepcopy(body))
         ours = {(d["driver"], d["pool"], d["device"]) for d in body["status"]["devices"]}
         kept = [d for d in self.claim["status"].get("devices", []) if d["driver"] != "dra.net"]
@@ -40,13 +40,12 @@ class FakeKube:
         assert all(k[0] == "dra.net" for k in ours)
         return self.claim
 
-    def request(self, method, path, body=None, *, query=None, **_):
-        if method == "POST" and path.endswith("/events"):
-            self.events.append(body)
-            return body
-        if method == "GET" and path.endswith("/resourceslices"):
-            return {"items": self.slices}
-        raise AssertionError(f"unexpected {method} {path}")
+    def create_namespaced_event(self, namespace, body):
+        self.events.append(body)
+        return body
+
+    def list_resource_slice(self, field_selector, limit=None):
+        return {"items": self.slices}
 
 
 GPU_ENTRY = {"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0",
@@ -161,7 +160,7 @@ def test_retries_are_bounded_and_gone_claims_are_dropped(tmp_path):
 def test_hooks_never_block(tmp_path):
     kube = FakeKube(api_claim())
     gate = threading.Event()
-    kube.get_resource_claim = lambda ns, n: (gate.wait(), api_claim())[1]  # a hung API server
+    kube.read_namespaced_resource_claim = lambda ns, n: (gate.wait(), api_claim())[1]  # a hung API server
     w = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), queue_size=2)
     w.start()
     start = time.monotonic()

@@ -30,7 +30,8 @@ from driver.checkpoint import PreparedClaim, PreparedDevice
 from driver.claims.merge import configs_for_request
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter, DeviceResult
 from driver.inventory.discovery import Scanner
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError
 from driver.model.device import Device
 from driver.publish.slices import build_slices
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices
@@ -69,7 +70,7 @@ def nd_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactor
             if exc.status != 409:  # left by another module of this session: same selector
                 raise
         gpu_double.install(kube, name)
-        uid = kube.get_node(name)["metadata"]["uid"]
+        uid = kube.read_node(name)["metadata"]["uid"]
         for body in build_slices(list(devices.values()), "dra.net", name, uid):
             kube.request("POST", f"{RESOURCE_API}/resourceslices", body)
         create_objects(kube, list(TEMPLATES.values()), ns)
@@ -124,7 +125,7 @@ def apply_gpu_entry(kube: KubeClient, claim: dict[str, Any]) -> dict[str, Any]:
                              "lastTransitionTime": "2026-01-01T00:00:00Z"}],
              "data": {"uuid": "GPU-0000"}}
     meta = claim["metadata"]
-    kube.apply_claim_status(meta["namespace"], meta["name"], {
+    kube.patch_namespaced_resource_claim_status(meta["namespace"], meta["name"], {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
         "status": {"devices": [entry]}}, "gpu.nvidia.com")
@@ -141,7 +142,7 @@ def write(node: Node, fn: str, *args: Any) -> None:
 
 def entries(kube: KubeClient, claim: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     meta = claim["metadata"]
-    fresh = kube.get_resource_claim(meta["namespace"], meta["name"])
+    fresh = kube.read_namespaced_resource_claim(meta["namespace"], meta["name"])
     return {(d["driver"], d["device"]): d for d in fresh["status"].get("devices") or []}
 
 
@@ -175,7 +176,7 @@ def test_status_coexists_with_gpu_entry_and_reports_numa(nd_node: Node, schedule
         assert f"NICs: node {0 if aligned else 1}:" in numa["message"]
     # Field ownership: our manager owns only our entries; the GPU manager still owns its entry.
     meta = claim["metadata"]
-    managed = nd_node.kube.get_resource_claim(meta["namespace"], meta["name"])["metadata"]["managedFields"]
+    managed = nd_node.kube.read_namespaced_resource_claim(meta["namespace"], meta["name"])["metadata"]["managedFields"]
     managers = {m["manager"] for m in managed if m.get("subresource") == "status"}
     assert {FIELD_MANAGER, "gpu.nvidia.com"} <= managers
 

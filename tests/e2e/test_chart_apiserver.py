@@ -11,7 +11,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from driver.kube.client import KubeClient, KubeError
+from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError, NotFound
 from tests.test_chart import render
 
 pytestmark = pytest.mark.cluster
@@ -70,7 +71,7 @@ class Created:
                 # gracePeriodSeconds=0: no kubelet will ever confirm a pod's termination.
                 self.kube.request("DELETE", url, query={"gracePeriodSeconds": "0"})
             except KubeError as exc:
-                if not exc.not_found:
+                if not isinstance(exc, NotFound):
                     raise
 
 
@@ -117,7 +118,7 @@ def test_every_rendered_object_passes_server_side_dry_run(helm: str, kube: KubeC
         # Dry run: nothing persisted.
         with pytest.raises(KubeError) as err:
             kube.request("GET", object_url(obj))
-        assert err.value.not_found
+        assert isinstance(err.value, NotFound)
 
 
 def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, namespace: str) -> None:  # noqa: F811
@@ -174,7 +175,7 @@ def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeCl
                 f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}"):
         with pytest.raises(KubeError) as err:
             kube.request("GET", url)
-        assert err.value.not_found, url
+        assert isinstance(err.value, NotFound), url
 
 
 def _claim(ns: str, name: str, driver: str | None, template: bool = False) -> dict[str, Any]:

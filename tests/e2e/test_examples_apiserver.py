@@ -40,7 +40,8 @@ from devcluster.demo import (
     pod_for_template,
     slice_devices,
 )
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError, NotFound
 from tests.plugins.cluster import delete_node_and_slices, list_slices
 
 pytestmark = [pytest.mark.cluster]
@@ -55,7 +56,7 @@ def _delete(kube: KubeClient, path: str) -> None:
     try:
         kube.request("DELETE", path, query={"gracePeriodSeconds": "0"})
     except KubeError as exc:
-        if not exc.not_found:
+        if not isinstance(exc, NotFound):
             raise
 
 
@@ -133,7 +134,7 @@ def test_mpijob_pod_templates_are_valid_pods(kube: KubeClient, namespace: str, m
     # Dry run: nothing persisted.
     with pytest.raises(KubeError) as err:
         kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{worker['metadata']['name']}")
-    assert err.value.not_found
+    assert isinstance(err.value, NotFound)
 
 
 # -- dranet templates on a simulated ND H100 v5 node -----------------------------------------
@@ -178,7 +179,7 @@ def nd_node(control_plane: ControlPlane) -> Iterator[Node]:
             except KubeError as exc:
                 if exc.status != 409:  # left by another module of this session: same content
                     raise
-        uid = kube.get_node(name)["metadata"]["uid"]
+        uid = kube.read_node(name)["metadata"]["uid"]
         kube.request("POST", f"{RESOURCE_API}/resourceslices", _gpu_slice_with_standard_numa(name, uid))
         wait_for(lambda: list_slices(kube, name, "dra.net"), 30, what="dra.net slices")
         yield Node(kube, name, ns, work / "sysfs")

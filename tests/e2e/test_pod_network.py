@@ -187,7 +187,7 @@ def _schedule(c: Chain, claim_name: str, requests: list[dict[str, Any]], config:
 
     def bound() -> tuple[dict[str, Any], dict[str, Any]] | None:
         pod = c.kube.request("GET", f"/api/v1/namespaces/{c.workload_ns}/pods/{pod_name}")
-        claim = c.kube.get_resource_claim(c.workload_ns, claim_name)
+        claim = c.kube.read_namespaced_resource_claim(c.workload_ns, claim_name)
         reserved = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
         if pod["spec"].get("nodeName") and (claim.get("status") or {}).get("allocation") \
                 and pod["metadata"]["uid"] in reserved:
@@ -300,7 +300,7 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
 
         # Claim status, written by the driver with its own token.
         def ready() -> dict[str, dict[str, Any]] | None:
-            ours = _ours(c.kube.get_resource_claim(c.workload_ns, "nics"))
+            ours = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "nics"))
             ok = len(ours) == 2 and all(_conditions(e).get("Ready", {}).get("status") == "True" for e in ours.values())
             return ours if ok else None
         # 20 s: the writer's own retries (5 attempts, backoff 0.5..4 s) end well before.
@@ -327,7 +327,7 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
 
         un = await kubelet.unprepare([_claim_tuple(claim)])
         assert un.claims[uid].error == ""
-    _wait(c, lambda: not _ours(c.kube.get_resource_claim(c.workload_ns, "nics")),
+    _wait(c, lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "nics")),
           what="our status entries removed after unprepare")
     # The NICs are still published after their round trip.
     assert _published_ifnames(c) == {n.ifname for n in c.nics}
@@ -361,13 +361,13 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
         assert link_facts("net1", netns=c.pod_netns) is None
 
         def failed() -> dict[str, Any] | None:
-            entry = _ours(c.kube.get_resource_claim(c.workload_ns, "bad-route")).get(device)
+            entry = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route")).get(device)
             cond = _conditions(entry or {}).get("Ready")
             return cond if cond and cond["status"] == "False" else None
         cond = _wait(c, failed, what="Ready=False")
         assert cond["reason"] == "RouteFailed"
         assert "route" in cond["message"] and "203.0.113.1" in cond["message"], cond
-        entry = _ours(c.kube.get_resource_claim(c.workload_ns, "bad-route"))[device]
+        entry = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route"))[device]
         assert "networkData" not in entry      # rolled back: nothing in the pod to describe
 
         def warning() -> list[dict[str, Any]]:
@@ -384,14 +384,14 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
         assert c.harness.cmd("remove", pod=nri_pod)["ok"]
         assert {n.ifname: link_facts(n.ifname) for n in c.nics} == before
         assert (await kubelet.unprepare([_claim_tuple(claim)])).claims[uid].error == ""
-    _wait(c, lambda: not _ours(c.kube.get_resource_claim(c.workload_ns, "bad-route")),
+    _wait(c, lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route")),
           what="our status entries removed after unprepare")
     _assert_no_denials(c)
 
 
 def test_denial_detector_recognises_what_the_driver_logs() -> None:
     """The no-403 assertions above have teeth: KubeError text and kube reasons are caught."""
-    from driver.kube.client import KubeError
+    from driver.kube.errors import KubeError
 
     err = KubeError(403, "Forbidden", 'resourceclaims.resource.k8s.io "x" is forbidden: User "u" cannot get')
     assert forbidden_lines(f"2026 WARNING driver.claims.status: write failed error={err}\nok line")

@@ -12,7 +12,8 @@ from typing import Any, Callable
 import pytest
 
 from devcluster.certs import kubeconfig_yaml
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError
 from tests.plugins.cluster import delete_node_and_slices
 from tests.test_chart import render
 from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401

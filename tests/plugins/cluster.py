@@ -21,7 +21,8 @@ from devcluster.binaries import (
     go_available,
 )
 from devcluster.controlplane import ControlPlane
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError, NotFound
 
 _BINARIES = pytest.StashKey["ControlPlaneBinaries | str"]()
 
@@ -105,7 +106,7 @@ def delete_node_and_slices(kube: KubeClient, name: str) -> None:
     try:
         kube.request("DELETE", f"/api/v1/nodes/{name}")
     except KubeError as exc:
-        if not exc.not_found:
+        if not isinstance(exc, NotFound):
             raise
 
 
@@ -136,5 +137,5 @@ def delete_if_present(kube: KubeClient, path: str) -> None:
     try:
         kube.request("DELETE", path)
     except KubeError as exc:
-        if not exc.not_found:
+        if not isinstance(exc, NotFound):
             raise

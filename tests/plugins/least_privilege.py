@@ -27,7 +27,8 @@ import yaml
 from devcluster.certs import kubeconfig_yaml
 from devcluster.controlplane import ControlPlane
 from devcluster.demo import DriverProcess
-from driver.kube.client import RESOURCE_API, KubeClient, KubeError
+from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.errors import KubeError, NotFound
 from tests.plugins.cluster import delete_node_and_slices
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +84,7 @@ class ApiObjects:
             try:
                 self.kube.request("DELETE", url, query={"gracePeriodSeconds": "0"})
             except KubeError as exc:
-                if not exc.not_found:
+                if not isinstance(exc, NotFound):
                     errors.append(f"{url}: {exc}")
         self.urls.clear()
         assert not errors, errors

@@ -56,7 +56,7 @@ def pool_ok(slices: list[dict], count: int) -> bool:
 
 
 async def test_slices_accepted_with_owner_and_pool(kube: KubeClient, cluster_node: str):
-    node_uid = kube.get_node(cluster_node)["metadata"]["uid"]
+    node_uid = kube.read_node(cluster_node)["metadata"]["uid"]
     async with running(SlicePublisher(kube, DRIVER, cluster_node, interval=0.2)) as pub:
         pub.update([nic(i, numa=i // 4) for i in range(8)])
         slices = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
@@ -185,7 +185,7 @@ async def test_foreign_edit_is_reverted(kube: KubeClient, cluster_node: str):
 
 async def test_conflicting_write_is_retried_after_relisting(kube: KubeClient, cluster_node: str):
     pub = SlicePublisher(kube, DRIVER, cluster_node, interval=0.2)
-    pub.node_uid = kube.get_node(cluster_node)["metadata"]["uid"]
+    pub.node_uid = kube.read_node(cluster_node)["metadata"]["uid"]
     pub.update([nic(1)])
     await asyncio.to_thread(pub.sync)
     real_list = pub.list_slices
