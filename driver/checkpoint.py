@@ -140,10 +140,6 @@ class DriverState:
         """Prepared claims reserved for ``pod_uid``, in stable (UID) order."""
         return [c for _, c in sorted(self.claims.items()) if pod_uid in c.pod_uids]
 
-    def to_json(self) -> dict[str, Any]:
-        """Both parts in one document (tests, debugging); the store writes them separately."""
-        return {"version": SCHEMA_VERSION, **self.claims_json(), **self.pods_json()}
-
     def claims_json(self) -> dict[str, Any]:
         """The prepared claims part (``checkpoint.json``)."""
         return {"claims": {k: v.to_dict() for k, v in self.claims.items()}}

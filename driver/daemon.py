@@ -2,7 +2,7 @@
 
 Start order: checkpoint (fail if unreadable: never drop state), first discovery scan
 (so the first prepare finds the inventory), kubelet plugin (DRA socket, then
-registration), health server, then the background loops: ResourceSlice publisher,
+registration), the HTTP probe server (/healthz, /metrics), then the background loops: ResourceSlice publisher,
 rescans (netlink link events + periodic resync, coalesced), NRI plugin.
 SIGTERM/SIGINT stop the gRPC servers, remove the sockets and exit 0.
 
@@ -26,9 +26,10 @@ from driver.config import DRIVER_NAME, DriverConfig
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
-from driver.probe_server import HealthServer
+from driver.probe_server import ProbeServer
 from driver.kube.client import KubeClient
-from driver.kubelet.plugin import DeviceHealthFeed, KubeletPlugin, health_states
+from driver.kubelet.device_health import DeviceHealthFeed, device_health_states
+from driver.kubelet.plugin import KubeletPlugin
 from driver.netlink.link_watch import LinkWatcher
 from driver.metrics import Metrics
 from driver.model.device import Device
@@ -69,7 +70,7 @@ class Daemon:
         self.preparer = Preparer(kube, store, lambda: self.inventory, config.driver_name, config.node_name,
                                  on_unprepare=self.status_writer.claim_unprepared)
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
-        self.http = HealthServer(config.bind_address, self.metrics, self.ready)
+        self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -93,7 +94,7 @@ class Daemon:
     # -- state -------------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """Healthy: the kubelet plugin serves and discovery ran at least once."""
+        """Ready (``/healthz``): the kubelet plugin serves and discovery ran at least once."""
         return self.plugin.serving and self.scanned
 
     def request_rescan(self) -> None:
@@ -108,7 +109,7 @@ class Daemon:
             self._loop.call_soon_threadsafe(self._rescan.set)
 
     async def rescan(self) -> None:
-        """One scan in a worker thread, then publish and refresh health."""
+        """One scan in a worker thread, then publish and refresh the device health stream."""
         started = time.perf_counter()
         devices = await asyncio.to_thread(self._scan_fn)
         self.inventory = {d.name: d for d in devices}
@@ -118,7 +119,7 @@ class Daemon:
         self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
             self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices})
-        states = await asyncio.to_thread(health_states, self.inventory, self.config.node_name,
+        states = await asyncio.to_thread(device_health_states, self.inventory, self.config.node_name,
                                          self.config.sysfs_root, allocated.__contains__)
         await self.health_feed.set(states)
         log.info("scan done", extra={"kv": {"devices": len(devices), "rdma": rdma,
@@ -163,7 +164,7 @@ class Daemon:
         self.status_writer.start()
         await self.plugin.start()
         try:
-            await self.http.start()
+            await self.probes.start()
             self._start_background()
             await self.stopping.wait()
         finally:
@@ -196,7 +197,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self.http.stop()
+        await self.probes.stop()
         await asyncio.to_thread(self.status_writer.stop, 5.0)
         log.info("daemon stopped")
 

@@ -2,7 +2,8 @@
 
 ``/healthz`` answers 200 only once ``ready()`` is true (the daemon: kubelet plugin
 serving and the first discovery done), 503 before, so a DaemonSet readiness probe
-does not mark a half-started driver ready.
+does not mark a half-started driver ready. (The kubelet's per-device health stream is
+another thing: :mod:`driver.kubelet.device_health`.)
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def parse_bind_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class HealthServer:
-    """Serves /healthz and /metrics until :meth:`stop`."""
+class ProbeServer:
+    """Serves the readiness probe /healthz and /metrics until :meth:`stop`."""
 
     def __init__(self, bind_address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
         self.host, self.port = parse_bind_address(bind_address)
@@ -56,7 +57,7 @@ class HealthServer:
         sockets = getattr(site._server, "sockets", None) or []  # aiohttp exposes no public accessor
         if sockets:
             self.port = sockets[0].getsockname()[1]
-        log.info("health server listening", extra={"kv": {"host": self.host, "port": self.port}})
+        log.info("probe server listening", extra={"kv": {"host": self.host, "port": self.port}})
 
     async def stop(self) -> None:
         """Close the listener and connections."""

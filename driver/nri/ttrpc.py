@@ -23,7 +23,6 @@ HEADER = struct.Struct(">IIBB")
 MESSAGE_LENGTH_MAX = 4 << 20
 TYPE_REQUEST = 0x1
 TYPE_RESPONSE = 0x2
-TYPE_DATA = 0x3
 
 # grpc status codes used here (google.golang.org/grpc/codes).
 OK = 0
@@ -31,7 +30,6 @@ UNKNOWN = 2
 INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
 UNIMPLEMENTED = 12
-INTERNAL = 13
 
 Handler = Callable[[bytes], Awaitable[bytes]]
 """A unary method: serialized request in, serialized response out."""

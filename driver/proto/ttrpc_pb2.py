@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bttrpc.proto\x12\x05ttrpc\"t\n\x07Request\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x14\n\x0ctimeout_nano\x18\x04 \x01(\x03\x12!\n\x08metadata\x18\x05 \x03(\x0b\x32\x0f.ttrpc.KeyValue\":\n\x08Response\x12\x1d\n\x06status\x18\x01 \x01(\x0b\x32\r.ttrpc.Status\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\x1a\n\nStringList\x12\x0c\n\x04list\x18\x01 \x03(\t\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"D\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1b\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\n.ttrpc.Any\"&\n\x03\x41ny\x12\x10\n\x08type_url\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0bttrpc.proto\x12\x05ttrpc\"t\n\x07Request\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0e\n\x06method\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\x14\n\x0ctimeout_nano\x18\x04 \x01(\x03\x12!\n\x08metadata\x18\x05 \x03(\x0b\x32\x0f.ttrpc.KeyValue\":\n\x08Response\x12\x1d\n\x06status\x18\x01 \x01(\x0b\x32\r.ttrpc.Status\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\"D\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x1b\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\n.ttrpc.Any\"&\n\x03\x41ny\x12\x10\n\x08type_url\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUEST']._serialized_end=138
   _globals['_RESPONSE']._serialized_start=140
   _globals['_RESPONSE']._serialized_end=198
-  _globals['_STRINGLIST']._serialized_start=200
-  _globals['_STRINGLIST']._serialized_end=226
-  _globals['_KEYVALUE']._serialized_start=228
-  _globals['_KEYVALUE']._serialized_end=266
-  _globals['_STATUS']._serialized_start=268
-  _globals['_STATUS']._serialized_end=336
-  _globals['_ANY']._serialized_start=338
-  _globals['_ANY']._serialized_end=376
+  _globals['_KEYVALUE']._serialized_start=200
+  _globals['_KEYVALUE']._serialized_end=238
+  _globals['_STATUS']._serialized_start=240
+  _globals['_STATUS']._serialized_end=308
+  _globals['_ANY']._serialized_start=310
+  _globals['_ANY']._serialized_end=348
 # @@protoc_insertion_point(module_scope)

@@ -28,12 +28,6 @@ class Response(_message.Message):
     payload: bytes
     def __init__(self, status: _Optional[_Union[Status, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
-class StringList(_message.Message):
-    __slots__ = ("list",)
-    LIST_FIELD_NUMBER: _ClassVar[int]
-    list: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, list: _Optional[_Iterable[str]] = ...) -> None: ...
-
 class KeyValue(_message.Message):
     __slots__ = ("key", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]

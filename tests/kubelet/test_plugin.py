@@ -15,12 +15,8 @@ import pytest
 from driver.checkpoint import CheckpointStore
 from driver.config import DriverConfig
 from driver.kube.client import KubeClient
-from driver.kubelet.plugin import (
-    DeviceHealthFeed,
-    DeviceHealthState,
-    KubeletPlugin,
-    evaluate_health,
-)
+from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState, evaluate_health
+from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
 from driver.claims.prepare import Preparer
@@ -148,37 +144,3 @@ def test_evaluate_health(tmp_path: Path) -> None:
     assert evaluate_health(Device("c", host=HostFacts(rdma_device="mlx5_0")), str(tmp_path), False) == (True, "")
     healthy, message = evaluate_health(Device("d", host=HostFacts(rdma_device="mlx5_1")), str(tmp_path), False)
     assert not healthy and "mlx5_1" in message and "DOWN" in message
-
-
-async def test_health_server_ready_gate_and_metrics() -> None:
-    import aiohttp
-
-    from driver.probe_server import HealthServer
-
-    ready = {"value": False}
-    metrics = Metrics()
-    metrics.set_devices(5, 2)
-    server = HealthServer("127.0.0.1:0", metrics, lambda: ready["value"])
-    await server.start()
-    try:
-        async with aiohttp.ClientSession() as http:
-            base = f"http://127.0.0.1:{server.port}"
-            async with http.get(base + "/healthz") as resp:
-                assert resp.status == 503
-            ready["value"] = True
-            async with http.get(base + "/healthz") as resp:
-                assert resp.status == 200
-            async with http.get(base + "/metrics") as resp:
-                text = await resp.text()
-                assert "dranet_published_devices 5.0" in text and "dranet_published_rdma_devices 2.0" in text
-    finally:
-        await server.stop()
-
-
-def test_bind_address_errors() -> None:
-    from driver.probe_server import parse_bind_address
-
-    assert parse_bind_address(":9177") == ("0.0.0.0", 9177)
-    assert parse_bind_address("[::1]:80") == ("::1", 80)
-    with pytest.raises(ValueError, match="--bind-address"):
-        parse_bind_address("localhost")

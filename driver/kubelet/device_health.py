@@ -1,0 +1,134 @@
+"""Device health for the kubelet: what each published device's state is, and the gRPC stream that reports it.
+
+The daemon evaluates every device after each scan (:func:`device_health_states`) and hands the
+list to a :class:`DeviceHealthFeed`; :class:`DeviceHealthService` (``v1alpha1.DRAResourceHealth``,
+served on the DRA socket) sends the complete list on every change and again every few seconds,
+because the kubelet turns devices whose last update is older than its timeout into Unknown.
+Not to be confused with the HTTP readiness probe (:mod:`driver.probe_server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from driver.model.device import Device
+from driver.proto import dra_health_v1alpha1_pb2 as health_pb
+from driver.proto import dra_health_v1alpha1_pb2_grpc as health_grpc
+
+
+@dataclass(frozen=True)
+class DeviceHealthState:
+    """Health of one published device as streamed to the kubelet."""
+
+    pool: str
+    device: str
+    healthy: bool
+    message: str = ""
+
+
+def evaluate_health(device: Device, sysfs_root: str, in_use: bool) -> tuple[bool, str]:
+    """Healthy when an RDMA port is ACTIVE or the netdev is present (or moved into a pod)."""
+    root = Path(sysfs_root)
+    host = device.host
+    if host.rdma_device:
+        ports = sorted((root / "class" / "infiniband" / host.rdma_device / "ports").glob("*/state"))
+        states = []
+        for port in ports:
+            try:
+                states.append(port.read_text().strip())  # e.g. "4: ACTIVE"
+            except OSError:
+                continue
+        if any(s.endswith("ACTIVE") for s in states):
+            return True, ""
+        if not host.ifname:
+            return False, f"RDMA device {host.rdma_device}: no ACTIVE port ({', '.join(states) or 'no ports'})"
+    if host.ifname:
+        if (root / "class" / "net" / host.ifname).exists():
+            return True, ""
+        if in_use:
+            return True, f"netdev {host.ifname} is in a pod network namespace"
+        return False, f"netdev {host.ifname} is missing"
+    if not host.rdma_device:
+        return True, ""  # nothing to probe (e.g. a function without netdev or RDMA)
+    return False, f"RDMA device {host.rdma_device} has no ACTIVE port"
+
+
+class DeviceHealthFeed:
+    """The current health of every published device; notifies streams when it changes."""
+
+    def __init__(self) -> None:
+        self._states: list[DeviceHealthState] = []
+        self._version = 0
+        self._changed: asyncio.Condition | None = None
+
+    def _condition(self) -> asyncio.Condition:
+        if self._changed is None:  # created lazily inside the running loop
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def set(self, states: list[DeviceHealthState]) -> None:
+        """Replace the device list; wakes the streams only if something changed."""
+        states = sorted(states, key=lambda s: (s.pool, s.device))
+        if states == self._states and self._version:
+            return
+        cond = self._condition()
+        async with cond:
+            self._states = states
+            self._version += 1
+            cond.notify_all()
+
+    def snapshot(self) -> tuple[int, list[DeviceHealthState]]:
+        """The version and the complete device list."""
+        return self._version, list(self._states)
+
+    async def wait_change(self, seen: int, timeout: float | None = None) -> bool:
+        """Return True once the version differs from ``seen``; False after ``timeout`` seconds."""
+        cond = self._condition()
+        async with cond:
+            try:
+                await asyncio.wait_for(cond.wait_for(lambda: self._version != seen), timeout)
+            except asyncio.TimeoutError:
+                return False
+            return True
+
+
+class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
+    """``v1alpha1.DRAResourceHealth``: streams the feed's device health to the kubelet."""
+
+    def __init__(self, feed: DeviceHealthFeed, timeout_seconds: int, resend_seconds: float) -> None:
+        self.feed = feed
+        self.timeout_seconds = timeout_seconds
+        self.resend_seconds = resend_seconds
+
+    async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext
+                                 ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+        # Send the complete list at once, on every change, and again every resend_seconds:
+        # the kubelet turns devices whose last update is older than its timeout into Unknown.
+        while True:
+            version, states = self.feed.snapshot()
+            now = int(time.time())
+            yield health_pb.NodeWatchResourcesResponse(devices=[
+                health_pb.DeviceHealth(
+                    device=health_pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
+                    health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
+                    last_updated_time=now,
+                    health_check_timeout_seconds=self.timeout_seconds,
+                    message=s.message,
+                ) for s in states])
+            await self.feed.wait_change(version, self.resend_seconds)
+
+
+def device_health_states(devices: dict[str, Device], pool: str, sysfs_root: str, in_use: Callable[[str], bool]
+                  ) -> list[DeviceHealthState]:
+    """Evaluate every published device (used by the daemon after each scan)."""
+    out = []
+    for name, device in devices.items():
+        healthy, message = evaluate_health(device, sysfs_root, in_use(name))
+        out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message))
+    return out

@@ -1,0 +1,82 @@
+"""The DRA gRPC service (v1 and v1beta1): NodePrepareResources / NodeUnprepareResources.
+
+Both proto versions carry the same messages and go to one :class:`~driver.claims.prepare.Preparer`;
+this module only converts between the protobuf messages and the preparer's results, counts
+errors and times each call.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from driver.claims.prepare import ClaimRef, Preparer, PrepareResult
+from driver.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def _claim_refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
+
+
+def _prepare_response(pb: ModuleType, results: dict[str, PrepareResult], share_ids: bool) -> Any:
+    response = pb.NodePrepareResourcesResponse()
+    for uid, result in results.items():
+        entry = response.claims[uid]
+        if result.error:
+            entry.error = result.error
+            continue
+        for d in result.devices:
+            device = entry.devices.add(request_names=d.request_names, pool_name=d.pool, device_name=d.device,
+                                       cdi_device_ids=d.cdi_device_ids)
+            if share_ids and d.share_id:
+                device.share_id = d.share_id
+    return response
+
+
+class DRAService:
+    """NodePrepare/NodeUnprepare for one proto version; both versions share the Preparer."""
+
+    def __init__(self, pb: ModuleType, preparer: Preparer, metrics: Metrics, version: str) -> None:
+        self.pb = pb
+        self.preparer = preparer
+        self.metrics = metrics
+        self.version = version
+
+    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        status = "error"
+        try:
+            results = await self.preparer.prepare(_claim_refs(request))
+            failed = sum(1 for r in results.values() if r.error)
+            if failed:
+                self.metrics.claim_errors.labels("NodePrepareResources").inc(failed)
+            status = "ok" if not failed else "claim_error"
+            return _prepare_response(self.pb, results, share_ids=self.version == "v1")
+        except Exception as exc:  # never let a bug kill the call without per-claim answers
+            log.exception("NodePrepareResources failed")
+            return _prepare_response(self.pb, {c.uid: PrepareResult(error=f"internal error: {exc}")
+                                               for c in request.claims}, share_ids=False)
+        finally:
+            self.metrics.observe_request("NodePrepareResources", status, time.perf_counter() - start)
+
+    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start = time.perf_counter()
+        status = "error"
+        response = self.pb.NodeUnprepareResourcesResponse()
+        try:
+            errors = await self.preparer.unprepare(_claim_refs(request))
+            status = "ok" if not any(errors.values()) else "claim_error"
+        except Exception as exc:
+            log.exception("NodeUnprepareResources failed")
+            errors = {c.uid: f"internal error: {exc}" for c in request.claims}
+        finally:
+            self.metrics.observe_request("NodeUnprepareResources", status, time.perf_counter() - start)
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        return response

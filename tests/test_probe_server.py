@@ -1,0 +1,37 @@
+"""The HTTP probe server: /healthz answers 503 until the daemon is ready, /metrics serves Prometheus text."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from driver.metrics import Metrics
+from driver.probe_server import ProbeServer, parse_bind_address
+
+
+async def test_probe_server_ready_gate_and_metrics() -> None:
+    ready = {"value": False}
+    metrics = Metrics()
+    metrics.set_devices(5, 2)
+    server = ProbeServer("127.0.0.1:0", metrics, lambda: ready["value"])
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 503
+            ready["value"] = True
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(base + "/metrics") as resp:
+                text = await resp.text()
+                assert "dranet_published_devices 5.0" in text and "dranet_published_rdma_devices 2.0" in text
+    finally:
+        await server.stop()
+
+
+def test_bind_address_errors() -> None:
+    assert parse_bind_address(":9177") == ("0.0.0.0", 9177)
+    assert parse_bind_address("[::1]:80") == ("::1", 80)
+    with pytest.raises(ValueError, match="--bind-address"):
+        parse_bind_address("localhost")
