@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import stop_processes, write_nic_sysfs  # noqa: E402
-from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402
+from tests.support import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
+from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
 
 GOAL_MB = 80.0
 

@@ -141,7 +141,7 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
         hooks.synchronize([], [])  # warm-up as after registration
         host = ns.host()
         pod_ipr = IPRoute(netns=fx.netns)  # created once, untimed (pyroute2 forks for this)
-        indexes = [host.link("get", ifname=l)[0]["index"] for l in fx.links]
+        indexes = [host.link("get", ifname=link)[0]["index"] for link in fx.links]
         for i in range(runs + 3):  # 3 warm-up rounds
             clock.take()
             t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def _report(nics: int, store_kind: str, r: dict[str, list[float]]) -> list[tuple
               f"{pct(r[key], 99) / GOAL_OVERHEAD_P99_MS:.2f}")
     rows = []
     for hook, bare in (("run", "bare_in"), ("stop", "bare_out")):
-        diffs = [h - b for h, b in zip(r[hook], r[bare])]
+        diffs = [h - b for h, b in zip(r[hook], r[bare], strict=True)]
         med = statistics.median(r[hook]) - statistics.median(r[bare])
         p99 = pct(r[hook], 99) - pct(r[bare], 99)
         print(f"{hook:>4} overhead: median(hook)-median(bare) {med:6.2f} ms, p99(hook)-p99(bare) {p99:6.2f} ms, "
@@ -236,7 +236,7 @@ def _report(nics: int, store_kind: str, r: dict[str, list[float]]) -> list[tuple
               f"(goal p99 <= {GOAL_OVERHEAD_P99_MS} ms: ratio {pct(diffs, 99) / GOAL_OVERHEAD_P99_MS:.2f})")
         rows.append((hook, statistics.median(diffs), pct(diffs, 99)))
     for hook, raw in (("run", "raw_in"), ("stop", "raw_out")):
-        diffs = [h - b for h, b in zip(r[hook], r[raw])]
+        diffs = [h - b for h, b in zip(r[hook], r[raw], strict=True)]
         print(f"{hook:>4} overhead vs raw moves: paired diff median {statistics.median(diffs):6.2f} "
               f"p99 {pct(diffs, 99):6.2f} ms")
     if nics == 4:

@@ -27,9 +27,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import stop_processes, write_nic_sysfs  # noqa: E402
-from tests.support.fake_apiserver import make_claim, result  # noqa: E402
-from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402
+from tests.support import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
+from tests.support.fake_apiserver import make_claim, result  # noqa: E402 - after the sys.path setup above
+from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
 
 NODE = "bench-node"
 GOAL_P99_MS = 20.0

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
-import shutil
 import time
 from pathlib import Path
 

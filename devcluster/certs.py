@@ -41,7 +41,7 @@ def _name(cn: str) -> x509.Name:
 def generate(directory: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1")) -> ClusterCredentials:
     """Create a CA, a serving cert for ``hosts``, an SA key pair and a token file in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     # EC P-256: generation takes ~1 ms vs ~50-200 ms for RSA-2048, which matters for start time.
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (x509.CertificateBuilder().subject_name(_name("dranet-test-ca")).issuer_name(_name("dranet-test-ca"))

@@ -23,9 +23,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from devcluster import certs
 from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane
@@ -101,14 +102,14 @@ class ControlPlane:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def __enter__(self) -> "ControlPlane":
+    def __enter__(self) -> ControlPlane:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         """Start all components and wait until each is healthy; cleans up on failure."""
         t0 = time.monotonic()
         for attempt in range(3):

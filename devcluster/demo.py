@@ -72,7 +72,7 @@ class DriverProcess:
     def log_path(self) -> Path:
         return self.workdir / "driver.log"
 
-    def start(self, timeout: float = 30.0) -> "DriverProcess":
+    def start(self, timeout: float = 30.0) -> DriverProcess:
         """Start and wait for /healthz (kubelet plugin serving, first scan done)."""
         (self.kubelet_root / "plugins" / "dra.net").mkdir(parents=True, exist_ok=True)
         (self.kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ class DriverProcess:
         self.popen = None
         return p.returncode
 
-    def restart(self) -> "DriverProcess":
+    def restart(self) -> DriverProcess:
         """Clean stop, then start again with the same state dir and kubelet root."""
         self.stop()
         return self.start()
@@ -249,7 +249,7 @@ def run_demo() -> int:
                 for template in (ALIGNED, UNALIGNED):
                     pod = template.replace("h100-4gpu-4nic-", "trainer-")
                     create_objects(kube, [pod_for_template(pod, template, node)], "default")
-                    claim = wait_for(lambda: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation")
+                    claim = wait_for(lambda pod=pod: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation")
                     rows = allocation_rows(kube, claim, node)
                     print_table(f"pod {pod} -> claim {claim['metadata']['name']} (template {template})", rows)
                     print(summary(rows))

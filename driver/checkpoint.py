@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
@@ -55,7 +56,7 @@ class PreparedDevice:
                 "snapshot": _plain(self.snapshot), "config": self.config.to_parameters()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PreparedDevice":
+    def from_dict(cls, data: dict[str, Any]) -> PreparedDevice:
         """Inverse of :meth:`to_dict`."""
         return cls(request=data["request"], pool=data["pool"], device=data["device"],
                    snapshot=Device.from_dict(data["snapshot"]),
@@ -78,7 +79,7 @@ class PreparedClaim:
                 "pod_uids": list(self.pod_uids), "devices": [d.to_dict() for d in self.devices]}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PreparedClaim":
+    def from_dict(cls, data: dict[str, Any]) -> PreparedClaim:
         """Inverse of :meth:`to_dict`."""
         data = dict(data)
         data["devices"] = [PreparedDevice.from_dict(d) for d in data.get("devices", [])]
@@ -122,7 +123,7 @@ class PodNetState:
     devices: list[MovedDevice] = field(default_factory=list)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PodNetState":
+    def from_dict(cls, data: dict[str, Any]) -> PodNetState:
         """Inverse of the checkpoint's plain form."""
         data = dict(data)
         data["devices"] = [MovedDevice(**d) for d in data.get("devices", [])]
@@ -149,7 +150,7 @@ class DriverState:
         return {"pods": {k: _plain(v) for k, v in self.pods.items()}}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "DriverState":
+    def from_json(cls, data: dict[str, Any]) -> DriverState:
         """Both parts from one document of the current version (see :func:`migrate` for older)."""
         _check_version(data)
         return cls(

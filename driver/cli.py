@@ -11,9 +11,9 @@ import importlib
 import os
 import socket
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
-from driver.config import DriverConfig, default
+from driver.config import default
 
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
@@ -92,29 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     tmpl.add_argument("--sysfs-root", default=default("sysfs_root"))
     tmpl.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
     return parser
-
-
-def config_from_args(args: argparse.Namespace) -> DriverConfig:
-    """The daemon configuration from ``dranet run`` arguments."""
-    return DriverConfig(
-        node_name=args.node_name,
-        driver_name=args.driver_name,
-        sysfs_root=args.sysfs_root,
-        kubelet_root=args.kubelet_root,
-        state_dir=args.state_dir,
-        runtime_dir=args.runtime_dir,
-        host_netns=args.host_netns,
-        nri_socket=args.nri_socket,
-        nri_enabled=args.nri_enabled,
-        kubeconfig=args.kubeconfig,
-        filter=args.filter,
-        exclude_interfaces=[i for i in args.exclude_interfaces.split(",") if i],
-        bind_address=args.bind_address,
-        publish_interval=args.publish_interval,
-        resync_interval=args.resync_interval,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
 
 
 def _handler(command: str) -> Callable[[argparse.Namespace], int]:

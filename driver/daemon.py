@@ -18,22 +18,23 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
+from driver.claims.prepare import Preparer
 from driver.claims.status import ClaimStatusWriter
-from driver.config import DRIVER_NAME, DriverConfig
+from driver.config import DRIVER_NAME, DriverConfig, config_from_args
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
-from driver.probe_server import ProbeServer
 from driver.kube.client import KubeClient
 from driver.kubelet.device_health import DeviceHealthFeed, device_health_states
 from driver.kubelet.plugin import KubeletPlugin
-from driver.netlink.link_watch import LinkWatcher
 from driver.metrics import Metrics
 from driver.model.device import Device
-from driver.claims.prepare import Preparer
+from driver.netlink.link_watch import LinkWatcher
+from driver.probe_server import ProbeServer, parse_bind_address
 from driver.publish.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ class Daemon:
         while True:
             try:
                 await asyncio.wait_for(self._rescan.wait(), timeout=self.config.resync_interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self._rescan.clear()
             try:
@@ -172,7 +173,7 @@ class Daemon:
         return 0
 
     def _start_background(self) -> None:
-        spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))  # noqa: E731
+        spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))
         spawn("rescan", self._rescan_loop)
         spawn("publisher", self.publisher.run)
         if self.config.host_sysfs:
@@ -181,8 +182,8 @@ class Daemon:
             spawn("nri", self._run_nri)
 
     async def _run_nri(self) -> None:
-        from driver.nri.plugin import NRIPlugin
         from driver.nri.hooks import NRIHooks
+        from driver.nri.plugin import NRIPlugin
 
         # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
         # logged and retried, never fatal for the kubelet plugin.
@@ -210,7 +211,7 @@ async def _main(config: DriverConfig) -> int:
         return 1
     try:
         kube = KubeClient.from_kubeconfig(config.kubeconfig)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any client setup failure stops the daemon with its reason
         log.error("cannot configure the Kubernetes client", extra={"kv": {
             "kubeconfig": config.kubeconfig or "<in-cluster>", "error": str(exc)}})
         return 1
@@ -230,9 +231,6 @@ async def _main(config: DriverConfig) -> int:
 
 def cli_run(args: argparse.Namespace) -> int:
     """Entry point of ``dranet run``."""
-    from driver.cli import config_from_args
-    from driver.probe_server import parse_bind_address
-
     config = config_from_args(args)
     try:
         if not config.node_name:

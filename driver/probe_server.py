@@ -9,7 +9,7 @@ another thing: :mod:`driver.kubelet.device_health`.)
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from aiohttp import web
 

@@ -113,7 +113,7 @@ class AnyPathWebhookServer(kopf.WebhookServer):
         return await kopf.WebhookServer._serve(by_resource, request)
 
 
-def build_registry(options: WebhookOptions, tls: "TLSFiles") -> kopf.OperatorRegistry:
+def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegistry:
     """A registry with exactly one validator (both resources), a login handler and the settings.
 
     The server answers on any URL path (:class:`AnyPathWebhookServer`); the managed
@@ -190,7 +190,7 @@ class ConfigurationManager:
 
     FIELD_MANAGER = MANAGED_CONFIGURATION
 
-    def __init__(self, options: WebhookOptions, tls: "TLSFiles") -> None:
+    def __init__(self, options: WebhookOptions, tls: TLSFiles) -> None:
         self.options = options
         self.tls = tls
         self._task: asyncio.Task[None] | None = None
@@ -280,7 +280,7 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dra.net webhook CA")])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)

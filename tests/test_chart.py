@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.cli import build_parser, config_from_args
-from driver.config import DEFAULT_FILTER
+from driver.cli import build_parser
+from driver.config import DEFAULT_FILTER, config_from_args
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "dranet"
@@ -347,3 +347,12 @@ def test_documented_node_role_is_the_charts() -> None:
     from tests.e2e.test_webhook_apiserver import documented_role
 
     assert documented_role("dranet-node")["rules"] == EXPECTED_RULES
+
+
+def test_chart_default_driver_name_is_the_driver_constant() -> None:
+    """The chart's driverName (and the install docs' table) default to driver.config.DRIVER_NAME."""
+    from driver.config import DRIVER_NAME
+
+    values = yaml.safe_load((ROOT / "charts/dranet/values.yaml").read_text())
+    assert values["driverName"] == DRIVER_NAME
+    assert f"| `driverName` | `{DRIVER_NAME}` |" in (ROOT / "docs/install.md").read_text()

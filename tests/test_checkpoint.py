@@ -126,7 +126,7 @@ def test_serialisation_matches_asdict() -> None:
     state = DriverState(claims={"u1": _claim("u1")}, pods={"p1": PodNetState("p1", devices=[
         MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])])})
     claim = asdict(state.claims["u1"])
-    for stored, device in zip(claim["devices"], state.claims["u1"].devices):
+    for stored, device in zip(claim["devices"], state.claims["u1"].devices, strict=True):
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
     expected = {"version": 2, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
     encoded = {"version": 2, **state.claims_json(), **state.pods_json()}

@@ -17,9 +17,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import grpc
 import pytest
@@ -37,7 +37,8 @@ CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/"
 CRASH_AFTER_COMMIT = """
 import asyncio, os, signal, sys
 from driver.checkpoint import CheckpointStore
-from driver.cli import build_parser, config_from_args
+from driver.cli import build_parser
+from driver.config import config_from_args
 from driver.daemon import Daemon
 from driver.kube.client import KubeClient
 from driver.logs import setup_logging

@@ -19,7 +19,7 @@ def _render_module():
     return module
 
 
-def test_deploy_matches_chart(helm: str) -> None:  # noqa: F811
+def test_deploy_matches_chart(helm: str) -> None:
     expected = _render_module().expected_files(helm)
     on_disk = {str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*") if p.is_file()}
     assert on_disk == set(expected), "deploy/ has extra or missing files: run python3 hack/render-deploy.py"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from driver.inventory import attributes
 from driver.cli import build_parser
+from driver.inventory import attributes
 from driver.metrics import Metrics
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
@@ -36,3 +36,18 @@ def test_every_metric_is_documented() -> None:
                for n, kind in names]
     missing = [n for n in missing if f"`{n}`" not in DOC]
     assert names and not missing, f"docs/reference.md lacks {missing}"
+
+
+def test_documented_flag_defaults_are_the_config_defaults() -> None:
+    """Each default is defined once (driver.config): the reference table shows those values."""
+    from driver.config import DRIVER_NAME, HOST_NETNS, default
+
+    rows = dict(re.findall(r"^\| `(--[a-z-]+)` \| (.+?) \| ", DOC, re.M))
+    for flag, field in (("--driver-name", "driver_name"), ("--sysfs-root", "sysfs_root"),
+                        ("--kubelet-root", "kubelet_root"), ("--state-dir", "state_dir"),
+                        ("--runtime-dir", "runtime_dir"), ("--host-netns", "host_netns"),
+                        ("--nri-socket", "nri_socket"), ("--bind-address", "bind_address")):
+        assert rows[flag] == f"`{default(field)}`", flag
+    assert rows["--filter"] == "`" + str(default("filter")).replace("|", "\\|") + "`"
+    assert default("driver_name") == DRIVER_NAME and default("host_netns") == HOST_NETNS
+    assert build_parser().parse_args(["run"]).host_netns == HOST_NETNS

@@ -1,0 +1,12 @@
+"""ResourceClaims on this node: their ``dra.net`` config, preparing them, and reporting back.
+
+The config language, pure and light (the webhook imports only this part): ``fields`` (strict
+JSON readers, ``ConfigError``), ``decode`` (one opaque config), ``merge`` (which configs apply to
+a request, in DRA order), ``validation`` (whole claims, for the webhook and ``dranet validate``).
+Then what is done with a decoded config: ``prepare`` (NodePrepareResources: decode once, store
+typed), ``numa_pinning`` and ``container_settings`` (what a container gets), ``status`` and
+``numa_report`` (the claim's ``status.devices``).
+
+May import: ``driver.checkpoint``, ``driver.kube``, ``driver.netlink`` (prepare's ethtool check),
+``driver.model``, ``driver.config``. Never the kubelet, NRI or publish packages.
+"""

@@ -14,8 +14,8 @@ stored in the checkpoint:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from driver.checkpoint import PreparedDevice
 from driver.claims.fields import ConfigError

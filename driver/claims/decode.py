@@ -17,10 +17,27 @@ import ipaddress
 import re
 from typing import Any
 
-from driver.claims.fields import (ConfigError, FieldErrors, json_type_name, read_bool, read_bool_map, read_int,
-                                  read_ip, read_object, read_str)
-from driver.model.network_config import (API_VERSION, KIND, EthtoolConfig, InterfaceConfig, NetworkConfig,
-                                         NumaConfig, RdmaConfig, RouteConfig)
+from driver.claims.fields import (
+    ConfigError,
+    FieldErrors,
+    json_type_name,
+    read_bool,
+    read_bool_map,
+    read_int,
+    read_ip,
+    read_object,
+    read_str,
+)
+from driver.model.network_config import (
+    API_VERSION,
+    KIND,
+    EthtoolConfig,
+    InterfaceConfig,
+    NetworkConfig,
+    NumaConfig,
+    RdmaConfig,
+    RouteConfig,
+)
 
 MAX_IFNAME_LENGTH = 15  # IFNAMSIZ - 1
 MIN_MTU = 68  # RFC 791 minimum; the kernel refuses less for IPv4

@@ -10,8 +10,9 @@ Collecting instead of raising lets one ``kubectl apply`` report every mistake at
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class ConfigError(Exception):
         super().__init__(str(self))
 
     @classmethod
-    def of(cls, errors: Sequence[FieldError]) -> "ConfigError":
+    def of(cls, errors: Sequence[FieldError]) -> ConfigError:
         """One exception carrying all ``errors`` (must not be empty)."""
         if not errors:
             raise ValueError("ConfigError.of needs at least one error")

@@ -7,9 +7,9 @@ container is created. CPUs come from the kernel's cpulist files under sysfs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from driver.checkpoint import PreparedDevice
 from driver.claims.fields import ConfigError

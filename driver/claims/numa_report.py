@@ -17,9 +17,10 @@ On a host with a single NUMA node, a ``numa_node`` of -1 (no affinity reported) 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from driver.checkpoint import PreparedClaim
 from driver.config import DRIVER_NAME

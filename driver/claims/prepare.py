@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
 from driver.claims.fields import ConfigError
@@ -105,13 +106,13 @@ class _GroupCommit:
                 for fn, _ in batch:
                     try:
                         outcomes.append((True, fn(state)))
-                    except Exception as exc:  # one bad mutation must not sink the batch
+                    except Exception as exc:  # noqa: BLE001 - one bad mutation must not sink the batch
                         outcomes.append((False, exc))
 
             try:
                 # fsync blocks for milliseconds: keep it off the event loop.
                 await asyncio.to_thread(self._store.update, run_batch)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
                 log.error("checkpoint write failed", extra={"kv": {"error": str(exc), "batch": len(batch)}})
                 for _, future in batch:
                     if not future.done():
@@ -187,7 +188,7 @@ class Preparer:
         if records:
             try:
                 stored = await self._commit.apply(lambda state: _record(state, records))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
                 for record in records:
                     results[record.uid] = PrepareResult(error=str(exc))
             else:
@@ -227,7 +228,7 @@ class Preparer:
             raise ClaimError(f"{where} not found (deleted?)") from None
         except KubeError as exc:
             raise ClaimError(f"cannot get {where}: {exc}") from None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any GET failure is this claim's error only
             raise ClaimError(f"cannot get {where}: {exc}") from None
 
     def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim:
@@ -258,7 +259,7 @@ class Preparer:
                 config = self.config_decoder(configs, request or base, self.driver_name)
             except ClaimError:
                 raise
-            except Exception as exc:  # decoder errors name the field; pass them on per claim
+            except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
             _check_ethtool(where, base, device, config)
             prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
@@ -281,7 +282,7 @@ class Preparer:
         try:
             removed = await self._commit.apply(
                 lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"cannot update checkpoint: {exc}" for u in uids}
         log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
         for claim in removed if self.on_unprepare else ():

@@ -22,15 +22,16 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from driver.checkpoint import PreparedClaim
 from driver.claims import numa_report
+from driver.config import DRIVER_NAME
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
-from driver.config import DRIVER_NAME
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _raw_parameters_refused(exc: KubeError) -> bool:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _reason(step: str) -> str:

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
+from driver.claims.fields import ConfigError, json_type_name
 from driver.claims.merge import request_matches
-from driver.model.network_config import NetworkConfig
-from driver.claims.fields import json_type_name
 from driver.config import DRIVER_NAME
+from driver.model.network_config import NetworkConfig
 
 
 def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:

@@ -1,0 +1,9 @@
+"""What this node has: devices discovered from sysfs, netlink facts and RDMA, turned into
+published attributes.
+
+``discovery.Scanner`` is the pipeline (``sysfs``, ``netlink_facts``, ``rdma``, ``names``,
+``attributes``); ``device_filter`` applies the admin's CEL filter; ``topology`` and
+``discovery_cli`` serve ``dranet topology|templates|discover``.
+
+May import: ``driver.model``, ``driver.config``.
+"""

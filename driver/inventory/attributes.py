@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 
 from driver.config import DRIVER_NAME
-from driver.model.device import (MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, STANDARD_DOMAIN,
-                          AttributeValue)
+from driver.model.device import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, STANDARD_DOMAIN, AttributeValue
 
 log = logging.getLogger(__name__)
 

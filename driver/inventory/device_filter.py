@@ -74,7 +74,7 @@ class DeviceFilter:
         if self.expression:
             try:
                 self._program = _load_cel().compile(self.expression)
-            except Exception as err:  # noqa: BLE001 - cel raises ValueError/RuntimeError variants
+            except Exception as err:
                 raise FilterError(f"--filter: invalid CEL expression: {err}") from err
 
     def keep(self, device: Device) -> bool:

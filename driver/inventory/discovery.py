@@ -18,16 +18,23 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from driver.inventory import attributes as attrs
 from driver.inventory.attributes import D
-from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 from driver.inventory.names import netdev_device_name, pci_device_name
-from driver.inventory.netlink_facts import ARPHRD_ENCAP, ARPHRD_LOOPBACK, LinkFacts, NetlinkFacts, collect, enslaved_closure
+from driver.inventory.netlink_facts import (
+    ARPHRD_ENCAP,
+    ARPHRD_LOOPBACK,
+    LinkFacts,
+    NetlinkFacts,
+    collect,
+    enslaved_closure,
+)
 from driver.inventory.rdma import RdmaDevice, scan_rdma
 from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of, pcie_root_of
+from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def format_table(devices: list[Device]) -> str:
     """The devices as aligned columns (one line each, ``-`` for unknown)."""
     rows = [COLUMNS] + [_row(d) for d in devices]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows) + "\n"
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows) + "\n"
 
 
 def sysfs_root_error(root: str) -> str | None:

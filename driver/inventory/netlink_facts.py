@@ -9,8 +9,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 log = logging.getLogger(__name__)
 

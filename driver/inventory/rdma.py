@@ -11,8 +11,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from driver.model.device import CharDevice
 from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of
+from driver.model.device import CharDevice
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence, TextIO
+from typing import Any, TextIO
 
 from driver.config import DRIVER_NAME
 from driver.inventory.discovery import Scanner
-from driver.model.device import STANDARD_DOMAIN
 from driver.inventory.sysfs import BDF_RE, SysfsReader, pcie_root_of
+from driver.model.device import STANDARD_DOMAIN
 
 # Relations, best first (as nvidia-smi orders them).
 PIX, PXB, PHB, NODE, SYS, UNKNOWN = "PIX", "PXB", "PHB", "NODE", "SYS", "UNK"
@@ -94,7 +95,7 @@ def relation(a: PciEndpoint, b: PciEndpoint) -> str:
         return "X"
     if a.pcie_root and a.pcie_root == b.pcie_root:
         shared = 0
-        for x, y in zip(a.bridges, b.bridges):
+        for x, y in zip(a.bridges, b.bridges, strict=False):
             if x != y:
                 break
             shared += 1

@@ -15,8 +15,13 @@ import json
 from typing import Any
 from urllib.parse import quote
 
-from driver.kube.transport import (KubernetesPackageTransport, Transport, needs_full_client, transport_from_kubeconfig,
-                                   transport_in_cluster)
+from driver.kube.transport import (
+    KubernetesPackageTransport,
+    Transport,
+    needs_full_client,
+    transport_from_kubeconfig,
+    transport_in_cluster,
+)
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
@@ -30,7 +35,7 @@ class KubeClient:
         self.api = transport  # ``api.call_api`` streams (watches) for callers that need it
 
     @classmethod
-    def from_kubeconfig(cls, kubeconfig: str | None = None) -> "KubeClient":
+    def from_kubeconfig(cls, kubeconfig: str | None = None) -> KubeClient:
         """Load ``kubeconfig`` (a path), or the in-cluster config when it is None."""
         if not kubeconfig:
             return cls(transport_in_cluster())

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
@@ -93,7 +94,7 @@ class DeviceHealthFeed:
         async with cond:
             try:
                 await asyncio.wait_for(cond.wait_for(lambda: self._version != seen), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
             return True
 

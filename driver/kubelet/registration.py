@@ -5,7 +5,7 @@ whether it accepted us.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 

@@ -10,14 +10,14 @@ the driver needs later to prepare and move it, which are never published.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_DEVICES_PER_SLICE = 128
 
-AttributeValue = Union[bool, int, str]
+AttributeValue = bool | int | str
 """A DRA device attribute value: exactly one of bool, int or string (no versions here)."""
 
 
@@ -63,7 +63,7 @@ class HostFacts:
     virtual: bool = False
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HostFacts":
+    def from_dict(cls, data: dict[str, Any]) -> HostFacts:
         data = dict(data)
         data["char_devices"] = [CharDevice(**c) for c in data.get("char_devices", [])]
         return cls(**data)
@@ -94,7 +94,7 @@ class Device:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Device":
+    def from_dict(cls, data: dict[str, Any]) -> Device:
         return cls(
             name=data["name"],
             attributes=dict(data.get("attributes", {})),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class LinkWatcher:
         log.debug("link event", extra={"kv": {"event": event, "ifname": ifname}})
         try:
             self.on_change()
-        except Exception:  # noqa: BLE001 - a callback bug must not stop the watcher
+        except Exception:
             log.exception("link change callback failed")
 
     async def run(self) -> None:

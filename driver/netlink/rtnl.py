@@ -17,8 +17,7 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from driver.netlink.channel import (NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkChannel, attr,
-                                    parse_attrs)
+from driver.netlink.channel import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs
 
 RT_TABLE_LOCAL = 255
 RT_TABLE_MAIN = 254
@@ -134,7 +133,7 @@ class Rtnl(NetlinkChannel):
         if not reqs:
             return
         answers = self.exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs])
-        for req, answer in zip(reqs, answers):
+        for req, answer in zip(reqs, answers, strict=True):
             err = answer.error
             if err and err not in req.ignore:
                 raise NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}")

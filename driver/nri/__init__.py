@@ -1,0 +1,7 @@
+"""The container runtime's side: an NRI plugin (``mux`` and ``ttrpc`` framing, ``plugin``
+lifecycle) whose ``hooks`` move a pod's NICs in at RunPodSandbox and back at Stop/Remove, and
+whose ``container_adjustment`` gives each container its RDMA devices, environment and cpuset.
+
+May import: ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``, ``driver.model``,
+``driver.proto``, ``driver.config``.
+"""

@@ -19,11 +19,8 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from driver.netlink import ethtool
-
-from driver.netlink import nic_moves
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,
@@ -32,14 +29,15 @@ from driver.checkpoint import (
     PreparedClaim,
     PreparedDevice,
 )
-from driver.claims.status import DeviceResult
 from driver.claims.container_settings import settings_for_container
+from driver.claims.status import DeviceResult
 from driver.config import HOST_NETNS
 from driver.model.network_config import InterfaceConfig, RouteConfig
-from driver.nri.container_adjustment import container_adjustment
+from driver.netlink import ethtool, nic_moves
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
 from driver.netlink.rtnl import NetnsOpError, Route
+from driver.nri.container_adjustment import container_adjustment
 from driver.proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
@@ -145,7 +143,7 @@ class NRIHooks:
         NICs without an ethtool section cost nothing here: no socket is opened.
         """
         plans = {}
-        for (_, d), name in zip(netdevs, ifnames):
+        for (_, d), name in zip(netdevs, ifnames, strict=True):
             cfg = d.config.ethtool
             if cfg is None or cfg.empty:
                 continue
@@ -200,10 +198,10 @@ class NRIHooks:
         except KeyError as exc:
             self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
-        configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames)}
+        configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)}
         plans = self._ethtool_plans(pod, netdevs, ifnames)
         moved = []
-        for (_, d), name in zip(netdevs, ifnames):
+        for (_, d), name in zip(netdevs, ifnames, strict=True):
             st, cfg = states[name], configs[d.device]
             moved.append(MovedDevice(
                 device=d.device, host_ifname=st.ifname, pod_ifname=cfg.ifname,

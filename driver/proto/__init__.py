@@ -1,0 +1,2 @@
+"""Our copies of the kubelet, NRI and ttrpc wire contracts (``*.proto``) and their generated
+stubs (``hack/gen_protos.py``; do not edit the ``_pb2`` files)."""

@@ -115,7 +115,7 @@ class SlicePublisher:
                     self._wake.clear()
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=self.resync_interval)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         self._dirty()   # periodic re-list: repairs anything a broken watch missed
                     continue
                 # Rate limit: at most one write round per interval; what arrives meanwhile is
@@ -281,5 +281,5 @@ class SlicePublisher:
         if resp is not None:
             try:
                 resp.shutdown()     # urllib3 >= 2.3: unblocks a read in another thread
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort: the watch thread ends either way
                 pass

@@ -22,17 +22,18 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817 - PyTorch's own idiom
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # mfu.py, placement.py beside us
 
-import mfu  # noqa: E402
-import placement  # noqa: E402
+import mfu
+import placement
 
 log = logging.getLogger("benchmark")
 
@@ -46,7 +47,7 @@ class RankEnv:
     local_rank: int
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "RankEnv":
+    def from_env(cls, env: Mapping[str, str]) -> RankEnv:
         """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, falling back to ``OMPI_COMM_WORLD_*``."""
         def pick(*names: str, default: str = "0") -> int:
             for name in names:

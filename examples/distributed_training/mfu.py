@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping
 
 RESULT_PREFIX = "MFU_RESULT"
 """First token of the result line; ``grep MFU_RESULT`` on the launcher log finds it."""

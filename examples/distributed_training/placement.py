@@ -17,8 +17,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 log = logging.getLogger("placement")
 

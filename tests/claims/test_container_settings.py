@@ -11,10 +11,9 @@ from driver.claims.container_settings import container_env, settings_for_contain
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request
 from driver.claims.numa_pinning import cpuset_for, format_cpulist, numa_pin_node, parse_cpulist
-from driver.model.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from driver.model.device import Device, HostFacts
+from driver.model.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from tests.support.claims import allocation_config
-
 
 NONE = NetworkConfig()
 

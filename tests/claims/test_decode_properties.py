@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from driver.claims.decode import decode_config
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request
-from driver.model.network_config import NetworkConfig
-from driver.claims.validation import validate_claim_spec
 from driver.claims.numa_pinning import format_cpulist, parse_cpulist
+from driver.claims.validation import validate_claim_spec
+from driver.model.network_config import NetworkConfig
 
 P = "spec.devices.config[0].opaque.parameters"
 

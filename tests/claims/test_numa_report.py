@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint import PreparedClaim, PreparedDevice
-from driver.model.device import Device, HostFacts
 from driver.claims.numa_report import numa_condition, other_devices, own_devices, pci_numa_node
+from driver.model.device import Device, HostFacts
 
 GPU_BDFS = {"0001:00:00.0": 0, "0002:00:00.0": 0, "0009:00:00.0": 1}
 

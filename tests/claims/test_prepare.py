@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from driver.checkpoint import CheckpointStore
-from driver.kube.client import KubeClient
-from driver.model.device import Device, HostFacts
 from driver.claims.merge import configs_for_request
 from driver.claims.prepare import ClaimRef, Preparer, base_request
+from driver.kube.client import KubeClient
+from driver.model.device import Device, HostFacts
 from driver.model.network_config import InterfaceConfig, NetworkConfig
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 

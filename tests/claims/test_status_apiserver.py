@@ -12,8 +12,9 @@ Skipped only when the control plane binaries are absent (tests/plugins/cluster.p
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -107,7 +108,7 @@ def dry_run_create(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
     ("nri.enabled=false", "securityContext.privileged=true", "webhook.failurePolicy=Ignore"),
     ("kubeletRootDir=/data/kubelet", "driverName=net.example.com", "webhook.enabled=false"),
 ], ids=["defaults", "no-nri-privileged", "custom-driver-no-webhook"])
-def test_every_rendered_object_passes_server_side_dry_run(helm: str, kube: KubeClient,  # noqa: F811
+def test_every_rendered_object_passes_server_side_dry_run(helm: str, kube: KubeClient,
                                                           namespace: str, sets: tuple[str, ...]) -> None:
     release, device_class = unique_release()
     docs = render(helm, *sets, f"deviceClass.name={device_class}", release=release, namespace=namespace)
@@ -121,7 +122,7 @@ def test_every_rendered_object_passes_server_side_dry_run(helm: str, kube: KubeC
         assert isinstance(err.value, NotFound)
 
 
-def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, namespace: str) -> None:  # noqa: F811
+def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, namespace: str) -> None:
     """The check above has teeth: a broken CEL expression and an unknown field are refused."""
     release, device_class = unique_release()
     docs = render(helm, f"deviceClass.name={device_class}", release=release, namespace=namespace)
@@ -137,7 +138,7 @@ def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, n
     assert "hostNetwrok" in str(err.value)
 
 
-def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeClient, control_plane: Any,  # noqa: F811
+def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeClient, control_plane: Any,
                                                          namespace: str) -> None:
     """A real `helm install` into the test apiserver; on upgrade the generated webhook CA (and
     so the caBundle the apiserver trusts) is reused; uninstall removes every object."""
@@ -189,7 +190,7 @@ def _claim(ns: str, name: str, driver: str | None, template: bool = False) -> di
             "metadata": {"name": name, "namespace": ns}, "spec": spec}
 
 
-def test_webhook_only_sees_objects_with_a_dra_net_config(helm: str, kube: KubeClient, created: Created,  # noqa: F811
+def test_webhook_only_sees_objects_with_a_dra_net_config(helm: str, kube: KubeClient, created: Created,
                                                          namespace: str) -> None:
     """The chart's ValidatingWebhookConfiguration with its backend unreachable (failurePolicy
     Fail): claims and templates carrying a dra.net config are refused (the webhook was called),

@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -87,12 +88,12 @@ def test_device_class_and_templates_pass_server_validation(kube: KubeClient, nam
     for tmpl in templates:
         _dry_run(kube, tmpl, namespace)
     created = create_objects(kube, templates, namespace)
-    for want, got in zip(templates, created):
+    for want, got in zip(templates, created, strict=True):
         stored = kube.request("GET", f"{object_path(want, namespace)}/{want['metadata']['name']}")
         assert stored["spec"] == got["spec"]
         # Stored as written, plus the server's defaults (allocationMode: ExactCount).
         for stored_req, want_req in zip(stored["spec"]["spec"]["devices"]["requests"],
-                                        want["spec"]["spec"]["devices"]["requests"]):
+                                        want["spec"]["spec"]["devices"]["requests"], strict=True):
             assert stored_req["exactly"].pop("allocationMode") == "ExactCount"
             assert stored_req == want_req
     match = next(t for t in created if t["metadata"]["name"] == "4gpu-4nic-same-numa")

@@ -23,9 +23,10 @@ import shutil
 import ssl
 import tempfile
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -254,7 +255,7 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
     c = chain
     a, b = c.nics
     before = {n.ifname: link_facts(n.ifname) for n in c.nics}
-    assert all(f and len(f["routes"]) == 2 and f["addresses"] == [n.address] for n, f in zip(c.nics, before.values()))
+    assert all(f and len(f["routes"]) == 2 and f["addresses"] == [n.address] for n, f in zip(c.nics, before.values(), strict=True))
     _wait_slice(c)
 
     pod_ip, mac = f"192.168.{random.randint(0, 255)}.2/24", f"02:{secrets.token_hex(5)[:10]}"

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from devcluster.certs import kubeconfig_yaml
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError
+from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401 - pytest fixtures, used by name
 from tests.plugins.cluster import delete_node_and_slices
 from tests.test_chart import render
-from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401
 
 pytestmark = pytest.mark.cluster
 
@@ -53,8 +54,8 @@ def forbidden(call: Callable[[], Any]) -> KubeError:
     return err.value
 
 
-def test_driver_token_writes_only_its_own_nodes_slices(helm: str, kube: KubeClient, control_plane: Any,  # noqa: F811
-                                                       created: Created, namespace: str,  # noqa: F811
+def test_driver_token_writes_only_its_own_nodes_slices(helm: str, kube: KubeClient, control_plane: Any,
+                                                       created: Created, namespace: str,  # noqa: F811 - the imported fixture, requested by name
                                                        cluster_node: str, tmp_path: Path) -> None:
     own = cluster_node
     other = f"node-{secrets.token_hex(3)}"
@@ -65,7 +66,7 @@ def test_driver_token_writes_only_its_own_nodes_slices(helm: str, kube: KubeClie
         delete_node_and_slices(kube, other)
 
 
-def _check_policy(helm: str, kube: KubeClient, control_plane: Any, created: Created,  # noqa: F811
+def _check_policy(helm: str, kube: KubeClient, control_plane: Any, created: Created,  # noqa: F811 - the imported fixture, requested by name
                   ns: str, own: str, other: str, tmp_path: Path) -> None:
     release, device_class = unique_release()
     docs = render(helm, "webhook.enabled=false", f"deviceClass.name={device_class}",

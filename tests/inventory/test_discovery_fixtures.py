@@ -30,7 +30,7 @@ def test_nd_h100_v5_exact(nd_h100_sysfs: Path) -> None:
     assert [d.name for d in devices] == [
         "pci-0101-00-00-0", "pci-0102-00-00-0", "pci-0103-00-00-0", "pci-0104-00-00-0",
         "pci-0105-00-00-0", "pci-0106-00-00-0", "pci-0107-00-00-0", "pci-0108-00-00-0"]
-    for dev, (bdf, n, numa) in zip(devices, ND_ROWS):
+    for dev, (bdf, n, numa) in zip(devices, ND_ROWS, strict=True):
         assert dev.attributes == {
             D + "ifName": f"ib{n}",
             D + "mac": f"00:00:01:49:fe:80:00:00:00:00:00:00:00:15:5d:ff:fd:33:ff:{n:02x}",

@@ -6,20 +6,20 @@ import asyncio
 import os
 import stat
 import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import AsyncIterator, Iterator
 
 import grpc
 import pytest
 
 from driver.checkpoint import CheckpointStore
+from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.kube.client import KubeClient
 from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState, evaluate_health
 from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
-from driver.claims.prepare import Preparer
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.support.kubelet_client import KubeletClient, devices_of
 

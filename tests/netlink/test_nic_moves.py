@@ -18,7 +18,7 @@ import pytest
 
 from driver.netlink import nic_moves
 from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
+from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError, Route
 from tests.plugins.nri import configure_host_nic, ip, link_facts
 

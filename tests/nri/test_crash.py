@@ -15,6 +15,7 @@ import pytest
 
 from driver.checkpoint import CheckpointStore
 from driver.nri.hooks import RUN_STEPS, STOP_STEPS
+from tests.netlink.test_ethtool import ioctl_features
 from tests.plugins.nri import (
     DriverProcess,
     Harness,
@@ -23,7 +24,6 @@ from tests.plugins.nri import (
     pod_json,
     prepare_claim,
 )
-from tests.netlink.test_ethtool import ioctl_features
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

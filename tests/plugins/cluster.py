@@ -10,7 +10,8 @@ and cannot be built (no Go toolchain, or the build failed).
 from __future__ import annotations
 
 import secrets
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

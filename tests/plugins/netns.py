@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import pytest
 

@@ -300,8 +300,8 @@ def _main(argv: list[str]) -> int:
                                            defaults={"kv": ""}))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     from driver.checkpoint import CheckpointStore
-    from driver.nri.plugin import NRIPlugin
     from driver.nri.hooks import NRIHooks
+    from driver.nri.plugin import NRIPlugin
 
     hooks = NRIHooks(CheckpointStore(args.state_dir), host_netns=args.host_netns, sysfs_root=args.sysfs_root)
     plugin = NRIPlugin(args.socket, hooks, backoff_initial=0.05, backoff_max=0.5)

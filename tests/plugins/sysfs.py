@@ -6,8 +6,8 @@ as read-only; tests that modify a tree build their own with :func:`build_topolog
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 

@@ -55,7 +55,7 @@ class FakeAPIServer:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "FakeAPIServer":
+    def start(self) -> FakeAPIServer:
         """Listen on an ephemeral 127.0.0.1 port in a daemon thread."""
         handler = type("Handler", (_Handler,), {"api": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -75,7 +75,7 @@ class FakeAPIServer:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "FakeAPIServer":
+    def __enter__(self) -> FakeAPIServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -177,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             code, body = self._dispatch(method, url.path, query)
-        except Exception as exc:  # report as a 500 so the client sees a real API error
+        except Exception as exc:  # noqa: BLE001 - report as a 500 so the client sees a real API error
             code, body = 500, _status(500, "InternalError", repr(exc))
         self._send(code, body)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Iterable
 from types import ModuleType
-from typing import Any, AsyncIterator, Iterable
+from typing import Any
 
 import grpc
 
@@ -46,7 +47,7 @@ class KubeletClient:
         self.timeout = timeout  # the kubelet's defaultClientCallTimeout
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def __aenter__(self) -> "KubeletClient":
+    async def __aenter__(self) -> KubeletClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
