@@ -24,8 +24,9 @@ RUN apt-get update \
       "python3=${PYTHON3_VERSION}" "python3-venv=${PYTHON3_VERSION}" \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY driver ./driver
+COPY dranet_proto ./dranet_proto
 # The venv must sit at the same path in the final image (its scripts hard-code it).
 RUN python3 -m venv --system-site-packages /opt/dranet \
  && /opt/dranet/bin/pip install --no-cache-dir --upgrade "pip>=24" "build>=1.2" \

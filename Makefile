@@ -18,7 +18,7 @@ demo: binaries  ## a real control plane, the driver on a simulated ND H100 v5 no
 test: binaries  ## every test
 	$(PY) -m pytest -q -p no:cacheprovider
 
-protos:  ## regenerate driver/proto stubs after editing a .proto
+protos:  ## regenerate dranet_proto stubs after editing a .proto
 	$(PY) hack/gen_protos.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)

@@ -31,7 +31,7 @@ from driver.checkpoint import CheckpointStore
 from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Rtnl, newlink
 from driver.nri.hooks import NRIHooks
-from driver.proto import nri_v1alpha1_pb2 as api
+from dranet_proto import nri_v1alpha1_pb2 as api
 
 GOAL_TOTAL_P99_MS = 100.0  # 4 NICs (brief); the issue asks p99 <= 50 ms
 GOAL_OVERHEAD_P99_MS = 10.0

@@ -125,9 +125,7 @@ class PodNetState:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PodNetState:
         """Inverse of the checkpoint's plain form."""
-        data = dict(data)
-        data["devices"] = [MovedDevice(**d) for d in data.get("devices", [])]
-        return cls(**data)
+        return cls(**{**data, "devices": [MovedDevice(**d) for d in data.get("devices", [])]})
 
 
 @dataclass

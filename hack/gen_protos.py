@@ -1,4 +1,4 @@
-"""Generate Python protobuf/gRPC stubs for every driver/proto/*.proto.
+"""Generate Python protobuf/gRPC stubs for every dranet_proto/*.proto.
 
 Run ``make protos`` after editing a .proto file. The generated ``*_pb2.py``,
 ``*_pb2.pyi`` (type stubs, so type checkers see the message classes and their fields)
@@ -15,7 +15,7 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_DIR = ROOT / "driver" / "proto"
+PROTO_DIR = ROOT / "dranet_proto"
 
 
 def generate(out_dir: Path) -> list[Path]:

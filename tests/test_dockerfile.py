@@ -141,10 +141,10 @@ def test_wheel_the_image_installs(tmp_path: Path) -> None:
     (whl,) = tmp_path.glob("dranet_py-*.whl")
     with zipfile.ZipFile(whl) as z:
         names = set(z.namelist())
-        stubs = {n for n in names if re.fullmatch(r"driver/proto/\w+_pb2(_grpc)?\.py", n)}
-        protos = {p.name for p in (ROOT / "driver" / "proto").glob("*.proto")}
+        stubs = {n for n in names if re.fullmatch(r"dranet_proto/\w+_pb2(_grpc)?\.py", n)}
+        protos = {p.name for p in (ROOT / "dranet_proto").glob("*.proto")}
         assert len(stubs) >= 2 * len(protos) and protos, sorted(stubs)
-        assert {f"driver/proto/{p}" for p in protos} <= names
+        assert {f"dranet_proto/{p}" for p in protos} <= names
         assert "driver/cli.py" in names and "driver/nri/__init__.py" in names
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         entry = z.read(ep).decode()

@@ -35,7 +35,7 @@ def _fields(message) -> dict[str, tuple[int, int]]:
 def test_registration_contract() -> None:
     from google.protobuf.descriptor import FieldDescriptor as F
 
-    from driver.proto import pluginregistration_pb2 as pb
+    from dranet_proto import pluginregistration_pb2 as pb
 
     svc = pb.DESCRIPTOR.services_by_name["Registration"]
     assert svc.full_name == "pluginregistration.Registration"
@@ -54,8 +54,8 @@ def test_dra_contract(version: str) -> None:
 
     from google.protobuf.descriptor import FieldDescriptor as F
 
-    pb = importlib.import_module(f"driver.proto.dra_{version}_pb2")
-    grpc_mod = importlib.import_module(f"driver.proto.dra_{version}_pb2_grpc")
+    pb = importlib.import_module(f"dranet_proto.dra_{version}_pb2")
+    grpc_mod = importlib.import_module(f"dranet_proto.dra_{version}_pb2_grpc")
     svc = pb.DESCRIPTOR.services_by_name["DRAPlugin"]
     assert svc.full_name == f"k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin"
     assert {m.name for m in svc.methods} == {"NodePrepareResources", "NodeUnprepareResources"}
@@ -84,7 +84,7 @@ def test_dra_contract(version: str) -> None:
 def test_health_contract() -> None:
     from google.protobuf.descriptor import FieldDescriptor as F
 
-    from driver.proto import dra_health_v1alpha1_pb2 as pb
+    from dranet_proto import dra_health_v1alpha1_pb2 as pb
 
     svc = pb.DESCRIPTOR.services_by_name["DRAResourceHealth"]
     assert svc.full_name == "v1alpha1.DRAResourceHealth"
@@ -100,8 +100,8 @@ def test_health_contract() -> None:
 
 def test_wire_compat_v1_v1beta1() -> None:
     """v1beta1 bytes decode as v1 and back (the kubelet converts the same way)."""
-    from driver.proto import dra_v1_pb2 as v1
-    from driver.proto import dra_v1beta1_pb2 as v1beta1
+    from dranet_proto import dra_v1_pb2 as v1
+    from dranet_proto import dra_v1beta1_pb2 as v1beta1
 
     beta = v1beta1.NodePrepareResourceResponse(
         devices=[v1beta1.Device(request_names=["nic"], pool_name="node-a", device_name="pci-0000-8a-00-0")])

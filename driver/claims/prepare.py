@@ -142,17 +142,14 @@ class Preparer:
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
-        the allocation's config entries into the per-device config (decoded once, here); ``after_commit`` is called with the claim UIDs just persisted (tests use it to
-        crash the process between the checkpoint write and the response); ``on_unprepare`` gets
-        each claim that unprepare removed (the claim status writer drops our entries)."""
-        self.kube = kube
-        self.store = store
-        self.devices = devices
-        self.driver_name = driver_name
-        self.node_name = node_name
+        the allocation's config entries into the per-device config (decoded once, here);
+        ``after_commit`` is called with the claim UIDs just persisted (tests use it to crash the
+        process between the checkpoint write and the response); ``on_unprepare`` gets each claim
+        that unprepare removed (the claim status writer drops our entries)."""
+        self.kube, self.store, self.devices = kube, store, devices
+        self.driver_name, self.node_name = driver_name, node_name
         self.config_decoder = config_decoder
-        self.after_commit = after_commit
-        self.on_unprepare = on_unprepare
+        self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self._commit = _GroupCommit(store)
         self._pool: Executor | None = None
 

@@ -108,13 +108,9 @@ class ClaimStatusWriter:
         max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 8.0, queue_size: int = 1024,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.kube = kube
-        self.node_name = node_name
-        self.driver_name = driver_name
-        self.sysfs_root = sysfs_root
-        self.max_attempts = max_attempts
-        self.backoff = backoff
-        self.max_backoff = max_backoff
+        self.kube, self.node_name, self.driver_name, self.sysfs_root = kube, node_name, driver_name, sysfs_root
+        # Retries: max_attempts writes per update, the delay doubling from backoff up to max_backoff.
+        self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
         self._sleep = sleep
         self._queue: queue.Queue[_Update | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None

@@ -120,37 +120,41 @@ class SysfsReader:
         if not rel:
             return ""
         memo = self._links.get(rel, _UNSET)
-        if memo is not _UNSET:
-            return memo  # type: ignore[return-value]
+        if memo is _UNSET:
+            memo = self._links[rel] = self._resolve_once(rel)
+        return memo  # type: ignore[return-value]
+
+    def _in_real_dir(self, rel: str) -> str | None:
+        """``rel`` with its directory part resolved, or None when that directory is missing."""
         head, _, tail = rel.rpartition("/")
         real_head = self.resolve(head) if head else ""
-        result: str | None = None
-        if real_head is not None:
-            candidate = f"{real_head}/{tail}" if real_head else tail
-            try:
-                target = os.readlink(self.path(candidate))
-                joined = os.path.normpath(f"{real_head}/{target}" if real_head else target)
-                result = None if joined.startswith("..") or os.path.isabs(target) else joined
-            except OSError as err:
-                result = candidate if err.errno == errno.EINVAL else None  # EINVAL: not a link
-        self._links[rel] = result
-        return result
+        if real_head is None:
+            return None
+        return f"{real_head}/{tail}" if real_head else tail
+
+    def _resolve_once(self, rel: str) -> str | None:
+        candidate = self._in_real_dir(rel)
+        if candidate is None:
+            return None
+        real_head = candidate.rpartition("/")[0]
+        try:
+            target = os.readlink(self.path(candidate))
+        except OSError as err:
+            return candidate if err.errno == errno.EINVAL else None  # EINVAL: not a link
+        joined = os.path.normpath(f"{real_head}/{target}" if real_head else target)
+        return None if joined.startswith("..") or os.path.isabs(target) else joined
 
     def link_name(self, rel: str) -> str | None:
         """The last component of a symlink's target (e.g. the driver name of ``.../driver``)."""
-        memo = self._link_names.get(rel, _UNSET)
-        if memo is not _UNSET:
-            return memo  # type: ignore[return-value]
-        head, _, tail = rel.rpartition("/")
-        real = self.resolve(head) if head else ""
-        name: str | None = None
-        if real is not None:
+        if rel not in self._link_names:
+            candidate = self._in_real_dir(rel)
             try:
-                name = os.path.basename(os.readlink(self.path(f"{real}/{tail}" if real else rel)))
+                name = os.path.basename(os.readlink(self.path(candidate))) if candidate is not None else None
             except OSError:
                 name = None
-        self._link_names[rel] = name
-        return name
+            self._link_names[rel] = name
+        return self._link_names[rel]
+
 
 def pci_address_of(real_path: str) -> str | None:
     """The nearest PCI function (BDF) in a resolved ``devices/...`` path, or None when not PCI."""

@@ -2,5 +2,5 @@
 device-health stream, served on unix sockets by ``plugin.KubeletPlugin``.
 
 May import: ``driver.claims`` (the Preparer), ``driver.model``, ``driver.metrics``,
-``driver.proto``, ``driver.config``.
+``dranet_proto``, ``driver.config``.
 """

@@ -19,8 +19,8 @@ from typing import Any
 import grpc
 
 from driver.model.device import Device
-from driver.proto import dra_health_v1alpha1_pb2 as health_pb
-from driver.proto import dra_health_v1alpha1_pb2_grpc as health_grpc
+from dranet_proto import dra_health_v1alpha1_pb2 as health_pb
+from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DeviceHealthState:
     pool: str
     device: str
     healthy: bool
-    message: str = ""
+    message: str  # why it is unhealthy, or a note ("netdev eth1 is in a pod network namespace")
 
 
 def evaluate_health(device: Device, sysfs_root: str, in_use: bool) -> tuple[bool, str]:

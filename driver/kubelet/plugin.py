@@ -26,12 +26,12 @@ from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthService
 from driver.kubelet.dra_service import DRAService
 from driver.kubelet.registration import RegistrationService
 from driver.metrics import Metrics
-from driver.proto import dra_health_v1alpha1_pb2_grpc as health_grpc
-from driver.proto import dra_v1_pb2 as v1_pb
-from driver.proto import dra_v1_pb2_grpc as v1_grpc
-from driver.proto import dra_v1beta1_pb2 as v1beta1_pb
-from driver.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
-from driver.proto import pluginregistration_pb2_grpc as reg_grpc
+from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
+from dranet_proto import dra_v1_pb2 as v1_pb
+from dranet_proto import dra_v1_pb2_grpc as v1_grpc
+from dranet_proto import dra_v1beta1_pb2 as v1beta1_pb
+from dranet_proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from typing import Protocol
 import grpc
 
 from driver.config import DriverConfig
-from driver.proto import pluginregistration_pb2 as reg_pb
-from driver.proto import pluginregistration_pb2_grpc as reg_grpc
+from dranet_proto import pluginregistration_pb2 as reg_pb
+from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 

@@ -64,9 +64,8 @@ class HostFacts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostFacts:
-        data = dict(data)
-        data["char_devices"] = [CharDevice(**c) for c in data.get("char_devices", [])]
-        return cls(**data)
+        """Inverse of ``asdict`` (the checkpoint's device snapshots)."""
+        return cls(**{**data, "char_devices": [CharDevice(**c) for c in data.get("char_devices", [])]})
 
 
 @dataclass

@@ -96,12 +96,7 @@ class NetlinkChannel:
         replies = {s: Reply() for s in seqs}
         pending = set(seqs)
         while pending:
-            data = self.sock.recv(1 << 17)
-            off = 0
-            while off + NLMSGHDR.size <= len(data):
-                length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-                payload = data[off + NLMSGHDR.size:off + length]
-                off += (length + 3) & ~3
+            for kind, flags, seq, payload in self._receive():
                 if seq not in pending:
                     continue
                 reply = replies[seq]
@@ -122,12 +117,7 @@ class NetlinkChannel:
         self.sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
         out: list[bytes] = []
         while True:
-            data = self.sock.recv(1 << 17)
-            off = 0
-            while off + NLMSGHDR.size <= len(data):
-                length, mtype, _flags, mseq, _pid = NLMSGHDR.unpack_from(data, off)
-                payload = data[off + NLMSGHDR.size:off + length]
-                off += (length + 3) & ~3
+            for mtype, _flags, mseq, payload in self._receive():
                 if mseq != seq:
                     continue
                 if mtype == NLMSG_DONE:
@@ -138,6 +128,16 @@ class NetlinkChannel:
                         return self.dump(kind, body)
                     raise OSError(err, f"netlink dump {kind}: {os.strerror(err)}")
                 out.append(payload)
+
+    def _receive(self) -> list[tuple[int, int, int, bytes]]:
+        """The messages of one ``recv``: (type, flags, sequence number, payload) each."""
+        data = self.sock.recv(1 << 17)
+        messages, off = [], 0
+        while off + NLMSGHDR.size <= len(data):
+            length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
+            messages.append((kind, flags, seq, data[off + NLMSGHDR.size:off + length]))
+            off += (length + 3) & ~3
+        return messages
 
 
 def _extack(payload: bytes, flags: int) -> str:

@@ -47,23 +47,23 @@ A_BITSET_NOMASK, A_BITSET_BITS = 1, 3
 A_BITSET_BITS_BIT, A_BITSET_BIT_NAME, A_BITSET_BIT_VALUE = 1, 2, 3
 _GENLMSGHDR = struct.Struct("=BBH")
 
-# The ethtool CLI's legacy offload names (its off_flag_def table): short and long alias -> the
-# glob of kernel feature names they stand for.
-_OFF_FLAGS = (
-    ("rx", "rx-checksumming", "rx-checksum"),
-    ("tx", "tx-checksumming", "tx-checksum-*"),
-    ("sg", "scatter-gather", "tx-scatter-gather*"),
-    ("tso", "tcp-segmentation-offload", "tx-tcp*-segmentation"),
-    ("ufo", "udp-fragmentation-offload", "tx-udp-fragmentation"),
-    ("gso", "generic-segmentation-offload", "tx-generic-segmentation"),
-    ("gro", "generic-receive-offload", "rx-gro"),
-    ("lro", "large-receive-offload", "rx-lro"),
-    ("rxvlan", "rx-vlan-offload", "rx-vlan-hw-parse"),
-    ("txvlan", "tx-vlan-offload", "tx-vlan-hw-insert"),
-    ("ntuple", "ntuple-filters", "rx-ntuple-filter"),
-    ("rxhash", "receive-hashing", "rx-hashing"),
-)
-ALIASES: dict[str, str] = {name: pattern for short, long, pattern in _OFF_FLAGS for name in (short, long)}
+# The ethtool CLI's legacy offload names (its off_flag_def table): short alias, long alias, and
+# the glob of kernel feature names both stand for.
+_OFF_FLAGS = """
+rx      rx-checksumming                 rx-checksum
+tx      tx-checksumming                 tx-checksum-*
+sg      scatter-gather                  tx-scatter-gather*
+tso     tcp-segmentation-offload        tx-tcp*-segmentation
+ufo     udp-fragmentation-offload       tx-udp-fragmentation
+gso     generic-segmentation-offload    tx-generic-segmentation
+gro     generic-receive-offload         rx-gro
+lro     large-receive-offload           rx-lro
+rxvlan  rx-vlan-offload                 rx-vlan-hw-parse
+txvlan  tx-vlan-offload                 tx-vlan-hw-insert
+ntuple  ntuple-filters                  rx-ntuple-filter
+rxhash  receive-hashing                 rx-hashing
+"""
+ALIASES: dict[str, str] = {alias: row[2] for row in map(str.split, _OFF_FLAGS.strip().splitlines()) for alias in row[:2]}
 
 
 class EthtoolError(Exception):
@@ -198,14 +198,15 @@ class Ethtool(NetlinkChannel):
         return FeatureState(changeable=sets.get(A_FEATURES_HW, set()), wanted=sets.get(A_FEATURES_WANTED, set()),
                             active=sets.get(A_FEATURES_ACTIVE, set()), fixed=sets.get(A_FEATURES_NOCHANGE, set()))
 
+    def _set_bits(self, ifname: str, cmd: int, header: int, bitset: int, values: dict[str, bool], what: str) -> None:
+        """One ``*_SET`` request changing exactly the named bits of one bitset attribute."""
+        if values:
+            body = _nest(header, _str(A_HEADER_DEV_NAME, ifname)) + _nest(bitset, _bitset_request(values))
+            self._request(self.family(), cmd, body, f"device {ifname}: set {what} {_fmt(values)}")
+
     def set_features(self, ifname: str, values: dict[str, bool]) -> None:
         """``ETHTOOL_MSG_FEATURES_SET``: the named (kernel-name) features become wanted on or off."""
-        if not values:
-            return
-        body = _nest(A_FEATURES_HEADER, _str(A_HEADER_DEV_NAME, ifname))
-        body += _nest(A_FEATURES_WANTED, _bitset_request(values))
-        self._request(self.family(), MSG_FEATURES_SET, body,
-                      f"device {ifname}: set features {_fmt(values)}")
+        self._set_bits(ifname, MSG_FEATURES_SET, A_FEATURES_HEADER, A_FEATURES_WANTED, values, "features")
 
     def private_flags(self, ifname: str) -> dict[str, bool]:
         """``ETHTOOL_MSG_PRIVFLAGS_GET``: every private flag of the NIC and its value."""
@@ -227,12 +228,7 @@ class Ethtool(NetlinkChannel):
 
     def set_private_flags(self, ifname: str, values: dict[str, bool]) -> None:
         """``ETHTOOL_MSG_PRIVFLAGS_SET``: the named private flags become on or off."""
-        if not values:
-            return
-        body = _nest(A_PRIVFLAGS_HEADER, _str(A_HEADER_DEV_NAME, ifname))
-        body += _nest(A_PRIVFLAGS_FLAGS, _bitset_request(values))
-        self._request(self.family(), MSG_PRIVFLAGS_SET, body,
-                      f"device {ifname}: set private flags {_fmt(values)}")
+        self._set_bits(ifname, MSG_PRIVFLAGS_SET, A_PRIVFLAGS_HEADER, A_PRIVFLAGS_FLAGS, values, "private flags")
 
 
 def _fmt(values: dict[str, bool]) -> str:

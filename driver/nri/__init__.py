@@ -3,5 +3,5 @@ lifecycle) whose ``hooks`` move a pod's NICs in at RunPodSandbox and back at Sto
 whose ``container_adjustment`` gives each container its RDMA devices, environment and cpuset.
 
 May import: ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``, ``driver.model``,
-``driver.proto``, ``driver.config``.
+``dranet_proto``, ``driver.config``.
 """

@@ -38,7 +38,7 @@ from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.nri.container_adjustment import container_adjustment
-from driver.proto import nri_v1alpha1_pb2 as api
+from dranet_proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
 MAIN_TABLE = 254  # claim config table 0 means the main table

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from driver.config import DRIVER_NAME
 from driver.nri import ttrpc
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
-from driver.proto import nri_v1alpha1_pb2 as api
+from dranet_proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from driver.proto import ttrpc_pb2
+from dranet_proto import ttrpc_pb2
 
 log = logging.getLogger(__name__)
 

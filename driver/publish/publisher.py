@@ -50,12 +50,9 @@ class SlicePublisher:
 
     def __init__(self, kube: KubeClient, driver_name: str, node_name: str, interval: float = 2.0,
                  metrics: PublishMetrics | None = None, resync_interval: float = 60.0) -> None:
-        self.kube = kube
-        self.driver_name = driver_name
-        self.node_name = node_name
-        self.interval = interval
+        self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
+        self.interval, self.resync_interval = interval, resync_interval
         self.metrics = metrics
-        self.resync_interval = resync_interval
         self.stats = PublishStats()
         self.node_uid: str | None = None
         self._lock = threading.Lock()

@@ -94,14 +94,14 @@ async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPI
 async def test_health_stream_sends_complete_list_and_changes(plugin: KubeletPlugin) -> None:
     feed = plugin.health
     assert feed is not None
-    await feed.set([DeviceHealthState(NODE, "dev-0", True), DeviceHealthState(NODE, "dev-1", False, "netdev eth1 is missing")])
+    await feed.set([DeviceHealthState(NODE, "dev-0", True, ""), DeviceHealthState(NODE, "dev-1", False, "netdev eth1 is missing")])
     async with KubeletClient(plugin.registration_socket) as kubelet:
         await kubelet.get_info()
         stream = kubelet.watch_health()
         first = await asyncio.wait_for(stream.__anext__(), 5)
         got = {(d.device.device_name, d.health, d.message) for d in first.devices}
         assert got == {("dev-0", 1, ""), ("dev-1", 2, "netdev eth1 is missing")}
-        await feed.set([DeviceHealthState(NODE, "dev-0", True), DeviceHealthState(NODE, "dev-1", True)])
+        await feed.set([DeviceHealthState(NODE, "dev-0", True, ""), DeviceHealthState(NODE, "dev-1", True, "")])
         second = await asyncio.wait_for(stream.__anext__(), 5)
         assert {d.device.device_name: d.health for d in second.devices} == {"dev-0": 1, "dev-1": 1}
         assert all(d.health_check_timeout_seconds == 60 and d.last_updated_time > 0 for d in second.devices)

@@ -19,8 +19,8 @@ import pytest
 
 from driver.nri.mux import MAX_PAYLOAD, Mux
 from driver.nri.plugin import NRIPlugin
-from driver.proto import nri_v1alpha1_pb2 as api
-from driver.proto import ttrpc_pb2
+from dranet_proto import nri_v1alpha1_pb2 as api
+from dranet_proto import ttrpc_pb2
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 

@@ -16,14 +16,14 @@ from typing import Any
 
 import grpc
 
-from driver.proto import dra_health_v1alpha1_pb2 as health_pb
-from driver.proto import dra_health_v1alpha1_pb2_grpc as health_grpc
-from driver.proto import dra_v1_pb2 as v1_pb
-from driver.proto import dra_v1_pb2_grpc as v1_grpc
-from driver.proto import dra_v1beta1_pb2 as v1beta1_pb
-from driver.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
-from driver.proto import pluginregistration_pb2 as reg_pb
-from driver.proto import pluginregistration_pb2_grpc as reg_grpc
+from dranet_proto import dra_health_v1alpha1_pb2 as health_pb
+from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
+from dranet_proto import dra_v1_pb2 as v1_pb
+from dranet_proto import dra_v1_pb2_grpc as v1_grpc
+from dranet_proto import dra_v1beta1_pb2 as v1beta1_pb
+from dranet_proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from dranet_proto import pluginregistration_pb2 as reg_pb
+from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
 
 ClaimTuple = tuple[str, str, str]  # (namespace, name, uid)
 _VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {"v1": (v1_pb, v1_grpc), "v1beta1": (v1beta1_pb, v1beta1_grpc)}

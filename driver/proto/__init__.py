@@ -1,2 +1,0 @@
-"""Our copies of the kubelet, NRI and ttrpc wire contracts (``*.proto``) and their generated
-stubs (``hack/gen_protos.py``; do not edit the ``_pb2`` files)."""
