@@ -7,8 +7,9 @@ link up, route, commit) and (b) the bare pyroute2 moves of the same NICs (one RT
 each, nothing else). Overhead = hook - bare moves, i.e. everything the driver adds on top
 of the kernel's (RCU-bound) namespace moves. Because the kernel's move time varies a lot
 from one move to the next (RCU grace periods), the hook's *own* time is also measured
-directly: hook wall time minus the time of the move requests inside that same hook. Checkpoint on disk (/var/tmp) and on tmpfs
-(/dev/shm) are reported separately: fsync dominates the overhead on this VM's disk.
+directly: hook wall time minus the time of the move requests inside that same hook. Checkpoint on
+disk (/var/tmp) and on tmpfs (/dev/shm) are reported separately: fsync dominates the overhead on
+this VM's disk.
 The round trip is a RunPodSandbox for a pod without claims, sent by containerd/nri's
 runtime adaptation (Go harness) to our plugin process.
 """

@@ -52,15 +52,15 @@ class PreparedDevice:
 
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
-        return {"request": self.request, "pool": self.pool, "device": self.device,
-                "snapshot": _plain(self.snapshot), "config": self.config.to_parameters()}
+        out: dict[str, Any] = {name: getattr(self, name) for name in ("request", "pool", "device")}
+        out.update(snapshot=_plain(self.snapshot), config=self.config.to_parameters())
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreparedDevice:
         """Inverse of :meth:`to_dict`."""
-        return cls(request=data["request"], pool=data["pool"], device=data["device"],
-                   snapshot=Device.from_dict(data["snapshot"]),
-                   config=NetworkConfig.from_parameters(data["config"]))
+        snapshot, config = Device.from_dict(data["snapshot"]), NetworkConfig.from_parameters(data["config"])
+        return cls(data["request"], data["pool"], data["device"], snapshot, config)
 
 
 @dataclass
@@ -75,8 +75,9 @@ class PreparedClaim:
 
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form."""
-        return {"uid": self.uid, "namespace": self.namespace, "name": self.name,
-                "pod_uids": list(self.pod_uids), "devices": [d.to_dict() for d in self.devices]}
+        out: dict[str, Any] = {name: getattr(self, name) for name in ("uid", "namespace", "name", "pod_uids")}
+        out["devices"] = [d.to_dict() for d in self.devices]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreparedClaim:

@@ -74,23 +74,7 @@ def default(name: str) -> object:
 
 
 def config_from_args(args: argparse.Namespace) -> DriverConfig:
-    """The daemon configuration from ``dranet run`` arguments."""
-    return DriverConfig(
-        node_name=args.node_name,
-        driver_name=args.driver_name,
-        sysfs_root=args.sysfs_root,
-        kubelet_root=args.kubelet_root,
-        state_dir=args.state_dir,
-        runtime_dir=args.runtime_dir,
-        host_netns=args.host_netns,
-        nri_socket=args.nri_socket,
-        nri_enabled=args.nri_enabled,
-        kubeconfig=args.kubeconfig,
-        filter=args.filter,
-        exclude_interfaces=[i for i in args.exclude_interfaces.split(",") if i],
-        bind_address=args.bind_address,
-        publish_interval=args.publish_interval,
-        resync_interval=args.resync_interval,
-        log_level=args.log_level,
-        log_format=args.log_format,
-    )
+    """The daemon configuration from ``dranet run`` arguments (each flag's dest is a field name)."""
+    values = {f.name: getattr(args, f.name) for f in fields(DriverConfig) if hasattr(args, f.name)}
+    values["exclude_interfaces"] = [i for i in args.exclude_interfaces.split(",") if i]
+    return DriverConfig(**values)

@@ -27,7 +27,7 @@ import ipaddress
 import logging
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -313,11 +313,8 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
 
 
 def options_from_args(args: argparse.Namespace) -> WebhookOptions:
-    """:class:`WebhookOptions` from the ``dranet webhook`` flags."""
-    return WebhookOptions(
-        kubeconfig=args.kubeconfig, port=args.port, host=args.host, tls_cert=args.tls_cert,
-        tls_key=args.tls_key, manage_configuration=args.manage_configuration, failure_policy=args.failure_policy,
-    )
+    """:class:`WebhookOptions` from the ``dranet webhook`` flags (each flag's dest is a field name)."""
+    return WebhookOptions(**{f.name: getattr(args, f.name) for f in fields(WebhookOptions) if hasattr(args, f.name)})
 
 
 def cli_webhook(args: argparse.Namespace) -> int:

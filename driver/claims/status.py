@@ -18,17 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from driver.checkpoint import PreparedClaim
 from driver.claims import numa_report
+from driver.claims.status_entries import MAX_MESSAGE, DeviceResult, StatusUpdate, now_utc, reason_for, status_body
 from driver.config import DRIVER_NAME
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
@@ -36,64 +34,15 @@ from driver.kube.errors import KubeError, NotFound
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = DRIVER_NAME
-READY = "Ready"
-MAX_IPS = 16  # NetworkDeviceData.ips limit
-MAX_IFNAME = 256
-MAX_HWADDR = 128
-MAX_MESSAGE = 32768
 
 
 class ClaimReplaced(Exception):
     """The claim was deleted and re-created under the same name: our devices are not in it."""
 
 
-@dataclass
-class DeviceResult:
-    """How one NIC ended up in the pod (reported by the NRI hooks), for ``networkData``."""
-
-    device: str
-    interface_name: str
-    ips: list[str] = field(default_factory=list)  # CIDRs
-    hardware_address: str | None = None
-
-
-@dataclass
-class _Update:
-    """One queued status change for one claim."""
-
-    pod_uid: str
-    claim: PreparedClaim
-    ready: dict[str, DeviceResult] = field(default_factory=dict)  # device -> result
-    failed_device: str | None = None
-    failed_step: str = ""
-    failed_message: str = ""
-    clear: bool = False  # drop all our entries (claim unprepared)
-    attempts: int = 0
-    event_posted: bool = False  # retries of the status write must not repeat the event
-
-
 def _raw_parameters_refused(exc: KubeError) -> bool:
     """The apiserver's 422 for a status write that re-encoded the allocation's raw parameters."""
     return exc.status == 422 and "status.allocation" in exc.message and "immutable" in exc.message
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _reason(step: str) -> str:
-    """A metav1.Condition reason (CamelCase, ``[A-Za-z][A-Za-z0-9_,:]*``) for a failed step."""
-    words = [w for w in re.split(r"[^A-Za-z0-9]+", step) if w]
-    camel = "".join(w[:1].upper() + w[1:] for w in words)
-    if not camel or not camel[0].isalpha():
-        camel = "NetworkSetup"
-    return f"{camel}Failed"
-
-
-def _cidr(ip: str) -> str:
-    if "/" in ip:
-        return ip
-    return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
 
 class ClaimStatusWriter:
@@ -112,7 +61,7 @@ class ClaimStatusWriter:
         # Retries: max_attempts writes per update, the delay doubling from backoff up to max_backoff.
         self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
         self._sleep = sleep
-        self._queue: queue.Queue[_Update | None] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[StatusUpdate | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._numa_cache: dict[str, dict[str, str]] = {}  # claim uid -> condition (allocation is immutable)
         self.delivered = 0
@@ -122,11 +71,11 @@ class ClaimStatusWriter:
 
     def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: Sequence[DeviceResult]) -> None:
         """All of ``claim``'s NICs are configured in the pod: queue Ready=True with networkData."""
-        self._enqueue(_Update(pod_uid, claim, ready={r.device: r for r in results}))
+        self._enqueue(StatusUpdate(pod_uid, claim, ready={r.device: r for r in results}))
 
     def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         """Setting up ``device`` failed at ``step``: queue Ready=False and a Warning event on the pod."""
-        self._enqueue(_Update(pod_uid, claim, failed_device=device, failed_step=step, failed_message=message))
+        self._enqueue(StatusUpdate(pod_uid, claim, failed_device=device, failed_step=step, failed_message=message))
 
     def claim_unprepared(self, claim: PreparedClaim) -> None:
         """``claim`` was unprepared on this node: queue the removal of all our entries.
@@ -134,9 +83,9 @@ class ClaimStatusWriter:
         Applying an empty list with our field manager drops exactly the entries we own, so a
         claim that stays allocated and is used by a later pod shows no stale ``Ready=True``.
         """
-        self._enqueue(_Update("", claim, clear=True))
+        self._enqueue(StatusUpdate("", claim, clear=True))
 
-    def _enqueue(self, update: _Update) -> None:
+    def _enqueue(self, update: StatusUpdate) -> None:
         try:
             self._queue.put_nowait(update)
         except queue.Full:
@@ -168,7 +117,7 @@ class ClaimStatusWriter:
                 return
             self.process(update)
 
-    def process(self, update: _Update) -> bool:
+    def process(self, update: StatusUpdate) -> bool:
         """Deliver one update with bounded retries; True when written."""
         delay = self.backoff
         claim = update.claim
@@ -193,7 +142,7 @@ class ClaimStatusWriter:
             self._sleep(delay)
             delay = min(delay * 2, self.max_backoff)
 
-    def _deliver(self, update: _Update) -> None:
+    def _deliver(self, update: StatusUpdate) -> None:
         claim = update.claim
         current = self.kube.read_namespaced_resource_claim(claim.namespace, claim.name)
         if (current.get("metadata") or {}).get("uid") != claim.uid:
@@ -201,7 +150,7 @@ class ClaimStatusWriter:
         if update.failed_device is not None and not update.event_posted:
             self._post_event(update, current)
             update.event_posted = True
-        body = self.status_body(update, current)
+        body = status_body(update, current, self.driver_name, self._numa_condition(update.claim, current))
         ours = body["status"]["devices"]
         try:
             written = self.kube.patch_namespaced_resource_claim_status(claim.namespace, claim.name, body, FIELD_MANAGER)
@@ -245,74 +194,6 @@ class ClaimStatusWriter:
                 if not _raw_parameters_refused(exc) or i == len(separators) - 1:
                     raise
 
-    # -- building the apply -------------------------------------------------------------------
-
-    def status_body(self, update: _Update, current: dict[str, Any]) -> dict[str, Any]:
-        """The SSA body: every one of our entries in the claim, updated by ``update``."""
-        claim = update.claim
-        if update.clear:
-            return self._body(claim, [])
-        existing = {
-            (d.get("pool"), d.get("device")): d
-            for d in ((current.get("status") or {}).get("devices") or [])
-            if d.get("driver") == self.driver_name
-        }
-        numa = self._numa_condition(claim, current)
-        now = _now()
-        entries = []
-        for dev in claim.devices:
-            old = existing.get((dev.pool, dev.device), {})
-            old_conditions = {c.get("type"): c for c in old.get("conditions") or []}
-            entry: dict[str, Any] = {"driver": self.driver_name, "pool": dev.pool, "device": dev.device}
-            ready = old_conditions.get(READY)
-            network_data = old.get("networkData")
-            if dev.device in update.ready:
-                result = update.ready[dev.device]
-                ready = {"type": READY, "status": "True", "reason": "NetworkReady",
-                         "message": f"interface {result.interface_name} configured in pod {update.pod_uid}"}
-                network_data = self._network_data(result)
-            elif dev.device == update.failed_device:
-                ready = {"type": READY, "status": "False", "reason": _reason(update.failed_step),
-                         "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE]}
-                network_data = None  # rolled back: the NIC is not in the pod
-            conditions = [c for c in (ready, numa) if c]
-            entry["conditions"] = [self._stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
-            if network_data:
-                entry["networkData"] = network_data
-            entries.append(entry)
-        return self._body(claim, entries)
-
-    @staticmethod
-    def _body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim.name, "namespace": claim.namespace},
-            "status": {"devices": entries},
-        }
-
-    @staticmethod
-    def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[str, Any]:
-        # lastTransitionTime changes only when the status does (metav1.Condition semantics).
-        out = {k: cond[k] for k in ("type", "status", "reason", "message")}
-        if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
-            out["lastTransitionTime"] = old["lastTransitionTime"]
-        else:
-            out["lastTransitionTime"] = now
-        return out
-
-    @staticmethod
-    def _network_data(result: DeviceResult) -> dict[str, Any]:
-        data: dict[str, Any] = {}
-        if result.interface_name:
-            data["interfaceName"] = result.interface_name[:MAX_IFNAME]
-        ips = [_cidr(ip) for ip in (result.ips or [])]
-        if ips:
-            data["ips"] = ips[:MAX_IPS]
-        if result.hardware_address:
-            data["hardwareAddress"] = result.hardware_address[:MAX_HWADDR]
-        return data
-
     def _numa_condition(self, claim: PreparedClaim, current: dict[str, Any]) -> dict[str, str] | None:
         cached = self._numa_cache.get(claim.uid)
         if cached is not None:
@@ -345,14 +226,14 @@ class ClaimStatusWriter:
 
     # -- events -------------------------------------------------------------------------------
 
-    def _post_event(self, update: _Update, current: dict[str, Any]) -> None:
+    def _post_event(self, update: StatusUpdate, current: dict[str, Any]) -> None:
         claim = update.claim
         pod_name = next((r.get("name") for r in (current.get("status") or {}).get("reservedFor") or []
                          if r.get("uid") == update.pod_uid), None)
         if pod_name is None:
             log.warning("pod not in claim's reservedFor; no event", extra={"kv": {"pod": update.pod_uid}})
             return
-        now = _now()
+        now = now_utc()
         event = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -360,7 +241,7 @@ class ClaimStatusWriter:
             "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": claim.namespace,
                                "name": pod_name, "uid": update.pod_uid},
             "type": "Warning",
-            "reason": _reason(update.failed_step),
+            "reason": reason_for(update.failed_step),
             "message": (f"device {update.failed_device} of claim {claim.name}: "
                         f"{update.failed_step}: {update.failed_message}")[:1024],
             "source": {"component": self.driver_name, "host": self.node_name},

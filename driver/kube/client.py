@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from driver.kube.transport import (
+    ApiRequest,
     KubernetesPackageTransport,
     Transport,
     needs_full_client,
@@ -32,7 +33,7 @@ class KubeClient:
     """JSON-in, JSON-out access to the API server: one method per call the driver makes."""
 
     def __init__(self, transport: Transport) -> None:
-        self.api = transport  # ``api.call_api`` streams (watches) for callers that need it
+        self.api = transport
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> KubeClient:
@@ -57,16 +58,7 @@ class KubeClient:
 
         The typed methods below are what the driver uses; tests and tools reach other objects here.
         """
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        resp = self.api.call_api(
-            path, method,
-            query_params=list((query or {}).items()),
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _request_timeout=timeout,
-        )
+        resp = self.api.send(ApiRequest(method, path, list((query or {}).items()), content_type, body, timeout))
         raw = resp.data
         if hasattr(resp, "release_conn"):
             resp.release_conn()
@@ -85,8 +77,7 @@ class KubeClient:
     def patch_namespaced_resource_claim_status(self, namespace: str, name: str, body: dict[str, Any],
                                                field_manager: str) -> dict[str, Any]:
         """Server-side apply on ``resourceclaims/status`` with our field manager (forced)."""
-        return self.request("PATCH", f"{self._claim_path(namespace, name)}/status", body,
-                            query={"fieldManager": field_manager, "force": "true"}, content_type=APPLY_PATCH)
+        return self._apply(f"{self._claim_path(namespace, name)}/status", body, field_manager)
 
     def replace_namespaced_resource_claim_status(self, namespace: str, name: str, body: bytes,
                                                  field_manager: str) -> dict[str, Any]:
@@ -107,10 +98,8 @@ class KubeClient:
         """Open a WATCH on ResourceSlices; the streaming response (``stream()``, ``release_conn()``)."""
         query = [("watch", "true"), ("fieldSelector", field_selector), ("resourceVersion", resource_version),
                  ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
-        resp = self.api.call_api(f"{RESOURCE_API}/resourceslices", "GET", query_params=query,
-                                 header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-                                 _preload_content=False, _request_timeout=(10, timeout_seconds + 30))
-        return resp[0] if isinstance(resp, tuple) else resp
+        return self.api.send(ApiRequest("GET", f"{RESOURCE_API}/resourceslices", query,
+                                        timeout=(10, timeout_seconds + 30)))
 
     def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a ResourceSlice."""
@@ -138,5 +127,9 @@ class KubeClient:
     def apply_validating_webhook_configuration(self, name: str, body: dict[str, Any],
                                                field_manager: str) -> dict[str, Any]:
         """Server-side apply of a ValidatingWebhookConfiguration (forced)."""
-        return self.request("PATCH", f"{ADMISSION_API}/validatingwebhookconfigurations/{quote(name)}", body,
-                            query={"fieldManager": field_manager, "force": "true"}, content_type=APPLY_PATCH)
+        return self._apply(f"{ADMISSION_API}/validatingwebhookconfigurations/{quote(name)}", body, field_manager)
+
+    def _apply(self, path: str, body: dict[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply: the fields in ``body`` become ``field_manager``'s, taken over if needed."""
+        return self.request("PATCH", path, body, query={"fieldManager": field_manager, "force": "true"},
+                            content_type=APPLY_PATCH)

@@ -19,6 +19,7 @@ import ssl
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlencode
@@ -32,13 +33,26 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 TOKEN_REFRESH_SECONDS = 60.0  # bound service-account tokens rotate; re-read the file this often
 
 
-class Transport(Protocol):
-    """What :class:`KubeClient` needs from a transport (the kubernetes ``ApiClient.call_api`` shape)."""
+@dataclass
+class ApiRequest:
+    """One HTTP request to the API server, as :class:`~driver.kube.client.KubeClient` builds it."""
 
-    def call_api(self, resource_path: str, method: str, query_params: list[tuple[str, Any]] | None = None,
-                 header_params: dict[str, str] | None = None, body: Any = None,
-                 auth_settings: list[str] | None = None, _preload_content: bool = False,
-                 _request_timeout: Any = None) -> Any: ...
+    method: str
+    path: str
+    query: list[tuple[str, Any]] = field(default_factory=list)
+    content_type: str = "application/json"
+    body: Any = None  # bytes/str sent as is, anything else as JSON
+    timeout: float | tuple[float, float] = 10.0  # total, or (connect, read) for watches
+
+
+class Transport(Protocol):
+    """What :class:`~driver.kube.client.KubeClient` needs: send a request, get the unread response.
+
+    The response has ``data`` or ``stream()`` and ``release_conn()`` (urllib3's); a non-2xx answer
+    raises a :mod:`driver.kube.errors` error.
+    """
+
+    def send(self, request: ApiRequest) -> Any: ...
 
 
 class _TokenSource:
@@ -76,31 +90,27 @@ class Urllib3Transport:
             kwargs.update(server_hostname=server_name, assert_hostname=server_name)
         self.pool = urllib3.PoolManager(**kwargs)
 
-    def call_api(self, resource_path: str, method: str, query_params: list[tuple[str, Any]] | None = None,
-                 header_params: dict[str, str] | None = None, body: Any = None,
-                 auth_settings: list[str] | None = None, _preload_content: bool = False,
-                 _request_timeout: Any = None) -> urllib3.BaseHTTPResponse:
-        """Send one request; raises :class:`KubeError` for non-2xx answers."""
-        headers = dict(header_params or {})
+    def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
+        """Send one request; the response body is left unread (watches stream it)."""
+        headers = {"Accept": "application/json", "Content-Type": request.content_type}
         token = self.token.get()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        url = self.server + resource_path
-        if query_params:
-            url += "?" + urlencode([(k, str(v).lower() if isinstance(v, bool) else v) for k, v in query_params])
-        data = None
-        if body is not None:
-            data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        timeout = _request_timeout
+        url = self.server + request.path
+        if request.query:
+            url += "?" + urlencode([(k, str(v).lower() if isinstance(v, bool) else v) for k, v in request.query])
+        body = request.body
+        data = body if body is None or isinstance(body, (bytes, str)) else json.dumps(body)
+        timeout: Any = request.timeout
         if isinstance(timeout, tuple):
             timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         try:
-            resp = self.pool.request(method, url, body=data, headers=headers, timeout=timeout,
-                                     preload_content=_preload_content, redirect=False)
+            resp = self.pool.request(request.method, url, body=data, headers=headers, timeout=timeout,
+                                     preload_content=False, redirect=False)
         except urllib3.exceptions.HTTPError as exc:  # no answer at all: refused, reset, timed out
-            raise Unavailable(status=0, reason="Unavailable", message=f"{method} {resource_path}: {exc}") from exc
+            raise Unavailable(status=0, reason="Unavailable", message=f"{request.method} {request.path}: {exc}") from exc
         if resp.status >= 300:
-            raw = resp.data if _preload_content else resp.read()
+            raw = resp.read()
             resp.release_conn()
             raise error_for(resp.status, resp.reason or "", raw)
         return resp
@@ -222,16 +232,15 @@ class KubernetesPackageTransport:
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
         self.api_client = k8s_client.ApiClient(configuration)
 
-    def call_api(self, resource_path: str, method: str, query_params: list[tuple[str, Any]] | None = None,
-                 header_params: dict[str, str] | None = None, body: Any = None,
-                 auth_settings: list[str] | None = None, _preload_content: bool = False,
-                 _request_timeout: Any = None) -> Any:
+    def send(self, request: ApiRequest) -> Any:
+        """Send one request through ``ApiClient.call_api``; the response body is left unread."""
         from kubernetes.client.exceptions import ApiException
 
+        headers = {"Accept": "application/json", "Content-Type": request.content_type}
         try:
             resp = self.api_client.call_api(
-                resource_path, method, query_params=query_params, header_params=header_params, body=body,
-                auth_settings=auth_settings, _preload_content=_preload_content, _request_timeout=_request_timeout)
+                request.path, request.method, query_params=request.query, header_params=headers, body=request.body,
+                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=request.timeout)
         except ApiException as exc:
             body = exc.body if isinstance(exc.body, (bytes, str)) else str(exc.body or "")
             raise error_for(int(exc.status or 0), str(exc.reason or ""), body) from None

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint import PreparedDevice
 from driver.claims.container_settings import ContainerSettings
 from driver.model.device import CharDevice
-from dranet_proto import nri_v1alpha1_pb2 as api
 
 RDMA_CM = "/dev/infiniband/rdma_cm"  # connection manager: every RDMA consumer needs it, no device owns it
 

@@ -19,8 +19,8 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from typing import Protocol
 
+from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint import (
     CheckpointStore,
     DriverState,
@@ -30,15 +30,15 @@ from driver.checkpoint import (
     PreparedDevice,
 )
 from driver.claims.container_settings import settings_for_container
-from driver.claims.status import DeviceResult
 from driver.config import HOST_NETNS
 from driver.model.network_config import InterfaceConfig, RouteConfig
-from driver.netlink import ethtool, nic_moves
+from driver.netlink import nic_moves
 from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
+from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.nri.container_adjustment import container_adjustment
-from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.nri.hook_reports import HookReports, StatusSink
+from driver.nri.pod_ethtool import EthtoolPlanError, PodEthtool
 
 log = logging.getLogger(__name__)
 MAIN_TABLE = 254  # claim config table 0 means the main table
@@ -50,17 +50,6 @@ IN_POD = "in-pod"
 MOVING = "moving"
 RETURNING = "returning"
 RETURNED = "returned"
-
-
-class StatusSink(Protocol):
-    """Receives hook outcomes to publish (claim status, events). Must not block."""
-
-    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
-        """Every NIC of ``claim`` is configured in the pod."""
-
-    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str,
-                           message: str) -> None:
-        """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
 
 
 class HookError(Exception):
@@ -118,55 +107,17 @@ class NRIHooks:
                  host_netns: str = HOST_NETNS, *, fault_after: str | None = None,
                  sysfs_root: str = "/sys") -> None:
         self.store = store
-        self.status = status
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
         self.ns = Namespaces(host_netns)
-        self._ethtool: ethtool.Ethtool | None = None  # host side; opened for the first ethtool config
+        self.ethtool = PodEthtool(self.ns)
+        self.reports = HookReports(status)
 
     # -- fault injection --------------------------------------------------------------------
     def _step(self, name: str) -> None:
         if self.fault_after and self.fault_after == name:
             log.warning("fault injection: exiting", extra={"kv": {"after": name}})
             os._exit(137)
-
-    # -- helpers ----------------------------------------------------------------------------
-    def _host_ethtool(self) -> ethtool.Ethtool:
-        if self._ethtool is None:
-            self._ethtool = ethtool.Ethtool(self.ns.socket_in(self.ns.host_fd, ethtool.NETLINK_GENERIC))
-        return self._ethtool
-
-    def _ethtool_plans(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-                       ifnames: list[str]) -> dict[str, ethtool.EthtoolPlan]:
-        """Resolve each NIC's ``ethtool`` config on the host (before any move); device -> plan.
-
-        NICs without an ethtool section cost nothing here: no socket is opened.
-        """
-        plans = {}
-        for (_, d), name in zip(netdevs, ifnames, strict=True):
-            cfg = d.config.ethtool
-            if cfg is None or cfg.empty:
-                continue
-            try:
-                plans[d.device] = ethtool.plan(self._host_ethtool(), name, cfg.features, cfg.private_flags)
-            except (ethtool.EthtoolError, OSError) as exc:
-                msg = f"pod {pod.namespace}/{pod.name}: device {d.device}: ethtool failed: {exc}"
-                self._fail(pod, netdevs, d.device, "ethtool", msg)
-                raise HookError(msg) from exc
-        return plans
-
-    def _apply_ethtool(self, pod_fd: int, configs: dict[str, PodLinkConfig],
-                       plans: dict[str, ethtool.EthtoolPlan]) -> None:
-        """Set the planned features and private flags in the pod netns (before link up)."""
-        todo = {dev: p for dev, p in plans.items() if not p.empty()}
-        if not todo:
-            return
-        pod_eth = self._host_ethtool().sibling(self.ns.socket_in(pod_fd, ethtool.NETLINK_GENERIC))
-        try:
-            for dev, p in todo.items():
-                ethtool.apply(pod_eth, dev, configs[dev].ifname, p.features, p.private_flags)
-        finally:
-            pod_eth.close()
 
     def _netdevs(self, pod_uid: str) -> list[tuple[PreparedClaim, PreparedDevice]]:
         claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
@@ -196,10 +147,15 @@ class NRIHooks:
         try:
             states = nic_moves.record_host(self.ns, ifnames, self.sysfs_root)
         except KeyError as exc:
-            self._fail(pod, netdevs, netdevs[0][1].device, "record", str(exc))
+            self.reports.failed(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)}
-        plans = self._ethtool_plans(pod, netdevs, ifnames)
+        try:
+            plans = self.ethtool.plans((d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True))
+        except EthtoolPlanError as exc:
+            msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: ethtool failed: {exc.reason}"
+            self.reports.failed(pod, netdevs, exc.device, "ethtool", msg)
+            raise HookError(msg) from exc
         moved = []
         for (_, d), name in zip(netdevs, ifnames, strict=True):
             st, cfg = states[name], configs[d.device]
@@ -229,7 +185,7 @@ class NRIHooks:
                                         index=states[m.host_ifname].index)
                     self._step(f"run:moved-{i}")
                 step = "ethtool"
-                self._apply_ethtool(pod_fd, configs, plans)
+                self.ethtool.apply_in_pod(pod_fd, {dev: (configs[dev].ifname, p) for dev, p in plans.items()})
                 self._step("run:ethtool")
                 step = "configure"
                 results = nic_moves.configure_pod_links(pod_rtnl, configs)
@@ -243,7 +199,7 @@ class NRIHooks:
             msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
             if rollback:
                 msg += f"; rollback: {rollback}"
-            self._fail(pod, netdevs, device, step, msg)
+            self.reports.failed(pod, netdevs, device, step, msg)
             raise HookError(msg) from exc
 
         def commit(s: DriverState) -> None:
@@ -251,33 +207,7 @@ class NRIHooks:
                 m.step = IN_POD
         self.store.update(commit)
         self._step("run:committed")
-        self._ready(pod, netdevs, results)
-
-    def _ready(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-               results: dict[str, PodLinkResult]) -> None:
-        if self.status is None:
-            return
-        for claim in {c.uid: c for c, _ in netdevs}.values():
-            out = [DeviceResult(d.device, results[d.device].ifname, results[d.device].addresses,
-                                results[d.device].mac) for c, d in netdevs if c.uid == claim.uid]
-            try:
-                self.status.pod_network_ready(pod.uid, claim, out)
-            except Exception:
-                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
-
-    def _fail(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-              device: str, step: str, message: str) -> None:
-        log.error("RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step,
-                                                        "error": message}})
-        if self.status is None:
-            return
-        for claim, d in netdevs:
-            if d.device == device or not device:
-                try:
-                    self.status.pod_network_failed(pod.uid, claim, device, step, message)
-                except Exception:
-                    log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
-                break
+        self.reports.ready(pod, netdevs, results)
 
     # -- Stop / Remove ----------------------------------------------------------------------
     def _return_all(self, pod_uid: str, netns: str = "") -> str:
@@ -305,8 +235,7 @@ class NRIHooks:
                 done.append(m.device)
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
-                    ethtool.apply(self._host_ethtool(), m.device, m.host_ifname, m.host_features,
-                                  m.host_private_flags, step="restore-ethtool")
+                    self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
                 log.info("NIC returned", extra={"kv": {"pod": pod_uid, "device": m.device,
                                                        "ifname": m.host_ifname, "found": how}})
             except (NetnsOpError, OSError) as exc:

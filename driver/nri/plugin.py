@@ -15,12 +15,12 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
 from driver.nri import ttrpc
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
-from dranet_proto import nri_v1alpha1_pb2 as api
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +68,27 @@ class NRIHandler(Protocol):
         """The runtime is shutting down (the plugin will reconnect when it comes back)."""
 
 
+class Backoff(NamedTuple):
+    """Seconds between reconnect attempts: from ``initial``, doubling up to ``maximum``."""
+
+    initial: float
+    maximum: float
+
+
+RECONNECT = Backoff(0.1, 5.0)
+
+
 class NRIPlugin:
     """An external NRI plugin that reconnects with exponential backoff until :meth:`stop`."""
 
-    def __init__(self, socket_path: str, handler: NRIHandler, name: str = DRIVER_NAME, idx: str = "00",
-                 *, backoff_initial: float = 0.1, backoff_max: float = 5.0) -> None:
+    def __init__(self, socket_path: str, handler: NRIHandler, idx: str = "00", *, reconnect: Backoff = RECONNECT) -> None:
         if len(idx) != 2 or not idx.isdigit():
             raise ValueError(f"NRI plugin index must be two digits, got {idx!r}")
         self.socket_path = socket_path or DEFAULT_SOCKET
         self.handler = handler
-        self.name = name
+        self.name = DRIVER_NAME  # the plugin name the runtime logs
         self.idx = idx
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
+        self.reconnect = reconnect
         self.registered = asyncio.Event()  # set while registered with a runtime
         self.sessions = 0  # completed registrations, for tests and metrics
         self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
@@ -93,7 +101,7 @@ class NRIPlugin:
 
     async def run(self) -> None:
         """Connect, serve, and reconnect after each disconnect until :meth:`stop` is called."""
-        delay = self.backoff_initial
+        delay = self.reconnect.initial
         try:
             while not self._stopping.is_set():
                 try:
@@ -104,7 +112,7 @@ class NRIPlugin:
                                                                     "error": str(exc)}})
                 if self._stopping.is_set():
                     break
-                delay = self.backoff_initial if registered else min(delay * 2, self.backoff_max)
+                delay = self.reconnect.initial if registered else min(delay * 2, self.reconnect.maximum)
                 try:
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 except TimeoutError:

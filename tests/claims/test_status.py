@@ -8,7 +8,8 @@ from copy import deepcopy
 from typing import Any
 
 from driver.checkpoint import PreparedClaim, PreparedDevice
-from driver.claims.status import ClaimStatusWriter, DeviceResult, _reason
+from driver.claims.status import ClaimStatusWriter
+from driver.claims.status_entries import DeviceResult, StatusUpdate, reason_for
 from driver.kube.errors import NotFound, Unavailable
 from driver.model.device import Device, HostFacts
 
@@ -136,25 +137,23 @@ def test_unprepared_applies_an_empty_list(tmp_path):
 def test_transition_time_kept_when_status_unchanged(tmp_path):
     kube = FakeKube(api_claim())
     w = writer(kube, tmp_path)
-    from driver.claims.status import _Update
-    w.process(_Update("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "a", [], None)}))
+    w.process(StatusUpdate("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "a", [], None)}))
     first = by_device(kube.claim)["nic-0"]["conditions"][0]["lastTransitionTime"]
     time.sleep(1.1)
-    w.process(_Update("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "b", [], None)}))
+    w.process(StatusUpdate("pod-1", prepared(), ready={"nic-0": DeviceResult("nic-0", "b", [], None)}))
     assert by_device(kube.claim)["nic-0"]["conditions"][0]["lastTransitionTime"] == first
 
 
 def test_retries_are_bounded_and_gone_claims_are_dropped(tmp_path):
-    from driver.claims.status import _Update
     kube = FakeKube(api_claim(), fail_applies=100)
     sleeps: list[float] = []
     w = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), max_attempts=4, backoff=0.5,
                           max_backoff=1.0, sleep=sleeps.append)
-    assert w.process(_Update("pod-1", prepared(), ready={})) is False
+    assert w.process(StatusUpdate("pod-1", prepared(), ready={})) is False
     assert sleeps == [0.5, 1.0, 1.0]
     assert w.dropped == 1
     kube.claim = None
-    assert w.process(_Update("pod-1", prepared(), ready={})) is False
+    assert w.process(StatusUpdate("pod-1", prepared(), ready={})) is False
 
 
 def test_hooks_never_block(tmp_path):
@@ -172,7 +171,7 @@ def test_hooks_never_block(tmp_path):
     w.stop()
 
 
-def test_reason_is_a_valid_condition_reason():
-    assert _reason("move netdev") == "MoveNetdevFailed"
-    assert _reason("") == "NetworkSetupFailed"
-    assert _reason("9x") == "NetworkSetupFailed"
+def test_reason_is_a_valid_conditionreason_for():
+    assert reason_for("move netdev") == "MoveNetdevFailed"
+    assert reason_for("") == "NetworkSetupFailed"
+    assert reason_for("9x") == "NetworkSetupFailed"

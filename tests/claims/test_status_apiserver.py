@@ -29,7 +29,8 @@ from devcluster.demo import allocated_claim, delete_pod, pod_for_template
 from devcluster.sysfs_fixture import build
 from driver.checkpoint import PreparedClaim, PreparedDevice
 from driver.claims.merge import configs_for_request
-from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter, DeviceResult
+from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter
+from driver.claims.status_entries import DeviceResult
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError

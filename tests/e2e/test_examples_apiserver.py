@@ -248,7 +248,8 @@ def test_match_numa_template_allocates_one_numa_node(nd_node: Node) -> None:
                "metadata": {"name": "one-numa0-nic"},
                "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": {
                    "deviceClassName": "dranet.net", "count": 1, "selectors": [{"cel": {"expression":
-                       'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 0'}}]}}]}}}}
+                       'device.attributes["dra.net"]["rdma"] == true && '
+                       'device.attributes["dra.net"]["numaNode"] == 0'}}]}}]}}}}
     create_objects(nd_node.kube, [tmpl, blocker], nd_node.namespace)
     try:
         (taken,) = _schedule(nd_node, "blocker", "one-numa0-nic")

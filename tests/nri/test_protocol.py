@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from driver.nri.mux import MAX_PAYLOAD, Mux
-from driver.nri.plugin import NRIPlugin
+from driver.nri.plugin import Backoff, NRIPlugin
 from dranet_proto import nri_v1alpha1_pb2 as api
 from dranet_proto import ttrpc_pb2
 
@@ -153,7 +153,7 @@ def sock_path() -> Iterator[str]:
 async def _connected(sock_path: str, handler: FakeHandler) -> tuple[FakeRuntime, NRIPlugin, asyncio.Task[None], Peer]:
     rt = FakeRuntime(sock_path)
     await rt.start()
-    plugin = NRIPlugin(sock_path, handler, backoff_initial=0.01, backoff_max=0.05)
+    plugin = NRIPlugin(sock_path, handler, reconnect=Backoff(0.01, 0.05))
     task = asyncio.create_task(plugin.run())
     peer = await rt.next_peer()
     reg = await peer.accept_registration()
@@ -270,7 +270,7 @@ async def test_runtime_disconnects_mid_call_then_plugin_reconnects(sock_path: st
 
 
 async def test_plugin_retries_until_runtime_appears(sock_path: str) -> None:
-    plugin = NRIPlugin(sock_path, FakeHandler(), backoff_initial=0.01, backoff_max=0.05)
+    plugin = NRIPlugin(sock_path, FakeHandler(), reconnect=Backoff(0.01, 0.05))
     task = asyncio.create_task(plugin.run())
     await asyncio.sleep(0.2)  # no socket yet: connection refused, backing off
     rt = FakeRuntime(sock_path)

@@ -182,7 +182,8 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     """Write a PreparedClaim for ``pod_uid`` straight into ``store`` (as NodePrepareResources would).
 
     Each device dict: ``ifname`` (host netdev), optional ``config`` (``{"opaque": [params, ...]}``,
-    decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs), ``rdma_device``, ``numa_node``.
+    decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
+    ``rdma_device``, ``numa_node``.
     """
     from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
     from driver.claims.decode import decode_config
@@ -301,10 +302,10 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     from driver.checkpoint import CheckpointStore
     from driver.nri.hooks import NRIHooks
-    from driver.nri.plugin import NRIPlugin
+    from driver.nri.plugin import Backoff, NRIPlugin
 
     hooks = NRIHooks(CheckpointStore(args.state_dir), host_netns=args.host_netns, sysfs_root=args.sysfs_root)
-    plugin = NRIPlugin(args.socket, hooks, backoff_initial=0.05, backoff_max=0.5)
+    plugin = NRIPlugin(args.socket, hooks, reconnect=Backoff(0.05, 0.5))
 
     async def run() -> None:
         loop = asyncio.get_running_loop()

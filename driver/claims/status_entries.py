@@ -1,0 +1,134 @@
+"""What our entries in a ResourceClaim's ``status.devices`` say: the apply body, built from one update.
+
+Pure: :func:`status_body` turns a :class:`StatusUpdate` (the NRI hooks' :class:`DeviceResult`
+per NIC, or a failure, or "unprepared") and the claim as the API server has it into the
+server-side apply body :class:`~driver.claims.status.ClaimStatusWriter` sends. Entries:
+``networkData`` (interface name in the pod, CIDRs, MAC) and the conditions ``Ready`` and
+``NUMAAligned``; ``lastTransitionTime`` changes only when a condition's status does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from driver.checkpoint import PreparedClaim
+
+READY = "Ready"
+MAX_IPS = 16  # NetworkDeviceData.ips limit
+MAX_IFNAME = 256
+MAX_HWADDR = 128
+MAX_MESSAGE = 32768
+
+
+@dataclass
+class DeviceResult:
+    """How one NIC ended up in the pod (reported by the NRI hooks), for ``networkData``."""
+
+    device: str
+    interface_name: str
+    ips: list[str] = field(default_factory=list)  # CIDRs
+    hardware_address: str | None = None
+
+
+@dataclass
+class StatusUpdate:
+    """One status change for one claim (queued by the writer, turned into an apply body here)."""
+
+    pod_uid: str
+    claim: PreparedClaim
+    ready: dict[str, DeviceResult] = field(default_factory=dict)  # device -> result
+    failed_device: str | None = None
+    failed_step: str = ""
+    failed_message: str = ""
+    clear: bool = False  # drop all our entries (claim unprepared)
+    attempts: int = 0
+    event_posted: bool = False  # retries of the status write must not repeat the event
+
+
+def now_utc() -> str:
+    """The current time as a metav1.Time string."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def reason_for(step: str) -> str:
+    """A metav1.Condition reason (CamelCase, ``[A-Za-z][A-Za-z0-9_,:]*``) for a failed step."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", step) if w]
+    camel = "".join(w[:1].upper() + w[1:] for w in words)
+    if not camel or not camel[0].isalpha():
+        camel = "NetworkSetup"
+    return f"{camel}Failed"
+
+
+def _cidr(ip: str) -> str:
+    if "/" in ip:
+        return ip
+    return f"{ip}/128" if ":" in ip else f"{ip}/32"
+
+
+def status_body(update: StatusUpdate, current: dict[str, Any], driver_name: str,
+                numa: dict[str, str] | None) -> dict[str, Any]:
+    """The SSA body: every one of our entries in the claim ``current``, updated by ``update``,
+    each with the claim's ``NUMAAligned`` condition ``numa``."""
+    claim = update.claim
+    if update.clear:
+        return claim_status_body(claim, [])
+    existing = {
+        (d.get("pool"), d.get("device")): d
+        for d in ((current.get("status") or {}).get("devices") or [])
+        if d.get("driver") == driver_name
+    }
+    now = now_utc()
+    entries = []
+    for dev in claim.devices:
+        old = existing.get((dev.pool, dev.device), {})
+        old_conditions = {c.get("type"): c for c in old.get("conditions") or []}
+        entry: dict[str, Any] = {"driver": driver_name, "pool": dev.pool, "device": dev.device}
+        ready = old_conditions.get(READY)
+        network_data = old.get("networkData")
+        if dev.device in update.ready:
+            result = update.ready[dev.device]
+            ready = {"type": READY, "status": "True", "reason": "NetworkReady",
+                     "message": f"interface {result.interface_name} configured in pod {update.pod_uid}"}
+            network_data = _network_data(result)
+        elif dev.device == update.failed_device:
+            ready = {"type": READY, "status": "False", "reason": reason_for(update.failed_step),
+                     "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE]}
+            network_data = None  # rolled back: the NIC is not in the pod
+        conditions = [c for c in (ready, numa) if c]
+        entry["conditions"] = [_stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
+        if network_data:
+            entry["networkData"] = network_data
+        entries.append(entry)
+    return claim_status_body(claim, entries)
+
+def claim_status_body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ResourceClaim apply body holding ``entries`` as our ``status.devices``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace},
+        "status": {"devices": entries},
+    }
+
+def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[str, Any]:
+    # lastTransitionTime changes only when the status does (metav1.Condition semantics).
+    out = {k: cond[k] for k in ("type", "status", "reason", "message")}
+    if old is not None and old.get("status") == cond["status"] and old.get("lastTransitionTime"):
+        out["lastTransitionTime"] = old["lastTransitionTime"]
+    else:
+        out["lastTransitionTime"] = now
+    return out
+
+def _network_data(result: DeviceResult) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if result.interface_name:
+        data["interfaceName"] = result.interface_name[:MAX_IFNAME]
+    ips = [_cidr(ip) for ip in (result.ips or [])]
+    if ips:
+        data["ips"] = ips[:MAX_IPS]
+    if result.hardware_address:
+        data["hardwareAddress"] = result.hardware_address[:MAX_HWADDR]
+    return data
