@@ -125,9 +125,9 @@ async def _wait_exit(proc: subprocess.Popen[bytes], timeout: float) -> int:
 
 def _healthz_port(log_text: str) -> int:
     for line in log_text.splitlines():
-        if "health server listening" in line:
+        if "probe server listening" in line:
             return int(json.loads(line)["port"])
-    raise AssertionError(f"no health server line in log: {log_text}")
+    raise AssertionError(f"no probe server line in log: {log_text}")
 
 
 def _add_claim(env: Env, name: str, uid: str) -> None:
