@@ -52,8 +52,20 @@ def bench_scan(root: Path, runs: int, exclude: list[str], first_scan: bool = Fal
 
 
 def bench_cli(root: Path, runs: int) -> list[float]:
-    cmd = [sys.executable, "-m", "driver.cli", "--log-level", "error", "discover",
-           "--sysfs-root", str(root), "--output", "json", "--exclude-interfaces", "eth0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "driver.cli",
+        "--log-level",
+        "error",
+        "discover",
+        "--sysfs-root",
+        str(root),
+        "--output",
+        "json",
+        "--exclude-interfaces",
+        "eth0",
+    ]
     samples = []
     for _ in range(runs):
         start = time.perf_counter()

@@ -44,17 +44,43 @@ async def measure(devices: int, idle: float, work: Path, nri: bool) -> dict[str,
         write_nic_sysfs(work / "sys", devices)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        api = subprocess.Popen([sys.executable, "-m", "tests.support.fake_apiserver", "--kubeconfig",
-                                str(work / "kubeconfig")], cwd=ROOT, stdout=subprocess.PIPE)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.fake_apiserver", "--kubeconfig", str(work / "kubeconfig")],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
         procs.append(api)
         assert api.stdout is not None and api.stdout.readline().startswith(b"ready")
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--node-name", "mem-node",
-             *(["--nri-socket", str(work / "no-runtime/nri.sock")] if nri else ["--no-nri"]),
-             "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
-             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(work / "state"), "--runtime-dir", str(work / "run"),
-             "--bind-address", "127.0.0.1:0", "--publish-interval", "0.5"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "driver",
+                "--log-level",
+                "warning",
+                "run",
+                "--node-name",
+                "mem-node",
+                *(["--nri-socket", str(work / "no-runtime/nri.sock")] if nri else ["--no-nri"]),
+                "--kubeconfig",
+                str(work / "kubeconfig"),
+                "--sysfs-root",
+                str(work / "sys"),
+                "--kubelet-root",
+                str(work / "kubelet"),
+                "--state-dir",
+                str(work / "state"),
+                "--runtime-dir",
+                str(work / "run"),
+                "--bind-address",
+                "127.0.0.1:0",
+                "--publish-interval",
+                "0.5",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         procs.append(daemon)
         reg = str(work / "kubelet/plugins_registry/dra.net-reg.sock")
         started = time.monotonic()
@@ -68,8 +94,12 @@ async def measure(devices: int, idle: float, work: Path, nri: bool) -> dict[str,
         while time.monotonic() < end:
             samples.append(status_kb(daemon.pid, "VmRSS") / 1024)
             await asyncio.sleep(0.25)
-        return {"rss_median": statistics.median(samples), "rss_max": max(samples),
-                "hwm": status_kb(daemon.pid, "VmHWM") / 1024, "startup": startup}
+        return {
+            "rss_median": statistics.median(samples),
+            "rss_max": max(samples),
+            "hwm": status_kb(daemon.pid, "VmHWM") / 1024,
+            "startup": startup,
+        }
     finally:
         stop_processes(procs)
 
@@ -78,8 +108,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--idle", type=float, default=5.0)
-    parser.add_argument("--nri", action="store_true",
-                        help="NRI enabled (pointed at a socket nobody serves: the plugin keeps reconnecting)")
+    parser.add_argument(
+        "--nri",
+        action="store_true",
+        help="NRI enabled (pointed at a socket nobody serves: the plugin keeps reconnecting)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dranet-bm-"))
     try:
@@ -88,8 +121,10 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     mode = "NRI on (no runtime)" if args.nri else "--no-nri"
     print(f"idle dranet run {mode}, {args.devices} fixture devices, sampled {args.idle:.0f}s:")
-    print(f"  VmRSS median {r['rss_median']:.1f} MB  max {r['rss_max']:.1f} MB  VmHWM {r['hwm']:.1f} MB"
-          f"  goal <= {GOAL_MB:.0f} MB  ratio {r['rss_max'] / GOAL_MB:.2f}")
+    print(
+        f"  VmRSS median {r['rss_median']:.1f} MB  max {r['rss_max']:.1f} MB  VmHWM {r['hwm']:.1f} MB"
+        f"  goal <= {GOAL_MB:.0f} MB  ratio {r['rss_max'] / GOAL_MB:.2f}"
+    )
     print(f"  start to first GetInfo answered: {r['startup'] * 1000:.0f} ms")
     return 0
 

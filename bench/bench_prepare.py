@@ -47,8 +47,13 @@ def claims_for(devices: list[str], prefix: str, count: int) -> list[dict[str, An
     for i in range(count):
         picks = [devices[(i + k) % len(devices)] for k in range(4)]
         results = [result(d, NODE, "nic/a" if k < 2 else "rdma") for k, d in enumerate(picks)]
-        configs = [{"source": "FromClaim", "requests": ["nic"],
-                    "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
+        configs = [
+            {
+                "source": "FromClaim",
+                "requests": ["nic"],
+                "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}},
+            }
+        ]
         out.append(make_claim("bench", f"{prefix}{i}", f"{prefix}-uid-{i}", results, configs, pods=[f"pod-{i}"]))
     return out
 
@@ -59,17 +64,50 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
     (work / "claims.json").write_text(json.dumps(claims))
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        api = subprocess.Popen([sys.executable, "-m", "tests.support.fake_apiserver", "--kubeconfig",
-                                str(work / "kubeconfig"), "--claims", str(work / "claims.json")],
-                               cwd=ROOT, stdout=subprocess.PIPE)
+        api = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.support.fake_apiserver",
+                "--kubeconfig",
+                str(work / "kubeconfig"),
+                "--claims",
+                str(work / "claims.json"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+        )
         procs.append(api)
         assert api.stdout is not None and api.stdout.readline().startswith(b"ready")
         log = open(work / "daemon.log", "wb")
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "driver", "--log-level", "warning", "run", "--no-nri", "--node-name", NODE,
-             "--kubeconfig", str(work / "kubeconfig"), "--sysfs-root", str(work / "sys"),
-             "--kubelet-root", str(work / "kubelet"), "--state-dir", str(state_dir), "--runtime-dir", str(state_dir),
-             "--bind-address", "127.0.0.1:0"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "driver",
+                "--log-level",
+                "warning",
+                "run",
+                "--no-nri",
+                "--node-name",
+                NODE,
+                "--kubeconfig",
+                str(work / "kubeconfig"),
+                "--sysfs-root",
+                str(work / "sys"),
+                "--kubelet-root",
+                str(work / "kubelet"),
+                "--state-dir",
+                str(state_dir),
+                "--runtime-dir",
+                str(state_dir),
+                "--bind-address",
+                "127.0.0.1:0",
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         procs.append(daemon)
         reg = str(work / "kubelet/plugins_registry/dra.net-reg.sock")
@@ -103,9 +141,16 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
             t0 = time.perf_counter()
             conc = await asyncio.gather(*(one(r) for r in refs))
             wall = (time.perf_counter() - t0) * 1000
-        return {"median": statistics.median(lat), "p99": pct(lat, 99), "max": max(lat),
-                "hit_median": statistics.median(hit), "hit_p99": pct(hit, 99),
-                "conc_wall": wall, "conc_median": statistics.median(conc), "conc_p99": pct(conc, 99)}
+        return {
+            "median": statistics.median(lat),
+            "p99": pct(lat, 99),
+            "max": max(lat),
+            "hit_median": statistics.median(hit),
+            "hit_p99": pct(hit, 99),
+            "conc_wall": wall,
+            "conc_median": statistics.median(conc),
+            "conc_p99": pct(conc, 99),
+        }
     finally:
         stop_processes(procs)
 
@@ -114,9 +159,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--concurrent", type=int, default=100)
-    parser.add_argument("--state-parent", default=None,
-                        help="directory for the checkpoint (default: the temp dir on the root disk); "
-                             "e.g. /dev/shm to see the cost without disk fsync latency")
+    parser.add_argument(
+        "--state-parent",
+        default=None,
+        help="directory for the checkpoint (default: the temp dir on the root disk); "
+        "e.g. /dev/shm to see the cost without disk fsync latency",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="dranet-bp-"))
     state = Path(tempfile.mkdtemp(prefix="dranet-bp-state-", dir=args.state_parent))
@@ -127,11 +175,15 @@ def main() -> int:
         shutil.rmtree(state, ignore_errors=True)
     print(f"checkpoint directory under {state.parent}")
     print(f"NodePrepareResources, new 4-device claim (GET + checkpoint fsync), {args.calls} calls over dra.sock:")
-    print(f"  median {r['median']:.2f} ms  p99 {r['p99']:.2f} ms  max {r['max']:.2f} ms"
-          f"  goal p99 <= {GOAL_P99_MS:.0f} ms  ratio p99/goal {r['p99'] / GOAL_P99_MS:.2f}")
+    print(
+        f"  median {r['median']:.2f} ms  p99 {r['p99']:.2f} ms  max {r['max']:.2f} ms"
+        f"  goal p99 <= {GOAL_P99_MS:.0f} ms  ratio p99/goal {r['p99'] / GOAL_P99_MS:.2f}"
+    )
     print(f"  retry of a prepared claim (checkpoint hit): median {r['hit_median']:.2f} ms  p99 {r['hit_p99']:.2f} ms")
-    print(f"{args.concurrent} claims concurrently (one call each): wall {r['conc_wall']:.1f} ms"
-          f"  per-call median {r['conc_median']:.1f} ms  p99 {r['conc_p99']:.1f} ms")
+    print(
+        f"{args.concurrent} claims concurrently (one call each): wall {r['conc_wall']:.1f} ms"
+        f"  per-call median {r['conc_median']:.1f} ms  p99 {r['conc_p99']:.1f} ms"
+    )
     return 0
 
 

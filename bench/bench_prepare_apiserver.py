@@ -40,11 +40,20 @@ def ms(xs: list[float]) -> str:
 
 def make_claim(kube: KubeClient, name: str, devices: list[str]) -> tuple[str, str, str]:
     """An allocated claim for 4 of our NICs (allocation written like the scheduler does)."""
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": 4}}]}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": 4}}]}},
+    }
     claim = kube.request("POST", f"{RESOURCE_API}/namespaces/{NS}/resourceclaims", body)
-    claim["status"] = {"allocation": {"devices": {"results": [
-        {"request": "nic", "driver": "dra.net", "pool": NODE, "device": d} for d in devices]}}}
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "nic", "driver": "dra.net", "pool": NODE, "device": d} for d in devices]
+            }
+        }
+    }
     kube.request("PUT", f"{RESOURCE_API}/namespaces/{NS}/resourceclaims/{name}/status", claim)
     return (NS, name, claim["metadata"]["uid"])
 
@@ -61,8 +70,10 @@ async def bench(drv: DriverProcess, claims: list[tuple[str, str, str]], concurre
             t0 = time.perf_counter()
             await kubelet.unprepare([c])
             unprep.append(time.perf_counter() - t0)
-        print(f"NodePrepareResources (1 claim, 4 NICs, claim GET from kube-apiserver): {ms(prep)} "
-              f"-> goal p99 <= 20 ms: {'OK' if p99(prep) <= 0.020 else 'OVER'}")
+        print(
+            f"NodePrepareResources (1 claim, 4 NICs, claim GET from kube-apiserver): {ms(prep)} "
+            f"-> goal p99 <= 20 ms: {'OK' if p99(prep) <= 0.020 else 'OVER'}"
+        )
         print(f"NodeUnprepareResources (1 claim): {ms(unprep)}")
 
         async def one(c: tuple[str, str, str]) -> float:
@@ -74,8 +85,10 @@ async def bench(drv: DriverProcess, claims: list[tuple[str, str, str]], concurre
         t0 = time.perf_counter()
         lat = await asyncio.gather(*(one(c) for c in concurrent))
         wall = time.perf_counter() - t0
-        print(f"{len(concurrent)} claims prepared concurrently ({len(concurrent)} parallel calls): "
-              f"wall {wall * 1000:.1f} ms, per call {ms(list(lat))}")
+        print(
+            f"{len(concurrent)} claims prepared concurrently ({len(concurrent)} parallel calls): "
+            f"wall {wall * 1000:.1f} ms, per call {ms(list(lat))}"
+        )
         await kubelet.unprepare(concurrent)
         # The same 100 claims again, now in ONE call (the kubelet batches a pod's claims).
         t0 = time.perf_counter()
@@ -97,11 +110,12 @@ def main() -> int:
             kube = cp.kube()
             cp.create_node(NODE)
             create_objects(kube, seed_docs()[0])
-            drv = DriverProcess(cp.kubeconfig, NODE, build_fixture("nd-h100-v5", work / "sysfs"), work / "drv",
-                                log_level="warning")   # per-claim info logs are not what we measure
+            drv = DriverProcess(
+                cp.kubeconfig, NODE, build_fixture("nd-h100-v5", work / "sysfs"), work / "drv", log_level="warning"
+            )  # per-claim info logs are not what we measure
             drv.start()
             try:
-                claims = [make_claim(kube, f"c{i}", NICS[(i % 2) * 4:(i % 2) * 4 + 4]) for i in range(a.claims)]
+                claims = [make_claim(kube, f"c{i}", NICS[(i % 2) * 4 : (i % 2) * 4 + 4]) for i in range(a.claims)]
                 conc = [make_claim(kube, f"p{i}", NICS[:4]) for i in range(a.concurrent)]
                 asyncio.run(bench(drv, claims, conc))
             finally:

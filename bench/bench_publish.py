@@ -39,14 +39,23 @@ def p99(xs: list[float]) -> float:
 
 def devices(state: int) -> list[Device]:
     """8 RDMA NICs; ``state`` changes one attribute so every call is a real change."""
-    return [Device(name=f"pci-0000-{i:02x}-00-0", attributes={
-        "dra.net/rdma": True, "dra.net/numaNode": i // 4, "dra.net/mtu": 4000 + (state if i == 0 else 0)})
-        for i in range(8)]
+    return [
+        Device(
+            name=f"pci-0000-{i:02x}-00-0",
+            attributes={
+                "dra.net/rdma": True,
+                "dra.net/numaNode": i // 4,
+                "dra.net/mtu": 4000 + (state if i == 0 else 0),
+            },
+        )
+        for i in range(8)
+    ]
 
 
 def slices(kube: KubeClient) -> list[dict]:
-    return kube.request("GET", f"{RESOURCE_API}/resourceslices", query={
-        "fieldSelector": f"spec.driver={DRIVER},spec.nodeName={NODE}"})["items"]
+    return kube.request(
+        "GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.driver={DRIVER},spec.nodeName={NODE}"}
+    )["items"]
 
 
 def mtu_of_first(kube: KubeClient) -> int | None:
@@ -60,7 +69,7 @@ def mtu_of_first(kube: KubeClient) -> int | None:
 async def latency(kube: KubeClient, pub: SlicePublisher, samples: int, interval: float) -> list[float]:
     out = []
     for n in range(1, samples + 1):
-        await asyncio.sleep(interval * 1.05)   # past the rate limit: measure the leading-edge write
+        await asyncio.sleep(interval * 1.05)  # past the rate limit: measure the leading-edge write
         t0 = time.perf_counter()
         pub.update(devices(n))
         while await asyncio.to_thread(mtu_of_first, kube) != 4000 + n:
@@ -94,14 +103,18 @@ async def run(cp: ControlPlane, samples: int, interval: float) -> None:
         while mtu_of_first(kube) != 4000:
             await asyncio.sleep(0.01)
         lat = await latency(kube, pub, samples, interval)
-        print(f"publish latency (update -> visible in API), n={len(lat)}: "
-              f"median {statistics.median(lat) * 1000:.1f} ms, p99 {p99(lat) * 1000:.1f} ms")
+        print(
+            f"publish latency (update -> visible in API), n={len(lat)}: "
+            f"median {statistics.median(lat) * 1000:.1f} ms, p99 {p99(lat) * 1000:.1f} ms"
+        )
         await asyncio.sleep(interval * 1.05)
         n, rounds, api_writes = await storm(kube, pub, 10.0, 100)
         limit = int(10.0 / interval) + 1
-        print(f"storm: {n} updates in 10 s at interval {interval}s -> {rounds} write rounds, "
-              f"{api_writes} slice spec writes seen by the apiserver (goal <= {limit}: "
-              f"{'OK' if api_writes <= limit else 'OVER'})")
+        print(
+            f"storm: {n} updates in 10 s at interval {interval}s -> {rounds} write rounds, "
+            f"{api_writes} slice spec writes seen by the apiserver (goal <= {limit}: "
+            f"{'OK' if api_writes <= limit else 'OVER'})"
+        )
     finally:
         pub.stop()
         await asyncio.wait_for(task, 10)
@@ -111,8 +124,11 @@ LINK_NODE = "bench-link-node"
 
 
 def veth_mtu(kube: KubeClient) -> int | None:
-    for s in kube.request("GET", f"{RESOURCE_API}/resourceslices", query={
-            "fieldSelector": f"spec.driver={DRIVER},spec.nodeName={LINK_NODE}"})["items"]:
+    for s in kube.request(
+        "GET",
+        f"{RESOURCE_API}/resourceslices",
+        query={"fieldSelector": f"spec.driver={DRIVER},spec.nodeName={LINK_NODE}"},
+    )["items"]:
         for d in s["spec"].get("devices") or []:
             if d["attributes"].get("dra.net/ifName", {}).get("string") == "dnb0":
                 return d["attributes"]["dra.net/mtu"]["int"]
@@ -120,8 +136,14 @@ def veth_mtu(kube: KubeClient) -> int | None:
 
 
 def slice_generation(kube: KubeClient) -> int:
-    return sum(s["metadata"]["generation"] for s in kube.request("GET", f"{RESOURCE_API}/resourceslices", query={
-        "fieldSelector": f"spec.driver={DRIVER},spec.nodeName={LINK_NODE}"})["items"])
+    return sum(
+        s["metadata"]["generation"]
+        for s in kube.request(
+            "GET",
+            f"{RESOURCE_API}/resourceslices",
+            query={"fieldSelector": f"spec.driver={DRIVER},spec.nodeName={LINK_NODE}"},
+        )["items"]
+    )
 
 
 def link_bench(cp: ControlPlane, samples: int, interval: float) -> None:
@@ -139,9 +161,19 @@ def link_bench(cp: ControlPlane, samples: int, interval: float) -> None:
     try:
         idx = ipr.link_lookup(ifname="dnb0")[0]
         ipr.link("set", index=idx, mtu=1500)
-        drv = DriverProcess(cp.kubeconfig, LINK_NODE, Path("/sys"), work / "drv", log_level="warning", extra_args=[
-            "--filter", 'device.attributes["dra.net"].ifName in ["dnb0", "dnb1"]',
-            "--publish-interval", str(interval)])
+        drv = DriverProcess(
+            cp.kubeconfig,
+            LINK_NODE,
+            Path("/sys"),
+            work / "drv",
+            log_level="warning",
+            extra_args=[
+                "--filter",
+                'device.attributes["dra.net"].ifName in ["dnb0", "dnb1"]',
+                "--publish-interval",
+                str(interval),
+            ],
+        )
         drv.start()
         deadline = time.monotonic() + 30
         while veth_mtu(kube) != 1500:
@@ -157,21 +189,25 @@ def link_bench(cp: ControlPlane, samples: int, interval: float) -> None:
             while veth_mtu(kube) != mtu:
                 time.sleep(0.002)
             lat.append(time.perf_counter() - t0)
-        print(f"link change (netlink MTU set -> dranet run rescan -> slice visible), n={len(lat)}: "
-              f"median {statistics.median(lat) * 1000:.1f} ms, p99 {p99(lat) * 1000:.1f} ms")
+        print(
+            f"link change (netlink MTU set -> dranet run rescan -> slice visible), n={len(lat)}: "
+            f"median {statistics.median(lat) * 1000:.1f} ms, p99 {p99(lat) * 1000:.1f} ms"
+        )
         time.sleep(interval * 1.05)
         gen0 = slice_generation(kube)
         t0 = time.monotonic()
         n = 0
-        while time.monotonic() - t0 < 10.0:          # 100 link flaps per second
+        while time.monotonic() - t0 < 10.0:  # 100 link flaps per second
             n += 1
             ipr.link("set", index=idx, state="down" if n % 2 else "up")
             time.sleep(max(0.0, t0 + n / 100 - time.monotonic()))
-        time.sleep(interval * 2)                     # let the trailing write land
+        time.sleep(interval * 2)  # let the trailing write land
         writes = slice_generation(kube) - gen0
         limit = int(10.0 / interval) + 1
-        print(f"link storm: {n} flaps in 10 s -> {writes} slice spec writes "
-              f"(goal <= {limit} at interval {interval}s: {'OK' if writes <= limit else 'OVER'})")
+        print(
+            f"link storm: {n} flaps in 10 s -> {writes} slice spec writes "
+            f"(goal <= {limit} at interval {interval}s: {'OK' if writes <= limit else 'OVER'})"
+        )
     finally:
         if drv is not None:
             drv.stop()
@@ -191,13 +227,18 @@ def main() -> int:
     a = ap.parse_args()
     for name, ver in (("k8s", K8S_VERSION), ("etcd", ETCD_VERSION)):
         f = cache_root() / name / ver / "build-seconds"
-        print(f"cold build {name} {ver}: " + (f"{float(f.read_text()):.0f} s" if f.exists() else "not built here (reused binaries)"))
+        print(
+            f"cold build {name} {ver}: "
+            + (f"{float(f.read_text()):.0f} s" if f.exists() else "not built here (reused binaries)")
+        )
     binaries = ensure_control_plane()
     starts = []
-    for _ in range(2):    # the second start is warm (page cache, no build)
+    for _ in range(2):  # the second start is warm (page cache, no build)
         with ControlPlane(binaries) as cp:
             starts.append(cp.start_seconds)
-    print(f"control plane start (etcd+apiserver+scheduler+KCM healthy): first {starts[0]:.2f} s, warm {starts[1]:.2f} s")
+    print(
+        f"control plane start (etcd+apiserver+scheduler+KCM healthy): first {starts[0]:.2f} s, warm {starts[1]:.2f} s"
+    )
     with ControlPlane(binaries) as cp:
         asyncio.run(run(cp, a.samples, a.interval))
         if not a.no_link and os.geteuid() == 0:

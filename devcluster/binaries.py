@@ -26,8 +26,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-K8S_VERSION = "v1.34.10"          # latest v1.34.x the proxy serves AND sum.golang.org verifies (v1.34.11/12: sumdb 404)
-ETCD_VERSION = "v3.6.16"          # latest etcd 3.6.x
+K8S_VERSION = "v1.34.10"  # latest v1.34.x the proxy serves AND sum.golang.org verifies (v1.34.11/12: sumdb 404)
+ETCD_VERSION = "v3.6.16"  # latest etcd 3.6.x
 K8S_MINOR = "1.34"
 K8S_COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 # The real node's binaries, built from the same wrapper module in the same `go build` (shared
@@ -37,12 +37,36 @@ K8S_ALL = K8S_COMPONENTS + K8S_NODE_COMPONENTS
 
 # Every staging module k8s.io/kubernetes v1.34 requires at v0.0.0 (real-cluster.md §1.3).
 K8S_STAGING = (
-    "api", "apiextensions-apiserver", "apimachinery", "apiserver", "cli-runtime", "client-go",
-    "cloud-provider", "cluster-bootstrap", "code-generator", "component-base", "component-helpers",
-    "controller-manager", "cri-api", "cri-client", "csi-translation-lib",
-    "dynamic-resource-allocation", "endpointslice", "externaljwt", "kms", "kube-aggregator",
-    "kube-controller-manager", "kube-proxy", "kube-scheduler", "kubectl", "kubelet", "metrics",
-    "mount-utils", "pod-security-admission", "sample-apiserver", "sample-cli-plugin",
+    "api",
+    "apiextensions-apiserver",
+    "apimachinery",
+    "apiserver",
+    "cli-runtime",
+    "client-go",
+    "cloud-provider",
+    "cluster-bootstrap",
+    "code-generator",
+    "component-base",
+    "component-helpers",
+    "controller-manager",
+    "cri-api",
+    "cri-client",
+    "csi-translation-lib",
+    "dynamic-resource-allocation",
+    "endpointslice",
+    "externaljwt",
+    "kms",
+    "kube-aggregator",
+    "kube-controller-manager",
+    "kube-proxy",
+    "kube-scheduler",
+    "kubectl",
+    "kubelet",
+    "metrics",
+    "mount-utils",
+    "pod-security-admission",
+    "sample-apiserver",
+    "sample-cli-plugin",
     "sample-controller",
 )
 
@@ -87,11 +111,19 @@ class _Watch:
     lines: list[str] = field(default_factory=list)
 
 
-def _run_go(args: Sequence[str], cwd: Path, env: Mapping[str, str], label: str,
-            progress: Progress, started: float, interval: float = 30.0) -> None:
+def _run_go(
+    args: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    label: str,
+    progress: Progress,
+    started: float,
+    interval: float = 30.0,
+) -> None:
     """Run go, echoing a progress line every ``interval`` s; raise with the tail of output."""
-    proc = subprocess.Popen(list(args), cwd=cwd, env=dict(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        list(args), cwd=cwd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     watch = _Watch()
 
     def reader() -> None:
@@ -109,18 +141,27 @@ def _run_go(args: Sequence[str], cwd: Path, env: Mapping[str, str], label: str,
         time.sleep(0.5)
         if time.monotonic() >= next_report:
             next_report += interval
-            progress(f"[{label}] {time.monotonic() - started:6.0f}s elapsed, "
-                     f"{watch.count} packages done, now: {watch.last[:100]}")
+            progress(
+                f"[{label}] {time.monotonic() - started:6.0f}s elapsed, "
+                f"{watch.count} packages done, now: {watch.last[:100]}"
+            )
     t.join(timeout=5)
     if proc.returncode != 0:
         tail = "\n".join(watch.lines[-25:])
         raise RuntimeError(f"{label}: {' '.join(args[:3])} failed (rc={proc.returncode}):\n{tail}")
 
 
-def build_go_tool(name: str, version: str, gomod_text: str, builds: Iterable[GoBuild] | Sequence[str],
-                  *, expect: Sequence[str] = (), progress: Progress = _print_progress,
-                  extra_env: Mapping[str, str] | None = None, extra_files: Mapping[str, str] | None = None,
-                  ) -> Path:
+def build_go_tool(
+    name: str,
+    version: str,
+    gomod_text: str,
+    builds: Iterable[GoBuild] | Sequence[str],
+    *,
+    expect: Sequence[str] = (),
+    progress: Progress = _print_progress,
+    extra_env: Mapping[str, str] | None = None,
+    extra_files: Mapping[str, str] | None = None,
+) -> Path:
     """Build Go binaries from a wrapper module via the module proxy; cached and reused.
 
     ``builds`` is a list of `GoBuild` (or plain package paths, built CGO_ENABLED=0). ``expect``
@@ -138,7 +179,7 @@ def build_go_tool(name: str, version: str, gomod_text: str, builds: Iterable[GoB
     base.mkdir(parents=True, exist_ok=True)
     with open(base / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if all((bin_dir / e).is_file() for e in expect):   # another process built it meanwhile
+        if all((bin_dir / e).is_file() for e in expect):  # another process built it meanwhile
             return bin_dir
         src = base / "src"
         src.mkdir(exist_ok=True)
@@ -178,14 +219,16 @@ def build_go_tool(name: str, version: str, gomod_text: str, builds: Iterable[GoB
 
 def k8s_gomod(version: str = K8S_VERSION, go_line: str = "1.24.0") -> str:
     """Wrapper go.mod for the control plane binaries (real-cluster.md §1.4)."""
-    staging = "v0." + version[len("v1."):]
+    staging = "v0." + version[len("v1.") :]
     replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} {staging}" for m in K8S_STAGING)
     tools = "\n".join(f"\tk8s.io/kubernetes/cmd/{c}" for c in K8S_ALL)
     minor = go_line.rsplit(".", 1)[0]
-    return (f"module example.invalid/k8sbins\n\ngo {go_line}\n\n"
-            f"// upstream's own GODEBUG defaults, not those of our newer toolchain\n"
-            f"godebug default=go{minor}\n\ntool (\n{tools}\n)\n\n"
-            f"require k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n")
+    return (
+        f"module example.invalid/k8sbins\n\ngo {go_line}\n\n"
+        f"// upstream's own GODEBUG defaults, not those of our newer toolchain\n"
+        f"godebug default=go{minor}\n\ntool (\n{tools}\n)\n\n"
+        f"require k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n"
+    )
 
 
 def k8s_ldflags(version: str = K8S_VERSION) -> str:
@@ -193,24 +236,32 @@ def k8s_ldflags(version: str = K8S_VERSION) -> str:
     major, minor = version[1:].split(".")[:2]
     parts = ["-s", "-w"]
     for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
-        parts += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor={major}",
-                  f"-X {pkg}.gitMinor={minor}", f"-X {pkg}.gitTreeState=clean",
-                  f"-X {pkg}.buildDate=1970-01-01T00:00:00Z"]
+        parts += [
+            f"-X {pkg}.gitVersion={version}",
+            f"-X {pkg}.gitMajor={major}",
+            f"-X {pkg}.gitMinor={minor}",
+            f"-X {pkg}.gitTreeState=clean",
+            f"-X {pkg}.buildDate=1970-01-01T00:00:00Z",
+        ]
     return " ".join(parts)
 
 
 def etcd_gomod(version: str = ETCD_VERSION) -> str:
     """Wrapper go.mod for etcd (its own module so MVS doesn't touch k8s' dependency versions)."""
-    return (f"module example.invalid/etcdbin\n\ngo 1.24.0\n\n"
-            f"tool go.etcd.io/etcd/server/v3\n\nrequire go.etcd.io/etcd/server/v3 {version}\n")
+    return (
+        f"module example.invalid/etcdbin\n\ngo 1.24.0\n\n"
+        f"tool go.etcd.io/etcd/server/v3\n\nrequire go.etcd.io/etcd/server/v3 {version}\n"
+    )
 
 
 def build_k8s(version: str = K8S_VERSION, progress: Progress = _print_progress) -> Path:
     """Build (or reuse cached) the control plane binaries plus kubelet and kubectl."""
-    b = GoBuild(packages=tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_ALL),
-                tags=("selinux", "notest", "grpcnotrace"), ldflags=k8s_ldflags(version))
-    return build_go_tool("k8s", version, k8s_gomod(version), [b], expect=K8S_ALL,
-                         progress=progress)
+    b = GoBuild(
+        packages=tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_ALL),
+        tags=("selinux", "notest", "grpcnotrace"),
+        ldflags=k8s_ldflags(version),
+    )
+    return build_go_tool("k8s", version, k8s_gomod(version), [b], expect=K8S_ALL, progress=progress)
 
 
 def build_etcd(version: str = ETCD_VERSION, progress: Progress = _print_progress) -> Path:
@@ -264,9 +315,12 @@ def find_control_plane() -> ControlPlaneBinaries | None:
     found["etcd"] = find_binary("etcd", "3.6") or find_binary("etcd", "3.5")
     if any(v is None for v in found.values()):
         return None
-    return ControlPlaneBinaries(etcd=found["etcd"], kube_apiserver=found["kube-apiserver"],
-                                kube_scheduler=found["kube-scheduler"],
-                                kube_controller_manager=found["kube-controller-manager"])
+    return ControlPlaneBinaries(
+        etcd=found["etcd"],
+        kube_apiserver=found["kube-apiserver"],
+        kube_scheduler=found["kube-scheduler"],
+        kube_controller_manager=found["kube-controller-manager"],
+    )
 
 
 def ensure_control_plane(progress: Progress = _print_progress) -> ControlPlaneBinaries:
@@ -283,9 +337,12 @@ def ensure_control_plane(progress: Progress = _print_progress) -> ControlPlaneBi
             kdir = kdir or build_k8s(progress=progress)
             p = kdir / n
         names[n] = p
-    return ControlPlaneBinaries(etcd=etcd, kube_apiserver=names["kube-apiserver"],
-                                kube_scheduler=names["kube-scheduler"],
-                                kube_controller_manager=names["kube-controller-manager"])
+    return ControlPlaneBinaries(
+        etcd=etcd,
+        kube_apiserver=names["kube-apiserver"],
+        kube_scheduler=names["kube-scheduler"],
+        kube_controller_manager=names["kube-controller-manager"],
+    )
 
 
 def go_available() -> bool:

@@ -78,7 +78,7 @@ class ControlPlaneOptions:
     scheduler: bool = True
     controller_manager: bool = True
     start_timeout: float = 120.0
-    keep_dir: bool = False       # keep the temp dir (logs) after stop, for debugging
+    keep_dir: bool = False  # keep the temp dir (logs) after stop, for debugging
 
 
 class ControlPlaneError(RuntimeError):
@@ -88,8 +88,12 @@ class ControlPlaneError(RuntimeError):
 class ControlPlane:
     """etcd + kube-apiserver + kube-scheduler + kube-controller-manager on loopback."""
 
-    def __init__(self, binaries: ControlPlaneBinaries | None = None,
-                 options: ControlPlaneOptions | None = None, base_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        binaries: ControlPlaneBinaries | None = None,
+        options: ControlPlaneOptions | None = None,
+        base_dir: str | None = None,
+    ) -> None:
         self.binaries = binaries
         self.options = options or ControlPlaneOptions()
         self._base_dir = base_dir
@@ -139,27 +143,49 @@ class ControlPlane:
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        self._spawn("etcd", [str(b.etcd), f"--data-dir={self.dir / 'etcd'}", "--name=default",
-                             f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                             f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-                             f"--initial-cluster=default={peer_url}",
-                             "--unsafe-no-fsync=true", "--log-level=warn"])
+        self._spawn(
+            "etcd",
+            [
+                str(b.etcd),
+                f"--data-dir={self.dir / 'etcd'}",
+                "--name=default",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
         self.server = f"https://127.0.0.1:{api_port}"
-        api = [str(b.kube_apiserver), f"--etcd-servers={etcd_url}",
-               "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-               f"--tls-cert-file={c.serving_crt}", f"--tls-private-key-file={c.serving_key}",
-               f"--client-ca-file={c.ca_crt}",
-               f"--token-auth-file={c.tokens_csv}", "--authorization-mode=RBAC",
-               f"--service-account-issuer={self.server}", f"--service-account-key-file={c.sa_pub}",
-               f"--service-account-signing-key-file={c.sa_key}", "--service-cluster-ip-range=10.0.0.0/24",
-               "--allow-privileged=true",
-               # No KCM serviceaccount controller, and no node-lifecycle controller to lift the
-               # not-ready taint from our kubelet-less Node (real-cluster.md §3.4).
-               "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-               "--endpoint-reconciler-type=none", f"--cert-dir={self.dir / 'pki'}"]
+        api = [
+            str(b.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={c.serving_crt}",
+            f"--tls-private-key-file={c.serving_key}",
+            f"--client-ca-file={c.ca_crt}",
+            f"--token-auth-file={c.tokens_csv}",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={c.sa_pub}",
+            f"--service-account-signing-key-file={c.sa_key}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            # No KCM serviceaccount controller, and no node-lifecycle controller to lift the
+            # not-ready taint from our kubelet-less Node (real-cluster.md §3.4).
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={self.dir / 'pki'}",
+        ]
         api += self._gate_args()
         if self.options.runtime_config:
-            api.append("--runtime-config=" + ",".join(f"{k}={v}" for k, v in sorted(self.options.runtime_config.items())))
+            api.append(
+                "--runtime-config=" + ",".join(f"{k}={v}" for k, v in sorted(self.options.runtime_config.items()))
+            )
         # Started without waiting for etcd: its etcd client retries, and the two start-ups
         # overlap (saves up to ~0.8 s of the ~3 s start).
         self._spawn("kube-apiserver", api)
@@ -170,20 +196,36 @@ class ControlPlane:
         waits = []
         if self.options.scheduler:
             port = free_port()
-            self._spawn("kube-scheduler", [str(b.kube_scheduler), f"--kubeconfig={self.kubeconfig}",
-                                           "--leader-elect=false", "--bind-address=127.0.0.1",
-                                           f"--secure-port={port}", *self._gate_args()])
+            self._spawn(
+                "kube-scheduler",
+                [
+                    str(b.kube_scheduler),
+                    f"--kubeconfig={self.kubeconfig}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    *self._gate_args(),
+                ],
+            )
             waits.append(("kube-scheduler", f"https://127.0.0.1:{port}/healthz"))
         if self.options.controller_manager:
             port = free_port()
-            self._spawn("kube-controller-manager", [
-                str(b.kube_controller_manager), f"--kubeconfig={self.kubeconfig}", "--leader-elect=false",
-                "--controllers=" + ",".join(self.options.controllers), "--bind-address=127.0.0.1",
-                f"--secure-port={port}", *self._gate_args()])
+            self._spawn(
+                "kube-controller-manager",
+                [
+                    str(b.kube_controller_manager),
+                    f"--kubeconfig={self.kubeconfig}",
+                    "--leader-elect=false",
+                    "--controllers=" + ",".join(self.options.controllers),
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    *self._gate_args(),
+                ],
+            )
             waits.append(("kube-controller-manager", f"https://127.0.0.1:{port}/healthz"))
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE   # their serving certs are self-signed, loopback only
+        insecure.verify_mode = ssl.CERT_NONE  # their serving certs are self-signed, loopback only
         for name, url in waits:
             self._wait(name, url, insecure)
 
@@ -212,9 +254,13 @@ class ControlPlane:
         log_path = self.dir / "logs" / f"{name}.log"
         with open(log_path, "wb") as out:
             popen = subprocess.Popen(
-                list(args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,   # own process group: stop() kills the whole tree
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None)
+                list(args),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # own process group: stop() kills the whole tree
+                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+            )
         self.procs.append(_Proc(name, popen, log_path))
 
     def _wait(self, name: str, url: str, ctx: ssl.SSLContext | None) -> None:
@@ -235,7 +281,9 @@ class ControlPlane:
             except (urllib.error.URLError, OSError) as exc:
                 last = str(exc)
             time.sleep(0.05)
-        raise ControlPlaneError(f"{name} not healthy at {url} after {self.options.start_timeout}s ({last}):\n{proc.tail()}")
+        raise ControlPlaneError(
+            f"{name} not healthy at {url} after {self.options.start_timeout}s ({last}):\n{proc.tail()}"
+        )
 
     def pids(self) -> list[int]:
         """PIDs of the running components (for leak checks)."""
@@ -246,8 +294,9 @@ class ControlPlane:
         assert self.kubeconfig is not None, "control plane not started"
         return KubeClient.from_kubeconfig(str(self.kubeconfig))
 
-    def create_node(self, name: str, labels: dict[str, str] | None = None,
-                    allocatable: dict[str, str] | None = None) -> dict[str, Any]:
+    def create_node(
+        self, name: str, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None
+    ) -> dict[str, Any]:
         """Create a schedulable Node (no kubelet behind it); returns the stored object."""
         return create_node(self.kube(), name, labels, allocatable)
 
@@ -264,37 +313,53 @@ def _terminate(popen: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         pass
     try:
-        os.killpg(popen.pid, signal.SIGKILL)   # also reaps any leftover group members
+        os.killpg(popen.pid, signal.SIGKILL)  # also reaps any leftover group members
     except ProcessLookupError:
         pass
     popen.wait(timeout=grace)
 
 
-def create_node(kube: KubeClient, name: str, labels: dict[str, str] | None = None,
-                allocatable: dict[str, str] | None = None) -> dict[str, Any]:
+def create_node(
+    kube: KubeClient, name: str, labels: dict[str, str] | None = None, allocatable: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Create a Ready, schedulable Node with status capacity/allocatable set.
 
     ``pods`` must be non-zero or NodeResourcesFit rejects every pod ("Too many pods").
     """
     res = {"pods": "110", "cpu": "96", "memory": "1800Gi", **(allocatable or {})}
-    node_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                   "kubernetes.io/arch": "amd64", **(labels or {})}
-    status = {"capacity": res, "allocatable": res,
-              "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                              "message": "dranet test node (no kubelet)"}]}
-    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels},
-            "status": status}
+    node_labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        **(labels or {}),
+    }
+    status = {
+        "capacity": res,
+        "allocatable": res,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "dranet test node (no kubelet)"}
+        ],
+    }
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": node_labels}, "status": status}
     node = kube.request("POST", "/api/v1/nodes", body)
     if not node.get("status", {}).get("allocatable"):
         # Some versions drop status on create; set it through the status subresource.
-        node = kube.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": status},
-                            content_type="application/merge-patch+json")
+        node = kube.request(
+            "PATCH", f"/api/v1/nodes/{name}/status", {"status": status}, content_type="application/merge-patch+json"
+        )
     return node
 
 
-_PLURALS = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourceclaimtemplates",
-            "ResourceClaim": "resourceclaims", "ResourceSlice": "resourceslices", "Pod": "pods",
-            "Namespace": "namespaces", "Node": "nodes", "ConfigMap": "configmaps"}
+_PLURALS = {
+    "DeviceClass": "deviceclasses",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
+    "ResourceClaim": "resourceclaims",
+    "ResourceSlice": "resourceslices",
+    "Pod": "pods",
+    "Namespace": "namespaces",
+    "Node": "nodes",
+    "ConfigMap": "configmaps",
+}
 _CLUSTER_SCOPED = {"DeviceClass", "ResourceSlice", "Namespace", "Node"}
 
 
@@ -319,6 +384,7 @@ def create_objects(kube: KubeClient, docs: list[dict[str, Any]], namespace: str 
 def load_yaml_docs(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All YAML documents in a file (empty ones skipped)."""
     import yaml
+
     with open(path) as f:
         return [d for d in yaml.safe_load_all(f) if d]
 
@@ -335,7 +401,9 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what:
         except (KubeError, KeyError, IndexError) as exc:
             last_exc = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else ""))
+    raise TimeoutError(
+        f"timed out after {timeout}s waiting for {what}" + (f" (last error: {last_exc})" if last_exc else "")
+    )
 
 
 def main() -> int:
@@ -344,8 +412,12 @@ def main() -> int:
     # SIGTERM behaves like Ctrl-C, so the context manager stops every process and removes files.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     with ControlPlane() as cp:
-        print(json.dumps({"server": cp.server, "kubeconfig": str(cp.kubeconfig),
-                          "start_seconds": round(cp.start_seconds, 2)}), flush=True)
+        print(
+            json.dumps(
+                {"server": cp.server, "kubeconfig": str(cp.kubeconfig), "start_seconds": round(cp.start_seconds, 2)}
+            ),
+            flush=True,
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:

@@ -45,7 +45,7 @@ class DriverProcess:
     node_name: str
     sysfs_root: Path
     workdir: Path
-    extra_args: list[str] = field(default_factory=list)   # extra `run` flags
+    extra_args: list[str] = field(default_factory=list)  # extra `run` flags
     log_level: str = "info"
     nri_socket: str | None = None  # None: --no-nri (no container runtime in the demo)
     exclude_interfaces: str = "eth0"  # the ND H100 v5 fixture's uplink
@@ -78,17 +78,38 @@ class DriverProcess:
         (self.kubelet_root / "plugins_registry").mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        args = [sys.executable, "-m", "driver", "--log-format", "text",
-                "--log-level", self.log_level, "run",
-                "--node-name", self.node_name, "--sysfs-root", str(self.sysfs_root),
-                "--kubelet-root", str(self.kubelet_root), "--state-dir", str(self.state_dir), "--runtime-dir", str(self.state_dir / "run"),
-                "--kubeconfig", str(self.kubeconfig),
-                *(["--nri-socket", self.nri_socket] if self.nri_socket else ["--no-nri"]),
-                "--exclude-interfaces", self.exclude_interfaces,
-                "--bind-address", f"127.0.0.1:{self.port}", *self.extra_args]
+        args = [
+            sys.executable,
+            "-m",
+            "driver",
+            "--log-format",
+            "text",
+            "--log-level",
+            self.log_level,
+            "run",
+            "--node-name",
+            self.node_name,
+            "--sysfs-root",
+            str(self.sysfs_root),
+            "--kubelet-root",
+            str(self.kubelet_root),
+            "--state-dir",
+            str(self.state_dir),
+            "--runtime-dir",
+            str(self.state_dir / "run"),
+            "--kubeconfig",
+            str(self.kubeconfig),
+            *(["--nri-socket", self.nri_socket] if self.nri_socket else ["--no-nri"]),
+            "--exclude-interfaces",
+            self.exclude_interfaces,
+            "--bind-address",
+            f"127.0.0.1:{self.port}",
+            *self.extra_args,
+        ]
         with open(self.log_path, "ab") as out:
-            self.popen = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=REPO, start_new_session=True)
+            self.popen = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, start_new_session=True
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.popen.poll() is not None:
@@ -138,25 +159,42 @@ class DriverProcess:
 
 def build_fixture(topology: str, out: Path) -> Path:
     """Run the sysfs fixture builder (``python -m devcluster.sysfs_fixture``) into ``out``."""
-    subprocess.run([sys.executable, "-m", "devcluster.sysfs_fixture", "--topology", topology, "--out", str(out)],
-                   check=True, cwd=REPO, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "devcluster.sysfs_fixture", "--topology", topology, "--out", str(out)],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
     return out
 
 
 def seed_docs() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The seed's DeviceClass and ResourceClaimTemplates, read from the example files."""
-    return (load_yaml_docs(EXAMPLE_DIR / "device-class.yaml"),
-            load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml"))
+    return (
+        load_yaml_docs(EXAMPLE_DIR / "device-class.yaml"),
+        load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml"),
+    )
 
 
 def pod_for_template(name: str, template: str, node: str) -> dict[str, Any]:
     """An unscheduled pod pinned to ``node`` by label, using one claim from ``template``."""
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-                     "terminationGracePeriodSeconds": 0,
-                     "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": template}],
-                     "containers": [{"name": "trainer", "image": "registry.k8s.io/pause:3.10",
-                                     "resources": {"claims": [{"name": "devices"}]}}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 0,
+            "resourceClaims": [{"name": "devices", "resourceClaimTemplateName": template}],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "devices"}]},
+                }
+            ],
+        },
+    }
 
 
 def allocated_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -172,11 +210,13 @@ def allocated_claim(kube: KubeClient, namespace: str, pod: str) -> dict[str, Any
 def slice_devices(kube: KubeClient, node: str) -> dict[tuple[str, str, str], dict[str, Any]]:
     """(driver, pool, device) -> device attributes, from every slice on ``node``."""
     out = {}
-    for s in kube.request("GET", f"{RESOURCE_API}/resourceslices",
-                          query={"fieldSelector": f"spec.nodeName={node}"})["items"]:
+    for s in kube.request("GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={node}"})[
+        "items"
+    ]:
         for d in s["spec"].get("devices") or []:
             out[(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"])] = {
-                k: next(iter(v.values())) for k, v in (d.get("attributes") or {}).items()}
+                k: next(iter(v.values())) for k, v in (d.get("attributes") or {}).items()
+            }
     return out
 
 
@@ -186,10 +226,17 @@ def allocation_rows(kube: KubeClient, claim: dict[str, Any], node: str) -> list[
     rows = []
     for r in claim["status"]["allocation"]["devices"]["results"]:
         a = attrs.get((r["driver"], r["pool"], r["device"]), {})
-        rows.append({"request": r["request"], "driver": r["driver"], "device": r["device"],
-                     "ifName": a.get("dra.net/ifName", ""), "rdma": a.get("dra.net/rdmaDevice", ""),
-                     "pciBusID": a.get("resource.kubernetes.io/pciBusID", ""),
-                     "numa": a.get("dra.net/numaNode", a.get(f"{gpu_double.GPU_DRIVER}/numaNode", "?"))})
+        rows.append(
+            {
+                "request": r["request"],
+                "driver": r["driver"],
+                "device": r["device"],
+                "ifName": a.get("dra.net/ifName", ""),
+                "rdma": a.get("dra.net/rdmaDevice", ""),
+                "pciBusID": a.get("resource.kubernetes.io/pciBusID", ""),
+                "numa": a.get("dra.net/numaNode", a.get(f"{gpu_double.GPU_DRIVER}/numaNode", "?")),
+            }
+        )
     return rows
 
 
@@ -206,8 +253,11 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """One line: the NUMA nodes of the claim's GPUs and NICs, and whether they line up."""
     gpus = sorted({r["numa"] for r in rows if r["driver"] == gpu_double.GPU_DRIVER})
     nics = sorted({r["numa"] for r in rows if r["driver"] == "dra.net"})
-    verdict = "NUMA-aligned (GPU<->NIC traffic stays on one socket)" if gpus == nics and len(gpus) == 1 \
+    verdict = (
+        "NUMA-aligned (GPU<->NIC traffic stays on one socket)"
+        if gpus == nics and len(gpus) == 1
         else "NOT aligned (GPU<->NIC traffic crosses the inter-socket link)"
+    )
     return f"  GPUs on NUMA {gpus}, NICs on NUMA {nics}: {verdict}"
 
 
@@ -240,7 +290,9 @@ def run_demo() -> int:
             try:
                 drv.start()
                 wait_for(lambda: any(k[0] == "dra.net" for k in slice_devices(kube, node)), 30, what="dra.net slices")
-                print("4/6 GPU driver TEST DOUBLE (gpu.nvidia.com slice + DeviceClass) and the seed example", flush=True)
+                print(
+                    "4/6 GPU driver TEST DOUBLE (gpu.nvidia.com slice + DeviceClass) and the seed example", flush=True
+                )
                 gpu_double.install(kube, node)
                 classes, templates = seed_docs()
                 create_objects(kube, classes)
@@ -249,14 +301,19 @@ def run_demo() -> int:
                 for template in (ALIGNED, UNALIGNED):
                     pod = template.replace("h100-4gpu-4nic-", "trainer-")
                     create_objects(kube, [pod_for_template(pod, template, node)], "default")
-                    claim = wait_for(lambda pod=pod: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation")
+                    claim = wait_for(
+                        lambda pod=pod: allocated_claim(kube, "default", pod), 60, what=f"{pod} allocation"
+                    )
                     rows = allocation_rows(kube, claim, node)
                     print_table(f"pod {pod} -> claim {claim['metadata']['name']} (template {template})", rows)
                     print(summary(rows))
                     # Both templates want the same 4 GPUs: free them for the next pod.
                     delete_pod(kube, "default", pod)
-                    wait_for(lambda: not kube.request("GET", f"{RESOURCE_API}/namespaces/default/resourceclaims")["items"],
-                             60, what="claim released")
+                    wait_for(
+                        lambda: not kube.request("GET", f"{RESOURCE_API}/namespaces/default/resourceclaims")["items"],
+                        60,
+                        what="claim released",
+                    )
                 print(f"\n6/6 done in {time.monotonic() - t0:.0f}s; cleaning up", flush=True)
             finally:
                 # Cluster objects vanish with the control plane; only the process needs stopping.

@@ -59,8 +59,7 @@ def build(version: str = HELM_VERSION) -> str:
     if minor:
         for pkg in ("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"):
             ldflags += f" -X {pkg}.k8sVersionMajor=1 -X {pkg}.k8sVersionMinor={minor}"
-    subprocess.run([go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}@{version}"],
-                   check=True, env=env)
+    subprocess.run([go, "install", "-trimpath", f"-ldflags={ldflags}", f"{HELM_MODULE}@{version}"], check=True, env=env)
     return str(dest / "helm")
 
 

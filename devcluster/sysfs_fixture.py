@@ -38,7 +38,7 @@ def load_topology(name: str) -> dict[str, Any]:
 
 
 def _rid_to_bdf(domain: int, rid: int) -> str:
-    return f"{domain:04x}:{rid >> 8:02x}:{(rid >> 3) & 0x1f:02x}.{rid & 7}"
+    return f"{domain:04x}:{rid >> 8:02x}:{(rid >> 3) & 0x1F:02x}.{rid & 7}"
 
 
 def _bdf_to_rid(bdf: str) -> tuple[int, int]:
@@ -48,7 +48,7 @@ def _bdf_to_rid(bdf: str) -> tuple[int, int]:
 
 
 def _mac(seed: int, prefix: str = "0c:42:a1") -> str:
-    return f"{prefix}:{(seed >> 16) & 0xff:02x}:{(seed >> 8) & 0xff:02x}:{seed & 0xff:02x}"
+    return f"{prefix}:{(seed >> 16) & 0xFF:02x}:{(seed >> 8) & 0xFF:02x}:{seed & 0xFF:02x}"
 
 
 @dataclass
@@ -142,8 +142,9 @@ class Builder:
                 self.link(f"class/infiniband_mad/{entry}", mdir)
 
     # -- PCI ----------------------------------------------------------------------------------
-    def pci(self, spec: dict[str, Any], parent: Path | None = None, cpus: dict[int, str] | None = None,
-            all_cpus: str = "0") -> Path:
+    def pci(
+        self, spec: dict[str, Any], parent: Path | None = None, cpus: dict[int, str] | None = None, all_cpus: str = "0"
+    ) -> Path:
         bdf = spec["bdf"]
         if parent is None:
             # The host bridge is named after the bus of the topmost device below it.
@@ -181,18 +182,32 @@ class Builder:
             vf_bdf = _rid_to_bdf(dom, rid + sr["offset"] + n * sr.get("stride", 1))
             kernel = n not in vfio
             spec: dict[str, Any] = {
-                "bdf": vf_bdf, "class": pf["class"], "vendor": pf["vendor"], "device": sr["vf_device"],
-                "subsystem_vendor": pf["subsystem_vendor"], "subsystem_device": pf["subsystem_device"],
+                "bdf": vf_bdf,
+                "class": pf["class"],
+                "vendor": pf["vendor"],
+                "device": sr["vf_device"],
+                "subsystem_vendor": pf["subsystem_vendor"],
+                "subsystem_device": pf["subsystem_device"],
                 "numa_node": pf.get("numa_node", -1),
                 "driver": sr.get("vf_driver", pf.get("driver")) if kernel else "vfio-pci",
             }
             if kernel and sr.get("net_prefix"):
-                spec["net"] = [{"name": f"{sr['net_prefix']}{n}", "address": _mac(sr["mac_base"] + n),
-                                "mtu": sr.get("mtu", 1500), "ifindex": sr["ifindex_base"] + n,
-                                "operstate": sr.get("operstate", "up"), "speed": sr.get("speed", 100000)}]
+                spec["net"] = [
+                    {
+                        "name": f"{sr['net_prefix']}{n}",
+                        "address": _mac(sr["mac_base"] + n),
+                        "mtu": sr.get("mtu", 1500),
+                        "ifindex": sr["ifindex_base"] + n,
+                        "operstate": sr.get("operstate", "up"),
+                        "speed": sr.get("speed", 100000),
+                    }
+                ]
             if kernel and sr.get("rdma_prefix") is not None:
-                spec["rdma"] = {"name": f"{sr['rdma_prefix']}{sr['rdma_base'] + n}",
-                                "link_layer": sr["link_layer"], "rate": sr["rate"]}
+                spec["rdma"] = {
+                    "name": f"{sr['rdma_prefix']}{sr['rdma_base'] + n}",
+                    "link_layer": sr["link_layer"],
+                    "rate": sr["rate"],
+                }
             vfdir = self.pci(spec, parent, cpus, all_cpus)
             self.link(vfdir / "physfn", pfdir)
             self.link(pfdir / f"virtfn{n}", vfdir)

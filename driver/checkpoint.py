@@ -177,13 +177,21 @@ def _v1_config(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
-    claims = {uid: {**c, "devices": [{**d, "config": _v1_config(d.get("config"))} for d in c.get("devices", [])]}
-              for uid, c in data.get("claims", {}).items()}
+    claims = {
+        uid: {**c, "devices": [{**d, "config": _v1_config(d.get("config"))} for d in c.get("devices", [])]}
+        for uid, c in data.get("claims", {}).items()
+    }
     dropped = ("rdma_moved", "host_up")  # never read: a moved RDMA device follows its netdev; links come back up
-    pods = {uid: {**p, "devices": [{k: v for k, v in d.items() if k not in dropped} for d in p.get("devices", [])]}
-            for uid, p in data.get("pods", {}).items()}
-    return {**data, "version": 2, **({"claims": claims} if "claims" in data else {}),
-            **({"pods": pods} if "pods" in data else {})}
+    pods = {
+        uid: {**p, "devices": [{k: v for k, v in d.items() if k not in dropped} for d in p.get("devices", [])]}
+        for uid, p in data.get("pods", {}).items()
+    }
+    return {
+        **data,
+        "version": 2,
+        **({"claims": claims} if "claims" in data else {}),
+        **({"pods": pods} if "pods" in data else {}),
+    }
 
 
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
@@ -198,8 +206,10 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     """
     version = data.get("version")
     if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-        raise CheckpointError(f"checkpoint schema version {version} was written by a newer driver (this one "
-                              f"reads versions 1 to {SCHEMA_VERSION}); refusing to start rather than lose state")
+        raise CheckpointError(
+            f"checkpoint schema version {version} was written by a newer driver (this one "
+            f"reads versions 1 to {SCHEMA_VERSION}); refusing to start rather than lose state"
+        )
     while version in MIGRATIONS:
         data = MIGRATIONS[version](data)
         version = data["version"]
@@ -238,8 +248,9 @@ class CheckpointStore:
     FILENAME = "checkpoint.json"
     PODS_FILENAME = "pods.json"
 
-    def __init__(self, directory: str | os.PathLike[str],
-                 runtime_directory: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], runtime_directory: str | os.PathLike[str] | None = None
+    ) -> None:
         self.directory = Path(directory)
         self.runtime_directory = Path(runtime_directory) if runtime_directory else self.directory
         self.path = self.directory / self.FILENAME
@@ -257,9 +268,13 @@ class CheckpointStore:
         pods = self._load_part(self.pods_path)
         try:
             # A checkpoint from before the split holds the pods too; keep them.
-            return DriverState.from_json({"version": SCHEMA_VERSION,
-                                          "claims": claims.get("claims", {}),
-                                          "pods": {**claims.get("pods", {}), **pods.get("pods", {})}})
+            return DriverState.from_json(
+                {
+                    "version": SCHEMA_VERSION,
+                    "claims": claims.get("claims", {}),
+                    "pods": {**claims.get("pods", {}), **pods.get("pods", {})},
+                }
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"cannot parse {self.path} / {self.pods_path}: {exc}") from exc
 
@@ -313,8 +328,10 @@ class CheckpointStore:
         for uid in sorted(claims):
             cached = self._encoded.get(uid)
             if cached is None or cached[0] is not claims[uid]:
-                cached = (claims[uid], json.dumps(claims[uid].to_dict(), sort_keys=True,
-                                                  separators=(",", ":")).encode())
+                cached = (
+                    claims[uid],
+                    json.dumps(claims[uid].to_dict(), sort_keys=True, separators=(",", ":")).encode(),
+                )
                 self._encoded[uid] = cached
             pieces.append(json.dumps(uid).encode() + b":" + cached[1])
         for uid in self._encoded.keys() - claims.keys():

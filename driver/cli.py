@@ -33,11 +33,17 @@ def _env(name: str, default: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for all subcommands."""
     parser = argparse.ArgumentParser(
-        prog="dranet", description=f"Kubernetes DRA driver for network interfaces and RDMA NICs ({default('driver_name')})")
-    parser.add_argument("--log-level", default=_env("DRANET_LOG_LEVEL", str(default("log_level"))),
-                        choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default=_env("DRANET_LOG_FORMAT", str(default("log_format"))),
-                        choices=["json", "text"])
+        prog="dranet",
+        description=f"Kubernetes DRA driver for network interfaces and RDMA NICs ({default('driver_name')})",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=_env("DRANET_LOG_LEVEL", str(default("log_level"))),
+        choices=["debug", "info", "warning", "error"],
+    )
+    parser.add_argument(
+        "--log-format", default=_env("DRANET_LOG_FORMAT", str(default("log_format"))), choices=["json", "text"]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the node driver daemon (kubelet plugin, NRI plugin, slices)")
@@ -46,22 +52,44 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--sysfs-root", default=default("sysfs_root"))
     run.add_argument("--kubelet-root", default=default("kubelet_root"))
     run.add_argument("--state-dir", default=default("state_dir"), help="prepared-claims checkpoint (on disk)")
-    run.add_argument("--runtime-dir", default=default("runtime_dir"),
-                     help="pod network state (tmpfs: survives driver restarts, cleared by reboots)")
-    run.add_argument("--host-netns", default=default("host_netns"),
-                     help="the host network namespace NICs return to (hostNetwork pod: its own)")
+    run.add_argument(
+        "--runtime-dir",
+        default=default("runtime_dir"),
+        help="pod network state (tmpfs: survives driver restarts, cleared by reboots)",
+    )
+    run.add_argument(
+        "--host-netns",
+        default=default("host_netns"),
+        help="the host network namespace NICs return to (hostNetwork pod: its own)",
+    )
     run.add_argument("--nri-socket", default=default("nri_socket"))
-    run.add_argument("--no-nri", dest="nri_enabled", action="store_false",
-                     help="do not connect to the container runtime (tests, discovery-only nodes)")
+    run.add_argument(
+        "--no-nri",
+        dest="nri_enabled",
+        action="store_false",
+        help="do not connect to the container runtime (tests, discovery-only nodes)",
+    )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    run.add_argument("--filter", default=default("filter"),
-                     help="CEL expression over `device` (DeviceClass syntax); empty disables filtering")
-    run.add_argument("--exclude-interfaces", default="",
-                     help="comma-separated interfaces treated like the uplink (never published, with their slaves)")
+    run.add_argument(
+        "--filter",
+        default=default("filter"),
+        help="CEL expression over `device` (DeviceClass syntax); empty disables filtering",
+    )
+    run.add_argument(
+        "--exclude-interfaces",
+        default="",
+        help="comma-separated interfaces treated like the uplink (never published, with their slaves)",
+    )
     run.add_argument("--bind-address", default=default("bind_address"), help="address of /healthz and /metrics")
-    run.add_argument("--publish-interval", type=float, default=default("publish_interval"),
-                     help="seconds: at most one ResourceSlice write per interval")
-    run.add_argument("--resync-interval", type=float, default=default("resync_interval"), help="seconds between full rescans")
+    run.add_argument(
+        "--publish-interval",
+        type=float,
+        default=default("publish_interval"),
+        help="seconds: at most one ResourceSlice write per interval",
+    )
+    run.add_argument(
+        "--resync-interval", type=float, default=default("resync_interval"), help="seconds between full rescans"
+    )
 
     disc = sub.add_parser("discover", help="print the devices this node would publish")
     disc.add_argument("--sysfs-root", default=default("sysfs_root"))
@@ -78,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--host", default=None, help="address the apiserver uses to reach the webhook")
     hook.add_argument("--tls-cert", default=None)
     hook.add_argument("--tls-key", default=None)
-    hook.add_argument("--manage-configuration", action="store_true",
-                      help="create/patch the ValidatingWebhookConfiguration itself")
+    hook.add_argument(
+        "--manage-configuration", action="store_true", help="create/patch the ValidatingWebhookConfiguration itself"
+    )
     hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"])
 
     topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")

@@ -48,8 +48,9 @@ def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
 class Daemon:
     """Owns the components of one node driver and their lifecycle."""
 
-    def __init__(self, config: DriverConfig, kube: KubeClient, store: CheckpointStore,
-                 metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, config: DriverConfig, kube: KubeClient, store: CheckpointStore, metrics: Metrics | None = None
+    ) -> None:
         self.config = config
         self.kube = kube
         self.store = store
@@ -61,15 +62,23 @@ class Daemon:
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scan_fn = self._build_scanner()
-        self.publisher = SlicePublisher(kube, config.driver_name, config.node_name,
-                                        interval=config.publish_interval, metrics=self.metrics)
-        self.status_writer = ClaimStatusWriter(kube, config.node_name, driver_name=config.driver_name,
-                                               sysfs_root=config.sysfs_root)
+        self.publisher = SlicePublisher(
+            kube, config.driver_name, config.node_name, interval=config.publish_interval, metrics=self.metrics
+        )
+        self.status_writer = ClaimStatusWriter(
+            kube, config.node_name, driver_name=config.driver_name, sysfs_root=config.sysfs_root
+        )
         self.health_feed = DeviceHealthFeed()
         # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
         # naming the field, at prepare time, not a pod that fails to start.
-        self.preparer = Preparer(kube, store, lambda: self.inventory, config.driver_name, config.node_name,
-                                 on_unprepare=self.status_writer.claim_unprepared)
+        self.preparer = Preparer(
+            kube,
+            store,
+            lambda: self.inventory,
+            config.driver_name,
+            config.node_name,
+            on_unprepare=self.status_writer.claim_unprepared,
+        )
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
         self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)
 
@@ -80,8 +89,9 @@ class Daemon:
 
         The filter is compiled here so a bad ``--filter`` stops the daemon at start.
         """
-        scanner = Scanner(self.config.sysfs_root, netlink=self.config.host_sysfs,
-                          exclude_interfaces=self.config.exclude_interfaces)
+        scanner = Scanner(
+            self.config.sysfs_root, netlink=self.config.host_sysfs, exclude_interfaces=self.config.exclude_interfaces
+        )
         device_filter = DeviceFilter(self.config.filter, self.config.driver_name) if self.config.filter else None
 
         def scan() -> list[Device]:
@@ -119,12 +129,18 @@ class Daemon:
         self.metrics.set_devices(len(devices), rdma)
         self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
-            self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices})
-        states = await asyncio.to_thread(device_health_states, self.inventory, self.config.node_name,
-                                         self.config.sysfs_root, allocated.__contains__)
+            self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices}
+        )
+        states = await asyncio.to_thread(
+            device_health_states, self.inventory, self.config.node_name, self.config.sysfs_root, allocated.__contains__
+        )
         await self.health_feed.set(states)
-        log.info("scan done", extra={"kv": {"devices": len(devices), "rdma": rdma,
-                                            "ms": round((time.perf_counter() - started) * 1000, 1)}})
+        log.info(
+            "scan done",
+            extra={
+                "kv": {"devices": len(devices), "rdma": rdma, "ms": round((time.perf_counter() - started) * 1000, 1)}
+            },
+        )
 
     async def _rescan_loop(self) -> None:
         while True:
@@ -187,8 +203,9 @@ class Daemon:
 
         # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
         # logged and retried, never fatal for the kubelet plugin.
-        hooks = NRIHooks(self.store, status=self.status_writer, host_netns=self.config.host_netns,
-                         sysfs_root=self.config.sysfs_root)
+        hooks = NRIHooks(
+            self.store, status=self.status_writer, host_netns=self.config.host_netns, sysfs_root=self.config.sysfs_root
+        )
         await NRIPlugin(self.config.nri_socket, handler=hooks).run()
 
     async def shutdown(self) -> None:
@@ -212,8 +229,10 @@ async def _main(config: DriverConfig) -> int:
     try:
         kube = KubeClient.from_kubeconfig(config.kubeconfig)
     except Exception as exc:  # noqa: BLE001 - any client setup failure stops the daemon with its reason
-        log.error("cannot configure the Kubernetes client", extra={"kv": {
-            "kubeconfig": config.kubeconfig or "<in-cluster>", "error": str(exc)}})
+        log.error(
+            "cannot configure the Kubernetes client",
+            extra={"kv": {"kubeconfig": config.kubeconfig or "<in-cluster>", "error": str(exc)}},
+        )
         return 1
     try:
         daemon = Daemon(config, kube, store)
@@ -223,9 +242,18 @@ async def _main(config: DriverConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.stopping.set)
-    log.info("dranet starting", extra={"kv": {"node": config.node_name, "driver": config.driver_name,
-                                              "sysfs": config.sysfs_root, "state_dir": config.state_dir,
-                                              "nri": config.nri_enabled}})
+    log.info(
+        "dranet starting",
+        extra={
+            "kv": {
+                "node": config.node_name,
+                "driver": config.driver_name,
+                "sysfs": config.sysfs_root,
+                "state_dir": config.state_dir,
+                "nri": config.nri_enabled,
+            }
+        },
+    )
     return await daemon.run()
 
 

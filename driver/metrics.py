@@ -21,19 +21,40 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         reg = self.registry
         by_call = ["method", "status"]
-        self.requests = Counter("dra_plugin_requests", "Kubelet DRA gRPC requests by method and status (ok|error).",
-                                by_call, namespace=NAMESPACE, registry=reg)
-        self.latency = Histogram("dra_plugin_latency_seconds", "Kubelet DRA gRPC request latency by method and status.",
-                                 by_call, namespace=NAMESPACE, registry=reg, buckets=LATENCY_BUCKETS)
-        self.claim_errors = Counter("dra_plugin_claim_errors", "Claims answered with a per-claim error, by method.",
-                                    ["method"], namespace=NAMESPACE, registry=reg)
-        self.published_devices = Gauge("published_devices", "Devices in this node's ResourceSlices.",
-                                       namespace=NAMESPACE, registry=reg)
-        self.published_rdma_devices = Gauge("published_rdma_devices", "Published devices with dra.net/rdma=true.",
-                                            namespace=NAMESPACE, registry=reg)
-        self.last_publish = Gauge("last_publish_timestamp_seconds",
-                                  "Unix time of the last successful ResourceSlice write.", namespace=NAMESPACE,
-                                  registry=reg)
+        self.requests = Counter(
+            "dra_plugin_requests",
+            "Kubelet DRA gRPC requests by method and status (ok|error).",
+            by_call,
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "dra_plugin_latency_seconds",
+            "Kubelet DRA gRPC request latency by method and status.",
+            by_call,
+            namespace=NAMESPACE,
+            registry=reg,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.claim_errors = Counter(
+            "dra_plugin_claim_errors",
+            "Claims answered with a per-claim error, by method.",
+            ["method"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self.published_devices = Gauge(
+            "published_devices", "Devices in this node's ResourceSlices.", namespace=NAMESPACE, registry=reg
+        )
+        self.published_rdma_devices = Gauge(
+            "published_rdma_devices", "Published devices with dra.net/rdma=true.", namespace=NAMESPACE, registry=reg
+        )
+        self.last_publish = Gauge(
+            "last_publish_timestamp_seconds",
+            "Unix time of the last successful ResourceSlice write.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:
         """Count one gRPC request and record its latency."""

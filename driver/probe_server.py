@@ -42,7 +42,9 @@ class ProbeServer:
         return web.Response(status=503, text="not ready\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        )
 
     async def start(self) -> None:
         """Bind and serve; :attr:`port` is the real port afterwards (useful with port 0)."""

@@ -87,9 +87,18 @@ def validate(body: kopf.Body, resource: Any, old: Any = None, operation: str | N
     problems = review(resource.plural, dict(body))
     if problems:
         meta = body.get("metadata") or {}
-        log.info("rejected", extra={"kv": {"resource": resource.plural, "namespace": meta.get("namespace"),
-                                           "name": meta.get("name"), "operation": operation,
-                                           "problems": problems}})
+        log.info(
+            "rejected",
+            extra={
+                "kv": {
+                    "resource": resource.plural,
+                    "namespace": meta.get("namespace"),
+                    "name": meta.get("name"),
+                    "operation": operation,
+                    "problems": problems,
+                }
+            },
+        )
         raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
 
 
@@ -105,9 +114,13 @@ class AnyPathWebhookServer(kopf.WebhookServer):
     @staticmethod
     async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
         # kopf.WebhookFn's signature; kopf does not export its Request/Response types.
-        async def by_resource(request: Any, *, webhook: str | None = None,
-                              headers: dict[str, str] | None = None,
-                              sslpeer: dict[str, Any] | None = None) -> Any:
+        async def by_resource(
+            request: Any,
+            *,
+            webhook: str | None = None,
+            headers: dict[str, str] | None = None,
+            sslpeer: dict[str, Any] | None = None,
+        ) -> Any:
             return await fn(request, webhook=None, headers=headers, sslpeer=sslpeer)
 
         return await kopf.WebhookServer._serve(by_resource, request)
@@ -121,8 +134,11 @@ def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegis
     """
     registry = kopf.OperatorRegistry()
     kopf.on.validate(
-        _is_claim_resource, id=HANDLER_ID, operations=["CREATE", "UPDATE"],
-        ignore_failures=options.failure_policy == "Ignore", registry=registry,
+        _is_claim_resource,
+        id=HANDLER_ID,
+        operations=["CREATE", "UPDATE"],
+        ignore_failures=options.failure_policy == "Ignore",
+        registry=registry,
     )(validate)
 
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -132,8 +148,12 @@ def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegis
         settings.scanning.disabled = True  # no CRD/namespace watches: resources found once at start
         settings.posting.enabled = False  # no k8s events from kopf's own logs
         settings.admission.server = AnyPathWebhookServer(
-            addr=options.listen, port=options.port, host=options.host,
-            certfile=tls.certfile, pkeyfile=tls.keyfile, cadata=tls.cadata,
+            addr=options.listen,
+            port=options.port,
+            host=options.host,
+            certfile=tls.certfile,
+            pkeyfile=tls.keyfile,
+            cadata=tls.cadata,
         )
         # kopf's own management would also create an empty MutatingWebhookConfiguration (it
         # always manages both kinds); we manage only the validating one (ConfigurationManager).
@@ -158,17 +178,26 @@ def webhook_configuration(options: WebhookOptions, cadata: bytes | None) -> dict
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": MANAGED_CONFIGURATION},
-        "webhooks": [{
-            "name": f"claims.{DRIVER_NAME}",
-            "rules": [{"apiGroups": [GROUP], "apiVersions": [VERSION], "operations": ["CREATE", "UPDATE"],
-                       "resources": sorted(SPEC_PATHS), "scope": "Namespaced"}],
-            "failurePolicy": options.failure_policy,
-            "matchPolicy": "Equivalent",  # also sees v1beta1/v1beta2 requests, converted to v1
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-            "clientConfig": client_config,
-        }],
+        "webhooks": [
+            {
+                "name": f"claims.{DRIVER_NAME}",
+                "rules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": sorted(SPEC_PATHS),
+                        "scope": "Namespaced",
+                    }
+                ],
+                "failurePolicy": options.failure_policy,
+                "matchPolicy": "Equivalent",  # also sees v1beta1/v1beta2 requests, converted to v1
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+                "clientConfig": client_config,
+            }
+        ],
     }
 
 
@@ -215,8 +244,10 @@ class ConfigurationManager:
         while True:
             try:
                 await asyncio.to_thread(self._apply, body)
-                log.info("webhook configuration applied", extra={"kv": {"name": MANAGED_CONFIGURATION,
-                                                                        "url": body["webhooks"][0]["clientConfig"]["url"]}})
+                log.info(
+                    "webhook configuration applied",
+                    extra={"kv": {"name": MANAGED_CONFIGURATION, "url": body["webhooks"][0]["clientConfig"]["url"]}},
+                )
                 return
             except Exception as exc:  # noqa: BLE001 - keep serving; retry with backoff
                 log.error("cannot apply the webhook configuration", extra={"kv": {"error": str(exc)}})
@@ -283,11 +314,17 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dra.net webhook CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = []
     for host in dict.fromkeys(hosts):
@@ -295,18 +332,24 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
             sans.append(x509.IPAddress(ipaddress.ip_address(host)))
         except ValueError:
             sans.append(x509.DNSName(host))
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=365))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     certfile, keyfile = directory / "tls.crt", directory / "tls.key"
     certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     keyfile.touch(mode=0o600)
-    keyfile.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
+    keyfile.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     cadata = ca.public_bytes(serialization.Encoding.PEM)
     (directory / "ca.crt").write_bytes(cadata)
     return TLSFiles(str(certfile), str(keyfile), cadata)
@@ -339,8 +382,16 @@ def cli_webhook(args: argparse.Namespace) -> int:
             tls = self_signed(Path(tmp), list(dict.fromkeys(hosts)))
             log.info("generated a self-signed webhook certificate", extra={"kv": {"sans": hosts, "dir": tmp}})
         registry = build_registry(options, tls)
-        log.info("starting webhook", extra={"kv": {"port": options.port, "host": options.host,
-                                                    "managed": options.manage_configuration,
-                                                    "failurePolicy": options.failure_policy}})
+        log.info(
+            "starting webhook",
+            extra={
+                "kv": {
+                    "port": options.port,
+                    "host": options.host,
+                    "managed": options.manage_configuration,
+                    "failurePolicy": options.failure_policy,
+                }
+            },
+        )
         kopf.run(registry=registry, standalone=True, clusterwide=True)
     return 0

@@ -24,8 +24,17 @@ def generate(out_dir: Path) -> list[Path]:
     protos = sorted(PROTO_DIR.glob("*.proto"))
     include = str(Path(protoc.__file__).parent / "_proto")
     for proto in protos:
-        rc = protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={out_dir}",
-                          f"--pyi_out={out_dir}", f"--grpc_python_out={out_dir}", str(proto)])
+        rc = protoc.main(
+            [
+                "protoc",
+                f"-I{PROTO_DIR}",
+                f"-I{include}",
+                f"--python_out={out_dir}",
+                f"--pyi_out={out_dir}",
+                f"--grpc_python_out={out_dir}",
+                str(proto),
+            ]
+        )
         if rc != 0:
             raise SystemExit(f"protoc failed for {proto.name}")
     written = sorted(p for p in out_dir.glob("*_pb2*") if p.suffix in (".py", ".pyi"))

@@ -33,18 +33,23 @@ def _torch_python() -> str | None:
 TORCH_PYTHON = _torch_python()
 needs_torch = pytest.mark.skipif(
     TORCH_PYTHON is None,
-    reason="torch is not installed (pip install torch, or set DRANET_TORCH_PYTHON to a python that has it)")
+    reason="torch is not installed (pip install torch, or set DRANET_TORCH_PYTHON to a python that has it)",
+)
 
 
 # -- placement: pure rules ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,cpus", [
-    ("0-3,8-11", [0, 1, 2, 3, 8, 9, 10, 11]),
-    ("0-23,48-71\n", list(range(24)) + list(range(48, 72))),
-    ("5", [5]),
-    ("", []),
-    ("1,1,0", [0, 1]),
-])
+
+@pytest.mark.parametrize(
+    "text,cpus",
+    [
+        ("0-3,8-11", [0, 1, 2, 3, 8, 9, 10, 11]),
+        ("0-23,48-71\n", list(range(24)) + list(range(48, 72))),
+        ("5", [5]),
+        ("", []),
+        ("1,1,0", [0, 1]),
+    ],
+)
 def test_parse_cpulist(text: str, cpus: list[int]) -> None:
     assert placement.parse_cpulist(text) == cpus
 
@@ -92,8 +97,13 @@ def test_nccl_ib_hca_exact_match_form() -> None:
 
 def _run_snippet(code: str) -> str:
     # Affinity changes are process-wide: do them in a child, never in the pytest process.
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": str(EXAMPLE_DIR)})
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(EXAMPLE_DIR)},
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -126,10 +136,27 @@ def test_repin_worker_sets_affinity() -> None:
 
 # -- the real thing on CPU ---------------------------------------------------------------------
 
+
 def _run_benchmark(*extra: str, timeout: int) -> dict[str, int | float | str]:
     assert TORCH_PYTHON is not None
-    cmd = [TORCH_PYTHON, str(EXAMPLE_DIR / "benchmark.py"), "--cpu", "--nprocs", "2", "--hidden", "64",
-           "--layers", "2", "--batch-tokens", "64", "--steps", "5", "--warmup", "2", *extra]
+    cmd = [
+        TORCH_PYTHON,
+        str(EXAMPLE_DIR / "benchmark.py"),
+        "--cpu",
+        "--nprocs",
+        "2",
+        "--hidden",
+        "64",
+        "--layers",
+        "2",
+        "--batch-tokens",
+        "64",
+        "--steps",
+        "5",
+        "--warmup",
+        "2",
+        *extra,
+    ]
     env = {**os.environ, "DRANET_RDMA_DEVICES": "mlx5_0,mlx5_1", "OMP_NUM_THREADS": "1"}
     env.pop("PEAK_TFLOPS", None)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

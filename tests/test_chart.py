@@ -26,8 +26,14 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120)
 
 
-def render(helm: str, *sets: str, release: str = "dranet", namespace: str = "kube-system",
-           values: dict[str, Any] | None = None, tmp: Path | None = None) -> list[dict[str, Any]]:
+def render(
+    helm: str,
+    *sets: str,
+    release: str = "dranet",
+    namespace: str = "kube-system",
+    values: dict[str, Any] | None = None,
+    tmp: Path | None = None,
+) -> list[dict[str, Any]]:
     """`helm template` -> list of objects; ``sets`` are --set arguments."""
     args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION]
     for s in sets:
@@ -62,8 +68,9 @@ def host_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
     """volume name -> (hostPath, mountPath) of the driver container."""
     spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    return {m["name"]: (host[m["name"]], m["mountPath"])
-            for m in spec["containers"][0]["volumeMounts"] if m["name"] in host}
+    return {
+        m["name"]: (host[m["name"]], m["mountPath"]) for m in spec["containers"][0]["volumeMounts"] if m["name"] in host
+    }
 
 
 @pytest.mark.timeout(1200)
@@ -77,14 +84,26 @@ def test_helm_is_v3(helm: str) -> None:
 VARIANTS = {
     "defaults": [],
     "no-webhook-no-class": ["webhook.enabled=false", "deviceClass.create=false"],
-    "custom-paths": ["kubeletRootDir=/data/kubelet", "stateDir=/data/dranet", "nri.socket=/run/alt/nri.sock",
-                     "driverName=net.example.com", "metricsPort=19177"],
+    "custom-paths": [
+        "kubeletRootDir=/data/kubelet",
+        "stateDir=/data/dranet",
+        "nri.socket=/run/alt/nri.sock",
+        "driverName=net.example.com",
+        "metricsPort=19177",
+    ],
     "no-nri-privileged": ["nri.enabled=false", "securityContext.privileged=true", "logLevel=debug"],
     "cert-manager": ["webhook.tls.mode=certManager", "webhook.failurePolicy=Ignore"],
-    "secret-tls": ["webhook.tls.mode=secret", "webhook.tls.secretName=my-tls",
-                   "webhook.tls.caBundle=" + base64.b64encode(b"not-a-real-ca").decode()],
-    "no-rbac-no-vap": ["rbac.create=false", "serviceAccount.create=false", "serviceAccount.name=existing",
-                       "nodeRestriction.enabled=false"],
+    "secret-tls": [
+        "webhook.tls.mode=secret",
+        "webhook.tls.secretName=my-tls",
+        "webhook.tls.caBundle=" + base64.b64encode(b"not-a-real-ca").decode(),
+    ],
+    "no-rbac-no-vap": [
+        "rbac.create=false",
+        "serviceAccount.create=false",
+        "serviceAccount.name=existing",
+        "nodeRestriction.enabled=false",
+    ],
 }
 
 
@@ -128,14 +147,31 @@ def test_schema_validation_catches_a_bad_object(helm: str) -> None:
 def test_default_objects(helm: str) -> None:
     docs = render(helm)
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted([
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "DeviceClass",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-        "ServiceAccount", "Deployment", "Service", "Secret",
-        "ValidatingWebhookConfiguration"])
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DaemonSet",
+            "DeviceClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ServiceAccount",
+            "Deployment",
+            "Service",
+            "Secret",
+            "ValidatingWebhookConfiguration",
+        ]
+    )
     for d in docs:
-        if d["kind"] not in {"ClusterRole", "ClusterRoleBinding", "DeviceClass", "ValidatingAdmissionPolicy",
-                             "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration"}:
+        if d["kind"] not in {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "DeviceClass",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingWebhookConfiguration",
+        }:
             assert d["metadata"]["namespace"] == "kube-system", d["kind"]
 
 
@@ -220,12 +256,19 @@ def test_deviceclass_is_the_seed_one(helm: str) -> None:
 
 EXPECTED_RULES = [
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["list", "watch", "create", "update", "delete"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["list", "watch", "create", "update", "delete"],
+    },
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": ["dra.net"],
-     "verbs": ["associated-node:patch", "associated-node:update"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/driver"],
+        "resourceNames": ["dra.net"],
+        "verbs": ["associated-node:patch", "associated-node:update"],
+    },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
@@ -235,8 +278,9 @@ def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
     assert one(docs, "ClusterRole")["rules"] == EXPECTED_RULES
     binding = one(docs, "ClusterRoleBinding")
     sa = by_kind(docs, "ServiceAccount")[0]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": "kube-system"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kube-system"}
+    ]
     # The webhook gets no API permissions at all (kopf: standalone, no scanning, no events).
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     assert len(by_kind(docs, "ClusterRoleBinding")) == 1
@@ -308,17 +352,20 @@ def test_cert_manager_mode_injects_ca(helm: str) -> None:
     assert dep["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"] == cert["spec"]["secretName"]
 
 
-@pytest.mark.parametrize("bad, field", [
-    ("logLevel=verbose", "logLevel"),
-    ("metricsPort=80", "metricsPort"),
-    ("kubeletRootDir=relative/path", "kubeletRootDir"),
-    ("driverName=Not_A_DNS_Name", "driverName"),
-    ("webhook.failurePolicy=Maybe", "failurePolicy"),
-    ("webhook.tls.mode=selfSigned", "mode"),
-    ("image.pullPolicy=Sometimes", "pullPolicy"),
-    ("unknownTopLevel=1", "unknownTopLevel"),
-    ("nri.enabled=yes-please", "enabled"),
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ("logLevel=verbose", "logLevel"),
+        ("metricsPort=80", "metricsPort"),
+        ("kubeletRootDir=relative/path", "kubeletRootDir"),
+        ("driverName=Not_A_DNS_Name", "driverName"),
+        ("webhook.failurePolicy=Maybe", "failurePolicy"),
+        ("webhook.tls.mode=selfSigned", "mode"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("unknownTopLevel=1", "unknownTopLevel"),
+        ("nri.enabled=yes-please", "enabled"),
+    ],
+)
 def test_schema_rejects_bad_values(helm: str, bad: str, field: str) -> None:
     out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad)
     assert out.returncode != 0, f"--set {shlex.quote(bad)} was accepted"
@@ -326,8 +373,18 @@ def test_schema_rejects_bad_values(helm: str, bad: str, field: str) -> None:
 
 
 def test_secret_mode_requires_ca_bundle(helm: str) -> None:
-    out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION,
-                   "--set", "webhook.tls.mode=secret", "--set", "webhook.tls.secretName=x")
+    out = run_helm(
+        helm,
+        "template",
+        "dranet",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "webhook.tls.mode=secret",
+        "--set",
+        "webhook.tls.secretName=x",
+    )
     assert out.returncode != 0 and "webhook.tls.caBundle" in out.stderr
 
 

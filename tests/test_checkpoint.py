@@ -27,18 +27,39 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _claim(uid: str) -> PreparedClaim:
-    snap = Device("pci-0000-8a-00-0", {"dra.net/rdma": True, "dra.net/mtu": 4096, "dra.net/ifName": "ib0"},
-                  HostFacts(pci_address="0000:8a:00.0", ifname="ib0", rdma_device="mlx5_0", numa_node=1,
-                            char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)]))
-    return PreparedClaim(uid=uid, namespace="ns", name="c", pod_uids=["p1"],
-                         devices=[PreparedDevice("nic", "node", snap.name, snap, NetworkConfig(interface=InterfaceConfig(mtu=9000)))])
+    snap = Device(
+        "pci-0000-8a-00-0",
+        {"dra.net/rdma": True, "dra.net/mtu": 4096, "dra.net/ifName": "ib0"},
+        HostFacts(
+            pci_address="0000:8a:00.0",
+            ifname="ib0",
+            rdma_device="mlx5_0",
+            numa_node=1,
+            char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)],
+        ),
+    )
+    return PreparedClaim(
+        uid=uid,
+        namespace="ns",
+        name="c",
+        pod_uids=["p1"],
+        devices=[PreparedDevice("nic", "node", snap.name, snap, NetworkConfig(interface=InterfaceConfig(mtu=9000)))],
+    )
 
 
 def test_round_trip(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
-    store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", netns_path="/var/run/netns/x", devices=[
-        MovedDevice("pci-0000-8a-00-0", "ib0", "net1", host_addresses=["10.0.0.2/24"], step="in-pod")])))
+    store.update(
+        lambda s: s.pods.__setitem__(
+            "p1",
+            PodNetState(
+                "p1",
+                netns_path="/var/run/netns/x",
+                devices=[MovedDevice("pci-0000-8a-00-0", "ib0", "net1", host_addresses=["10.0.0.2/24"], step="in-pod")],
+            ),
+        )
+    )
     again = CheckpointStore(tmp_path)
     assert again.read(lambda s: s.claims["u1"]) == _claim("u1")
     pod = again.read(lambda s: s.pods["p1"])
@@ -123,8 +144,15 @@ def test_serialisation_matches_asdict() -> None:
 
     from driver.checkpoint import DriverState
 
-    state = DriverState(claims={"u1": _claim("u1")}, pods={"p1": PodNetState("p1", devices=[
-        MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])])})
+    state = DriverState(
+        claims={"u1": _claim("u1")},
+        pods={
+            "p1": PodNetState(
+                "p1",
+                devices=[MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])],
+            )
+        },
+    )
     claim = asdict(state.claims["u1"])
     for stored, device in zip(claim["devices"], state.claims["u1"].devices, strict=True):
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
@@ -145,8 +173,10 @@ def test_pods_live_in_the_runtime_dir_and_only_changed_files_are_written(tmp_pat
     store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", netns_path="/var/run/netns/x")))
     assert (state / "checkpoint.json").stat().st_mtime_ns == claims_mtime  # claims untouched
     assert "p1" in json.loads((run / "pods.json").read_text())["pods"]
-    assert "pods" not in json.loads((state / "checkpoint.json").read_text()) or \
-        not json.loads((state / "checkpoint.json").read_text())["pods"]
+    assert (
+        "pods" not in json.loads((state / "checkpoint.json").read_text())
+        or not json.loads((state / "checkpoint.json").read_text())["pods"]
+    )
     again = CheckpointStore(state, run)
     assert again.read(lambda s: (list(s.claims), list(s.pods))) == (["u1"], ["p1"])
     # A reboot clears the tmpfs runtime dir: claims remain, pod network state is gone.
@@ -186,19 +216,66 @@ def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path
     assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
 
 
-V1_CLAIMS = {"version": 1, "claims": {"u1": {
-    "uid": "u1", "namespace": "ns", "name": "c", "pod_uids": ["p1"],
-    "devices": [{"request": "nic", "pool": "node", "device": "pci-0000-8a-00-0",
-                 "snapshot": {"name": "pci-0000-8a-00-0", "attributes": {"dra.net/rdma": True},
-                              "host": {"ifname": "ib0", "rdma_device": "mlx5_0"}},
-                 "config": {"opaque": [{"apiVersion": "dra.net/v1alpha1", "kind": "NetworkConfig",
-                                        "interface": {"name": "net1", "mtu": 1500}},
-                                       {"interface": {"mtu": 9000}, "rdma": {"injectEnv": False}}]}},
-                {"request": "nic", "pool": "node", "device": "pci-0000-8a-00-1",
-                 "snapshot": {"name": "pci-0000-8a-00-1"}, "config": {}}]}}}
-V1_PODS = {"version": 1, "pods": {"p1": {"pod_uid": "p1", "netns_path": "/var/run/netns/x", "devices": [
-    {"device": "pci-0000-8a-00-0", "host_ifname": "ib0", "pod_ifname": "net1", "rdma_moved": False,
-     "host_up": True, "host_routes": [{"dst": None, "gateway": "10.0.0.1"}], "step": "in-pod"}]}}}
+V1_CLAIMS = {
+    "version": 1,
+    "claims": {
+        "u1": {
+            "uid": "u1",
+            "namespace": "ns",
+            "name": "c",
+            "pod_uids": ["p1"],
+            "devices": [
+                {
+                    "request": "nic",
+                    "pool": "node",
+                    "device": "pci-0000-8a-00-0",
+                    "snapshot": {
+                        "name": "pci-0000-8a-00-0",
+                        "attributes": {"dra.net/rdma": True},
+                        "host": {"ifname": "ib0", "rdma_device": "mlx5_0"},
+                    },
+                    "config": {
+                        "opaque": [
+                            {
+                                "apiVersion": "dra.net/v1alpha1",
+                                "kind": "NetworkConfig",
+                                "interface": {"name": "net1", "mtu": 1500},
+                            },
+                            {"interface": {"mtu": 9000}, "rdma": {"injectEnv": False}},
+                        ]
+                    },
+                },
+                {
+                    "request": "nic",
+                    "pool": "node",
+                    "device": "pci-0000-8a-00-1",
+                    "snapshot": {"name": "pci-0000-8a-00-1"},
+                    "config": {},
+                },
+            ],
+        }
+    },
+}
+V1_PODS = {
+    "version": 1,
+    "pods": {
+        "p1": {
+            "pod_uid": "p1",
+            "netns_path": "/var/run/netns/x",
+            "devices": [
+                {
+                    "device": "pci-0000-8a-00-0",
+                    "host_ifname": "ib0",
+                    "pod_ifname": "net1",
+                    "rdma_moved": False,
+                    "host_up": True,
+                    "host_routes": [{"dst": None, "gateway": "10.0.0.1"}],
+                    "step": "in-pod",
+                }
+            ],
+        }
+    },
+}
 
 
 def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
@@ -212,8 +289,9 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     store = CheckpointStore(state, run)
     first, second = store.read(lambda s: s.claims["u1"].devices)
     # The stored parameter objects merged in order, as version-1 readers did on every hook.
-    assert first.config == NetworkConfig(interface=InterfaceConfig(name="net1", mtu=9000),
-                                         rdma=RdmaConfig(inject_env=False))
+    assert first.config == NetworkConfig(
+        interface=InterfaceConfig(name="net1", mtu=9000), rdma=RdmaConfig(inject_env=False)
+    )
     assert second.config == NetworkConfig()
     pod = store.read(lambda s: s.pods["p1"])
     assert pod.devices[0].step == "in-pod" and pod.devices[0].host_routes == [{"dst": None, "gateway": "10.0.0.1"}]

@@ -45,7 +45,11 @@ def test_serves_resource_v1(kube: KubeClient):
 
 def test_all_components_running(control_plane: ControlPlane):
     assert [p.name for p in control_plane.procs] == [
-        "etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"]
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+    ]
     assert all(_alive(pid) for pid in control_plane.pids())
     assert control_plane.kubeconfig is not None and control_plane.kubeconfig.is_file()
 
@@ -72,8 +76,11 @@ def test_stop_leaves_no_processes_or_files(control_plane_binaries: ControlPlaneB
 
 
 def test_failed_start_cleans_up(control_plane_binaries: ControlPlaneBinaries, tmp_path: Path):
-    cp = ControlPlane(control_plane_binaries, base_dir=str(tmp_path),
-                      options=ControlPlaneOptions(feature_gates={"NoSuchFeatureGate": True}, start_timeout=30))
+    cp = ControlPlane(
+        control_plane_binaries,
+        base_dir=str(tmp_path),
+        options=ControlPlaneOptions(feature_gates={"NoSuchFeatureGate": True}, start_timeout=30),
+    )
     with pytest.raises(ControlPlaneError, match="kube-apiserver"):
         cp.start()
     assert list(tmp_path.iterdir()) == []
@@ -91,16 +98,23 @@ def test_build_go_tool_builds_once_and_caches(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("DRANET_CACHE_DIR", str(tmp_path))
     main_go = 'package main\nimport "fmt"\nvar v = "dev"\nfunc main() { fmt.Println("hello", v) }\n'
     lines: list[str] = []
-    bin_dir = build_go_tool("hello", "v1", "module example.invalid/hello\n\ngo 1.24.0\n",
-                            [GoBuild(packages=(".",), output="hello", ldflags="-s -w -X main.v=v1")],
-                            expect=("hello",), progress=lines.append, extra_files={"main.go": main_go})
+    bin_dir = build_go_tool(
+        "hello",
+        "v1",
+        "module example.invalid/hello\n\ngo 1.24.0\n",
+        [GoBuild(packages=(".",), output="hello", ldflags="-s -w -X main.v=v1")],
+        expect=("hello",),
+        progress=lines.append,
+        extra_files={"main.go": main_go},
+    )
     assert bin_dir == tmp_path / "hello" / "v1" / "bin"
     assert subprocess.run([str(bin_dir / "hello")], capture_output=True, text=True).stdout == "hello v1\n"
     assert any("built hello" in line for line in lines)
     lines.clear()
-    again = build_go_tool("hello", "v1", "unused", [GoBuild(packages=(".",), output="hello")],
-                          expect=("hello",), progress=lines.append)
-    assert again == bin_dir and lines == []        # cached: no go invocation at all
+    again = build_go_tool(
+        "hello", "v1", "unused", [GoBuild(packages=(".",), output="hello")], expect=("hello",), progress=lines.append
+    )
+    assert again == bin_dir and lines == []  # cached: no go invocation at all
     assert not (tmp_path / "hello" / "v1" / "bin.tmp").exists()
 
 

@@ -72,15 +72,34 @@ class Env:
 
     def args(self, nri: bool = False) -> list[str]:
         nri_flags = ["--nri-socket", str(self.dir / "no-runtime/nri.sock")] if nri else ["--no-nri"]
-        return ["run", *nri_flags, "--node-name", NODE, "--kubeconfig", str(self.dir / "kubeconfig"),
-                "--sysfs-root", str(self.dir / "sys"), "--kubelet-root", str(self.dir / "kubelet"),
-                "--state-dir", str(self.dir / "state"), "--runtime-dir", str(self.dir / "run"), "--bind-address", "127.0.0.1:0",
-                "--publish-interval", "0.2"]
+        return [
+            "run",
+            *nri_flags,
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(self.dir / "kubeconfig"),
+            "--sysfs-root",
+            str(self.dir / "sys"),
+            "--kubelet-root",
+            str(self.dir / "kubelet"),
+            "--state-dir",
+            str(self.dir / "state"),
+            "--runtime-dir",
+            str(self.dir / "run"),
+            "--bind-address",
+            "127.0.0.1:0",
+            "--publish-interval",
+            "0.2",
+        ]
 
     def start(self, crash_after_commit: bool = False, nri: bool = False) -> subprocess.Popen[bytes]:
         log = open(self.dir / f"daemon-{len(self.procs)}.log", "wb")
-        cmd = ([sys.executable, "-c", CRASH_AFTER_COMMIT] if crash_after_commit
-               else [sys.executable, "-m", "driver", "--log-format", "json"]) + self.args(nri)
+        cmd = (
+            [sys.executable, "-c", CRASH_AFTER_COMMIT]
+            if crash_after_commit
+            else [sys.executable, "-m", "driver", "--log-format", "json"]
+        ) + self.args(nri)
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
@@ -131,8 +150,15 @@ def _healthz_port(log_text: str) -> int:
 
 
 def _add_claim(env: Env, name: str, uid: str) -> None:
-    env.api.add_claim(make_claim("ns", name, uid, [result(env.devices[0], NODE, "nic/a"),
-                                                   result(env.devices[1], NODE, "nic/b")], pods=["pod-1"]))
+    env.api.add_claim(
+        make_claim(
+            "ns",
+            name,
+            uid,
+            [result(env.devices[0], NODE, "nic/a"), result(env.devices[1], NODE, "nic/b")],
+            pods=["pod-1"],
+        )
+    )
 
 
 EXPECTED = [(("nic",), NODE, "pci-0000-8a-00-0"), (("nic",), NODE, "pci-0000-8a-00-1")]
@@ -153,7 +179,8 @@ async def test_run_serves_health_and_sigterm_removes_sockets(env: Env) -> None:
     deadline = time.monotonic() + 10
     while True:  # the first slice write may still be in flight
         metrics = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
         if "dranet_last_publish_timestamp_seconds 0.0" not in metrics or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
@@ -253,10 +280,20 @@ async def test_broken_nri_side_never_takes_the_kubelet_plugin_down(env: Env) -> 
 
 
 async def test_claim_configs_are_validated_at_prepare(env: Env) -> None:
-    bad = [{"source": "FromClaim", "requests": [],
-            "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": "jumbo"}}}}]
-    good = [{"source": "FromClaim", "requests": ["nic"],
-             "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
+    bad = [
+        {
+            "source": "FromClaim",
+            "requests": [],
+            "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": "jumbo"}}},
+        }
+    ]
+    good = [
+        {
+            "source": "FromClaim",
+            "requests": ["nic"],
+            "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}},
+        }
+    ]
     env.api.add_claim(make_claim("ns", "bad", "uid-bad", [result(env.devices[0], NODE)], configs=bad))
     env.api.add_claim(make_claim("ns", "good", "uid-good", [result(env.devices[1], NODE)], configs=good))
     proc = env.start()

@@ -40,8 +40,13 @@ def test_plain_manifests_are_safe_to_commit() -> None:
     for f in DEPLOY.rglob("*.yaml"):
         text = f.read_text()
         assert "PRIVATE KEY" not in text and "tls.key:" not in text, f
-    docs = [d for f in DEPLOY.rglob("*.yaml") if f.name != "kustomization.yaml"
-            for d in yaml.safe_load_all(f.read_text()) if d]
+    docs = [
+        d
+        for f in DEPLOY.rglob("*.yaml")
+        if f.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(f.read_text())
+        if d
+    ]
     kinds = [d["kind"] for d in docs]
     assert "Secret" not in kinds and kinds.count("DaemonSet") == 1 and "Certificate" in kinds
     for d in docs:

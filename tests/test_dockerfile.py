@@ -96,8 +96,12 @@ def test_pins_exist_in_debian_bookworm() -> None:
     if "bookworm" not in Path("/etc/os-release").read_text():
         pytest.skip("not a Debian bookworm host: cannot check the apt pins")
     defaults = args_defaults()
-    checks = {"python3-pyverbs": "RDMA_CORE_VERSION", "libibverbs1": "RDMA_CORE_VERSION",
-              "ibverbs-providers": "RDMA_CORE_VERSION", "python3": "PYTHON3_VERSION"}
+    checks = {
+        "python3-pyverbs": "RDMA_CORE_VERSION",
+        "libibverbs1": "RDMA_CORE_VERSION",
+        "ibverbs-providers": "RDMA_CORE_VERSION",
+        "python3": "PYTHON3_VERSION",
+    }
     candidates = {pkg: _apt_candidate(pkg) for pkg in checks}
     if not any(candidates.values()):
         pytest.skip("apt lists not available (run apt-get update)")
@@ -115,7 +119,7 @@ def test_image_python_is_the_projects() -> None:
 
 def test_build_context_has_what_the_dockerfile_copies() -> None:
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
-    assert ignore[ignore.index("*") + 1:] and "*" in ignore
+    assert ignore[ignore.index("*") + 1 :] and "*" in ignore
     for word, rest in instructions():
         if word == "COPY" and not rest.startswith("--from"):
             *srcs, _dest = shlex.split(rest)
@@ -135,8 +139,12 @@ def test_hadolint_clean() -> None:
 @pytest.mark.slow
 def test_wheel_the_image_installs(tmp_path: Path) -> None:
     """`pip wheel` (as the builder stage's `python -m build --wheel`): stubs and entry point inside."""
-    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     (whl,) = tmp_path.glob("dranet_py-*.whl")
     with zipfile.ZipFile(whl) as z:

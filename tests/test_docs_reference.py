@@ -32,8 +32,7 @@ def test_every_published_attribute_is_documented() -> None:
 def test_every_metric_is_documented() -> None:
     text = generate_latest(Metrics().registry).decode()
     names = re.findall(r"^# TYPE (\S+) (\w+)", text, re.M)
-    missing = [n + ("_total" if kind == "counter" and not n.endswith("_total") else "")
-               for n, kind in names]
+    missing = [n + ("_total" if kind == "counter" and not n.endswith("_total") else "") for n, kind in names]
     missing = [n for n in missing if f"`{n}`" not in DOC]
     assert names and not missing, f"docs/reference.md lacks {missing}"
 
@@ -43,10 +42,16 @@ def test_documented_flag_defaults_are_the_config_defaults() -> None:
     from driver.config import DRIVER_NAME, HOST_NETNS, default
 
     rows = dict(re.findall(r"^\| `(--[a-z-]+)` \| (.+?) \| ", DOC, re.M))
-    for flag, field in (("--driver-name", "driver_name"), ("--sysfs-root", "sysfs_root"),
-                        ("--kubelet-root", "kubelet_root"), ("--state-dir", "state_dir"),
-                        ("--runtime-dir", "runtime_dir"), ("--host-netns", "host_netns"),
-                        ("--nri-socket", "nri_socket"), ("--bind-address", "bind_address")):
+    for flag, field in (
+        ("--driver-name", "driver_name"),
+        ("--sysfs-root", "sysfs_root"),
+        ("--kubelet-root", "kubelet_root"),
+        ("--state-dir", "state_dir"),
+        ("--runtime-dir", "runtime_dir"),
+        ("--host-netns", "host_netns"),
+        ("--nri-socket", "nri_socket"),
+        ("--bind-address", "bind_address"),
+    ):
         assert rows[flag] == f"`{default(field)}`", flag
     assert rows["--filter"] == "`" + str(default("filter")).replace("|", "\\|") + "`"
     assert default("driver_name") == DRIVER_NAME and default("host_netns") == HOST_NETNS

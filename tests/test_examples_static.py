@@ -32,8 +32,11 @@ _REPLICA = {
     "properties": {
         "replicas": {"type": "integer", "minimum": 1},
         "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
-        "template": {"type": "object", "required": ["spec"],
-                     "properties": {"spec": {"type": "object", "required": ["containers"]}}},
+        "template": {
+            "type": "object",
+            "required": ["spec"],
+            "properties": {"spec": {"type": "object", "required": ["containers"]}},
+        },
     },
 }
 MPIJOB_SCHEMA: dict[str, Any] = {
@@ -150,8 +153,7 @@ def test_match_numa_template_uses_a_constraint_not_bus_ids() -> None:
     (tmpl,) = _docs(EXAMPLE_DIR / "resource-claim-template-match-numa.yaml")
     devices = tmpl["spec"]["spec"]["devices"]
     assert [r["name"] for r in devices["requests"]] == ["gpu", "nic"]
-    assert devices["constraints"] == [{"requests": ["gpu", "nic"],
-                                       "matchAttribute": "resource.kubernetes.io/numaNode"}]
+    assert devices["constraints"] == [{"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/numaNode"}]
     assert "pciBusID" not in yaml.safe_dump(devices["requests"])
     nic = devices["requests"][1]["exactly"]
     assert nic["deviceClassName"] == "dranet.net" and "rdma" in nic["selectors"][0]["cel"]["expression"]
@@ -178,13 +180,17 @@ def test_kustomization_lists_existing_files_and_everything_the_benchmark_imports
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
 def test_kustomize_build() -> None:
-    out = subprocess.run(["kubectl", "kustomize", str(EXAMPLE_DIR)], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(EXAMPLE_DIR)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
-    assert kinds == [("ConfigMap", "ddp-benchmark-scripts"), ("DeviceClass", "dranet.net"),
-                     ("ResourceClaimTemplate", "h100-4gpu-4nic-numa-aligned"),
-                     ("ResourceClaimTemplate", "h100-4gpu-4nic-numa-unaligned")]
+    assert kinds == [
+        ("ConfigMap", "ddp-benchmark-scripts"),
+        ("DeviceClass", "dranet.net"),
+        ("ResourceClaimTemplate", "h100-4gpu-4nic-numa-aligned"),
+        ("ResourceClaimTemplate", "h100-4gpu-4nic-numa-unaligned"),
+    ]
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     assert cm["data"]["benchmark.py"] == (EXAMPLE_DIR / "benchmark.py").read_text()
 
@@ -218,13 +224,23 @@ def test_readme_carries_the_seed_results() -> None:
 
 def _core_objects() -> list[dict[str, Any]]:
     """Every core-API object of the example: DeviceClass, templates, and the MPIJob pod templates as Pods."""
-    objs = [d for path in sorted(EXAMPLE_DIR.glob("*.yaml")) for d in _docs(path)
-            if d["apiVersion"].startswith("resource.k8s.io/")]
+    objs = [
+        d
+        for path in sorted(EXAMPLE_DIR.glob("*.yaml"))
+        for d in _docs(path)
+        if d["apiVersion"].startswith("resource.k8s.io/")
+    ]
     for job_path in (ALIGNED, UNALIGNED):
         job = _docs(job_path)[0]
         for role, replica in job["spec"]["mpiReplicaSpecs"].items():
-            objs.append({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{role.lower()}-0"},
-                         "spec": replica["template"]["spec"]})
+            objs.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{role.lower()}-0"},
+                    "spec": replica["template"]["spec"],
+                }
+            )
     return objs
 
 

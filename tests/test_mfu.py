@@ -23,27 +23,52 @@ def test_flops_formula_rejects_nonpositive() -> None:
 def test_seed_table_is_consistent_with_default_model() -> None:
     # The seed's aligned row: 55.496 ms/step, 356.62 TFLOP/s per GPU, 36.06 % MFU on H100.
     # B=8192 tokens, H=8192, L=6 reproduces it (1.979e13 FLOPs per step).
-    r = mfu.compute_result(world_size=8, backend="nccl", device="NVIDIA H100 80GB HBM3",
-                           dtype="bf16", hidden=8192, layers=6, tokens_per_step=8192,
-                           steps=1000, total_seconds=55.496, peak_tflops=989.0,
-                           peak_source="table:H100", numa_bind="node0", nccl_ib_hca="=mlx5_0")
+    r = mfu.compute_result(
+        world_size=8,
+        backend="nccl",
+        device="NVIDIA H100 80GB HBM3",
+        dtype="bf16",
+        hidden=8192,
+        layers=6,
+        tokens_per_step=8192,
+        steps=1000,
+        total_seconds=55.496,
+        peak_tflops=989.0,
+        peak_source="table:H100",
+        numa_bind="node0",
+        nccl_ib_hca="=mlx5_0",
+    )
     assert r.tflops_per_gpu == pytest.approx(356.62, abs=0.02)
     assert r.mfu_pct == pytest.approx(36.06, abs=0.01)
-    unaligned = mfu.compute_result(world_size=8, backend="nccl", device="H100", dtype="bf16",
-                                   hidden=8192, layers=6, tokens_per_step=8192, steps=1000,
-                                   total_seconds=60.951, peak_tflops=989.0, peak_source="x",
-                                   numa_bind="-", nccl_ib_hca="")
+    unaligned = mfu.compute_result(
+        world_size=8,
+        backend="nccl",
+        device="H100",
+        dtype="bf16",
+        hidden=8192,
+        layers=6,
+        tokens_per_step=8192,
+        steps=1000,
+        total_seconds=60.951,
+        peak_tflops=989.0,
+        peak_source="x",
+        numa_bind="-",
+        nccl_ib_hca="",
+    )
     assert unaligned.tflops_per_gpu == pytest.approx(324.70, abs=0.02)
     assert unaligned.mfu_pct == pytest.approx(32.83, abs=0.01)
 
 
-@pytest.mark.parametrize("name,peak", [
-    ("NVIDIA H100 80GB HBM3", 989.0),
-    ("NVIDIA H200", 989.0),
-    ("NVIDIA B200", 2250.0),
-    ("NVIDIA GB200", 2500.0),
-    ("NVIDIA A100-SXM4-80GB", 312.0),
-])
+@pytest.mark.parametrize(
+    "name,peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA B200", 2250.0),
+        ("NVIDIA GB200", 2500.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+    ],
+)
 def test_peak_table(name: str, peak: float) -> None:
     assert mfu.peak_tflops_for(name, env={})[0] == peak
 
@@ -69,10 +94,21 @@ def test_cpu_has_a_nominal_peak_and_unknown_gpu_fails() -> None:
 
 
 def test_result_line_round_trip() -> None:
-    r = mfu.compute_result(world_size=2, backend="gloo", device="cpu", dtype="float32",
-                           hidden=64, layers=2, tokens_per_step=32, steps=5, total_seconds=0.5,
-                           peak_tflops=1.0, peak_source="nominal-cpu", numa_bind="none",
-                           nccl_ib_hca="=mlx5_0,mlx5_1")
+    r = mfu.compute_result(
+        world_size=2,
+        backend="gloo",
+        device="cpu",
+        dtype="float32",
+        hidden=64,
+        layers=2,
+        tokens_per_step=32,
+        steps=5,
+        total_seconds=0.5,
+        peak_tflops=1.0,
+        peak_source="nominal-cpu",
+        numa_bind="none",
+        nccl_ib_hca="=mlx5_0,mlx5_1",
+    )
     line = r.to_line()
     assert line.startswith("MFU_RESULT ")
     assert "\n" not in line
@@ -88,10 +124,21 @@ def test_result_line_round_trip() -> None:
 
 
 def test_result_line_has_no_spaces_inside_values() -> None:
-    r = mfu.compute_result(world_size=1, backend="nccl", device="NVIDIA H100 80GB HBM3",
-                           dtype="bf16", hidden=8, layers=1, tokens_per_step=8, steps=1,
-                           total_seconds=1.0, peak_tflops=989.0, peak_source="table:H100",
-                           numa_bind="node1", nccl_ib_hca="")
+    r = mfu.compute_result(
+        world_size=1,
+        backend="nccl",
+        device="NVIDIA H100 80GB HBM3",
+        dtype="bf16",
+        hidden=8,
+        layers=1,
+        tokens_per_step=8,
+        steps=1,
+        total_seconds=1.0,
+        peak_tflops=989.0,
+        peak_source="table:H100",
+        numa_bind="node1",
+        nccl_ib_hca="",
+    )
     parsed = mfu.parse_result_line(r.to_line())
     assert parsed["device"] == "NVIDIA_H100_80GB_HBM3"
     assert parsed["nccl_ib_hca"] == "-"

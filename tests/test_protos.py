@@ -25,7 +25,9 @@ def test_committed_stubs_match_regenerated(tmp_path: Path) -> None:
             committed = gen_protos.PROTO_DIR / name
             assert name in generated, f"{name} was not generated"
             assert committed.exists(), f"{name} is not committed; run python hack/gen_protos.py"
-            assert committed.read_text() == generated[name].read_text(), f"{name} is stale; run python hack/gen_protos.py"
+            assert committed.read_text() == generated[name].read_text(), (
+                f"{name} is stale; run python hack/gen_protos.py"
+            )
 
 
 def _fields(message) -> dict[str, tuple[int, int]]:
@@ -41,8 +43,11 @@ def test_registration_contract() -> None:
     assert svc.full_name == "pluginregistration.Registration"
     assert [m.name for m in svc.methods] == ["GetInfo", "NotifyRegistrationStatus"]
     assert _fields(pb.PluginInfo) == {
-        "type": (1, F.TYPE_STRING), "name": (2, F.TYPE_STRING),
-        "endpoint": (3, F.TYPE_STRING), "supported_versions": (4, F.TYPE_STRING)}
+        "type": (1, F.TYPE_STRING),
+        "name": (2, F.TYPE_STRING),
+        "endpoint": (3, F.TYPE_STRING),
+        "supported_versions": (4, F.TYPE_STRING),
+    }
     assert pb.PluginInfo.DESCRIPTOR.fields_by_name["supported_versions"].is_repeated
     assert _fields(pb.RegistrationStatus) == {"plugin_registered": (1, F.TYPE_BOOL), "error": (2, F.TYPE_STRING)}
     assert _fields(pb.InfoRequest) == {} and _fields(pb.RegistrationStatusResponse) == {}
@@ -64,8 +69,12 @@ def test_dra_contract(version: str) -> None:
     assert f"'/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodePrepareResources'" in src
     assert f"'/k8s.io.kubelet.pkg.apis.dra.{version}.DRAPlugin/NodeUnprepareResources'" in src
 
-    device = {"request_names": (1, F.TYPE_STRING), "pool_name": (2, F.TYPE_STRING),
-              "device_name": (3, F.TYPE_STRING), "cdi_device_ids": (4, F.TYPE_STRING)}
+    device = {
+        "request_names": (1, F.TYPE_STRING),
+        "pool_name": (2, F.TYPE_STRING),
+        "device_name": (3, F.TYPE_STRING),
+        "cdi_device_ids": (4, F.TYPE_STRING),
+    }
     if version == "v1":
         device["share_id"] = (5, F.TYPE_STRING)
         assert pb.Device.DESCRIPTOR.fields_by_name["share_id"].has_presence
@@ -93,8 +102,12 @@ def test_health_contract() -> None:
     assert dict(pb.HealthStatus.items()) == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
     assert _fields(pb.DeviceIdentifier) == {"pool_name": (1, F.TYPE_STRING), "device_name": (2, F.TYPE_STRING)}
     assert _fields(pb.DeviceHealth) == {
-        "device": (1, F.TYPE_MESSAGE), "health": (2, F.TYPE_ENUM), "last_updated_time": (3, F.TYPE_INT64),
-        "health_check_timeout_seconds": (4, F.TYPE_INT64), "message": (5, F.TYPE_STRING)}
+        "device": (1, F.TYPE_MESSAGE),
+        "health": (2, F.TYPE_ENUM),
+        "last_updated_time": (3, F.TYPE_INT64),
+        "health_check_timeout_seconds": (4, F.TYPE_INT64),
+        "message": (5, F.TYPE_STRING),
+    }
     assert _fields(pb.NodeWatchResourcesResponse) == {"devices": (1, F.TYPE_MESSAGE)}
 
 
@@ -104,6 +117,7 @@ def test_wire_compat_v1_v1beta1() -> None:
     from dranet_proto import dra_v1beta1_pb2 as v1beta1
 
     beta = v1beta1.NodePrepareResourceResponse(
-        devices=[v1beta1.Device(request_names=["nic"], pool_name="node-a", device_name="pci-0000-8a-00-0")])
+        devices=[v1beta1.Device(request_names=["nic"], pool_name="node-a", device_name="pci-0000-8a-00-0")]
+    )
     decoded = v1.NodePrepareResourceResponse.FromString(beta.SerializeToString())
     assert decoded.devices[0].device_name == "pci-0000-8a-00-0" and not decoded.devices[0].HasField("share_id")

@@ -13,6 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_driver_type_checks() -> None:
-    out = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "driver"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental", "driver"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]

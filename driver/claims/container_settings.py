@@ -51,8 +51,9 @@ class ContainerSettings:
     skipped_pin: str | None = None  # why numa.pin was asked for and not applied (for the log)
 
 
-def settings_for_container(devices: Sequence[PreparedDevice], sysfs_root: str = "/sys",
-                           requested_cpus: str | None = None) -> ContainerSettings:
+def settings_for_container(
+    devices: Sequence[PreparedDevice], sysfs_root: str = "/sys", requested_cpus: str | None = None
+) -> ContainerSettings:
     """Env and cpuset for a container consuming ``devices`` (``checkpoint.PreparedDevice``).
 
     ``requested_cpus`` is the container's cpuset in the CreateContainer request

@@ -102,6 +102,9 @@ def cpuset_for(numa_node: int, sysfs_root: str = "/sys", requested: str | None =
     if requested and requested.strip():
         cpus = node_cpus & parse_cpulist(requested)
         if not cpus:
-            raise ConfigError("numa.pin", f"the container's CPUs ({requested}) are all outside NUMA node "
-                                          f"{numa_node} ({format_cpulist(node_cpus)}); not pinning")
+            raise ConfigError(
+                "numa.pin",
+                f"the container's CPUs ({requested}) are all outside NUMA node "
+                f"{numa_node} ({format_cpulist(node_cpus)}); not pinning",
+            )
     return CpusetPlan(numa_node=numa_node, cpus=format_cpulist(cpus), mems=str(numa_node))

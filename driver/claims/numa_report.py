@@ -103,8 +103,11 @@ def _qualified(driver: str, attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def other_devices(
-    results: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]], sysfs_root: str,
-    single_node: bool = False, own_driver: str = DRIVER_NAME,
+    results: Iterable[dict[str, Any]],
+    slices: Iterable[dict[str, Any]],
+    sysfs_root: str,
+    single_node: bool = False,
+    own_driver: str = DRIVER_NAME,
 ) -> list[DeviceNuma]:
     """The claim's devices of other drivers (``status.allocation.devices.results``) with NUMA nodes."""
     index = _slice_attributes(slices)

@@ -163,8 +163,9 @@ class Preparer:
         # event loop), and each thread hop costs a loop round trip.
         loop = asyncio.get_running_loop()
         pool = self._io_pool()
-        found = await asyncio.gather(*(loop.run_in_executor(pool, self._lookup, c) for c in claims),
-                                     return_exceptions=True)
+        found = await asyncio.gather(
+            *(loop.run_in_executor(pool, self._lookup, c) for c in claims), return_exceptions=True
+        )
 
         records: list[PreparedClaim] = []
         for ref, claim in zip(claims, found, strict=True):
@@ -181,7 +182,9 @@ class Preparer:
                 results[ref.uid] = PrepareResult(error=str(exc))
             except Exception as exc:  # a bug for one claim must not fail the others
                 log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
-                results[ref.uid] = PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
+                results[ref.uid] = PrepareResult(
+                    error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}"
+                )
         if records:
             try:
                 stored = await self._commit.apply(lambda state: _record(state, records))
@@ -195,8 +198,12 @@ class Preparer:
                     results[record.uid] = _result_of(record)
         for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
             results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
-        log.info("prepared claims", extra={"kv": {
-            "claims": [c.uid for c in claims], "errors": {u: r.error for u, r in results.items() if r.error}}})
+        log.info(
+            "prepared claims",
+            extra={
+                "kv": {"claims": [c.uid for c in claims], "errors": {u: r.error for u, r in results.items() if r.error}}
+            },
+        )
         return results
 
     def _io_pool(self) -> Executor:
@@ -260,13 +267,18 @@ class Preparer:
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
             _check_ethtool(where, base, device, config)
             prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
-        pod_uids = [r["uid"] for r in status.get("reservedFor") or []
-                    if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")]
+        pod_uids = [
+            r["uid"]
+            for r in status.get("reservedFor") or []
+            if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
+        ]
         try:
             # numa.pin across NICs on several NUMA nodes can never be honoured: refuse it now,
             # as a per-claim error, rather than start a pod that silently runs unpinned.
-            numa_pin_node(((d.config, device_numa_node(d), d.device) for d in prepared),
-                          "status.allocation.devices.config: numa.pin")
+            numa_pin_node(
+                ((d.config, device_numa_node(d), d.device) for d in prepared),
+                "status.allocation.devices.config: numa.pin",
+            )
         except ConfigError as exc:
             raise ClaimError(f"{where}: {exc}") from None
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
@@ -278,7 +290,8 @@ class Preparer:
         uids = [c.uid for c in claims]
         try:
             removed = await self._commit.apply(
-                lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None])
+                lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
+            )
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"cannot update checkpoint: {exc}" for u in uids}
         log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
@@ -312,5 +325,6 @@ def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedCl
 
 
 def _result_of(record: PreparedClaim) -> PrepareResult:
-    return PrepareResult(devices=[ResultDevice(request_names=[d.request], pool=d.pool, device=d.device)
-                                  for d in record.devices])
+    return PrepareResult(
+        devices=[ResultDevice(request_names=[d.request], pool=d.pool, device=d.device) for d in record.devices]
+    )

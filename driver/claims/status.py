@@ -53,8 +53,16 @@ class ClaimStatusWriter:
     """
 
     def __init__(
-        self, kube: KubeClient, node_name: str, *, driver_name: str = DRIVER_NAME, sysfs_root: str = "/sys",
-        max_attempts: int = 5, backoff: float = 0.5, max_backoff: float = 8.0, queue_size: int = 1024,
+        self,
+        kube: KubeClient,
+        node_name: str,
+        *,
+        driver_name: str = DRIVER_NAME,
+        sysfs_root: str = "/sys",
+        max_attempts: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        queue_size: int = 1024,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.kube, self.node_name, self.driver_name, self.sysfs_root = kube, node_name, driver_name, sysfs_root
@@ -91,8 +99,10 @@ class ClaimStatusWriter:
         except queue.Full:
             # Never block the runtime's hook: status is informative, the pod's fate is not.
             self.dropped += 1
-            log.error("claim status queue full; dropping update",
-                      extra={"kv": {"claim": f"{update.claim.namespace}/{update.claim.name}"}})
+            log.error(
+                "claim status queue full; dropping update",
+                extra={"kv": {"claim": f"{update.claim.namespace}/{update.claim.name}"}},
+            )
 
     # -- worker -------------------------------------------------------------------------------
 
@@ -135,8 +145,10 @@ class ClaimStatusWriter:
                 error: Exception = exc
             if update.attempts >= self.max_attempts:
                 self.dropped += 1
-                log.error("giving up writing claim status", extra={"kv": {**kv, "error": str(error),
-                                                                          "attempts": update.attempts}})
+                log.error(
+                    "giving up writing claim status",
+                    extra={"kv": {**kv, "error": str(error), "attempts": update.attempts}},
+                )
                 return False
             log.warning("claim status write failed; retrying", extra={"kv": {**kv, "error": str(error)}})
             self._sleep(delay)
@@ -166,8 +178,11 @@ class ClaimStatusWriter:
 
     def _entries(self, obj: dict[str, Any]) -> list[tuple[Any, Any]]:
         """Our (pool, device) keys in ``status.devices``, sorted."""
-        return sorted((d.get("pool"), d.get("device"))
-                      for d in (obj.get("status") or {}).get("devices") or [] if d.get("driver") == self.driver_name)
+        return sorted(
+            (d.get("pool"), d.get("device"))
+            for d in (obj.get("status") or {}).get("devices") or []
+            if d.get("driver") == self.driver_name
+        )
 
     def _replace_status(self, current: dict[str, Any], ours: list[dict[str, Any]]) -> None:
         """Write our entries with a PUT of the object as read, when server-side apply is refused.
@@ -182,13 +197,16 @@ class ClaimStatusWriter:
         """
         meta = current.get("metadata") or {}
         status = current.setdefault("status", {})
-        status["devices"] = [d for d in status.get("devices") or []
-                             if d.get("driver") != self.driver_name] + ours
+        status["devices"] = [d for d in status.get("devices") or [] if d.get("driver") != self.driver_name] + ours
         separators: tuple[tuple[str, str], ...] = ((",", ":"), (", ", ": "))  # compact, then Python's
         for i, sep in enumerate(separators):
             try:
-                self.kube.replace_namespaced_resource_claim_status(meta.get("namespace", ""), meta.get("name", ""),
-                                               json.dumps(current, separators=sep).encode(), FIELD_MANAGER)
+                self.kube.replace_namespaced_resource_claim_status(
+                    meta.get("namespace", ""),
+                    meta.get("name", ""),
+                    json.dumps(current, separators=sep).encode(),
+                    FIELD_MANAGER,
+                )
                 return
             except KubeError as exc:
                 if not _raw_parameters_refused(exc) or i == len(separators) - 1:
@@ -199,7 +217,9 @@ class ClaimStatusWriter:
         if cached is not None:
             return cached
         try:
-            results = (((current.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+            results = (((current.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                "results"
+            ) or []
             drivers = sorted({r.get("driver") for r in results if r.get("driver") not in (None, self.driver_name)})
             slices: list[dict[str, Any]] = []
             for driver in drivers:
@@ -212,8 +232,12 @@ class ClaimStatusWriter:
         except KubeError as exc:
             # Report what we could not find instead of failing the Ready write.
             log.warning("NUMA report: cannot list slices", extra={"kv": {"error": str(exc)}})
-            return {"type": numa_report.CONDITION_TYPE, "status": "Unknown", "reason": "NUMAUnknown",
-                    "message": f"cannot read the other devices' ResourceSlices: {exc}"[:MAX_MESSAGE]}
+            return {
+                "type": numa_report.CONDITION_TYPE,
+                "status": "Unknown",
+                "reason": "NUMAUnknown",
+                "message": f"cannot read the other devices' ResourceSlices: {exc}"[:MAX_MESSAGE],
+            }
         self._numa_cache[claim.uid] = condition
         if len(self._numa_cache) > 4096:  # bounded: claims come and go
             self._numa_cache.pop(next(iter(self._numa_cache)))
@@ -228,8 +252,14 @@ class ClaimStatusWriter:
 
     def _post_event(self, update: StatusUpdate, current: dict[str, Any]) -> None:
         claim = update.claim
-        pod_name = next((r.get("name") for r in (current.get("status") or {}).get("reservedFor") or []
-                         if r.get("uid") == update.pod_uid), None)
+        pod_name = next(
+            (
+                r.get("name")
+                for r in (current.get("status") or {}).get("reservedFor") or []
+                if r.get("uid") == update.pod_uid
+            ),
+            None,
+        )
         if pod_name is None:
             log.warning("pod not in claim's reservedFor; no event", extra={"kv": {"pod": update.pod_uid}})
             return
@@ -238,12 +268,18 @@ class ClaimStatusWriter:
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{pod_name}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": claim.namespace,
-                               "name": pod_name, "uid": update.pod_uid},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": claim.namespace,
+                "name": pod_name,
+                "uid": update.pod_uid,
+            },
             "type": "Warning",
             "reason": reason_for(update.failed_step),
-            "message": (f"device {update.failed_device} of claim {claim.name}: "
-                        f"{update.failed_step}: {update.failed_message}")[:1024],
+            "message": (
+                f"device {update.failed_device} of claim {claim.name}: {update.failed_step}: {update.failed_message}"
+            )[:1024],
             "source": {"component": self.driver_name, "host": self.node_name},
             "reportingComponent": self.driver_name,
             "reportingInstance": self.node_name,

@@ -68,8 +68,9 @@ def _cidr(ip: str) -> str:
     return f"{ip}/128" if ":" in ip else f"{ip}/32"
 
 
-def status_body(update: StatusUpdate, current: dict[str, Any], driver_name: str,
-                numa: dict[str, str] | None) -> dict[str, Any]:
+def status_body(
+    update: StatusUpdate, current: dict[str, Any], driver_name: str, numa: dict[str, str] | None
+) -> dict[str, Any]:
     """The SSA body: every one of our entries in the claim ``current``, updated by ``update``,
     each with the claim's ``NUMAAligned`` condition ``numa``."""
     claim = update.claim
@@ -90,12 +91,20 @@ def status_body(update: StatusUpdate, current: dict[str, Any], driver_name: str,
         network_data = old.get("networkData")
         if dev.device in update.ready:
             result = update.ready[dev.device]
-            ready = {"type": READY, "status": "True", "reason": "NetworkReady",
-                     "message": f"interface {result.interface_name} configured in pod {update.pod_uid}"}
+            ready = {
+                "type": READY,
+                "status": "True",
+                "reason": "NetworkReady",
+                "message": f"interface {result.interface_name} configured in pod {update.pod_uid}",
+            }
             network_data = _network_data(result)
         elif dev.device == update.failed_device:
-            ready = {"type": READY, "status": "False", "reason": reason_for(update.failed_step),
-                     "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE]}
+            ready = {
+                "type": READY,
+                "status": "False",
+                "reason": reason_for(update.failed_step),
+                "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE],
+            }
             network_data = None  # rolled back: the NIC is not in the pod
         conditions = [c for c in (ready, numa) if c]
         entry["conditions"] = [_stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
@@ -103,6 +112,7 @@ def status_body(update: StatusUpdate, current: dict[str, Any], driver_name: str,
             entry["networkData"] = network_data
         entries.append(entry)
     return claim_status_body(claim, entries)
+
 
 def claim_status_body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> dict[str, Any]:
     """A ResourceClaim apply body holding ``entries`` as our ``status.devices``."""
@@ -113,6 +123,7 @@ def claim_status_body(claim: PreparedClaim, entries: list[dict[str, Any]]) -> di
         "status": {"devices": entries},
     }
 
+
 def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[str, Any]:
     # lastTransitionTime changes only when the status does (metav1.Condition semantics).
     out = {k: cond[k] for k in ("type", "status", "reason", "message")}
@@ -121,6 +132,7 @@ def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[s
     else:
         out["lastTransitionTime"] = now
     return out
+
 
 def _network_data(result: DeviceResult) -> dict[str, Any]:
     data: dict[str, Any] = {}

@@ -27,9 +27,11 @@ def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
     for req in devices.get("requests") or []:
         if not isinstance(req, dict) or not isinstance(req.get("name"), str):
             continue
-        subs = [(req["name"], req.get("exactly"))] if req.get("exactly") else [
-            (f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)
-        ]
+        subs = (
+            [(req["name"], req.get("exactly"))]
+            if req.get("exactly")
+            else [(f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)]
+        )
         for name, spec in subs:
             if not isinstance(spec, dict):
                 continue
@@ -74,9 +76,7 @@ def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
     return problems
 
 
-def _per_device_conflicts(
-    config: NetworkConfig, requests: Any, multi: dict[str, str], ppath: str
-) -> list[ConfigError]:
+def _per_device_conflicts(config: NetworkConfig, requests: Any, multi: dict[str, str], ppath: str) -> list[ConfigError]:
     """Errors for interface settings that cannot be shared by the several NICs of one request."""
     iface = config.interface
     if iface is None:
@@ -88,11 +88,13 @@ def _per_device_conflicts(
     for fname, value in (("name", iface.name), ("addresses", iface.addresses), ("hardwareAddr", iface.hardware_addr)):
         if value:
             req = targets[0]
-            out.append(ConfigError(
-                f"{ppath}.interface.{fname}",
-                f"applies to request {req!r} ({multi[req]}), which can allocate several NICs; "
-                "each would get the same value and pod start would fail (use one request per NIC)",
-            ))
+            out.append(
+                ConfigError(
+                    f"{ppath}.interface.{fname}",
+                    f"applies to request {req!r} ({multi[req]}), which can allocate several NICs; "
+                    "each would get the same value and pod start would fail (use one request per NIC)",
+                )
+            )
     return out
 
 

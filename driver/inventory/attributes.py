@@ -26,11 +26,31 @@ S = STANDARD_DOMAIN + "/"
 
 PRIORITY: tuple[str, ...] = (
     # Identity and what claims select on most (seed templates: rdma, numaNode, pciBusID).
-    D + "rdma", D + "numaNode", S + "numaNode", S + "pciBusID", S + "pcieRoot",
-    D + "pciAddress", D + "rdmaDevice", D + "ifName", D + "linkLayer", D + "type",
-    D + "virtual", D + "isSriovVf", D + "sriov", D + "sriovVfs", D + "rateGbps",
-    D + "mac", D + "mtu", D + "state", D + "encapsulation", D + "pciVendor", D + "pciDevice",
-    D + "pciSubsystem", D + "ipv4", D + "ipv6", D + "alias",
+    D + "rdma",
+    D + "numaNode",
+    S + "numaNode",
+    S + "pciBusID",
+    S + "pcieRoot",
+    D + "pciAddress",
+    D + "rdmaDevice",
+    D + "ifName",
+    D + "linkLayer",
+    D + "type",
+    D + "virtual",
+    D + "isSriovVf",
+    D + "sriov",
+    D + "sriovVfs",
+    D + "rateGbps",
+    D + "mac",
+    D + "mtu",
+    D + "state",
+    D + "encapsulation",
+    D + "pciVendor",
+    D + "pciDevice",
+    D + "pciSubsystem",
+    D + "ipv4",
+    D + "ipv6",
+    D + "alias",
 )
 """Attribute keep-order when a device has more than 32 attributes (first = kept longest)."""
 
@@ -67,8 +87,10 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
         if isinstance(value, str) and not (value and len(value) <= MAX_ATTRIBUTE_VALUE_LENGTH and value.isascii()):
             short = shorten(name, value)
             if short != value:
-                log.debug("attribute value shortened", extra={"kv": {
-                    "device": device, "attribute": name, "length": len(value.encode())}})
+                log.debug(
+                    "attribute value shortened",
+                    extra={"kv": {"device": device, "attribute": name, "length": len(value.encode())}},
+                )
             if name in LIST_ATTRIBUTES and not short:
                 continue  # not even one element fits: omit rather than publish an empty list
             value = short
@@ -76,8 +98,9 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
     if len(out) > MAX_ATTRIBUTES_PER_DEVICE:
         ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
         dropped = ranked[MAX_ATTRIBUTES_PER_DEVICE:]
-        log.warning("too many attributes, dropping lowest-priority ones", extra={"kv": {
-            "device": device, "dropped": dropped}})
+        log.warning(
+            "too many attributes, dropping lowest-priority ones", extra={"kv": {"device": device, "dropped": dropped}}
+        )
         for name in dropped:
             del out[name]
     return out

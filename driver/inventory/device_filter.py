@@ -48,6 +48,7 @@ def _load_cel() -> ModuleType:
         return module
     except (ImportError, OSError, StopIteration):
         import cel
+
         return cel
 
 
@@ -84,12 +85,15 @@ class DeviceFilter:
         try:
             result = self._program.execute({"device": cel_device(device, self.driver_name)})
         except Exception as err:  # noqa: BLE001 - like the Go driver: an eval error keeps the device
-            log.debug("filter evaluation failed, keeping device",
-                      extra={"kv": {"device": device.name, "error": str(err)}})
+            log.debug(
+                "filter evaluation failed, keeping device", extra={"kv": {"device": device.name, "error": str(err)}}
+            )
             return True
         if not isinstance(result, bool):
-            log.warning("filter returned a non-bool, dropping device",
-                        extra={"kv": {"device": device.name, "result": repr(result)}})
+            log.warning(
+                "filter returned a non-bool, dropping device",
+                extra={"kv": {"device": device.name, "result": repr(result)}},
+            )
             return False
         return result
 

@@ -110,9 +110,16 @@ def _hex4(text: str | None) -> str | None:
 class Scanner:
     """Scans one node's sysfs (and netlink when it is the host's own) into publishable devices."""
 
-    def __init__(self, sysfs_root: str = "/sys", netlink: bool = True,
-                 exclude_interfaces: Sequence[str] = (), *, netns: str | None = None,
-                 pci_ids_paths: Sequence[str] = PCI_IDS_PATHS, use_pyverbs: bool = True) -> None:
+    def __init__(
+        self,
+        sysfs_root: str = "/sys",
+        netlink: bool = True,
+        exclude_interfaces: Sequence[str] = (),
+        *,
+        netns: str | None = None,
+        pci_ids_paths: Sequence[str] = PCI_IDS_PATHS,
+        use_pyverbs: bool = True,
+    ) -> None:
         self.sysfs_root = sysfs_root
         # Netlink describes the host, so it only applies to the host's own sysfs.
         self.netlink = netlink and _is_host_sysfs(sysfs_root)
@@ -305,8 +312,10 @@ class Scanner:
             if dev.pci_address or name in excluded:
                 continue
             if not dev.virtual:
-                log.debug("non-PCI hardware netdev published as a standalone device",
-                          extra={"kv": {"ifname": name, "path": dev.sysfs_path}})
+                log.debug(
+                    "non-PCI hardware netdev published as a standalone device",
+                    extra={"kv": {"ifname": name, "path": dev.sysfs_path}},
+                )
             values = self._netdev_attributes(sysfs, dev)
             values[D + "rdma"] = False
             host = HostFacts(ifname=name, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))

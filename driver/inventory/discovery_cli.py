@@ -32,8 +32,15 @@ def _row(device: Device) -> tuple[str, ...]:
         return "-" if value is None else str(value)
 
     numa = a.get(f"{STANDARD_DOMAIN}/numaNode")
-    return (device.name, get(D + "ifName"), get(D + "pciAddress"), get(D + "rdmaDevice"),
-            "-" if numa is None else str(numa), get(D + "linkLayer"), get(D + "state"))
+    return (
+        device.name,
+        get(D + "ifName"),
+        get(D + "pciAddress"),
+        get(D + "rdmaDevice"),
+        "-" if numa is None else str(numa),
+        get(D + "linkLayer"),
+        get(D + "state"),
+    )
 
 
 def format_table(devices: list[Device]) -> str:

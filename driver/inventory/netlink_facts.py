@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 ARPHRD_ENCAP: dict[int, str] = {
-    1: "ether", 32: "infiniband", 512: "ppp", 768: "ipip", 769: "tunnel6", 772: "loopback",
-    776: "sit", 778: "gre", 823: "ip6gre", 65534: "none", 65535: "void",
+    1: "ether",
+    32: "infiniband",
+    512: "ppp",
+    768: "ipip",
+    769: "tunnel6",
+    772: "loopback",
+    776: "sit",
+    778: "gre",
+    823: "ip6gre",
+    65534: "none",
+    65535: "void",
 }
 """ARPHRD_* link types as netlink spells the encapsulation (same strings as the Go driver)."""
 
@@ -70,10 +79,16 @@ def _link(msg: object) -> LinkFacts:
     kind = msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")  # type: ignore[attr-defined]
     operstate = get("IFLA_OPERSTATE")
     return LinkFacts(
-        ifname=get("IFLA_IFNAME"), index=get("index"), arphrd=get("ifi_type"), kind=kind,
-        mac=get("IFLA_ADDRESS"), permanent_mac=get("IFLA_PERM_ADDRESS"), mtu=get("IFLA_MTU"),
+        ifname=get("IFLA_IFNAME"),
+        index=get("index"),
+        arphrd=get("ifi_type"),
+        kind=kind,
+        mac=get("IFLA_ADDRESS"),
+        permanent_mac=get("IFLA_PERM_ADDRESS"),
+        mtu=get("IFLA_MTU"),
         operstate=operstate.lower() if isinstance(operstate, str) else None,
-        alias=get("IFLA_IFALIAS") or None, master=get("IFLA_MASTER"),
+        alias=get("IFLA_IFALIAS") or None,
+        master=get("IFLA_MASTER"),
         loopback=bool(get("flags", 0) & IFF_LOOPBACK) or get("ifi_type") == ARPHRD_LOOPBACK,
     )
 

@@ -87,8 +87,9 @@ def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
         return None, None
 
 
-def scan_rdma(sysfs: SysfsReader, use_pyverbs: bool = False,
-              identity: IdentityCache | None = None) -> dict[str, RdmaDevice]:
+def scan_rdma(
+    sysfs: SysfsReader, use_pyverbs: bool = False, identity: IdentityCache | None = None
+) -> dict[str, RdmaDevice]:
     """All RDMA devices under ``class/infiniband`` keyed by name.
 
     ``identity`` (kept across scans by the caller) spares rescans the links and char device
@@ -124,6 +125,5 @@ def scan_rdma(sysfs: SysfsReader, use_pyverbs: bool = False,
                 chars.append(char)
         if rdma_cm:
             chars.append(rdma_cm)
-        devices[name] = RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate,
-                                   char_devices=chars)
+        devices[name] = RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate, char_devices=chars)
     return devices

@@ -217,8 +217,14 @@ class IdentityCache:
         real = sysfs.resolve(anchor)  # a miss: the scan needs this link anyway
         return None if real is None else _identity_key(sysfs.path(real))
 
-    def remember(self, sysfs: SysfsReader, anchor: str, key: IdentityKey | None,
-                 files: tuple[str, ...] = (), links: tuple[str, ...] = ("",)) -> None:
+    def remember(
+        self,
+        sysfs: SysfsReader,
+        anchor: str,
+        key: IdentityKey | None,
+        files: tuple[str, ...] = (),
+        links: tuple[str, ...] = ("",),
+    ) -> None:
         """Keep what this scan read of ``anchor``'s immutable ``files`` and ``links`` (suffixes;
         ``""`` is the anchor's own link). Facts the scan did not need stay unknown."""
         if key is None:

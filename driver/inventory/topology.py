@@ -118,8 +118,14 @@ def _endpoint(sysfs: SysfsReader, bdf: str, label: str) -> PciEndpoint:
     # Bridges are the BDF components between the host bridge and the function itself.
     start = parts.index(root) + 1 if root in parts else 0
     bridges = [p for p in parts[start:-1] if BDF_RE.match(p)]
-    return PciEndpoint(label=label, pci_bus_id=bdf, numa_node=numa if numa is not None and numa >= 0 else None,
-                       pcie_root=root, bridges=bridges, vendor=sysfs.read(f"{base}/vendor"))
+    return PciEndpoint(
+        label=label,
+        pci_bus_id=bdf,
+        numa_node=numa if numa is not None and numa >= 0 else None,
+        pcie_root=root,
+        bridges=bridges,
+        vendor=sysfs.read(f"{base}/vendor"),
+    )
 
 
 def _is_gpu(pci_class: int, vendor: int | None) -> bool:
@@ -171,13 +177,13 @@ def render_table(topo: Topology, out: TextIO) -> None:
         out.write(" " * width + "".join(e.label.ljust(width) for e in every) + "NUMA Affinity\n")
         for a in every:
             numa = "N/A" if a.numa_node is None else str(a.numa_node)
-            out.write(a.label.ljust(width) + "".join(matrix[a.label][b.label].ljust(width) for b in every)
-                      + numa + "\n")
+            out.write(
+                a.label.ljust(width) + "".join(matrix[a.label][b.label].ljust(width) for b in every) + numa + "\n"
+            )
         out.write("\nDevices:\n")
         for e in every:
             extra = ", ".join(x for x in [e.device_name or "", e.rdma_device or "", *e.netdevs] if x)
-            out.write(f"  {e.label}: {e.pci_bus_id} root={e.pcie_root or '?'}"
-                      f"{' (' + extra + ')' if extra else ''}\n")
+            out.write(f"  {e.label}: {e.pci_bus_id} root={e.pcie_root or '?'}{' (' + extra + ')' if extra else ''}\n")
     out.write("\nNUMA nodes:\n")
     for node, cpus in sorted(topo.numa_cpulists.items()):
         out.write(f"  node{node}: CPUs {cpus or '(none)'}\n")
@@ -203,6 +209,7 @@ def cli_topology(args: argparse.Namespace) -> int:
 
 
 # -- templates ---------------------------------------------------------------------------------
+
 
 @dataclass
 class AlignedChoice:
@@ -231,10 +238,16 @@ def aligned_choices(topo: Topology, gpus: int) -> list[AlignedChoice]:
         if len(node_gpus) >= gpus and rdma_nics >= gpus:
             picked = sorted(node_gpus, key=lambda g: g.pci_bus_id)[:gpus]
             vendor = int(picked[0].vendor, 16) if picked[0].vendor else None
-            choices.append(AlignedChoice(node, [g.pci_bus_id for g in picked],
-                                         GPU_VENDOR_CLASSES.get(vendor or 0, DEFAULT_GPU_DEVICE_CLASS)))
+            choices.append(
+                AlignedChoice(
+                    node, [g.pci_bus_id for g in picked], GPU_VENDOR_CLASSES.get(vendor or 0, DEFAULT_GPU_DEVICE_CLASS)
+                )
+            )
     if not choices:
-        have = ", ".join(f"NUMA {n}: {len(g)} GPUs, {r} RDMA NICs" for n, (g, r) in counts.items()) or "no NUMA information"
+        have = (
+            ", ".join(f"NUMA {n}: {len(g)} GPUs, {r} RDMA NICs" for n, (g, r) in counts.items())
+            or "no NUMA information"
+        )
         raise NoAlignmentError(f"no NUMA node has {gpus} GPUs and {gpus} RDMA NICs ({have})")
     return choices
 

@@ -74,16 +74,19 @@ class KubeClient:
         """GET a ResourceClaim."""
         return self.request("GET", self._claim_path(namespace, name))
 
-    def patch_namespaced_resource_claim_status(self, namespace: str, name: str, body: dict[str, Any],
-                                               field_manager: str) -> dict[str, Any]:
+    def patch_namespaced_resource_claim_status(
+        self, namespace: str, name: str, body: dict[str, Any], field_manager: str
+    ) -> dict[str, Any]:
         """Server-side apply on ``resourceclaims/status`` with our field manager (forced)."""
         return self._apply(f"{self._claim_path(namespace, name)}/status", body, field_manager)
 
-    def replace_namespaced_resource_claim_status(self, namespace: str, name: str, body: bytes,
-                                                 field_manager: str) -> dict[str, Any]:
+    def replace_namespaced_resource_claim_status(
+        self, namespace: str, name: str, body: bytes, field_manager: str
+    ) -> dict[str, Any]:
         """PUT ``resourceclaims/status`` with a pre-encoded object (its resourceVersion guards it)."""
-        return self.request("PUT", f"{self._claim_path(namespace, name)}/status", body,
-                            query={"fieldManager": field_manager})
+        return self.request(
+            "PUT", f"{self._claim_path(namespace, name)}/status", body, query={"fieldManager": field_manager}
+        )
 
     # -- resource.k8s.io/v1 ResourceSlices ----------------------------------------------------------
 
@@ -96,10 +99,16 @@ class KubeClient:
 
     def watch_resource_slice(self, field_selector: str, resource_version: str, timeout_seconds: int = 300) -> Any:
         """Open a WATCH on ResourceSlices; the streaming response (``stream()``, ``release_conn()``)."""
-        query = [("watch", "true"), ("fieldSelector", field_selector), ("resourceVersion", resource_version),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
-        return self.api.send(ApiRequest("GET", f"{RESOURCE_API}/resourceslices", query,
-                                        timeout=(10, timeout_seconds + 30)))
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", field_selector),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        return self.api.send(
+            ApiRequest("GET", f"{RESOURCE_API}/resourceslices", query, timeout=(10, timeout_seconds + 30))
+        )
 
     def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a ResourceSlice."""
@@ -124,12 +133,14 @@ class KubeClient:
         """POST a core/v1 Event."""
         return self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body)
 
-    def apply_validating_webhook_configuration(self, name: str, body: dict[str, Any],
-                                               field_manager: str) -> dict[str, Any]:
+    def apply_validating_webhook_configuration(
+        self, name: str, body: dict[str, Any], field_manager: str
+    ) -> dict[str, Any]:
         """Server-side apply of a ValidatingWebhookConfiguration (forced)."""
         return self._apply(f"{ADMISSION_API}/validatingwebhookconfigurations/{quote(name)}", body, field_manager)
 
     def _apply(self, path: str, body: dict[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply: the fields in ``body`` become ``field_manager``'s, taken over if needed."""
-        return self.request("PATCH", path, body, query={"fieldManager": field_manager, "force": "true"},
-                            content_type=APPLY_PATCH)
+        return self.request(
+            "PATCH", path, body, query={"fieldManager": field_manager, "force": "true"}, content_type=APPLY_PATCH
+        )

@@ -43,8 +43,16 @@ class KubeConfigError(ValueError):
     """The kubeconfig or in-cluster environment cannot be used; names the field and reason."""
 
 
-_BY_STATUS: dict[int, type[KubeError]] = {404: NotFound, 409: Conflict, 403: Forbidden, 429: Unavailable,
-                                          500: Unavailable, 502: Unavailable, 503: Unavailable, 504: Unavailable}
+_BY_STATUS: dict[int, type[KubeError]] = {
+    404: NotFound,
+    409: Conflict,
+    403: Forbidden,
+    429: Unavailable,
+    500: Unavailable,
+    502: Unavailable,
+    503: Unavailable,
+    504: Unavailable,
+}
 
 
 def error_for(status: int, reason: str, raw: bytes | str) -> KubeError:

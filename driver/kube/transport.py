@@ -78,8 +78,14 @@ class _TokenSource:
 class Urllib3Transport:
     """HTTP(S) to one API server over a pooled urllib3 connection manager."""
 
-    def __init__(self, server: str, ssl_context: ssl.SSLContext | None, token: _TokenSource,
-                 maxsize: int = 16, server_name: str | None = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        ssl_context: ssl.SSLContext | None,
+        token: _TokenSource,
+        maxsize: int = 16,
+        server_name: str | None = None,
+    ) -> None:
         self.server = server.rstrip("/")
         self.token = token
         # maxsize matches prepare.CLAIM_LOOKUP_THREADS: one kept-alive connection per lookup thread.
@@ -105,10 +111,13 @@ class Urllib3Transport:
         if isinstance(timeout, tuple):
             timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         try:
-            resp = self.pool.request(request.method, url, body=data, headers=headers, timeout=timeout,
-                                     preload_content=False, redirect=False)
+            resp = self.pool.request(
+                request.method, url, body=data, headers=headers, timeout=timeout, preload_content=False, redirect=False
+            )
         except urllib3.exceptions.HTTPError as exc:  # no answer at all: refused, reset, timed out
-            raise Unavailable(status=0, reason="Unavailable", message=f"{request.method} {request.path}: {exc}") from exc
+            raise Unavailable(
+                status=0, reason="Unavailable", message=f"{request.method} {request.path}: {exc}"
+            ) from exc
         if resp.status >= 300:
             raw = resp.read()
             resp.release_conn()
@@ -196,10 +205,12 @@ def transport_from_kubeconfig(kubeconfig: str) -> Urllib3Transport:
     where_c, where_u = f"clusters[{context.get('cluster')!r}]", f"users[{context.get('user')!r}]"
     ctx = None
     if server.startswith("https://"):
-        ctx = _ssl_context(_file_or_data(cluster, "certificate-authority", base, where_c),
-                           _file_or_data(user, "client-certificate", base, where_u),
-                           _file_or_data(user, "client-key", base, where_u),
-                           bool(cluster.get("insecure-skip-tls-verify")))
+        ctx = _ssl_context(
+            _file_or_data(cluster, "certificate-authority", base, where_c),
+            _file_or_data(user, "client-certificate", base, where_u),
+            _file_or_data(user, "client-key", base, where_u),
+            bool(cluster.get("insecure-skip-tls-verify")),
+        )
     token_file = user.get("tokenFile")
     token = _TokenSource(user.get("token"), str(base / token_file) if token_file and not user.get("token") else None)
     return Urllib3Transport(server, ctx, token, server_name=cluster.get("tls-server-name"))
@@ -209,8 +220,9 @@ def transport_in_cluster(sa_dir: str = SERVICE_ACCOUNT_DIR) -> Urllib3Transport:
     """A transport from the pod's service account (token re-read for rotation)."""
     host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
     if not host or not port:
-        raise KubeConfigError("in-cluster: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set "
-                              "(pass --kubeconfig outside a pod)")
+        raise KubeConfigError(
+            "in-cluster: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set (pass --kubeconfig outside a pod)"
+        )
     if ":" in host:
         host = f"[{host}]"
     try:
@@ -239,10 +251,16 @@ class KubernetesPackageTransport:
         headers = {"Accept": "application/json", "Content-Type": request.content_type}
         try:
             resp = self.api_client.call_api(
-                request.path, request.method, query_params=request.query, header_params=headers, body=request.body,
-                auth_settings=["BearerToken"], _preload_content=False, _request_timeout=request.timeout)
+                request.path,
+                request.method,
+                query_params=request.query,
+                header_params=headers,
+                body=request.body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=request.timeout,
+            )
         except ApiException as exc:
             body = exc.body if isinstance(exc.body, (bytes, str)) else str(exc.body or "")
             raise error_for(int(exc.status or 0), str(exc.reason or ""), body) from None
         return resp[0] if isinstance(resp, tuple) else resp
-

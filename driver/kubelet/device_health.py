@@ -18,9 +18,9 @@ from typing import Any
 
 import grpc
 
-from driver.model.device import Device
 from dranet_proto import dra_health_v1alpha1_pb2 as health_pb
 from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
+from driver.model.device import Device
 
 
 @dataclass(frozen=True)
@@ -107,26 +107,32 @@ class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
         self.timeout_seconds = timeout_seconds
         self.resend_seconds = resend_seconds
 
-    async def NodeWatchResources(self, request: Any, context: grpc.aio.ServicerContext
-                                 ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+    async def NodeWatchResources(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
         # Send the complete list at once, on every change, and again every resend_seconds:
         # the kubelet turns devices whose last update is older than its timeout into Unknown.
         while True:
             version, states = self.feed.snapshot()
             now = int(time.time())
-            yield health_pb.NodeWatchResourcesResponse(devices=[
-                health_pb.DeviceHealth(
-                    device=health_pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
-                    health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
-                    last_updated_time=now,
-                    health_check_timeout_seconds=self.timeout_seconds,
-                    message=s.message,
-                ) for s in states])
+            yield health_pb.NodeWatchResourcesResponse(
+                devices=[
+                    health_pb.DeviceHealth(
+                        device=health_pb.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
+                        health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
+                        last_updated_time=now,
+                        health_check_timeout_seconds=self.timeout_seconds,
+                        message=s.message,
+                    )
+                    for s in states
+                ]
+            )
             await self.feed.wait_change(version, self.resend_seconds)
 
 
-def device_health_states(devices: dict[str, Device], pool: str, sysfs_root: str, in_use: Callable[[str], bool]
-                  ) -> list[DeviceHealthState]:
+def device_health_states(
+    devices: dict[str, Device], pool: str, sysfs_root: str, in_use: Callable[[str], bool]
+) -> list[DeviceHealthState]:
     """Evaluate every published device (used by the daemon after each scan)."""
     out = []
     for name, device in devices.items():

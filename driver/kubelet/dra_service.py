@@ -32,8 +32,9 @@ def _prepare_response(pb: ModuleType, results: dict[str, PrepareResult], share_i
             entry.error = result.error
             continue
         for d in result.devices:
-            device = entry.devices.add(request_names=d.request_names, pool_name=d.pool, device_name=d.device,
-                                       cdi_device_ids=d.cdi_device_ids)
+            device = entry.devices.add(
+                request_names=d.request_names, pool_name=d.pool, device_name=d.device, cdi_device_ids=d.cdi_device_ids
+            )
             if share_ids and d.share_id:
                 device.share_id = d.share_id
     return response
@@ -60,8 +61,9 @@ class DRAService:
             return _prepare_response(self.pb, results, share_ids=self.version == "v1")
         except Exception as exc:  # never let a bug kill the call without per-claim answers
             log.exception("NodePrepareResources failed")
-            return _prepare_response(self.pb, {c.uid: PrepareResult(error=f"internal error: {exc}")
-                                               for c in request.claims}, share_ids=False)
+            return _prepare_response(
+                self.pb, {c.uid: PrepareResult(error=f"internal error: {exc}") for c in request.claims}, share_ids=False
+            )
         finally:
             self.metrics.observe_request("NodePrepareResources", status, time.perf_counter() - start)
 

@@ -20,18 +20,18 @@ from types import ModuleType
 
 import grpc
 
-from driver.claims.prepare import Preparer
-from driver.config import DriverConfig
-from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthService
-from driver.kubelet.dra_service import DRAService
-from driver.kubelet.registration import RegistrationService
-from driver.metrics import Metrics
 from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
 from dranet_proto import dra_v1_pb2 as v1_pb
 from dranet_proto import dra_v1_pb2_grpc as v1_grpc
 from dranet_proto import dra_v1beta1_pb2 as v1beta1_pb
 from dranet_proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
+from driver.claims.prepare import Preparer
+from driver.config import DriverConfig
+from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthService
+from driver.kubelet.dra_service import DRAService
+from driver.kubelet.registration import RegistrationService
+from driver.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,15 @@ def _remove(path: str) -> None:
 class KubeletPlugin:
     """Registration + DRA gRPC servers for one driver instance."""
 
-    def __init__(self, config: DriverConfig, preparer: Preparer, health: DeviceHealthFeed | None = None,
-                 metrics: Metrics | None = None, health_check_timeout: int = 60,
-                 health_resend: float = 10.0) -> None:
+    def __init__(
+        self,
+        config: DriverConfig,
+        preparer: Preparer,
+        health: DeviceHealthFeed | None = None,
+        metrics: Metrics | None = None,
+        health_check_timeout: int = 60,
+        health_resend: float = 10.0,
+    ) -> None:
         self.config = config
         self.preparer = preparer
         self.health = health
@@ -83,7 +89,10 @@ class KubeletPlugin:
     async def start(self) -> None:
         """Serve the DRA socket, then the registration socket (which makes the kubelet call us)."""
         dra = grpc.aio.server()
-        services: list[tuple[ModuleType, ModuleType, str]] = [(v1_pb, v1_grpc, "v1"), (v1beta1_pb, v1beta1_grpc, "v1beta1")]
+        services: list[tuple[ModuleType, ModuleType, str]] = [
+            (v1_pb, v1_grpc, "v1"),
+            (v1beta1_pb, v1beta1_grpc, "v1beta1"),
+        ]
         for pb, grpc_mod, version in services:
             grpc_mod.add_DRAPluginServicer_to_server(DRAService(pb, self.preparer, self.metrics, version), dra)
         if self.health is not None:
@@ -97,9 +106,16 @@ class KubeletPlugin:
         reg.add_insecure_port(_listen_path(self.registration_socket))
         await reg.start()
         self._reg = reg
-        log.info("kubelet plugin serving", extra={"kv": {
-            "dra_socket": self.dra_socket, "registration_socket": self.registration_socket,
-            "versions": self.supported_versions}})
+        log.info(
+            "kubelet plugin serving",
+            extra={
+                "kv": {
+                    "dra_socket": self.dra_socket,
+                    "registration_socket": self.registration_socket,
+                    "versions": self.supported_versions,
+                }
+            },
+        )
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop both servers and remove the sockets (registration first: that deregisters us)."""

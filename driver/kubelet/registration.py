@@ -9,9 +9,9 @@ from typing import Protocol
 
 import grpc
 
-from driver.config import DriverConfig
 from dranet_proto import pluginregistration_pb2 as reg_pb
 from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
+from driver.config import DriverConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,16 @@ class RegistrationService(reg_grpc.RegistrationServicer):
         self.plugin = plugin
 
     async def GetInfo(self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext) -> reg_pb.PluginInfo:
-        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=self.plugin.config.driver_name,
-                                 endpoint=self.plugin.dra_socket, supported_versions=self.plugin.supported_versions)
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.plugin.config.driver_name,
+            endpoint=self.plugin.dra_socket,
+            supported_versions=self.plugin.supported_versions,
+        )
 
-    async def NotifyRegistrationStatus(self, request: reg_pb.RegistrationStatus,
-                                       context: grpc.aio.ServicerContext) -> reg_pb.RegistrationStatusResponse:
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: grpc.aio.ServicerContext
+    ) -> reg_pb.RegistrationStatusResponse:
         self.plugin.registered = request.plugin_registered
         if request.plugin_registered:
             log.info("registered with the kubelet", extra={"kv": {"driver": self.plugin.config.driver_name}})

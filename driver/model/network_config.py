@@ -112,12 +112,18 @@ class NetworkConfig:
         iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
         routes = params.get("routes")
         return cls(
-            interface=None if iface is None else InterfaceConfig(
-                name=iface.get("name"), mtu=iface.get("mtu"), hardware_addr=iface.get("hardwareAddr"),
-                addresses=None if iface.get("addresses") is None else tuple(iface["addresses"])),
+            interface=None
+            if iface is None
+            else InterfaceConfig(
+                name=iface.get("name"),
+                mtu=iface.get("mtu"),
+                hardware_addr=iface.get("hardwareAddr"),
+                addresses=None if iface.get("addresses") is None else tuple(iface["addresses"]),
+            ),
             routes=None if routes is None else tuple(RouteConfig(**r) for r in routes),
-            ethtool=None if eth is None else EthtoolConfig(features=eth.get("features"),
-                                                           private_flags=eth.get("privateFlags")),
+            ethtool=None
+            if eth is None
+            else EthtoolConfig(features=eth.get("features"), private_flags=eth.get("privateFlags")),
             rdma=None if rdma is None else RdmaConfig(inject_env=rdma.get("injectEnv")),
             numa=None if numa is None else NumaConfig(pin=numa.get("pin")),
         )

@@ -36,7 +36,7 @@ def attr_list(data: bytes, off: int = 0) -> list[tuple[int, bytes]]:
         alen, kind = struct.unpack_from("=HH", data, off)
         if alen < 4:
             break
-        out.append((kind & 0x3FFF, data[off + 4:off + alen]))
+        out.append((kind & 0x3FFF, data[off + 4 : off + alen]))
         off += (alen + 3) & ~3
     return out
 
@@ -135,7 +135,7 @@ class NetlinkChannel:
         messages, off = [], 0
         while off + NLMSGHDR.size <= len(data):
             length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-            messages.append((kind, flags, seq, data[off + NLMSGHDR.size:off + length]))
+            messages.append((kind, flags, seq, data[off + NLMSGHDR.size : off + length]))
             off += (length + 3) & ~3
         return messages
 
@@ -145,5 +145,5 @@ def _extack(payload: bytes, flags: int) -> str:
     if not flags & NLM_F_ACK_TLVS or len(payload) < 4 + NLMSGHDR.size:
         return ""
     orig_len = NLMSGHDR.unpack_from(payload, 4)[0]
-    tlvs = payload[4 + (NLMSGHDR.size if flags & NLM_F_CAPPED else orig_len):]
+    tlvs = payload[4 + (NLMSGHDR.size if flags & NLM_F_CAPPED else orig_len) :]
     return next((text(v) for k, v in attr_list(tlvs) if k == NLMSGERR_ATTR_MSG), "")

@@ -63,7 +63,9 @@ txvlan  tx-vlan-offload                 tx-vlan-hw-insert
 ntuple  ntuple-filters                  rx-ntuple-filter
 rxhash  receive-hashing                 rx-hashing
 """
-ALIASES: dict[str, str] = {alias: row[2] for row in map(str.split, _OFF_FLAGS.strip().splitlines()) for alias in row[:2]}
+ALIASES: dict[str, str] = {
+    alias: row[2] for row in map(str.split, _OFF_FLAGS.strip().splitlines()) for alias in row[:2]
+}
 
 
 class EthtoolError(Exception):
@@ -123,9 +125,10 @@ def _bitset(data: bytes) -> dict[str, bool]:
 
 def _bitset_request(values: dict[str, bool]) -> bytes:
     """A verbose value/mask bitset: exactly the named bits change, to the given values."""
-    bits = b"".join(_nest(A_BITSET_BITS_BIT, _str(A_BITSET_BIT_NAME, name),
-                          attr(A_BITSET_BIT_VALUE, b"") if on else b"")
-                    for name, on in sorted(values.items()))
+    bits = b"".join(
+        _nest(A_BITSET_BITS_BIT, _str(A_BITSET_BIT_NAME, name), attr(A_BITSET_BIT_VALUE, b"") if on else b"")
+        for name, on in sorted(values.items())
+    )
     return _nest(A_BITSET_BITS, bits)
 
 
@@ -137,8 +140,7 @@ class Ethtool(NetlinkChannel):
     feature-name table, which is the same in every namespace.
     """
 
-    def __init__(self, sock: socket.socket, family: int | None = None,
-                 names: frozenset[str] | None = None) -> None:
+    def __init__(self, sock: socket.socket, family: int | None = None, names: frozenset[str] | None = None) -> None:
         super().__init__(sock, ext_ack=True)  # kernel error strings make refusals readable
         self._family = family
         self._names = names
@@ -154,7 +156,7 @@ class Ethtool(NetlinkChannel):
         if reply.error:
             note = f" ({reply.message})" if reply.message else ""
             raise EthtoolError(f"{what}: {os.strerror(reply.error)}{note}") from OSError(reply.error, what)
-        return [p[_GENLMSGHDR.size:] for p in reply.payloads]
+        return [p[_GENLMSGHDR.size :] for p in reply.payloads]
 
     def family(self) -> int:
         """The ethtool genetlink family id (looked up once)."""
@@ -172,8 +174,10 @@ class Ethtool(NetlinkChannel):
         """Every feature name the kernel knows (the ``ETH_SS_FEATURES`` string set), cached."""
         if self._names is None:
             body = _nest(A_STRSET_HEADER, _str(A_HEADER_DEV_NAME, ifname))
-            body += _nest(A_STRSET_STRINGSETS, _nest(A_STRINGSETS_STRINGSET,
-                                                     attr(A_STRINGSET_ID, struct.pack("=I", ETH_SS_FEATURES))))
+            body += _nest(
+                A_STRSET_STRINGSETS,
+                _nest(A_STRINGSETS_STRINGSET, attr(A_STRINGSET_ID, struct.pack("=I", ETH_SS_FEATURES))),
+            )
             names: set[str] = set()
             for reply in self._request(self.family(), MSG_STRSET_GET, body, f"device {ifname}: feature names"):
                 for _k, sets in attr_list(reply):
@@ -195,8 +199,12 @@ class Ethtool(NetlinkChannel):
             for kind, value in attr_list(reply):
                 if kind in (A_FEATURES_HW, A_FEATURES_WANTED, A_FEATURES_ACTIVE, A_FEATURES_NOCHANGE):
                     sets[kind] = {n for n, on in _bitset(value).items() if on}
-        return FeatureState(changeable=sets.get(A_FEATURES_HW, set()), wanted=sets.get(A_FEATURES_WANTED, set()),
-                            active=sets.get(A_FEATURES_ACTIVE, set()), fixed=sets.get(A_FEATURES_NOCHANGE, set()))
+        return FeatureState(
+            changeable=sets.get(A_FEATURES_HW, set()),
+            wanted=sets.get(A_FEATURES_WANTED, set()),
+            active=sets.get(A_FEATURES_ACTIVE, set()),
+            fixed=sets.get(A_FEATURES_NOCHANGE, set()),
+        )
 
     def _set_bits(self, ifname: str, cmd: int, header: int, bitset: int, values: dict[str, bool], what: str) -> None:
         """One ``*_SET`` request changing exactly the named bits of one bitset attribute."""
@@ -216,8 +224,7 @@ class Ethtool(NetlinkChannel):
             replies = self._request(self.family(), MSG_PRIVFLAGS_GET, body, what)
         except EthtoolError as exc:
             if isinstance(exc.__cause__, OSError) and exc.__cause__.errno == errno.EOPNOTSUPP:
-                raise EthtoolError(f"device {ifname} has no private flags (its driver does not support "
-                                   "them)") from exc
+                raise EthtoolError(f"device {ifname} has no private flags (its driver does not support them)") from exc
             raise
         flags: dict[str, bool] = {}
         for reply in replies:
@@ -236,8 +243,9 @@ def _fmt(values: dict[str, bool]) -> str:
 
 
 # -- resolving a claim config against a NIC -----------------------------------------------------
-def resolve_features(ifname: str, requested: dict[str, bool], state: FeatureState,
-                     names: frozenset[str]) -> tuple[dict[str, bool], list[str]]:
+def resolve_features(
+    ifname: str, requested: dict[str, bool], state: FeatureState, names: frozenset[str]
+) -> tuple[dict[str, bool], list[str]]:
     """Claim-config feature names -> (kernel names to set, errors naming the device and feature).
 
     Features already at the requested value but fixed are dropped (nothing to do).
@@ -250,33 +258,41 @@ def resolve_features(ifname: str, requested: dict[str, bool], state: FeatureStat
         elif name.lower() in ALIASES:
             targets = sorted(n for n in names if fnmatch.fnmatchcase(n, ALIASES[name.lower()]))
         else:
-            errors.append(f"device {ifname}: ethtool feature {name!r} is unknown (neither a kernel feature name "
-                          "as `ethtool -k` shows it nor an ethtool alias such as tx, rx, sg, tso, gso, gro)")
+            errors.append(
+                f"device {ifname}: ethtool feature {name!r} is unknown (neither a kernel feature name "
+                "as `ethtool -k` shows it nor an ethtool alias such as tx, rx, sg, tso, gso, gro)"
+            )
             continue
         changeable = [t for t in targets if t in state.changeable]
         if not changeable:
             # The CLI's rule: the NIC already as asked is fine; otherwise it cannot be changed.
             stuck = [t for t in targets if (t in state.active) != on]
             if stuck:
-                errors.append(f"device {ifname}: ethtool feature {name!r}"
-                              + (f" ({', '.join(stuck)})" if stuck != [name] else "")
-                              + f" is fixed {'off' if on else 'on'} on this NIC and cannot be turned "
-                              f"{'on' if on else 'off'}")
+                errors.append(
+                    f"device {ifname}: ethtool feature {name!r}"
+                    + (f" ({', '.join(stuck)})" if stuck != [name] else "")
+                    + f" is fixed {'off' if on else 'on'} on this NIC and cannot be turned "
+                    f"{'on' if on else 'off'}"
+                )
             continue
         for t in changeable:
             out[t] = on
     return out, errors
 
 
-def resolve_private_flags(ifname: str, requested: dict[str, bool],
-                          available: dict[str, bool]) -> list[str]:
+def resolve_private_flags(ifname: str, requested: dict[str, bool], available: dict[str, bool]) -> list[str]:
     """Errors for private flags the NIC does not have (names are driver-defined, exact match)."""
-    return [f"device {ifname}: ethtool private flag {name!r} does not exist on this NIC (it has: "
-            f"{', '.join(sorted(available)) or 'none'})" for name in requested if name not in available]
+    return [
+        f"device {ifname}: ethtool private flag {name!r} does not exist on this NIC (it has: "
+        f"{', '.join(sorted(available)) or 'none'})"
+        for name in requested
+        if name not in available
+    ]
 
 
-def plan(eth: Ethtool, ifname: str, features: dict[str, bool] | None,
-         private_flags: dict[str, bool] | None) -> EthtoolPlan:
+def plan(
+    eth: Ethtool, ifname: str, features: dict[str, bool] | None, private_flags: dict[str, bool] | None
+) -> EthtoolPlan:
     """Resolve a claim's ``ethtool`` section against ``ifname`` and record what to restore.
 
     Run where the NIC is (the host, before the move). Raises :class:`EthtoolError` with every
@@ -288,8 +304,9 @@ def plan(eth: Ethtool, ifname: str, features: dict[str, bool] | None,
     return result
 
 
-def _plan(eth: Ethtool, ifname: str, features: dict[str, bool] | None,
-          private_flags: dict[str, bool] | None) -> tuple[EthtoolPlan, list[str]]:
+def _plan(
+    eth: Ethtool, ifname: str, features: dict[str, bool] | None, private_flags: dict[str, bool] | None
+) -> tuple[EthtoolPlan, list[str]]:
     result = EthtoolPlan()
     errors: list[str] = []
     try:
@@ -311,8 +328,14 @@ def _plan(eth: Ethtool, ifname: str, features: dict[str, bool] | None,
     return result, errors
 
 
-def apply(eth: Ethtool, device: str, ifname: str, features: dict[str, bool],
-          private_flags: dict[str, bool], step: str = "ethtool") -> None:
+def apply(
+    eth: Ethtool,
+    device: str,
+    ifname: str,
+    features: dict[str, bool],
+    private_flags: dict[str, bool],
+    step: str = "ethtool",
+) -> None:
     """Set kernel-name ``features`` and ``private_flags`` on ``ifname`` and check they took.
 
     Raises :class:`driver.netlink.rtnl.NetnsOpError` naming ``device``, ``step`` and the feature.
@@ -326,16 +349,20 @@ def apply(eth: Ethtool, device: str, ifname: str, features: dict[str, bool],
             active = eth.features(ifname).active
             wrong = {n: on for n, on in features.items() if (n in active) != on}
             if wrong:
-                raise EthtoolError(f"device {ifname}: feature(s) {_fmt(wrong)} requested but the kernel "
-                                   "kept the old value (a feature they depend on is off?)")
+                raise EthtoolError(
+                    f"device {ifname}: feature(s) {_fmt(wrong)} requested but the kernel "
+                    "kept the old value (a feature they depend on is off?)"
+                )
     except EthtoolError as exc:
         raise NetnsOpError(device, step, str(exc)) from exc
 
 
 def open_socket(netns: str | None = None) -> socket.socket:
     """A generic-netlink socket in this thread's netns, or in the one at path ``netns``."""
+
     def make() -> socket.socket:
         return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_GENERIC)
+
     if netns is None:
         sock = make()
     else:
@@ -349,8 +376,12 @@ def open_socket(netns: str | None = None) -> socket.socket:
     return sock
 
 
-def check_features(ifname: str, features: dict[str, bool] | None,
-                   netns: str | None = None, private_flags: dict[str, bool] | None = None) -> list[str]:
+def check_features(
+    ifname: str,
+    features: dict[str, bool] | None,
+    netns: str | None = None,
+    private_flags: dict[str, bool] | None = None,
+) -> list[str]:
     """Prepare-time check of a claim's ``ethtool`` section against the NIC; [] when it can apply.
 
     Unknown feature names, features fixed at another value and private flags the NIC does not

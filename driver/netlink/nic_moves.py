@@ -58,6 +58,7 @@ from driver.netlink.rtnl import (
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class LinkState:
     """A NIC exactly as the host had it: what a return must restore."""
@@ -124,8 +125,14 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         link = rtnl.link(ifname)
         if link is None:
             raise KeyError(f"link {ifname} not found in the host namespace")
-        state = LinkState(ifname=ifname, mtu=link.mtu, mac=link.mac, permanent_mac=link.permanent_mac,
-                          pci_address=_pci_address(ifname, sysfs_root), index=link.index)
+        state = LinkState(
+            ifname=ifname,
+            mtu=link.mtu,
+            mac=link.mac,
+            permanent_mac=link.permanent_mac,
+            pci_address=_pci_address(ifname, sysfs_root),
+            index=link.index,
+        )
         by_index[link.index] = state
         states[ifname] = state
     for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
@@ -151,16 +158,31 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         if table == RT_TABLE_LOCAL:
             continue
         dst = ip_attr(attrs, RTA_DST)
-        via.routes.append(Route(
-            dst=f"{dst}/{dst_len}" if dst is not None else None, gateway=ip_attr(attrs, RTA_GATEWAY),
-            prefsrc=ip_attr(attrs, RTA_PREFSRC), table=table,
-            priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
-            scope=scope, proto=proto, family=family))
+        via.routes.append(
+            Route(
+                dst=f"{dst}/{dst_len}" if dst is not None else None,
+                gateway=ip_attr(attrs, RTA_GATEWAY),
+                prefsrc=ip_attr(attrs, RTA_PREFSRC),
+                table=table,
+                priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
+                scope=scope,
+                proto=proto,
+                family=family,
+            )
+        )
     return states
 
 
-def move_link(rtnl: Rtnl, device: str, ifname: str, target_fd: int, new_name: str,
-              mtu: int | None = None, mac: str | None = None, index: int | None = None) -> None:
+def move_link(
+    rtnl: Rtnl,
+    device: str,
+    ifname: str,
+    target_fd: int,
+    new_name: str,
+    mtu: int | None = None,
+    mac: str | None = None,
+    index: int | None = None,
+) -> None:
     """Move ``ifname`` (in ``rtnl``'s netns) to ``target_fd``'s netns, renamed, in one RTM_NEWLINK.
 
     ``index`` (from :func:`record_host`) saves a lookup.
@@ -198,16 +220,30 @@ def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState)
     if rename or remac:
         reqs.append(newlink(device, link.index, up=False, step="restore-link"))  # rename/MAC need it down
     if rename or remac or (state.mtu and link.mtu != state.mtu):
-        reqs.append(newlink(device, link.index, ifname=state.ifname if rename else None,
-                             mtu=state.mtu if state.mtu and link.mtu != state.mtu else None,
-                             mac=state.mac if remac else None, step="restore-link"))
+        reqs.append(
+            newlink(
+                device,
+                link.index,
+                ifname=state.ifname if rename else None,
+                mtu=state.mtu if state.mtu and link.mtu != state.mtu else None,
+                mac=state.mac if remac else None,
+                step="restore-link",
+            )
+        )
     # Routes need the link up; the Go driver also sets it up on return.
     reqs += _config_reqs(device, link.index, state.addresses, state.routes, up=True)
     rtnl.run(reqs)
 
 
-def return_link(ns: Namespaces, device: str, netns_path: str, pod_ifname: str, state: LinkState,
-                extra_macs: tuple[str, ...] = (), sysfs_root: str = "/sys") -> str:
+def return_link(
+    ns: Namespaces,
+    device: str,
+    netns_path: str,
+    pod_ifname: str,
+    state: LinkState,
+    extra_macs: tuple[str, ...] = (),
+    sysfs_root: str = "/sys",
+) -> str:
     """Bring a NIC back to the host and restore it; idempotent. Returns how it was found.
 
     Looks in the pod netns first (normal case), then in the host: under its host
@@ -222,8 +258,13 @@ def return_link(ns: Namespaces, device: str, netns_path: str, pod_ifname: str, s
             if link is not None and _mac_matches(link, state, extra_macs):
                 mac = state.mac if state.mac and link.mac.lower() != state.mac.lower() else None
                 mtu = state.mtu if state.mtu and link.mtu != state.mtu else None
-                pod.run([newlink(device, link.index, ns_fd=ns.host_fd, ifname=state.ifname, mtu=mtu, mac=mac,
-                                  step="return")])
+                pod.run(
+                    [
+                        newlink(
+                            device, link.index, ns_fd=ns.host_fd, ifname=state.ifname, mtu=mtu, mac=mac, step="return"
+                        )
+                    ]
+                )
             else:
                 how = "host"
     except NetnsGone:
@@ -233,8 +274,9 @@ def return_link(ns: Namespaces, device: str, netns_path: str, pod_ifname: str, s
     if host_link is None or not _mac_matches(host_link, state, extra_macs):
         index = find_host_link(ns.host(), state, extra_macs, sysfs_root)
         if index is None:
-            raise NetnsOpError(device, "find", f"{state.ifname} (MAC {state.mac}) is neither in "
-                                               f"{netns_path} nor in the host namespace")
+            raise NetnsOpError(
+                device, "find", f"{state.ifname} (MAC {state.mac}) is neither in {netns_path} nor in the host namespace"
+            )
         name = ns.host().link("get", index=index)[0].get("IFLA_IFNAME")
         host_link = rtnl.link(name)
         if host_link is None:
@@ -248,8 +290,9 @@ def _mac_matches(link: LinkInfo, state: LinkState, extra_macs: tuple[str, ...]) 
     return not macs or link.mac.lower() in macs or (link.permanent_mac or "").lower() in macs
 
 
-def find_host_link(ipr: IPRoute, state: LinkState, extra_macs: tuple[str, ...] = (),
-                   sysfs_root: str = "/sys") -> int | None:
+def find_host_link(
+    ipr: IPRoute, state: LinkState, extra_macs: tuple[str, ...] = (), sysfs_root: str = "/sys"
+) -> int | None:
     """Index of the host link that is this NIC (slow path, one dump): permanent MAC, PCI, MAC."""
     links = ipr.link("dump")
     if state.permanent_mac:

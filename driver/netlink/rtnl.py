@@ -124,9 +124,13 @@ class Rtnl(NetlinkChannel):
         _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
         attrs = parse_attrs(payload, IFINFOMSG.size)
         perm = attrs.get(IFLA_PERM_ADDRESS)
-        return LinkInfo(index=index, ifname=attrs[IFLA_IFNAME].rstrip(b"\0").decode(),
-                        mtu=struct.unpack("=I", attrs[IFLA_MTU])[0], mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
-                        permanent_mac=mac_str(perm) if perm and any(perm) else None)
+        return LinkInfo(
+            index=index,
+            ifname=attrs[IFLA_IFNAME].rstrip(b"\0").decode(),
+            mtu=struct.unpack("=I", attrs[IFLA_MTU])[0],
+            mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
+            permanent_mac=mac_str(perm) if perm and any(perm) else None,
+        )
 
     def run(self, reqs: list[Request]) -> None:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""
@@ -139,9 +143,17 @@ class Rtnl(NetlinkChannel):
                 raise NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}")
 
 
-def newlink(device: str, index: int, *, ns_fd: int | None = None, ifname: str | None = None,
-             mtu: int | None = None, mac: str | None = None, up: bool | None = None,
-             step: str = "link") -> Request:
+def newlink(
+    device: str,
+    index: int,
+    *,
+    ns_fd: int | None = None,
+    ifname: str | None = None,
+    mtu: int | None = None,
+    mac: str | None = None,
+    up: bool | None = None,
+    step: str = "link",
+) -> Request:
     """RTM_NEWLINK on ``index``: move (``ns_fd``), rename, MTU, MAC and/or up/down in one request."""
     flags = IFF_UP if up else 0
     change = IFF_UP if up is not None else 0
@@ -154,8 +166,11 @@ def newlink(device: str, index: int, *, ns_fd: int | None = None, ifname: str | 
         body += attr(IFLA_MTU, struct.pack("=I", mtu))
     if mac is not None:
         body += attr(IFLA_ADDRESS, mac_bytes(mac))
-    what = ", ".join(f"{k}={v}" for k, v in (("netns", ns_fd), ("name", ifname), ("mtu", mtu), ("mac", mac),
-                                             ("up", up)) if v is not None)
+    what = ", ".join(
+        f"{k}={v}"
+        for k, v in (("netns", ns_fd), ("name", ifname), ("mtu", mtu), ("mac", mac), ("up", up))
+        if v is not None
+    )
     return Request(RTM_NEWLINK, 0, body, device, step, what)
 
 
@@ -172,8 +187,17 @@ def newroute(device: str, index: int, route: Route, step: str = "route") -> Requ
     """RTM_NEWROUTE through ``index``; an existing route is not an error."""
     dst = ipaddress.ip_network(route.dst, strict=False) if route.dst else None
     table = route.table or RT_TABLE_MAIN
-    body = RTMSG.pack(route.family, dst.prefixlen if dst else 0, 0, 0, table if table < 256 else 0,
-                       route.proto, route.scope, RTN_UNICAST, 0)
+    body = RTMSG.pack(
+        route.family,
+        dst.prefixlen if dst else 0,
+        0,
+        0,
+        table if table < 256 else 0,
+        route.proto,
+        route.scope,
+        RTN_UNICAST,
+        0,
+    )
     body += attr(RTA_TABLE, struct.pack("=I", table)) + attr(RTA_OIF, struct.pack("=i", index))
     if dst is not None:
         body += attr(RTA_DST, dst.network_address.packed)

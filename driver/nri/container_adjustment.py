@@ -18,8 +18,10 @@ from driver.model.device import CharDevice
 RDMA_CM = "/dev/infiniband/rdma_cm"  # connection manager: every RDMA consumer needs it, no device owns it
 
 
-def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerSettings | None = None,
-                         ) -> api.ContainerAdjustment | None:
+def container_adjustment(
+    devices: Sequence[PreparedDevice],
+    settings: ContainerSettings | None = None,
+) -> api.ContainerAdjustment | None:
     """The CreateContainer adjustment for a pod's devices, or None when there is nothing to add.
 
     RDMA char devices (deduplicated by path), plus ``settings`` from the claim config: the
@@ -40,8 +42,7 @@ def container_adjustment(devices: Sequence[PreparedDevice], settings: ContainerS
             if char.path in seen:
                 continue
             seen.add(char.path)
-            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major,
-                                                 minor=char.minor)
+            linux_dev = adjust.linux.devices.add(path=char.path, type=char.type, major=char.major, minor=char.minor)
             linux_dev.file_mode.value = 0o666
     if settings is not None:
         for key, value in sorted(settings.env.items()):

@@ -25,8 +25,7 @@ class StatusSink(Protocol):
     def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
         """Every NIC of ``claim`` is configured in the pod."""
 
-    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str,
-                           message: str) -> None:
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
 
 
@@ -36,24 +35,38 @@ class HookReports:
     def __init__(self, status: StatusSink | None) -> None:
         self.status = status
 
-    def ready(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-              results: dict[str, PodLinkResult]) -> None:
+    def ready(
+        self,
+        pod: api.PodSandbox,
+        netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+        results: dict[str, PodLinkResult],
+    ) -> None:
         """Every NIC of the pod is configured: one report per claim."""
         if self.status is None:
             return
         for claim in {c.uid: c for c, _ in netdevs}.values():
-            out = [DeviceResult(d.device, results[d.device].ifname, results[d.device].addresses,
-                                results[d.device].mac) for c, d in netdevs if c.uid == claim.uid]
+            out = [
+                DeviceResult(d.device, results[d.device].ifname, results[d.device].addresses, results[d.device].mac)
+                for c, d in netdevs
+                if c.uid == claim.uid
+            ]
             try:
                 self.status.pod_network_ready(pod.uid, claim, out)
             except Exception:
                 log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
 
-    def failed(self, pod: api.PodSandbox, netdevs: list[tuple[PreparedClaim, PreparedDevice]],
-               device: str, step: str, message: str) -> None:
+    def failed(
+        self,
+        pod: api.PodSandbox,
+        netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+        device: str,
+        step: str,
+        message: str,
+    ) -> None:
         """Attaching ``device`` (or, when "", the pod's NICs) failed at ``step``; all was rolled back."""
-        log.error("RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step,
-                                                        "error": message}})
+        log.error(
+            "RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step, "error": message}}
+        )
         if self.status is None:
             return
         for claim, d in netdevs:

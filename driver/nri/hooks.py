@@ -67,9 +67,14 @@ def pod_netns_path(pod: api.PodSandbox) -> str:
 def _route(cfg: RouteConfig) -> Route:
     """A validated claim-config route as the netlink layer's :class:`Route`."""
     version = ipaddress.ip_network(cfg.destination, strict=False).version
-    return Route(dst=cfg.destination, gateway=cfg.gateway, prefsrc=cfg.source,
-                 table=cfg.table or MAIN_TABLE, scope=cfg.scope,
-                 family=socket.AF_INET6 if version == 6 else socket.AF_INET)
+    return Route(
+        dst=cfg.destination,
+        gateway=cfg.gateway,
+        prefsrc=cfg.source,
+        table=cfg.table or MAIN_TABLE,
+        scope=cfg.scope,
+        family=socket.AF_INET6 if version == 6 else socket.AF_INET,
+    )
 
 
 def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
@@ -86,15 +91,21 @@ def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
         addresses = list(host.addresses)
         if not routes:
             routes = list(host.routes)
-    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu,
-                         mac=iface.hardware_addr, addresses=addresses, routes=routes)
+    return PodLinkConfig(
+        ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr, addresses=addresses, routes=routes
+    )
 
 
 def _link_state(moved: MovedDevice) -> LinkState:
-    return LinkState(ifname=moved.host_ifname, mtu=moved.host_mtu or 0, mac=moved.host_mac or "",
-                     addresses=list(moved.host_addresses),
-                     routes=[Route.from_dict(r) for r in moved.host_routes],
-                     permanent_mac=moved.permanent_mac, pci_address=moved.pci_address)
+    return LinkState(
+        ifname=moved.host_ifname,
+        mtu=moved.host_mtu or 0,
+        mac=moved.host_mac or "",
+        addresses=list(moved.host_addresses),
+        routes=[Route.from_dict(r) for r in moved.host_routes],
+        permanent_mac=moved.permanent_mac,
+        pci_address=moved.pci_address,
+    )
 
 
 class NRIHooks:
@@ -103,9 +114,15 @@ class NRIHooks:
     Not thread-safe: the NRI plugin calls it from its single hook worker thread.
     """
 
-    def __init__(self, store: CheckpointStore, status: StatusSink | None = None,
-                 host_netns: str = HOST_NETNS, *, fault_after: str | None = None,
-                 sysfs_root: str = "/sys") -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        status: StatusSink | None = None,
+        host_netns: str = HOST_NETNS,
+        *,
+        fault_after: str | None = None,
+        sysfs_root: str = "/sys",
+    ) -> None:
         self.store = store
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
@@ -136,12 +153,13 @@ class NRIHooks:
             self._return_all(pod.uid)  # leftovers of an interrupted attempt: start clean
         netns = pod_netns_path(pod)
         if not netns:
-            raise HookError(f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
-                            "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)")
+            raise HookError(
+                f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
+                "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)"
+            )
         self._attach(pod, netns, netdevs)
 
-    def _attach(self, pod: api.PodSandbox, netns: str,
-                netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
+    def _attach(self, pod: api.PodSandbox, netns: str, netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
         host = self.ns.host_rtnl()
         ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
         try:
@@ -151,7 +169,9 @@ class NRIHooks:
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)}
         try:
-            plans = self.ethtool.plans((d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True))
+            plans = self.ethtool.plans(
+                (d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True)
+            )
         except EthtoolPlanError as exc:
             msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: ethtool failed: {exc.reason}"
             self.reports.failed(pod, netdevs, exc.device, "ethtool", msg)
@@ -159,20 +179,31 @@ class NRIHooks:
         moved = []
         for (_, d), name in zip(netdevs, ifnames, strict=True):
             st, cfg = states[name], configs[d.device]
-            moved.append(MovedDevice(
-                device=d.device, host_ifname=st.ifname, pod_ifname=cfg.ifname,
-                permanent_mac=d.snapshot.host.permanent_mac or st.permanent_mac,
-                pci_address=d.snapshot.host.pci_address or st.pci_address, host_mtu=st.mtu,
-                host_mac=st.mac, host_addresses=st.addresses,
-                host_routes=[r.to_dict() for r in st.routes], rdma_device=d.snapshot.host.rdma_device,
-                pod_mac=cfg.mac or st.mac, step=MOVING,
-                host_features=dict(plans[d.device].original_features) if d.device in plans else {},
-                host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {}))
-        state = PodNetState(pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name,
-                            netns_path=netns, devices=moved)
+            moved.append(
+                MovedDevice(
+                    device=d.device,
+                    host_ifname=st.ifname,
+                    pod_ifname=cfg.ifname,
+                    permanent_mac=d.snapshot.host.permanent_mac or st.permanent_mac,
+                    pci_address=d.snapshot.host.pci_address or st.pci_address,
+                    host_mtu=st.mtu,
+                    host_mac=st.mac,
+                    host_addresses=st.addresses,
+                    host_routes=[r.to_dict() for r in st.routes],
+                    rdma_device=d.snapshot.host.rdma_device,
+                    pod_mac=cfg.mac or st.mac,
+                    step=MOVING,
+                    host_features=dict(plans[d.device].original_features) if d.device in plans else {},
+                    host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {},
+                )
+            )
+        state = PodNetState(
+            pod_uid=pod.uid, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name, netns_path=netns, devices=moved
+        )
 
         def plan(s: DriverState) -> None:
             s.pods[pod.uid] = state
+
         self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
         self._step("run:planned")
         device, step = "", "move"
@@ -181,8 +212,16 @@ class NRIHooks:
                 for i, m in enumerate(moved):
                     device = m.device
                     cfg = configs[m.device]
-                    nic_moves.move_link(host, m.device, m.host_ifname, pod_fd, cfg.ifname, cfg.mtu, cfg.mac,
-                                        index=states[m.host_ifname].index)
+                    nic_moves.move_link(
+                        host,
+                        m.device,
+                        m.host_ifname,
+                        pod_fd,
+                        cfg.ifname,
+                        cfg.mtu,
+                        cfg.mac,
+                        index=states[m.host_ifname].index,
+                    )
                     self._step(f"run:moved-{i}")
                 step = "ethtool"
                 self.ethtool.apply_in_pod(pod_fd, {dev: (configs[dev].ifname, p) for dev, p in plans.items()})
@@ -205,6 +244,7 @@ class NRIHooks:
         def commit(s: DriverState) -> None:
             for m in s.pods[pod.uid].devices:
                 m.step = IN_POD
+
         self.store.update(commit)
         self._step("run:committed")
         self.reports.ready(pod, netdevs, results)
@@ -220,6 +260,7 @@ class NRIHooks:
             for m in s.pods[pod_uid].devices:
                 if m.step != RETURNED:
                     m.step = RETURNING
+
         self.store.update(plan)
         self._step("stop:planned")
         netns = netns or state.netns_path
@@ -230,22 +271,24 @@ class NRIHooks:
             try:
                 # The MAC it has in the pod: how to recognise it there (or renamed on the host).
                 macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
-                how = nic_moves.return_link(self.ns, m.device, netns, m.pod_ifname, _link_state(m),
-                                            extra_macs=macs, sysfs_root=self.sysfs_root)
+                how = nic_moves.return_link(
+                    self.ns, m.device, netns, m.pod_ifname, _link_state(m), extra_macs=macs, sysfs_root=self.sysfs_root
+                )
                 done.append(m.device)
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
                     self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
-                log.info("NIC returned", extra={"kv": {"pod": pod_uid, "device": m.device,
-                                                       "ifname": m.host_ifname, "found": how}})
+                log.info(
+                    "NIC returned",
+                    extra={"kv": {"pod": pod_uid, "device": m.device, "ifname": m.host_ifname, "found": how}},
+                )
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
                 if isinstance(exc, NetnsOpError) and exc.step == "find":
                     # Nowhere to be found: a virtual NIC (veth, ...) destroyed with its netns.
                     # Retrying forever cannot bring it back; forget it (loudly).
                     done.append(m.device)
-                log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device,
-                                                             "error": str(exc)}})
+                log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device, "error": str(exc)}})
             self._step(f"stop:returned-{i}")
 
         def commit(s: DriverState) -> None:
@@ -257,6 +300,7 @@ class NRIHooks:
                     m.step = RETURNED
             if all(m.step == RETURNED for m in pod.devices):
                 del s.pods[pod_uid]
+
         self.store.update(commit)
         self._step("stop:committed")
         return "; ".join(errors)
@@ -282,8 +326,10 @@ class NRIHooks:
         requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
         settings = settings_for_container(devices, self.sysfs_root, requested or None)
         if settings.skipped_pin:
-            log.warning("numa.pin not applied", extra={"kv": {
-                "pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}})
+            log.warning(
+                "numa.pin not applied",
+                extra={"kv": {"pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}},
+            )
         return container_adjustment(devices, settings)
 
     # -- Synchronize / Shutdown -------------------------------------------------------------

@@ -76,7 +76,7 @@ class Mux:
         # One lock so frames of concurrent writers never interleave mid-message.
         async with self._write_lock:
             for off in range(0, max(len(view), 1), MAX_PAYLOAD):
-                chunk = view[off:off + MAX_PAYLOAD]
+                chunk = view[off : off + MAX_PAYLOAD]
                 self._writer.write(HEADER.pack(conn_id, len(chunk)) + bytes(chunk))
             await self._writer.drain()
 

@@ -29,8 +29,7 @@ PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 REGISTRATION_TIMEOUT = 5.0  # s, containerd/nri DefaultPluginRegistrationTimeout
 
-SUBSCRIBED_EVENTS = (api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX,
-                     api.CREATE_CONTAINER)
+SUBSCRIBED_EVENTS = (api.RUN_POD_SANDBOX, api.STOP_POD_SANDBOX, api.REMOVE_POD_SANDBOX, api.CREATE_CONTAINER)
 
 
 def event_mask(events: Sequence[int]) -> int:
@@ -60,8 +59,7 @@ class NRIHandler(Protocol):
     def remove_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """The sandbox is gone for good."""
 
-    def create_container(self, pod: api.PodSandbox,
-                         container: api.Container) -> api.ContainerAdjustment | None:
+    def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         """Adjustments for a container about to be created (None: no change)."""
 
     def shutdown(self) -> None:
@@ -81,7 +79,9 @@ RECONNECT = Backoff(0.1, 5.0)
 class NRIPlugin:
     """An external NRI plugin that reconnects with exponential backoff until :meth:`stop`."""
 
-    def __init__(self, socket_path: str, handler: NRIHandler, idx: str = "00", *, reconnect: Backoff = RECONNECT) -> None:
+    def __init__(
+        self, socket_path: str, handler: NRIHandler, idx: str = "00", *, reconnect: Backoff = RECONNECT
+    ) -> None:
         if len(idx) != 2 or not idx.isdigit():
             raise ValueError(f"NRI plugin index must be two digits, got {idx!r}")
         self.socket_path = socket_path or DEFAULT_SOCKET
@@ -108,8 +108,7 @@ class NRIPlugin:
                     registered = await self._session()
                 except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ttrpc.RPCError) as exc:
                     registered = False
-                    log.info("NRI connection failed", extra={"kv": {"socket": self.socket_path,
-                                                                    "error": str(exc)}})
+                    log.info("NRI connection failed", extra={"kv": {"socket": self.socket_path, "error": str(exc)}})
                 if self._stopping.is_set():
                     break
                 delay = self.reconnect.initial if registered else min(delay * 2, self.reconnect.maximum)
@@ -138,13 +137,13 @@ class NRIPlugin:
         registered = False
         try:
             req = api.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-            await client.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(),
-                              timeout=REGISTRATION_TIMEOUT)
+            await client.call(RUNTIME_SERVICE, "RegisterPlugin", req.SerializeToString(), timeout=REGISTRATION_TIMEOUT)
             registered = True
             self.sessions += 1
             self.registered.set()
-            log.info("NRI plugin registered", extra={"kv": {"name": self.name, "idx": self.idx,
-                                                            "socket": self.socket_path}})
+            log.info(
+                "NRI plugin registered", extra={"kv": {"name": self.name, "idx": self.idx, "socket": self.socket_path}}
+            )
             await mux.closed.wait()
             log.info("NRI runtime connection closed", extra={"kv": {"socket": self.socket_path}})
         finally:
@@ -163,6 +162,7 @@ class NRIPlugin:
                 req.ParseFromString(payload)
                 resp = await fn(req)
                 return resp.SerializeToString()
+
             return call
 
         table: dict[str, tuple[Any, Callable[[Any], Any]]] = {
@@ -189,9 +189,16 @@ class NRIPlugin:
     async def _configure(self, req: api.ConfigureRequest) -> api.ConfigureResponse:
         if req.request_timeout:
             self.request_timeout = req.request_timeout / 1000.0
-        log.info("NRI configure", extra={"kv": {"runtime": req.runtime_name,
-                                                "version": req.runtime_version,
-                                                "request_timeout_ms": req.request_timeout}})
+        log.info(
+            "NRI configure",
+            extra={
+                "kv": {
+                    "runtime": req.runtime_name,
+                    "version": req.runtime_version,
+                    "request_timeout_ms": req.request_timeout,
+                }
+            },
+        )
         # fail_request: a pod whose NIC hook died or timed out must fail, not start without its
         # NIC (the Go driver's issue #310); keep_connected: one slow call does not unregister us.
         # Runtimes older than NRI v0.12.5 ignore the field.
@@ -226,8 +233,7 @@ class NRIPlugin:
         return api.RemovePodSandboxResponse()
 
     async def _create_container(self, req: api.CreateContainerRequest) -> api.CreateContainerResponse:
-        adjust = await self._in_worker("CreateContainer", self.handler.create_container,
-                                       req.pod, req.container)
+        adjust = await self._in_worker("CreateContainer", self.handler.create_container, req.pod, req.container)
         resp = api.CreateContainerResponse()
         if adjust is not None:
             resp.adjust.CopyFrom(adjust)
@@ -235,9 +241,11 @@ class NRIPlugin:
 
     async def _state_change(self, req: api.StateChangeEvent) -> api.Empty:
         # Runtimes before NRI v0.12 deliver pod events only through StateChange.
-        hooks = {api.RUN_POD_SANDBOX: ("RunPodSandbox", self.handler.run_pod_sandbox),
-                 api.STOP_POD_SANDBOX: ("StopPodSandbox", self.handler.stop_pod_sandbox),
-                 api.REMOVE_POD_SANDBOX: ("RemovePodSandbox", self.handler.remove_pod_sandbox)}
+        hooks = {
+            api.RUN_POD_SANDBOX: ("RunPodSandbox", self.handler.run_pod_sandbox),
+            api.STOP_POD_SANDBOX: ("StopPodSandbox", self.handler.stop_pod_sandbox),
+            api.REMOVE_POD_SANDBOX: ("RemovePodSandbox", self.handler.remove_pod_sandbox),
+        }
         if req.event in hooks:
             what, fn = hooks[req.event]
             await self._in_worker(what, fn, req.pod)

@@ -114,8 +114,10 @@ class Server:
                     await self._send(exc.stream_id, _response(RESOURCE_EXHAUSTED, str(exc)))
                     continue
                 if frame.type != TYPE_REQUEST:
-                    log.warning("ttrpc: ignoring non-request message",
-                                extra={"kv": {"type": frame.type, "stream": frame.stream_id}})
+                    log.warning(
+                        "ttrpc: ignoring non-request message",
+                        extra={"kv": {"type": frame.type, "stream": frame.stream_id}},
+                    )
                     continue
                 task = asyncio.create_task(self._handle(frame))
                 self._tasks.add(task)
@@ -135,8 +137,7 @@ class Server:
             return
         method = self._methods.get((req.service, req.method))
         if method is None:
-            await self._send(frame.stream_id, _response(
-                UNIMPLEMENTED, f"{req.service}.{req.method} not implemented"))
+            await self._send(frame.stream_id, _response(UNIMPLEMENTED, f"{req.service}.{req.method} not implemented"))
             return
         try:
             payload = await method(req.payload)
@@ -172,8 +173,9 @@ class Client:
             raise ConnectionError(f"ttrpc client closed: {self._closed}")
         stream_id = self._next_id
         self._next_id += 2  # client streams are odd
-        req = ttrpc_pb2.Request(service=service, method=method, payload=payload,
-                                timeout_nano=int(timeout * 1e9) if timeout else 0)
+        req = ttrpc_pb2.Request(
+            service=service, method=method, payload=payload, timeout_nano=int(timeout * 1e9) if timeout else 0
+        )
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._pending[stream_id] = fut
         try:

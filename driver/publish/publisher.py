@@ -37,9 +37,9 @@ class PublishMetrics(Protocol):
 class PublishStats:
     """Counters for tests and benchmarks."""
 
-    syncs: int = 0          # list+plan rounds
-    writes: int = 0         # API write calls (create/update/delete)
-    write_rounds: int = 0   # syncs that wrote anything
+    syncs: int = 0  # list+plan rounds
+    writes: int = 0  # API write calls (create/update/delete)
+    write_rounds: int = 0  # syncs that wrote anything
     conflicts: int = 0
     errors: int = 0
     last_write: float = 0.0  # time.monotonic() of the last write round
@@ -48,8 +48,15 @@ class PublishStats:
 class SlicePublisher:
     """Keeps the node's pool of ResourceSlices equal to the last `update()`."""
 
-    def __init__(self, kube: KubeClient, driver_name: str, node_name: str, interval: float = 2.0,
-                 metrics: PublishMetrics | None = None, resync_interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        kube: KubeClient,
+        driver_name: str,
+        node_name: str,
+        interval: float = 2.0,
+        metrics: PublishMetrics | None = None,
+        resync_interval: float = 60.0,
+    ) -> None:
         self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
         self.interval, self.resync_interval = interval, resync_interval
         self.metrics = metrics
@@ -57,12 +64,12 @@ class SlicePublisher:
         self.node_uid: str | None = None
         self._lock = threading.Lock()
         self._desired: list[Device] | None = None
-        self._version = 0            # bumped by every update() and every foreign slice event
+        self._version = 0  # bumped by every update() and every foreign slice event
         self._synced_version = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stop = threading.Event()
-        self._own_rvs: set[str] = set()    # resourceVersions our writes produced (watch echo)
+        self._own_rvs: set[str] = set()  # resourceVersions our writes produced (watch echo)
         self._own_deletes: set[str] = set()  # names of slices we deleted (watch echo)
         self._watch_resp: Any = None
 
@@ -80,7 +87,7 @@ class SlicePublisher:
         if loop is not None and wake is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:   # loop closing
+            except RuntimeError:  # loop closing
                 pass
 
     def _dirty(self) -> None:
@@ -113,7 +120,7 @@ class SlicePublisher:
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=self.resync_interval)
                     except TimeoutError:
-                        self._dirty()   # periodic re-list: repairs anything a broken watch missed
+                        self._dirty()  # periodic re-list: repairs anything a broken watch missed
                     continue
                 # Rate limit: at most one write round per interval; what arrives meanwhile is
                 # folded into the next round because we snapshot only after the wait.
@@ -125,7 +132,9 @@ class SlicePublisher:
                     backoff = 0.5
                 except Exception as exc:  # noqa: BLE001 - keep publishing whatever the API says
                     self.stats.errors += 1
-                    log.warning("publishing ResourceSlices failed", extra={"kv": {"error": str(exc), "retry_s": backoff}})
+                    log.warning(
+                        "publishing ResourceSlices failed", extra={"kv": {"error": str(exc), "retry_s": backoff}}
+                    )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
         finally:
@@ -203,9 +212,18 @@ class SlicePublisher:
             self.stats.writes += 1
             out = self.kube.create_resource_slice(s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
-        log.info("published ResourceSlices", extra={"kv": {
-            "node": self.node_name, "generation": plan.generation, "created": len(plan.create),
-            "updated": len(plan.update), "deleted": len(plan.delete)}})
+        log.info(
+            "published ResourceSlices",
+            extra={
+                "kv": {
+                    "node": self.node_name,
+                    "generation": plan.generation,
+                    "created": len(plan.create),
+                    "updated": len(plan.update),
+                    "deleted": len(plan.delete),
+                }
+            },
+        )
 
     def _after_publish(self, devices: list[Device], plan: SlicePlan) -> None:
         if self.metrics is not None:
@@ -230,7 +248,7 @@ class SlicePublisher:
                     return
                 log.debug("slice watch restarting", extra={"kv": {"error": str(exc)}})
                 rv = ""
-                self._dirty()        # we may have missed events: re-check the pool
+                self._dirty()  # we may have missed events: re-check the pool
                 self._stop.wait(1.0)
 
     def _watch_once(self, rv: str) -> str:
@@ -260,16 +278,18 @@ class SlicePublisher:
         if kind == "BOOKMARK":
             return new_rv
         if kind in ("ADDED", "MODIFIED") and new_rv in self._own_rvs:
-            self._own_rvs.discard(new_rv)   # echo of our own write
+            self._own_rvs.discard(new_rv)  # echo of our own write
             return new_rv
         name = obj.get("metadata", {}).get("name", "")
         if kind == "DELETED" and name in self._own_deletes:
             self._own_deletes.discard(name)
             return new_rv
-        if len(self._own_rvs) > 1000:       # echoes lost across a watch restart: don't grow forever
+        if len(self._own_rvs) > 1000:  # echoes lost across a watch restart: don't grow forever
             self._own_rvs.clear()
-        log.info("ResourceSlice changed by someone else, re-publishing",
-                 extra={"kv": {"event": kind, "slice": obj.get("metadata", {}).get("name")}})
+        log.info(
+            "ResourceSlice changed by someone else, re-publishing",
+            extra={"kv": {"event": kind, "slice": obj.get("metadata", {}).get("name")}},
+        )
         self._dirty()
         return new_rv
 
@@ -277,6 +297,6 @@ class SlicePublisher:
         resp = self._watch_resp
         if resp is not None:
             try:
-                resp.shutdown()     # urllib3 >= 2.3: unblocks a read in another thread
+                resp.shutdown()  # urllib3 >= 2.3: unblocks a read in another thread
             except Exception:  # noqa: BLE001 - best effort: the watch thread ends either way
                 pass

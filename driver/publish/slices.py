@@ -28,7 +28,7 @@ def _chunks(devices: Iterable[Device], size: int) -> list[list[dict[str, Any]]]:
         raise ValueError(f"duplicate device names in pool: {dup}")
     api = [d.to_api() for d in ordered]
     # An empty pool still gets one (empty) slice: "empty pool is different from no pool".
-    return [api[i:i + size] for i in range(0, len(api), size)] or [[]]
+    return [api[i : i + size] for i in range(0, len(api), size)] or [[]]
 
 
 def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
@@ -36,22 +36,33 @@ def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "controller": True}
 
 
-def build_slices(devices: list[Device], driver_name: str, node_name: str, node_uid: str,
-                 generation: int = 1, max_devices: int = MAX_DEVICES_PER_SLICE) -> list[dict[str, Any]]:
+def build_slices(
+    devices: list[Device],
+    driver_name: str,
+    node_name: str,
+    node_uid: str,
+    generation: int = 1,
+    max_devices: int = MAX_DEVICES_PER_SLICE,
+) -> list[dict[str, Any]]:
     """resource.k8s.io/v1 ResourceSlice bodies (no names yet: ``generateName``) for the node's pool."""
     chunks = _chunks(devices, max_devices)
-    return [{
-        "apiVersion": API_VERSION,
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node_name}-{driver_name}-",
-                     "ownerReferences": [owner_reference(node_name, node_uid)]},
-        "spec": {
-            "driver": driver_name,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-            "devices": chunk,
-        },
-    } for chunk in chunks]
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {
+                "generateName": f"{node_name}-{driver_name}-",
+                "ownerReferences": [owner_reference(node_name, node_uid)],
+            },
+            "spec": {
+                "driver": driver_name,
+                "nodeName": node_name,
+                "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        }
+        for chunk in chunks
+    ]
 
 
 @dataclass
@@ -85,16 +96,25 @@ def _devices_key(devices: list[dict[str, Any]]) -> str:
 def _is_current(s: dict[str, Any], generation: int, count: int, owner: dict[str, Any]) -> bool:
     pool = s.get("spec", {}).get("pool", {})
     owners = s.get("metadata", {}).get("ownerReferences") or []
-    return (pool.get("generation") == generation and pool.get("resourceSliceCount") == count
-            and any(_same_owner(o, owner) for o in owners))
+    return (
+        pool.get("generation") == generation
+        and pool.get("resourceSliceCount") == count
+        and any(_same_owner(o, owner) for o in owners)
+    )
 
 
 def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(a.get(k) == b.get(k) for k in ("apiVersion", "kind", "name", "uid")) and bool(a.get("controller"))
 
 
-def plan_slices(devices: list[Device], existing: list[dict[str, Any]], driver_name: str, node_name: str,
-                node_uid: str, max_devices: int = MAX_DEVICES_PER_SLICE) -> SlicePlan:
+def plan_slices(
+    devices: list[Device],
+    existing: list[dict[str, Any]],
+    driver_name: str,
+    node_name: str,
+    node_uid: str,
+    max_devices: int = MAX_DEVICES_PER_SLICE,
+) -> SlicePlan:
     """Decide which of ``existing`` (our driver's slices for this node) to delete, update, create.
 
     Unchanged pool (same device chunks, one generation, right count and owner): empty plan.
@@ -102,14 +122,18 @@ def plan_slices(devices: list[Device], existing: list[dict[str, Any]], driver_na
     desired chunk are reused for it, the rest are paired in name order, extras are deleted.
     """
     ours = [s for s in existing if s.get("spec", {}).get("pool", {}).get("name") == node_name]
-    foreign = [s for s in existing if s not in ours]      # other pool names: obsolete
+    foreign = [s for s in existing if s not in ours]  # other pool names: obsolete
     current_gen = max((s["spec"]["pool"].get("generation", 0) for s in ours), default=0)
     owner = owner_reference(node_name, node_uid)
     chunks = _chunks(devices, max_devices)
     wanted = Counter(_devices_key(c) for c in chunks)
     have = Counter(_devices_key(s["spec"].get("devices") or []) for s in ours)
-    if (not foreign and wanted == have and len(ours) == len(chunks)
-            and all(_is_current(s, current_gen, len(chunks), owner) for s in ours)):
+    if (
+        not foreign
+        and wanted == have
+        and len(ours) == len(chunks)
+        and all(_is_current(s, current_gen, len(chunks), owner) for s in ours)
+    ):
         return SlicePlan(generation=current_gen)
 
     generation = current_gen + 1

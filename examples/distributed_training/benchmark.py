@@ -49,14 +49,18 @@ class RankEnv:
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RankEnv:
         """Read ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, falling back to ``OMPI_COMM_WORLD_*``."""
+
         def pick(*names: str, default: str = "0") -> int:
             for name in names:
                 if env.get(name):
                     return int(env[name])
             return int(default)
-        return cls(rank=pick("RANK", "OMPI_COMM_WORLD_RANK"),
-                   world_size=pick("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default="1"),
-                   local_rank=pick("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"))
+
+        return cls(
+            rank=pick("RANK", "OMPI_COMM_WORLD_RANK"),
+            world_size=pick("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", default="1"),
+            local_rank=pick("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,16 +71,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-tokens", type=int, default=8192, help="B: token rows per rank per step")
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first")
-    p.add_argument("--data", choices=["synthetic", "host"], default="synthetic",
-                   help="synthetic: one resident batch; host: a DataLoader on CPU (input pipeline matters)")
+    p.add_argument(
+        "--data",
+        choices=["synthetic", "host"],
+        default="synthetic",
+        help="synthetic: one resident batch; host: a DataLoader on CPU (input pipeline matters)",
+    )
     p.add_argument("--num-workers", type=int, default=4, help="DataLoader workers (--data host)")
-    p.add_argument("--host-work", type=int, default=2,
-                   help="per-batch CPU passes in the DataLoader (--data host): how heavy the input pipeline is")
+    p.add_argument(
+        "--host-work",
+        type=int,
+        default=2,
+        help="per-batch CPU passes in the DataLoader (--data host): how heavy the input pipeline is",
+    )
     p.add_argument("--numa-bind", choices=["auto", "off"], default="auto")
     p.add_argument("--sysfs-root", default="/sys")
-    p.add_argument("--device-bus-id", default="",
-                   help="PCI bus ID whose NUMA node the rank binds to, instead of its GPU's "
-                        "(CPU mode has no GPU; also for GPUs whose bus ID torch does not report)")
+    p.add_argument(
+        "--device-bus-id",
+        default="",
+        help="PCI bus ID whose NUMA node the rank binds to, instead of its GPU's "
+        "(CPU mode has no GPU; also for GPUs whose bus ID torch does not report)",
+    )
     p.add_argument("--cpu", action="store_true", help="gloo on CPU (CI), no GPU needed")
     p.add_argument("--nprocs", type=int, default=0, help="CPU mode: spawn this many local ranks")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
@@ -132,9 +147,20 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     hca, hca_source = placement.nccl_ib_hca(os.environ)
     if hca and backend == "nccl":
         os.environ["NCCL_IB_HCA"] = hca
-    log.info("rank %d/%d local %d device %s bus %s: numa %s (%s, memory %s, %d CPUs); NCCL_IB_HCA=%s (%s)",
-             rank_env.rank, rank_env.world_size, rank_env.local_rank, device_name, bus_id,
-             binding.summary, binding.reason, binding.memory, len(binding.cpus), hca or "-", hca_source)
+    log.info(
+        "rank %d/%d local %d device %s bus %s: numa %s (%s, memory %s, %d CPUs); NCCL_IB_HCA=%s (%s)",
+        rank_env.rank,
+        rank_env.world_size,
+        rank_env.local_rank,
+        device_name,
+        bus_id,
+        binding.summary,
+        binding.reason,
+        binding.memory,
+        len(binding.cpus),
+        hca or "-",
+        hca_source,
+    )
 
     dist.init_process_group(backend=backend, rank=rank_env.rank, world_size=rank_env.world_size)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -150,9 +176,13 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     if args.data == "host":
         loader = torch.utils.data.DataLoader(
             HostBatches(args.batch_tokens, args.hidden, args.host_work, seed=rank_env.rank),
-            batch_size=None, num_workers=args.num_workers, pin_memory=not args.cpu,
+            batch_size=None,
+            num_workers=args.num_workers,
+            pin_memory=not args.cpu,
             worker_init_fn=placement.RepinWorker(binding.cpus),
-            persistent_workers=args.num_workers > 0, prefetch_factor=2 if args.num_workers > 0 else None)
+            persistent_workers=args.num_workers > 0,
+            prefetch_factor=2 if args.num_workers > 0 else None,
+        )
         host_iter = iter(loader)
         batches = (b.to(device=device, dtype=dtype, non_blocking=True) for b in host_iter)
     else:
@@ -185,10 +215,19 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     line = None
     if rank_env.rank == 0:
         line = mfu.compute_result(
-            world_size=rank_env.world_size, backend=backend, device=device_name, dtype=args.dtype,
-            hidden=args.hidden, layers=args.layers, tokens_per_step=args.batch_tokens,
-            steps=args.steps, total_seconds=float(elapsed.item()), peak_tflops=peak,
-            peak_source=peak_source, numa_bind=binding.summary, nccl_ib_hca=hca or "",
+            world_size=rank_env.world_size,
+            backend=backend,
+            device=device_name,
+            dtype=args.dtype,
+            hidden=args.hidden,
+            layers=args.layers,
+            tokens_per_step=args.batch_tokens,
+            steps=args.steps,
+            total_seconds=float(elapsed.item()),
+            peak_tflops=peak,
+            peak_source=peak_source,
+            numa_bind=binding.summary,
+            nccl_ib_hca=hca or "",
         ).to_line()
     dist.destroy_process_group()
     return line
@@ -209,8 +248,7 @@ def _free_port() -> int:
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.cpu:
             raise SystemExit("--nprocs spawns local ranks for CPU mode only; use mpirun/torchrun on GPUs")
         import torch.multiprocessing as mp
+
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         mp.spawn(_spawned, args=(args, args.nprocs), nprocs=args.nprocs, join=True)

@@ -124,20 +124,42 @@ class MfuResult:
         return " ".join(parts)
 
 
-def compute_result(*, world_size: int, backend: str, device: str, dtype: str, hidden: int,
-                   layers: int, tokens_per_step: int, steps: int, total_seconds: float,
-                   peak_tflops: float, peak_source: str, numa_bind: str,
-                   nccl_ib_hca: str) -> MfuResult:
+def compute_result(
+    *,
+    world_size: int,
+    backend: str,
+    device: str,
+    dtype: str,
+    hidden: int,
+    layers: int,
+    tokens_per_step: int,
+    steps: int,
+    total_seconds: float,
+    peak_tflops: float,
+    peak_source: str,
+    numa_bind: str,
+    nccl_ib_hca: str,
+) -> MfuResult:
     """Derive avg step time, TFLOP/s per GPU and MFU from a timed run of ``steps`` steps."""
     if steps <= 0 or total_seconds <= 0:
         raise ValueError("steps and total_seconds must be positive")
     step_s = total_seconds / steps
     tflops = flops_per_step(tokens_per_step, hidden, layers) / step_s / 1e12
     return MfuResult(
-        world_size=world_size, backend=backend, device=device, dtype=dtype, hidden=hidden,
-        layers=layers, tokens_per_step=tokens_per_step, steps=steps,
-        avg_step_ms=step_s * 1000.0, tflops_per_gpu=tflops, peak_tflops=peak_tflops,
-        peak_source=peak_source, mfu_pct=100.0 * tflops / peak_tflops, numa_bind=numa_bind,
+        world_size=world_size,
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        hidden=hidden,
+        layers=layers,
+        tokens_per_step=tokens_per_step,
+        steps=steps,
+        avg_step_ms=step_s * 1000.0,
+        tflops_per_gpu=tflops,
+        peak_tflops=peak_tflops,
+        peak_source=peak_source,
+        mfu_pct=100.0 * tflops / peak_tflops,
+        numa_bind=numa_bind,
         nccl_ib_hca=nccl_ib_hca or "-",
     )
 
@@ -152,7 +174,7 @@ def parse_result_line(line: str) -> dict[str, int | float | str]:
     if idx < 0:
         raise ValueError("no MFU_RESULT in line")
     out: dict[str, int | float | str] = {}
-    for item in line[idx + len(RESULT_PREFIX):].split():
+    for item in line[idx + len(RESULT_PREFIX) :].split():
         key, sep, raw = item.partition("=")
         if not sep:
             raise ValueError(f"malformed MFU_RESULT field {item!r}")

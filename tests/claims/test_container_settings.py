@@ -57,8 +57,10 @@ def test_cpulist_round_trip():
 
 
 def test_prepare_decoder_output_is_what_the_helpers_read():
-    configs = [allocation_config({"rdma": {"injectEnv": False}}, source="FromClass"),
-               allocation_config({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"])]
+    configs = [
+        allocation_config({"rdma": {"injectEnv": False}}, source="FromClass"),
+        allocation_config({"numa": {"pin": True}, "interface": {"mtu": 9000}}, requests=["nic"]),
+    ]
     config = configs_for_request(configs, "nic/fast", "dra.net")
     assert config.numa_pin and not config.rdma_env_enabled and config.interface.mtu == 9000
     assert container_env([(config, "mlx5_0")]) == {}

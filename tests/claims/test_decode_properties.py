@@ -22,23 +22,40 @@ json_values = st.recursive(
 )
 # Values shaped like our schema, so the deep validation paths are exercised, not only the top level.
 ip_like = st.sampled_from(["192.0.2.5/24", "10.0.0.0/8", "2001:db8::1/64", "192.0.2.1", "::1", "x", "1.2.3.4/40", ""])
-shaped = st.fixed_dictionaries({}, optional={
-    "apiVersion": st.sampled_from(["dra.net/v1alpha1", "v1"]) | json_scalars,
-    "interface": st.fixed_dictionaries({}, optional={
-        "name": st.text(max_size=18) | json_scalars,
-        "addresses": st.lists(ip_like | json_scalars, max_size=3) | json_scalars,
-        "mtu": st.integers(-10, 70000) | json_scalars,
-        "hardwareAddr": st.sampled_from(["02:00:00:00:00:01", "01:00:00:00:00:00", "00:00:00:00:00:00"]) | json_scalars,
-    }) | json_values,
-    "routes": st.lists(st.fixed_dictionaries({}, optional={
-        "destination": ip_like | json_scalars, "gateway": ip_like | json_scalars, "source": ip_like,
-        "scope": st.sampled_from([0, 253, 1, "link", "host"]) | json_scalars,
-        "table": st.integers(-5, 2**33) | json_scalars,
-    }), max_size=3) | json_values,
-    "ethtool": st.fixed_dictionaries({}, optional={"features": st.dictionaries(st.text(max_size=5), json_scalars)}),
-    "rdma": st.fixed_dictionaries({}, optional={"injectEnv": json_scalars}),
-    "numa": st.fixed_dictionaries({}, optional={"pin": json_scalars}) | json_values,
-})
+shaped = st.fixed_dictionaries(
+    {},
+    optional={
+        "apiVersion": st.sampled_from(["dra.net/v1alpha1", "v1"]) | json_scalars,
+        "interface": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.text(max_size=18) | json_scalars,
+                "addresses": st.lists(ip_like | json_scalars, max_size=3) | json_scalars,
+                "mtu": st.integers(-10, 70000) | json_scalars,
+                "hardwareAddr": st.sampled_from(["02:00:00:00:00:01", "01:00:00:00:00:00", "00:00:00:00:00:00"])
+                | json_scalars,
+            },
+        )
+        | json_values,
+        "routes": st.lists(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "destination": ip_like | json_scalars,
+                    "gateway": ip_like | json_scalars,
+                    "source": ip_like,
+                    "scope": st.sampled_from([0, 253, 1, "link", "host"]) | json_scalars,
+                    "table": st.integers(-5, 2**33) | json_scalars,
+                },
+            ),
+            max_size=3,
+        )
+        | json_values,
+        "ethtool": st.fixed_dictionaries({}, optional={"features": st.dictionaries(st.text(max_size=5), json_scalars)}),
+        "rdma": st.fixed_dictionaries({}, optional={"injectEnv": json_scalars}),
+        "numa": st.fixed_dictionaries({}, optional={"pin": json_scalars}) | json_values,
+    },
+)
 
 
 def _check(raw):
@@ -72,8 +89,12 @@ def test_schema_shaped_values(raw):
 def test_claim_level_functions_never_crash(spec, params):
     for problem in validate_claim_spec(spec, "spec"):
         assert problem.path.startswith("spec")
-    claim = {"devices": {"requests": spec if isinstance(spec, list) else [],
-                         "config": [{"opaque": {"driver": "dra.net", "parameters": params}}]}}
+    claim = {
+        "devices": {
+            "requests": spec if isinstance(spec, list) else [],
+            "config": [{"opaque": {"driver": "dra.net", "parameters": params}}],
+        }
+    }
     for problem in validate_claim_spec(claim, "spec"):
         assert problem.path.startswith("spec.devices.config[0]")
     try:

@@ -37,17 +37,26 @@ def claim_with_nics(*numa: int | None) -> PreparedClaim:
 
 
 def gpu_slice(devices: dict[str, dict]) -> dict:
-    return {"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-a"}, "devices": [
-        {"name": name, "attributes": attrs} for name, attrs in devices.items()]}}
+    return {
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "pool": {"name": "node-a"},
+            "devices": [{"name": name, "attributes": attrs} for name, attrs in devices.items()],
+        }
+    }
 
 
-SLICES = [gpu_slice({
-    "gpu-0": {"resource.kubernetes.io/pciBusID": {"string": "0001:00:00.0"}},
-    "gpu-1": {"resource.kubernetes.io/pciBusID": {"string": "0002:00:00.0"}},
-    "gpu-4": {"resource.kubernetes.io/pciBusID": {"string": "0009:00:00.0"}},
-    "gpu-x": {"resource.kubernetes.io/numaNode": {"int": 1}},  # attribute only (KEP-6072)
-    "gpu-y": {"index": {"int": 7}},  # nothing to go by
-})]
+SLICES = [
+    gpu_slice(
+        {
+            "gpu-0": {"resource.kubernetes.io/pciBusID": {"string": "0001:00:00.0"}},
+            "gpu-1": {"resource.kubernetes.io/pciBusID": {"string": "0002:00:00.0"}},
+            "gpu-4": {"resource.kubernetes.io/pciBusID": {"string": "0009:00:00.0"}},
+            "gpu-x": {"resource.kubernetes.io/numaNode": {"int": 1}},  # attribute only (KEP-6072)
+            "gpu-y": {"index": {"int": 7}},  # nothing to go by
+        }
+    )
+]
 
 
 def results(*gpus: str) -> list[dict]:
@@ -69,8 +78,7 @@ def test_aligned_is_true(sysfs: str):
 
 
 def test_unaligned_is_false_and_lists_nodes(sysfs: str):
-    cond = numa_condition(own_devices(claim_with_nics(1, 1)),
-                          other_devices(results("gpu-0", "gpu-x"), SLICES, sysfs))
+    cond = numa_condition(own_devices(claim_with_nics(1, 1)), other_devices(results("gpu-0", "gpu-x"), SLICES, sysfs))
     assert cond["status"] == "False" and cond["reason"] == "NUMAMisaligned"
     assert "span NUMA nodes 0, 1" in cond["message"]
     assert "gpu.nvidia.com: node 0: gpu-0; node 1: gpu-x" in cond["message"]

@@ -24,8 +24,11 @@ def inventory() -> dict[str, Device]:
     devs = {}
     for i in range(4):
         name = f"pci-0000-8a-00-{i}"
-        devs[name] = Device(name=name, attributes={"dra.net/ifName": f"ib{i}", "dra.net/rdma": True},
-                            host=HostFacts(pci_address=f"0000:8a:00.{i}", ifname=f"ib{i}", rdma_device=f"mlx5_{i}"))
+        devs[name] = Device(
+            name=name,
+            attributes={"dra.net/ifName": f"ib{i}", "dra.net/rdma": True},
+            host=HostFacts(pci_address=f"0000:8a:00.{i}", ifname=f"ib{i}", rdma_device=f"mlx5_{i}"),
+        )
     return devs
 
 
@@ -47,13 +50,21 @@ def test_base_request() -> None:
 
 def test_prepare_config_order_and_matching() -> None:
     """The default decoder applies class configs, then claim configs, in list order; only ours."""
-    def entry(source: str, requests: list[str], name: str, driver: str = "dra.net") -> dict[str, Any]:
-        return {"source": source, "requests": requests,
-                "opaque": {"driver": driver, "parameters": {"interface": {"name": name}}}}
 
-    configs = [entry("FromClaim", [], "claimall"), entry("FromClaim", ["gpu"], "other"),
-               entry("FromClass", ["nic"], "class"), entry("FromClaim", ["nic/sub"], "sub"),
-               entry("FromClaim", [], "gpu", driver="gpu.example.com")]
+    def entry(source: str, requests: list[str], name: str, driver: str = "dra.net") -> dict[str, Any]:
+        return {
+            "source": source,
+            "requests": requests,
+            "opaque": {"driver": driver, "parameters": {"interface": {"name": name}}},
+        }
+
+    configs = [
+        entry("FromClaim", [], "claimall"),
+        entry("FromClaim", ["gpu"], "other"),
+        entry("FromClass", ["nic"], "class"),
+        entry("FromClaim", ["nic/sub"], "sub"),
+        entry("FromClaim", [], "gpu", driver="gpu.example.com"),
+    ]
     assert configs_for_request(configs, "nic/sub").interface.name == "sub"
     assert configs_for_request(configs[:3], "nic/sub").interface.name == "claimall"  # class first, claim wins
     assert configs_for_request(configs[2:3] + configs[4:], "nic").interface.name == "class"
@@ -61,16 +72,33 @@ def test_prepare_config_order_and_matching() -> None:
 
 
 async def test_prepare_mixed_claim_records_checkpoint(api: FakeAPIServer, preparer: Preparer) -> None:
-    configs = [{"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}}}]
-    api.add_claim(make_claim("ns", "c1", "uid-1", [
-        result("pci-0000-8a-00-0", NODE, "nic/sub"),
-        result("gpu-0", NODE, "gpu", driver="gpu.example.com"),
-        result("pci-0000-8a-00-1", NODE, "nic"),
-    ], configs=configs, pods=["pod-1"]))
+    configs = [
+        {
+            "source": "FromClaim",
+            "requests": ["nic"],
+            "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 9000}}},
+        }
+    ]
+    api.add_claim(
+        make_claim(
+            "ns",
+            "c1",
+            "uid-1",
+            [
+                result("pci-0000-8a-00-0", NODE, "nic/sub"),
+                result("gpu-0", NODE, "gpu", driver="gpu.example.com"),
+                result("pci-0000-8a-00-1", NODE, "nic"),
+            ],
+            configs=configs,
+            pods=["pod-1"],
+        )
+    )
     out = await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
     assert out["uid-1"].error == ""
     assert [(d.request_names, d.pool, d.device) for d in out["uid-1"].devices] == [
-        (["nic"], NODE, "pci-0000-8a-00-0"), (["nic"], NODE, "pci-0000-8a-00-1")]
+        (["nic"], NODE, "pci-0000-8a-00-0"),
+        (["nic"], NODE, "pci-0000-8a-00-1"),
+    ]
     record = preparer.store.read(lambda s: s.claims["uid-1"])
     assert record.pod_uids == ["pod-1"]
     assert record.devices[0].snapshot.host.rdma_device == "mlx5_0"
@@ -97,9 +125,14 @@ async def test_per_claim_errors_do_not_fail_others(api: FakeAPIServer, preparer:
     api.add_claim(unallocated)
     api.add_claim(make_claim("ns", "foreign", "uid-foreign", [result("pci-0000-8a-00-2", "node-b")]))
     api.add_claim(make_claim("ns", "unknown", "uid-unknown", [result("pci-9999-00-00-0", NODE)]))
-    refs = [ClaimRef("ns", "good", "uid-good"), ClaimRef("ns", "replaced", "uid-old"),
-            ClaimRef("ns", "pending", "uid-pending"), ClaimRef("ns", "missing", "uid-missing"),
-            ClaimRef("ns", "foreign", "uid-foreign"), ClaimRef("ns", "unknown", "uid-unknown")]
+    refs = [
+        ClaimRef("ns", "good", "uid-good"),
+        ClaimRef("ns", "replaced", "uid-old"),
+        ClaimRef("ns", "pending", "uid-pending"),
+        ClaimRef("ns", "missing", "uid-missing"),
+        ClaimRef("ns", "foreign", "uid-foreign"),
+        ClaimRef("ns", "unknown", "uid-unknown"),
+    ]
     out = await preparer.prepare(refs)
     assert set(out) == {r.uid for r in refs}
     assert out["uid-good"].error == "" and len(out["uid-good"].devices) == 1
@@ -181,9 +214,11 @@ def test_kube_config_errors_name_the_field(tmp_path: Path, monkeypatch: pytest.M
     kc.write_text("apiVersion: v1\ncurrent-context: x\ncontexts: []\n")
     with pytest.raises(KubeConfigError, match="current-context 'x' is not in contexts"):
         KubeClient.from_kubeconfig(str(kc))
-    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', certificate-authority: nope.crt}}]\n"
-                  "users: [{name: u, user: {token: t}}]\n")
+    kc.write_text(
+        "current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', certificate-authority: nope.crt}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+    )
     with pytest.raises(KubeConfigError, match=r"clusters\['c'\].certificate-authority: cannot read"):
         KubeClient.from_kubeconfig(str(kc))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -195,9 +230,11 @@ def test_kube_exec_credentials_fall_back_to_the_kubernetes_package(tmp_path: Pat
     from driver.kube.transport import Urllib3Transport
 
     kc = tmp_path / "kc"
-    kc.write_text("current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
-                  "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
-                  "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: 'true'}}}]\n")
+    kc.write_text(
+        "current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {exec: {apiVersion: client.authentication.k8s.io/v1, command: 'true'}}}]\n"
+    )
     assert not isinstance(KubeClient.from_kubeconfig(str(kc)).api, Urllib3Transport)
 
 
@@ -206,8 +243,11 @@ def _numa_inventory() -> dict[str, Device]:
     devs = {}
     for i, node in enumerate((0, 0, 1)):
         name = f"pci-0000-9a-00-{i}"
-        devs[name] = Device(name=name, attributes={"dra.net/rdma": True, "dra.net/numaNode": node},
-                            host=HostFacts(pci_address=f"0000:9a:00.{i}", rdma_device=f"mlx5_{i}", numa_node=node))
+        devs[name] = Device(
+            name=name,
+            attributes={"dra.net/rdma": True, "dra.net/numaNode": node},
+            host=HostFacts(pci_address=f"0000:9a:00.{i}", rdma_device=f"mlx5_{i}", numa_node=node),
+        )
     return devs
 
 
@@ -215,11 +255,29 @@ async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServe
 
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE)
-    pin = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}]
-    api.add_claim(make_claim("ns", "spans", "uid-s", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-2", NODE)],
-                             configs=pin, pods=["p"]))
-    api.add_claim(make_claim("ns", "fits", "uid-f", [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-1", NODE)],
-                             configs=pin, pods=["p"]))
+    pin = [
+        {"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}
+    ]
+    api.add_claim(
+        make_claim(
+            "ns",
+            "spans",
+            "uid-s",
+            [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-2", NODE)],
+            configs=pin,
+            pods=["p"],
+        )
+    )
+    api.add_claim(
+        make_claim(
+            "ns",
+            "fits",
+            "uid-f",
+            [result("pci-0000-9a-00-0", NODE), result("pci-0000-9a-00-1", NODE)],
+            configs=pin,
+            pods=["p"],
+        )
+    )
     out = await preparer.prepare([ClaimRef("ns", "spans", "uid-s"), ClaimRef("ns", "fits", "uid-f")])
     assert "ResourceClaim ns/spans" in out["uid-s"].error and "numa.pin" in out["uid-s"].error
     assert "node 0: pci-0000-9a-00-0" in out["uid-s"].error and "node 1: pci-0000-9a-00-2" in out["uid-s"].error
@@ -230,8 +288,14 @@ async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServe
 async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer, tmp_path: Path) -> None:
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
     seen: list[str] = []
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE,
-                        on_unprepare=lambda claim: seen.append(claim.uid))
+    preparer = Preparer(
+        kube,
+        CheckpointStore(tmp_path / "state"),
+        inventory,
+        "dra.net",
+        NODE,
+        on_unprepare=lambda claim: seen.append(claim.uid),
+    )
     api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)]))
     assert (await preparer.prepare([ClaimRef("ns", "c1", "uid-1")]))["uid-1"].error == ""
     out = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "gone", "uid-unknown")])
@@ -239,8 +303,9 @@ async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer
     assert seen == ["uid-1"]  # unknown claims succeed but are not reported
 
 
-async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(api: FakeAPIServer, tmp_path: Path,
-                                                                     netns_factory) -> None:
+async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(
+    api: FakeAPIServer, tmp_path: Path, netns_factory
+) -> None:
     """A real veth: a known feature prepares; an unknown one is a per-claim error naming it."""
 
     host, _peer = netns_factory.veth()
@@ -249,8 +314,13 @@ async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(api: FakeAPI
     preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE)
 
     def claim(name: str, uid: str, features: dict[str, bool]) -> None:
-        cfg = [{"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {
-            "ethtool": {"features": features}}}}]
+        cfg = [
+            {
+                "source": "FromClaim",
+                "requests": [],
+                "opaque": {"driver": "dra.net", "parameters": {"ethtool": {"features": features}}},
+            }
+        ]
         api.add_claim(make_claim("ns", name, uid, [result(dev.name, NODE)], configs=cfg, pods=["p"]))
 
     claim("good", "uid-good", {"generic-receive-offload": True})

@@ -49,30 +49,59 @@ class FakeKube:
         return {"items": self.slices}
 
 
-GPU_ENTRY = {"driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0",
-             "conditions": [{"type": "Ready", "status": "True", "reason": "GPUReady", "message": "",
-                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+GPU_ENTRY = {
+    "driver": "gpu.nvidia.com",
+    "pool": "node-a",
+    "device": "gpu-0",
+    "conditions": [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "GPUReady",
+            "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ],
+}
 
 
 def api_claim() -> dict[str, Any]:
-    return {"metadata": {"name": "c", "namespace": "default", "uid": "u1"},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"},
-                {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-0"},
-                {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-1"}]}},
-                "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "pod-1"}],
-                "devices": [deepcopy(GPU_ENTRY)]}}
+    return {
+        "metadata": {"name": "c", "namespace": "default", "uid": "u1"},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-a", "device": "gpu-0"},
+                        {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-0"},
+                        {"request": "nic", "driver": "dra.net", "pool": "node-a", "device": "nic-1"},
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": "trainer-0", "uid": "pod-1"}],
+            "devices": [deepcopy(GPU_ENTRY)],
+        },
+    }
 
 
 def prepared() -> PreparedClaim:
-    devs = [PreparedDevice("nic", "node-a", f"nic-{i}", Device(f"nic-{i}", {"dra.net/numaNode": 0}, HostFacts()))
-            for i in range(2)]
+    devs = [
+        PreparedDevice("nic", "node-a", f"nic-{i}", Device(f"nic-{i}", {"dra.net/numaNode": 0}, HostFacts()))
+        for i in range(2)
+    ]
     return PreparedClaim(uid="u1", namespace="default", name="c", pod_uids=["pod-1"], devices=devs)
 
 
 def writer(kube: FakeKube, tmp_path) -> ClaimStatusWriter:
-    kube.slices = [{"spec": {"driver": "gpu.nvidia.com", "pool": {"name": "node-a"}, "devices": [
-        {"name": "gpu-0", "attributes": {"resource.kubernetes.io/numaNode": {"int": 0}}}]}}]
+    kube.slices = [
+        {
+            "spec": {
+                "driver": "gpu.nvidia.com",
+                "pool": {"name": "node-a"},
+                "devices": [{"name": "gpu-0", "attributes": {"resource.kubernetes.io/numaNode": {"int": 0}}}],
+            }
+        }
+    ]
     return ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), sleep=lambda s: None)
 
 
@@ -83,15 +112,23 @@ def by_device(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def test_ready_writes_network_data_and_conditions_without_touching_gpu(tmp_path):
     kube = FakeKube(api_claim())
     w = writer(kube, tmp_path)
-    w.pod_network_ready("pod-1", prepared(), [
-        DeviceResult("nic-0", "net1", ["192.0.2.5/24", "2001:db8::5"], "02:00:00:00:00:01"),
-        DeviceResult("nic-1", "net2", [], None)])
+    w.pod_network_ready(
+        "pod-1",
+        prepared(),
+        [
+            DeviceResult("nic-0", "net1", ["192.0.2.5/24", "2001:db8::5"], "02:00:00:00:00:01"),
+            DeviceResult("nic-1", "net2", [], None),
+        ],
+    )
     w.start()
     w.stop()
     devs = by_device(kube.claim)
     assert devs["gpu-0"] == GPU_ENTRY
-    assert devs["nic-0"]["networkData"] == {"interfaceName": "net1", "ips": ["192.0.2.5/24", "2001:db8::5/128"],
-                                            "hardwareAddress": "02:00:00:00:00:01"}
+    assert devs["nic-0"]["networkData"] == {
+        "interfaceName": "net1",
+        "ips": ["192.0.2.5/24", "2001:db8::5/128"],
+        "hardwareAddress": "02:00:00:00:00:01",
+    }
     conds = {c["type"]: c for c in devs["nic-0"]["conditions"]}
     assert conds["Ready"]["status"] == "True"
     assert conds["NUMAAligned"]["status"] == "True", conds["NUMAAligned"]
@@ -118,8 +155,13 @@ def test_failure_keeps_other_entries_and_posts_one_event_despite_retries(tmp_pat
     assert len(kube.events) == 1
     event = kube.events[0]
     assert event["type"] == "Warning"
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "default",
-                                       "name": "trainer-0", "uid": "pod-1"}
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "default",
+        "name": "trainer-0",
+        "uid": "pod-1",
+    }
     assert devs["gpu-0"] == GPU_ENTRY
     assert "networkData" not in devs["nic-1"]
 
@@ -147,8 +189,9 @@ def test_transition_time_kept_when_status_unchanged(tmp_path):
 def test_retries_are_bounded_and_gone_claims_are_dropped(tmp_path):
     kube = FakeKube(api_claim(), fail_applies=100)
     sleeps: list[float] = []
-    w = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), max_attempts=4, backoff=0.5,
-                          max_backoff=1.0, sleep=sleeps.append)
+    w = ClaimStatusWriter(
+        kube, "node-a", sysfs_root=str(tmp_path), max_attempts=4, backoff=0.5, max_backoff=1.0, sleep=sleeps.append
+    )
     assert w.process(StatusUpdate("pod-1", prepared(), ready={})) is False
     assert sleeps == [0.5, 1.0, 1.0]
     assert w.dropped == 1

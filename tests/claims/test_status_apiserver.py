@@ -40,10 +40,16 @@ from tests.plugins.cluster import delete_if_present, delete_node_and_slices
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-TEMPLATES = {t["metadata"]["name"]: t for t in
-             load_yaml_docs(REPO / "examples/distributed_training/resource-claim-template.yaml")}
-DRANET_CLASS = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "dranet.net"},
-                "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.net"'}}]}}
+TEMPLATES = {
+    t["metadata"]["name"]: t
+    for t in load_yaml_docs(REPO / "examples/distributed_training/resource-claim-template.yaml")
+}
+DRANET_CLASS = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceClass",
+    "metadata": {"name": "dranet.net"},
+    "spec": {"selectors": [{"cel": {"expression": 'device.driver == "dra.net"'}}]},
+}
 
 
 class Node:
@@ -51,7 +57,6 @@ class Node:
 
     def __init__(self, kube: KubeClient, name: str, namespace: str, sysfs: Path, devices: dict[str, Device]):
         self.kube, self.name, self.namespace, self.sysfs, self.devices = kube, name, namespace, sysfs, devices
-
 
 
 @pytest.fixture(scope="module")
@@ -102,35 +107,69 @@ def scheduled(nd_node: Node) -> Iterator[Any]:
     yield schedule
     for pod in pods:
         delete_pod(nd_node.kube, nd_node.namespace, pod)
-    wait_for(lambda: not nd_node.kube.request(
-        "GET", f"{RESOURCE_API}/namespaces/{nd_node.namespace}/resourceclaims")["items"], 60,
-        what="generated claims deleted")
+    wait_for(
+        lambda: (
+            not nd_node.kube.request("GET", f"{RESOURCE_API}/namespaces/{nd_node.namespace}/resourceclaims")["items"]
+        ),
+        60,
+        what="generated claims deleted",
+    )
 
 
 def prepared_claim(node: Node, claim: dict[str, Any]) -> PreparedClaim:
     """What NodePrepareResources would record for our devices of ``claim``."""
     alloc = claim["status"]["allocation"]["devices"]
-    devices = [PreparedDevice(request=r["request"], pool=r["pool"], device=r["device"],
-                              snapshot=node.devices[r["device"]],
-                              config=configs_for_request(alloc.get("config") or [], r["request"], "dra.net"))
-               for r in alloc["results"] if r["driver"] == "dra.net"]
+    devices = [
+        PreparedDevice(
+            request=r["request"],
+            pool=r["pool"],
+            device=r["device"],
+            snapshot=node.devices[r["device"]],
+            config=configs_for_request(alloc.get("config") or [], r["request"], "dra.net"),
+        )
+        for r in alloc["results"]
+        if r["driver"] == "dra.net"
+    ]
     meta = claim["metadata"]
-    return PreparedClaim(uid=meta["uid"], namespace=meta["namespace"], name=meta["name"],
-                         pod_uids=[r["uid"] for r in claim["status"].get("reservedFor") or []], devices=devices)
+    return PreparedClaim(
+        uid=meta["uid"],
+        namespace=meta["namespace"],
+        name=meta["name"],
+        pod_uids=[r["uid"] for r in claim["status"].get("reservedFor") or []],
+        devices=devices,
+    )
 
 
 def apply_gpu_entry(kube: KubeClient, claim: dict[str, Any]) -> dict[str, Any]:
     """The GPU driver's own status entry, applied with its own field manager."""
     gpu = next(r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "gpu.nvidia.com")
-    entry = {"driver": gpu["driver"], "pool": gpu["pool"], "device": gpu["device"],
-             "conditions": [{"type": "Ready", "status": "True", "reason": "GPUReady", "message": "gpu ok",
-                             "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-             "data": {"uuid": "GPU-0000"}}
+    entry = {
+        "driver": gpu["driver"],
+        "pool": gpu["pool"],
+        "device": gpu["device"],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "GPUReady",
+                "message": "gpu ok",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "data": {"uuid": "GPU-0000"},
+    }
     meta = claim["metadata"]
-    kube.patch_namespaced_resource_claim_status(meta["namespace"], meta["name"], {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-        "status": {"devices": [entry]}}, "gpu.nvidia.com")
+    kube.patch_namespaced_resource_claim_status(
+        meta["namespace"],
+        meta["name"],
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": {"devices": [entry]},
+        },
+        "gpu.nvidia.com",
+    )
     return entry
 
 
@@ -152,15 +191,18 @@ def conditions(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in entry.get("conditions") or []}
 
 
-@pytest.mark.parametrize("template, aligned", [("h100-4gpu-4nic-numa-aligned", True),
-                                               ("h100-4gpu-4nic-numa-unaligned", False)])
+@pytest.mark.parametrize(
+    "template, aligned", [("h100-4gpu-4nic-numa-aligned", True), ("h100-4gpu-4nic-numa-unaligned", False)]
+)
 def test_status_coexists_with_gpu_entry_and_reports_numa(nd_node: Node, scheduled, template: str, aligned: bool):
     pod, claim = scheduled(template)
     gpu_entry = apply_gpu_entry(nd_node.kube, claim)
     prepared = prepared_claim(nd_node, claim)
     assert len(prepared.devices) == 4
-    results = [DeviceResult(d.device, f"net{i}", [f"192.168.{i}.5/24"], f"02:00:00:00:00:0{i}")
-               for i, d in enumerate(prepared.devices)]
+    results = [
+        DeviceResult(d.device, f"net{i}", [f"192.168.{i}.5/24"], f"02:00:00:00:00:0{i}")
+        for i, d in enumerate(prepared.devices)
+    ]
     write(nd_node, "pod_network_ready", pod["metadata"]["uid"], prepared, results)
 
     got = entries(nd_node.kube, claim)
@@ -168,8 +210,11 @@ def test_status_coexists_with_gpu_entry_and_reports_numa(nd_node: Node, schedule
     assert gpu["conditions"] == gpu_entry["conditions"] and gpu["data"] == gpu_entry["data"]
     for i, dev in enumerate(prepared.devices):
         ours = got[("dra.net", dev.device)]
-        assert ours["networkData"] == {"interfaceName": f"net{i}", "ips": [f"192.168.{i}.5/24"],
-                                       "hardwareAddress": f"02:00:00:00:00:0{i}"}
+        assert ours["networkData"] == {
+            "interfaceName": f"net{i}",
+            "ips": [f"192.168.{i}.5/24"],
+            "hardwareAddress": f"02:00:00:00:00:0{i}",
+        }
         conds = conditions(ours)
         assert conds["Ready"]["status"] == "True"
         numa = conds["NUMAAligned"]
@@ -200,8 +245,11 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
     assert ready["message"] == "set mtu: invalid argument (EINVAL)"
     assert got[("gpu.nvidia.com", gpu_entry["device"])]["conditions"] == gpu_entry["conditions"]
 
-    events = nd_node.kube.request("GET", f"/api/v1/namespaces/{nd_node.namespace}/events",
-                                  query={"fieldSelector": f"involvedObject.uid={pod_uid}"})["items"]
+    events = nd_node.kube.request(
+        "GET",
+        f"/api/v1/namespaces/{nd_node.namespace}/events",
+        query={"fieldSelector": f"involvedObject.uid={pod_uid}"},
+    )["items"]
     ours = [e for e in events if e.get("source", {}).get("component") == "dra.net"]
     assert len(ours) == 1, events
     assert ours[0]["type"] == "Warning" and ours[0]["reason"] == "SetMtuFailed"
@@ -216,8 +264,9 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
 
 
 @pytest.mark.parametrize("role, allowed", [("dranet-node", True), (None, False)])
-def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path,
-                                              role: str | None, allowed: bool):
+def test_documented_rbac_is_enough_and_needed(
+    control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path, role: str | None, allowed: bool
+):
     """The status writer with a ServiceAccount bound to docs/rbac.md's role (or to nothing)."""
     from tests.e2e.test_webhook_apiserver import service_account_kubeconfig
 
@@ -226,8 +275,9 @@ def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_no
     pod_uid = pod["metadata"]["uid"]
     with service_account_kubeconfig(control_plane, nd_node.kube, role, tmp_path / "sa.kubeconfig") as kubeconfig:
         sa_kube = KubeClient.from_kubeconfig(str(kubeconfig))
-        writer = ClaimStatusWriter(sa_kube, nd_node.name, sysfs_root=str(nd_node.sysfs), max_attempts=2,
-                                   sleep=lambda s: None)
+        writer = ClaimStatusWriter(
+            sa_kube, nd_node.name, sysfs_root=str(nd_node.sysfs), max_attempts=2, sleep=lambda s: None
+        )
         writer.pod_network_ready(pod_uid, prepared, [DeviceResult(d.device, "net0", [], "") for d in prepared.devices])
         writer.pod_network_failed(pod_uid, prepared, prepared.devices[0].device, "move", "EBUSY")
         writer.start()
@@ -241,6 +291,9 @@ def test_documented_rbac_is_enough_and_needed(control_plane: ControlPlane, nd_no
     for dev in prepared.devices:
         assert conditions(got[("dra.net", dev.device)])["NUMAAligned"]["status"] == "True"
     assert conditions(got[("dra.net", prepared.devices[0].device)])["Ready"]["status"] == "False"
-    events = nd_node.kube.request("GET", f"/api/v1/namespaces/{nd_node.namespace}/events",
-                                  query={"fieldSelector": f"involvedObject.uid={pod_uid}"})["items"]
+    events = nd_node.kube.request(
+        "GET",
+        f"/api/v1/namespaces/{nd_node.namespace}/events",
+        query={"fieldSelector": f"involvedObject.uid={pod_uid}"},
+    )["items"]
     assert [e["reason"] for e in events if e.get("source", {}).get("component") == "dra.net"] == ["MoveFailed"]

@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*files: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "driver.cli", "validate", *files],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", "validate", *files], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_documented_examples_are_valid():

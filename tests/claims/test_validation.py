@@ -6,11 +6,15 @@ from driver.claims.validation import validate_claim_spec
 
 
 def _claim(config_params, count=1, requests=("nic",)):
-    return {"devices": {
-        "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": count}}],
-        "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"anything": 1}}},
-                   {"requests": list(requests), "opaque": {"driver": "dra.net", "parameters": config_params}}],
-    }}
+    return {
+        "devices": {
+            "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": count}}],
+            "config": [
+                {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"anything": 1}}},
+                {"requests": list(requests), "opaque": {"driver": "dra.net", "parameters": config_params}},
+            ],
+        }
+    }
 
 
 def test_validate_claim_spec_only_checks_our_driver():

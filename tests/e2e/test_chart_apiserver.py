@@ -99,17 +99,21 @@ def unique_release() -> tuple[str, str]:
 
 
 def dry_run_create(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
-    return kube.request("POST", collection_path(obj), obj,
-                        query={"dryRun": "All", "fieldValidation": "Strict"})
+    return kube.request("POST", collection_path(obj), obj, query={"dryRun": "All", "fieldValidation": "Strict"})
 
 
-@pytest.mark.parametrize("sets", [
-    (),
-    ("nri.enabled=false", "securityContext.privileged=true", "webhook.failurePolicy=Ignore"),
-    ("kubeletRootDir=/data/kubelet", "driverName=net.example.com", "webhook.enabled=false"),
-], ids=["defaults", "no-nri-privileged", "custom-driver-no-webhook"])
-def test_every_rendered_object_passes_server_side_dry_run(helm: str, kube: KubeClient,
-                                                          namespace: str, sets: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("nri.enabled=false", "securityContext.privileged=true", "webhook.failurePolicy=Ignore"),
+        ("kubeletRootDir=/data/kubelet", "driverName=net.example.com", "webhook.enabled=false"),
+    ],
+    ids=["defaults", "no-nri-privileged", "custom-driver-no-webhook"],
+)
+def test_every_rendered_object_passes_server_side_dry_run(
+    helm: str, kube: KubeClient, namespace: str, sets: tuple[str, ...]
+) -> None:
     release, device_class = unique_release()
     docs = render(helm, *sets, f"deviceClass.name={device_class}", release=release, namespace=namespace)
     assert {d["kind"] for d in docs} <= set(RESOURCES)
@@ -138,8 +142,9 @@ def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, n
     assert "hostNetwrok" in str(err.value)
 
 
-def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeClient, control_plane: Any,
-                                                         namespace: str) -> None:
+def test_helm_install_upgrade_uninstall_keeps_webhook_ca(
+    helm: str, kube: KubeClient, control_plane: Any, namespace: str
+) -> None:
     """A real `helm install` into the test apiserver; on upgrade the generated webhook CA (and
     so the caBundle the apiserver trusts) is reused; uninstall removes every object."""
     import subprocess
@@ -154,8 +159,9 @@ def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeCl
         return out.stdout
 
     def vwc_ca() -> str:
-        vwc = kube.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/"
-                                  f"{release}-{namespace}")
+        vwc = kube.request(
+            "GET", f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{release}-{namespace}"
+        )
         return vwc["webhooks"][0]["clientConfig"]["caBundle"]
 
     try:
@@ -170,10 +176,12 @@ def test_helm_install_upgrade_uninstall_keeps_webhook_ca(helm: str, kube: KubeCl
         assert "--log-level=debug" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     finally:
         subprocess.run([helm, "uninstall", release, "--wait", *env_args], capture_output=True, timeout=120)
-    for url in (f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}",
-                f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}",
-                f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-node-resourceslices",
-                f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}"):
+    for url in (
+        f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{release}",
+        f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}",
+        f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{release}-node-resourceslices",
+        f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}",
+    ):
         with pytest.raises(KubeError) as err:
             kube.request("GET", url)
         assert isinstance(err.value, NotFound), url
@@ -184,14 +192,23 @@ def _claim(ns: str, name: str, driver: str | None, template: bool = False) -> di
     if driver:
         spec["devices"]["config"] = [{"requests": ["nic"], "opaque": {"driver": driver, "parameters": {"a": 1}}}]
     if template:
-        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                "metadata": {"name": name, "namespace": ns}, "spec": {"spec": spec}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": ns}, "spec": spec}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": spec},
+        }
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
 
 
-def test_webhook_only_sees_objects_with_a_dra_net_config(helm: str, kube: KubeClient, created: Created,
-                                                         namespace: str) -> None:
+def test_webhook_only_sees_objects_with_a_dra_net_config(
+    helm: str, kube: KubeClient, created: Created, namespace: str
+) -> None:
     """The chart's ValidatingWebhookConfiguration with its backend unreachable (failurePolicy
     Fail): claims and templates carrying a dra.net config are refused (the webhook was called),
     everything else is admitted (matchConditions kept it away), so a webhook outage never

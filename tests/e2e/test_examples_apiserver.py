@@ -62,8 +62,7 @@ def _delete(kube: KubeClient, path: str) -> None:
 
 
 def _dry_run(kube: KubeClient, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
-    return kube.request("POST", object_path(obj, namespace), obj,
-                        query={"dryRun": "All", "fieldValidation": "Strict"})
+    return kube.request("POST", object_path(obj, namespace), obj, query={"dryRun": "All", "fieldValidation": "Strict"})
 
 
 @pytest.fixture
@@ -79,12 +78,14 @@ def namespace(kube: KubeClient) -> Iterator[str]:
 
 # -- the manifests -----------------------------------------------------------------------------
 
+
 def test_device_class_and_templates_pass_server_validation(kube: KubeClient, namespace: str) -> None:
     (device_class,) = load_yaml_docs(EXAMPLE_DIR / "device-class.yaml")
     out = _dry_run(kube, device_class, namespace)  # cluster-scoped and shared: never persisted here
     assert out["metadata"]["name"] == "dranet.net"
-    templates = (load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml")
-                 + load_yaml_docs(EXAMPLE_DIR / "resource-claim-template-match-numa.yaml"))
+    templates = load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") + load_yaml_docs(
+        EXAMPLE_DIR / "resource-claim-template-match-numa.yaml"
+    )
     for tmpl in templates:
         _dry_run(kube, tmpl, namespace)
     created = create_objects(kube, templates, namespace)
@@ -92,8 +93,9 @@ def test_device_class_and_templates_pass_server_validation(kube: KubeClient, nam
         stored = kube.request("GET", f"{object_path(want, namespace)}/{want['metadata']['name']}")
         assert stored["spec"] == got["spec"]
         # Stored as written, plus the server's defaults (allocationMode: ExactCount).
-        for stored_req, want_req in zip(stored["spec"]["spec"]["devices"]["requests"],
-                                        want["spec"]["spec"]["devices"]["requests"], strict=True):
+        for stored_req, want_req in zip(
+            stored["spec"]["spec"]["devices"]["requests"], want["spec"]["spec"]["devices"]["requests"], strict=True
+        ):
             assert stored_req["exactly"].pop("allocationMode") == "ExactCount"
             assert stored_req == want_req
     match = next(t for t in created if t["metadata"]["name"] == "4gpu-4nic-same-numa")
@@ -112,11 +114,13 @@ def test_server_validation_has_teeth(kube: KubeClient, namespace: str) -> None:
 def _pod_from(job: dict[str, Any], role: str) -> dict[str, Any]:
     template = job["spec"]["mpiReplicaSpecs"][role]["template"]
     # The labels mpi-operator puts on its pods (the worker anti-affinity selects on them).
-    labels = {"training.kubeflow.org/job-name": job["metadata"]["name"],
-              "training.kubeflow.org/job-role": role.lower()}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}-0", "labels": labels},
-            "spec": copy.deepcopy(template["spec"])}
+    labels = {"training.kubeflow.org/job-name": job["metadata"]["name"], "training.kubeflow.org/job-role": role.lower()}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}-0", "labels": labels},
+        "spec": copy.deepcopy(template["spec"]),
+    }
 
 
 @pytest.mark.parametrize("manifest", MPIJOBS)
@@ -139,6 +143,7 @@ def test_mpijob_pod_templates_are_valid_pods(kube: KubeClient, namespace: str, m
 
 
 # -- dranet templates on a simulated ND H100 v5 node -----------------------------------------
+
 
 @dataclass
 class Node:
@@ -198,17 +203,21 @@ def _schedule(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
     create_objects(node.kube, [pod_for_template(pod, template, node.name)], node.namespace)
     claim = wait_for(lambda: allocated_claim(node.kube, node.namespace, pod), 60, what=f"{pod} allocated")
     attrs = slice_devices(node.kube, node.name)
-    return [{"request": r["request"], **attrs[(r["driver"], r["pool"], r["device"])]}
-            for r in claim["status"]["allocation"]["devices"]["results"]]
+    return [
+        {"request": r["request"], **attrs[(r["driver"], r["pool"], r["device"])]}
+        for r in claim["status"]["allocation"]["devices"]["results"]
+    ]
 
 
 def _release(node: Node, *pods: str) -> None:
     for pod in pods:
         delete_pod(node.kube, node.namespace, pod)
     # Generated claims go with their pods; wait so the next pod can have the same devices.
-    wait_for(lambda: not node.kube.request(
-        "GET", f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims")["items"],
-        60, what="generated claims deleted")
+    wait_for(
+        lambda: not node.kube.request("GET", f"{RESOURCE_API}/namespaces/{node.namespace}/resourceclaims")["items"],
+        60,
+        what="generated claims deleted",
+    )
 
 
 def _allocate(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
@@ -221,14 +230,32 @@ def _allocate(node: Node, pod: str, template: str) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_dranet_templates_allocate_nics_on_the_gpus_numa_node(nd_node: Node) -> None:
-    out = subprocess.run([sys.executable, "-m", "driver", "--log-format", "text", "templates", "--gpus", "4",
-                          "--sysfs-root", str(nd_node.sysfs)], capture_output=True, text=True, check=True,
-                         cwd=REPO, timeout=60).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "driver",
+            "--log-format",
+            "text",
+            "templates",
+            "--gpus",
+            "4",
+            "--sysfs-root",
+            str(nd_node.sysfs),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=60,
+    ).stdout
     templates = [d for d in yaml.safe_load_all(out) if d]
     assert [t["metadata"]["name"] for t in templates] == ["4gpu-4nic-numa0", "4gpu-4nic-numa1"]
     create_objects(nd_node.kube, templates, nd_node.namespace)
-    expected_gpus = {0: {"0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"},
-                     1: {"0009:00:00.0", "000a:00:00.0", "000b:00:00.0", "000c:00:00.0"}}
+    expected_gpus = {
+        0: {"0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"},
+        1: {"0009:00:00.0", "000a:00:00.0", "000b:00:00.0", "000c:00:00.0"},
+    }
     for numa, tmpl in enumerate(templates):
         devices = _allocate(nd_node, f"numa{numa}", tmpl["metadata"]["name"])
         gpus = [d for d in devices if d["request"] == "gpu"]
@@ -244,12 +271,34 @@ def test_match_numa_template_allocates_one_numa_node(nd_node: Node) -> None:
     (tmpl,) = load_yaml_docs(EXAMPLE_DIR / "resource-claim-template-match-numa.yaml")
     # One NUMA-0 NIC taken by another pod leaves NUMA 0 with 4 GPUs but only 3 RDMA NICs: the
     # constraint must move GPUs and NICs to NUMA 1 (first-fit alone would take GPUs 0-3).
-    blocker = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-               "metadata": {"name": "one-numa0-nic"},
-               "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": {
-                   "deviceClassName": "dranet.net", "count": 1, "selectors": [{"cel": {"expression":
-                       'device.attributes["dra.net"]["rdma"] == true && '
-                       'device.attributes["dra.net"]["numaNode"] == 0'}}]}}]}}}}
+    blocker = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-numa0-nic"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "nic",
+                            "exactly": {
+                                "deviceClassName": "dranet.net",
+                                "count": 1,
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["dra.net"]["rdma"] == true && '
+                                            'device.attributes["dra.net"]["numaNode"] == 0'
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
     create_objects(nd_node.kube, [tmpl, blocker], nd_node.namespace)
     try:
         (taken,) = _schedule(nd_node, "blocker", "one-numa0-nic")

@@ -54,7 +54,7 @@ class HostNic:
 
     ifname: str
     peer: str
-    address: str            # CIDR on the host
+    address: str  # CIDR on the host
     routes: list[list[str]]  # `ip route add ... dev ifname` argument lists
 
 
@@ -62,7 +62,7 @@ class HostNic:
 class Chain:
     """Everything one end-to-end test uses; built and torn down by the ``chain`` fixture."""
 
-    kube: KubeClient         # admin: only the test's own setup and reads
+    kube: KubeClient  # admin: only the test's own setup and reads
     identity: DriverIdentity
     driver: DriverProcess
     harness: Harness
@@ -81,14 +81,19 @@ class Chain:
         else:
             data = json.dumps(obj, separators=(",", ":")).encode()
         token = self.control_plane.creds.admin_token
-        req = urllib.request.Request(f"{self.control_plane.server}/apis/resource.k8s.io/v1/namespaces/"
-                                     f"{obj['metadata']['namespace']}/resourceclaims", data=data, method="POST",
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.control_plane.server}/apis/resource.k8s.io/v1/namespaces/"
+            f"{obj['metadata']['namespace']}/resourceclaims",
+            data=data,
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         ctx = ssl.create_default_context(cafile=str(self.control_plane.creds.ca_crt))
         with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
             assert resp.status == 201, resp.status
-        self.objects.urls.append(f"{RESOURCE_API}/namespaces/{obj['metadata']['namespace']}/resourceclaims/"
-                                 f"{obj['metadata']['name']}")
+        self.objects.urls.append(
+            f"{RESOURCE_API}/namespaces/{obj['metadata']['namespace']}/resourceclaims/{obj['metadata']['name']}"
+        )
 
     def kubelet(self) -> KubeletClient:
         return KubeletClient(self.driver.registration_socket, self.driver.dra_socket, timeout=15)
@@ -100,32 +105,43 @@ def _subnet() -> str:
 
 
 @pytest.fixture
-def chain(control_plane: ControlPlane, least_privilege_identity: DriverIdentity, nri_harness: Harness,
-          netns_factory: NetnsFactory) -> Iterator[Chain]:
+def chain(
+    control_plane: ControlPlane,
+    least_privilege_identity: DriverIdentity,
+    nri_harness: Harness,
+    netns_factory: NetnsFactory,
+) -> Iterator[Chain]:
     kube = control_plane.kube()
     prefix = f"e2{secrets.token_hex(3)}"
     nics = []
     for suffix, extra in (("a", ["table", str(random.randint(1000, 30000))]), ("b", ["metric", "77"])):
         name, peer = netns_factory.veth(f"{prefix}{suffix}", f"q{prefix[1:]}{suffix}")
         net, far = _subnet(), _subnet()
-        nic = HostNic(name, peer, f"{net}.1/24", [[f"{far}.0/24", "via", f"{net}.254"],
-                                                  [f"{far}.128/25", "via", f"{net}.253", *extra]])
+        nic = HostNic(
+            name,
+            peer,
+            f"{net}.1/24",
+            [[f"{far}.0/24", "via", f"{net}.254"], [f"{far}.128/25", "via", f"{net}.253", *extra]],
+        )
         configure_host_nic(nic.ifname, nic.peer, nic.address, nic.routes, mtu=1400 if suffix == "a" else None)
         nics.append(nic)
     pod_ns = netns_factory.netns()
     objects = ApiObjects(kube)
     workload_ns = f"e2e-{prefix}"
-    driver = dranet_run(least_privilege_identity, nri_harness.socket,
-                       f'has(device.attributes["dra.net"].ifName) && '
-                       f'device.attributes["dra.net"].ifName.startsWith("{prefix}")',
-                       Path(tempfile.mkdtemp(prefix="dn-e2e-")))  # short: unix socket paths
+    driver = dranet_run(
+        least_privilege_identity,
+        nri_harness.socket,
+        f'has(device.attributes["dra.net"].ifName) && device.attributes["dra.net"].ifName.startsWith("{prefix}")',
+        Path(tempfile.mkdtemp(prefix="dn-e2e-")),
+    )  # short: unix socket paths
     try:
         objects.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": workload_ns}})
         driver.start()
         res = nri_harness.cmd("wait-sync", count=1, timeout=15)
         assert res["ok"], f"{res}\ndriver log:\n{driver.log()[-3000:]}"
-        yield Chain(kube, least_privilege_identity, driver, nri_harness, nics, pod_ns, workload_ns, objects,
-                    control_plane)
+        yield Chain(
+            kube, least_privilege_identity, driver, nri_harness, nics, pod_ns, workload_ns, objects, control_plane
+        )
     finally:
         try:
             driver.stop()
@@ -146,8 +162,11 @@ def _wait(c: Chain, pred: Any, what: str, timeout: float = 30) -> Any:
 
 
 def _published_ifnames(c: Chain) -> set[str]:
-    return {d["attributes"]["dra.net/ifName"]["string"]
-            for s in list_slices(c.kube, c.identity.node) for d in s["spec"].get("devices") or []}
+    return {
+        d["attributes"]["dra.net/ifName"]["string"]
+        for s in list_slices(c.kube, c.identity.node)
+        for d in s["spec"].get("devices") or []
+    }
 
 
 def _wait_slice(c: Chain) -> list[dict[str, Any]]:
@@ -161,39 +180,66 @@ def _wait_slice(c: Chain) -> list[dict[str, Any]]:
 
 
 def _request(name: str, device_class: str, ifname: str) -> dict[str, Any]:
-    return {"name": name, "exactly": {"deviceClassName": device_class, "selectors": [
-        {"cel": {"expression": f'device.attributes["dra.net"].ifName == "{ifname}"'}}]}}
+    return {
+        "name": name,
+        "exactly": {
+            "deviceClassName": device_class,
+            "selectors": [{"cel": {"expression": f'device.attributes["dra.net"].ifName == "{ifname}"'}}],
+        },
+    }
 
 
-def _schedule(c: Chain, claim_name: str, requests: list[dict[str, Any]], config: list[dict[str, Any]],
-              pod_name: str, encoding: str = "kubectl") -> tuple[dict[str, Any], dict[str, Any]]:
+def _schedule(
+    c: Chain,
+    claim_name: str,
+    requests: list[dict[str, Any]],
+    config: list[dict[str, Any]],
+    pod_name: str,
+    encoding: str = "kubectl",
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Create the claim and a pod using it; wait until the real scheduler allocated and bound.
 
     ``encoding``: send the claim as kubectl does ("kubectl": compact, sorted keys), as a Go
     struct encodes ("go-struct": compact, unsorted) or as Python's json.dumps ("python": spaces
     after ':' and ',')."""
-    claim_obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                 "metadata": {"name": claim_name, "namespace": c.workload_ns},
-                 "spec": {"devices": {"requests": requests, "config": config}}}
+    claim_obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim_name, "namespace": c.workload_ns},
+        "spec": {"devices": {"requests": requests, "config": config}},
+    }
     if encoding == "python":
         c.objects.create(claim_obj)
     else:
         c.create_raw(claim_obj, encoding)
-    c.objects.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": c.workload_ns},
-                      "spec": {"nodeSelector": {"kubernetes.io/hostname": c.identity.node},
-                               "terminationGracePeriodSeconds": 0,
-                               "resourceClaims": [{"name": "nics", "resourceClaimName": claim_name}],
-                               "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
-                                               "resources": {"claims": [{"name": "nics"}]}}]}})
+    c.objects.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": c.workload_ns},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": c.identity.node},
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "nics", "resourceClaimName": claim_name}],
+                "containers": [
+                    {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "nics"}]}}
+                ],
+            },
+        }
+    )
 
     def bound() -> tuple[dict[str, Any], dict[str, Any]] | None:
         pod = c.kube.request("GET", f"/api/v1/namespaces/{c.workload_ns}/pods/{pod_name}")
         claim = c.kube.read_namespaced_resource_claim(c.workload_ns, claim_name)
         reserved = [r.get("uid") for r in (claim.get("status") or {}).get("reservedFor") or []]
-        if pod["spec"].get("nodeName") and (claim.get("status") or {}).get("allocation") \
-                and pod["metadata"]["uid"] in reserved:
+        if (
+            pod["spec"].get("nodeName")
+            and (claim.get("status") or {}).get("allocation")
+            and pod["metadata"]["uid"] in reserved
+        ):
             return claim, pod
         return None
+
     claim, pod = wait_for(bound, 60, what=f"{claim_name} allocated and {pod_name} bound")
     assert pod["spec"]["nodeName"] == c.identity.node
     return claim, pod
@@ -215,8 +261,11 @@ def _claim_tuple(claim: dict[str, Any]) -> tuple[str, str, str]:
 
 def _allocated(claim: dict[str, Any]) -> dict[str, str]:
     """request -> device name, of our driver's allocation results."""
-    return {r["request"]: r["device"] for r in claim["status"]["allocation"]["devices"]["results"]
-            if r["driver"] == "dra.net"}
+    return {
+        r["request"]: r["device"]
+        for r in claim["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == "dra.net"
+    }
 
 
 def _expected_numa(devices: list[str]) -> tuple[str, str]:
@@ -255,19 +304,37 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
     c = chain
     a, b = c.nics
     before = {n.ifname: link_facts(n.ifname) for n in c.nics}
-    assert all(f and len(f["routes"]) == 2 and f["addresses"] == [n.address] for n, f in zip(c.nics, before.values(), strict=True))
+    assert all(
+        f and len(f["routes"]) == 2 and f["addresses"] == [n.address]
+        for n, f in zip(c.nics, before.values(), strict=True)
+    )
     _wait_slice(c)
 
     pod_ip, mac = f"192.168.{random.randint(0, 255)}.2/24", f"02:{secrets.token_hex(5)[:10]}"
-    mac = ":".join([mac[:2]] + [mac[3 + i:5 + i] for i in range(0, 10, 2)])
+    mac = ":".join([mac[:2]] + [mac[3 + i : 5 + i] for i in range(0, 10, 2)])
     gw = pod_ip.rsplit(".", 1)[0] + ".1"
-    config = [{"requests": ["nic1"], "opaque": {"driver": "dra.net", "parameters": {
-        "apiVersion": "dra.net/v1alpha1", "kind": "NetworkConfig",
-        "interface": {"name": "net1", "addresses": [pod_ip], "mtu": 1300, "hardwareAddr": mac},
-        "routes": [{"destination": "172.30.0.0/16", "gateway": gw}]}}}]
-    claim, pod = _schedule(c, "nics", [_request("nic1", c.identity.device_class, a.ifname),
-                                       _request("nic2", c.identity.device_class, b.ifname)], config, "trainer",
-                                 encoding)
+    config = [
+        {
+            "requests": ["nic1"],
+            "opaque": {
+                "driver": "dra.net",
+                "parameters": {
+                    "apiVersion": "dra.net/v1alpha1",
+                    "kind": "NetworkConfig",
+                    "interface": {"name": "net1", "addresses": [pod_ip], "mtu": 1300, "hardwareAddr": mac},
+                    "routes": [{"destination": "172.30.0.0/16", "gateway": gw}],
+                },
+            },
+        }
+    ]
+    claim, pod = _schedule(
+        c,
+        "nics",
+        [_request("nic1", c.identity.device_class, a.ifname), _request("nic2", c.identity.device_class, b.ifname)],
+        config,
+        "trainer",
+        encoding,
+    )
     allocated = _allocated(claim)
     assert set(allocated) == {"nic1", "nic2"}
     uid, pod_uid = claim["metadata"]["uid"], pod["metadata"]["uid"]
@@ -276,8 +343,9 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
         await kubelet.register()
         resp = await kubelet.prepare([_claim_tuple(claim)])
         assert resp.claims[uid].error == ""
-        assert sorted((req[0], pool, dev) for req, pool, dev in devices_of(resp, uid)) == \
-            sorted((req, c.identity.node, dev) for req, dev in allocated.items())
+        assert sorted((req[0], pool, dev) for req, pool, dev in devices_of(resp, uid)) == sorted(
+            (req, c.identity.node, dev) for req, dev in allocated.items()
+        )
 
         # The container runtime: RunPodSandbox with the Pod's real UID and the test namespace.
         nri_pod = pod_json(pod_uid, f"/run/netns/{c.pod_netns}", name="trainer", namespace=c.workload_ns)
@@ -304,13 +372,20 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
             ours = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "nics"))
             ok = len(ours) == 2 and all(_conditions(e).get("Ready", {}).get("status") == "True" for e in ours.values())
             return ours if ok else None
+
         # 20 s: the writer's own retries (5 attempts, backoff 0.5..4 s) end well before.
         ours = _wait(c, ready, what="Ready=True on both devices", timeout=20)
         assert set(ours) == set(allocated.values())
-        assert ours[allocated["nic1"]]["networkData"] == {"interfaceName": "net1", "ips": [pod_ip],
-                                                           "hardwareAddress": mac}
-        assert ours[allocated["nic2"]]["networkData"] == {"interfaceName": b.ifname, "ips": [b.address],
-                                                           "hardwareAddress": in_pod_b["mac"]}
+        assert ours[allocated["nic1"]]["networkData"] == {
+            "interfaceName": "net1",
+            "ips": [pod_ip],
+            "hardwareAddress": mac,
+        }
+        assert ours[allocated["nic2"]]["networkData"] == {
+            "interfaceName": b.ifname,
+            "ips": [b.address],
+            "hardwareAddress": in_pod_b["mac"],
+        }
         status, reason = _expected_numa(list(ours))
         for entry in ours.values():
             conds = _conditions(entry)
@@ -328,8 +403,11 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
 
         un = await kubelet.unprepare([_claim_tuple(claim)])
         assert un.claims[uid].error == ""
-    _wait(c, lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "nics")),
-          what="our status entries removed after unprepare")
+    _wait(
+        c,
+        lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "nics")),
+        what="our status entries removed after unprepare",
+    )
     # The NICs are still published after their round trip.
     assert _published_ifnames(c) == {n.ifname for n in c.nics}
     _assert_no_denials(c)
@@ -342,9 +420,18 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
     _wait_slice(c)
     # The gateway is outside every subnet of the NIC: the kernel refuses the route (ENETUNREACH)
     # after the NIC was moved, renamed and addressed, so all of that must be rolled back.
-    config = [{"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": {
-        "interface": {"name": "net1", "addresses": ["192.168.9.2/24"], "mtu": 1300},
-        "routes": [{"destination": "172.31.0.0/16", "gateway": "203.0.113.1"}]}}}]
+    config = [
+        {
+            "requests": ["nic"],
+            "opaque": {
+                "driver": "dra.net",
+                "parameters": {
+                    "interface": {"name": "net1", "addresses": ["192.168.9.2/24"], "mtu": 1300},
+                    "routes": [{"destination": "172.31.0.0/16", "gateway": "203.0.113.1"}],
+                },
+            },
+        }
+    ]
     claim, pod = _schedule(c, "bad-route", [_request("nic", c.identity.device_class, a.ifname)], config, "doomed")
     device = _allocated(claim)["nic"]
     uid, pod_uid = claim["metadata"]["uid"], pod["metadata"]["uid"]
@@ -352,7 +439,7 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
     async with c.kubelet() as kubelet:
         await kubelet.register()
         resp = await kubelet.prepare([_claim_tuple(claim)])
-        assert resp.claims[uid].error == ""   # valid config: only the kernel can refuse it
+        assert resp.claims[uid].error == ""  # valid config: only the kernel can refuse it
 
         nri_pod = pod_json(pod_uid, f"/run/netns/{c.pod_netns}", name="doomed", namespace=c.workload_ns)
         res = c.harness.cmd("run", pod=nri_pod)
@@ -365,16 +452,24 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
             entry = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route")).get(device)
             cond = _conditions(entry or {}).get("Ready")
             return cond if cond and cond["status"] == "False" else None
+
         cond = _wait(c, failed, what="Ready=False")
         assert cond["reason"] == "RouteFailed"
         assert "route" in cond["message"] and "203.0.113.1" in cond["message"], cond
         entry = _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route"))[device]
-        assert "networkData" not in entry      # rolled back: nothing in the pod to describe
+        assert "networkData" not in entry  # rolled back: nothing in the pod to describe
 
         def warning() -> list[dict[str, Any]]:
-            return [e for e in c.kube.request("GET", f"/api/v1/namespaces/{c.workload_ns}/events",
-                                              query={"fieldSelector": f"involvedObject.uid={pod_uid}"})["items"]
-                    if e["type"] == "Warning"]
+            return [
+                e
+                for e in c.kube.request(
+                    "GET",
+                    f"/api/v1/namespaces/{c.workload_ns}/events",
+                    query={"fieldSelector": f"involvedObject.uid={pod_uid}"},
+                )["items"]
+                if e["type"] == "Warning"
+            ]
+
         events = _wait(c, warning, what="a Warning event on the pod")
         assert events[0]["reason"] == "RouteFailed"
         assert events[0]["involvedObject"]["name"] == "doomed"
@@ -385,8 +480,11 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
         assert c.harness.cmd("remove", pod=nri_pod)["ok"]
         assert {n.ifname: link_facts(n.ifname) for n in c.nics} == before
         assert (await kubelet.unprepare([_claim_tuple(claim)])).claims[uid].error == ""
-    _wait(c, lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route")),
-          what="our status entries removed after unprepare")
+    _wait(
+        c,
+        lambda: not _ours(c.kube.read_namespaced_resource_claim(c.workload_ns, "bad-route")),
+        what="our status entries removed after unprepare",
+    )
     _assert_no_denials(c)
 
 

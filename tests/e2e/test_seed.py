@@ -56,13 +56,12 @@ class Seed:
         return KubeletClient(self.driver.registration_socket, self.driver.dra_socket, timeout=15)
 
 
-
 @pytest.fixture(scope="module")
 def seed(control_plane: ControlPlane) -> Iterator[Seed]:
     kube = control_plane.kube()
     node = f"nd-h100-{secrets.token_hex(3)}"
     ns = f"seed-{secrets.token_hex(3)}"
-    work = Path(tempfile.mkdtemp(prefix="dn-e2e-"))   # short: unix socket paths <= 108 bytes
+    work = Path(tempfile.mkdtemp(prefix="dn-e2e-"))  # short: unix socket paths <= 108 bytes
     driver = DriverProcess(control_plane.kubeconfig, node, work / "sysfs", work / "drv")
     classes, templates = seed_docs()
     try:
@@ -99,14 +98,20 @@ def test_driver_publishes_the_nd_h100_v5_nics(seed: Seed):
 
 def _gpu_bus_ids(seed: Seed, claim: dict) -> set[str]:
     attrs = slice_devices(seed.kube, seed.node)
-    return {attrs[(r["driver"], r["pool"], r["device"])]["resource.kubernetes.io/pciBusID"]
-            for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == gpu_double.GPU_DRIVER}
+    return {
+        attrs[(r["driver"], r["pool"], r["device"])]["resource.kubernetes.io/pciBusID"]
+        for r in claim["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == gpu_double.GPU_DRIVER
+    }
 
 
 def _nic_numas(seed: Seed, claim: dict) -> list[int]:
     attrs = slice_devices(seed.kube, seed.node)
-    return [attrs[(r["driver"], r["pool"], r["device"])]["dra.net/numaNode"]
-            for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "dra.net"]
+    return [
+        attrs[(r["driver"], r["pool"], r["device"])]["dra.net/numaNode"]
+        for r in claim["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == "dra.net"
+    ]
 
 
 def _schedule(seed: Seed, pod: str, template: str) -> dict:
@@ -117,19 +122,25 @@ def _schedule(seed: Seed, pod: str, template: str) -> dict:
 def _release(seed: Seed, pod: str) -> None:
     delete_pod(seed.kube, seed.namespace, pod)
     # The resourceclaim controller deletes the generated claim once the pod is gone, freeing the GPUs.
-    wait_for(lambda: not seed.kube.request("GET", f"{RESOURCE_API}/namespaces/{seed.namespace}/resourceclaims")["items"],
-             60, what="generated claim deleted")
+    wait_for(
+        lambda: not seed.kube.request("GET", f"{RESOURCE_API}/namespaces/{seed.namespace}/resourceclaims")["items"],
+        60,
+        what="generated claim deleted",
+    )
 
 
 async def test_aligned_template_gets_numa0_nics_and_seed_gpus_then_prepare(seed: Seed):
     wait_for(lambda: nic_slices(seed), 30, what="dra.net slices")
     claim = _schedule(seed, "aligned", ALIGNED)
     pod = seed.kube.request("GET", f"/api/v1/namespaces/{seed.namespace}/pods/aligned")
-    assert pod["spec"]["nodeName"] == seed.node            # bound by the real scheduler
+    assert pod["spec"]["nodeName"] == seed.node  # bound by the real scheduler
     assert _nic_numas(seed, claim) == [0, 0, 0, 0]
     assert _gpu_bus_ids(seed, claim) == SEED_GPUS
-    ours = sorted((r["request"], r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]
-                  if r["driver"] == "dra.net")
+    ours = sorted(
+        (r["request"], r["pool"], r["device"])
+        for r in claim["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == "dra.net"
+    )
     uid = claim["metadata"]["uid"]
     async with seed.kubelet() as kubelet:
         await kubelet.register()
@@ -137,7 +148,7 @@ async def test_aligned_template_gets_numa0_nics_and_seed_gpus_then_prepare(seed:
         assert resp.claims[uid].error == ""
         got = sorted((req[0], pool, dev) for req, pool, dev in devices_of(resp, uid))
         assert got == ours
-        again = await kubelet.prepare([seed.claim_tuple(claim)])   # the kubelet retries: same answer
+        again = await kubelet.prepare([seed.claim_tuple(claim)])  # the kubelet retries: same answer
         assert sorted((r[0], p, d) for r, p, d in devices_of(again, uid)) == ours
         _release(seed, "aligned")
         un = await kubelet.unprepare([seed.claim_tuple(claim)])
@@ -194,15 +205,24 @@ def test_slices_republished_after_restart_and_after_deletion(seed: Seed):
     names = sorted(d["name"] for s in before for d in s["spec"]["devices"])
     # Slices wiped while the driver is down (the kubelet does that 30 s after it disconnects).
     seed.driver.stop()
-    seed.kube.request("DELETE", f"{RESOURCE_API}/resourceslices",
-                      query={"fieldSelector": f"spec.driver=dra.net,spec.nodeName={seed.node}"})
+    seed.kube.request(
+        "DELETE",
+        f"{RESOURCE_API}/resourceslices",
+        query={"fieldSelector": f"spec.driver=dra.net,spec.nodeName={seed.node}"},
+    )
     assert nic_slices(seed) == []
     seed.driver.start()
     after = wait_for(lambda: nic_slices(seed), 30, what="slices after restart")
     assert sorted(d["name"] for s in after for d in s["spec"]["devices"]) == names
     # Wiped while it runs (the kubelet does that at its own start).
-    seed.kube.request("DELETE", f"{RESOURCE_API}/resourceslices",
-                      query={"fieldSelector": f"spec.driver=dra.net,spec.nodeName={seed.node}"})
-    again = wait_for(lambda: [s for s in nic_slices(seed) if s["metadata"]["uid"] not in
-                              {x["metadata"]["uid"] for x in after}], 30, what="slices after deletion")
+    seed.kube.request(
+        "DELETE",
+        f"{RESOURCE_API}/resourceslices",
+        query={"fieldSelector": f"spec.driver=dra.net,spec.nodeName={seed.node}"},
+    )
+    again = wait_for(
+        lambda: [s for s in nic_slices(seed) if s["metadata"]["uid"] not in {x["metadata"]["uid"] for x in after}],
+        30,
+        what="slices after deletion",
+    )
     assert sorted(d["name"] for s in again for d in s["spec"]["devices"]) == names

@@ -25,10 +25,17 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 
 def slice_obj(name: str, node: str, driver: str = "dra.net", device: str = "eth1") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": driver, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": device}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": device}],
+        },
+    }
 
 
 def token_client(control_plane: Any, token: str, tmp_path: Path) -> KubeClient:
@@ -40,10 +47,17 @@ def token_client(control_plane: Any, token: str, tmp_path: Path) -> KubeClient:
 def request_token(kube: KubeClient, ns: str, sa: str, pod: dict[str, Any] | None) -> str:
     spec: dict[str, Any] = {"expirationSeconds": 3600}
     if pod is not None:
-        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                  "uid": pod["metadata"]["uid"]}
-    tr = kube.request("POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-                      {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod["metadata"]["name"],
+            "uid": pod["metadata"]["uid"],
+        }
+    tr = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     return tr["status"]["token"]
 
 
@@ -54,9 +68,15 @@ def forbidden(call: Callable[[], Any]) -> KubeError:
     return err.value
 
 
-def test_driver_token_writes_only_its_own_nodes_slices(helm: str, kube: KubeClient, control_plane: Any,
-                                                       created: Created, namespace: str,  # noqa: F811 - the imported fixture, requested by name
-                                                       cluster_node: str, tmp_path: Path) -> None:
+def test_driver_token_writes_only_its_own_nodes_slices(
+    helm: str,
+    kube: KubeClient,
+    control_plane: Any,
+    created: Created,  # noqa: F811 - the imported fixture, requested by name
+    namespace: str,  # noqa: F811 - the imported fixture, requested by name
+    cluster_node: str,
+    tmp_path: Path,
+) -> None:
     own = cluster_node
     other = f"node-{secrets.token_hex(3)}"
     control_plane.create_node(other)
@@ -66,26 +86,49 @@ def test_driver_token_writes_only_its_own_nodes_slices(helm: str, kube: KubeClie
         delete_node_and_slices(kube, other)
 
 
-def _check_policy(helm: str, kube: KubeClient, control_plane: Any, created: Created,  # noqa: F811 - the imported fixture, requested by name
-                  ns: str, own: str, other: str, tmp_path: Path) -> None:
+def _check_policy(
+    helm: str,
+    kube: KubeClient,
+    control_plane: Any,
+    created: Created,  # noqa: F811 - the imported fixture, requested by name
+    ns: str,
+    own: str,
+    other: str,
+    tmp_path: Path,
+) -> None:
     release, device_class = unique_release()
-    docs = render(helm, "webhook.enabled=false", f"deviceClass.name={device_class}",
-                  release=release, namespace=ns)
-    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                 "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
+    docs = render(helm, "webhook.enabled=false", f"deviceClass.name={device_class}", release=release, namespace=ns)
+    for kind in (
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ):
         for obj in (d for d in docs if d["kind"] == kind):
             created.create(obj)
     sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
     # The driver pod, bound to its node (no kubelet: it never runs, but tokens can bind to it).
-    pod = created.create({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": "dranet-driver", "namespace": ns},
-                          "spec": {"serviceAccountName": sa, "nodeName": own,
-                                   "containers": [{"name": "dranet", "image": "dranet:test"}]}})
+    pod = created.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "dranet-driver", "namespace": ns},
+            "spec": {
+                "serviceAccountName": sa,
+                "nodeName": own,
+                "containers": [{"name": "dranet", "image": "dranet:test"}],
+            },
+        }
+    )
     driver = token_client(control_plane, request_token(kube, ns, sa, pod), tmp_path)
 
     # The token carries the node name the policy keys on.
-    review = driver.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-                            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
+    review = driver.request(
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
     user = review["status"]["userInfo"]
     assert user["username"] == f"system:serviceaccount:{ns}:{sa}"
     assert user["extra"][NODE_NAME_EXTRA] == [own]
@@ -121,16 +164,20 @@ def _check_policy(helm: str, kube: KubeClient, control_plane: Any, created: Crea
     forbidden(lambda: driver.request("DELETE", f"{RESOURCE_API}/resourceslices/{other_slice['metadata']['name']}"))
 
     # Its own node but another driver's name: denied.
-    err = forbidden(lambda: driver.request("POST", f"{RESOURCE_API}/resourceslices",
-                                           slice_obj(f"{own}-other-{tag}", own, driver="other.example.com")))
+    err = forbidden(
+        lambda: driver.request(
+            "POST", f"{RESOURCE_API}/resourceslices", slice_obj(f"{own}-other-{tag}", own, driver="other.example.com")
+        )
+    )
     assert "spec.driver dra.net" in err.message
 
     driver.request("DELETE", f"{RESOURCE_API}/resourceslices/{own_slice['metadata']['name']}")
 
     # A token of the same service account NOT bound to a pod has no node: no slice writes at all.
     unbound = token_client(control_plane, request_token(kube, ns, sa, None), tmp_path)
-    err = forbidden(lambda: unbound.request("POST", f"{RESOURCE_API}/resourceslices",
-                                            slice_obj(f"{own}-unbound-{tag}", own)))
+    err = forbidden(
+        lambda: unbound.request("POST", f"{RESOURCE_API}/resourceslices", slice_obj(f"{own}-unbound-{tag}", own))
+    )
     assert NODE_NAME_EXTRA in err.message
 
     # Least privilege (RBAC): what the driver needs works, neighbours of it do not.
@@ -140,8 +187,12 @@ def _check_policy(helm: str, kube: KubeClient, control_plane: Any, created: Crea
     forbidden(lambda: driver.request("GET", "/api/v1/pods"))
     forbidden(lambda: driver.request("GET", f"/api/v1/namespaces/{ns}/secrets"))
     forbidden(lambda: driver.request("GET", f"{RESOURCE_API}/resourceclaims"))
-    forbidden(lambda: driver.request("POST", f"{RESOURCE_API}/deviceclasses",
-                                     {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                                      "metadata": {"name": f"x-{tag}"}, "spec": {}}))
+    forbidden(
+        lambda: driver.request(
+            "POST",
+            f"{RESOURCE_API}/deviceclasses",
+            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"x-{tag}"}, "spec": {}},
+        )
+    )
     # Admins are not affected by the policy (matchConditions select only the driver's account).
     kube.request("DELETE", f"{RESOURCE_API}/resourceslices/{other_slice['metadata']['name']}")

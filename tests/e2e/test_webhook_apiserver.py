@@ -44,20 +44,36 @@ NS = "default"
 
 
 def template(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"spec": {"devices": {
-                "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
-                "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": "x"}}},
-                           {"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}}]}}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
+                    "config": [
+                        {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"sharing": "x"}}},
+                        {"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}},
+                    ],
+                }
+            }
+        },
+    }
 
 
 def claim(name: str, params: dict[str, Any], driver: str = "dra.net") -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"devices": {
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "devices": {
                 "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
-                "config": [{"opaque": {"driver": driver, "parameters": params}}]}}}
+                "config": [{"opaque": {"driver": driver, "parameters": params}}],
+            }
+        },
+    }
 
 
 def documented_role(name: str) -> dict[str, Any]:
@@ -75,22 +91,37 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
     sa = f"dranet-test-{suffix}"
     cleanup = [f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}"]
     try:
-        kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts",
-                     {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}})
+        kube.request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}},
+        )
         if role is not None:
             body = documented_role(role)
             body["metadata"]["name"] = f"{role}-{suffix}"
             kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", body)
             cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}-{suffix}")
-            kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": f"{role}-{suffix}"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": f"{role}-{suffix}"},
-                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]})
+            kube.request(
+                "POST",
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "ClusterRoleBinding",
+                    "metadata": {"name": f"{role}-{suffix}"},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "ClusterRole",
+                        "name": f"{role}-{suffix}",
+                    },
+                    "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": NS}],
+                },
+            )
             cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}-{suffix}")
-        token = kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token",
-                             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                              "spec": {"expirationSeconds": 3600}})["status"]["token"]
+        token = kube.request(
+            "POST",
+            f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+        )["status"]["token"]
         out.write_text(certs.kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
         yield out
     finally:
@@ -101,9 +132,26 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
 def start_webhook(kubeconfig: str, port: int, *extra: str, log_path: Path) -> subprocess.Popen[bytes]:
     log = open(log_path, "wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "driver.cli", "--log-format", "text", "webhook", "--kubeconfig", kubeconfig,
-         "--port", str(port), "--host", "127.0.0.1", *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "driver.cli",
+            "--log-format",
+            "text",
+            "webhook",
+            "--kubeconfig",
+            kubeconfig,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            *extra,
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -116,9 +164,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=5)
 
 
-
-def create_until_rejected(kube: KubeClient, path: str, obj: dict[str, Any], log: Path,
-                          timeout: float = 30) -> KubeError:
+def create_until_rejected(
+    kube: KubeClient, path: str, obj: dict[str, Any], log: Path, timeout: float = 30
+) -> KubeError:
     """The apiserver picks up a new webhook configuration asynchronously: retry until it bites."""
     name = obj["metadata"]["name"]
     deadline = time.monotonic() + timeout
@@ -149,25 +197,34 @@ def names() -> Iterator[list[tuple[KubeClient, str]]]:
 def test_one_handler_and_the_managed_configuration(policy, tmp_path: Path):
     """No cluster needed: the registry and the configuration --manage-configuration applies."""
     tls = self_signed(tmp_path, ["127.0.0.1"])
-    options = WebhookOptions(failure_policy=policy, port=9443, host="dranet-webhook.kube-system.svc",
-                             manage_configuration=True)
+    options = WebhookOptions(
+        failure_policy=policy, port=9443, host="dranet-webhook.kube-system.svc", manage_configuration=True
+    )
     registry = build_registry(options, tls)
     assert [h.id for h in registry._webhooks.get_all_handlers()] == ["validate"]
     (hook,) = webhook_configuration(options, tls.cadata)["webhooks"]
     assert hook["failurePolicy"] == policy
     assert hook["clientConfig"]["url"] == "https://dranet-webhook.kube-system.svc:9443/validate"
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == tls.cadata
-    assert hook["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                              "operations": ["CREATE", "UPDATE"],
-                              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "scope": "Namespaced",
+        }
+    ]
 
 
 def test_review_paths_for_both_kinds():
     bad = {"interface": {"mtu": 10}}
     assert review("resourceclaimtemplates", template("t", bad)) == [
-        "spec.spec.devices.config[1].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"]
+        "spec.spec.devices.config[1].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"
+    ]
     assert review("resourceclaims", claim("c", bad)) == [
-        "spec.devices.config[0].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"]
+        "spec.devices.config[0].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"
+    ]
     assert review("resourceclaims", claim("c", bad, driver="other.example.com")) == []
 
 
@@ -181,13 +238,15 @@ def test_managed_configuration_self_signed(control_plane, kube: KubeClient, tmp_
         kubeconfig = control_plane.kubeconfig
         if credentials != "admin":  # the ServiceAccount with exactly docs/rbac.md's dranet-webhook role
             kubeconfig = stack.enter_context(
-                service_account_kubeconfig(control_plane, kube, "dranet-webhook", tmp_path / "sa.kubeconfig"))
+                service_account_kubeconfig(control_plane, kube, "dranet-webhook", tmp_path / "sa.kubeconfig")
+            )
         _managed(kube, port, str(kubeconfig), tmp_path, names)
 
 
 def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names) -> None:
-    proc = start_webhook(kubeconfig, port, "--manage-configuration",
-                         "--failure-policy", "Fail", log_path=tmp_path / "webhook.log")
+    proc = start_webhook(
+        kubeconfig, port, "--manage-configuration", "--failure-policy", "Fail", log_path=tmp_path / "webhook.log"
+    )
     try:
         deadline = time.monotonic() + 60
         vwc: dict[str, Any] = {}
@@ -203,7 +262,9 @@ def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names
         assert vwc.get("webhooks"), (tmp_path / "webhook.log").read_text()[-3000:]
         hooks = {h["name"]: h for h in vwc["webhooks"]}
         assert {res for h in hooks.values() for r in h["rules"] for res in r["resources"]} == {
-            "resourceclaims", "resourceclaimtemplates"}
+            "resourceclaims",
+            "resourceclaimtemplates",
+        }
         for hook in hooks.values():
             assert hook["failurePolicy"] == "Fail"
             assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
@@ -228,7 +289,9 @@ def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names
     assert not kube.request("GET", f"{VWC_API}/{MANAGED_CONFIGURATION}").get("webhooks")
     # Only the validating configuration is ours: no (empty) mutating one.
     with pytest.raises(KubeError) as info:
-        kube.request("GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{MANAGED_CONFIGURATION}")
+        kube.request(
+            "GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{MANAGED_CONFIGURATION}"
+        )
     assert isinstance(info.value, NotFound)
     # Minimal footprint: nothing beyond the documented rules was even attempted.
     assert "forbidden" not in log.lower(), log[-3000:]
@@ -240,27 +303,56 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
     port = free_port()
     tls = self_signed(tmp_path, ["127.0.0.1"])
     vwc_name = f"dra-net-test-{uuid.uuid4().hex[:6]}"
-    rules = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}]
+    rules = [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourceclaims", "resourceclaimtemplates"],
+            "scope": "Namespaced",
+        }
+    ]
     names.append((kube, f"{VWC_API}/{vwc_name}"))
     path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaims"
     # A bad claim from before the webhook existed: later metadata updates must still pass.
     old_bad = claim(f"old-{uuid.uuid4().hex[:6]}", {"interface": {"mtu": 1}})
     names.append((kube, f"{path}/{old_bad['metadata']['name']}"))
     kube.request("POST", path, old_bad)
-    proc = start_webhook(str(control_plane.kubeconfig), port, "--tls-cert", tls.certfile, "--tls-key", tls.keyfile,
-                         log_path=tmp_path / "webhook.log")
+    proc = start_webhook(
+        str(control_plane.kubeconfig),
+        port,
+        "--tls-cert",
+        tls.certfile,
+        "--tls-key",
+        tls.keyfile,
+        log_path=tmp_path / "webhook.log",
+    )
     try:
         # One webhook per resource on the chart's paths (charts/dranet values webhook.paths).
-        kube.request("POST", VWC_API, {
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": vwc_name},
-            "webhooks": [{"name": f"{res}.dra.net", "rules": [dict(rules[0], resources=[res])],
-                          "failurePolicy": "Fail", "sideEffects": "None", "admissionReviewVersions": ["v1"],
-                          "timeoutSeconds": 10,
-                          "clientConfig": {"url": f"https://127.0.0.1:{port}/validate-{res}",
-                                           "caBundle": base64.b64encode(tls.cadata).decode()}}
-                         for res in ("resourceclaims", "resourceclaimtemplates")]})
+        kube.request(
+            "POST",
+            VWC_API,
+            {
+                "apiVersion": "admissionregistration.k8s.io/v1",
+                "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": vwc_name},
+                "webhooks": [
+                    {
+                        "name": f"{res}.dra.net",
+                        "rules": [dict(rules[0], resources=[res])],
+                        "failurePolicy": "Fail",
+                        "sideEffects": "None",
+                        "admissionReviewVersions": ["v1"],
+                        "timeoutSeconds": 10,
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{port}/validate-{res}",
+                            "caBundle": base64.b64encode(tls.cadata).decode(),
+                        },
+                    }
+                    for res in ("resourceclaims", "resourceclaimtemplates")
+                ],
+            },
+        )
         bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "rules": []})
         names.append((kube, f"{path}/{bad['metadata']['name']}"))
         err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log", timeout=60)
@@ -272,9 +364,10 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
         err = create_until_rejected(kube, tpath, bad_t, tmp_path / "webhook.log")
         assert "spec.spec.devices.config[1].opaque.parameters.numa.pin: must be a boolean" in err.message
 
-        for obj in (claim(f"other-{uuid.uuid4().hex[:6]}", {"rules": []}, driver="gpu.nvidia.com"),
-                    claim(f"good-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8",
-                                                                        "gateway": "192.0.2.1"}]})):
+        for obj in (
+            claim(f"other-{uuid.uuid4().hex[:6]}", {"rules": []}, driver="gpu.nvidia.com"),
+            claim(f"good-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8", "gateway": "192.0.2.1"}]}),
+        ):
             names.append((kube, f"{path}/{obj['metadata']['name']}"))
             assert kube.request("POST", path, obj)["metadata"]["uid"]
         # UPDATE with an unchanged spec is admitted even though the old config is bad. (PUT, not

@@ -9,8 +9,10 @@ from driver.inventory.device_filter import DeviceFilter, FilterError, cel_device
 from driver.model.device import Device
 
 VETH = Device("veth1", {"dra.net/type": "veth", "dra.net/mtu": 1500})
-NIC = Device("pci-0000-3b-00-0", {"dra.net/type": "device", "dra.net/rdma": True,
-                                  "resource.kubernetes.io/pciBusID": "0000:3b:00.0"})
+NIC = Device(
+    "pci-0000-3b-00-0",
+    {"dra.net/type": "device", "dra.net/rdma": True, "resource.kubernetes.io/pciBusID": "0000:3b:00.0"},
+)
 ERDMA = Device("pci-0000-5e-00-0", {"dra.net/rdma": True})  # no type attribute at all
 
 
@@ -24,8 +26,10 @@ def test_empty_filter_keeps_everything() -> None:
 
 
 def test_deviceclass_syntax() -> None:
-    f = DeviceFilter('device.driver == "dra.net" && has(device.attributes["resource.kubernetes.io"].pciBusID) && '
-                     'device.attributes["resource.kubernetes.io"].pciBusID.startsWith("0000:3b")')
+    f = DeviceFilter(
+        'device.driver == "dra.net" && has(device.attributes["resource.kubernetes.io"].pciBusID) && '
+        'device.attributes["resource.kubernetes.io"].pciBusID.startsWith("0000:3b")'
+    )
     assert f.apply([VETH, NIC, ERDMA]) == [NIC]
     # Without the has() guard a missing key is an eval error, which keeps the device (Go semantics).
     unguarded = DeviceFilter('device.attributes["resource.kubernetes.io"].pciBusID.startsWith("0000:3b")')

@@ -13,8 +13,13 @@ REPO = str(Path(__file__).resolve().parents[2])
 
 
 def dranet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "driver.cli", "--log-level", "error", *args],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "driver.cli", "--log-level", "error", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
 
 
 def test_json_is_exactly_spec_devices(nd_h100_sysfs: Path) -> None:
@@ -37,14 +42,29 @@ def test_table(single_socket_sysfs: Path) -> None:
     lines = res.stdout.splitlines()
     assert lines[0].split() == ["NAME", "IFNAME", "PCIADDRESS", "RDMADEVICE", "NUMANODE", "LINKLAYER", "STATE"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["pci-0000-31-00-0"] == ["pci-0000-31-00-0", "ens2f0np0", "0000:31:00.0", "mlx5_0", "0", "Ethernet", "up"]
+    assert rows["pci-0000-31-00-0"] == [
+        "pci-0000-31-00-0",
+        "ens2f0np0",
+        "0000:31:00.0",
+        "mlx5_0",
+        "0",
+        "Ethernet",
+        "up",
+    ]
     assert rows["pci-0000-5e-00-0"] == ["pci-0000-5e-00-0", "-", "0000:5e:00.0", "erdma_0", "0", "Ethernet", "-"]
     assert len(rows) == 6
 
 
 def test_filter_and_bad_filter(single_socket_sysfs: Path) -> None:
-    res = dranet("discover", "--sysfs-root", str(single_socket_sysfs), "-o", "json",
-                 "--filter", 'device.attributes["dra.net"].rdma == true')
+    res = dranet(
+        "discover",
+        "--sysfs-root",
+        str(single_socket_sysfs),
+        "-o",
+        "json",
+        "--filter",
+        'device.attributes["dra.net"].rdma == true',
+    )
     assert [d["name"] for d in json.loads(res.stdout)] == ["pci-0000-31-00-0", "pci-0000-5e-00-0"]
     bad = dranet("discover", "--sysfs-root", str(single_socket_sysfs), "--filter", "device.(")
     assert bad.returncode == 2 and "--filter" in bad.stderr and bad.stdout == ""
@@ -52,8 +72,10 @@ def test_filter_and_bad_filter(single_socket_sysfs: Path) -> None:
 
 def test_fixture_root_makes_no_netlink_calls(nd_h100_sysfs: Path) -> None:
     """With a non-host sysfs root, pyroute2 is never even imported."""
-    code = ("import sys; sys.path.insert(0, %r); from driver.inventory.discovery import Scanner; "
-            "Scanner(%r).scan(); print('pyroute2' in sys.modules)") % (REPO, str(nd_h100_sysfs))
+    code = (
+        "import sys; sys.path.insert(0, %r); from driver.inventory.discovery import Scanner; "
+        "Scanner(%r).scan(); print('pyroute2' in sys.modules)"
+    ) % (REPO, str(nd_h100_sysfs))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 
@@ -64,7 +86,11 @@ def test_missing_or_wrong_sysfs_root_is_a_clear_error(tmp_path) -> None:
 
     for root, why in ((tmp_path / "nope", "no such directory"), (tmp_path, "not a sysfs tree")):
         for cmd in (["discover"], ["run", "--no-nri"]):
-            out = subprocess.run([sys.executable, "-m", "driver.cli", "--log-format", "text", *cmd,
-                                  "--sysfs-root", str(root)], capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [sys.executable, "-m", "driver.cli", "--log-format", "text", *cmd, "--sysfs-root", str(root)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 2, (cmd, out.stderr)
             assert f"--sysfs-root {root}: {why}" in out.stderr, (cmd, out.stderr)

@@ -16,8 +16,14 @@ D = "dra.net/"
 
 # (nic BDF, mlx5, ib, numa, uverbs N) straight from topologies.md's ND H100 v5 table.
 ND_ROWS = [
-    ("0101:00:00.0", 0, 0), ("0102:00:00.0", 1, 0), ("0103:00:00.0", 2, 0), ("0104:00:00.0", 3, 0),
-    ("0105:00:00.0", 4, 1), ("0106:00:00.0", 5, 1), ("0107:00:00.0", 6, 1), ("0108:00:00.0", 7, 1),
+    ("0101:00:00.0", 0, 0),
+    ("0102:00:00.0", 1, 0),
+    ("0103:00:00.0", 2, 0),
+    ("0104:00:00.0", 3, 0),
+    ("0105:00:00.0", 4, 1),
+    ("0106:00:00.0", 5, 1),
+    ("0107:00:00.0", 6, 1),
+    ("0108:00:00.0", 7, 1),
 ]
 
 
@@ -28,18 +34,37 @@ def scan(root: Path, **kw: object) -> list[Device]:
 def test_nd_h100_v5_exact(nd_h100_sysfs: Path) -> None:
     devices = scan(nd_h100_sysfs, exclude_interfaces=["eth0"])
     assert [d.name for d in devices] == [
-        "pci-0101-00-00-0", "pci-0102-00-00-0", "pci-0103-00-00-0", "pci-0104-00-00-0",
-        "pci-0105-00-00-0", "pci-0106-00-00-0", "pci-0107-00-00-0", "pci-0108-00-00-0"]
+        "pci-0101-00-00-0",
+        "pci-0102-00-00-0",
+        "pci-0103-00-00-0",
+        "pci-0104-00-00-0",
+        "pci-0105-00-00-0",
+        "pci-0106-00-00-0",
+        "pci-0107-00-00-0",
+        "pci-0108-00-00-0",
+    ]
     for dev, (bdf, n, numa) in zip(devices, ND_ROWS, strict=True):
         assert dev.attributes == {
             D + "ifName": f"ib{n}",
             D + "mac": f"00:00:01:49:fe:80:00:00:00:00:00:00:00:15:5d:ff:fd:33:ff:{n:02x}",
-            D + "mtu": 2044, D + "state": "up", D + "type": "ipoib", D + "virtual": False,
+            D + "mtu": 2044,
+            D + "state": "up",
+            D + "type": "ipoib",
+            D + "virtual": False,
             D + "encapsulation": "infiniband",
-            D + "pciAddress": bdf, D + "pciVendor": "15b3", D + "pciDevice": "1021", D + "pciSubsystem": "0041",
-            D + "numaNode": numa, D + "sriov": False, D + "rdma": True, D + "rdmaDevice": f"mlx5_{n}",
-            D + "linkLayer": "InfiniBand", D + "rateGbps": 400,
-            K + "pciBusID": bdf, K + "pcieRoot": f"pci{bdf[:4]}:00", K + "numaNode": numa,
+            D + "pciAddress": bdf,
+            D + "pciVendor": "15b3",
+            D + "pciDevice": "1021",
+            D + "pciSubsystem": "0041",
+            D + "numaNode": numa,
+            D + "sriov": False,
+            D + "rdma": True,
+            D + "rdmaDevice": f"mlx5_{n}",
+            D + "linkLayer": "InfiniBand",
+            D + "rateGbps": 400,
+            K + "pciBusID": bdf,
+            K + "pcieRoot": f"pci{bdf[:4]}:00",
+            K + "numaNode": numa,
         }, dev.name
         assert dev.host.pci_address == bdf and dev.host.ifname == f"ib{n}"
         assert dev.host.rdma_device == f"mlx5_{n}" and dev.host.numa_node == numa
@@ -48,7 +73,8 @@ def test_nd_h100_v5_exact(nd_h100_sysfs: Path) -> None:
             CharDevice(f"/dev/infiniband/uverbs{n}", 231, 192 + n),
             CharDevice(f"/dev/infiniband/issm{n}", 231, 64 + n),
             CharDevice(f"/dev/infiniband/umad{n}", 231, n),
-            CharDevice("/dev/infiniband/rdma_cm", 10, 58)]
+            CharDevice("/dev/infiniband/rdma_cm", 10, 58),
+        ]
     # GPUs (class 0x0302) are never devices; nothing from the uplink (eth0, its VF, mlx5_an0) leaks.
     assert not any(d.host.rdma_device == "mlx5_an0" for d in devices)
 
@@ -68,20 +94,52 @@ def test_sriov_roce(sriov_sysfs: Path) -> None:
     assert "pci-0000-3b-07-5" in by_name  # VF 59
     assert "pci-0000-3a-00-0" not in by_name  # the bridge
     assert by_name["pci-0000-3b-00-0"].attributes == {
-        D + "ifName": "ens1f0np0", D + "mac": "0c:42:a1:00:00:01", D + "mtu": 9000, D + "state": "up",
-        D + "type": "device", D + "virtual": False, D + "encapsulation": "ether",
-        D + "pciAddress": "0000:3b:00.0", D + "pciVendor": "15b3", D + "pciDevice": "101d",
-        D + "pciSubsystem": "0016", D + "numaNode": 0, D + "sriov": True, D + "sriovVfs": 64,
-        D + "rdma": True, D + "rdmaDevice": "mlx5_0", D + "linkLayer": "Ethernet", D + "rateGbps": 100,
-        K + "pciBusID": "0000:3b:00.0", K + "pcieRoot": "pci0000:3a", K + "numaNode": 0}
+        D + "ifName": "ens1f0np0",
+        D + "mac": "0c:42:a1:00:00:01",
+        D + "mtu": 9000,
+        D + "state": "up",
+        D + "type": "device",
+        D + "virtual": False,
+        D + "encapsulation": "ether",
+        D + "pciAddress": "0000:3b:00.0",
+        D + "pciVendor": "15b3",
+        D + "pciDevice": "101d",
+        D + "pciSubsystem": "0016",
+        D + "numaNode": 0,
+        D + "sriov": True,
+        D + "sriovVfs": 64,
+        D + "rdma": True,
+        D + "rdmaDevice": "mlx5_0",
+        D + "linkLayer": "Ethernet",
+        D + "rateGbps": 100,
+        K + "pciBusID": "0000:3b:00.0",
+        K + "pcieRoot": "pci0000:3a",
+        K + "numaNode": 0,
+    }
     vf = by_name["pci-0000-86-00-3"]  # VF 1 of PF1
     assert vf.attributes == {
-        D + "ifName": "ens2f0v1", D + "mac": "0c:42:a1:00:20:01", D + "mtu": 9000, D + "state": "up",
-        D + "type": "device", D + "virtual": False, D + "encapsulation": "ether",
-        D + "pciAddress": "0000:86:00.3", D + "pciVendor": "15b3", D + "pciDevice": "101e",
-        D + "pciSubsystem": "0016", D + "numaNode": 1, D + "sriov": False, D + "isSriovVf": True,
-        D + "rdma": True, D + "rdmaDevice": "mlx5_67", D + "linkLayer": "Ethernet", D + "rateGbps": 100,
-        K + "pciBusID": "0000:86:00.3", K + "pcieRoot": "pci0000:85", K + "numaNode": 1}
+        D + "ifName": "ens2f0v1",
+        D + "mac": "0c:42:a1:00:20:01",
+        D + "mtu": 9000,
+        D + "state": "up",
+        D + "type": "device",
+        D + "virtual": False,
+        D + "encapsulation": "ether",
+        D + "pciAddress": "0000:86:00.3",
+        D + "pciVendor": "15b3",
+        D + "pciDevice": "101e",
+        D + "pciSubsystem": "0016",
+        D + "numaNode": 1,
+        D + "sriov": False,
+        D + "isSriovVf": True,
+        D + "rdma": True,
+        D + "rdmaDevice": "mlx5_67",
+        D + "linkLayer": "Ethernet",
+        D + "rateGbps": 100,
+        K + "pciBusID": "0000:86:00.3",
+        K + "pcieRoot": "pci0000:85",
+        K + "numaNode": 1,
+    }
     assert vf.host.sriov_pf == "0000:86:00.0"
     assert sum(1 for d in devices if d.attributes.get(D + "isSriovVf")) == 120
 
@@ -89,12 +147,24 @@ def test_sriov_roce(sriov_sysfs: Path) -> None:
 def test_single_socket(single_socket_sysfs: Path) -> None:
     devices = scan(single_socket_sysfs)
     assert [d.name for d in devices] == [
-        "br0", "net-mjxw4zc7on2g64tbm5sta", "pci-0000-17-00-0", "pci-0000-17-00-1",
-        "pci-0000-31-00-0", "pci-0000-5e-00-0"]  # lo, the VGA, the bridge and the unbound NIC are gone
+        "br0",
+        "net-mjxw4zc7on2g64tbm5sta",
+        "pci-0000-17-00-0",
+        "pci-0000-17-00-1",
+        "pci-0000-31-00-0",
+        "pci-0000-5e-00-0",
+    ]  # lo, the VGA, the bridge and the unbound NIC are gone
     by_name = {d.name: d for d in devices}
     assert by_name["br0"].attributes == {
-        D + "ifName": "br0", D + "mac": "b4:96:91:00:00:10", D + "mtu": 1500, D + "state": "up",
-        D + "type": "bridge", D + "virtual": True, D + "encapsulation": "ether", D + "rdma": False}
+        D + "ifName": "br0",
+        D + "mac": "b4:96:91:00:00:10",
+        D + "mtu": 1500,
+        D + "state": "up",
+        D + "type": "bridge",
+        D + "virtual": True,
+        D + "encapsulation": "ether",
+        D + "rdma": False,
+    }
     assert by_name["net-mjxw4zc7on2g64tbm5sta"].attributes[D + "type"] == "bond"
     # Single socket: NUMA 0 is published (sysfs says 0), never omitted and never guessed.
     for d in devices[2:]:
@@ -108,10 +178,20 @@ def test_single_socket(single_socket_sysfs: Path) -> None:
     assert D + "rateGbps" not in by_name["pci-0000-17-00-1"].attributes  # no speed file (link down)
     # eRDMA: PCI class 0x00ff, no netdev, found from class/infiniband.
     assert by_name["pci-0000-5e-00-0"].attributes == {
-        D + "pciAddress": "0000:5e:00.0", D + "pciVendor": "1ded", D + "pciDevice": "107f",
-        D + "pciSubsystem": "5007", D + "numaNode": 0, D + "sriov": False, D + "rdma": True,
-        D + "rdmaDevice": "erdma_0", D + "linkLayer": "Ethernet", D + "rateGbps": 25,
-        K + "pciBusID": "0000:5e:00.0", K + "pcieRoot": "pci0000:5e", K + "numaNode": 0}
+        D + "pciAddress": "0000:5e:00.0",
+        D + "pciVendor": "1ded",
+        D + "pciDevice": "107f",
+        D + "pciSubsystem": "5007",
+        D + "numaNode": 0,
+        D + "sriov": False,
+        D + "rdma": True,
+        D + "rdmaDevice": "erdma_0",
+        D + "linkLayer": "Ethernet",
+        D + "rateGbps": 25,
+        K + "pciBusID": "0000:5e:00.0",
+        K + "pcieRoot": "pci0000:5e",
+        K + "numaNode": 0,
+    }
 
 
 def test_vm_without_numa(vm_no_numa_sysfs: Path) -> None:
@@ -145,6 +225,7 @@ def test_netdev_moved_to_pod_keeps_pci_device(build_topology) -> None:
     root = build_topology("vm-no-numa")
     (root / "class/net/eth1").unlink()
     import shutil
+
     shutil.rmtree(root / "devices/pci0000:00/0000:00:05.0/net/eth1")
     dev = {d.name: d for d in scan(root)}["pci-0000-00-05-0"]
     assert D + "ifName" not in dev.attributes and D + "mac" not in dev.attributes
@@ -177,8 +258,10 @@ def test_default_filter_on_fixture(single_socket_sysfs: Path) -> None:
 
 def test_pci_ids_names(single_socket_sysfs: Path, tmp_path: Path) -> None:
     ids = tmp_path / "pci.ids"
-    ids.write_text("# comment\n15b3  Mellanox Technologies\n\t101d  MT2892 Family [ConnectX-6 Dx]\n"
-                   "\t\t15b3 0016  sub\n8086  Intel Corporation\nC 02  Network controller\n")
+    ids.write_text(
+        "# comment\n15b3  Mellanox Technologies\n\t101d  MT2892 Family [ConnectX-6 Dx]\n"
+        "\t\t15b3 0016  sub\n8086  Intel Corporation\nC 02  Network controller\n"
+    )
     devs = {d.name: d for d in Scanner(str(single_socket_sysfs), pci_ids_paths=[str(ids)]).scan()}
     assert devs["pci-0000-31-00-0"].attributes[D + "pciVendor"] == "Mellanox Technologies"
     assert devs["pci-0000-31-00-0"].attributes[D + "pciDevice"] == "MT2892 Family [ConnectX-6 Dx]"
@@ -259,6 +342,8 @@ def test_rescan_rdma_identity(tmp_path: Path) -> None:
     (root / "class/infiniband_verbs/uverbs1/ibdev").write_text("mlx5_0\n")  # now also mlx5_0's
     again = {d.name: d for d in scanner.scan()}
     assert again["pci-0101-00-00-0"].host.char_devices[:2] == [
-        CharDevice("/dev/infiniband/uverbs0", 231, 200), CharDevice("/dev/infiniband/uverbs1", 231, 193)]
+        CharDevice("/dev/infiniband/uverbs0", 231, 200),
+        CharDevice("/dev/infiniband/uverbs1", 231, 193),
+    ]
     assert not any(c.path == "/dev/infiniband/uverbs1" for c in again["pci-0102-00-00-0"].host.char_devices)
     assert [d.to_dict() for d in again.values()] == [d.to_dict() for d in scan(root, exclude_interfaces=["eth0"])]

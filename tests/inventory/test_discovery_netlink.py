@@ -15,9 +15,11 @@ import pytest
 
 pytestmark = pytest.mark.root
 REPO = str(Path(__file__).resolve().parents[2])
-SCAN = ("import json, sys; sys.path.insert(0, %r); from driver.inventory.discovery import Scanner; "
-        "print(json.dumps([{'name': d.name, 'attributes': d.attributes, 'host': d.to_dict()['host']} "
-        "for d in Scanner(pci_ids_paths=()).scan()]))") % REPO
+SCAN = (
+    "import json, sys; sys.path.insert(0, %r); from driver.inventory.discovery import Scanner; "
+    "print(json.dumps([{'name': d.name, 'attributes': d.attributes, 'host': d.to_dict()['host']} "
+    "for d in Scanner(pci_ids_paths=()).scan()]))"
+) % REPO
 
 
 def ip(*args: str) -> None:
@@ -25,8 +27,9 @@ def ip(*args: str) -> None:
 
 
 def scan_in(ns: str) -> dict[str, dict]:
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", SCAN],
-                         check=True, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", SCAN], check=True, capture_output=True, text=True, timeout=60
+    )
     return {d["name"]: d for d in json.loads(out.stdout)}
 
 
@@ -80,7 +83,8 @@ def test_exclude_interfaces_in_netns(netns_factory) -> None:
     ns = netns_factory.netns()
     a, b = netns_factory.veth(netns=ns, peer_netns=ns)
     code = SCAN.replace("Scanner(pci_ids_paths=())", f"Scanner(pci_ids_paths=(), exclude_interfaces=[{a!r}])")
-    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
-                         check=True, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+    )
     names = {d["name"] for d in json.loads(out.stdout)}
     assert a not in names and b in names

@@ -44,11 +44,25 @@ class TreeBuilder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
 
-    def pci(self, parents: list[str], bdf: str, cls: str, vendor: str, numa: int,
-            driver: str | None = None, ibdev: str | None = None, netdev: str | None = None) -> Path:
+    def pci(
+        self,
+        parents: list[str],
+        bdf: str,
+        cls: str,
+        vendor: str,
+        numa: int,
+        driver: str | None = None,
+        ibdev: str | None = None,
+        netdev: str | None = None,
+    ) -> Path:
         real = self.root.joinpath("devices", *parents, bdf)
-        for name, value in {"class": cls, "vendor": vendor, "device": "0x1021",
-                            "subsystem_device": "0x0023", "numa_node": str(numa)}.items():
+        for name, value in {
+            "class": cls,
+            "vendor": vendor,
+            "device": "0x1021",
+            "subsystem_device": "0x0023",
+            "numa_node": str(numa),
+        }.items():
             self._write(real / name, value)
         self._link(self.root / "bus/pci/devices" / bdf, real)
         if driver:
@@ -63,8 +77,13 @@ class TreeBuilder:
             self._link(self.root / "class/infiniband" / ibdev, ib)
         if netdev:
             net = real / "net" / netdev
-            for name, value in {"type": "32", "address": "00:00:01:00:fe:80:00:00:00:00:00:00:00:00:00:00",
-                                "mtu": "2044", "operstate": "up", "ifindex": "5"}.items():
+            for name, value in {
+                "type": "32",
+                "address": "00:00:01:00:fe:80:00:00:00:00:00:00:00:00:00:00",
+                "mtu": "2044",
+                "operstate": "up",
+                "ifindex": "5",
+            }.items():
                 self._write(net / name, value)
             self._link(net / "device", real)
             self._link(self.root / "class/net" / netdev, net)
@@ -116,8 +135,27 @@ def test_topology_table_output(nd_h100_sysfs: Path, capsys: pytest.CaptureFixtur
     header, gpu0_row = out.splitlines()[0], out.splitlines()[1]
     assert header.split()[:2] == ["GPU0", "GPU1"] and header.rstrip().endswith("NUMA Affinity")
     # GPU0 row: X to itself, NODE to GPU1..3, SYS to GPU4..7, then NICs, then NUMA 0.
-    assert gpu0_row.split() == ["GPU0", "X", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS",
-                                "NODE", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS", "NODE", "0"]
+    assert gpu0_row.split() == [
+        "GPU0",
+        "X",
+        "NODE",
+        "NODE",
+        "NODE",
+        "SYS",
+        "SYS",
+        "SYS",
+        "SYS",
+        "NODE",
+        "NODE",
+        "NODE",
+        "NODE",
+        "SYS",
+        "SYS",
+        "SYS",
+        "SYS",
+        "NODE",
+        "0",
+    ]
     assert "node1: CPUs 48-95" in out
     assert "mlx5_0" in out
 
@@ -133,12 +171,24 @@ def test_templates_emit_one_per_numa_node(nd_h100_sysfs: Path, capsys: pytest.Ca
     assert gpu_req["exactly"]["deviceClassName"] == "gpu.nvidia.com"
     assert gpu_req["exactly"]["selectors"][0]["cel"]["expression"] == (
         'device.attributes["resource.kubernetes.io"]["pciBusID"] in '
-        '["0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"]')
+        '["0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"]'
+    )
     assert nic_req["exactly"] == {
-        "deviceClassName": "dranet.net", "count": 4,
-        "selectors": [{"cel": {"expression": 'device.attributes["dra.net"]["rdma"] == true && '
-                                             'device.attributes["dra.net"]["numaNode"] == 0'}}]}
-    assert '"0009:00:00.0"' in docs[1]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+        "deviceClassName": "dranet.net",
+        "count": 4,
+        "selectors": [
+            {
+                "cel": {
+                    "expression": 'device.attributes["dra.net"]["rdma"] == true && '
+                    'device.attributes["dra.net"]["numaNode"] == 0'
+                }
+            }
+        ],
+    }
+    assert (
+        '"0009:00:00.0"'
+        in docs[1]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"]["expression"]
+    )
 
 
 def test_templates_error_when_no_numa_node_fits(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,15 +207,40 @@ def test_pcie_switch_relations(tmp_path: Path) -> None:
     tree = TreeBuilder(tmp_path / "sys")
     sw = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
     tree.pci(sw + ["0000:02:00.0"], "0000:03:00.0", "0x030200", "0x10de", 0, driver="nvidia")
-    tree.pci(sw + ["0000:02:01.0"], "0000:04:00.0", "0x020000", "0x15b3", 0, driver="mlx5_core",
-             ibdev="mlx5_0", netdev="eth1")
-    tree.pci(sw + ["0000:02:02.0", "0000:05:00.0", "0000:06:00.0"], "0000:07:00.0", "0x030200", "0x10de", 0,
-             driver="nvidia")
+    tree.pci(
+        sw + ["0000:02:01.0"],
+        "0000:04:00.0",
+        "0x020000",
+        "0x15b3",
+        0,
+        driver="mlx5_core",
+        ibdev="mlx5_0",
+        netdev="eth1",
+    )
+    tree.pci(
+        sw + ["0000:02:02.0", "0000:05:00.0", "0000:06:00.0"], "0000:07:00.0", "0x030200", "0x10de", 0, driver="nvidia"
+    )
     tree.pci(["pci0000:00", "0000:00:02.0"], "0000:08:00.0", "0x030200", "0x10de", 0, driver="nvidia")
-    tree.pci(["pci0000:80", "0000:80:01.0"], "0000:81:00.0", "0x020000", "0x15b3", 0, driver="mlx5_core",
-             ibdev="mlx5_1", netdev="eth2")
-    tree.pci(["pci0000:c0", "0000:c0:01.0"], "0000:c1:00.0", "0x020000", "0x15b3", -1, driver="mlx5_core",
-             ibdev="mlx5_2", netdev="eth3")
+    tree.pci(
+        ["pci0000:80", "0000:80:01.0"],
+        "0000:81:00.0",
+        "0x020000",
+        "0x15b3",
+        0,
+        driver="mlx5_core",
+        ibdev="mlx5_1",
+        netdev="eth2",
+    )
+    tree.pci(
+        ["pci0000:c0", "0000:c0:01.0"],
+        "0000:c1:00.0",
+        "0x020000",
+        "0x15b3",
+        -1,
+        driver="mlx5_core",
+        ibdev="mlx5_2",
+        netdev="eth3",
+    )
     tree.numa({0: "0-7"})
     topo = read_topology(str(tmp_path / "sys"))
     by_bus = {e.pci_bus_id: e for e in topo.gpus + topo.nics}

@@ -72,8 +72,18 @@ async def test_registration(plugin: KubeletPlugin, short_tmp: Path) -> None:
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPIServer, version: str) -> None:
-    api.add_claim(make_claim("ns", "c1", "uid-1", [result("dev-0", NODE, "nic/a"), result("dev-1", NODE, "nic/a"),
-                                                   result("gpu0", NODE, "gpu", driver="gpu.example.com")]))
+    api.add_claim(
+        make_claim(
+            "ns",
+            "c1",
+            "uid-1",
+            [
+                result("dev-0", NODE, "nic/a"),
+                result("dev-1", NODE, "nic/a"),
+                result("gpu0", NODE, "gpu", driver="gpu.example.com"),
+            ],
+        )
+    )
     async with KubeletClient(plugin.registration_socket) as kubelet:
         await kubelet.register()
         resp = await kubelet.prepare([("ns", "c1", "uid-1"), ("ns", "gone", "uid-gone")], version=version)
@@ -94,7 +104,9 @@ async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPI
 async def test_health_stream_sends_complete_list_and_changes(plugin: KubeletPlugin) -> None:
     feed = plugin.health
     assert feed is not None
-    await feed.set([DeviceHealthState(NODE, "dev-0", True, ""), DeviceHealthState(NODE, "dev-1", False, "netdev eth1 is missing")])
+    await feed.set(
+        [DeviceHealthState(NODE, "dev-0", True, ""), DeviceHealthState(NODE, "dev-1", False, "netdev eth1 is missing")]
+    )
     async with KubeletClient(plugin.registration_socket) as kubelet:
         await kubelet.get_info()
         stream = kubelet.watch_health()

@@ -112,17 +112,23 @@ def test_set_in_pod_netns_and_restore_exactly(netns_factory) -> None:
     assert ioctl_features(ifname, pod_ns) == before  # dependants (TSO) come back too
 
 
-@pytest.mark.parametrize(("alias", "expect"), [
-    ("tx", {"tx-checksum-ip-generic", "tx-checksum-sctp"}),  # only the changeable tx-checksum-*
-    ("tx-checksumming", {"tx-checksum-ip-generic", "tx-checksum-sctp"}),
-    ("gro", {"rx-gro"}),
-    ("generic-receive-offload", {"rx-gro"}),
-    ("gso", {"tx-generic-segmentation"}),
-    ("tso", {"tx-tcp-segmentation", "tx-tcp6-segmentation", "tx-tcp-ecn-segmentation",
-             "tx-tcp-mangleid-segmentation"}),
-])
-def test_ethtool_cli_aliases_map_to_kernel_names(alias: str, expect: set[str], host_eth: Ethtool,
-                                                 netns_factory) -> None:
+@pytest.mark.parametrize(
+    ("alias", "expect"),
+    [
+        ("tx", {"tx-checksum-ip-generic", "tx-checksum-sctp"}),  # only the changeable tx-checksum-*
+        ("tx-checksumming", {"tx-checksum-ip-generic", "tx-checksum-sctp"}),
+        ("gro", {"rx-gro"}),
+        ("generic-receive-offload", {"rx-gro"}),
+        ("gso", {"tx-generic-segmentation"}),
+        (
+            "tso",
+            {"tx-tcp-segmentation", "tx-tcp6-segmentation", "tx-tcp-ecn-segmentation", "tx-tcp-mangleid-segmentation"},
+        ),
+    ],
+)
+def test_ethtool_cli_aliases_map_to_kernel_names(
+    alias: str, expect: set[str], host_eth: Ethtool, netns_factory
+) -> None:
     a, _ = netns_factory.veth()
     plan = ethtool.plan(host_eth, a, {alias: False}, None)
     # Kernels may add tx-tcp*-segmentation variants (accecn on 6.18): at least the classic ones.
@@ -136,8 +142,7 @@ def test_ethtool_cli_aliases_map_to_kernel_names(alias: str, expect: set[str], h
     assert ioctl_features(a) == before
 
 
-def test_unknown_and_fixed_features_are_errors_naming_device_and_feature(host_eth: Ethtool,
-                                                                          netns_factory) -> None:
+def test_unknown_and_fixed_features_are_errors_naming_device_and_feature(host_eth: Ethtool, netns_factory) -> None:
     a, _ = netns_factory.veth()
     before = ioctl_features(a)
     with pytest.raises(EthtoolError) as err:
@@ -163,13 +168,15 @@ def test_kernel_refusing_a_dependent_feature_is_reported(host_eth: Ethtool, netn
 
 def test_private_flags_on_a_nic_without_any(host_eth: Ethtool, netns_factory) -> None:
     a, _ = netns_factory.veth()
-    with pytest.raises(EthtoolError, match=f"device {a} has no private flags.*cannot set ethtool private "
-                                           "flags rx_striding_rq"):
+    with pytest.raises(
+        EthtoolError, match=f"device {a} has no private flags.*cannot set ethtool private flags rx_striding_rq"
+    ):
         ethtool.plan(host_eth, a, None, {"rx_striding_rq": True})
     with pytest.raises(EthtoolError, match=f"device {a}: set private flags rx_striding_rq=on"):
         host_eth.set_private_flags(a, {"rx_striding_rq": True})
     assert ethtool.resolve_private_flags("eth9", {"x": True, "a": False}, {"a": True, "b": False}) == [
-        "device eth9: ethtool private flag 'x' does not exist on this NIC (it has: a, b)"]
+        "device eth9: ethtool private flag 'x' does not exist on this NIC (it has: a, b)"
+    ]
 
 
 def test_check_features_for_prepare(netns_factory) -> None:

@@ -38,10 +38,17 @@ def ns() -> Iterator[Namespaces]:
 
 def _nic(netns_factory) -> tuple[str, str]:
     a, pa = netns_factory.veth()
-    configure_host_nic(a, pa, "10.41.0.1/24", [["10.42.0.0/16", "via", "10.41.0.254"],
-                                               ["10.43.0.0/16", "via", "10.41.0.254", "table", "4321"],
-                                               ["10.44.0.0/16", "via", "10.41.0.254", "metric", "99"]],
-                       mtu=1450)
+    configure_host_nic(
+        a,
+        pa,
+        "10.41.0.1/24",
+        [
+            ["10.42.0.0/16", "via", "10.41.0.254"],
+            ["10.43.0.0/16", "via", "10.41.0.254", "table", "4321"],
+            ["10.44.0.0/16", "via", "10.41.0.254", "metric", "99"],
+        ],
+        mtu=1450,
+    )
     ip("-6", "addr", "add", "fd41::1/64", "dev", a, "nodad")
     ip("-6", "route", "add", "fd42::/64", "via", "fd41::fe", "dev", a)
     return a, pa
@@ -54,8 +61,11 @@ def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, net
     assert state.mac == link_facts(a)["mac"]
     assert sorted(state.addresses) == ["10.41.0.1/24", "fd41::1/64"]  # no fe80:: (link scope)
     got = sorted((r.dst, r.gateway, r.table, r.priority) for r in state.routes if r.family == socket.AF_INET)
-    assert got == [("10.42.0.0/16", "10.41.0.254", 254, None), ("10.43.0.0/16", "10.41.0.254", 4321, None),
-                   ("10.44.0.0/16", "10.41.0.254", 254, 99)]
+    assert got == [
+        ("10.42.0.0/16", "10.41.0.254", 254, None),
+        ("10.43.0.0/16", "10.41.0.254", 4321, None),
+        ("10.44.0.0/16", "10.41.0.254", 254, 99),
+    ]
     v6 = [r for r in state.routes if r.family == socket.AF_INET6]
     assert [(r.dst, r.gateway) for r in v6] == [("fd42::/64", "fd41::fe")]  # no proto-kernel prefix routes
     with pytest.raises(KeyError, match="nosuch"):
@@ -67,20 +77,28 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
     pod_ns = netns_factory.netns()
     before = link_facts(a)
     state = nic_moves.record_host(ns, [a])[a]
-    cfg = PodLinkConfig(ifname="eth7", mtu=1280, mac="02:00:00:00:07:07", addresses=["192.168.7.2/24"],
-                        routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")])
+    cfg = PodLinkConfig(
+        ifname="eth7",
+        mtu=1280,
+        mac="02:00:00:00:07:07",
+        addresses=["192.168.7.2/24"],
+        routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")],
+    )
     with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, pod_fd):
         nic_moves.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
         res = nic_moves.configure_pod_links(pod_rtnl, {"nic-a": cfg})
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
     inside = link_facts("eth7", netns=pod_ns)
     assert (inside["mtu"], inside["mac"], inside["up"], inside["addresses"]) == (
-        1280, "02:00:00:00:07:07", True, ["192.168.7.2/24"])
+        1280,
+        "02:00:00:00:07:07",
+        True,
+        ["192.168.7.2/24"],
+    )
     assert ("172.16.0.0/12", "192.168.7.1", "main", None) in inside["routes"]
     assert link_facts(a) is None
 
-    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state,
-                                extra_macs=("02:00:00:00:07:07",))
+    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state, extra_macs=("02:00:00:00:07:07",))
     assert how == "pod"
     assert link_facts(a) == before
     # Idempotent: a second return finds it on the host and changes nothing.
@@ -98,8 +116,9 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
     # What the kernel does to a physical NIC when its netns dies: back to init_net as devN.
     dev = f"dev{secrets.randbelow(10**6)}"
     netns_factory.host_links.append(dev)  # cleanup if the test fails before the rename back
-    subprocess.run(["ip", "-n", pod_ns, "link", "set", "net1", "netns", f"/proc/{os.getpid()}/ns/net",
-                    "name", dev], check=True)
+    subprocess.run(
+        ["ip", "-n", pod_ns, "link", "set", "net1", "netns", f"/proc/{os.getpid()}/ns/net", "name", dev], check=True
+    )
     subprocess.run(["ip", "netns", "del", pod_ns], check=True)
     assert link_facts(dev) is not None
 

@@ -39,23 +39,40 @@ def _setup(netns_factory, tmp_path: Path) -> tuple[str, str, list[str], dict]:
     names, before = [], {}
     for i in range(NICS):
         a, pa = netns_factory.veth()
-        configure_host_nic(a, pa, f"10.9{i}.0.1/24", [[f"10.{100 + i}.0.0/16", "via", f"10.9{i}.0.254"],
-                                                      [f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254",
-                                                       "table", str(500 + i)]], mtu=1400 + i)
+        configure_host_nic(
+            a,
+            pa,
+            f"10.9{i}.0.1/24",
+            [
+                [f"10.{100 + i}.0.0/16", "via", f"10.9{i}.0.254"],
+                [f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254", "table", str(500 + i)],
+            ],
+            mtu=1400 + i,
+        )
         names.append(a)
         before[a] = {**link_facts(a), "features": ioctl_features(a)}
     pod_uid = f"uid-{secrets.token_hex(4)}"
     # One NIC renamed with a new MAC, MTU and offloads, the other keeps its host identity.
-    cfg = {"opaque": [{"interface": {"name": "net1", "mtu": 1300, "hardwareAddr": "02:aa:bb:cc:dd:01",
-                                     "addresses": ["192.168.50.2/24"]},
-                       "ethtool": {"features": {"tx": False, "gro": True}}}]}
-    prepare_claim(CheckpointStore(tmp_path), pod_uid,
-                  [{"ifname": names[0], "config": cfg}, {"ifname": names[1]}])
+    cfg = {
+        "opaque": [
+            {
+                "interface": {
+                    "name": "net1",
+                    "mtu": 1300,
+                    "hardwareAddr": "02:aa:bb:cc:dd:01",
+                    "addresses": ["192.168.50.2/24"],
+                },
+                "ethtool": {"features": {"tx": False, "gro": True}},
+            }
+        ]
+    }
+    prepare_claim(CheckpointStore(tmp_path), pod_uid, [{"ifname": names[0], "config": cfg}, {"ifname": names[1]}])
     return pod_ns, pod_uid, names, before
 
 
-def _restart(h: Harness, tmp_path: Path, procs: list[DriverProcess], syncs: int,
-             fault: str | None = None) -> DriverProcess:
+def _restart(
+    h: Harness, tmp_path: Path, procs: list[DriverProcess], syncs: int, fault: str | None = None
+) -> DriverProcess:
     drv = DriverProcess.start(h.socket, str(tmp_path), fault_after=fault)
     procs.append(drv)
     res = h.cmd("wait-sync", count=syncs, timeout=15)
@@ -70,8 +87,9 @@ def _assert_on_host(names: list[str], before: dict, pod_ns: str) -> None:
 
 
 @pytest.mark.parametrize("step", _expand(RUN_STEPS))
-def test_crash_during_run_pod_sandbox(step: str, nri_harness: Harness, netns_factory, driver_procs,
-                                      tmp_path: Path) -> None:
+def test_crash_during_run_pod_sandbox(
+    step: str, nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     pod_ns, pod_uid, names, before = _setup(netns_factory, tmp_path)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
     drv = _restart(nri_harness, tmp_path, driver_procs, 1, fault=step)
@@ -96,8 +114,9 @@ def test_crash_during_run_pod_sandbox(step: str, nri_harness: Harness, netns_fac
 
 
 @pytest.mark.parametrize("step", _expand(STOP_STEPS))
-def test_crash_during_stop_pod_sandbox(step: str, nri_harness: Harness, netns_factory, driver_procs,
-                                       tmp_path: Path) -> None:
+def test_crash_during_stop_pod_sandbox(
+    step: str, nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     pod_ns, pod_uid, names, before = _setup(netns_factory, tmp_path)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
     first = _restart(nri_harness, tmp_path, driver_procs, 1)

@@ -38,25 +38,54 @@ def test_full_pod_lifecycle(nri_harness: Harness, netns_factory, driver_procs, t
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     b, pb = netns_factory.veth()
-    configure_host_nic(a, pa, "10.61.0.1/24", [["10.62.0.0/16", "via", "10.61.0.254"],
-                                               ["10.63.0.0/16", "via", "10.61.0.254", "table", "1234"]],
-                       mtu=1400)
+    configure_host_nic(
+        a,
+        pa,
+        "10.61.0.1/24",
+        [["10.62.0.0/16", "via", "10.61.0.254"], ["10.63.0.0/16", "via", "10.61.0.254", "table", "1234"]],
+        mtu=1400,
+    )
     configure_host_nic(b, pb, "10.64.0.1/24", [["10.65.0.0/16", "via", "10.64.0.254", "metric", "77"]])
     before = {a: link_facts(a), b: link_facts(b)}
     assert before[a]["routes"] and before[b]["routes"]
 
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
-    cfg = {"opaque": [{"interface": {"name": "net1", "mtu": 1300, "hardwareAddr": "02:11:22:33:44:55",
-                                     "addresses": ["192.168.77.2/24"]},
-                       "routes": [{"destination": "172.30.0.0/16", "gateway": "192.168.77.1"}]}]}
-    prepare_claim(store, pod_uid, [
-        {"ifname": a, "config": cfg, "rdma_device": "mlx5_0",
-         "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
-                          {"path": "/dev/infiniband/rdma_cm", "major": 10, "minor": 58}]},
-        {"ifname": b, "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
-                                       {"path": "/dev/infiniband/uverbs1", "major": 231, "minor": 193}]},
-    ])
+    cfg = {
+        "opaque": [
+            {
+                "interface": {
+                    "name": "net1",
+                    "mtu": 1300,
+                    "hardwareAddr": "02:11:22:33:44:55",
+                    "addresses": ["192.168.77.2/24"],
+                },
+                "routes": [{"destination": "172.30.0.0/16", "gateway": "192.168.77.1"}],
+            }
+        ]
+    }
+    prepare_claim(
+        store,
+        pod_uid,
+        [
+            {
+                "ifname": a,
+                "config": cfg,
+                "rdma_device": "mlx5_0",
+                "char_devices": [
+                    {"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
+                    {"path": "/dev/infiniband/rdma_cm", "major": 10, "minor": 58},
+                ],
+            },
+            {
+                "ifname": b,
+                "char_devices": [
+                    {"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192},
+                    {"path": "/dev/infiniband/uverbs1", "major": 231, "minor": 193},
+                ],
+            },
+        ],
+    )
     del store  # the driver process owns the checkpoint from now on
     _start(nri_harness, tmp_path, driver_procs)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
@@ -91,8 +120,9 @@ def test_full_pod_lifecycle(nri_harness: Harness, netns_factory, driver_procs, t
     assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
 
 
-def test_host_network_pod_with_nic_is_refused(nri_harness: Harness, netns_factory, driver_procs,
-                                              tmp_path: Path) -> None:
+def test_host_network_pod_with_nic_is_refused(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     a, _ = netns_factory.veth()
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
@@ -105,8 +135,7 @@ def test_host_network_pod_with_nic_is_refused(nri_harness: Harness, netns_factor
     assert link_facts(a) is not None
 
 
-def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory, driver_procs,
-                                             tmp_path: Path) -> None:
+def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path) -> None:
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     b, _ = netns_factory.veth()
@@ -115,10 +144,15 @@ def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
     # Second NIC's route has an unreachable gateway: configure fails after both moved.
-    bad = {"opaque": [{"interface": {"addresses": ["192.168.9.2/24"]},
-                       "routes": [{"destination": "172.31.0.0/16", "gateway": "203.0.113.1"}]}]}
-    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-a"},
-                                   {"ifname": b, "device": "nic-b", "config": bad}])
+    bad = {
+        "opaque": [
+            {
+                "interface": {"addresses": ["192.168.9.2/24"]},
+                "routes": [{"destination": "172.31.0.0/16", "gateway": "203.0.113.1"}],
+            }
+        ]
+    }
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-a"}, {"ifname": b, "device": "nic-b", "config": bad}])
     del store
     _start(nri_harness, tmp_path, driver_procs)
     res = nri_harness.cmd("run", pod=pod_json(pod_uid, f"/run/netns/{pod_ns}"))
@@ -129,8 +163,9 @@ def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory
     assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
 
 
-def test_synchronize_returns_nics_of_pods_gone_while_down(nri_harness: Harness, netns_factory, driver_procs,
-                                                         tmp_path: Path) -> None:
+def test_synchronize_returns_nics_of_pods_gone_while_down(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     configure_host_nic(a, pa, "10.81.0.1/24", [["10.82.0.0/16", "via", "10.81.0.254"]])
@@ -150,8 +185,9 @@ def test_synchronize_returns_nics_of_pods_gone_while_down(nri_harness: Harness, 
     assert link_facts(a) == before
 
 
-def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(nri_harness: Harness, netns_factory, driver_procs,
-                                                                 tmp_path: Path) -> None:
+def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     store = CheckpointStore(tmp_path)
@@ -169,22 +205,37 @@ def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(nri_harness: Har
     assert nri_harness.cmd("remove", pod=pod)["ok"]  # no endless retries
 
 
-def test_create_container_injects_exact_hcas_and_numa_cpuset(nri_harness: Harness, driver_procs,
-                                                             nd_h100_sysfs: Path, tmp_path: Path) -> None:
+def test_create_container_injects_exact_hcas_and_numa_cpuset(
+    nri_harness: Harness, driver_procs, nd_h100_sysfs: Path, tmp_path: Path
+) -> None:
     """Through the real runtime adaptation: NCCL_IB_HCA in exact-match form, the driver's own
     variable, and (numa.pin) the cpuset of the NICs' NUMA node from the node's sysfs."""
     store = CheckpointStore(tmp_path)
     pinned = {"opaque": [{"numa": {"pin": True}}]}
     pod_uid = f"uid-{secrets.token_hex(4)}"
-    prepare_claim(store, pod_uid, [
-        {"rdma_device": "mlx5_5", "numa_node": 1, "config": pinned,
-         "char_devices": [{"path": "/dev/infiniband/uverbs5", "major": 231, "minor": 197}]},
-        {"rdma_device": "mlx5_4", "numa_node": 1,
-         "char_devices": [{"path": "/dev/infiniband/uverbs4", "major": 231, "minor": 196}]},
-    ])
+    prepare_claim(
+        store,
+        pod_uid,
+        [
+            {
+                "rdma_device": "mlx5_5",
+                "numa_node": 1,
+                "config": pinned,
+                "char_devices": [{"path": "/dev/infiniband/uverbs5", "major": 231, "minor": 197}],
+            },
+            {
+                "rdma_device": "mlx5_4",
+                "numa_node": 1,
+                "char_devices": [{"path": "/dev/infiniband/uverbs4", "major": 231, "minor": 196}],
+            },
+        ],
+    )
     other_uid = f"uid-{secrets.token_hex(4)}"
-    prepare_claim(store, other_uid, [{"rdma_device": "mlx5_0", "numa_node": 0,
-                                      "config": {"opaque": [{"rdma": {"injectEnv": False}}]}}])
+    prepare_claim(
+        store,
+        other_uid,
+        [{"rdma_device": "mlx5_0", "numa_node": 0, "config": {"opaque": [{"rdma": {"injectEnv": False}}]}}],
+    )
     del store
     drv = DriverProcess.start(nri_harness.socket, str(tmp_path), sysfs_root=str(nd_h100_sysfs))
     driver_procs.append(drv)
@@ -208,8 +259,9 @@ def test_create_container_injects_exact_hcas_and_numa_cpuset(nri_harness: Harnes
     assert not adjust.get("env") and not cpu.get("cpus") and not cpu.get("mems")
 
 
-def test_ethtool_features_set_in_pod_and_restored_on_host(nri_harness: Harness, netns_factory, driver_procs,
-                                                          tmp_path: Path) -> None:
+def test_ethtool_features_set_in_pod_and_restored_on_host(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     """claim config ethtool.features: applied inside the pod, host values back after StopPodSandbox."""
     from tests.netlink.test_ethtool import (
         ioctl_features,  # SIOCETHTOOL: not the genetlink code under test
@@ -222,8 +274,14 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(nri_harness: Harness, 
     assert before["tx-checksum-ip-generic"] and not before["rx-gro"]
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
-    cfg = {"opaque": [{"interface": {"name": "net1"},
-                       "ethtool": {"features": {"tx-checksum-ip-generic": False, "generic-receive-offload": True}}}]}
+    cfg = {
+        "opaque": [
+            {
+                "interface": {"name": "net1"},
+                "ethtool": {"features": {"tx-checksum-ip-generic": False, "generic-receive-offload": True}},
+            }
+        ]
+    }
     prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-e", "config": cfg}])
     del store
     _start(nri_harness, tmp_path, driver_procs)
@@ -241,8 +299,9 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(nri_harness: Harness, 
     assert link_facts(a)["addresses"] == ["10.91.0.1/24"]
 
 
-def test_unknown_ethtool_feature_fails_before_any_move(nri_harness: Harness, netns_factory, driver_procs,
-                                                       tmp_path: Path) -> None:
+def test_unknown_ethtool_feature_fails_before_any_move(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
     pod_ns = netns_factory.netns()
     a, _ = netns_factory.veth()
     before = link_facts(a)

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from driver.nri.mux import MAX_PAYLOAD, Mux
-from driver.nri.plugin import Backoff, NRIPlugin
 from dranet_proto import nri_v1alpha1_pb2 as api
 from dranet_proto import ttrpc_pb2
+from driver.nri.mux import MAX_PAYLOAD, Mux
+from driver.nri.plugin import Backoff, NRIPlugin
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 
@@ -77,8 +77,8 @@ class Peer:
         await self._fill(conn, 10)
         length, sid, mtype, _flags = struct.unpack(">IIBB", self.buf[conn][:10])
         await self._fill(conn, 10 + length)
-        data = bytes(self.buf[conn][10:10 + length])
-        del self.buf[conn][:10 + length]
+        data = bytes(self.buf[conn][10 : 10 + length])
+        del self.buf[conn][: 10 + length]
         return sid, mtype, data
 
     @staticmethod
@@ -89,7 +89,7 @@ class Peer:
         """Write ``payload`` on ``conn`` as mux frames of ``chunk`` bytes (default: one frame)."""
         chunk = chunk or len(payload)
         for off in range(0, len(payload), chunk):
-            part = payload[off:off + chunk]
+            part = payload[off : off + chunk]
             self.writer.write(struct.pack(">II", conn, len(part)) + part)
 
     def request(self, method: str, msg: Any, service: str = PLUGIN) -> tuple[int, bytes]:
@@ -98,8 +98,9 @@ class Peer:
         self.next_id += 2
         return sid, self.ttrpc(sid, 1, req.SerializeToString())
 
-    async def call(self, method: str, msg: Any, resp_type: Any = None, chunk: int | None = None,
-                   service: str = PLUGIN) -> tuple[ttrpc_pb2.Response, Any]:
+    async def call(
+        self, method: str, msg: Any, resp_type: Any = None, chunk: int | None = None, service: str = PLUGIN
+    ) -> tuple[ttrpc_pb2.Response, Any]:
         sid, frame = self.request(method, msg, service)
         self.send_mux(1, frame, chunk)
         await self.writer.drain()
@@ -131,6 +132,7 @@ class FakeRuntime:
     async def start(self) -> None:
         async def on_conn(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             await self.peers.put(Peer(r, w))
+
         self.server = await asyncio.start_unix_server(on_conn, self.path, limit=16 << 20)
 
     async def next_peer(self) -> Peer:
@@ -173,8 +175,9 @@ async def test_configure_split_and_merged_frames(sock_path: str) -> None:
     rt, plugin, task, peer = await _connected(sock_path, handler)
     try:
         # Configure split into 5-byte mux frames (header and body cut mid-way).
-        resp, conf = await peer.call("Configure", api.ConfigureRequest(runtime_name="fake", request_timeout=2000),
-                                     api.ConfigureResponse, chunk=5)
+        resp, conf = await peer.call(
+            "Configure", api.ConfigureRequest(runtime_name="fake", request_timeout=2000), api.ConfigureResponse, chunk=5
+        )
         assert resp.status.code == 0
         assert conf.events == 0xF  # Run|Stop|Remove PodSandbox + CreateContainer, field 2
         assert conf.failure_policy.fail_request
@@ -182,8 +185,10 @@ async def test_configure_split_and_merged_frames(sock_path: str) -> None:
         assert raw[0] == (2 << 3) | 0  # field 2, varint: the runtime reads events from field 2
         # Two requests merged into ONE mux frame: both answered, each on its stream.
         sid1, f1 = peer.request("StopPodSandbox", api.StopPodSandboxRequest(pod=api.PodSandbox(uid="p1")))
-        sid2, f2 = peer.request("CreateContainer", api.CreateContainerRequest(
-            pod=api.PodSandbox(uid="p1"), container=api.Container(id="c1")))
+        sid2, f2 = peer.request(
+            "CreateContainer",
+            api.CreateContainerRequest(pod=api.PodSandbox(uid="p1"), container=api.Container(id="c1")),
+        )
         peer.send_mux(1, f1 + f2)
         await peer.writer.drain()
         answers = {}
@@ -206,12 +211,14 @@ async def test_chunked_synchronize_larger_than_one_frame(sock_path: str) -> None
         pods1 = [api.PodSandbox(uid=f"a{i}", annotations={"k": big}) for i in range(1500)]  # ~3 MB
         pods2 = [api.PodSandbox(uid=f"b{i}") for i in range(3)]
         # Go's ttrpc writes through a 4 KiB buffer: the message arrives in ~750 mux frames.
-        resp, out = await peer.call("Synchronize", api.SynchronizeRequest(pods=pods1, more=True),
-                                    api.SynchronizeResponse, chunk=4096)
+        resp, out = await peer.call(
+            "Synchronize", api.SynchronizeRequest(pods=pods1, more=True), api.SynchronizeResponse, chunk=4096
+        )
         assert resp.status.code == 0 and out.more is True
         assert not [c for c in handler.calls if c[0] == "synchronize"]  # waits for the last chunk
-        resp, out = await peer.call("Synchronize", api.SynchronizeRequest(pods=pods2, more=False),
-                                    api.SynchronizeResponse)
+        resp, out = await peer.call(
+            "Synchronize", api.SynchronizeRequest(pods=pods2, more=False), api.SynchronizeResponse
+        )
         assert resp.status.code == 0 and out.more is False
         syncs = [c[1] for c in handler.calls if c[0] == "synchronize"]
         assert len(syncs) == 1 and len(syncs[0][0]) == 1503 and syncs[0][0][-1] == "b2"
@@ -232,8 +239,9 @@ async def test_unknown_methods_and_handler_errors(sock_path: str) -> None:
         assert resp.status.code != 0 and "nic0" in resp.status.message
         handler.fail = False
         # Still serving after a failed hook; StateChange (older runtimes) dispatches pod events.
-        resp, _ = await peer.call("StateChange", api.StateChangeEvent(event=api.RUN_POD_SANDBOX,
-                                                                      pod=api.PodSandbox(uid="p10")))
+        resp, _ = await peer.call(
+            "StateChange", api.StateChangeEvent(event=api.RUN_POD_SANDBOX, pod=api.PodSandbox(uid="p10"))
+        )
         assert resp.status.code == 0 and ("run", "p10") in handler.calls
     finally:
         await _shutdown(rt, plugin, task)
@@ -304,9 +312,9 @@ async def test_mux_splits_payloads_above_max() -> None:
     await mux.conn(1).write(payload)
     cid, n = struct.unpack(">II", w.data[:8])
     assert (cid, n) == (1, MAX_PAYLOAD)
-    cid2, n2 = struct.unpack(">II", w.data[8 + n:16 + n])
+    cid2, n2 = struct.unpack(">II", w.data[8 + n : 16 + n])
     assert (cid2, n2) == (1, 100)
-    assert bytes(w.data[8:8 + n]) + bytes(w.data[16 + n:]) == payload
+    assert bytes(w.data[8 : 8 + n]) + bytes(w.data[16 + n :]) == payload
 
 
 def test_plugin_index_validated() -> None:

@@ -40,9 +40,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     found = find_control_plane()
     if found is None:
         if not go_available():
-            session.config.stash[_BINARIES] = ("control plane binaries not found (DRANET_K8S_BIN_DIR, "
-                                               "KUBEBUILDER_ASSETS, ~/.cache/dranet, PATH) and no Go "
-                                               "toolchain to build them; run `make binaries`")
+            session.config.stash[_BINARIES] = (
+                "control plane binaries not found (DRANET_K8S_BIN_DIR, "
+                "KUBEBUILDER_ASSETS, ~/.cache/dranet, PATH) and no Go "
+                "toolchain to build them; run `make binaries`"
+            )
             return
         # Show the build's progress lines (one every ~30 s) instead of capturing them.
         capman = session.config.pluginmanager.getplugin("capturemanager")
@@ -100,8 +102,7 @@ def cluster_node(control_plane: ControlPlane, kube: KubeClient) -> Iterator[str]
 def delete_node_and_slices(kube: KubeClient, name: str) -> None:
     """Remove a test node and all slices on it (any driver); ignores what is already gone."""
     try:
-        kube.request("DELETE", f"{RESOURCE_API}/resourceslices",
-                     query={"fieldSelector": f"spec.nodeName={name}"})
+        kube.request("DELETE", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={name}"})
     except KubeError:
         pass
     try:
@@ -113,8 +114,9 @@ def delete_node_and_slices(kube: KubeClient, name: str) -> None:
 
 def list_slices(kube: KubeClient, node: str, driver: str = "dra.net") -> list[dict[str, Any]]:
     """The ResourceSlices of ``driver`` on ``node``."""
-    return kube.request("GET", f"{RESOURCE_API}/resourceslices",
-                        query={"fieldSelector": f"spec.driver={driver},spec.nodeName={node}"})["items"]
+    return kube.request(
+        "GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.driver={driver},spec.nodeName={node}"}
+    )["items"]
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dranet"
 KUBE_VERSION = "1.34.0"
 # What the node daemon needs from the chart (the webhook is a separate component).
-DRIVER_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-                "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass")
+DRIVER_KINDS = (
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
+)
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 # How an authorization or admission denial shows up in the driver's log (KubeError text is
 # "<status> <reason>: <message>", the apiserver's reason for both is "Forbidden", so "forbidden"
@@ -57,9 +63,13 @@ def render_chart(helm: str, release: str, namespace: str, *sets: str) -> list[di
 
 def _collection(obj: dict[str, Any]) -> str:
     api, kind = obj["apiVersion"], obj["kind"]
-    plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies", "DeviceClass": "deviceclasses",
-              "ServiceAccount": "serviceaccounts", "ResourceClaim": "resourceclaims",
-              "ResourceClaimTemplate": "resourceclaimtemplates"}.get(kind, kind.lower() + "s")
+    plural = {
+        "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+        "DeviceClass": "deviceclasses",
+        "ServiceAccount": "serviceaccounts",
+        "ResourceClaim": "resourceclaims",
+        "ResourceClaimTemplate": "resourceclaimtemplates",
+    }.get(kind, kind.lower() + "s")
     prefix = "/api/v1" if api == "v1" else f"/apis/{api}"
     ns = (obj.get("metadata") or {}).get("namespace")
     return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
@@ -96,12 +106,12 @@ class DriverIdentity:
     """The node driver's identity as the chart installs it, with a pod-bound token."""
 
     node: str
-    namespace: str        # release namespace: ServiceAccount and the stand-in driver pod
+    namespace: str  # release namespace: ServiceAccount and the stand-in driver pod
     release: str
     service_account: str
-    device_class: str     # the chart's DeviceClass (unique name per test)
-    pod: dict[str, Any]   # the stand-in DaemonSet pod (spec.nodeName = node)
-    kubeconfig: Path      # token of service_account bound to pod; NOT admin
+    device_class: str  # the chart's DeviceClass (unique name per test)
+    pod: dict[str, Any]  # the stand-in DaemonSet pod (spec.nodeName = node)
+    kubeconfig: Path  # token of service_account bound to pod; NOT admin
 
     @property
     def username(self) -> str:
@@ -114,11 +124,20 @@ class DriverIdentity:
 
 def request_pod_token(kube: KubeClient, namespace: str, sa: str, pod: dict[str, Any]) -> str:
     """TokenRequest for ``sa`` bound to ``pod`` (the kubelet's projected token does the same)."""
-    spec = {"expirationSeconds": 3600,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                               "uid": pod["metadata"]["uid"]}}
-    tr = kube.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
-                      {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
+    spec = {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod["metadata"]["name"],
+            "uid": pod["metadata"]["uid"],
+        },
+    }
+    tr = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
     return tr["status"]["token"]
 
 
@@ -144,6 +163,7 @@ def _wait_rbac(driver: KubeClient, node: str) -> None:
             if exc.status != 403:
                 raise
             return False
+
     _poll(allowed, 30, "the chart's ClusterRoleBinding to take effect")
 
 
@@ -152,10 +172,17 @@ def _wait_policy(kube: KubeClient, driver: KubeClient, node: str) -> None:
     # driver provably runs under it (a slice written before that is removed by the admin).
     other = f"absent-{secrets.token_hex(3)}"
     name = f"{other}-probe"
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-            "spec": {"driver": "dra.net", "nodeName": other,
-                     "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "probe"}]}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": "dra.net",
+            "nodeName": other,
+            "pool": {"name": other, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "probe"}],
+        },
+    }
 
     def denied() -> bool:
         try:
@@ -166,6 +193,7 @@ def _wait_policy(kube: KubeClient, driver: KubeClient, node: str) -> None:
             return True
         kube.request("DELETE", f"{RESOURCE_API}/resourceslices/{name}")
         return False
+
     _poll(denied, 30, "the chart's ValidatingAdmissionPolicy to take effect", interval=0.5)
 
 
@@ -187,13 +215,27 @@ def least_privilege_identity(control_plane: ControlPlane, helm: str) -> Iterator
                 objects.create(obj)
         sa = next(d for d in docs if d["kind"] == "ServiceAccount")["metadata"]["name"]
         # Stands in for the DaemonSet pod on `node` (no kubelet runs it; tokens can bind to it).
-        pod = objects.create({"apiVersion": "v1", "kind": "Pod",
-                              "metadata": {"name": f"dranet-{tag}", "namespace": ns},
-                              "spec": {"serviceAccountName": sa, "nodeName": node,
-                                       "containers": [{"name": "dranet", "image": "dranet:test"}]}})
+        pod = objects.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"dranet-{tag}", "namespace": ns},
+                "spec": {
+                    "serviceAccountName": sa,
+                    "nodeName": node,
+                    "containers": [{"name": "dranet", "image": "dranet:test"}],
+                },
+            }
+        )
         kubeconfig = workdir / "driver.kubeconfig"
-        kubeconfig.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt,
-                                              request_pod_token(kube, ns, sa, pod), name="dranet-driver"))
+        kubeconfig.write_text(
+            kubeconfig_yaml(
+                control_plane.server,
+                control_plane.creds.ca_crt,
+                request_pod_token(kube, ns, sa, pod),
+                name="dranet-driver",
+            )
+        )
         kubeconfig.chmod(0o600)
         identity = DriverIdentity(node, ns, release, sa, device_class, pod, kubeconfig)
         driver = identity.client()
@@ -213,9 +255,15 @@ def least_privilege_identity(control_plane: ControlPlane, helm: str) -> Iterator
 def dranet_run(identity: DriverIdentity, nri_socket: str, filter: str, workdir: Path) -> DriverProcess:
     """``python -m driver run`` on the host's own /sys with NRI, under the least-privilege
     identity, as a separate process group (``workdir`` short: unix socket paths <= 108 bytes)."""
-    return DriverProcess(kubeconfig=Path(identity.kubeconfig), node_name=identity.node, sysfs_root=Path("/sys"),
-                         workdir=workdir, nri_socket=nri_socket, exclude_interfaces="",
-                         extra_args=["--filter", filter, "--publish-interval", "0.5"])
+    return DriverProcess(
+        kubeconfig=Path(identity.kubeconfig),
+        node_name=identity.node,
+        sysfs_root=Path("/sys"),
+        workdir=workdir,
+        nri_socket=nri_socket,
+        exclude_interfaces="",
+        extra_args=["--filter", filter, "--publish-interval", "0.5"],
+    )
 
 
 def forbidden_lines(log: str) -> list[str]:

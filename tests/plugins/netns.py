@@ -35,8 +35,14 @@ class NetnsFactory:
         _ip("-n", name, "link", "set", "lo", "up")
         return name
 
-    def veth(self, name: str | None = None, peer: str | None = None, *,
-             netns: str | None = None, peer_netns: str | None = None) -> tuple[str, str]:
+    def veth(
+        self,
+        name: str | None = None,
+        peer: str | None = None,
+        *,
+        netns: str | None = None,
+        peer_netns: str | None = None,
+    ) -> tuple[str, str]:
         """A veth pair; ``name`` lives in ``netns`` (host if None), ``peer`` in ``peer_netns``."""
         name = name or f"vt{secrets.token_hex(4)}"
         peer = peer or f"vp{secrets.token_hex(4)}"

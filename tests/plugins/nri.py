@@ -55,9 +55,13 @@ def harness_binary() -> Path:
         from devcluster.binaries import GoBuild, build_go_tool
     except ImportError:  # pragma: no cover - fallback when devcluster is absent
         return _build_locally(version, gomod, files)
-    bin_dir = build_go_tool("nri-harness", version, gomod,
-                            [GoBuild(packages=(".",), output="nri-harness", tags=("nri_no_wasm",))],
-                            extra_files=files)
+    bin_dir = build_go_tool(
+        "nri-harness",
+        version,
+        gomod,
+        [GoBuild(packages=(".",), output="nri-harness", tags=("nri_no_wasm",))],
+        extra_files=files,
+    )
     return bin_dir / "nri-harness"
 
 
@@ -73,8 +77,9 @@ def _build_locally(version: str, gomod: str, files: dict[str, str]) -> Path:
         (src / name).write_text(text)
     env = dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod", CGO_ENABLED="0")
     tmp = base / "bin.tmp"
-    subprocess.run(["go", "build", "-tags", "nri_no_wasm", "-o", str(tmp / "nri-harness"), "."],
-                   cwd=src, env=env, check=True)
+    subprocess.run(
+        ["go", "build", "-tags", "nri_no_wasm", "-o", str(tmp / "nri-harness"), "."], cwd=src, env=env, check=True
+    )
     tmp.rename(base / "bin")
     return binary
 
@@ -94,9 +99,13 @@ class Harness:
         sock = f"{workdir}/nri.sock"
         plugins = f"{workdir}/plugins"
         os.mkdir(plugins)
-        proc = subprocess.Popen([str(binary), "-socket", sock, "-plugin-dir", plugins],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=open(f"{workdir}/harness.log", "w"), text=True)
+        proc = subprocess.Popen(
+            [str(binary), "-socket", sock, "-plugin-dir", plugins],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(f"{workdir}/harness.log", "w"),
+            text=True,
+        )
         h = cls(proc, sock, workdir)
         ready = h._read()
         if not ready.get("ok"):
@@ -141,17 +150,37 @@ class DriverProcess:
     log_path: str
 
     @classmethod
-    def start(cls, socket: str, state_dir: str, fault_after: str | None = None,
-              log_path: str | None = None, sysfs_root: str = "/sys") -> DriverProcess:
+    def start(
+        cls,
+        socket: str,
+        state_dir: str,
+        fault_after: str | None = None,
+        log_path: str | None = None,
+        sysfs_root: str = "/sys",
+    ) -> DriverProcess:
         """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER; ``sysfs_root`` feeds NUMA cpusets."""
         env = dict(os.environ)
         env.pop("DRANET_FAULT_AFTER", None)
         if fault_after:
             env["DRANET_FAULT_AFTER"] = fault_after
         log_path = log_path or f"{state_dir}/driver-{secrets.token_hex(3)}.log"
-        proc = subprocess.Popen([sys.executable, "-m", "tests.plugins.nri", "--socket", socket,
-                                 "--state-dir", state_dir, "--sysfs-root", sysfs_root], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=open(log_path, "w"))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.plugins.nri",
+                "--socket",
+                socket,
+                "--state-dir",
+                state_dir,
+                "--sysfs-root",
+                sysfs_root,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(log_path, "w"),
+        )
         return cls(proc, log_path)
 
     def kill(self) -> None:
@@ -171,8 +200,13 @@ class DriverProcess:
 
 def pod_json(uid: str, netns_path: str, name: str | None = None, namespace: str = "default") -> dict[str, Any]:
     """An NRI PodSandbox in protojson form."""
-    pod: dict[str, Any] = {"id": f"sb-{uid}", "uid": uid, "name": name or f"pod-{uid[:6]}",
-                           "namespace": namespace, "linux": {"namespaces": []}}
+    pod: dict[str, Any] = {
+        "id": f"sb-{uid}",
+        "uid": uid,
+        "name": name or f"pod-{uid[:6]}",
+        "namespace": namespace,
+        "linux": {"namespaces": []},
+    }
     if netns_path:
         pod["linux"]["namespaces"].append({"type": "network", "path": netns_path})
     return pod
@@ -199,15 +233,27 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     uid = f"claim-{secrets.token_hex(4)}"
     prepared = []
     for i, d in enumerate(devices):
-        host = HostFacts(ifname=d.get("ifname"), rdma_device=d.get("rdma_device"), numa_node=d.get("numa_node"),
-                         char_devices=[CharDevice(**c) for c in d.get("char_devices", [])])
+        host = HostFacts(
+            ifname=d.get("ifname"),
+            rdma_device=d.get("rdma_device"),
+            numa_node=d.get("numa_node"),
+            char_devices=[CharDevice(**c) for c in d.get("char_devices", [])],
+        )
         name = d.get("device", f"dev{i}-{secrets.token_hex(2)}")
-        prepared.append(PreparedDevice(request="nic", pool="node", device=name,
-                                       snapshot=Device(name=name, host=host), config=typed(d.get("config", {}))))
+        prepared.append(
+            PreparedDevice(
+                request="nic",
+                pool="node",
+                device=name,
+                snapshot=Device(name=name, host=host),
+                config=typed(d.get("config", {})),
+            )
+        )
     claim = PreparedClaim(uid=uid, namespace="default", name=uid, pod_uids=[pod_uid], devices=prepared)
 
     def add(s: DriverState) -> None:
         s.claims[uid] = claim
+
     store.update(add)
     return uid
 
@@ -227,16 +273,26 @@ def link_facts(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
         return None
     link = links[0]
     addrs = _ipj("addr", "show", "dev", ifname, netns=netns) or []
-    cidrs = sorted(f"{a['local']}/{a['prefixlen']}" for entry in addrs for a in entry.get("addr_info", [])
-                   if a.get("scope") == "global")
+    cidrs = sorted(
+        f"{a['local']}/{a['prefixlen']}"
+        for entry in addrs
+        for a in entry.get("addr_info", [])
+        if a.get("scope") == "global"
+    )
     routes = []
     for fam in ("-4", "-6"):
         for r in _ipj(fam, "route", "show", "table", "all", "dev", ifname, netns=netns) or []:
             if r.get("protocol") == "kernel" or r.get("table") == "local" or r.get("type") not in (None, "unicast"):
                 continue
             routes.append((r.get("dst"), r.get("gateway"), str(r.get("table", "main")), r.get("metric")))
-    return {"ifname": link["ifname"], "mtu": link["mtu"], "mac": link["address"],
-            "up": "UP" in link.get("flags", []), "addresses": cidrs, "routes": sorted(routes, key=str)}
+    return {
+        "ifname": link["ifname"],
+        "mtu": link["mtu"],
+        "mac": link["address"],
+        "up": "UP" in link.get("flags", []),
+        "addresses": cidrs,
+        "routes": sorted(routes, key=str),
+    }
 
 
 def ip(*args: str) -> None:
@@ -297,8 +353,9 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--sysfs-root", default="/sys")
     args = parser.parse_args(argv)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s %(kv)s",
-                                           defaults={"kv": ""}))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s %(kv)s", defaults={"kv": ""})
+    )
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     from driver.checkpoint import CheckpointStore
     from driver.nri.hooks import NRIHooks
@@ -311,9 +368,9 @@ def _main(argv: list[str]) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, plugin.stop)
         await plugin.run()
+
     asyncio.run(run())
     return 0
-
 
 
 def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.02) -> Any:

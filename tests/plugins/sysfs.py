@@ -37,8 +37,10 @@ def sysfs_trees(tmp_path_factory: pytest.TempPathFactory) -> SysfsTrees:
 @pytest.fixture
 def build_topology(tmp_path: Path) -> Callable[[str], Path]:
     """Build a private (writable) copy of any topology into this test's tmp_path."""
+
     def _build(topology: str) -> Path:
         return build(topology, tmp_path / "sysfs")
+
     return _build
 
 

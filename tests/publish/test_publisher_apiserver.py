@@ -20,9 +20,15 @@ DRIVER = "dra.net"
 
 
 def nic(i: int, numa: int = 0) -> Device:
-    return Device(name=f"pci-0000-{i // 256:02x}-{i % 256:02x}-0", attributes={
-        "dra.net/rdma": True, "dra.net/numaNode": numa, "dra.net/ifName": f"ib{i}",
-        "resource.kubernetes.io/pciBusID": f"0000:{i // 256:02x}:{i % 256:02x}.0"})
+    return Device(
+        name=f"pci-0000-{i // 256:02x}-{i % 256:02x}-0",
+        attributes={
+            "dra.net/rdma": True,
+            "dra.net/numaNode": numa,
+            "dra.net/ifName": f"ib{i}",
+            "resource.kubernetes.io/pciBusID": f"0000:{i // 256:02x}:{i % 256:02x}.0",
+        },
+    )
 
 
 async def eventually(fn: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
@@ -52,8 +58,11 @@ def device_names(slices: list[dict]) -> list[str]:
 
 def pool_ok(slices: list[dict], count: int) -> bool:
     gens = {s["spec"]["pool"]["generation"] for s in slices}
-    return (len(slices) == count and len(gens) == 1
-            and all(s["spec"]["pool"]["resourceSliceCount"] == count for s in slices))
+    return (
+        len(slices) == count
+        and len(gens) == 1
+        and all(s["spec"]["pool"]["resourceSliceCount"] == count for s in slices)
+    )
 
 
 async def test_slices_accepted_with_owner_and_pool(kube: KubeClient, cluster_node: str):
@@ -64,7 +73,8 @@ async def test_slices_accepted_with_owner_and_pool(kube: KubeClient, cluster_nod
     [s] = slices
     assert s["metadata"]["name"].startswith(f"{cluster_node}-{DRIVER}-")
     assert s["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": cluster_node, "uid": node_uid, "controller": True}]
+        {"apiVersion": "v1", "kind": "Node", "name": cluster_node, "uid": node_uid, "controller": True}
+    ]
     assert s["spec"]["pool"] == {"name": cluster_node, "generation": 1, "resourceSliceCount": 1}
     assert device_names(slices) == sorted(nic(i).name for i in range(8))
     dev0 = next(d for d in s["spec"]["devices"] if d["name"] == nic(0).name)
@@ -84,12 +94,14 @@ async def test_republished_after_slices_deleted(kube: KubeClient, cluster_node: 
         pub.update([nic(1), nic(2)])
         [first] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
         # What the kubelet does at its start: wipe every slice of the node.
-        kube.request("DELETE", f"{RESOURCE_API}/resourceslices",
-                     query={"fieldSelector": f"spec.nodeName={cluster_node}"})
+        kube.request(
+            "DELETE", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={cluster_node}"}
+        )
         t0 = time.monotonic()
         again = await eventually(
             lambda: [s for s in list_slices(kube, cluster_node) if s["metadata"]["uid"] != first["metadata"]["uid"]],
-            what="re-published slice")
+            what="re-published slice",
+        )
         elapsed = time.monotonic() - t0
     assert device_names(again) == sorted([nic(1).name, nic(2).name])
     assert elapsed < 5, f"re-publish took {elapsed:.1f}s (watch should notice at once)"
@@ -100,11 +112,14 @@ async def test_updated_when_device_appears_and_vanishes(kube: KubeClient, cluste
         pub.update([nic(1), nic(2)])
         [s1] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
         pub.update([nic(1), nic(2), nic(3)])
-        [s2] = await eventually(lambda: [s for s in list_slices(kube, cluster_node)
-                                         if len(s["spec"]["devices"]) == 3], what="3 devices")
+        [s2] = await eventually(
+            lambda: [s for s in list_slices(kube, cluster_node) if len(s["spec"]["devices"]) == 3], what="3 devices"
+        )
         pub.update([nic(3)])
-        [s3] = await eventually(lambda: [s for s in list_slices(kube, cluster_node)
-                                         if len(s["spec"].get("devices") or []) == 1], what="1 device")
+        [s3] = await eventually(
+            lambda: [s for s in list_slices(kube, cluster_node) if len(s["spec"].get("devices") or []) == 1],
+            what="1 device",
+        )
     # Same object updated in place, generation bumped each time.
     assert s1["metadata"]["name"] == s2["metadata"]["name"] == s3["metadata"]["name"]
     assert [s["spec"]["pool"]["generation"] for s in (s1, s2, s3)] == [1, 2, 3]
@@ -114,14 +129,16 @@ async def test_updated_when_device_appears_and_vanishes(kube: KubeClient, cluste
 async def test_split_beyond_128_devices(kube: KubeClient, cluster_node: str):
     async with running(SlicePublisher(kube, DRIVER, cluster_node, interval=0.2)) as pub:
         pub.update([nic(i, numa=i % 2) for i in range(300)])
-        slices = await eventually(lambda: (lambda x: x if pool_ok(x, 3) else None)(list_slices(kube, cluster_node)),
-                                  what="3 slices")
+        slices = await eventually(
+            lambda: (lambda x: x if pool_ok(x, 3) else None)(list_slices(kube, cluster_node)), what="3 slices"
+        )
         assert sorted(len(s["spec"]["devices"]) for s in slices) == [44, 128, 128]
         assert device_names(slices) == sorted(nic(i).name for i in range(300))
         gen = slices[0]["spec"]["pool"]["generation"]
         pub.update([nic(i) for i in range(10)])
-        after = await eventually(lambda: (lambda x: x if pool_ok(x, 1) else None)(list_slices(kube, cluster_node)),
-                                 what="1 slice")
+        after = await eventually(
+            lambda: (lambda x: x if pool_ok(x, 1) else None)(list_slices(kube, cluster_node)), what="1 slice"
+        )
     assert after[0]["spec"]["pool"]["generation"] == gen + 1
     assert device_names(after) == sorted(nic(i).name for i in range(10))
 
@@ -137,8 +154,9 @@ async def test_restarted_publisher_reuses_existing_slices(kube: KubeClient, clus
         await eventually(lambda: pub2.stats.syncs >= 1, what="first sync")
         assert pub2.stats.writes == 0
         pub2.update(devices[:3])
-        [after] = await eventually(lambda: [s for s in list_slices(kube, cluster_node)
-                                            if len(s["spec"]["devices"]) == 3], what="update")
+        [after] = await eventually(
+            lambda: [s for s in list_slices(kube, cluster_node) if len(s["spec"]["devices"]) == 3], what="update"
+        )
     assert after["metadata"]["name"] == before["metadata"]["name"]
     assert after["spec"]["pool"]["generation"] == before["spec"]["pool"]["generation"] + 1
 
@@ -151,16 +169,21 @@ async def test_storm_of_updates_is_coalesced(kube: KubeClient, cluster_node: str
         rounds0 = pub.stats.write_rounds
         t0 = time.monotonic()
         i = 0
-        while time.monotonic() - t0 < duration:      # 100 "link flaps" per second
+        while time.monotonic() - t0 < duration:  # 100 "link flaps" per second
             i += 1
             pub.update([nic(0), nic(1)] if i % 2 else [nic(0)])
             await asyncio.sleep(0.01)
         final = [nic(0), nic(1)] if i % 2 else [nic(0)]
-        [s1] = await eventually(lambda: [s for s in list_slices(kube, cluster_node)
-                                         if len(s["spec"]["devices"]) == len(final)
-                                         and s["metadata"]["generation"] > s0["metadata"]["generation"]],
-                                what="final state")
-        await asyncio.sleep(interval * 2)            # a late extra write would show up now
+        [s1] = await eventually(
+            lambda: [
+                s
+                for s in list_slices(kube, cluster_node)
+                if len(s["spec"]["devices"]) == len(final)
+                and s["metadata"]["generation"] > s0["metadata"]["generation"]
+            ],
+            what="final state",
+        )
+        await asyncio.sleep(interval * 2)  # a late extra write would show up now
         rounds = pub.stats.write_rounds - rounds0
         [s_end] = list_slices(kube, cluster_node)
     # metadata.generation is counted by the apiserver: an independent count of spec writes.
@@ -178,9 +201,14 @@ async def test_foreign_edit_is_reverted(kube: KubeClient, cluster_node: str):
         [s] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
         s["spec"]["devices"][0]["attributes"]["dra.net/numaNode"] = {"int": 7}
         edited = kube.request("PUT", f"{RESOURCE_API}/resourceslices/{s['metadata']['name']}", s)
-        fixed = await eventually(lambda: [x for x in list_slices(kube, cluster_node)
-                                          if x["metadata"]["resourceVersion"] != edited["metadata"]["resourceVersion"]],
-                                 what="slice restored")
+        fixed = await eventually(
+            lambda: [
+                x
+                for x in list_slices(kube, cluster_node)
+                if x["metadata"]["resourceVersion"] != edited["metadata"]["resourceVersion"]
+            ],
+            what="slice restored",
+        )
     assert fixed[0]["spec"]["devices"][0]["attributes"]["dra.net/numaNode"] == {"int": 0}
 
 
@@ -194,7 +222,7 @@ async def test_conflicting_write_is_retried_after_relisting(kube: KubeClient, cl
 
     def racing_list() -> list[dict]:
         items = real_list()
-        if not raced:   # someone else writes between our list and our update: our PUT must get 409
+        if not raced:  # someone else writes between our list and our update: our PUT must get 409
             other = dict(items[0], metadata=dict(items[0]["metadata"], labels={"touched": "yes"}))
             raced.append(kube.request("PUT", f"{RESOURCE_API}/resourceslices/{items[0]['metadata']['name']}", other))
         return items
@@ -205,7 +233,7 @@ async def test_conflicting_write_is_retried_after_relisting(kube: KubeClient, cl
     assert pub.stats.conflicts == 1
     [s] = list_slices(kube, cluster_node)
     assert device_names([s]) == sorted([nic(1).name, nic(2).name])
-    assert s["metadata"]["labels"] == {"touched": "yes"}   # the other writer's change survived
+    assert s["metadata"]["labels"] == {"touched": "yes"}  # the other writer's change survived
 
 
 async def test_slices_garbage_collected_with_their_node(kube: KubeClient, control_plane):

@@ -14,8 +14,11 @@ DRIVER, NODE, UID = "dra.net", "node-a", "uid-1"
 
 
 def dev(i: int, numa: int = 0) -> Device:
-    return Device(name=f"pci-0000-{i:04x}-00-0", attributes={"dra.net/rdma": True, "dra.net/numaNode": numa},
-                  host=HostFacts(pci_address=f"0000:{i:04x}:00.0"))
+    return Device(
+        name=f"pci-0000-{i:04x}-00-0",
+        attributes={"dra.net/rdma": True, "dra.net/numaNode": numa},
+        host=HostFacts(pci_address=f"0000:{i:04x}:00.0"),
+    )
 
 
 def store(bodies: list[dict]) -> list[dict]:
@@ -53,7 +56,8 @@ def test_slice_shape():
     assert s["apiVersion"] == "resource.k8s.io/v1" and s["kind"] == "ResourceSlice"
     assert s["metadata"]["generateName"] == f"{NODE}-{DRIVER}-"
     assert s["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}]
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}
+    ]
     assert s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == NODE
     assert s["spec"]["pool"]["generation"] == 7
     assert s["spec"]["devices"] == [dev(1).to_api()]

@@ -57,11 +57,20 @@ def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8
         dev = root / "devices/pci0000:80/0000:80:01.0" / bdf
         net = dev / "net" / f"eth{i}"
         net.mkdir(parents=True)
-        for name, value in {"class": "0x020000", "vendor": "0x15b3", "device": "0x101b", "numa_node": "1",
-                            "subsystem_device": "0x0023"}.items():
+        for name, value in {
+            "class": "0x020000",
+            "vendor": "0x15b3",
+            "device": "0x101b",
+            "numa_node": "1",
+            "subsystem_device": "0x0023",
+        }.items():
             (dev / name).write_text(value + "\n")
-        for name, value in {"address": f"02:00:00:00:{i // 256:02x}:{i % 256:02x}", "mtu": "1500",
-                            "operstate": "up", "type": "1"}.items():
+        for name, value in {
+            "address": f"02:00:00:00:{i // 256:02x}:{i % 256:02x}",
+            "mtu": "1500",
+            "operstate": "up",
+            "type": "1",
+        }.items():
             (net / name).write_text(value + "\n")
         os.symlink(os.path.relpath(drivers, dev), dev / "driver")
         os.symlink(os.path.relpath(dev, root / "bus/pci/devices"), root / "bus/pci/devices" / bdf)

@@ -60,7 +60,9 @@ class FakeAPIServer:
         handler = type("Handler", (_Handler,), {"api": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="fake-apiserver", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -90,12 +92,18 @@ class FakeAPIServer:
     def write_kubeconfig(self, path: str | Path) -> Path:
         """Write a kubeconfig (token auth, plain HTTP) pointing at this server."""
         path = Path(path)
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        }))
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                }
+            )
+        )
         return path
 
     # -- objects -----------------------------------------------------------------------------
@@ -122,11 +130,18 @@ class FakeAPIServer:
         self._changed.notify_all()
 
 
-def make_claim(namespace: str, name: str, uid: str, results: list[dict[str, Any]],
-               configs: list[dict[str, Any]] | None = None, pods: list[str] | None = None) -> dict[str, Any]:
+def make_claim(
+    namespace: str,
+    name: str,
+    uid: str,
+    results: list[dict[str, Any]],
+    configs: list[dict[str, Any]] | None = None,
+    pods: list[str] | None = None,
+) -> dict[str, Any]:
     """An allocated v1 ResourceClaim with the given allocation results and configs."""
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
         "metadata": {"namespace": namespace, "name": name, "uid": uid},
         "spec": {"devices": {"requests": []}},
         "status": {
@@ -142,8 +157,14 @@ def result(device: str, pool: str, request: str = "nic", driver: str = "dra.net"
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-            "message": message}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -229,11 +250,14 @@ class _Handler(BaseHTTPRequestHandler):
         if m := NODE_RE.match(path):
             node = api.nodes.get(m.group(1))
             if node is None:
-                node = {"apiVersion": "v1", "kind": "Node",
-                        "metadata": {"name": m.group(1), "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, m.group(1)))}}
+                node = {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": m.group(1), "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, m.group(1)))},
+                }
             return 200, node
         if path == SLICES or path.startswith(SLICES + "/"):
-            return self._slices(method, path[len(SLICES) + 1:], query)
+            return self._slices(method, path[len(SLICES) + 1 :], query)
         return 404, _status(404, "NotFound", f"no route for {method} {path}")
 
     def _slices(self, method: str, name: str, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
@@ -241,10 +265,13 @@ class _Handler(BaseHTTPRequestHandler):
         with api._lock:
             if not name and method == "GET":
                 wanted = dict(s.split("=", 1) for s in query.get("fieldSelector", "").split(",") if "=" in s)
-                items = [s for s in api.slices.values()
-                         if all(_field(s, k) == v for k, v in wanted.items())]
-                return 200, {"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
-                             "metadata": {"resourceVersion": api._next_rv()}, "items": items}
+                items = [s for s in api.slices.values() if all(_field(s, k) == v for k, v in wanted.items())]
+                return 200, {
+                    "kind": "ResourceSliceList",
+                    "apiVersion": "resource.k8s.io/v1",
+                    "metadata": {"resourceVersion": api._next_rv()},
+                    "items": items,
+                }
             if not name and method == "POST":
                 obj = self._body()
                 meta = obj.setdefault("metadata", {})

@@ -69,7 +69,8 @@ class KubeletClient:
     async def get_info(self) -> reg_pb.PluginInfo:
         """GetInfo; remembers the advertised endpoint for later DRA calls."""
         info = await reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(
-            reg_pb.InfoRequest(), timeout=self.timeout)
+            reg_pb.InfoRequest(), timeout=self.timeout
+        )
         if self.dra_socket is None:
             self.dra_socket = info.endpoint
         return info
@@ -77,7 +78,8 @@ class KubeletClient:
     async def notify(self, registered: bool = True, error: str = "") -> None:
         """NotifyRegistrationStatus."""
         await reg_grpc.RegistrationStub(self._channel(self.registration_socket)).NotifyRegistrationStatus(
-            reg_pb.RegistrationStatus(plugin_registered=registered, error=error), timeout=self.timeout)
+            reg_pb.RegistrationStatus(plugin_registered=registered, error=error), timeout=self.timeout
+        )
 
     async def wait_serving(self, timeout: float = 20.0) -> reg_pb.PluginInfo:
         """Retry GetInfo until the plugin answers (a stale socket of a killed driver refuses)."""
@@ -85,7 +87,8 @@ class KubeletClient:
         while True:
             try:
                 return await reg_grpc.RegistrationStub(self._channel(self.registration_socket)).GetInfo(
-                    reg_pb.InfoRequest(), timeout=1.0, wait_for_ready=False)
+                    reg_pb.InfoRequest(), timeout=1.0, wait_for_ready=False
+                )
             except grpc.aio.AioRpcError:
                 if asyncio.get_running_loop().time() > deadline:
                     raise
@@ -113,14 +116,16 @@ class KubeletClient:
         """NodePrepareResources; returns the response message."""
         pb, stub = self._dra(version)
         request = pb.NodePrepareResourcesRequest(
-            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims])
+            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
         return await stub.NodePrepareResources(request, timeout=self.timeout)
 
     async def unprepare(self, claims: Iterable[ClaimTuple], version: str = "v1") -> Any:
         """NodeUnprepareResources; returns the response message."""
         pb, stub = self._dra(version)
         request = pb.NodeUnprepareResourcesRequest(
-            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims])
+            claims=[pb.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+        )
         return await stub.NodeUnprepareResources(request, timeout=self.timeout)
 
     async def watch_health(self) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
