@@ -24,7 +24,7 @@ from typing import Any
 
 from driver.checkpoint import PreparedClaim
 from driver.config import DRIVER_NAME
-from driver.model.device import STANDARD_DOMAIN, attribute_from_api
+from driver.model.device import STANDARD_DOMAIN, attribute_from_api, first_int
 
 CONDITION_TYPE = "NUMAAligned"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -128,8 +128,9 @@ def other_devices(
             source = f"sysfs ({bdf})"
         if numa is None:
             for name in (STD_NUMA_NODE, f"{driver}/numaNode"):
-                value = attrs.get(name)
-                if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                # The list form (DRAListTypeAttributes) starts with the physical node.
+                value = first_int(attrs.get(name))
+                if value is not None and value >= 0:
                     numa, source = value, name
                     break
         if numa is None and single_node:

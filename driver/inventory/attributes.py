@@ -8,8 +8,10 @@ enforces both so no device can ever make its slice invalid:
   element boundary so every remaining CIDR is whole; other strings are cut at a UTF-8 character
   boundary;
 - past 32 attributes, the lowest-priority ones are dropped. Priority is the order of
-  :data:`PRIORITY` (first = most important); attributes not listed there (e.g. cloud provider
-  ones) rank after all listed ones, in sorted name order, so the choice is deterministic.
+  :data:`PRIORITY` (first = most important): identity and topology first, then the cloud
+  providers' topology attributes (what multi-node claims select on: placement groups, blocks,
+  islands, EFA device groups), then descriptive netdev and PCI attributes. Attributes not listed
+  rank after all listed ones, in sorted name order, so the choice is deterministic.
 """
 
 from __future__ import annotations
@@ -23,6 +25,33 @@ log = logging.getLogger(__name__)
 
 D = DRIVER_NAME + "/"  # our attributes' domain is the driver name
 S = STANDARD_DOMAIN + "/"
+
+CLOUD_PRIORITY: tuple[str, ...] = (
+    "azure.dra.net/placementGroupId",
+    "azure.dra.net/interconnectGroupId",
+    "azure.dra.net/interconnectSubgroupId",
+    "azure.dra.net/vmSize",
+    "azure.dra.net/subnet",
+    "gce.dra.net/block",
+    "gce.dra.net/subBlock",
+    "gce.dra.net/host",
+    "gce.dra.net/machineType",
+    "gce.dra.net/networkName",
+    "gce.dra.net/networkProjectNumber",
+    "gce.dra.net/ipAliases",
+    "oke.dra.net/hpcIslandId",
+    "oke.dra.net/networkBlockId",
+    "oke.dra.net/localBlockId",
+    "oke.dra.net/rackId",
+    "oke.dra.net/gpuMemoryFabricId",
+    "alibaba.dra.net/instanceType",
+    "alibaba.dra.net/erdma",
+    "resource.aws.com/devicegroup1_id",
+    "resource.aws.com/devicegroup4_id",
+    "resource.aws.com/devicegroup8_id",
+    "resource.aws.com/devicegroup16_id",
+)
+"""Cloud provider attributes (driver.inventory.cloud), in keep-order; at most 7 apply to one device."""
 
 PRIORITY: tuple[str, ...] = (
     # Identity and what claims select on most (seed templates: rdma, numaNode, pciBusID).
@@ -41,6 +70,7 @@ PRIORITY: tuple[str, ...] = (
     D + "sriov",
     D + "sriovVfs",
     D + "rateGbps",
+    *CLOUD_PRIORITY,
     D + "mac",
     D + "mtu",
     D + "state",
@@ -54,7 +84,7 @@ PRIORITY: tuple[str, ...] = (
 )
 """Attribute keep-order when a device has more than 32 attributes (first = kept longest)."""
 
-LIST_ATTRIBUTES = frozenset({D + "ipv4", D + "ipv6"})
+LIST_ATTRIBUTES = frozenset({D + "ipv4", D + "ipv6", "gce.dra.net/ipAliases"})
 """Comma-joined list attributes: shortened at an element boundary."""
 
 _RANK = {name: i for i, name in enumerate(PRIORITY)}

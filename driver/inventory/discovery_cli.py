@@ -17,7 +17,7 @@ from typing import TextIO
 from driver.inventory.attributes import D
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner
-from driver.model.device import STANDARD_DOMAIN, Device
+from driver.model.device import STANDARD_DOMAIN, Device, first_int
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _row(device: Device) -> tuple[str, ...]:
         value = a.get(key)
         return "-" if value is None else str(value)
 
-    numa = a.get(f"{STANDARD_DOMAIN}/numaNode")
+    numa = first_int(a.get(f"{STANDARD_DOMAIN}/numaNode"))
     return (
         device.name,
         get(D + "ifName"),

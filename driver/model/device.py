@@ -17,26 +17,40 @@ MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_DEVICES_PER_SLICE = 128
 
-AttributeValue = bool | int | str
-"""A DRA device attribute value: exactly one of bool, int or string (no versions here)."""
+AttributeValue = bool | int | str | list[int]
+"""A DRA device attribute value: one of bool, int or string, or a list of ints (the list form of
+``resource.kubernetes.io/numaNode``, KEP-5491's ``ints``; only with ``--feature-gates
+DRAListTypeAttributes=true``). No versions here."""
 
 
-def attribute_to_api(value: AttributeValue) -> dict[str, AttributeValue]:
-    """Encode a Python value as a v1 ``DeviceAttribute`` (``{"bool": ...}`` etc.)."""
+def attribute_to_api(value: AttributeValue) -> dict[str, Any]:
+    """Encode a Python value as a v1 ``DeviceAttribute`` (``{"bool": ...}``, ``{"ints": [...]}`` etc.)."""
     # bool first: bool is a subclass of int.
     if isinstance(value, bool):
         return {"bool": value}
     if isinstance(value, int):
         return {"int": value}
+    if isinstance(value, list):
+        return {"ints": list(value)}
     return {"string": value}
 
 
 def attribute_from_api(encoded: dict[str, Any]) -> AttributeValue:
-    """Decode a v1 ``DeviceAttribute`` back into a Python value."""
-    for key in ("bool", "int", "string", "version"):
+    """Decode a v1 ``DeviceAttribute`` back into a Python value (a list for ``ints``)."""
+    for key in ("bool", "int", "string", "version", "ints"):
         if key in encoded:
-            return encoded[key]
+            value: AttributeValue = encoded[key]
+            return value
     raise ValueError(f"device attribute has no value field: {encoded!r}")
+
+
+def first_int(value: AttributeValue | None) -> int | None:
+    """An int attribute, or the first element of an int list (the list form's physical node)."""
+    if isinstance(value, list):
+        return value[0] if value and isinstance(value[0], int) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return None
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,21 @@ class RouteConfig:
 
 
 @dataclass(frozen=True)
+class RuleConfig:
+    """One policy-routing rule (``ip rule``), dranet's ``RuleConfig``.
+
+    Only cloud providers produce rules so far (Azure: ``from <subnet> lookup 100+i`` per NIC,
+    :mod:`driver.inventory.cloud.azure`); they are merged and stored with the claim's config, but
+    neither accepted from claims nor applied in the pod yet (issue 16 part B).
+    """
+
+    priority: int | None = None
+    source: str | None = None  # CIDR
+    destination: str | None = None  # CIDR
+    table: int | None = None
+
+
+@dataclass(frozen=True)
 class EthtoolConfig:
     """Offload features and private flags, set by name (checked against the NIC at prepare)."""
 
@@ -73,6 +88,7 @@ class NetworkConfig:
 
     interface: InterfaceConfig | None = None
     routes: tuple[RouteConfig, ...] | None = None
+    rules: tuple[RuleConfig, ...] | None = None  # from cloud providers only, not applied yet (see RuleConfig)
     ethtool: EthtoolConfig | None = None
     rdma: RdmaConfig | None = None
     numa: NumaConfig | None = None
@@ -110,7 +126,7 @@ class NetworkConfig:
         accepted it; a wrong shape raises ``KeyError``/``TypeError``/``AttributeError``.
         """
         iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
-        routes = params.get("routes")
+        routes, rules = params.get("routes"), params.get("rules")
         return cls(
             interface=None
             if iface is None
@@ -121,6 +137,7 @@ class NetworkConfig:
                 addresses=None if iface.get("addresses") is None else tuple(iface["addresses"]),
             ),
             routes=None if routes is None else tuple(RouteConfig(**r) for r in routes),
+            rules=None if rules is None else tuple(RuleConfig(**r) for r in rules),
             ethtool=None
             if eth is None
             else EthtoolConfig(features=eth.get("features"), private_flags=eth.get("privateFlags")),

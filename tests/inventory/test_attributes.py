@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from driver.inventory.attributes import PRIORITY, finalize, shorten
+from driver.inventory.attributes import CLOUD_PRIORITY, PRIORITY, finalize, shorten
 
 
 def test_short_values_untouched() -> None:
@@ -30,11 +30,27 @@ def test_list_with_no_whole_element_is_omitted() -> None:
 
 
 def test_cap_drops_lowest_priority_deterministically() -> None:
-    attrs: dict = {name: "v" for name in PRIORITY}
+    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY]
+    attrs: dict = {name: "v" for name in base}
     attrs.update({f"cloud.example/a{i:02d}": i for i in range(20)})
     out = finalize(attrs)
     assert len(out) == 32
-    assert set(PRIORITY) <= set(out)  # 25 known ones kept, then the first 7 others by name
+    assert set(base) <= set(out)  # 25 known ones kept, then the first 7 others by name
     assert sorted(k for k in out if k.startswith("cloud")) == [f"cloud.example/a{i:02d}" for i in range(7)]
     small = {n: "v" for n in PRIORITY[:31]}
     assert finalize(small) == small
+
+
+def test_cloud_topology_outranks_descriptive_attributes() -> None:
+    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY]
+    gce = [n for n in CLOUD_PRIORITY if n.startswith("gce.")]
+    azure = [n for n in CLOUD_PRIORITY if n.startswith("azure.")]
+    assert len(base) + len(gce) == 32  # the worst real case fits: nothing is dropped
+    attrs: dict = {name: "v" for name in (*base, *gce)}
+    assert finalize(attrs) == attrs
+    # More than fits: the descriptive tail goes first, the placement attributes stay.
+    attrs.update({name: "v" for name in azure})
+    out = finalize(attrs)
+    assert set(azure) | set(gce) <= set(out)
+    dropped = set(attrs) - set(out)
+    assert dropped == set(base[-(len(attrs) - 32) :])  # alias, ipv6, ipv4, ...: the end of PRIORITY
