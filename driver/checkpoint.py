@@ -49,18 +49,25 @@ class PreparedDevice:
     device: str
     snapshot: Device  # the device as discovered at prepare time (attributes + host facts)
     config: NetworkConfig = field(default_factory=NetworkConfig)  # decoded and validated once, at prepare
+    # The cloud provider's config for this NIC, already merged under the claim's into ``config``;
+    # kept to tell its routes from the claim's (host routes are copied only when the claim set none).
+    cloud_config: NetworkConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
         out: dict[str, Any] = {name: getattr(self, name) for name in ("request", "pool", "device")}
         out.update(snapshot=_plain(self.snapshot), config=self.config.to_parameters())
+        if self.cloud_config is not None:  # absent in older files; ignored by older drivers
+            out["cloudConfig"] = self.cloud_config.to_parameters()
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PreparedDevice:
         """Inverse of :meth:`to_dict`."""
         snapshot, config = Device.from_dict(data["snapshot"]), NetworkConfig.from_parameters(data["config"])
-        return cls(data["request"], data["pool"], data["device"], snapshot, config)
+        cloud = data.get("cloudConfig")
+        cloud_config = None if cloud is None else NetworkConfig.from_parameters(cloud)
+        return cls(data["request"], data["pool"], data["device"], snapshot, config, cloud_config)
 
 
 @dataclass

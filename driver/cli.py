@@ -8,12 +8,95 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
 
-from driver.config import default
+from driver.config import default, parse_feature_gates
+
+GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+GO_NO_EFFECT = {
+    "db_path": "--db-path: ignored; prepared claims are in --state-dir and pod network state in --runtime-dir",
+    "inventory_poll_burst": "--inventory-poll-burst: ignored; link events and rescans are coalesced instead",
+    "cloud_provider_options": "--cloud-provider-options: ignored; no provider here takes options",
+}
+"""Go-driver flags accepted so its command lines and chart values start this driver, with no effect."""
+
+
+def seconds(text: str) -> float:
+    """A duration: seconds (``60``, ``2.5``) or a Go duration (``1m``, ``1m30s``, ``500ms``), as the Go
+    driver's ``--inventory-*-poll-interval`` take."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    for match in _GO_DURATION.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * GO_DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (seconds, or e.g. 2s, 1m, 500ms)")
+    return total
+
+
+def cloud_provider(text: str) -> str:
+    """``--cloud-provider`` / ``--cloud-provider-hint`` value, normalised (argparse type)."""
+    from driver.inventory.cloud.detection import parse_provider
+
+    try:
+        return parse_provider(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--cloud-provider: ")) from None
+
+
+def feature_gates(text: str) -> dict[str, bool]:
+    """``--feature-gates`` (argparse type)."""
+    try:
+        return parse_feature_gates(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--feature-gates: ")) from None
+
+
+def _add_cloud_flags(parser: argparse.ArgumentParser, go_alias: bool) -> None:
+    names = ["--cloud-provider", "--cloud-provider-hint"] if go_alias else ["--cloud-provider"]
+    parser.add_argument(
+        *names,
+        dest="cloud_provider",
+        type=cloud_provider,
+        default=default("cloud_provider"),
+        help="auto|none|gce|aws|azure|oke|alibaba (the Go driver's GCE, AZURE, ... hints too)",
+    )
+    parser.add_argument(
+        "--cloud-metadata-url",
+        default=default("cloud_metadata_url"),
+        help="base URL replacing every metadata service's host (paths and headers unchanged)",
+    )
+    parser.add_argument(
+        "--feature-gates",
+        type=feature_gates,
+        default=default("feature_gates"),
+        help="A=true,B=false: DRAListTypeAttributes, PersistentResourceSliceAttributes",
+    )
+
+
+def go_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(warnings, errors) about the Go driver's flags this driver accepts but cannot honour."""
+    warnings = [msg for dest, msg in GO_NO_EFFECT.items() if getattr(args, dest, None) is not None]
+    errors = []
+    if getattr(args, "move_ib_interfaces", "true") not in (None, "true", "True", "1"):
+        errors.append("--move-ib-interfaces=false: not supported; IPoIB interfaces always move with their device")
+    if getattr(args, "profile_provider", None) not in (None, "cloud", "none"):
+        errors.append(f"--profile-provider={args.profile_provider}: not supported yet (only cloud and none)")
+    if getattr(args, "webhook_url", None):
+        errors.append("--webhook-url: the webhook cloud and profile provider is not supported yet")
+    return warnings, errors
+
 
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
@@ -47,10 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the node driver daemon (kubelet plugin, NRI plugin, slices)")
-    run.add_argument("--node-name", default=_env("NODE_NAME", socket.gethostname()))
+    run.add_argument("--node-name", "--hostname-override", default=_env("NODE_NAME", socket.gethostname()))
     run.add_argument("--driver-name", default=default("driver_name"))
     run.add_argument("--sysfs-root", default=default("sysfs_root"))
-    run.add_argument("--kubelet-root", default=default("kubelet_root"))
+    run.add_argument("--kubelet-root", "--kubelet-root-dir", default=default("kubelet_root"))
     run.add_argument("--state-dir", default=default("state_dir"), help="prepared-claims checkpoint (on disk)")
     run.add_argument(
         "--runtime-dir",
@@ -83,19 +166,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--bind-address", default=default("bind_address"), help="address of /healthz and /metrics")
     run.add_argument(
         "--publish-interval",
-        type=float,
+        "--inventory-min-poll-interval",
+        type=seconds,
         default=default("publish_interval"),
-        help="seconds: at most one ResourceSlice write per interval",
+        help="seconds (or a Go duration): at most one ResourceSlice write per interval",
     )
     run.add_argument(
-        "--resync-interval", type=float, default=default("resync_interval"), help="seconds between full rescans"
+        "--resync-interval",
+        "--inventory-max-poll-interval",
+        type=seconds,
+        default=default("resync_interval"),
+        help="seconds (or a Go duration) between full rescans",
     )
+    _add_cloud_flags(run, go_alias=True)
+    go = run.add_argument_group(
+        "Go driver flags", "accepted so its command lines work; see docs/dranet-compatibility.md"
+    )
+    go.add_argument("--v", "-v", dest="verbosity", type=int, default=None, help="klog verbosity: 4 and up = debug")
+    go.add_argument("--db-path", default=None)
+    go.add_argument("--inventory-poll-burst", default=None)
+    go.add_argument("--cloud-provider-options", action="append", default=None)
+    go.add_argument("--move-ib-interfaces", default=None, help="true only")
+    go.add_argument("--profile-provider", default=None, help="cloud|none")
+    go.add_argument("--webhook-url", default=None, help="not supported")
 
     disc = sub.add_parser("discover", help="print the devices this node would publish")
     disc.add_argument("--sysfs-root", default=default("sysfs_root"))
     disc.add_argument("--output", "-o", default="table", choices=["json", "table"])
     disc.add_argument("--filter", default=default("filter"))
     disc.add_argument("--exclude-interfaces", default="")
+    _add_cloud_flags(disc, go_alias=False)
 
     val = sub.add_parser("validate", help="validate dra.net configs in ResourceClaim(Template) files")
     val.add_argument("files", nargs="+")
@@ -133,7 +233,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     from driver.logs import setup_logging
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "verbosity", None) is not None:  # the Go driver's --v (klog): 4+ is its debug output
+        args.log_level = "debug" if args.verbosity >= 4 else "info"
     setup_logging(args.log_level, args.log_format)
+    warnings, errors = go_flag_problems(args)
+    log = logging.getLogger("driver.cli")
+    for message in warnings:
+        log.warning(message)
+    if errors:
+        for message in errors:
+            log.error("invalid configuration", extra={"kv": {"error": message}})
+        return 2
     return int(_handler(args.command)(args) or 0)
 
 

@@ -21,6 +21,40 @@ DEFAULT_FILTER = f'!has(device.attributes["{DRIVER_NAME}"].type) || device.attri
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
 
 
+FEATURE_GATES: dict[str, bool] = {
+    "DRAListTypeAttributes": False,
+    "PersistentResourceSliceAttributes": False,
+}
+"""``--feature-gates`` this driver knows, with their defaults (the Go driver's gates, same names).
+
+``DRAListTypeAttributes``: publish ``resource.kubernetes.io/numaNode`` as an int list (KEP-5491;
+the apiserver must have the gate too: checked at start, see ``publish.list_attributes``).
+``PersistentResourceSliceAttributes``: accepted for compatibility; this driver always keeps
+allocated devices published with their last attributes."""
+
+CLOUD_PROVIDER_AUTO = "auto"
+"""``--cloud-provider`` default: detect GCE, AWS, Azure, OKE, Alibaba in the Go driver's order."""
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``--feature-gates A=true,B=false`` (Kubernetes syntax) -> every known gate's value.
+
+    Raises ``ValueError`` naming the flag, the gate and the reason (unknown gate, value not a bool).
+    """
+    gates = dict(FEATURE_GATES)
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not sep or value not in ("true", "false"):
+            raise ValueError(f"--feature-gates: {item!r}: expected <gate>=true|false")
+        if name not in FEATURE_GATES:
+            raise ValueError(f"--feature-gates: unrecognized feature gate {name!r} (known: {', '.join(FEATURE_GATES)})")
+        gates[name] = value == "true"
+    return gates
+
+
 @dataclass
 class DriverConfig:
     """Settings of a running node driver. CLI flags map 1:1 onto these fields."""
@@ -41,6 +75,9 @@ class DriverConfig:
     bind_address: str = ":9177"  # /healthz and /metrics
     publish_interval: float = 2.0  # coalescing window for ResourceSlice writes (s)
     resync_interval: float = 60.0  # periodic full rescan (s)
+    cloud_provider: str = CLOUD_PROVIDER_AUTO  # auto | none | gce | aws | azure | oke | alibaba
+    cloud_metadata_url: str | None = None  # replaces every metadata service's host (tests, proxies)
+    feature_gates: dict[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
     log_level: str = "info"
     log_format: str = "json"  # json | text
 
@@ -58,6 +95,11 @@ class DriverConfig:
     def registration_socket(self) -> str:
         """The plugin-registration socket the kubelet watches for."""
         return f"{self.kubelet_root}/plugins_registry/{self.driver_name}-reg.sock"
+
+    @property
+    def list_numa_attribute(self) -> bool:
+        """Whether ``resource.kubernetes.io/numaNode`` is published in its list form."""
+        return self.feature_gates.get("DRAListTypeAttributes", False)
 
     @property
     def host_sysfs(self) -> bool:

@@ -25,6 +25,9 @@ from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
 from driver.claims.prepare import Preparer
 from driver.claims.status import ClaimStatusWriter
 from driver.config import DRIVER_NAME, DriverConfig, config_from_args
+from driver.inventory.cloud.detection import effective_provider
+from driver.inventory.cloud.metadata import MetadataClient
+from driver.inventory.cloud.service import CloudMetadata
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
@@ -35,9 +38,14 @@ from driver.metrics import Metrics
 from driver.model.device import Device
 from driver.netlink.link_watch import LinkWatcher
 from driver.probe_server import ProbeServer, parse_bind_address
+from driver.publish.list_attributes import list_attributes_accepted
 from driver.publish.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
+
+CLOUD_STARTUP_WAIT = 3.0
+"""Seconds the first scan waits for cloud metadata: a healthy service's attributes are then in the
+first publish; a down or slow one costs at most this, and its attributes follow in a republish."""
 
 
 def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
@@ -61,6 +69,13 @@ class Daemon:
         self._rescan = asyncio.Event()
         self._tasks: list[asyncio.Task[Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.cloud = CloudMetadata(
+            effective_provider(config.cloud_provider, config.host_sysfs, config.cloud_metadata_url),
+            MetadataClient(config.cloud_metadata_url),
+            config.sysfs_root,
+            on_change=self.request_rescan,
+        )
+        self.list_numa = config.list_numa_attribute  # turned off at start if the apiserver cannot take it
         self._scan_fn = self._build_scanner()
         self.publisher = SlicePublisher(
             kube, config.driver_name, config.node_name, interval=config.publish_interval, metrics=self.metrics
@@ -78,6 +93,7 @@ class Daemon:
             config.driver_name,
             config.node_name,
             on_unprepare=self.status_writer.claim_unprepared,
+            cloud_config=self.cloud.device_config,
         )
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
         self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)
@@ -90,12 +106,17 @@ class Daemon:
         The filter is compiled here so a bad ``--filter`` stops the daemon at start.
         """
         scanner = Scanner(
-            self.config.sysfs_root, netlink=self.config.host_sysfs, exclude_interfaces=self.config.exclude_interfaces
+            self.config.sysfs_root,
+            netlink=self.config.host_sysfs,
+            exclude_interfaces=self.config.exclude_interfaces,
+            numa_list=self.list_numa,
         )
         device_filter = DeviceFilter(self.config.filter, self.config.driver_name) if self.config.filter else None
 
         def scan() -> list[Device]:
-            devices = scanner.scan()
+            scanner.numa_list = self.list_numa
+            # Cloud attributes before the filter, so an admin filter can select on them too.
+            devices = self.cloud.annotate(scanner.scan())
             if device_filter is not None:
                 devices = device_filter.apply(devices)
             return merge_allocated(devices, self.store.read(_allocated_snapshots))
@@ -174,6 +195,10 @@ class Daemon:
     async def run(self) -> int:
         """Run until :attr:`stopping` is set; returns the exit code."""
         self._loop = asyncio.get_running_loop()
+        if self.list_numa:
+            await self._check_list_attributes()
+        self.cloud.start()
+        await asyncio.to_thread(self.cloud.wait, CLOUD_STARTUP_WAIT)
         try:
             await self.rescan()
         except Exception:
@@ -187,6 +212,20 @@ class Daemon:
         finally:
             await self.shutdown()
         return 0
+
+    async def _check_list_attributes(self) -> None:
+        accepted, why = await asyncio.to_thread(
+            list_attributes_accepted, self.kube, self.config.driver_name, self.config.node_name
+        )
+        if accepted:
+            log.info("publishing resource.kubernetes.io/numaNode as a list (DRAListTypeAttributes)")
+            return
+        self.list_numa = False
+        log.error(
+            "--feature-gates DRAListTypeAttributes=true, but the apiserver cannot store list attributes; "
+            "publishing resource.kubernetes.io/numaNode as an int (a list would make it reject every slice)",
+            extra={"kv": {"why": why}},
+        )
 
     def _start_background(self) -> None:
         spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))
@@ -211,6 +250,7 @@ class Daemon:
     async def shutdown(self) -> None:
         """Stop the servers (removing the sockets) and the background tasks."""
         await self.plugin.stop(grace=0.5)
+        self.cloud.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -251,6 +291,8 @@ async def _main(config: DriverConfig) -> int:
                 "sysfs": config.sysfs_root,
                 "state_dir": config.state_dir,
                 "nri": config.nri_enabled,
+                "cloud_provider": config.cloud_provider,
+                "feature_gates": {k: v for k, v in config.feature_gates.items() if v},
             }
         },
     )

@@ -156,6 +156,7 @@ def test_serialisation_matches_asdict() -> None:
     claim = asdict(state.claims["u1"])
     for stored, device in zip(claim["devices"], state.claims["u1"].devices, strict=True):
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
+        assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
     expected = {"version": 2, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
     encoded = {"version": 2, **state.claims_json(), **state.pods_json()}
     assert json.dumps(encoded, sort_keys=True) == json.dumps(expected, sort_keys=True)
@@ -317,3 +318,19 @@ def test_a_file_without_version_is_refused(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.json").write_text(json.dumps({"claims": {}}))
     with pytest.raises(CheckpointError, match="version None"):
         CheckpointStore(tmp_path)
+
+
+def test_cloud_config_round_trips_and_older_files_have_none() -> None:
+    from driver.checkpoint import PreparedDevice
+    from driver.model.network_config import NetworkConfig, RouteConfig, RuleConfig
+
+    cloud = NetworkConfig(
+        routes=(RouteConfig("0.0.0.0/0", "10.0.1.1", table=101),), rules=(RuleConfig(source="10.0.1.0/24", table=101),)
+    )
+    device = _claim("u1").devices[0]
+    with_cloud = PreparedDevice(device.request, device.pool, device.device, device.snapshot, cloud, cloud)
+    data = json.loads(json.dumps(with_cloud.to_dict()))
+    assert data["cloudConfig"]["rules"] == [{"source": "10.0.1.0/24", "table": 101}]
+    assert PreparedDevice.from_dict(data) == with_cloud
+    del data["cloudConfig"]  # a file written before cloud configs existed
+    assert PreparedDevice.from_dict(data).cloud_config is None

@@ -9,12 +9,16 @@ claim configs, each in list order; later wins. See docs/configuration.md.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from driver.claims.decode import decode_config
 from driver.claims.fields import ConfigError, FieldError
 from driver.config import DRIVER_NAME
-from driver.model.network_config import NetworkConfig
+from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
+
+T = TypeVar("T")
 
 
 def request_matches(requests: Any, request: str) -> bool:
@@ -60,3 +64,48 @@ def configs_for_request(
     if errors:
         raise ConfigError.of(errors)
     return result
+
+
+def _last_wins(items: Iterable[T], key: Callable[[T], Hashable]) -> tuple[T, ...]:
+    """``items`` without duplicates by ``key``, the last occurrence kept in its place (the Go driver's dedupe)."""
+    items = list(items)
+    seen: set[Hashable] = set()
+    out: list[T] = []
+    for item in reversed(items):
+        k = key(item)
+        if k not in seen:
+            seen.add(k)
+            out.append(item)
+    return tuple(reversed(out))
+
+
+def _route_key(route: RouteConfig) -> tuple[str, int]:
+    return (route.destination, route.table)
+
+
+def merge_under_cloud(cloud: NetworkConfig | None, claim: NetworkConfig) -> NetworkConfig:
+    """The claim's config on top of the cloud provider's config for the same NIC (the Go driver's
+    ``MergeNetworkConfig``: "user wins").
+
+    Scalars set by the claim win; lists are the cloud's followed by the claim's with duplicates
+    resolved in the claim's favour: addresses by value, routes by (destination, table) (the Go
+    driver keys routes by destination alone, which would drop a cloud route of another table),
+    rules by value; maps (ethtool) merge key by key.
+    """
+    if cloud is None:
+        return claim
+    merged = cloud.merged(claim)  # scalars and maps: claim wins; lists: the claim's replace the cloud's
+    addresses = None
+    c_iface, u_iface = cloud.interface or InterfaceConfig(), claim.interface or InterfaceConfig()
+    if c_iface.addresses is not None or u_iface.addresses is not None:
+        addresses = _last_wins([*(c_iface.addresses or ()), *(u_iface.addresses or ())], lambda a: a)
+    routes = None
+    if cloud.routes is not None or claim.routes is not None:
+        routes = _last_wins([*(cloud.routes or ()), *(claim.routes or ())], _route_key)
+    rules = None
+    if cloud.rules is not None or claim.rules is not None:
+        rules = _last_wins([*(cloud.rules or ()), *(claim.rules or ())], lambda r: r)
+    interface = merged.interface
+    if interface is not None:
+        interface = replace(interface, addresses=addresses)
+    return replace(merged, interface=interface, routes=routes, rules=rules)

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
 from driver.claims.fields import ConfigError
-from driver.claims.merge import configs_for_request
+from driver.claims.merge import configs_for_request, merge_under_cloud
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
@@ -140,16 +140,19 @@ class Preparer:
         config_decoder: ConfigDecoder = configs_for_request,
         after_commit: Callable[[list[str]], None] | None = None,
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
+        cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
         the allocation's config entries into the per-device config (decoded once, here);
         ``after_commit`` is called with the claim UIDs just persisted (tests use it to crash the
         process between the checkpoint write and the response); ``on_unprepare`` gets each claim
-        that unprepare removed (the claim status writer drops our entries)."""
+        that unprepare removed (the claim status writer drops our entries); ``cloud_config`` gives the
+        cloud provider's config of a device, merged under the claim's (the Go driver's order)."""
         self.kube, self.store, self.devices = kube, store, devices
         self.driver_name, self.node_name = driver_name, node_name
         self.config_decoder = config_decoder
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
+        self.cloud_config = cloud_config
         self._commit = _GroupCommit(store)
         self._pool: Executor | None = None
 
@@ -265,8 +268,12 @@ class Preparer:
                 raise
             except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
+            cloud = self.cloud_config(device) if self.cloud_config is not None else None
+            config = merge_under_cloud(cloud, config)
             _check_ethtool(where, base, device, config)
-            prepared.append(PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config))
+            prepared.append(
+                PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config, cloud_config=cloud)
+            )
         pod_uids = [
             r["uid"]
             for r in status.get("reservedFor") or []

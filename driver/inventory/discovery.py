@@ -32,6 +32,7 @@ from driver.inventory.netlink_facts import (
     collect,
     enslaved_closure,
 )
+from driver.inventory.numa_list import numa_node_list
 from driver.inventory.rdma import RdmaDevice, scan_rdma
 from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of, pcie_root_of
 from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
@@ -119,6 +120,7 @@ class Scanner:
         netns: str | None = None,
         pci_ids_paths: Sequence[str] = PCI_IDS_PATHS,
         use_pyverbs: bool = True,
+        numa_list: bool = False,
     ) -> None:
         self.sysfs_root = sysfs_root
         # Netlink describes the host, so it only applies to the host's own sysfs.
@@ -128,6 +130,8 @@ class Scanner:
         self.use_pyverbs = use_pyverbs and self.netlink
         self.pci_ids = PciIds(pci_ids_paths)
         self.identity = IdentityCache()  # immutable per-object facts, across scans
+        # resource.kubernetes.io/numaNode as a list (--feature-gates DRAListTypeAttributes=true).
+        self.numa_list = numa_list
 
     # -- step 1: netdevs --------------------------------------------------------------------
     def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> dict[str, Netdev]:
@@ -227,7 +231,7 @@ class Scanner:
         numa = sysfs.read_int(f"{base}/numa_node")
         if numa is not None and numa >= 0:  # -1 = firmware does not say: publish nothing
             out[D + "numaNode"] = numa
-            out[S + "numaNode"] = numa
+            out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list else numa
             host.numa_node = numa
         physfn = sysfs.resolve(f"{base}/physfn")
         # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:

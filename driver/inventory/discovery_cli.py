@@ -15,11 +15,17 @@ import sys
 from typing import TextIO
 
 from driver.inventory.attributes import D
+from driver.inventory.cloud.detection import NONE, effective_provider
+from driver.inventory.cloud.metadata import MetadataClient
+from driver.inventory.cloud.service import CloudMetadata
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner
 from driver.model.device import STANDARD_DOMAIN, Device, first_int
 
 log = logging.getLogger(__name__)
+
+DISCOVER_CLOUD_WAIT = 5.0
+"""Seconds ``dranet discover`` waits for cloud metadata before printing without it."""
 
 COLUMNS = ("NAME", "IFNAME", "PCIADDRESS", "RDMADEVICE", "NUMANODE", "LINKLAYER", "STATE")
 
@@ -50,6 +56,10 @@ def format_table(devices: list[Device]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows) + "\n"
 
 
+def _is_host(root: str) -> bool:
+    return os.path.realpath(root) == "/sys"
+
+
 def sysfs_root_error(root: str) -> str | None:
     """Why ``root`` cannot be a sysfs tree (a typo would otherwise publish nothing, silently)."""
     if not os.path.isdir(root):
@@ -72,8 +82,17 @@ def cli_discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     excluded = [i.strip() for i in (getattr(args, "exclude_interfaces", "") or "").split(",") if i.strip()]
-    scanner = Scanner(sysfs_root=args.sysfs_root, exclude_interfaces=excluded)
-    devices = device_filter.apply(scanner.scan())
+    gates = getattr(args, "feature_gates", None) or {}
+    scanner = Scanner(
+        sysfs_root=args.sysfs_root, exclude_interfaces=excluded, numa_list=gates.get("DRAListTypeAttributes", False)
+    )
+    url = getattr(args, "cloud_metadata_url", None)
+    provider = effective_provider(getattr(args, "cloud_provider", NONE), _is_host(args.sysfs_root), url)
+    cloud = CloudMetadata(provider, MetadataClient(url), args.sysfs_root)
+    cloud.start()
+    cloud.wait(DISCOVER_CLOUD_WAIT)  # one attempt's worth: a CLI does not retry in the background
+    cloud.stop()
+    devices = device_filter.apply(cloud.annotate(scanner.scan()))
     if args.output == "json":
         json.dump([d.to_api() for d in devices], out, indent=2)
         out.write("\n")

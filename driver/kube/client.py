@@ -110,9 +110,10 @@ class KubeClient:
             ApiRequest("GET", f"{RESOURCE_API}/resourceslices", query, timeout=(10, timeout_seconds + 30))
         )
 
-    def create_resource_slice(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST a ResourceSlice."""
-        return self.request("POST", f"{RESOURCE_API}/resourceslices", body)
+    def create_resource_slice(self, body: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        """POST a ResourceSlice (``dry_run``: validated and admitted, not stored; the stored form is returned)."""
+        query = {"dryRun": "All"} if dry_run else None
+        return self.request("POST", f"{RESOURCE_API}/resourceslices", body, query=query)
 
     def replace_resource_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """PUT a ResourceSlice (its resourceVersion guards against races)."""

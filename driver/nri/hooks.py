@@ -80,17 +80,20 @@ def _route(cfg: RouteConfig) -> Route:
 def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
     """The claim config of ``device`` (``interface``, ``routes``) applied to its host state.
 
-    No addresses configured: the host's addresses (and, without configured routes, its
-    routes) are copied into the pod, as the Go driver does.
+    No addresses configured: the host's addresses (and, without routes from the claim, its
+    routes) are copied into the pod, as the Go driver does; the cloud provider's routes
+    (``device.cloud_config``, already in ``config``) are added either way.
     """
-    cfg = device.config  # decoded and validated at prepare time
+    cfg = device.config  # decoded and validated at prepare time (cloud config merged under it)
     iface = cfg.interface or InterfaceConfig()
     addresses = list(iface.addresses or ())
     routes = [_route(r) for r in cfg.routes or ()]
+    cloud = set(device.cloud_config.routes or ()) if device.cloud_config else set()
     if not addresses:
         addresses = list(host.addresses)
-        if not routes:
-            routes = list(host.routes)
+        if not any(r not in cloud for r in cfg.routes or ()):  # the claim set no route: keep the host's too
+            keys = {(r.dst, r.table) for r in routes}
+            routes = [r for r in host.routes if (r.dst, r.table) not in keys] + routes
     return PodLinkConfig(
         ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr, addresses=addresses, routes=routes
     )

@@ -74,10 +74,10 @@ class AzureInstance:
     def device_config(self, device: DeviceIdentifiers) -> NetworkConfig | None:
         """Policy routing of a known NIC: rule ``from <subnet> lookup 100+i``, default route via the gateway."""
         found = self._nic(device)
-        if found is None or not found[1].subnet:
+        if found is None or found[1].subnet is None:
             return None
-        index, nic = found
-        subnet = ipaddress.ip_network(nic.subnet)  # checked when parsed
+        index = found[0]
+        subnet = ipaddress.ip_network(found[1].subnet)  # checked when parsed
         table = ROUTING_TABLE_BASE + index
         gateway = str(next(subnet.hosts()))
         return NetworkConfig(
@@ -124,7 +124,8 @@ def parse_network(raw: Any) -> tuple[AzureInterface, ...]:
         where = f"network.interface[{i}]"
         if not isinstance(nic, dict) or not isinstance(nic.get("macAddress"), str):
             raise MetadataError(f"{where}: no macAddress")
-        ipv4 = nic.get("ipv4") if isinstance(nic.get("ipv4"), dict) else {}
+        ipv4 = nic.get("ipv4")
+        ipv4 = ipv4 if isinstance(ipv4, dict) else {}
         out.append(AzureInterface(mac=nic["macAddress"], subnet=_subnet(ipv4.get("subnet"), f"{where}.ipv4.subnet")))
     return tuple(out)
 

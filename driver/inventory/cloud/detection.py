@@ -64,3 +64,11 @@ def detect(client: MetadataClient, providers: tuple[Provider, ...] = PROVIDERS) 
             except Exception:  # noqa: BLE001 - a probe that crashes says "not this cloud"
                 continue
     return None
+
+
+def effective_provider(provider: str, host_sysfs: bool, metadata_url: str | None) -> str:
+    """``auto`` means ``none`` when discovery reads a sysfs fixture and no ``--cloud-metadata-url`` is
+    given: the fixture is not this VM, so this VM's metadata would describe the wrong machine."""
+    if provider == AUTO and not host_sysfs and not metadata_url:
+        return NONE
+    return provider
