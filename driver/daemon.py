@@ -245,7 +245,7 @@ class Daemon:
         hooks = NRIHooks(
             self.store, status=self.status_writer, host_netns=self.config.host_netns, sysfs_root=self.config.sysfs_root
         )
-        await NRIPlugin(self.config.nri_socket, handler=hooks).run()
+        await NRIPlugin(self.config.nri_socket, handler=hooks, metrics=self.metrics).run()
 
     async def shutdown(self) -> None:
         """Stop the servers (removing the sockets) and the background tasks."""

@@ -1,5 +1,12 @@
 """Prometheus metrics of the node driver, kept in one registry object that is passed around.
 
+Names, labels and label values are the Go reference driver's (namespace ``dranet``, subsystem
+``driver``), so its users' dashboards and alerts keep working: ``dra_plugin_requests_total`` and
+``..._latency_seconds`` (kubelet calls), ``nri_plugin_requests_total`` and ``..._latency_seconds``
+(runtime hooks), ``published_devices_total{feature="total|rdma"}``,
+``last_published_time_seconds``; status ``success``, ``failed`` or ``noop`` (a hook with nothing
+to do). Ours on top: ``dra_plugin_claim_errors_total``.
+
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
 several in-process drivers each have their own counters.
 """
@@ -11,7 +18,11 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 NAMESPACE = "dranet"
+SUBSYSTEM = "driver"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+SUCCESS, FAILED, NOOP = "success", "failed", "noop"
+PREPARE, UNPREPARE = "PrepareResourceClaims", "UnprepareResourceClaims"
+"""The Go driver's ``method`` label values of the kubelet calls."""
 
 
 class Metrics:
@@ -19,52 +30,54 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        reg = self.registry
-        by_call = ["method", "status"]
+        common = {"namespace": NAMESPACE, "subsystem": SUBSYSTEM, "registry": self.registry}
         self.requests = Counter(
-            "dra_plugin_requests",
-            "Kubelet DRA gRPC requests by method and status (ok|error).",
-            by_call,
-            namespace=NAMESPACE,
-            registry=reg,
+            "dra_plugin_requests", "Kubelet DRA requests by method and status.", ["method", "status"], **common
         )
         self.latency = Histogram(
-            "dra_plugin_latency_seconds",
-            "Kubelet DRA gRPC request latency by method and status.",
-            by_call,
-            namespace=NAMESPACE,
-            registry=reg,
+            "dra_plugin_requests_latency_seconds",
+            "Kubelet DRA request latency in seconds.",
+            ["method"],
             buckets=LATENCY_BUCKETS,
+            **common,
         )
         self.claim_errors = Counter(
-            "dra_plugin_claim_errors",
-            "Claims answered with a per-claim error, by method.",
-            ["method"],
-            namespace=NAMESPACE,
-            registry=reg,
+            "dra_plugin_claim_errors", "Claims answered with a per-claim error, by method.", ["method"], **common
+        )
+        self.nri_requests = Counter(
+            "nri_plugin_requests", "NRI hook calls by method and status.", ["method", "status"], **common
+        )
+        self.nri_latency = Histogram(
+            "nri_plugin_requests_latency_seconds",
+            "NRI hook latency in seconds, by method and status.",
+            ["method", "status"],
+            buckets=LATENCY_BUCKETS,
+            **common,
         )
         self.published_devices = Gauge(
-            "published_devices", "Devices in this node's ResourceSlices.", namespace=NAMESPACE, registry=reg
-        )
-        self.published_rdma_devices = Gauge(
-            "published_rdma_devices", "Published devices with dra.net/rdma=true.", namespace=NAMESPACE, registry=reg
+            "published_devices_total",
+            "Devices in this node's ResourceSlices (feature: total, rdma).",
+            ["feature"],
+            **common,
         )
         self.last_publish = Gauge(
-            "last_publish_timestamp_seconds",
-            "Unix time of the last successful ResourceSlice write.",
-            namespace=NAMESPACE,
-            registry=reg,
+            "last_published_time_seconds", "Unix time of the last successful ResourceSlice write.", **common
         )
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:
-        """Count one gRPC request and record its latency."""
+        """Count one kubelet request and record its latency."""
         self.requests.labels(method, status).inc()
-        self.latency.labels(method, status).observe(seconds)
+        self.latency.labels(method).observe(seconds)
+
+    def observe_hook(self, method: str, status: str, seconds: float) -> None:
+        """Count one NRI hook call (``RunPodSandbox``, ...) and record its latency."""
+        self.nri_requests.labels(method, status).inc()
+        self.nri_latency.labels(method, status).observe(seconds)
 
     def set_devices(self, total: int, rdma: int) -> None:
         """Record the size of the published inventory."""
-        self.published_devices.set(total)
-        self.published_rdma_devices.set(rdma)
+        self.published_devices.labels("total").set(total)
+        self.published_devices.labels("rdma").set(rdma)
 
     def mark_published(self, when: float | None = None) -> None:
         """Record a successful publish (the publisher calls this)."""

@@ -181,13 +181,13 @@ async def test_run_serves_health_and_sigterm_removes_sockets(env: Env) -> None:
         metrics = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         )
-        if "dranet_last_publish_timestamp_seconds 0.0" not in metrics or time.monotonic() > deadline:
+        if "dranet_driver_last_published_time_seconds 0.0" not in metrics or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.1)
-    assert 'dranet_dra_plugin_requests_total{method="NodePrepareResources",status="ok"} 1.0' in metrics
-    assert "dranet_published_devices 4.0" in metrics
+    assert 'dranet_driver_dra_plugin_requests_total{method="PrepareResourceClaims",status="success"} 1.0' in metrics
+    assert 'dranet_driver_published_devices_total{feature="total"} 4.0' in metrics
     # The publisher records its last successful write (slices went to the stub apiserver).
-    published = [line for line in metrics.splitlines() if line.startswith("dranet_last_publish_timestamp_seconds ")]
+    published = [line for line in metrics.splitlines() if line.startswith("dranet_driver_last_published_time_seconds ")]
     assert published and float(published[0].split()[1]) > time.time() - 60
     assert any(s["spec"]["nodeName"] == NODE and len(s["spec"]["devices"]) == 4 for s in env.api.slices.values())
     started = time.monotonic()

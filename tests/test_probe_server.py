@@ -25,7 +25,10 @@ async def test_probe_server_ready_gate_and_metrics() -> None:
                 assert resp.status == 200
             async with http.get(base + "/metrics") as resp:
                 text = await resp.text()
-                assert "dranet_published_devices 5.0" in text and "dranet_published_rdma_devices 2.0" in text
+                assert (
+                    'dranet_driver_published_devices_total{feature="total"} 5.0' in text
+                    and 'dranet_driver_published_devices_total{feature="rdma"} 2.0' in text
+                )
     finally:
         await server.stop()
 

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from driver.claims.prepare import ClaimRef, Preparer, PrepareResult
-from driver.metrics import Metrics
+from driver.metrics import FAILED, PREPARE, SUCCESS, UNPREPARE, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,13 @@ class DRAService:
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         start = time.perf_counter()
-        status = "error"
+        status = FAILED
         try:
             results = await self.preparer.prepare(_claim_refs(request))
             failed = sum(1 for r in results.values() if r.error)
             if failed:
-                self.metrics.claim_errors.labels("NodePrepareResources").inc(failed)
-            status = "ok" if not failed else "claim_error"
+                self.metrics.claim_errors.labels(PREPARE).inc(failed)
+            status = SUCCESS if not failed else FAILED  # the Go driver: any claim error fails the call
             return _prepare_response(self.pb, results, share_ids=self.version == "v1")
         except Exception as exc:  # never let a bug kill the call without per-claim answers
             log.exception("NodePrepareResources failed")
@@ -65,20 +65,20 @@ class DRAService:
                 self.pb, {c.uid: PrepareResult(error=f"internal error: {exc}") for c in request.claims}, share_ids=False
             )
         finally:
-            self.metrics.observe_request("NodePrepareResources", status, time.perf_counter() - start)
+            self.metrics.observe_request(PREPARE, status, time.perf_counter() - start)
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         start = time.perf_counter()
-        status = "error"
+        status = FAILED
         response = self.pb.NodeUnprepareResourcesResponse()
         try:
             errors = await self.preparer.unprepare(_claim_refs(request))
-            status = "ok" if not any(errors.values()) else "claim_error"
+            status = SUCCESS if not any(errors.values()) else FAILED
         except Exception as exc:
             log.exception("NodeUnprepareResources failed")
             errors = {c.uid: f"internal error: {exc}" for c in request.claims}
         finally:
-            self.metrics.observe_request("NodeUnprepareResources", status, time.perf_counter() - start)
+            self.metrics.observe_request(UNPREPARE, status, time.perf_counter() - start)
         for uid, error in errors.items():
             response.claims[uid].error = error
         return response

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
+from driver.metrics import FAILED, SUCCESS, Metrics
 from driver.nri import ttrpc
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 
@@ -80,7 +81,13 @@ class NRIPlugin:
     """An external NRI plugin that reconnects with exponential backoff until :meth:`stop`."""
 
     def __init__(
-        self, socket_path: str, handler: NRIHandler, idx: str = "00", *, reconnect: Backoff = RECONNECT
+        self,
+        socket_path: str,
+        handler: NRIHandler,
+        idx: str = "00",
+        *,
+        reconnect: Backoff = RECONNECT,
+        metrics: Metrics | None = None,
     ) -> None:
         if len(idx) != 2 or not idx.isdigit():
             raise ValueError(f"NRI plugin index must be two digits, got {idx!r}")
@@ -89,6 +96,7 @@ class NRIPlugin:
         self.name = DRIVER_NAME  # the plugin name the runtime logs
         self.idx = idx
         self.reconnect = reconnect
+        self.metrics = metrics  # dranet_driver_nri_plugin_requests_total / _latency_seconds per hook
         self.registered = asyncio.Event()  # set while registered with a runtime
         self.sessions = 0  # completed registrations, for tests and metrics
         self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
@@ -179,10 +187,16 @@ class NRIPlugin:
 
     async def _in_worker(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.perf_counter()
+        status = FAILED
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+            result = await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+            status = SUCCESS
+            return result
         finally:
-            ms = (time.perf_counter() - start) * 1e3
+            seconds = time.perf_counter() - start
+            if self.metrics is not None:
+                self.metrics.observe_hook(what, status, seconds)
+            ms = seconds * 1e3
             level = logging.WARNING if ms > self.request_timeout * 1e3 / 2 else logging.DEBUG
             log.log(level, "NRI hook done", extra={"kv": {"hook": what, "ms": round(ms, 3)}})
 

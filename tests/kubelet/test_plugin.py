@@ -97,8 +97,8 @@ async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPI
         assert {k: v.error for k, v in un.claims.items()} == {"uid-1": "", "uid-x": ""}
     assert plugin.preparer.store.read(lambda s: list(s.claims)) == []
     text = plugin.metrics.render().decode()
-    assert 'dranet_dra_plugin_requests_total{method="NodePrepareResources",status="claim_error"} 1.0' in text
-    assert 'dranet_dra_plugin_requests_total{method="NodeUnprepareResources",status="ok"} 1.0' in text
+    assert 'dranet_driver_dra_plugin_requests_total{method="PrepareResourceClaims",status="failed"} 1.0' in text
+    assert 'dranet_driver_dra_plugin_requests_total{method="UnprepareResourceClaims",status="success"} 1.0' in text
 
 
 async def test_health_stream_sends_complete_list_and_changes(plugin: KubeletPlugin) -> None:
