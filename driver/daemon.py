@@ -94,6 +94,7 @@ class Daemon:
             config.node_name,
             on_unprepare=self.status_writer.claim_unprepared,
             cloud_config=self.cloud.device_config,
+            on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
         )
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
         self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)

@@ -141,18 +141,21 @@ class Preparer:
         after_commit: Callable[[list[str]], None] | None = None,
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
         cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
+        on_error: Callable[[ClaimRef, str], None] | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
         the allocation's config entries into the per-device config (decoded once, here);
         ``after_commit`` is called with the claim UIDs just persisted (tests use it to crash the
         process between the checkpoint write and the response); ``on_unprepare`` gets each claim
         that unprepare removed (the claim status writer drops our entries); ``cloud_config`` gives the
-        cloud provider's config of a device, merged under the claim's (the Go driver's order)."""
+        cloud provider's config of a device, merged under the claim's (the Go driver's order);
+        ``on_error`` gets each claim answered with an error (the status writer posts an event on it)."""
         self.kube, self.store, self.devices = kube, store, devices
         self.driver_name, self.node_name = driver_name, node_name
         self.config_decoder = config_decoder
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.cloud_config = cloud_config
+        self.on_error = on_error
         self._commit = _GroupCommit(store)
         self._pool: Executor | None = None
 
@@ -201,6 +204,11 @@ class Preparer:
                     results[record.uid] = _result_of(record)
         for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
             results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
+            if results[ref.uid].error and self.on_error is not None:
+                try:
+                    self.on_error(ref, results[ref.uid].error)
+                except Exception:
+                    log.exception("on_error failed", extra={"kv": {"claim": ref.uid}})
         log.info(
             "prepared claims",
             extra={

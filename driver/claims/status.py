@@ -22,6 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from driver.checkpoint import PreparedClaim
@@ -34,6 +35,21 @@ from driver.kube.errors import KubeError, NotFound
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = DRIVER_NAME
+
+
+PREPARE_FAILED = "ClaimPrepareFailed"
+"""Reason of the Warning event on a claim NodePrepareResources refused (the Go driver's)."""
+
+
+@dataclass(frozen=True)
+class ClaimEvent:
+    """A Warning event to post on a ResourceClaim (no status write)."""
+
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+    message: str
 
 
 class ClaimReplaced(Exception):
@@ -69,7 +85,7 @@ class ClaimStatusWriter:
         # Retries: max_attempts writes per update, the delay doubling from backoff up to max_backoff.
         self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
         self._sleep = sleep
-        self._queue: queue.Queue[StatusUpdate | None] = queue.Queue(maxsize=queue_size)
+        self._queue: queue.Queue[StatusUpdate | ClaimEvent | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._numa_cache: dict[str, dict[str, str]] = {}  # claim uid -> condition (allocation is immutable)
         self.delivered = 0
@@ -93,15 +109,19 @@ class ClaimStatusWriter:
         """
         self._enqueue(StatusUpdate("", claim, clear=True))
 
-    def _enqueue(self, update: StatusUpdate) -> None:
+    def prepare_failed(self, namespace: str, name: str, uid: str, message: str) -> None:
+        """NodePrepareResources refused the claim: queue a Warning event ``ClaimPrepareFailed`` on it."""
+        self._enqueue(ClaimEvent(namespace, name, uid, PREPARE_FAILED, message))
+
+    def _enqueue(self, update: StatusUpdate | ClaimEvent) -> None:
         try:
             self._queue.put_nowait(update)
         except queue.Full:
             # Never block the runtime's hook: status is informative, the pod's fate is not.
             self.dropped += 1
+            where = update if isinstance(update, ClaimEvent) else update.claim
             log.error(
-                "claim status queue full; dropping update",
-                extra={"kv": {"claim": f"{update.claim.namespace}/{update.claim.name}"}},
+                "claim status queue full; dropping update", extra={"kv": {"claim": f"{where.namespace}/{where.name}"}}
             )
 
     # -- worker -------------------------------------------------------------------------------
@@ -125,7 +145,10 @@ class ClaimStatusWriter:
             update = self._queue.get()
             if update is None:
                 return
-            self.process(update)
+            if isinstance(update, ClaimEvent):
+                self.post_claim_event(update)
+            else:
+                self.process(update)
 
     def process(self, update: StatusUpdate) -> bool:
         """Deliver one update with bounded retries; True when written."""
@@ -292,3 +315,40 @@ class ClaimStatusWriter:
         except KubeError as exc:
             # The status write still carries the failure; an event is a courtesy.
             log.warning("cannot post event", extra={"kv": {"error": str(exc)}})
+        # The same failure on the claim (the object a dranet user's tooling watches).
+        self.post_claim_event(
+            ClaimEvent(claim.namespace, claim.name, claim.uid, event["reason"], f"pod {pod_name}: {event['message']}")
+        )
+
+    def post_claim_event(self, ev: ClaimEvent) -> bool:
+        """Post a Warning event whose ``involvedObject`` is the ResourceClaim; True when created."""
+        now = now_utc()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{ev.name}.{uuid.uuid4().hex[:16]}", "namespace": ev.namespace},
+            "involvedObject": {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "namespace": ev.namespace,
+                "name": ev.name,
+                "uid": ev.uid,
+            },
+            "type": "Warning",
+            "reason": ev.reason,
+            "message": ev.message[:1024],
+            "source": {"component": self.driver_name, "host": self.node_name},
+            "reportingComponent": self.driver_name,
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.kube.create_namespaced_event(ev.namespace, body)
+            return True
+        except Exception as exc:  # noqa: BLE001 - an event is a courtesy: never retry-loop or crash on it
+            log.warning(
+                "cannot post claim event", extra={"kv": {"claim": f"{ev.namespace}/{ev.name}", "error": str(exc)}}
+            )
+            return False

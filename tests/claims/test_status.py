@@ -152,8 +152,11 @@ def test_failure_keeps_other_entries_and_posts_one_event_despite_retries(tmp_pat
     ready1 = {c["type"]: c for c in devs["nic-1"]["conditions"]}["Ready"]
     assert (ready1["status"], ready1["reason"]) == ("False", "SetMtuFailed")
     assert ready1["message"] == "set mtu: Numerical result out of range"
-    assert len(kube.events) == 1
-    event = kube.events[0]
+    assert len(kube.events) == 2  # once on the pod, once on the claim, despite the retries
+    event, on_claim = kube.events
+    assert on_claim["involvedObject"]["kind"] == "ResourceClaim" and on_claim["reason"] == event["reason"]
+    assert on_claim["involvedObject"]["apiVersion"] == "resource.k8s.io/v1"
+    assert "trainer-0" in on_claim["message"] and "set mtu" in on_claim["message"]
     assert event["type"] == "Warning"
     assert event["involvedObject"] == {
         "apiVersion": "v1",
@@ -218,3 +221,21 @@ def test_reason_is_a_valid_conditionreason_for():
     assert reason_for("move netdev") == "MoveNetdevFailed"
     assert reason_for("") == "NetworkSetupFailed"
     assert reason_for("9x") == "NetworkSetupFailed"
+
+
+def test_prepare_failure_posts_a_claim_event(tmp_path):
+    kube = FakeKube(api_claim())
+    writer = ClaimStatusWriter(kube, "node-a", sysfs_root=str(tmp_path), sleep=lambda s: None)
+    writer.prepare_failed("default", "c", "claim-uid", "config for request 'nic': interface.mtu: must be >= 68")
+    writer.start()
+    writer.stop(timeout=10)
+    (event,) = kube.events
+    assert event["reason"] == "ClaimPrepareFailed" and event["type"] == "Warning"
+    assert event["involvedObject"] == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "namespace": "default",
+        "name": "c",
+        "uid": "claim-uid",
+    }
+    assert "interface.mtu" in event["message"]

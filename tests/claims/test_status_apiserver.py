@@ -254,6 +254,12 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
     assert len(ours) == 1, events
     assert ours[0]["type"] == "Warning" and ours[0]["reason"] == "SetMtuFailed"
     assert failed in ours[0]["message"] and "invalid argument" in ours[0]["message"]
+    on_claim = nd_node.kube.request(
+        "GET",
+        f"/api/v1/namespaces/{nd_node.namespace}/events",
+        query={"fieldSelector": f"involvedObject.uid={claim['metadata']['uid']}"},
+    )["items"]
+    assert [(e["involvedObject"]["kind"], e["reason"]) for e in on_claim] == [("ResourceClaim", "SetMtuFailed")]
 
     # Unprepare: all our entries go (an empty apply drops what we own); the GPU's stays.
     writer = ClaimStatusWriter(nd_node.kube, nd_node.name, sysfs_root=str(nd_node.sysfs), sleep=lambda s: None)
