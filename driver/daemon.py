@@ -36,6 +36,7 @@ from driver.kubelet.device_health import DeviceHealthFeed, device_health_states
 from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device
+from driver.netlink import rdma_netns
 from driver.netlink.link_watch import LinkWatcher
 from driver.probe_server import ProbeServer, parse_bind_address
 from driver.publish.list_attributes import list_attributes_accepted
@@ -76,6 +77,7 @@ class Daemon:
             on_change=self.request_rescan,
         )
         self.list_numa = config.list_numa_attribute  # turned off at start if the apiserver cannot take it
+        self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
         self._scan_fn = self._build_scanner()
         self.publisher = SlicePublisher(
             kube, config.driver_name, config.node_name, interval=config.publish_interval, metrics=self.metrics
@@ -198,6 +200,9 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         if self.list_numa:
             await self._check_list_attributes()
+        if self.config.host_sysfs and self.config.nri_enabled:
+            self.rdma_mode = await asyncio.to_thread(rdma_netns.netns_mode)
+            log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
         self.cloud.start()
         await asyncio.to_thread(self.cloud.wait, CLOUD_STARTUP_WAIT)
         try:
@@ -244,7 +249,11 @@ class Daemon:
         # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
         # logged and retried, never fatal for the kubelet plugin.
         hooks = NRIHooks(
-            self.store, status=self.status_writer, host_netns=self.config.host_netns, sysfs_root=self.config.sysfs_root
+            self.store,
+            status=self.status_writer,
+            host_netns=self.config.host_netns,
+            sysfs_root=self.config.sysfs_root,
+            rdma_exclusive=self.rdma_mode == rdma_netns.EXCLUSIVE,
         )
         await NRIPlugin(self.config.nri_socket, handler=hooks, metrics=self.metrics).run()
 

@@ -30,38 +30,63 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        common = {"namespace": NAMESPACE, "subsystem": SUBSYSTEM, "registry": self.registry}
+        reg = self.registry
         self.requests = Counter(
-            "dra_plugin_requests", "Kubelet DRA requests by method and status.", ["method", "status"], **common
+            "dra_plugin_requests",
+            "Kubelet DRA requests by method and status.",
+            ["method", "status"],
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.latency = Histogram(
             "dra_plugin_requests_latency_seconds",
             "Kubelet DRA request latency in seconds.",
             ["method"],
             buckets=LATENCY_BUCKETS,
-            **common,
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.claim_errors = Counter(
-            "dra_plugin_claim_errors", "Claims answered with a per-claim error, by method.", ["method"], **common
+            "dra_plugin_claim_errors",
+            "Claims answered with a per-claim error, by method.",
+            ["method"],
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.nri_requests = Counter(
-            "nri_plugin_requests", "NRI hook calls by method and status.", ["method", "status"], **common
+            "nri_plugin_requests",
+            "NRI hook calls by method and status.",
+            ["method", "status"],
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.nri_latency = Histogram(
             "nri_plugin_requests_latency_seconds",
             "NRI hook latency in seconds, by method and status.",
             ["method", "status"],
             buckets=LATENCY_BUCKETS,
-            **common,
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.published_devices = Gauge(
             "published_devices_total",
             "Devices in this node's ResourceSlices (feature: total, rdma).",
             ["feature"],
-            **common,
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
         self.last_publish = Gauge(
-            "last_published_time_seconds", "Unix time of the last successful ResourceSlice write.", **common
+            "last_published_time_seconds",
+            "Unix time of the last successful ResourceSlice write.",
+            namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
+            registry=reg,
         )
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:

@@ -317,7 +317,9 @@ class ClaimStatusWriter:
             log.warning("cannot post event", extra={"kv": {"error": str(exc)}})
         # The same failure on the claim (the object a dranet user's tooling watches).
         self.post_claim_event(
-            ClaimEvent(claim.namespace, claim.name, claim.uid, event["reason"], f"pod {pod_name}: {event['message']}")
+            ClaimEvent(
+                claim.namespace, claim.name, claim.uid, str(event["reason"]), f"pod {pod_name}: {event['message']}"
+            )
         )
 
     def post_claim_event(self, ev: ClaimEvent) -> bool:

@@ -32,9 +32,11 @@ from driver.checkpoint import (
 from driver.claims.container_settings import settings_for_container
 from driver.config import HOST_NETNS
 from driver.model.network_config import InterfaceConfig, RouteConfig
-from driver.netlink import nic_moves
+from driver.netlink import nic_moves, rdma_netns
+from driver.netlink.channel import NetlinkChannel
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
+from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
@@ -125,8 +127,11 @@ class NRIHooks:
         *,
         fault_after: str | None = None,
         sysfs_root: str = "/sys",
+        rdma_exclusive: bool = False,
     ) -> None:
         self.store = store
+        # Exclusive RDMA netns mode: RDMA devices move with their netdev (detected at daemon start).
+        self.rdma_exclusive = rdma_exclusive
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
         self.ns = Namespaces(host_netns)
@@ -226,6 +231,11 @@ class NRIHooks:
                         index=states[m.host_ifname].index,
                     )
                     self._step(f"run:moved-{i}")
+                step = "rdma move"
+                for m in moved if self.rdma_exclusive else ():
+                    if m.rdma_device:
+                        device = m.device
+                        self._move_rdma(m, self.ns.host_fd, pod_fd)
                 step = "ethtool"
                 self.ethtool.apply_in_pod(pod_fd, {dev: (configs[dev].ifname, p) for dev, p in plans.items()})
                 self._step("run:ethtool")
@@ -272,6 +282,8 @@ class NRIHooks:
             if m.step == RETURNED:
                 continue
             try:
+                if self.rdma_exclusive and m.rdma_device:  # RDMA device first, as the Go driver (#180)
+                    self._return_rdma(m, netns)
                 # The MAC it has in the pod: how to recognise it there (or renamed on the host).
                 macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
                 how = nic_moves.return_link(
@@ -307,6 +319,36 @@ class NRIHooks:
         self.store.update(commit)
         self._step("stop:committed")
         return "; ".join(errors)
+
+    def _move_rdma(self, m: MovedDevice, from_fd: int, to_fd: int) -> None:
+        """Move ``m``'s RDMA device between namespaces; :class:`NetnsOpError` naming the device if it cannot."""
+        try:
+            channel = NetlinkChannel(self.ns.socket_in(from_fd, rdma_netns.NETLINK_RDMA))
+        except OSError as exc:  # no RDMA netlink: the device cannot follow its netdev, refuse the pod
+            raise NetnsOpError(m.device, "rdma move", f"RDMA device {m.rdma_device}: no RDMA netlink: {exc}") from exc
+        try:
+            rdma_netns.move(channel, m.rdma_device or "", to_fd)
+        except (RdmaMoveError, OSError) as exc:
+            raise NetnsOpError(m.device, "rdma move", f"{exc} (exclusive RDMA netns mode)") from exc
+        finally:
+            channel.close()
+
+    def _return_rdma(self, m: MovedDevice, netns: str) -> None:
+        """Bring ``m``'s RDMA device back to the host, best effort; a gone pod netns returned it already (kernel)."""
+        try:
+            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC) if netns else -1
+        except OSError:
+            return
+        if fd < 0:
+            return
+        try:
+            self._move_rdma(m, fd, self.ns.host_fd)
+        except NetnsOpError as exc:
+            # Never keep the netdev hostage: an RDMA device left behind returns to the host when
+            # the pod's namespace is destroyed (kernel); "not in the source namespace" = never moved.
+            log.warning("RDMA device not returned", extra={"kv": {"device": m.device, "error": exc.reason}})
+        finally:
+            os.close(fd)
 
     def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
