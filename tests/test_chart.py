@@ -413,3 +413,57 @@ def test_chart_default_driver_name_is_the_driver_constant() -> None:
     values = yaml.safe_load((ROOT / "charts/dranet/values.yaml").read_text())
     assert values["driverName"] == DRIVER_NAME
     assert f"| `driverName` | `{DRIVER_NAME}` |" in (ROOT / "docs/install.md").read_text()
+
+
+def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
+    """The values a dranet (Go) chart user brings: name overrides, pod labels/annotations, extra
+    args/volumes, pull secrets, scheduling, resources; plus the cloud and feature-gate values."""
+    values = {
+        "nameOverride": "netdra",
+        "fullnameOverride": "dranet-node",
+        "podAnnotations": {"prometheus.io/scrape": "true"},
+        "podLabels": {"team": "ml"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "priorityClassName": "system-cluster-critical",
+        "nodeSelector": {"gpu": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {}},
+        "resources": {"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "extraArgs": ["--inventory-max-poll-interval=2m", "--v=4"],
+        "extraVolumes": [{"name": "host-config", "hostPath": {"path": "/etc/host-config"}}],
+        "extraVolumeMounts": [{"name": "host-config", "mountPath": "/etc/host-config", "readOnly": True}],
+        "cloudProvider": "azure",
+        "cloudMetadataUrl": "http://imds-proxy.local:8080",
+        "featureGates": "DRAListTypeAttributes=true",
+    }
+    docs = render(helm, values=values, tmp=tmp_path)
+    ds = one(docs, "DaemonSet")
+    assert ds["metadata"]["name"] == "dranet-node"
+    pod = ds["spec"]["template"]
+    assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == "netdra"
+    spec = pod["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["priorityClassName"] == "system-cluster-critical" and spec["nodeSelector"] == {"gpu": "true"}
+    assert spec["tolerations"] == values["tolerations"] and spec["affinity"] == values["affinity"]
+    container = spec["containers"][0]
+    assert container["resources"] == values["resources"]
+    assert {"name": "host-config", "mountPath": "/etc/host-config", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "host-config", "hostPath": {"path": "/etc/host-config"}} in spec["volumes"]
+    args = driver_args(docs)
+    assert args[-2:] == ["--inventory-max-poll-interval=2m", "--v=4"]
+    cli = build_parser().parse_args(args)
+    cfg = config_from_args(cli)
+    assert cfg.cloud_provider == "azure" and cfg.cloud_metadata_url == "http://imds-proxy.local:8080"
+    assert cfg.list_numa_attribute and cfg.resync_interval == 120.0 and cli.verbosity == 4
+    assert all(d["metadata"]["name"].startswith("dranet-node") for d in docs if d["kind"] in ("ServiceAccount",))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["cloudProvider=cks", "featureGates=DRAListTypeAttributes", "podLabels.team=null", "cloudMetadataUrl=ftp://x"],
+)
+def test_schema_rejects_bad_compat_values(helm: str, bad: str) -> None:
+    out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad)
+    assert out.returncode != 0 and "values don't meet the specifications of the schema" in out.stderr, out.stderr
