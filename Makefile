@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo test protos bench binaries
+.PHONY: deps demo test protos bench binaries chart-oci
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -23,3 +23,9 @@ protos:  ## regenerate dranet_proto stubs after editing a .proto
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)
 	$(PY) -m bench
+
+chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image layout: build/chart-oci/
+	rm -rf build/chart-oci build/chart
+	$(PY) -m devcluster.helm
+	"$$($(PY) -c 'from devcluster import helm; print(helm.existing())')" package charts/dranet -d build/chart
+	$(PY) hack/chart-oci.py build/chart/dranet-*.tgz build/chart-oci
