@@ -83,8 +83,10 @@ def test_device_class_and_templates_pass_server_validation(kube: KubeClient, nam
     (device_class,) = load_yaml_docs(EXAMPLE_DIR / "device-class.yaml")
     out = _dry_run(kube, device_class, namespace)  # cluster-scoped and shared: never persisted here
     assert out["metadata"]["name"] == "dranet.net"
-    templates = load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") + load_yaml_docs(
-        EXAMPLE_DIR / "resource-claim-template-match-numa.yaml"
+    templates = (
+        load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml")
+        + load_yaml_docs(EXAMPLE_DIR / "resource-claim-template-match-numa.yaml")
+        + load_yaml_docs(EXAMPLE_DIR / "resource-claim-template-azure-placement.yaml")
     )
     for tmpl in templates:
         _dry_run(kube, tmpl, namespace)
