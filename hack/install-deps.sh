@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   command -v ip >/dev/null || need="$need iproute2"
+  # The real node (devcluster up): runc and the CNI plugins run pods; busybox-static makes the
+  # workload and pause images; buildah + mmdebstrap build the driver's image from the
+  # Dockerfile without a Docker engine (the base image is made by mmdebstrap from this
+  # machine's own apt sources); util-linux gives nsenter/unshare.
+  for pkg in runc containernetworking-plugins busybox-static buildah mmdebstrap uidmap; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
+  done
   # The Dockerfile test compares its apt pins with what Debian serves: it needs a package index.
   if [ -n "$need" ] || [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ]; then
     apt-get update -qq
@@ -15,4 +22,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
   fi
 fi
-python3 -m pip install -q --root-user-action=ignore -e '.[test,example]'
+# Not the [example] extra: torch pulls ~5 GB of CUDA wheels and only the GPU benchmark needs it
+# (tests that need torch are marked `torch` and deselected by `make test`).
+python3 -m pip install -q --root-user-action=ignore -e '.[test]'

@@ -31,6 +31,8 @@ def _torch_python() -> str | None:
 
 
 TORCH_PYTHON = _torch_python()
+# Opt-in: `make test` deselects `-m torch` (torch pulls ~5 GB of CUDA wheels); `make test-torch`
+# installs the [example] extra and runs them. Selected explicitly without torch, they skip.
 needs_torch = pytest.mark.skipif(
     TORCH_PYTHON is None,
     reason="torch is not installed (pip install torch, or set DRANET_TORCH_PYTHON to a python that has it)",
@@ -166,6 +168,7 @@ def _run_benchmark(*extra: str, timeout: int) -> dict[str, int | float | str]:
     return mfu.parse_result_line(lines[0])
 
 
+@pytest.mark.torch
 @needs_torch
 @pytest.mark.timeout(90)
 def test_cpu_benchmark_two_ranks_gloo(tmp_path: Path) -> None:
@@ -187,6 +190,7 @@ def test_cpu_benchmark_two_ranks_gloo(tmp_path: Path) -> None:
     assert r["nccl_ib_hca"] == "=mlx5_0,mlx5_1"
 
 
+@pytest.mark.torch
 @needs_torch
 @pytest.mark.slow
 @pytest.mark.timeout(120)
