@@ -79,6 +79,17 @@ class ControlPlaneOptions:
     controller_manager: bool = True
     start_timeout: float = 120.0
     keep_dir: bool = False  # keep the temp dir (logs) after stop, for debugging
+    # No ServiceAccount admission (KCM's serviceaccount controller is not running) and no
+    # node-lifecycle controller to lift the not-ready taint from a kubelet-less Node
+    # (real-cluster.md §3.4). A cluster with a real kubelet enables ServiceAccount.
+    disable_admission_plugins: tuple[str, ...] = ("ServiceAccount", "TaintNodesByCondition")
+    apiserver_args: tuple[str, ...] = ()
+    controller_manager_args: tuple[str, ...] = ()
+    # Where the apiserver listens (and its serving certificate's extra SAN). A real node uses
+    # its CNI bridge address, so pods reach the apiserver without a service proxy.
+    bind_address: str = "127.0.0.1"
+    # Processes outlive the Python process that started them (``devcluster up``).
+    detached: bool = False
 
 
 class ControlPlaneError(RuntimeError):
@@ -139,7 +150,8 @@ class ControlPlane:
         b = self.binaries
         self.dir = Path(tempfile.mkdtemp(prefix="dranet-cp-", dir=self._base_dir))
         (self.dir / "logs").mkdir()
-        self.creds = c = certs.generate(self.dir / "pki")
+        bind = self.options.bind_address
+        self.creds = c = certs.generate(self.dir / "pki", hosts=tuple(dict.fromkeys(("localhost", "127.0.0.1", bind))))
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
@@ -158,12 +170,12 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self.server = f"https://127.0.0.1:{api_port}"
+        self.server = f"https://{bind}:{api_port}"
         api = [
             str(b.kube_apiserver),
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={bind}",
+            f"--advertise-address={bind}",
             f"--secure-port={api_port}",
             f"--tls-cert-file={c.serving_crt}",
             f"--tls-private-key-file={c.serving_key}",
@@ -175,13 +187,12 @@ class ControlPlane:
             f"--service-account-signing-key-file={c.sa_key}",
             "--service-cluster-ip-range=10.0.0.0/24",
             "--allow-privileged=true",
-            # No KCM serviceaccount controller, and no node-lifecycle controller to lift the
-            # not-ready taint from our kubelet-less Node (real-cluster.md §3.4).
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--disable-admission-plugins=" + ",".join(self.options.disable_admission_plugins),
             "--endpoint-reconciler-type=none",
             f"--cert-dir={self.dir / 'pki'}",
         ]
         api += self._gate_args()
+        api += self.options.apiserver_args
         if self.options.runtime_config:
             api.append(
                 "--runtime-config=" + ",".join(f"{k}={v}" for k, v in sorted(self.options.runtime_config.items()))
@@ -218,8 +229,12 @@ class ControlPlane:
                     "--leader-elect=false",
                     "--controllers=" + ",".join(self.options.controllers),
                     "--bind-address=127.0.0.1",
+                    # The root-ca publisher's CA (kube-root-ca.crt in every namespace, for pods'
+                    # service-account volumes): our kubeconfig names a CA file, which KCM does not read.
+                    f"--root-ca-file={c.ca_crt}",
                     f"--secure-port={port}",
                     *self._gate_args(),
+                    *self.options.controller_manager_args,
                 ],
             )
             waits.append(("kube-controller-manager", f"https://127.0.0.1:{port}/healthz"))
@@ -259,7 +274,9 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # own process group: stop() kills the whole tree
-                preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+                preexec_fn=_die_with_parent
+                if threading.current_thread() is threading.main_thread() and not self.options.detached
+                else None,
             )
         self.procs.append(_Proc(name, popen, log_path))
 

@@ -1,0 +1,88 @@
+"""``python -m devcluster up|down|status``: a local cluster with one real node (see cluster.py).
+
+    python -m devcluster up        # prints KUBECONFIG=... and KUBECTL=..., leaves it running
+    python -m devcluster status    # the same lines if it runs, exit 1 if not
+    python -m devcluster down      # removes everything (also after a crashed `up`)
+
+``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster;
+``--nic-prefix`` names its NICs (``ib`` gives ib0..ib7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from devcluster.node_layout import DEFAULT_BASE, DEFAULT_NAME, LayoutError, NodeLayout
+
+
+def _layout(a: argparse.Namespace) -> NodeLayout:
+    return NodeLayout(name=a.name, root=Path(a.root), nic_prefix=a.nic_prefix)
+
+
+def _print_env(kubeconfig: str, kubectl: str) -> None:
+    print(f"KUBECONFIG={kubeconfig}")
+    print(f"KUBECTL={kubectl}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point; returns the exit code."""
+    ap = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--name", default=os.environ.get("DRANET_DEVCLUSTER_NAME", DEFAULT_NAME))
+    ap.add_argument("--root", default=os.environ.get("DRANET_DEVCLUSTER_ROOT", str(DEFAULT_BASE)))
+    ap.add_argument("--nic-prefix", default="ib")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        layout = _layout(a)
+    except LayoutError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("error: devcluster needs root (network namespaces, cgroups, mounts)", file=sys.stderr)
+        return 2
+    from devcluster import cluster
+
+    if a.command == "status":
+        st = cluster.running(layout)
+        if not st:
+            print(f"cluster {layout.name!r} is not running", file=sys.stderr)
+            return 1
+        _print_env(st.kubeconfig, st.kubectl)
+        return 0
+    if a.command == "down":
+        report = cluster.down(layout)
+        return 1 if report.problems else 0
+    st = cluster.running(layout)
+    if st:
+        print(
+            f"cluster {layout.name!r} is already running ({layout.base}); `python -m devcluster down` stops it",
+            file=sys.stderr,
+        )
+        _print_env(st.kubeconfig, st.kubectl)
+        return 0
+    t0 = time.monotonic()
+    try:
+        st = cluster.up(layout)
+    except KeyboardInterrupt:
+        print("interrupted; everything started was removed", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one clear line, the cleanup already ran
+        print(f"error: devcluster up failed: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"cluster {layout.name!r} up in {time.monotonic() - t0:.1f}s "
+        f"(node {layout.node_name}, driver image {st.driver_image})",
+        file=sys.stderr,
+    )
+    _print_env(st.kubeconfig, st.kubectl)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
