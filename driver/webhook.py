@@ -25,6 +25,8 @@ import contextlib
 import datetime
 import ipaddress
 import logging
+import os
+import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -33,6 +35,7 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+from kopf._core.engines.peering import Identity  # the NewType kopf.run expects (not re-exported)
 
 from driver.claims.validation import validate_claim_spec
 from driver.config import DRIVER_NAME
@@ -355,6 +358,16 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
     return TLSFiles(str(certfile), str(keyfile), cadata)
 
 
+def operator_identity() -> str:
+    """kopf's operator identity, made without looking the user up.
+
+    kopf's default (``peering.detect_own_id``) calls ``getpass.getuser()``, which raises
+    ``KeyError`` for a uid that has no passwd entry: the image's user 65532, or the random uid
+    OpenShift assigns. The webhook runs standalone (no peering), so any unique string works.
+    """
+    return f"dranet-webhook@{socket.gethostname()}/{os.getpid()}"
+
+
 def options_from_args(args: argparse.Namespace) -> WebhookOptions:
     """:class:`WebhookOptions` from the ``dranet webhook`` flags (each flag's dest is a field name)."""
     return WebhookOptions(**{f.name: getattr(args, f.name) for f in fields(WebhookOptions) if hasattr(args, f.name)})
@@ -393,5 +406,5 @@ def cli_webhook(args: argparse.Namespace) -> int:
                 }
             },
         )
-        kopf.run(registry=registry, standalone=True, clusterwide=True)
+        kopf.run(registry=registry, standalone=True, clusterwide=True, identity=Identity(operator_identity()))
     return 0
