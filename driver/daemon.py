@@ -94,12 +94,19 @@ class Daemon:
             lambda: self.inventory,
             config.driver_name,
             config.node_name,
-            on_unprepare=self.status_writer.claim_unprepared,
+            on_unprepare=self._claim_unprepared,
             cloud_config=self.cloud.device_config,
             on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
         )
+        self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
         self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)
+
+    def _claim_unprepared(self, claim: Any) -> None:
+        # NICs the runtime never asked back (no StopPodSandbox) go home first, then the status.
+        if self.hooks is not None:
+            self.hooks.claim_unprepared(claim)
+        self.status_writer.claim_unprepared(claim)
 
     # -- construction ------------------------------------------------------------------------
 
@@ -255,6 +262,7 @@ class Daemon:
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma_netns.EXCLUSIVE,
         )
+        self.hooks = hooks
         await NRIPlugin(self.config.nri_socket, handler=hooks, metrics=self.metrics).run()
 
     async def shutdown(self) -> None:

@@ -122,6 +122,11 @@ class Namespaces:
             os.close(self.host_fd)
 
 
+def is_netns_fd(fd: int) -> bool:
+    """True if ``fd`` refers to a network namespace (an nsfs inode)."""
+    return _is_netns(fd)
+
+
 def _is_netns(fd: int) -> bool:
     # An unmounted /run/netns/<name> file is a plain empty file, not an nsfs inode.
     buf = ctypes.create_string_buffer(120)

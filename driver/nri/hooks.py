@@ -18,6 +18,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from collections.abc import Sequence
 
 from dranet_proto import nri_v1alpha1_pb2 as api
@@ -34,7 +35,7 @@ from driver.config import HOST_NETNS
 from driver.model.network_config import InterfaceConfig, RouteConfig
 from driver.netlink import nic_moves, rdma_netns
 from driver.netlink.channel import NetlinkChannel
-from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
@@ -116,7 +117,8 @@ def _link_state(moved: MovedDevice) -> LinkState:
 class NRIHooks:
     """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and nic_moves.
 
-    Not thread-safe: the NRI plugin calls it from its single hook worker thread.
+    The NRI plugin calls the hooks from its single worker thread; `claim_unprepared` comes from
+    the kubelet plugin, so the hooks that move NICs take one lock.
     """
 
     def __init__(
@@ -137,6 +139,14 @@ class NRIHooks:
         self.ns = Namespaces(host_netns)
         self.ethtool = PodEthtool(self.ns)
         self.reports = HookReports(status)
+        # pod UID -> an open fd of the pod's network namespace while it holds our NICs. The fd
+        # keeps the namespace (and the NICs in it) alive after the runtime unmounts it, so NICs
+        # can still be given back when no StopPodSandbox reaches us: containerd (up to 2.3 at
+        # least) forgets its pods' NRI state on restart and then never relays Stop/Remove for
+        # pods created before it (containerd#8426); a destroyed namespace destroys a veth and
+        # drops a physical NIC on the host unconfigured. `claim_unprepared` returns them.
+        self._pins: dict[str, int] = {}
+        self._lock = threading.RLock()
 
     # -- fault injection --------------------------------------------------------------------
     def _step(self, name: str) -> None:
@@ -148,9 +158,56 @@ class NRIHooks:
         claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
         return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
 
+    # -- netns pins -------------------------------------------------------------------------
+    def _pin(self, pod_uid: str, netns: str) -> None:
+        """Hold the pod's network namespace open (idempotent; a gone namespace is not pinned)."""
+        if pod_uid in self._pins or not netns:
+            return
+        try:
+            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        if is_netns_fd(fd):
+            self._pins[pod_uid] = fd
+        else:
+            os.close(fd)
+
+    def _pod_state(self, pod_uid: str) -> PodNetState | None:
+        return self.store.read(lambda s: s.pods.get(pod_uid))
+
+    def _unpin(self, pod_uid: str) -> None:
+        fd = self._pins.pop(pod_uid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _pinned_path(self, pod_uid: str, netns: str) -> str:
+        """The pinned namespace (as a /proc/self/fd path) when we hold one, else ``netns``."""
+        fd = self._pins.get(pod_uid)
+        return f"/proc/self/fd/{fd}" if fd is not None else netns
+
+    def claim_unprepared(self, claim: PreparedClaim) -> None:
+        """The kubelet unprepared ``claim``: its pods are gone, so give back NICs still out.
+
+        Normally StopPodSandbox returned them already (nothing to do). Without it (see
+        ``_pins``), they are still in the pod's pinned namespace.
+        """
+        with self._lock:
+            for uid in claim.pod_uids:
+                if self._pod_state(uid) is None:
+                    continue
+                errors = self._return_all(uid)
+                log.warning(
+                    "NICs returned at unprepare: the runtime sent no StopPodSandbox",
+                    extra={"kv": {"pod": uid, "claim": claim.uid, "errors": errors}},
+                )
+
     # -- RunPodSandbox ----------------------------------------------------------------------
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
+        with self._lock:
+            self._run_pod_sandbox(pod)
+
+    def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         netdevs = self._netdevs(pod.uid)
         if not netdevs:
             return
@@ -259,6 +316,7 @@ class NRIHooks:
                 m.step = IN_POD
 
         self.store.update(commit)
+        self._pin(pod.uid, netns)
         self._step("run:committed")
         self.reports.ready(pod, netdevs, results)
 
@@ -276,7 +334,7 @@ class NRIHooks:
 
         self.store.update(plan)
         self._step("stop:planned")
-        netns = netns or state.netns_path
+        netns = self._pinned_path(pod_uid, netns or state.netns_path)
         errors, done = [], []
         for i, m in enumerate(state.devices):
             if m.step == RETURNED:
@@ -317,6 +375,8 @@ class NRIHooks:
                 del s.pods[pod_uid]
 
         self.store.update(commit)
+        if self.store.read(lambda s: s.pods.get(pod_uid)) is None:
+            self._unpin(pod_uid)
         self._step("stop:committed")
         return "; ".join(errors)
 
@@ -352,7 +412,8 @@ class NRIHooks:
 
     def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
-        errors = self._return_all(pod.uid, pod_netns_path(pod))
+        with self._lock:
+            errors = self._return_all(pod.uid, pod_netns_path(pod))
         if errors:
             raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
 
@@ -386,12 +447,19 @@ class NRIHooks:
         no state are left alone: the runtime lists stopped-but-not-removed sandboxes
         too, so attaching "late" could put NICs into a dead pod.
         """
+        with self._lock:
+            self._synchronize(pods)
+
+    def _synchronize(self, pods: Sequence[api.PodSandbox]) -> None:
         self.ns.host(), self.ns.host_rtnl()  # warm up the sockets here, not in the first RunPodSandbox
         alive = {p.uid: p for p in pods}
         known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
         for uid, steps in known.items():
             pod = alive.get(uid)
             if pod is not None and steps and all(s == IN_POD for s in steps):
+                # Held NICs of a live pod: pin its namespace again (a restarted driver).
+                state = self._pod_state(uid)
+                self._pin(uid, state.netns_path if state is not None else "")
                 continue
             why = "gone" if pod is None else "interrupted"
             errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")

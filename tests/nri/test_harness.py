@@ -185,9 +185,11 @@ def test_synchronize_returns_nics_of_pods_gone_while_down(
     assert link_facts(a) == before
 
 
-def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(
+def test_stop_after_netns_unmounted_still_returns_the_nic(
     nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
 ) -> None:
+    """The runtime unmounted the pod namespace before Stop (containerd after its own restart
+    never sends Stop at all): the driver's pin keeps the namespace, and its veth, alive."""
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     store = CheckpointStore(tmp_path)
@@ -197,7 +199,28 @@ def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(
     _start(nri_harness, tmp_path, driver_procs)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
     assert nri_harness.cmd("run", pod=pod)["ok"]
+    subprocess.run(["ip", "netns", "del", pod_ns], check=True)
+    assert nri_harness.cmd("stop", pod=pod)["ok"]
+    assert link_facts(a) is not None and link_facts(pa) is not None
+    assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
+
+
+def test_stop_after_netns_deleted_reports_lost_virtual_nic_once(
+    nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
+) -> None:
+    """The namespace died while no driver held it (driver down): its veth is gone for good."""
+    pod_ns = netns_factory.netns()
+    a, pa = netns_factory.veth()
+    store = CheckpointStore(tmp_path)
+    pod_uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(store, pod_uid, [{"ifname": a, "device": "nic-v"}])
+    del store
+    drv = _start(nri_harness, tmp_path, driver_procs)
+    pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
+    assert nri_harness.cmd("run", pod=pod)["ok"]
+    drv.kill()
     subprocess.run(["ip", "netns", "del", pod_ns], check=True)  # a veth dies with its netns
+    _start(nri_harness, tmp_path, driver_procs, syncs=2)
     res = nri_harness.cmd("stop", pod=pod)
     assert not res["ok"] and "nic-v" in res["error"] and "find" in res["error"]
     wait_for(lambda: link_facts(pa) is None)  # the pair dies with the netns (asynchronously)
