@@ -1,0 +1,52 @@
+"""The real node for end-to-end tests: ``devcluster.cluster.up`` once per session.
+
+A cluster of its own (random name, NIC prefix and pod subnet), so it never collides with a
+person's ``python -m devcluster up`` on the same machine; removed with ``cluster.down`` at the
+end, after which nothing of it may be left on the host (`realnode.leftovers`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster import cluster
+from devcluster.pods import Kubectl
+from driver.kube.client import KubeClient
+from tests.e2e.node.realnode import RealNode, leftovers, random_layout
+from tests.plugins.least_privilege import forbidden_lines
+
+
+# Package scope: the node goes away right after the last real-node test, not at the end of
+# the whole run, so it does not load the 2 cores during the other suites.
+@pytest.fixture(scope="package")
+def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
+    """One real node for tests/e2e (``devcluster up``), removed and checked at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root")
+    layout = random_layout()
+    t0 = time.monotonic()
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:
+        with capman.global_and_fixture_disabled():  # progress lines of a cold build stay visible
+            st = cluster.up(layout)
+    else:
+        st = cluster.up(layout)
+    print(f"\n[real node] {layout.name} up in {time.monotonic() - t0:.1f}s ({st.timings})")
+    kube = KubeClient.from_kubeconfig(st.kubeconfig)
+    node = RealNode(layout, st, kube, Kubectl(Path(st.kubectl), Path(st.kubeconfig)))
+    denials: list[str] = []
+    try:
+        yield node
+        # A 403 anywhere in the session (the driver's own logs, current and previous
+        # container) fails the run.
+        denials = forbidden_lines(node.driver_logs())
+    finally:
+        report = cluster.down(layout, progress=lambda _m: None)
+        left = leftovers(layout)
+        assert not report.problems and not left, f"down left: {report.problems + left}"
+    assert not denials, f"the driver was refused (403): {denials[:5]}"
