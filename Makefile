@@ -2,21 +2,37 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo test protos bench binaries chart-oci
+.PHONY: deps demo demo-fast test test-torch protos bench binaries up down chart-oci
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
-binaries: deps  ## build or reuse etcd, kube-apiserver, scheduler, controller-manager, helm, NRI harness
+binaries: deps  ## build or reuse the control plane, the real node (kubelet, containerd) and the images
 	$(PY) -m devcluster.binaries --all
+	$(PY) -m devcluster.components
 	$(PY) -m devcluster.helm
 	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
+	$(PY) -m devcluster.images
+	$(PY) -m devcluster.driver_image
 
-demo: binaries  ## a real control plane, the driver on a simulated ND H100 v5 node, the seed example allocated
+demo: binaries  ## a real cluster with one real node: the seed's pods started with their NICs
 	$(PY) -m devcluster.demo
 
-test: binaries  ## every test
-	$(PY) -m pytest -q -p no:cacheprovider
+demo-fast: binaries  ## allocation only (no kubelet): which NICs and GPUs each claim gets
+	$(PY) -m devcluster.demo --allocation-only
+
+up: binaries  ## a local cluster with one real node, left running (prints KUBECONFIG= and KUBECTL=)
+	$(PY) -m devcluster up
+
+down:  ## remove everything `make up` started
+	$(PY) -m devcluster down
+
+test: binaries  ## every test (torch-only tests deselected: they need the 5 GB [example] extra)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not torch"
+
+test-torch: deps  ## the CPU benchmark tests that need torch (installs the [example] extra)
+	$(PY) -m pip install -q --root-user-action=ignore -e '.[example]'
+	$(PY) -m pytest -q -p no:cacheprovider -m torch
 
 protos:  ## regenerate dranet_proto stubs after editing a .proto
 	$(PY) hack/gen_protos.py

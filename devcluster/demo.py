@@ -1,4 +1,6 @@
-"""``make demo``: the seed example allocated on a simulated Azure ND H100 v5 node, end to end.
+"""``make demo-fast`` (``--allocation-only``): the seed example allocated on a simulated node.
+
+(``make demo`` without the flag starts the pods for real: `devcluster.demo_node`.)
 
 Builds or reuses the binaries, starts a real control plane, builds the ND H100 v5 sysfs
 fixture, runs ``dranet run`` on it as a separate process, installs the GPU driver TEST DOUBLE,
@@ -27,7 +29,7 @@ from devcluster import gpu_double
 from devcluster.binaries import ensure_control_plane
 from devcluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
 from driver.kube.client import RESOURCE_API, KubeClient
-from driver.kube.errors import KubeError
+from driver.kube.errors import KubeError, NotFound
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = REPO / "examples" / "distributed_training"
@@ -266,7 +268,7 @@ def delete_pod(kube: KubeClient, namespace: str, name: str) -> None:
     try:
         kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", {"gracePeriodSeconds": 0})
     except KubeError as exc:
-        if not exc.not_found:
+        if not isinstance(exc, NotFound):
             raise
 
 
@@ -326,11 +328,24 @@ def run_demo() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> int:
-    """Entry point of ``python -m devcluster.demo``."""
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m devcluster.demo [--allocation-only]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m devcluster.demo", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--allocation-only",
+        action="store_true",
+        help="fast: allocation by the real scheduler only, no kubelet, no pods started",
+    )
+    a = ap.parse_args(argv)
     # SIGTERM behaves like Ctrl-C so `finally` blocks stop every process.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    return run_demo()
+    if a.allocation_only:
+        return run_demo()
+    from devcluster import demo_node
+
+    return demo_node.run()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.kube.client import RESOURCE_API, KubeClient
-from driver.kube.errors import KubeError
+from driver.kube.errors import Conflict, KubeError, NotFound
 from driver.publish.slices import owner_reference
 
 GPU_DRIVER = "gpu.nvidia.com"
@@ -93,7 +93,7 @@ def install(kube: KubeClient, node_name: str) -> dict[str, Any]:
     try:
         kube.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
     except KubeError as exc:
-        if exc.status != 409:
+        if not isinstance(exc, Conflict):
             raise
     existing = kube.request(
         "GET",
@@ -117,5 +117,5 @@ def uninstall(kube: KubeClient, node_name: str, delete_class: bool = False) -> N
         try:
             kube.request("DELETE", f"{RESOURCE_API}/deviceclasses/{GPU_DRIVER}")
         except KubeError as exc:
-            if not exc.not_found:
+            if not isinstance(exc, NotFound):
                 raise
