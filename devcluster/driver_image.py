@@ -20,6 +20,8 @@ buildah's storage lives under ``<cache>/images/buildah`` (not /var/lib/container
 from __future__ import annotations
 
 import configparser
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
@@ -234,7 +236,12 @@ def pip_conf_text(env: dict[str, str] | None = None) -> str:
 
 
 def build_driver_image(progress: Progress = _print_progress, repo: Path = REPO) -> ImageArchive:
-    """Build (or reuse) the driver image; returns its cached docker archive."""
+    """Build (or reuse) the driver image; returns its cached docker archive.
+
+    Builds take a lock file (concurrent callers wait, then reuse), and afterwards leave one
+    archive and one tagged image in the cache: older ones are removed, as are a failed
+    build's working containers, and buildah's storage is unmounted.
+    """
     if not shutil.which("buildah"):
         raise ImageError("buildah not found; run `make deps`")
     base_tag = base_key()
@@ -244,6 +251,34 @@ def build_driver_image(progress: Progress = _print_progress, repo: Path = REPO) 
     if out.is_file():
         return ImageArchive(ref, out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    with open(images_dir() / ".driver-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_file():  # another process built it meanwhile
+            return ImageArchive(ref, out)
+        try:
+            return _build(ref, out, progress, repo)
+        finally:
+            _tidy(ref, out)
+
+
+def _tidy(keep_ref: str, keep_archive: Path) -> None:
+    """Drop other driver images and archives, leftover containers, and buildah's mounts."""
+    _buildah("rm", "--all", check=False)
+    for line in _buildah("images", "--format", "{{.Name}}:{{.Tag}}", check=False).stdout.split():
+        if line.startswith(DRIVER_REPO + ":") and line != keep_ref:
+            _buildah("rmi", line, check=False)
+    _buildah("rmi", "--prune", check=False)
+    for old in images_dir().glob("dranet-*.tar"):
+        if old != keep_archive:
+            old.unlink(missing_ok=True)
+    # containers/storage keeps its overlay home bind-mounted: not needed between builds.
+    home = buildah_dir() / "root" / "overlay"
+    with contextlib.suppress(OSError):
+        if any(line.split()[4] == str(home) for line in Path("/proc/self/mountinfo").read_text().splitlines()):
+            subprocess.run(["umount", str(home)], capture_output=True)
+
+
+def _build(ref: str, out: Path, progress: Progress, repo: Path) -> ImageArchive:
     base = build_base(progress)
     t0 = time.monotonic()
     progress(f"[driver image] buildah bud {repo / 'Dockerfile'} -> {ref} (apt + pip inside; a few minutes)")
@@ -265,6 +300,7 @@ def build_driver_image(progress: Progress = _print_progress, repo: Path = REPO) 
             "host",
             "--pull=never",
             "--layers",
+            "--force-rm",  # also remove the working container of a failed step
             "--build-arg",
             f"DEBIAN_IMAGE={base}",
             "-t",
