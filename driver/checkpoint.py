@@ -23,9 +23,12 @@ version), a newer one is refused: a downgraded driver must not guess at state it
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,8 @@ from typing import Any, TypeVar
 
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 2
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
@@ -240,7 +245,49 @@ def _plain(obj: Any) -> Any:
 
 
 class CheckpointError(Exception):
-    """The checkpoint file exists but cannot be used."""
+    """The checkpoint file exists but cannot be used (unreadable, or written by a newer driver)."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A state file could not be saved; the previous file is intact and the change was not applied.
+
+    The message names the file and the errno, e.g. ``cannot save state to
+    /var/lib/dranet/checkpoint.json: No space left on device (ENOSPC)``: it is returned to the kubelet
+    (or the runtime) as the error of every call that needed the write.
+    """
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path = path
+        self.errno = error.errno
+        name = errno.errorcode.get(error.errno or 0, "unknown errno")
+        reason = error.strerror or str(error)
+        super().__init__(f"cannot save state to {path}: {reason} ({name}); the previous state is kept")
+
+
+@dataclass(frozen=True)
+class QuarantinedFile:
+    """A state file that could not be parsed at start, moved aside (never deleted) for a human."""
+
+    path: Path
+    moved_to: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class FileOps:
+    """The system calls a state write makes. The default is the real thing; tests pass a
+    replacement to inject the faults a real disk gives rarely (EIO) or to count the steps."""
+
+    open: Callable[[str, int, int], int] = os.open
+    write: Callable[[int, bytes | memoryview], int] = os.write
+    fsync: Callable[[int], None] = os.fsync
+    close: Callable[[int], None] = os.close
+    replace: Callable[[str, str], None] = os.replace
+    unlink: Callable[[str], None] = os.unlink
+
+
+_CORRUPT = (ValueError, AttributeError, KeyError, TypeError)
+"""What parsing a damaged file raises (``json.JSONDecodeError`` is a ``ValueError``)."""
 
 
 class CheckpointStore:
@@ -250,20 +297,34 @@ class CheckpointStore:
     state under a lock and writes the changed part(s) atomically. Readers use
     :meth:`read`, which gives the function a consistent view. ``runtime_directory``
     holds the pod network state (default: ``directory``, e.g. in tests).
+
+    At start a temporary file left by an interrupted write is removed, and a state file that
+    cannot be parsed is moved aside (``<name>.corrupt-<UTC time>``, kept) and :attr:`quarantined`
+    lists it, so the daemon can rebuild what it can instead of crash-looping. A file written by a
+    newer driver is still refused (:class:`CheckpointError`): it is valid, only not ours to read.
+    A failed write raises :class:`CheckpointWriteError` and leaves :attr:`write_error` set until
+    a write succeeds (``/healthz`` reports it).
     """
 
     FILENAME = "checkpoint.json"
     PODS_FILENAME = "pods.json"
 
     def __init__(
-        self, directory: str | os.PathLike[str], runtime_directory: str | os.PathLike[str] | None = None
+        self,
+        directory: str | os.PathLike[str],
+        runtime_directory: str | os.PathLike[str] | None = None,
+        *,
+        ops: FileOps | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.runtime_directory = Path(runtime_directory) if runtime_directory else self.directory
         self.path = self.directory / self.FILENAME
         self.pods_path = self.runtime_directory / self.PODS_FILENAME
+        self.ops = ops or FileOps()
+        self.quarantined: list[QuarantinedFile] = []
+        self.write_error: CheckpointWriteError | None = None
         self._lock = threading.RLock()
-        self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file
+        self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file: what is on disk
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
@@ -271,35 +332,53 @@ class CheckpointStore:
         self._state = self._load()
 
     def _load(self) -> DriverState:
-        claims = self._load_part(self.path)
-        pods = self._load_part(self.pods_path)
-        try:
-            # A checkpoint from before the split holds the pods too; keep them.
-            return DriverState.from_json(
-                {
-                    "version": SCHEMA_VERSION,
-                    "claims": claims.get("claims", {}),
-                    "pods": {**claims.get("pods", {}), **pods.get("pods", {})},
-                }
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"cannot parse {self.path} / {self.pods_path}: {exc}") from exc
+        claims = self._load_part(self.path, "claims")
+        pods = self._load_part(self.pods_path, "pods")
+        # A checkpoint from before the split holds the pods too; keep them.
+        return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
-    def _load_part(self, path: Path) -> dict[str, Any]:
+    def _load_part(self, path: Path, part: str) -> DriverState:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_leftover(path)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
             # A missing file is an empty part: no need to write it until something goes in.
-            self._written[path] = _encode({"claims" if path == self.path else "pods": {}})
-            return {}
+            self._written[path] = _encode({part: {}})
+            return DriverState()
+        except OSError as exc:  # EIO, EACCES: not damaged, unreadable; never guess at state
+            raise CheckpointError(f"cannot read {path}: {exc}") from exc
         try:
             data = migrate(json.loads(raw))
-        except (ValueError, AttributeError, KeyError, TypeError) as exc:
-            # Keep the unreadable file for a human; never silently drop state.
-            raise CheckpointError(f"cannot parse {path}: {exc}") from exc
+            state = DriverState.from_json(data)
+        except CheckpointError as exc:
+            if not isinstance(data_version(raw), int):
+                return self._quarantine(path, part, str(exc))
+            raise  # a valid file of another version: kept, refused
+        except (*_CORRUPT, RecursionError) as exc:
+            return self._quarantine(path, part, f"{type(exc).__name__}: {exc}")
         self._written[path] = raw
-        return data
+        return state
+
+    def _quarantine(self, path: Path, part: str, reason: str) -> DriverState:
+        """Move a damaged state file aside (kept for a human) and start that part empty."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        moved = path.with_name(f"{path.name}.corrupt-{stamp}")
+        n = 1
+        while moved.exists():
+            n += 1
+            moved = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+        try:
+            os.rename(path, moved)
+        except OSError as exc:
+            raise CheckpointError(f"cannot parse {path} ({reason}) nor move it aside: {exc}") from exc
+        log.error(
+            "state file is corrupt: moved aside, starting without it and rebuilding what can be rebuilt",
+            extra={"kv": {"path": str(path), "moved_to": str(moved), "error": reason}},
+        )
+        self.quarantined.append(QuarantinedFile(path, moved, reason))
+        self._written[path] = _encode({part: {}})
+        return DriverState()
 
     def read(self, fn: Callable[[DriverState], T]) -> T:
         """Run ``fn`` on the current state under the lock (do not mutate)."""
@@ -307,7 +386,11 @@ class CheckpointStore:
             return fn(self._state)
 
     def update(self, fn: Callable[[DriverState], T]) -> T:
-        """Mutate the state with ``fn`` and persist it before returning ``fn``'s result."""
+        """Mutate the state with ``fn`` and persist it before returning ``fn``'s result.
+
+        Raises :class:`CheckpointWriteError` when the new state could not be saved; the state
+        is then what it was before the call (in memory and on disk).
+        """
         with self._lock:
             try:
                 result = fn(self._state)
@@ -315,18 +398,51 @@ class CheckpointStore:
             except BaseException:
                 # fn may have mutated the state before failing, or the write failed (ENOSPC):
                 # go back to what is on disk so memory never claims what was not persisted.
-                self._written.clear()
                 self._encoded.clear()
-                self._state = self._load()
+                self._state = self._on_disk()
                 raise
             return result
+
+    def retry_write(self) -> bool:
+        """After a failed write, write the current state again; True once writes work again.
+
+        The state equals what is on disk (a failed update is rolled back), so this rewrites the
+        same bytes: it only proves the disk takes writes again and clears :attr:`write_error`.
+        """
+        with self._lock:
+            failed = self.write_error
+            if failed is None:
+                return True
+            try:
+                self._atomic_write(failed.path, self._written[failed.path])
+            except CheckpointWriteError:
+                return False
+            log.info("state writes work again", extra={"kv": {"path": str(failed.path)}})
+            return True
+
+    def _on_disk(self) -> DriverState:
+        """The state from the bytes last written or read (no I/O: it cannot fail like the disk)."""
+        claims = DriverState.from_json(json.loads(self._written[self.path]))
+        pods = DriverState.from_json(json.loads(self._written[self.pods_path]))
+        return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
     def _write(self) -> None:
         parts = ((self.path, self._encode_claims()), (self.pods_path, _encode(self._state.pods_json())))
         for path, data in parts:
             if self._written.get(path) != data:
-                _atomic_write(path, data)
+                self._atomic_write(path, data)
                 self._written[path] = data
+
+    def _atomic_write(self, path: Path, data: bytes) -> None:
+        try:
+            _atomic_write(path, data, self.ops)
+        except OSError as exc:
+            error = CheckpointWriteError(path, exc)
+            if self.write_error is None or str(self.write_error) != str(error):
+                log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
+            self.write_error = error
+            raise error from exc
+        self.write_error = None
 
     def _encode_claims(self) -> bytes:
         """The claims file, byte for byte what ``_encode(claims_json())`` gives, from cached pieces."""
@@ -346,22 +462,71 @@ class CheckpointStore:
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(SCHEMA_VERSION).encode() + b"}"
 
 
+def data_version(raw: bytes) -> Any:
+    """The ``version`` of a state file's bytes, or None when they are not a JSON object."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return data.get("version") if isinstance(data, dict) else None
+
+
 def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps({"version": SCHEMA_VERSION, **body}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never a mix."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _tmp_path(path: Path) -> Path:
+    return path.with_suffix(".tmp")
+
+
+def _remove_leftover(path: Path) -> None:
+    """Remove the temporary file of a write that was interrupted (kill -9, power loss)."""
+    tmp = _tmp_path(path)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+        tmp.unlink()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning(
+            "cannot remove a leftover temporary state file", extra={"kv": {"path": str(tmp), "error": str(exc)}}
+        )
+        return
+    log.info("removed the temporary file of an interrupted state write", extra={"kv": {"path": str(tmp)}})
+
+
+def _atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never a mix.
+
+    Every byte is written (a short write on a nearly full disk is continued, and fails with
+    ENOSPC when nothing more fits), the file and then its directory are fsynced, and only a
+    complete temporary file is renamed over the old one. On any failure the temporary file is
+    removed and the old file is untouched; the ``OSError`` propagates.
+    """
+    tmp = _tmp_path(path)
+    renamed = False
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        fd = ops.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                written = ops.write(fd, view)
+                if written <= 0:  # no progress and no error: treat as a full disk, never spin
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[written:]
+            ops.fsync(fd)
+        finally:
+            ops.close(fd)
+        ops.replace(str(tmp), str(path))
+        renamed = True
+        dir_fd = ops.open(str(path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
+        try:
+            ops.fsync(dir_fd)
+        finally:
+            ops.close(dir_fd)
+    except OSError:
+        if not renamed:
+            try:
+                ops.unlink(str(tmp))
+            except OSError:
+                pass  # never created, or the disk is gone: the start-up cleanup retries
+        raise

@@ -1,7 +1,8 @@
 """``dranet run``: the node daemon, every component in one asyncio loop.
 
-Start order: checkpoint (fail if unreadable: never drop state), first discovery scan
-(so the first prepare finds the inventory), kubelet plugin (DRA socket, then
+Start order: checkpoint (fail if unreadable or from a newer driver: never drop state; a
+corrupt file is moved aside), first discovery scan (so the first prepare finds the inventory),
+the prepared claims rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then
 registration), the HTTP probe server (/healthz, /metrics), then the background loops: ResourceSlice publisher,
 rescans (netlink link events + periodic resync, coalesced), NRI plugin.
 SIGTERM/SIGINT stop the gRPC servers, remove the sockets and exit 0.
@@ -23,6 +24,7 @@ from typing import Any
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
 from driver.claims.prepare import Preparer
+from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
 from driver.config import DRIVER_NAME, DriverConfig, config_from_args
 from driver.inventory.cloud.detection import effective_provider
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 CLOUD_STARTUP_WAIT = 3.0
 """Seconds the first scan waits for cloud metadata: a healthy service's attributes are then in the
 first publish; a down or slow one costs at most this, and its attributes follow in a republish."""
+STATE_WRITE_RETRY_S = 5.0
+"""Seconds between retries of a failed state write (see :meth:`Daemon._state_write_retry_loop`)."""
 
 
 def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
@@ -100,7 +104,7 @@ class Daemon:
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
-        self.probes = ProbeServer(config.bind_address, self.metrics, self.ready)
+        self.probes = ProbeServer(config.bind_address, self.metrics, self.ready, self.problems)
 
     def _claim_unprepared(self, claim: Any) -> None:
         # NICs the runtime never asked back (no StopPodSandbox) go home first, then the status.
@@ -138,6 +142,11 @@ class Daemon:
     def ready(self) -> bool:
         """Ready (``/healthz``): the kubelet plugin serves and discovery ran at least once."""
         return self.plugin.serving and self.scanned
+
+    def problems(self) -> list[str]:
+        """Conditions ``/healthz`` reports (503) until they clear: state that cannot be saved."""
+        error = self.store.write_error
+        return [str(error)] if error is not None else []
 
     def request_rescan(self) -> None:
         """Ask for a rescan soon (coalesced); safe to call from any thread."""
@@ -185,6 +194,14 @@ class Daemon:
             except Exception:  # a failed scan keeps the last inventory; try again next time
                 log.exception("rescan failed")
 
+    async def _state_write_retry_loop(self) -> None:
+        """While a state write is failing, try again every few seconds, so ``/healthz`` turns
+        200 once the disk takes writes again even if no claim or pod changes meanwhile."""
+        while True:
+            await asyncio.sleep(STATE_WRITE_RETRY_S)
+            if self.store.write_error is not None:
+                await asyncio.to_thread(self.store.retry_write)
+
     async def _guard(self, name: str, coro_fn: Callable[[], Any]) -> None:
         """Run a background component; restart it after a crash (backoff 1 s .. 30 s) instead of
         taking the daemon, and with it the kubelet's DRA socket, down."""
@@ -216,6 +233,9 @@ class Daemon:
             await self.rescan()
         except Exception:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
+        if any(q.path == self.store.path for q in self.store.quarantined):
+            # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
+            await rebuild_prepared_claims(self.preparer, self.kube)
         self.status_writer.start()
         await self.plugin.start()
         try:
@@ -243,6 +263,7 @@ class Daemon:
     def _start_background(self) -> None:
         spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))
         spawn("rescan", self._rescan_loop)
+        spawn("state-write-retry", self._state_write_retry_loop)
         spawn("publisher", self.publisher.run)
         if self.config.host_sysfs:
             spawn("link-watch", LinkWatcher(self.request_rescan).run)

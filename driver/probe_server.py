@@ -2,14 +2,17 @@
 
 ``/healthz`` answers 200 only once ``ready()`` is true (the daemon: kubelet plugin
 serving and the first discovery done), 503 before, so a DaemonSet readiness probe
-does not mark a half-started driver ready. (The kubelet's per-device health stream is
-another thing: :mod:`driver.kubelet.device_health`.)
+does not mark a half-started driver ready. It also answers 503, with the reasons in the body,
+while ``problems()`` reports a condition that needs a human (state that cannot be saved).
+``/livez`` answers 200 while the event loop runs: the liveness probe, so such a condition makes
+the pod unready, visibly, without the kubelet restarting a driver that a restart cannot fix.
+(The kubelet's per-device health stream is another thing: :mod:`driver.kubelet.device_health`.)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 
@@ -30,16 +33,29 @@ def parse_bind_address(address: str) -> tuple[str, int]:
 class ProbeServer:
     """Serves the readiness probe /healthz and /metrics until :meth:`stop`."""
 
-    def __init__(self, bind_address: str, metrics: Metrics, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        bind_address: str,
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        problems: Callable[[], Sequence[str]] = tuple,
+    ) -> None:
         self.host, self.port = parse_bind_address(bind_address)
         self.metrics = metrics
         self.ready = ready
+        self.problems = problems
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, request: web.Request) -> web.Response:
+        problems = self.problems()
+        if problems:
+            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
         if self.ready():
             return web.Response(text="ok\n")
         return web.Response(status=503, text="not ready\n")
+
+    async def _livez(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -50,6 +66,7 @@ class ProbeServer:
         """Bind and serve; :attr:`port` is the real port afterwards (useful with port 0)."""
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/livez", self._livez)
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

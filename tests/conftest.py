@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.plugins.cluster",  # real etcd + kube-apiserver + scheduler + controller-manager
     "tests.plugins.nri",  # the NRI runtime-side harness
     "tests.plugins.least_privilege",  # the chart's RBAC + node policy, a pod-bound driver token
+    "tests.plugins.tmpfs",  # small real tmpfs mounts (full-disk tests)
 ]

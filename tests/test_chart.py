@@ -240,8 +240,11 @@ def test_default_mounts_and_pod_spec(helm: str) -> None:
     assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # Liveness only asks whether the process runs: a full state disk makes the pod unready, and
+    # a restart would not fix it.
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["runAsUser"] == 0
     assert sc["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}
@@ -261,7 +264,7 @@ EXPECTED_RULES = [
         "resources": ["resourceslices"],
         "verbs": ["list", "watch", "create", "update", "delete"],
     },
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch", "update"]},
     {
         "apiGroups": ["resource.k8s.io"],

@@ -1,4 +1,4 @@
-"""CheckpointStore: round trips, refusal of unusable files, and crash safety under real SIGKILL."""
+"""CheckpointStore: round trips, damaged and newer files, and crash safety under real SIGKILL."""
 
 from __future__ import annotations
 
@@ -69,11 +69,10 @@ def test_round_trip(tmp_path: Path) -> None:
     assert oct(os.stat(tmp_path / "checkpoint.json").st_mode & 0o777) == "0o600"
 
 
-def test_unusable_files_are_refused_and_kept(tmp_path: Path) -> None:
+def test_a_torn_file_is_kept_aside_and_a_newer_one_is_refused(tmp_path: Path) -> None:
     (tmp_path / "checkpoint.json").write_text("{torn")
-    with pytest.raises(CheckpointError, match="cannot parse"):
-        CheckpointStore(tmp_path)
-    assert (tmp_path / "checkpoint.json").read_text() == "{torn"
+    store = CheckpointStore(tmp_path)  # starts (empty); the damaged file is kept for a human
+    assert [q.moved_to.read_text() for q in store.quarantined] == ["{torn"]
     (tmp_path / "checkpoint.json").write_text(json.dumps({"version": 99, "claims": {}}))
     with pytest.raises(CheckpointError, match="version 99"):
         CheckpointStore(tmp_path)
@@ -122,17 +121,19 @@ def test_sigkill_during_writes_leaves_old_or_new_state(tmp_path: Path) -> None:
         (tmp_path / "checkpoint.json").unlink(missing_ok=True)
 
 
-def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
+    from driver.checkpoint import CheckpointWriteError, FileOps
+
     store = CheckpointStore(tmp_path)
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
 
-    def enospc(*args: object, **kwargs: object) -> None:
+    def enospc(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(os, "replace", enospc)
-    with pytest.raises(OSError):
+    store.ops = FileOps(replace=enospc)
+    with pytest.raises(CheckpointWriteError):
         store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
-    monkeypatch.undo()
+    store.ops = FileOps()
     assert store.read(lambda s: sorted(s.claims)) == ["u1"]  # memory agrees with the disk
     with pytest.raises(RuntimeError):
         store.update(lambda s: (s.claims.pop("u1"), (_ for _ in ()).throw(RuntimeError("bug"))))
@@ -196,11 +197,11 @@ def test_single_file_checkpoint_from_before_the_split_keeps_its_pods(tmp_path: P
     assert store.read(lambda s: list(s.pods)) == ["p1"]
 
 
-def test_unreadable_pods_file_refuses_to_start(tmp_path: Path) -> None:
+def test_a_torn_pods_file_is_kept_aside(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "pods.json").write_text("{torn")
-    with pytest.raises(CheckpointError, match="pods.json"):
-        CheckpointStore(tmp_path / "state", tmp_path / "run")
+    store = CheckpointStore(tmp_path / "state", tmp_path / "run")
+    assert [q.path.name for q in store.quarantined] == ["pods.json"]
 
 
 def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path) -> None:
@@ -314,10 +315,11 @@ def test_a_newer_version_is_refused_with_a_clear_message(tmp_path: Path, name: s
     assert json.loads((tmp_path / name).read_text())["version"] == 3  # kept for a human
 
 
-def test_a_file_without_version_is_refused(tmp_path: Path) -> None:
+def test_a_file_without_version_is_kept_aside(tmp_path: Path) -> None:
+    """Our driver never writes one: it is damage, not another version."""
     (tmp_path / "checkpoint.json").write_text(json.dumps({"claims": {}}))
-    with pytest.raises(CheckpointError, match="version None"):
-        CheckpointStore(tmp_path)
+    (quarantined,) = CheckpointStore(tmp_path).quarantined
+    assert "version None" in quarantined.reason
 
 
 def test_cloud_config_round_trips_and_older_files_have_none() -> None:

@@ -255,13 +255,15 @@ async def test_kill9_after_checkpoint_write_before_response(env: Env) -> None:
     assert await _wait_exit(proc2, 10) == 0
 
 
-async def test_corrupt_checkpoint_refuses_to_start(env: Env) -> None:
+async def test_a_checkpoint_from_a_newer_driver_refuses_to_start(env: Env) -> None:
+    """A downgrade: the file is valid, only not ours to read. Kept, and the driver says why.
+    (A corrupt file is moved aside instead: tests/test_daemon_state_faults.py.)"""
     (env.dir / "state").mkdir()
-    (env.dir / "state/checkpoint.json").write_text("{not json")
+    (env.dir / "state/checkpoint.json").write_text('{"version": 99, "claims": {}}')
     proc = env.start()
     assert await _wait_exit(proc, 20) == 1
-    assert "cannot load checkpoint" in env.log_of(proc)
-    assert (env.dir / "state/checkpoint.json").read_text() == "{not json"  # kept for a human
+    assert "cannot load checkpoint" in env.log_of(proc) and "newer driver" in env.log_of(proc)
+    assert (env.dir / "state/checkpoint.json").read_text() == '{"version": 99, "claims": {}}'  # kept for a human
 
 
 async def test_broken_nri_side_never_takes_the_kubelet_plugin_down(env: Env) -> None:

@@ -33,6 +33,25 @@ async def test_probe_server_ready_gate_and_metrics() -> None:
         await server.stop()
 
 
+async def test_problems_turn_healthz_503_with_the_reason_and_livez_stays_200() -> None:
+    problems: list[str] = []
+    server = ProbeServer("127.0.0.1:0", Metrics(), lambda: True, lambda: problems)
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{server.port}"
+            problems.append("cannot save state to /x/checkpoint.json: No space left on device (ENOSPC)")
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 503 and "checkpoint.json" in await resp.text()
+            async with http.get(base + "/livez") as resp:
+                assert resp.status == 200
+            problems.clear()
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 200
+    finally:
+        await server.stop()
+
+
 def test_bind_address_errors() -> None:
     assert parse_bind_address(":9177") == ("0.0.0.0", 9177)
     assert parse_bind_address("[::1]:80") == ("::1", 80)

@@ -113,10 +113,11 @@ class _GroupCommit:
                 # fsync blocks for milliseconds: keep it off the event loop.
                 await asyncio.to_thread(self._store.update, run_batch)
             except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
-                log.error("checkpoint write failed", extra={"kv": {"error": str(exc), "batch": len(batch)}})
+                # The store logged the failure (path, errno) once; each waiter answers with it.
+                log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
                 for _, future in batch:
                     if not future.done():
-                        future.set_exception(ClaimError(f"checkpoint write failed: {exc}"))
+                        future.set_exception(ClaimError(str(exc)))
                 continue
             for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
                 if future.done():
@@ -183,7 +184,7 @@ class Preparer:
             try:
                 if isinstance(claim, BaseException):
                     raise claim
-                records.append(self._build(ref, claim))
+                records.append(self.build(ref, claim))
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
             except Exception as exc:  # a bug for one claim must not fail the others
@@ -196,7 +197,7 @@ class Preparer:
                 stored = await self._commit.apply(lambda state: _record(state, records))
             except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
                 for record in records:
-                    results[record.uid] = PrepareResult(error=str(exc))
+                    results[record.uid] = PrepareResult(error=f"not prepared: {exc}")
             else:
                 if self.after_commit is not None:
                     self.after_commit([r.uid for r in records])
@@ -246,7 +247,9 @@ class Preparer:
         except Exception as exc:  # noqa: BLE001 - any GET failure is this claim's error only
             raise ClaimError(f"cannot get {where}: {exc}") from None
 
-    def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim:
+    def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
+        """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
+        default the current one) and decoded configs; :class:`ClaimError` when it cannot be prepared."""
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
@@ -257,7 +260,7 @@ class Preparer:
             raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
         alloc_devices = allocation.get("devices") or {}
         configs = alloc_devices.get("config") or []
-        inventory = self.devices()
+        inventory = self.devices() if inventory is None else inventory
         prepared: list[PreparedDevice] = []
         for index, result in enumerate(alloc_devices.get("results") or []):
             if result.get("driver") != self.driver_name:
@@ -308,7 +311,7 @@ class Preparer:
                 lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
             )
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
-            return {u: f"cannot update checkpoint: {exc}" for u in uids}
+            return {u: f"not unprepared: {exc}" for u in uids}
         log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
         for claim in removed if self.on_unprepare else ():
             try:

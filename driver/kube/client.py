@@ -74,6 +74,13 @@ class KubeClient:
         """GET a ResourceClaim."""
         return self.request("GET", self._claim_path(namespace, name))
 
+    def list_resource_claim_for_all_namespaces(self, limit: int = 500, cont: str | None = None) -> dict[str, Any]:
+        """LIST ResourceClaims in every namespace, one page (``metadata.continue`` for the next)."""
+        query: dict[str, Any] = {"limit": limit}
+        if cont:
+            query["continue"] = cont
+        return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query, timeout=30.0)
+
     def patch_namespaced_resource_claim_status(
         self, namespace: str, name: str, body: dict[str, Any], field_manager: str
     ) -> dict[str, Any]:

@@ -5,6 +5,7 @@ It serves what the node driver calls, as plain JSON over HTTP:
 * ``GET  /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`` (configurable delay,
   and an event per GET so a test can act while a call is in flight);
 * ``PATCH .../resourceclaims/<name>/status`` (recorded, merged into ``status``);
+* ``GET /apis/resource.k8s.io/v1/resourceclaims`` (all claims, one page);
 * ``GET /api/v1/nodes/<name>``;
 * ResourceSlices: list (``fieldSelector`` ``spec.nodeName=``/``spec.driver=``), get, create
   (``generateName``), replace, delete.
@@ -29,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 CLAIM_RE = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourceclaims/([^/]+)(/status)?$")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"  # the list in all namespaces
 NODE_RE = re.compile(r"^/api/v1/nodes/([^/]+)$")
 
 
@@ -247,6 +249,15 @@ class _Handler(BaseHTTPRequestHandler):
                     claim.setdefault("status", {}).update(self._body().get("status", {}))
                     return 200, claim
             return 405, _status(405, "MethodNotAllowed", method)
+        if method == "GET" and path == CLAIMS:
+            with api._lock:
+                items = [json.loads(json.dumps(c)) for c in api.claims.values()]
+            return 200, {
+                "kind": "ResourceClaimList",
+                "apiVersion": "resource.k8s.io/v1",
+                "metadata": {},
+                "items": items,
+            }
         if m := NODE_RE.match(path):
             node = api.nodes.get(m.group(1))
             if node is None:

@@ -1,0 +1,170 @@
+"""The real `dranet run` with its state directory on a full disk, and started on a corrupt state.
+
+A real tmpfs (a few hundred KB, filled to the last page) holds the state directory; the kubelet
+is played over the real gRPC sockets (tests.support.kubelet_client), the API server by
+tests.support.fake_apiserver. What is checked is what a user would meet: the answers to the
+kubelet, the state file, the log, ``/healthz``, and the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from driver.checkpoint import CheckpointStore
+from tests.plugins.tmpfs import TmpfsFactory, fill
+from tests.support import write_nic_sysfs
+from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
+from tests.support.kubelet_client import KubeletClient, devices_of
+from tests.test_daemon_restart import NODE, Env, _healthz_port, _ready, _wait_exit
+
+CLAIMS = 40
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+@pytest.fixture
+def env40() -> Iterator[Env]:
+    """An Env with 40 NICs and one claim per NIC (``c0``..``c39``, UIDs ``uid-0``..)."""
+    d = Path(tempfile.mkdtemp(prefix="dranet-sf-"))  # short: AF_UNIX paths are limited to 108 bytes
+    api = FakeAPIServer().start()
+    api.write_kubeconfig(d / "kubeconfig")
+    e = Env(dir=d, api=api, devices=write_nic_sysfs(d / "sys", CLAIMS), procs=[])
+    for i, device in enumerate(e.devices):
+        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(device, NODE)], pods=[f"pod-{i}"]))
+    try:
+        yield e
+    finally:
+        for proc in e.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+        api.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _refs(indices: range) -> list[tuple[str, str, str]]:
+    return [("ns", f"c{i}", f"uid-{i}") for i in indices]
+
+
+def _healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _stored(state: Path) -> list[str]:
+    data = json.loads((state / "checkpoint.json").read_bytes())  # must always be whole, valid JSON
+    return sorted(data["claims"])
+
+
+async def test_a_full_state_disk_fails_the_claims_that_need_it_and_loses_nothing(
+    env40: Env, tmpfs_factory: TmpfsFactory
+) -> None:
+    state = tmpfs_factory.mount(env40.dir / "state", "256k")  # the daemon's --state-dir
+    proc = env40.start()
+    await _ready(env40, proc)
+    port = _healthz_port(env40.log_of(proc))
+    async with KubeletClient(env40.reg_socket) as kubelet:
+        await kubelet.register()
+        first = await kubelet.prepare(_refs(range(10)))
+        assert all(first.claims[f"uid-{i}"].error == "" for i in range(10))
+        before = (state / "checkpoint.json").read_bytes()
+
+        filler = fill(state)  # not one free page left
+        answers = await asyncio.gather(*(kubelet.prepare(_refs(range(b, b + 10))) for b in (10, 20, 30)))
+        errors = {uid: r.error for a in answers for uid, r in a.claims.items()}
+        assert sorted(errors) == sorted(f"uid-{i}" for i in range(10, CLAIMS))  # an answer for each claim
+        for uid, error in errors.items():
+            assert str(state / "checkpoint.json") in error and "ENOSPC" in error, (uid, error)
+            assert not devices_of(next(a for a in answers if uid in a.claims), uid)
+        assert (state / "checkpoint.json").read_bytes() == before  # the previous file, whole
+        assert not (state / "checkpoint.tmp").exists()
+        unprepared = await kubelet.unprepare(_refs(range(1)))  # needs a write too: refused, nothing lost
+        assert "ENOSPC" in unprepared.claims["uid-0"].error
+        assert _stored(state) == sorted(f"uid-{i}" for i in range(10))
+        status, body = _healthz(port)
+        assert status == 503 and "checkpoint.json" in body and "ENOSPC" in body
+        log = env40.log_of(proc)
+        assert "cannot save driver state" in log and "No space left on device" in log
+        assert "Traceback" not in log
+
+        # A few pages free again: claims prepared one at a time until the file no longer fits.
+        # Whatever the kubelet was told must be exactly what is on disk.
+        filler.unlink()
+        filler = fill(state, leave=5 * 4096)
+        told_ok = []
+        for i in range(10, CLAIMS):
+            answer = await kubelet.prepare(_refs(range(i, i + 1)))
+            if answer.claims[f"uid-{i}"].error == "":
+                told_ok.append(f"uid-{i}")
+            else:
+                assert "ENOSPC" in answer.claims[f"uid-{i}"].error
+        assert _stored(state) == sorted([f"uid-{i}" for i in range(10)] + told_ok)
+        assert len(told_ok) < CLAIMS - 10, "the disk never filled up: the test proves nothing"
+
+        filler.unlink()  # space again: /healthz recovers without any new claim (periodic retry)
+        deadline = time.monotonic() + 15
+        while _healthz(port)[0] != 200:
+            assert time.monotonic() < deadline, _healthz(port)
+            await asyncio.sleep(0.2)
+        rest = await kubelet.prepare(_refs(range(10, CLAIMS)))
+        assert all(r.error == "" for r in rest.claims.values())
+    assert _stored(state) == sorted(f"uid-{i}" for i in range(CLAIMS))
+    proc.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc, 10) == 0
+
+    gets = env40.api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/")
+    proc2 = env40.start()
+    await _ready(env40, proc2)
+    async with KubeletClient(env40.reg_socket) as kubelet:
+        await kubelet.register()
+        again = await kubelet.prepare(_refs(range(CLAIMS)))
+        assert all(r.error == "" for r in again.claims.values())
+    assert env40.api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/") == gets  # from disk
+    proc2.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc2, 10) == 0
+
+
+async def test_a_corrupt_checkpoint_is_moved_aside_and_the_claims_rebuilt_from_the_api_server(env40: Env) -> None:
+    proc = env40.start()
+    await _ready(env40, proc)
+    async with KubeletClient(env40.reg_socket) as kubelet:
+        await kubelet.register()
+        prepared = await kubelet.prepare(_refs(range(3)))
+        assert all(r.error == "" for r in prepared.claims.values())
+    proc.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc, 10) == 0
+    original = CheckpointStore(env40.dir / "state").read(
+        lambda s: {u: c.devices[0].device for u, c in s.claims.items()}
+    )
+    torn = (env40.dir / "state/checkpoint.json").read_bytes()[:-40]
+    (env40.dir / "state/checkpoint.json").write_bytes(torn)
+    (env40.dir / "state/checkpoint.tmp").write_bytes(b"{half")  # a write interrupted earlier
+
+    proc2 = env40.start()
+    await _ready(env40, proc2)
+    log = env40.log_of(proc2)
+    assert "state file is corrupt" in log and "rebuilt prepared claims from the API server" in log
+    (aside,) = (env40.dir / "state").glob("checkpoint.json.corrupt-*")
+    assert aside.read_bytes() == torn  # kept for a human, never deleted
+    assert not (env40.dir / "state/checkpoint.tmp").exists()
+    # Every claim allocated to this node and reserved for a pod is back, with the same device.
+    rebuilt = CheckpointStore(env40.dir / "state").read(lambda s: {u: c.devices[0].device for u, c in s.claims.items()})
+    assert rebuilt == {f"uid-{i}": env40.devices[i] for i in range(CLAIMS)}
+    assert {u: rebuilt[u] for u in original} == original
+    port = _healthz_port(log)
+    assert _healthz(port)[0] == 200
+    proc2.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc2, 10) == 0
