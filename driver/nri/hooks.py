@@ -39,6 +39,7 @@ from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
+from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
 from driver.nri.pod_ethtool import EthtoolPlanError, PodEthtool
@@ -444,8 +445,9 @@ class NRIHooks:
 
         Gone pods: return their NICs. Pods with NICs mid-move: roll back (the hook
         never reported success). Mid-return: finish returning. Pods with claims but
-        no state are left alone: the runtime lists stopped-but-not-removed sandboxes
-        too, so attaching "late" could put NICs into a dead pod.
+        no state are never attached "late" (the runtime lists stopped-but-not-removed
+        sandboxes too, so that could put NICs into a dead pod); but NICs of theirs already
+        in their netns (the pod state file was lost) are recorded again (:mod:`driver.nri.adoption`).
         """
         with self._lock:
             self._synchronize(pods)
@@ -464,6 +466,18 @@ class NRIHooks:
             why = "gone" if pod is None else "interrupted"
             errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
             log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
+        for pod in pods:
+            if pod.uid not in known:
+                self._adopt(pod)
+
+    def _adopt(self, pod: api.PodSandbox) -> None:
+        """Record the NICs of a pod without state found in its netns (``pods.json`` was lost)."""
+        netns, netdevs = pod_netns_path(pod), self._netdevs(pod.uid)
+        if not netns or not netdevs:
+            return
+        state = adopt(self.ns, pod.uid, netns, netdevs, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name)
+        if state is not None:
+            self.store.update(lambda s: s.pods.setdefault(state.pod_uid, state))
 
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""

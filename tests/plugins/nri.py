@@ -217,7 +217,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
 
     Each device dict: ``ifname`` (host netdev), optional ``config`` (``{"opaque": [params, ...]}``,
     decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
-    ``rdma_device``, ``numa_node``.
+    ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones).
     """
     from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
     from driver.claims.decode import decode_config
@@ -235,6 +235,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     for i, d in enumerate(devices):
         host = HostFacts(
             ifname=d.get("ifname"),
+            permanent_mac=d.get("permanent_mac"),
             rdma_device=d.get("rdma_device"),
             numa_node=d.get("numa_node"),
             char_devices=[CharDevice(**c) for c in d.get("char_devices", [])],
@@ -245,7 +246,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
                 request="nic",
                 pool="node",
                 device=name,
-                snapshot=Device(name=name, host=host),
+                snapshot=Device(name=name, attributes=dict(d.get("attributes", {})), host=host),
                 config=typed(d.get("config", {})),
             )
         )

@@ -1,0 +1,100 @@
+"""Re-learning which NICs sit in which pod from the kernel, when the pod state was lost.
+
+``pods.json`` is what lets StopPodSandbox give a NIC back. If it was corrupt at start (moved
+aside by the store) the driver no longer knows that pod P holds NIC N, and N would stay in P's
+namespace until the namespace dies (a physical NIC then comes back as ``ethN``, without its
+name and addresses; a veth is destroyed). At Synchronize the runtime lists every running pod
+with its network namespace; for each pod with prepared claims but no recorded state, the NICs
+of those claims are looked up in the pod's namespace, by the name the pod gets and the MAC it
+has (configured, current or permanent), and those found are recorded as ``in-pod`` with the
+host name, MTU, MAC and addresses the device had when it was prepared (its snapshot), so the
+normal return restores them. Host routes were only recorded in the lost file: they are not
+restored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from driver.checkpoint import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.inventory.attributes import D
+from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.rtnl import LinkInfo, Rtnl
+
+log = logging.getLogger(__name__)
+
+IN_POD = "in-pod"
+
+
+def _snapshot_text(device: PreparedDevice, name: str) -> str | None:
+    value = device.snapshot.attributes.get(D + name)
+    return value if isinstance(value, str) and value else None
+
+
+def _find(rtnl: Rtnl, device: PreparedDevice) -> LinkInfo | None:
+    """The link in ``rtnl``'s namespace that is ``device``: by its pod name, then its host name."""
+    iface = device.config.interface
+    host = device.snapshot.host
+    macs = {
+        m.lower()
+        for m in (iface.hardware_addr if iface else None, host.permanent_mac, _snapshot_text(device, "mac"))
+        if m
+    }
+    for name in dict.fromkeys(n for n in (iface.name if iface else None, host.ifname) if n):
+        link = rtnl.link(name)
+        if link is None:
+            continue
+        if not macs or link.mac.lower() in macs or (link.permanent_mac or "").lower() in macs:
+            return link
+    return None
+
+
+def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
+    host = device.snapshot.host
+    mtu = device.snapshot.attributes.get(D + "mtu")
+    addresses = [cidr for key in ("ipv4", "ipv6") for cidr in (_snapshot_text(device, key) or "").split(",") if cidr]
+    return MovedDevice(
+        device=device.device,
+        host_ifname=host.ifname or link.ifname,
+        pod_ifname=link.ifname,
+        permanent_mac=host.permanent_mac,
+        pci_address=host.pci_address,
+        host_mtu=mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else None,
+        host_mac=_snapshot_text(device, "mac"),
+        host_addresses=addresses,
+        rdma_device=host.rdma_device,
+        pod_mac=link.mac,
+        step=IN_POD,
+    )
+
+
+def adopt(
+    ns: Namespaces,
+    pod_uid: str,
+    netns_path: str,
+    netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+    *,
+    sandbox_id: str = "",
+    namespace: str = "",
+    name: str = "",
+) -> PodNetState | None:
+    """The state of the pod's NICs found in ``netns_path``, or None when none is there."""
+    found: list[MovedDevice] = []
+    try:
+        with ns.pod(netns_path) as (rtnl, _):
+            for _claim, device in netdevs:
+                link = _find(rtnl, device)
+                if link is not None:
+                    found.append(_moved(device, link))
+    except (NetnsGone, OSError) as exc:
+        log.debug("adoption: pod namespace unusable", extra={"kv": {"pod": pod_uid, "error": str(exc)}})
+        return None
+    if not found:
+        return None
+    log.warning(
+        "pod state was lost: NICs found in the pod's namespace recorded again",
+        extra={"kv": {"pod": pod_uid, "netns": netns_path, "devices": [m.device for m in found]}},
+    )
+    return PodNetState(
+        pod_uid=pod_uid, sandbox_id=sandbox_id, namespace=namespace, name=name, netns_path=netns_path, devices=found
+    )
