@@ -7,6 +7,8 @@ enforces both so no device can ever make its slice invalid:
 - strings longer than 64 bytes are shortened: comma-joined lists (``ipv4``, ``ipv6``) are cut at an
   element boundary so every remaining CIDR is whole; other strings are cut at a UTF-8 character
   boundary;
+- an integer outside the int64 range (a corrupt ``numa_node`` or port rate) is dropped with a
+  warning;
 - past 32 attributes, the lowest-priority ones are dropped. Priority is the order of
   :data:`PRIORITY` (first = most important): identity and topology first, then the cloud
   providers' topology attributes (what multi-node claims select on: placement groups, blocks,
@@ -19,7 +21,14 @@ from __future__ import annotations
 import logging
 
 from driver.config import DRIVER_NAME
-from driver.model.device import MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, STANDARD_DOMAIN, AttributeValue
+from driver.model.device import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ATTRIBUTE_VALUE_LENGTH,
+    MAX_ATTRIBUTES_PER_DEVICE,
+    STANDARD_DOMAIN,
+    AttributeValue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +117,16 @@ def shorten(name: str, value: str, limit: int = MAX_ATTRIBUTE_VALUE_LENGTH) -> s
     return value.encode()[:limit].decode("utf-8", "ignore")
 
 
+def _past_int64(value: AttributeValue) -> bool:
+    """An integer (or a list holding one) the API server would refuse: outside the int64 range."""
+    ints = value if isinstance(value, list) else [value]
+    return any(isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX for v in ints)
+
+
 def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[str, AttributeValue]:
     """The attributes shortened and capped so the device is always valid in a slice."""
     out: dict[str, AttributeValue] = {}
+    out_of_range: list[str] = []
     for name, value in attributes.items():
         # Non-empty short ASCII strings (nearly all values) fit as they are: skip shorten().
         # Empty ones take the slow path, which omits an empty list attribute.
@@ -124,7 +140,15 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
             if name in LIST_ATTRIBUTES and not short:
                 continue  # not even one element fits: omit rather than publish an empty list
             value = short
+        elif _past_int64(value):
+            out_of_range.append(name)
+            continue
         out[name] = value
+    if out_of_range:
+        log.warning(
+            "integer attributes out of the int64 range (a corrupt sysfs value), not published",
+            extra={"kv": {"device": device, "attributes": out_of_range}},
+        )
     if len(out) > MAX_ATTRIBUTES_PER_DEVICE:
         ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
         dropped = ranked[MAX_ATTRIBUTES_PER_DEVICE:]

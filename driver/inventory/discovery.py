@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from driver.inventory import attributes as attrs
 from driver.inventory.attributes import D
@@ -34,8 +35,16 @@ from driver.inventory.netlink_facts import (
 )
 from driver.inventory.numa_list import numa_node_list
 from driver.inventory.rdma import RdmaDevice, scan_rdma
-from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of, pcie_root_of
-from driver.model.device import STANDARD_DOMAIN, AttributeValue, Device, HostFacts
+from driver.inventory.scan_report import ScanReport, ScanWarnings
+from driver.inventory.sysfs import (
+    IdentityCache,
+    SysfsReader,
+    ifname_problem,
+    name_bytes,
+    pci_address_of,
+    pcie_root_of,
+)
+from driver.model.device import INT64_MAX, STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 
 log = logging.getLogger(__name__)
 
@@ -132,17 +141,26 @@ class Scanner:
         self.identity = IdentityCache()  # immutable per-object facts, across scans
         # resource.kubernetes.io/numaNode as a list (--feature-gates DRAListTypeAttributes=true).
         self.numa_list = numa_list
+        self.warnings = ScanWarnings()  # skipped devices, unreadable files: warned once each
 
     # -- step 1: netdevs --------------------------------------------------------------------
-    def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> dict[str, Netdev]:
-        names = set(sysfs.listdir("class/net"))
+    def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None, report: ScanReport) -> dict[str, Netdev]:
+        listed = set(sysfs.listdir("class/net"))
+        names = set(listed)
         if facts:
-            names.update(facts.links)
+            # netlink may give a name that is not UTF-8 as bytes: the same surrogate-escaped str as listdir
+            names.update(os.fsdecode(n) for n in facts.links)
         by_index = facts.by_index() if facts else {}
         out: dict[str, Netdev] = {}
         for ifname in sorted(names):
-            link = facts.links.get(ifname) if facts else None
             real = sysfs.resolve(f"class/net/{ifname}")
+            problem = ifname_problem(ifname)
+            if problem is None and ifname in listed and not sysfs.is_dir(f"class/net/{ifname}"):
+                problem, real = "class/net entry is a dangling or looping link (no such device)", None
+            if problem is not None:
+                report.skip(f"netdev {name_bytes(ifname)}", problem, pci_address_of(real) if real else None)
+                continue
+            link = facts.links.get(ifname) if facts else None
             master = None
             if link and link.master and link.master in by_index:
                 master = by_index[link.master].ifname
@@ -230,9 +248,10 @@ class Scanner:
             out[D + "pciSubsystem"] = sub
         numa = sysfs.read_int(f"{base}/numa_node")
         if numa is not None and numa >= 0:  # -1 = firmware does not say: publish nothing
+            sane = numa <= INT64_MAX  # else a corrupt value: attributes.finalize drops it, with a warning
             out[D + "numaNode"] = numa
-            out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list else numa
-            host.numa_node = numa
+            out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list and sane else numa
+            host.numa_node = numa if sane else None
         physfn = sysfs.resolve(f"{base}/physfn")
         # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
         # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
@@ -273,14 +292,15 @@ class Scanner:
                 facts = collect(self.netns)
             except Exception as err:  # noqa: BLE001 - a scan must not kill the daemon
                 log.warning("netlink dump failed, scanning sysfs only", extra={"kv": {"error": str(err)}})
-        netdevs = self._netdevs(sysfs, facts)
+        report = ScanReport()
+        netdevs = self._netdevs(sysfs, facts, report)
         excluded = self._excluded(sysfs, netdevs, facts)
         excluded_pci = {d.pci_address for n, d in netdevs.items() if n in excluded and d.pci_address}
         pci_netdevs: dict[str, list[Netdev]] = {}
         for name, dev in netdevs.items():
             if dev.pci_address and name not in excluded:
                 pci_netdevs.setdefault(dev.pci_address, []).append(dev)
-        rdma_devices = scan_rdma(sysfs, use_pyverbs=self.use_pyverbs, identity=self.identity)
+        rdma_devices = scan_rdma(sysfs, use_pyverbs=self.use_pyverbs, identity=self.identity, report=report)
         rdma_by_pci: dict[str, RdmaDevice] = {}
         for rdma in rdma_devices.values():
             if rdma.pci_address:
@@ -291,23 +311,36 @@ class Scanner:
         listed = sysfs.listdir("bus/pci/devices")
         identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}") for bdf in listed}
         for bdf in listed:
-            cls = sysfs.read(f"bus/pci/devices/{bdf}/class") or ""
-            if not cls.lower().startswith("0x02"):
+            cls = sysfs.read(f"bus/pci/devices/{bdf}/class")
+            if cls is None and f"bus/pci/devices/{bdf}/class" in sysfs.problems:
+                reason = sysfs.problems.pop(f"bus/pci/devices/{bdf}/class")  # warned about here, once
+                report.skip(f"PCI function {bdf}", f"its class cannot be read: {reason}")
+                continue
+            if not (cls or "").lower().startswith("0x02"):
                 continue
             network_pci.add(bdf)
-            if bdf in excluded_pci:
+            if bdf in excluded_pci or bdf in report.skipped_pci:
                 continue
             driver = sysfs.link_name(f"bus/pci/devices/{bdf}/driver")
             if driver is None or driver in USERSPACE_DRIVERS:
                 log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
                 continue
-            devices.append(self._pci_device(sysfs, bdf, pci_netdevs.get(bdf, []), rdma_by_pci.get(bdf)))
+            self._add(
+                devices,
+                report,
+                f"PCI function {bdf}",
+                self._pci_device,
+                sysfs,
+                bdf,
+                pci_netdevs.get(bdf, []),
+                rdma_by_pci.get(bdf),
+            )
 
         for rdma in rdma_devices.values():
             pci = rdma.pci_address
-            if pci is None or pci in network_pci or pci in excluded_pci:
+            if pci is None or pci in network_pci or pci in excluded_pci or pci in report.skipped_pci:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
-            devices.append(self._pci_device(sysfs, pci, [], rdma))
+            self._add(devices, report, f"PCI function {pci}", self._pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
             self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
         self.identity.end_scan()
@@ -320,14 +353,26 @@ class Scanner:
                     "non-PCI hardware netdev published as a standalone device",
                     extra={"kv": {"ifname": name, "path": dev.sysfs_path}},
                 )
-            values = self._netdev_attributes(sysfs, dev)
-            values[D + "rdma"] = False
-            host = HostFacts(ifname=name, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
-            dev_name = netdev_device_name(name)
-            devices.append(Device(dev_name, attrs.finalize(values, dev_name), host))
+            self._add(devices, report, f"netdev {name_bytes(name)}", self._netdev_device, sysfs, dev)
 
         devices.sort(key=lambda d: d.name)
+        self.warnings.emit(report, sysfs.problems)
         return devices
+
+    @staticmethod
+    def _add(devices: list[Device], report: ScanReport, what: str, build: Callable[..., Device], *args: Any) -> None:
+        """Append ``build(*args)``; a device whose facts make it fail is skipped, never the scan."""
+        try:
+            devices.append(build(*args))
+        except Exception as exc:  # noqa: BLE001 - one bad device must not hide the others
+            report.skip(what, f"{type(exc).__name__}: {exc}")
+
+    def _netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
+        values = self._netdev_attributes(sysfs, dev)
+        values[D + "rdma"] = False
+        host = HostFacts(ifname=dev.ifname, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
+        dev_name = netdev_device_name(dev.ifname)
+        return Device(dev_name, attrs.finalize(values, dev_name), host)
 
     @staticmethod
     def _perm_mac(dev: Netdev, values: dict[str, AttributeValue]) -> str | None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 
-from driver.inventory.sysfs import IdentityCache, SysfsReader, pci_address_of
+from driver.inventory.scan_report import ScanReport
+from driver.inventory.sysfs import IdentityCache, SysfsReader, name_bytes, name_problem, pci_address_of
 from driver.model.device import CharDevice
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,9 @@ def parse_rate(text: str | None) -> int | None:
     match = _RATE.match(text)
     if not match:
         return None
-    value = round(float(match.group(1)))
+    # Decimal, not float: a corrupt value of hundreds of digits stays a (huge) int instead of
+    # overflowing to inf, and attributes.finalize drops it with a warning.
+    value = round(Decimal(match.group(1)))
     return value if value > 0 else None
 
 
@@ -88,42 +92,70 @@ def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
 
 
 def scan_rdma(
-    sysfs: SysfsReader, use_pyverbs: bool = False, identity: IdentityCache | None = None
+    sysfs: SysfsReader,
+    use_pyverbs: bool = False,
+    identity: IdentityCache | None = None,
+    report: ScanReport | None = None,
 ) -> dict[str, RdmaDevice]:
     """All RDMA devices under ``class/infiniband`` keyed by name.
 
     ``identity`` (kept across scans by the caller) spares rescans the links and char device
-    numbers that cannot change while their object exists.
+    numbers that cannot change while their object exists. An entry that is not a device (a
+    dangling or looping link) or whose facts cannot be read is skipped into ``report``.
     """
     names = sysfs.listdir("class/infiniband")
     if not names:
         return {}
+    report = report if report is not None else ScanReport()
     verbs = _by_ibdev(sysfs, "class/infiniband_verbs", identity)
     mads = _by_ibdev(sysfs, "class/infiniband_mad", identity)
     rdma_cm = _char_device(sysfs, "class/misc/rdma_cm/dev", "/dev/infiniband/rdma_cm")
     devices: dict[str, RdmaDevice] = {}
     for name in names:
-        base = f"class/infiniband/{name}"
-        key = identity.prime(sysfs, base) if identity else None
-        real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
-        if identity:
-            identity.remember(sysfs, base, key, links=("", "/device"))
-        pci = pci_address_of(real) if real else None
-        layer = sysfs.read(f"{base}/ports/1/link_layer") or None
-        rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
-        if use_pyverbs and _pyverbs_device is not None:
-            pv_layer, pv_rate = _pyverbs_port(name)
-            layer, rate = pv_layer or layer, pv_rate or rate
-        chars: list[CharDevice] = []
-        for entry in verbs.get(name, []):
-            char = _char_device(sysfs, f"class/infiniband_verbs/{entry}/dev", f"/dev/infiniband/{entry}")
-            if char:
-                chars.append(char)
-        for entry in mads.get(name, []):  # umadN and issmN
-            char = _char_device(sysfs, f"class/infiniband_mad/{entry}/dev", f"/dev/infiniband/{entry}")
-            if char:
-                chars.append(char)
-        if rdma_cm:
-            chars.append(rdma_cm)
-        devices[name] = RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate, char_devices=chars)
+        what = f"RDMA device {name_bytes(name)}"
+        problem = name_problem(name)
+        if problem is None and not sysfs.is_dir(f"class/infiniband/{name}"):
+            problem = "class/infiniband entry is a dangling or looping link"
+        if problem is not None:
+            report.skip(what, problem)
+            continue
+        try:
+            devices[name] = _rdma_device(sysfs, name, use_pyverbs, identity, verbs, mads, rdma_cm)
+        except Exception as exc:  # noqa: BLE001 - one bad device must not hide the others
+            report.skip(what, f"{type(exc).__name__}: {exc}")
     return devices
+
+
+def _rdma_device(
+    sysfs: SysfsReader,
+    name: str,
+    use_pyverbs: bool,
+    identity: IdentityCache | None,
+    verbs: dict[str, list[str]],
+    mads: dict[str, list[str]],
+    rdma_cm: CharDevice | None,
+) -> RdmaDevice:
+    """One RDMA device's facts: its PCI function, port 1 link layer and rate, char devices."""
+    base = f"class/infiniband/{name}"
+    key = identity.prime(sysfs, base) if identity else None
+    real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
+    if identity:
+        identity.remember(sysfs, base, key, links=("", "/device"))
+    pci = pci_address_of(real) if real else None
+    layer = sysfs.read(f"{base}/ports/1/link_layer") or None
+    rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
+    if use_pyverbs and _pyverbs_device is not None:
+        pv_layer, pv_rate = _pyverbs_port(name)
+        layer, rate = pv_layer or layer, pv_rate or rate
+    chars: list[CharDevice] = []
+    for entry in verbs.get(name, []):
+        char = _char_device(sysfs, f"class/infiniband_verbs/{entry}/dev", f"/dev/infiniband/{entry}")
+        if char:
+            chars.append(char)
+    for entry in mads.get(name, []):  # umadN and issmN
+        char = _char_device(sysfs, f"class/infiniband_mad/{entry}/dev", f"/dev/infiniband/{entry}")
+        if char:
+            chars.append(char)
+    if rdma_cm:
+        chars.append(rdma_cm)
+    return RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate, char_devices=chars)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -21,12 +22,55 @@ _UNSET: object = object()
 PCIE_ROOT_RE = re.compile(r"^pci[0-9a-f]{4}:[0-9a-f]{2}$")
 """A PCI host bridge directory name (``pci0000:00``), the standard ``pcieRoot`` value."""
 
+READ_MAX = 65536
+"""Bytes read from one sysfs file (attributes are at most a page)."""
+ATTRIBUTE_MAX = 4096
+"""The most a sysfs attribute holds (one page): a longer read is not an attribute file."""
+QUIET_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ENODATA, errno.EOPNOTSUPP, errno.ENODEV})
+"""Read failures that mean "no value" in sysfs (``speed`` of a down link: EINVAL; a file that is
+not there): not worth a warning. Anything else (EACCES, EIO, EISDIR, ELOOP, EAGAIN from a FIFO)
+means a file that should be there cannot be read, and is reported."""
+IFNAMSIZ = 16
+
+
+def name_problem(name: str) -> str | None:
+    """Why a sysfs object's name cannot be published (not UTF-8, control characters), or None."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the name is not valid UTF-8"
+    if not name.isprintable():
+        return "the name has control characters"
+    return None
+
+
+def ifname_problem(name: str) -> str | None:
+    """Why ``name`` (as ``os.listdir`` or netlink gives it) is not an interface name we can publish
+    and move, or None. The kernel accepts any byte but NUL, ``/``, ``:`` and whitespace; we also need
+    valid UTF-8 (names are published as API strings and sent back to netlink)."""
+    problem = name_problem(name)
+    if problem is not None:
+        return problem
+    raw = name.encode("utf-8")
+    if not raw or len(raw) >= IFNAMSIZ:
+        return f"the name is {len(raw)} bytes (1 to {IFNAMSIZ - 1})"
+    if name in (".", "..") or any(c in "/:" or c.isspace() or not c.isprintable() for c in name):
+        return "the name has characters an interface name cannot have"
+    return None
+
+
+def name_bytes(name: str | bytes) -> str:
+    """A name as its bytes, for messages about names that are not valid text (``b'bad\\xff'``)."""
+    return repr(os.fsencode(name))
+
 
 @dataclass
 class SysfsReader:
     """Memoising reader of one sysfs tree; create a new one for each scan."""
 
     root: str = "/sys"
+    problems: dict[str, str] = field(default_factory=dict)
+    """Files that exist (or should) but could not be read this scan: relative path -> reason."""
     _files: dict[str, str | None] = field(default_factory=dict, repr=False)
     _links: dict[str, str | None] = field(default_factory=dict, repr=False)
     _dirs: dict[str, list[str]] = field(default_factory=dict, repr=False)
@@ -53,17 +97,31 @@ class SysfsReader:
         if real_dir is None:
             value = None
         else:
-            try:
-                # os.open/os.read: a third of the cost of open() for these tiny files.
-                fd = os.open(f"{real_dir}/{name}", os.O_RDONLY)
-                try:
-                    value = os.read(fd, 65536).decode("utf-8", "replace").strip()
-                finally:
-                    os.close(fd)
-            except OSError:
-                value = None
+            value = self._read_file(rel, f"{real_dir}/{name}")
         self._files[rel] = value
         return value
+
+    def _read_file(self, rel: str, path: str) -> str | None:
+        """The stripped text of one file; None (and, unless sysfs means "no value", a recorded
+        problem) when it cannot be read or is not a regular file."""
+        try:
+            # os.open/os.read: a third of the cost of open() for these tiny files. O_NONBLOCK:
+            # a FIFO (or any device) where an attribute should be must never hang the scan.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, READ_MAX)
+                # Only an empty or oversized answer is suspicious: one fstat, not one per file.
+                mode = os.fstat(fd).st_mode if not data or len(data) > ATTRIBUTE_MAX else stat.S_IFREG
+            finally:
+                os.close(fd)
+        except OSError as err:
+            if err.errno not in QUIET_ERRNOS:
+                self.problems[rel] = f"{err.strerror} ({errno.errorcode.get(err.errno or 0, '?')})"
+            return None
+        if not stat.S_ISREG(mode):
+            self.problems[rel] = "not a regular file"
+            return None
+        return data.decode("utf-8", "replace").strip()
 
     def _fast_dir(self, rel_dir: str) -> str | None:
         """Absolute path of directory ``rel_dir`` with its anchor link resolved; None when the anchor is missing.
@@ -103,6 +161,11 @@ class SysfsReader:
             except OSError:
                 self._dirs[rel] = []
         return self._dirs[rel]
+
+    def is_dir(self, rel: str) -> bool:
+        """Whether ``rel`` resolves to a directory: False for a dangling or looping link (a phantom)."""
+        real = self.resolve(rel)
+        return real is not None and os.path.isdir(self.path(real))
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists (following links)."""

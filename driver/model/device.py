@@ -16,6 +16,8 @@ STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_DEVICES_PER_SLICE = 128
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of an ``int`` device attribute: the API server refuses a slice with any other."""
 
 AttributeValue = bool | int | str | list[int]
 """A DRA device attribute value: one of bool, int or string, or a list of ints (the list form of
