@@ -57,6 +57,9 @@ class PreparedDevice:
     # The cloud provider's config for this NIC, already merged under the claim's into ``config``;
     # kept to tell its routes from the claim's (host routes are copied only when the claim set none).
     cloud_config: NetworkConfig | None = None
+    # Allocated with adminAccess (or a shareID): other claims may hold the device at the same time.
+    # Written only when true; absent (files from before, older drivers): False, the safe reading.
+    shared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
@@ -64,6 +67,8 @@ class PreparedDevice:
         out.update(snapshot=_plain(self.snapshot), config=self.config.to_parameters())
         if self.cloud_config is not None:  # absent in older files; ignored by older drivers
             out["cloudConfig"] = self.cloud_config.to_parameters()
+        if self.shared:
+            out["shared"] = True
         return out
 
     @classmethod
@@ -72,7 +77,9 @@ class PreparedDevice:
         snapshot, config = Device.from_dict(data["snapshot"]), NetworkConfig.from_parameters(data["config"])
         cloud = data.get("cloudConfig")
         cloud_config = None if cloud is None else NetworkConfig.from_parameters(cloud)
-        return cls(data["request"], data["pool"], data["device"], snapshot, config, cloud_config)
+        return cls(
+            data["request"], data["pool"], data["device"], snapshot, config, cloud_config, data.get("shared") is True
+        )
 
 
 @dataclass

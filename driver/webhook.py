@@ -35,8 +35,10 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+from kopf._core.engines.admission import WebhookError  # not exported; _serve is kopf-internal too
 from kopf._core.engines.peering import Identity  # the NewType kopf.run expects (not re-exported)
 
+from driver.admission import Malformed, denial, parse_review
 from driver.claims.validation import validate_claim_spec
 from driver.config import DRIVER_NAME
 
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 MANAGED_CONFIGURATION = f"{DRIVER_NAME}-webhook"
 GROUP, VERSION = "resource.k8s.io", "v1"
 HANDLER_ID = "validate"  # also the URL path of the managed configuration
+REJECTION_PREFIX = f"invalid {DRIVER_NAME} config: "
 # plural -> where the claim spec sits in the object (the path used in error messages)
 SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
 
@@ -102,7 +105,7 @@ def validate(body: kopf.Body, resource: Any, old: Any = None, operation: str | N
                 }
             },
         )
-        raise kopf.AdmissionError("invalid dra.net config: " + "; ".join(problems), code=422)
+        raise kopf.AdmissionError(REJECTION_PREFIX + "; ".join(problems), code=422)
 
 
 class AnyPathWebhookServer(kopf.WebhookServer):
@@ -112,21 +115,44 @@ class AnyPathWebhookServer(kopf.WebhookServer):
     any other path (no handler, no objection): a configuration with a different path (the
     chart's ``/validate-resourceclaims``) would silently validate nothing. Dropping the path
     hint makes kopf pick handlers by resource alone. Relies on kopf's ``_serve`` (kopf 1.x).
+
+    The body is parsed here, bounded (:func:`driver.admission.parse_review`), before kopf sees
+    it: a body that is not an AdmissionReview gets HTTP 400 with the reason, a review that
+    cannot be judged (no object, nested too deep) a 200 ``allowed: false``; a failure inside
+    kopf is denied the same way. Never a 500, never a stack trace in a response.
     """
 
     @staticmethod
     async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        # kopf.WebhookFn's signature; kopf does not export its Request/Response types.
-        async def by_resource(
-            request: Any,
-            *,
-            webhook: str | None = None,
-            headers: dict[str, str] | None = None,
-            sslpeer: dict[str, Any] | None = None,
-        ) -> Any:
-            return await fn(request, webhook=None, headers=headers, sslpeer=sslpeer)
+        parsed = parse_review(await request.read())
+        if isinstance(parsed, Malformed):
+            log.info("malformed admission request", extra={"kv": {"reason": parsed.message}})
+            return aiohttp.web.Response(status=400, text=parsed.message + "\n")
+        if parsed.denial:
+            log.info("rejected", extra={"kv": {"uid": parsed.uid, "problems": [parsed.denial]}})
+            return aiohttp.web.json_response(denial(parsed, f"{REJECTION_PREFIX}{parsed.denial}"))
+        headers = dict(request.headers)
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            # webhook=None: handlers are picked by resource, whatever the URL path.
+            response = await fn(parsed.body, webhook=None, headers=headers, sslpeer=sslpeer or {})  # type: ignore[arg-type]
+        except WebhookError as exc:  # no handler for this resource: kopf's own 400, as stock kopf
+            return aiohttp.web.Response(status=400, text=f"{exc}\n")
+        except Exception as exc:
+            log.exception("admission request failed", extra={"kv": {"uid": parsed.uid}})
+            return aiohttp.web.json_response(denial(parsed, f"dra.net webhook internal error: {exc}", code=500))
+        return aiohttp.web.json_response(response)
 
-        return await kopf.WebhookServer._serve(by_resource, request)
+
+class _QuietRejections(logging.Filter):
+    """kopf logs every handler exception at ERROR, our rejections too ("Handler 'validate' failed
+    permanently: invalid dra.net config: ..."). A rejection is a user error, already logged at
+    INFO with the claim's namespace/name by :func:`validate`: drop kopf's copy."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno >= logging.ERROR and f"failed permanently: {REJECTION_PREFIX}" in record.getMessage()
+        )
 
 
 def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegistry:
@@ -136,6 +162,9 @@ def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegis
     configuration uses ``/validate``.
     """
     registry = kopf.OperatorRegistry()
+    kopf_objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, _QuietRejections) for f in kopf_objects.filters):
+        kopf_objects.addFilter(_QuietRejections())
     kopf.on.validate(
         _is_claim_resource,
         id=HANDLER_ID,
@@ -183,16 +212,19 @@ def webhook_configuration(options: WebhookOptions, cadata: bytes | None) -> dict
         "metadata": {"name": MANAGED_CONFIGURATION},
         "webhooks": [
             {
-                "name": f"claims.{DRIVER_NAME}",
+                "name": f"{plural}.{DRIVER_NAME}",
                 "rules": [
                     {
                         "apiGroups": [GROUP],
                         "apiVersions": [VERSION],
                         "operations": ["CREATE", "UPDATE"],
-                        "resources": sorted(SPEC_PATHS),
+                        "resources": [plural],
                         "scope": "Namespaced",
                     }
                 ],
+                # Only objects that carry a config for this driver: other drivers' claims never
+                # depend on this webhook being up (same conditions as the chart's).
+                "matchConditions": [{"name": f"has-{DRIVER_NAME.replace('.', '-')}-config", "expression": expr}],
                 "failurePolicy": options.failure_policy,
                 "matchPolicy": "Equivalent",  # also sees v1beta1/v1beta2 requests, converted to v1
                 "sideEffects": "None",
@@ -200,8 +232,22 @@ def webhook_configuration(options: WebhookOptions, cadata: bytes | None) -> dict
                 "timeoutSeconds": 10,
                 "clientConfig": client_config,
             }
+            for plural, expr in sorted(match_conditions().items())
         ],
     }
+
+
+def match_conditions() -> dict[str, str]:
+    """Per resource, the CEL condition under which the API server calls the webhook at all."""
+    out = {}
+    for plural, keys in SPEC_PATHS.items():
+        spec = ".".join(("object", *keys))
+        guards = [f"has({spec.rsplit('.', 1)[0]}.{keys[-1]})"] if len(keys) > 1 else []
+        guards += [f"has({spec}.devices)", f"has({spec}.devices.config)"]
+        out[plural] = " && ".join(
+            [*guards, f"{spec}.devices.config.exists(c, has(c.opaque) && c.opaque.driver == {DRIVER_NAME!r})"]
+        )
+    return out
 
 
 def _url_host(host: str) -> str:

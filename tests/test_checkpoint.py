@@ -158,6 +158,7 @@ def test_serialisation_matches_asdict() -> None:
     for stored, device in zip(claim["devices"], state.claims["u1"].devices, strict=True):
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
+        assert stored.pop("shared") is False  # written only when true (adminAccess)
     expected = {"version": 2, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
     encoded = {"version": 2, **state.claims_json(), **state.pods_json()}
     assert json.dumps(encoded, sort_keys=True) == json.dumps(expected, sort_keys=True)

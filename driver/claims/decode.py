@@ -44,8 +44,12 @@ MIN_MTU = 68  # RFC 791 minimum; the kernel refuses less for IPv4
 MAX_MTU = 65536  # the largest max_mtu any Linux netdev reports (loopback)
 MAX_ROUTE_TABLE = 2**32 - 1
 ROUTE_SCOPES = {"universe": 0, "link": 253}  # the scopes a claim's route may name
-_IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+# Matched with fullmatch: "$" would also accept a trailing newline ("net1\n").
+_IFNAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+RESERVED_IFNAMES = frozenset({"all", "default"})
+"""Names that collide with the kernel's per-interface sysctl directories
+(``/proc/sys/net/ipv4/conf/{all,default}``): the kernel refuses to rename a NIC so."""
 
 
 def _decode_ifname(raw: Any, path: str, errs: FieldErrors) -> str | None:
@@ -58,7 +62,9 @@ def _decode_ifname(raw: Any, path: str, errs: FieldErrors) -> str | None:
         errs.add(path, f"{name!r} is {len(name)} characters; Linux allows at most {MAX_IFNAME_LENGTH}")
     elif name in (".", ".."):
         errs.add(path, f"{name!r} is not a valid interface name")
-    elif not _IFNAME_RE.match(name):
+    elif name in RESERVED_IFNAMES:
+        errs.add(path, f"{name!r} is reserved (the kernel's per-interface settings use 'all' and 'default')")
+    elif not _IFNAME_RE.fullmatch(name):
         errs.add(path, f"{name!r} may contain only letters, digits, '-', '_' and '.'")
     elif name == "lo":
         # Every pod namespace already has "lo"; the rename would fail at pod start.
@@ -72,7 +78,7 @@ def _decode_mac(raw: Any, path: str, errs: FieldErrors) -> str | None:
     mac = read_str(raw, path, errs)
     if mac is None:
         return None
-    if not _MAC_RE.match(mac):
+    if not _MAC_RE.fullmatch(mac):
         errs.add(path, f"{mac!r} is not a MAC address (six hex octets separated by ':')")
         return None
     first = int(mac[:2], 16)
@@ -107,6 +113,9 @@ def _decode_interface(raw: Any, path: str, errs: FieldErrors) -> InterfaceConfig
                 if "/" not in text:
                     errs.add(ipath, f"{text!r} has no prefix length (write e.g. 192.0.2.5/24)")
                     continue
+                if "%" in text:
+                    errs.add(ipath, f"{text!r} has a zone (%...): the zone of an address in a pod is its interface")
+                    continue
                 try:
                     iface = ipaddress.ip_interface(text)
                 except ValueError:
@@ -136,6 +145,8 @@ def _decode_route(raw: Any, path: str, errs: FieldErrors) -> RouteConfig | None:
     dest = None
     if obj.get("destination") is None:
         errs.add(f"{path}.destination", "is required (a CIDR, e.g. 10.0.0.0/8 or 0.0.0.0/0)")
+    elif dest_text is not None and "%" in dest_text:
+        errs.add(f"{path}.destination", f"{dest_text!r} has a zone (%...): a route's destination has none")
     elif dest_text is not None:
         try:
             dest = ipaddress.ip_network(dest_text, strict=True)

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from driver.model.untrusted import DuplicateKeys, OversizedInt
+
 
 @dataclass(frozen=True)
 class FieldError:
@@ -78,7 +80,7 @@ def json_type_name(value: Any) -> str:
         return "null"
     if isinstance(value, bool):  # before int: bool is an int in Python, not in JSON
         return "boolean"
-    if isinstance(value, int):
+    if isinstance(value, (int, OversizedInt)):
         return "integer"
     if isinstance(value, float):
         return "number"
@@ -98,12 +100,19 @@ def read_object(raw: Any, path: str, allowed: Iterable[str], errs: FieldErrors) 
         return None
     allowed = list(allowed)
     out: dict[str, Any] = {}
+    report_duplicates(raw, path, errs)
     for key, value in raw.items():
         if key not in allowed:
             errs.add(f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})")
         else:
             out[key] = value
     return out
+
+
+def report_duplicates(raw: dict[Any, Any], path: str, errs: FieldErrors) -> None:
+    """Refuse keys given twice in one object (YAML and JSON parsers silently keep the last)."""
+    for key in raw.duplicates if isinstance(raw, DuplicateKeys) else ():
+        errs.add(f"{path}.{key}", "is given more than once in the same object")
 
 
 def read_bool(raw: Any, path: str, errs: FieldErrors) -> bool | None:
@@ -129,11 +138,15 @@ def read_int(raw: Any, path: str, errs: FieldErrors, lo: int, hi: int) -> int | 
     # bool is an int in Python but not in JSON; 1500.0 from a JSON number is accepted as 1500.
     if isinstance(raw, float) and raw.is_integer():
         raw = int(raw)
+    if isinstance(raw, OversizedInt):
+        errs.add(path, f"must be between {lo} and {hi}, got an integer of {raw.digits} digits")
+        return None
     if isinstance(raw, bool) or not isinstance(raw, int):
         errs.add(path, f"must be an integer, got {json_type_name(raw)}")
         return None
     if not lo <= raw <= hi:
-        errs.add(path, f"must be between {lo} and {hi}, got {raw}")
+        shown = str(raw) if abs(raw) < 10**24 else f"an integer of {len(str(abs(raw)))} digits"
+        errs.add(path, f"must be between {lo} and {hi}, got {shown}")
         return None
     return raw
 
@@ -142,6 +155,9 @@ def read_ip(raw: Any, path: str, errs: FieldErrors) -> ipaddress.IPv4Address | i
     """A JSON string holding one IPv4 or IPv6 address (no prefix length)."""
     text = read_str(raw, path, errs)
     if text is None:
+        return None
+    if "%" in text:
+        errs.add(path, f"{text!r} has a zone (%...): the zone of an address in a pod is its interface")
         return None
     try:
         return ipaddress.ip_address(text)
@@ -158,6 +174,7 @@ def read_bool_map(raw: Any, path: str, errs: FieldErrors) -> dict[str, bool] | N
         errs.add(path, f"must be an object of name: boolean, got {json_type_name(raw)}")
         return None
     out: dict[str, bool] = {}
+    report_duplicates(raw, path, errs)
     for key, value in raw.items():
         if not isinstance(key, str) or not key or any(c.isspace() for c in key):
             errs.add(f"{path}.{key}", "name must be non-empty without whitespace")

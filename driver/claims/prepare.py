@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from driver.checkpoint import CheckpointStore, DriverState, PreparedClaim, PreparedDevice
+from driver.claims.conflicts import conflict_errors, interface_conflicts
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request, merge_under_cloud
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
@@ -184,7 +185,17 @@ class Preparer:
             try:
                 if isinstance(claim, BaseException):
                     raise claim
-                records.append(self.build(ref, claim))
+                record = self.build(ref, claim)
+                if not record.devices:
+                    # The kubelet asks a driver only about claims with devices of that driver;
+                    # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
+                    log.debug(
+                        "claim has no devices of this driver: nothing prepared",
+                        extra={"kv": {"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid}},
+                    )
+                    results[ref.uid] = PrepareResult()
+                    continue
+                records.append(record)
             except ClaimError as exc:
                 results[ref.uid] = PrepareResult(error=str(exc))
             except Exception as exc:  # a bug for one claim must not fail the others
@@ -194,15 +205,18 @@ class Preparer:
                 )
         if records:
             try:
-                stored = await self._commit.apply(lambda state: _record(state, records))
+                outcomes = await self._commit.apply(lambda state: _record(state, records))
             except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
                 for record in records:
                     results[record.uid] = PrepareResult(error=f"not prepared: {exc}")
             else:
+                stored = [o for o in outcomes if isinstance(o, PreparedClaim)]
                 if self.after_commit is not None:
-                    self.after_commit([r.uid for r in records])
-                for record in stored:
-                    results[record.uid] = _result_of(record)
+                    self.after_commit([r.uid for r in stored])
+                for record, outcome in zip(records, outcomes, strict=True):
+                    results[record.uid] = (
+                        PrepareResult(error=str(outcome)) if isinstance(outcome, ClaimError) else _result_of(outcome)
+                    )
         for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
             results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
             if results[ref.uid].error and self.on_error is not None:
@@ -262,6 +276,7 @@ class Preparer:
         configs = alloc_devices.get("config") or []
         inventory = self.devices() if inventory is None else inventory
         prepared: list[PreparedDevice] = []
+        requests: list[str] = []  # each prepared device's request (with its subrequest)
         for index, result in enumerate(alloc_devices.get("results") or []):
             if result.get("driver") != self.driver_name:
                 continue  # another driver's device in a mixed claim
@@ -282,14 +297,30 @@ class Preparer:
             cloud = self.cloud_config(device) if self.cloud_config is not None else None
             config = merge_under_cloud(cloud, config)
             _check_ethtool(where, base, device, config)
+            shared = result.get("adminAccess") is True or bool(result.get("shareID"))
             prepared.append(
-                PreparedDevice(request=base, pool=pool, device=name, snapshot=device, config=config, cloud_config=cloud)
+                PreparedDevice(
+                    request=base,
+                    pool=pool,
+                    device=name,
+                    snapshot=device,
+                    config=config,
+                    cloud_config=cloud,
+                    shared=shared,
+                )
             )
+            requests.append(request or base)
         pod_uids = [
             r["uid"]
             for r in status.get("reservedFor") or []
             if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
         ]
+        nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
+        errors = conflict_errors(
+            interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
+        )
+        if errors:
+            raise ClaimError(f"{where}: {'; '.join(str(e) for e in errors)}")
         try:
             # numa.pin across NICs on several NUMA nodes can never be honoured: refuse it now,
             # as a per-claim error, rather than start a pod that silently runs unpinned.
@@ -334,11 +365,40 @@ def _check_ethtool(where: str, request: str, device: Device, config: NetworkConf
         raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
 
 
-def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim]:
-    """Store new claims; a claim a concurrent call stored first keeps its original record."""
-    out = []
+def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim | ClaimError]:
+    """Store new claims (under the store's lock: decided against every claim stored so far).
+
+    A claim a concurrent call stored first keeps its original record. A claim that wants a device
+    another stored claim holds is refused with the holder's name, unless one of the two holds
+    it shared (adminAccess): a NIC moves into one pod, it cannot be in two.
+    """
+    holders: dict[tuple[str, str], PreparedClaim] = {
+        (d.pool, d.device): c for c in state.claims.values() for d in c.devices if not d.shared
+    }
+    out: list[PreparedClaim | ClaimError] = []
     for record in records:
-        out.append(state.claims.setdefault(record.uid, record))
+        existing = state.claims.get(record.uid)
+        if existing is not None:
+            out.append(existing)
+            continue
+        taken = [
+            (d.device, holders[(d.pool, d.device)])
+            for d in record.devices
+            if not d.shared and (d.pool, d.device) in holders
+        ]
+        if taken:
+            device, holder = taken[0]
+            out.append(
+                ClaimError(
+                    f"ResourceClaim {record.namespace}/{record.name}: device {device} is already held by "
+                    f"ResourceClaim {holder.namespace}/{holder.name} (uid {holder.uid}); a device can be in "
+                    "one claim at a time unless allocated with adminAccess"
+                )
+            )
+            continue
+        state.claims[record.uid] = record
+        holders.update({(d.pool, d.device): record for d in record.devices if not d.shared})
+        out.append(record)
     return out
 
 

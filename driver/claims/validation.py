@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from driver.claims.conflicts import conflict_errors, interface_conflicts
 from driver.claims.decode import decode_config
 from driver.claims.fields import ConfigError, json_type_name
-from driver.claims.merge import request_matches
+from driver.claims.merge import configs_for_request, request_matches
 from driver.config import DRIVER_NAME
 from driver.model.network_config import NetworkConfig
+from driver.model.untrusted import InputError, load_yaml_documents
 
 
 def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
@@ -73,7 +75,33 @@ def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
             problems.extend(ConfigError(e.path, e.reason) for e in exc.errors)
             continue
         problems.extend(_per_device_conflicts(config, entry.get("requests"), multi, ppath))
+    problems.extend(_cross_request_conflicts(devices, configs, path))
     return problems
+
+
+def _request_names(devices: dict[str, Any]) -> list[str]:
+    """Every request and subrequest name of a claim (``nic``, ``gpu/a100``)."""
+    names = []
+    for req in devices.get("requests") or []:
+        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
+            continue
+        subs = [s.get("name") for s in req.get("firstAvailable") or [] if isinstance(s, dict)]
+        names += [f"{req['name']}/{s}" for s in subs if isinstance(s, str)] or [req["name"]]
+    return names
+
+
+def _cross_request_conflicts(devices: dict[str, Any], configs: list[Any], path: str) -> list[ConfigError]:
+    """Two requests of one claim whose NICs would get the same name, address or MAC in the pod."""
+    nics = []
+    for name in _request_names(devices):
+        try:
+            nics.append((f"request {name!r}", name, configs_for_request(configs, name, DRIVER_NAME)))
+        except ConfigError:
+            continue  # already reported by the decode above
+    # Subrequests of one request are alternatives: only one of them is ever allocated.
+    conflicts = [c for c in interface_conflicts(nics) if c.first_request.split("/", 1)[0] != c.request.split("/", 1)[0]]
+    errors = conflict_errors(conflicts, configs, DRIVER_NAME, f"{path}.devices.config")
+    return [ConfigError(e.path, e.reason) for e in errors]
 
 
 def _per_device_conflicts(config: NetworkConfig, requests: Any, multi: dict[str, str], ppath: str) -> list[ConfigError]:
@@ -117,18 +145,20 @@ def validate_object(obj: Any) -> list[ConfigError]:
 
 
 def validate_file(path: str) -> list[str]:
-    """``file:doc: path: reason`` lines for every problem in a multi-document YAML file."""
-    import yaml  # imported here: only the CLI needs it
+    """``file:doc: path: reason`` lines for every problem in a multi-document YAML file.
 
+    A file that cannot be read or parsed (not UTF-8, invalid YAML, nested too deep) gives one
+    line saying why, never a traceback; the caller goes on with the next file.
+    """
     try:
         text = Path(path).read_text() if path != "-" else sys.stdin.read()
     except (OSError, UnicodeDecodeError) as exc:
         return [f"{path}:0: (file): cannot read: {exc}"]
-    lines: list[str] = []
     try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        return [f"{path}:0: (file): invalid YAML: {' '.join(str(exc).split())}"]
+        docs = load_yaml_documents(text)
+    except InputError as exc:
+        return [f"{path}:0: (file): {exc}"]
+    lines: list[str] = []
     for n, doc in enumerate(docs, start=1):
         if doc is None:
             continue  # an empty document ("---" at the end) is not an error

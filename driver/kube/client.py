@@ -11,7 +11,6 @@ blocking; async callers wrap them in ``asyncio.to_thread``. Failures are typed
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import quote
 
@@ -23,6 +22,7 @@ from driver.kube.transport import (
     transport_from_kubeconfig,
     transport_in_cluster,
 )
+from driver.model.untrusted import load_json
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
@@ -62,7 +62,9 @@ class KubeClient:
         raw = resp.data
         if hasattr(resp, "release_conn"):
             resp.release_conn()
-        return json.loads(raw) if raw else {}
+        # Bounded: a claim's opaque parameters are kept as the user sent them (any depth, any
+        # integer); parsed like the webhook and `dranet validate` parse them (model/untrusted.py).
+        return load_json(raw) if raw else {}
 
     # -- resource.k8s.io/v1 ResourceClaims ----------------------------------------------------------
 

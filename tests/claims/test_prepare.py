@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,33 +14,8 @@ from driver.claims.prepare import ClaimRef, Preparer, base_request
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
 from driver.model.network_config import InterfaceConfig, NetworkConfig
+from tests.claims.conftest import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
-
-NODE = "node-a"
-
-
-def inventory() -> dict[str, Device]:
-    devs = {}
-    for i in range(4):
-        name = f"pci-0000-8a-00-{i}"
-        devs[name] = Device(
-            name=name,
-            attributes={"dra.net/ifName": f"ib{i}", "dra.net/rdma": True},
-            host=HostFacts(pci_address=f"0000:8a:00.{i}", ifname=f"ib{i}", rdma_device=f"mlx5_{i}"),
-        )
-    return devs
-
-
-@pytest.fixture
-def api() -> Iterator[FakeAPIServer]:
-    with FakeAPIServer() as server:
-        yield server
-
-
-@pytest.fixture
-def preparer(api: FakeAPIServer, tmp_path: Path) -> Preparer:
-    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    return Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
 
 
 def test_base_request() -> None:
@@ -179,8 +153,9 @@ async def test_unprepare_removes_and_unknown_succeeds(api: FakeAPIServer, prepar
 
 
 async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Preparer) -> None:
+    preparer.devices = lambda: inventory(40)
     for i in range(40):
-        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i % 4}", NODE)]))
+        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", NODE)]))
     outs = await asyncio.gather(*(preparer.prepare([ClaimRef("ns", f"c{i}", f"uid-{i}")]) for i in range(40)))
     assert all(o[f"uid-{i}"].error == "" for i, o in enumerate(outs))
     assert len(CheckpointStore(preparer.store.directory).read(lambda s: s.claims)) == 40

@@ -202,19 +202,24 @@ def test_one_handler_and_the_managed_configuration(policy, tmp_path: Path):
     )
     registry = build_registry(options, tls)
     assert [h.id for h in registry._webhooks.get_all_handlers()] == ["validate"]
-    (hook,) = webhook_configuration(options, tls.cadata)["webhooks"]
-    assert hook["failurePolicy"] == policy
-    assert hook["clientConfig"]["url"] == "https://dranet-webhook.kube-system.svc:9443/validate"
-    assert base64.b64decode(hook["clientConfig"]["caBundle"]) == tls.cadata
-    assert hook["rules"] == [
-        {
-            "apiGroups": ["resource.k8s.io"],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE", "UPDATE"],
-            "resources": ["resourceclaims", "resourceclaimtemplates"],
-            "scope": "Namespaced",
-        }
-    ]
+    hooks = webhook_configuration(options, tls.cadata)["webhooks"]
+    assert [h["name"] for h in hooks] == ["resourceclaims.dra.net", "resourceclaimtemplates.dra.net"]
+    for hook, plural in zip(hooks, ["resourceclaims", "resourceclaimtemplates"], strict=True):
+        assert hook["failurePolicy"] == policy
+        assert hook["clientConfig"]["url"] == "https://dranet-webhook.kube-system.svc:9443/validate"
+        assert base64.b64decode(hook["clientConfig"]["caBundle"]) == tls.cadata
+        assert hook["rules"] == [
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": [plural],
+                "scope": "Namespaced",
+            }
+        ]
+        # Only objects with a dra.net config are sent: the same conditions as the chart's.
+        (condition,) = hook["matchConditions"]
+        assert "c.opaque.driver == 'dra.net'" in condition["expression"]
 
 
 def test_review_paths_for_both_kinds():
@@ -379,3 +384,64 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
         assert updated["metadata"]["labels"] == {"team": "ml"}
     finally:
         stop(proc)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_managed_match_conditions_malformed_bodies_and_a_dead_webhook(
+    control_plane, kube: KubeClient, tmp_path: Path, names
+):
+    """The real API server with the managed configuration: only claims with a dra.net config reach
+    the webhook (so with the webhook dead and failurePolicy Fail, other drivers' claims are still
+    admitted and ours are refused); malformed bodies posted straight at the real TLS server get a
+    400 or a denial, never a 500; rejections are logged at INFO."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    names.append((kube, f"{VWC_API}/{MANAGED_CONFIGURATION}"))
+    log_path = tmp_path / "webhook.log"
+    proc = start_webhook(
+        str(control_plane.kubeconfig), port, "--manage-configuration", "--failure-policy", "Fail", log_path=log_path
+    )
+    path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaims"
+    try:
+        deadline = time.monotonic() + 60
+        vwc: dict[str, Any] = {}
+        while time.monotonic() < deadline and not (vwc.get("webhooks") or [{}])[0].get("clientConfig", {}).get(
+            "caBundle"
+        ):
+            with contextlib.suppress(NotFound):
+                vwc = kube.request("GET", f"{VWC_API}/{MANAGED_CONFIGURATION}")
+            time.sleep(0.3)
+        assert all(h.get("matchConditions") for h in vwc["webhooks"]), vwc
+        bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"interface": {"name": "all"}})
+        names.append((kube, f"{path}/{bad['metadata']['name']}"))
+        err = create_until_rejected(kube, path, bad, log_path)
+        assert "spec.devices.config[0].opaque.parameters.interface.name: 'all' is reserved" in err.message
+
+        ca = base64.b64decode(vwc["webhooks"][0]["clientConfig"]["caBundle"]).decode()
+        context = ssl.create_default_context(cadata=ca)
+        for body, expected in ((b"{not json", 400), (b"{}", 400), (b"[" * 5000 + b"]" * 5000, 400)):
+            request = urllib.request.Request(f"https://127.0.0.1:{port}/validate", data=body, method="POST")
+            request.add_header("Content-Type", "application/json")
+            with pytest.raises(urllib.error.HTTPError) as info:
+                urllib.request.urlopen(request, context=context, timeout=10)
+            text = info.value.read().decode()
+            assert info.value.code == expected and "Traceback" not in text, text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # dead, not stopped: the configuration stays behind
+            proc.wait(timeout=10)
+    log = log_path.read_text()
+    assert "rejected" in log and "failed permanently" not in log, log[-3000:]
+
+    other = claim(f"other-{uuid.uuid4().hex[:6]}", {"anything": 1}, driver="gpu.example.com")
+    names.append((kube, f"{path}/{other['metadata']['name']}"))
+    assert kube.request("POST", path, other)["metadata"]["uid"]  # never sent to the dead webhook
+    ours = claim(f"ours-{uuid.uuid4().hex[:6]}", {"interface": {"name": "net1"}})
+    names.append((kube, f"{path}/{ours['metadata']['name']}"))
+    with pytest.raises(KubeError) as refused:
+        kube.request("POST", path, ours)
+    assert "failed calling webhook" in refused.value.message  # failurePolicy Fail: ours wait for it

@@ -4,6 +4,7 @@ It serves what the node driver calls, as plain JSON over HTTP:
 
 * ``GET  /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`` (configurable delay,
   and an event per GET so a test can act while a call is in flight);
+  or, from ``raw_claims``, bytes written by the test (JSON that ``json.dumps`` cannot produce);
 * ``PATCH .../resourceclaims/<name>/status`` (recorded, merged into ``status``);
 * ``GET /apis/resource.k8s.io/v1/resourceclaims`` (all claims, one page);
 * ``GET /api/v1/nodes/<name>``;
@@ -39,6 +40,8 @@ class FakeAPIServer:
     """In-memory objects behind a threaded HTTP server; use as a context manager."""
 
     claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Claims served byte for byte (what json.dumps cannot write: duplicate keys, 5000-digit integers).
+    raw_claims: dict[tuple[str, str], bytes] = field(default_factory=dict)
     slices: dict[str, dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     claim_delay: float = 0.0  # seconds each claim GET sleeps before answering
@@ -197,6 +200,15 @@ class _Handler(BaseHTTPRequestHandler):
             api.requests.append((method, url.path))
         if method == "GET" and url.path == SLICES and query.get("watch") in ("true", "1"):
             self._watch(query)
+            return
+        raw = CLAIM_RE.match(url.path)
+        if method == "GET" and raw and not raw.group(3) and (raw.group(1), raw.group(2)) in api.raw_claims:
+            data = api.raw_claims[(raw.group(1), raw.group(2))]
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
             return
         try:
             code, body = self._dispatch(method, url.path, query)

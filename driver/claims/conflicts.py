@@ -1,0 +1,94 @@
+"""Settings two NICs of one claim cannot share: interface name, static address, MAC.
+
+All NICs of a claim go into the same pod namespace, so two of them with the same name, the
+same address or the same MAC make pod start fail (or worse, half succeed). The webhook and
+``dranet validate`` check the requests of a claim spec, NodePrepareResources the devices it
+was allocated; both report the config entry that set the second value, by its field path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.claims.decode import decode_config
+from driver.claims.fields import ConfigError, FieldError
+from driver.claims.merge import request_matches
+from driver.model.network_config import NetworkConfig
+
+INTERFACE_FIELDS = ("name", "addresses", "hardwareAddr")
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two NICs (named by their request) that would get the same ``field`` value."""
+
+    field: str
+    value: str
+    first: str
+    second: str
+    first_request: str
+    request: str  # the request of ``second``: where its value comes from
+
+
+def _values(config: NetworkConfig, field: str) -> list[str]:
+    iface = config.interface
+    if iface is None:
+        return []
+    if field == "name":
+        return [iface.name] if iface.name else []
+    if field == "hardwareAddr":
+        return [iface.hardware_addr.lower()] if iface.hardware_addr else []
+    # An address is the same address whatever its prefix length.
+    return [str(ipaddress.ip_interface(a).ip) for a in iface.addresses or ()]
+
+
+def interface_conflicts(nics: Sequence[tuple[str, str, NetworkConfig]]) -> list[Conflict]:
+    """``(label, request, config)`` per NIC -> every value a later NIC repeats, once per pair."""
+    out: list[Conflict] = []
+    for field in INTERFACE_FIELDS:
+        seen: dict[str, tuple[str, str]] = {}
+        for label, request, config in nics:
+            for value in dict.fromkeys(_values(config, field)):
+                if value in seen and seen[value][0] != label:
+                    out.append(Conflict(field, value, seen[value][0], label, seen[value][1], request))
+                else:
+                    seen.setdefault(value, (label, request))
+    return out
+
+
+def source_index(configs: list[Any], request: str, driver: str, field: str) -> int | None:
+    """Index in ``configs`` of the entry that gives ``request`` its ``interface.<field>``: the last
+    applicable one setting it (class configs before claim configs, as prepare merges them)."""
+    indexed = [(i, c) for i, c in enumerate(configs or []) if isinstance(c, dict)]
+    indexed.sort(key=lambda item: 0 if item[1].get("source") == "FromClass" else 1)
+    found = None
+    for i, entry in indexed:
+        opaque = entry.get("opaque")
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver:
+            continue
+        if not request_matches(entry.get("requests"), request):
+            continue
+        try:
+            if _values(decode_config(opaque.get("parameters"), ""), field):
+                found = i
+        except ConfigError:
+            continue  # reported by the decode itself
+    return found
+
+
+def conflict_errors(conflicts: Sequence[Conflict], configs: list[Any], driver: str, base: str) -> list[FieldError]:
+    """One error per conflict, at the field path of the config entry that set the repeated value."""
+    errors = []
+    for c in conflicts:
+        index = source_index(configs, c.request, driver, c.field)
+        path = f"{base}[{index}].opaque.parameters.interface.{c.field}" if index is not None else base
+        what = {"name": "interface name", "addresses": "address", "hardwareAddr": "MAC address"}[c.field]
+        errors.append(
+            FieldError(
+                path, f"{c.first} and {c.second} would both get {what} {c.value!r}: each NIC in a pod needs its own"
+            )
+        )
+    return errors

@@ -1,0 +1,159 @@
+"""Parsing untrusted JSON and YAML documents within bounds, the same way everywhere.
+
+Claim configs reach the driver three ways: ``dranet validate`` reads YAML files, the admission
+webhook reads an AdmissionReview body, NodePrepareResources reads the claim from the API server
+(whose opaque ``parameters`` are kept as the user sent them). All three parse here, so the same
+hostile input gets the same clear error, and none can crash the parser:
+
+- nesting deeper than :data:`MAX_DEPTH` is refused before it can exhaust the interpreter's
+  recursion (``InputError: nested more than 64 levels deep``);
+- an integer literal outside the int64 range becomes an :class:`OversizedInt` (Python refuses to
+  parse more than 4300 digits, and converting thousands costs quadratic time); the claim config
+  decoder then reports it at its field path, like any out-of-range value;
+- an object with a key given twice becomes a :class:`DuplicateKeys` (a ``dict`` holding the last
+  value, as JSON parsers do, that remembers which keys were repeated), which the decoder refuses
+  at its field path instead of silently keeping one of the values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+from typing import Any
+
+MAX_DEPTH = 64
+"""Deepest nesting of objects and arrays accepted in a document (a claim needs about 10)."""
+INT64_DIGITS = 19
+"""Digits of the largest int64 (9223372036854775807): more can never fit."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+class InputError(ValueError):
+    """A document cannot be parsed (or is out of bounds); the message says why, without a traceback."""
+
+
+class OversizedInt:
+    """An integer literal that does not fit in 64 bits, kept as its digit count (never converted)."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("+-").replace("_", ""))
+        self.negative = text.startswith("-")
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OversizedInt) and (other.digits, other.negative) == (self.digits, self.negative)
+
+    def __hash__(self) -> int:
+        return hash((OversizedInt, self.digits, self.negative))
+
+
+class DuplicateKeys(dict[Any, Any]):
+    """An object in which some keys were given more than once (the last value is kept)."""
+
+    duplicates: tuple[Any, ...] = ()
+
+
+def nesting_error(limit: int = MAX_DEPTH) -> str:
+    """The one wording of the nesting limit, for every path that enforces it."""
+    return f"nested more than {limit} levels deep"
+
+
+def json_depth(data: bytes | str) -> int:
+    """The deepest nesting of arrays and objects in a JSON text (strings skipped), in C-speed passes."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    brackets = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(accumulate(_DEPTH_STEP[b] for b in brackets), default=0)
+
+
+def parse_int(text: str) -> int | OversizedInt:
+    """An integer literal as ``int``, or :class:`OversizedInt` when it cannot be an int64."""
+    if len(text.lstrip("+-").replace("_", "")) > INT64_DIGITS:
+        return OversizedInt(text)
+    value = int(text)
+    return value if INT64_MIN <= value <= INT64_MAX else OversizedInt(text)
+
+
+def _object(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    counts: dict[Any, int] = {}
+    for key, _ in pairs:
+        counts[key] = counts.get(key, 0) + 1
+    dup = DuplicateKeys(out)
+    dup.duplicates = tuple(k for k, n in counts.items() if n > 1)
+    return dup
+
+
+def load_json(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse one JSON document within the bounds above; :class:`InputError` when it cannot be."""
+    depth = json_depth(data)
+    if depth > max_depth:
+        raise InputError(nesting_error(max_depth))
+    try:
+        return json.loads(data, object_pairs_hook=_object, parse_int=parse_int)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise InputError(f"not valid JSON: {exc}") from None
+
+
+def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
+    """Every document of a YAML stream (safe types only) within the same bounds as :func:`load_json`.
+
+    Nesting is counted while composing (PyYAML composes recursively, so the limit is checked
+    before the interpreter's recursion limit can be hit); integers and duplicate keys become
+    :class:`OversizedInt` and :class:`DuplicateKeys` like in JSON. :class:`InputError` names the
+    line of the problem.
+    """
+    import yaml  # imported here: only `dranet validate` reads YAML
+
+    class BoundedLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            try:
+                if self.depth > max_depth:
+                    mark = self.peek_event().start_mark
+                    raise InputError(f"{nesting_error(max_depth)} (line {mark.line + 1})")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_yaml_int(self, node: Any) -> Any:
+            text = self.construct_scalar(node)
+            digits = text.lstrip("+-").replace("_", "")
+            if digits.isdigit() and len(digits) > INT64_DIGITS:
+                return OversizedInt(text)
+            value = super().construct_yaml_int(node)
+            return value if INT64_MIN <= value <= INT64_MAX else OversizedInt(str(value))
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            pairs = [(self.construct_object(k, deep=deep), self.construct_object(v, deep=deep)) for k, v in node.value]
+            try:
+                return _object(pairs)
+            except TypeError:  # an unhashable key (a list as a key): what SafeLoader says, as an InputError
+                raise InputError(f"a mapping key is not a string (line {node.start_mark.line + 1})") from None
+
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    BoundedLoader.add_constructor("tag:yaml.org,2002:map", _yaml_map)
+    try:
+        return list(yaml.load_all(text, Loader=BoundedLoader))
+    except yaml.YAMLError as exc:
+        raise InputError(f"invalid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise InputError(nesting_error(max_depth)) from None
+
+
+def _yaml_map(loader: Any, node: Any) -> Any:
+    """SafeLoader's map constructor, but through :meth:`construct_mapping` (duplicate keys kept)."""
+    loader.flatten_mapping(node)
+    return loader.construct_mapping(node)
