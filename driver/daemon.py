@@ -26,7 +26,7 @@ from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
 from driver.claims.prepare import Preparer
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import DRIVER_NAME, DriverConfig, config_from_args
+from driver.config import DriverConfig, config_from_args
 from driver.inventory.cloud.detection import effective_provider
 from driver.inventory.cloud.metadata import MetadataClient
 from driver.inventory.cloud.service import CloudMetadata
@@ -37,7 +37,7 @@ from driver.kube.client import KubeClient
 from driver.kubelet.device_health import DeviceHealthFeed, device_health_states
 from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
-from driver.model.device import Device
+from driver.model.device import Device, rdma_count
 from driver.netlink import rdma_netns
 from driver.netlink.link_watch import LinkWatcher
 from driver.probe_server import ProbeServer, parse_bind_address
@@ -165,8 +165,7 @@ class Daemon:
         devices = await asyncio.to_thread(self._scan_fn)
         self.inventory = {d.name: d for d in devices}
         self.scanned = True
-        rdma = sum(1 for d in devices if d.attributes.get(f"{DRIVER_NAME}/rdma") is True)
-        self.metrics.set_devices(len(devices), rdma)
+        rdma = rdma_count(devices)  # the gauges are set by the publisher, once the slices are written
         self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
             self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices}

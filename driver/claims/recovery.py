@@ -22,10 +22,9 @@ from typing import Any
 
 from driver.checkpoint import DriverState, PreparedClaim
 from driver.claims.prepare import ClaimError, ClaimRef, Preparer
-from driver.inventory.attributes import D
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
-from driver.model.device import STANDARD_DOMAIN, Device, HostFacts, attribute_from_api
+from driver.model.device import ATTRIBUTE_DOMAIN, STANDARD_DOMAIN, Device, HostFacts, attribute_from_api
 
 log = logging.getLogger(__name__)
 
@@ -54,17 +53,17 @@ def host_facts_from_attributes(attributes: dict[str, Any]) -> HostFacts:
     """The host facts a published device's attributes still tell (no char devices, no permanent MAC)."""
 
     def text(name: str) -> str | None:
-        value = attributes.get(D + name)
+        value = attributes.get(f"{ATTRIBUTE_DOMAIN}/{name}")
         return value if isinstance(value, str) and value else None
 
-    numa = attributes.get(D + "numaNode", attributes.get(f"{STANDARD_DOMAIN}/numaNode"))
+    numa = attributes.get(f"{ATTRIBUTE_DOMAIN}/numaNode", attributes.get(f"{STANDARD_DOMAIN}/numaNode"))
     return HostFacts(
         pci_address=text("pciAddress"),
         ifname=text("ifName"),
         permanent_mac=text("mac"),
         rdma_device=text("rdmaDevice"),
         numa_node=numa if isinstance(numa, int) and not isinstance(numa, bool) else None,
-        virtual=attributes.get(D + "virtual") is True,
+        virtual=attributes.get(f"{ATTRIBUTE_DOMAIN}/virtual") is True,
     )
 
 

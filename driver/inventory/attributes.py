@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 
-from driver.config import DRIVER_NAME
 from driver.model.device import (
+    ATTRIBUTE_DOMAIN,
     INT64_MAX,
     INT64_MIN,
     MAX_ATTRIBUTE_VALUE_LENGTH,
@@ -32,7 +32,7 @@ from driver.model.device import (
 
 log = logging.getLogger(__name__)
 
-D = DRIVER_NAME + "/"  # our attributes' domain is the driver name
+D = ATTRIBUTE_DOMAIN + "/"  # our attributes' domain: dra.net, whatever --driver-name is
 S = STANDARD_DOMAIN + "/"
 
 CLOUD_PRIORITY: tuple[str, ...] = (

@@ -12,6 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from driver.config import DRIVER_NAME
+
+ATTRIBUTE_DOMAIN = DRIVER_NAME
+"""The domain of this driver's own attributes (``dra.net/rdma``). Fixed: it does not follow
+``--driver-name``, because DeviceClasses, claims, the default filter and the examples all select
+``device.attributes["dra.net"]``; renaming a driver instance must not silently break them."""
+RDMA_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/rdma"
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
@@ -53,6 +60,11 @@ def first_int(value: AttributeValue | None) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     return None
+
+
+def rdma_count(devices: list[Device]) -> int:
+    """How many of ``devices`` are RDMA devices (``published_devices_total{feature="rdma"}``)."""
+    return sum(1 for d in devices if d.attributes.get(RDMA_ATTRIBUTE) is True)
 
 
 @dataclass(frozen=True)

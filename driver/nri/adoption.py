@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 
 from driver.checkpoint import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
-from driver.inventory.attributes import D
+from driver.model.device import ATTRIBUTE_DOMAIN
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.rtnl import LinkInfo, Rtnl
 
@@ -27,7 +27,7 @@ IN_POD = "in-pod"
 
 
 def _snapshot_text(device: PreparedDevice, name: str) -> str | None:
-    value = device.snapshot.attributes.get(D + name)
+    value = device.snapshot.attributes.get(f"{ATTRIBUTE_DOMAIN}/{name}")
     return value if isinstance(value, str) and value else None
 
 
@@ -51,7 +51,7 @@ def _find(rtnl: Rtnl, device: PreparedDevice) -> LinkInfo | None:
 
 def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
     host = device.snapshot.host
-    mtu = device.snapshot.attributes.get(D + "mtu")
+    mtu = device.snapshot.attributes.get(f"{ATTRIBUTE_DOMAIN}/mtu")
     addresses = [cidr for key in ("ipv4", "ipv6") for cidr in (_snapshot_text(device, key) or "").split(",") if cidr]
     return MovedDevice(
         device=device.device,

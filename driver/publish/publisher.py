@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
-from driver.model.device import Device
+from driver.model.device import Device, rdma_count
 from driver.publish.slices import SlicePlan, plan_slices
 
 log = logging.getLogger(__name__)
@@ -227,8 +227,7 @@ class SlicePublisher:
 
     def _after_publish(self, devices: list[Device], plan: SlicePlan) -> None:
         if self.metrics is not None:
-            rdma = sum(1 for d in devices if d.attributes.get(f"{self.driver_name}/rdma") is True)
-            self.metrics.set_devices(len(devices), rdma)
+            self.metrics.set_devices(len(devices), rdma_count(devices))
             if not plan.empty:
                 self.metrics.mark_published()
 

@@ -1,0 +1,72 @@
+"""The RDMA device count is computed in one place, from the attribute discovery really publishes,
+whatever ``--driver-name`` is: a real `dranet run` on the ND H100 v5 fixture (8 IB NICs)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_apiserver import FakeAPIServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+@pytest.mark.parametrize("driver_name", ["dra.net", "rdma.example.com"])
+def test_rdma_count_with_any_driver_name(nd_h100_sysfs: Path, driver_name: str) -> None:
+    d = Path(tempfile.mkdtemp(prefix="dranet-m-"))
+    api = FakeAPIServer().start()
+    api.write_kubeconfig(d / "kubeconfig")
+    log = open(d / "daemon.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "driver", "--log-format", "json", "run", "--no-nri", "--node-name", "n1"]
+        + ["--driver-name", driver_name, "--kubeconfig", str(d / "kubeconfig"), "--sysfs-root", str(nd_h100_sysfs)]
+        + ["--kubelet-root", str(d / "kubelet"), "--state-dir", str(d / "state"), "--runtime-dir", str(d / "run")]
+        + ["--bind-address", "127.0.0.1:0", "--publish-interval", "0.1", "--filter", ""],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    try:
+        deadline = time.monotonic() + 30
+        port = None
+        while port is None:
+            assert time.monotonic() < deadline and proc.poll() is None, (d / "daemon.log").read_text()
+            for line in (d / "daemon.log").read_text().splitlines():
+                if "probe server listening" in line:
+                    port = json.loads(line)["port"]
+            time.sleep(0.05)
+        while True:  # until the first ResourceSlice write is done (the publisher updates the gauges)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            if (_metric(text, "dranet_driver_last_published_time_seconds") or 0) > 0:
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
+        published = [dev for s in api.slices.values() for dev in s["spec"]["devices"]]
+        assert all(s["spec"]["driver"] == driver_name for s in api.slices.values())
+        # The attribute vocabulary is dra.net's whatever the driver is called (see docs/reference.md).
+        rdma = [dev for dev in published if dev["attributes"].get("dra.net/rdma") == {"bool": True}]
+        assert len(rdma) >= 8  # the 8 IB NICs (and the uplink's RDMA-capable VF: no exclusion here)
+        assert _metric(text, 'dranet_driver_published_devices_total{feature="rdma"}') == len(rdma)
+        assert _metric(text, 'dranet_driver_published_devices_total{feature="total"}') == len(published)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=15)
+        api.stop()
+        shutil.rmtree(d, ignore_errors=True)
