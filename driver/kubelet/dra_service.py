@@ -9,15 +9,64 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from driver.claims.prepare import ClaimRef, Preparer, PrepareResult
 from driver.metrics import FAILED, PREPARE, SUCCESS, UNPREPARE, Metrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unparsable:
+    """Request bytes that are not the method's message (answered INVALID_ARGUMENT, not a traceback)."""
+
+    message: str
+
+
+def _tolerant(message_type: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: grpc would log a traceback and answer UNKNOWN."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Unparsable(f"the request is not a {message_type.DESCRIPTOR.full_name}: {exc}")
+
+    return parse
+
+
+def add_to_server(service: DRAService, server: grpc.aio.Server) -> None:
+    """Register ``service`` under its proto version's DRAPlugin name, as the generated
+    ``add_DRAPluginServicer_to_server`` does, but with :func:`_tolerant` deserializers."""
+    pb = service.pb
+    handlers = {
+        "NodePrepareResources": grpc.unary_unary_rpc_method_handler(
+            service.NodePrepareResources,
+            request_deserializer=_tolerant(pb.NodePrepareResourcesRequest),
+            response_serializer=pb.NodePrepareResourcesResponse.SerializeToString,
+        ),
+        "NodeUnprepareResources": grpc.unary_unary_rpc_method_handler(
+            service.NodeUnprepareResources,
+            request_deserializer=_tolerant(pb.NodeUnprepareResourcesRequest),
+            response_serializer=pb.NodeUnprepareResourcesResponse.SerializeToString,
+        ),
+    }
+    name = pb.DESCRIPTOR.services_by_name["DRAPlugin"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+async def _refuse_unparsable(request: Any, context: grpc.aio.ServicerContext) -> None:
+    if isinstance(request, Unparsable):
+        log.info("unparsable DRA request", extra={"kv": {"error": request.message}})
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:
@@ -50,6 +99,7 @@ class DRAService:
         self.version = version
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _refuse_unparsable(request, context)
         start = time.perf_counter()
         status = FAILED
         try:
@@ -68,6 +118,7 @@ class DRAService:
             self.metrics.observe_request(PREPARE, status, time.perf_counter() - start)
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await _refuse_unparsable(request, context)
         start = time.perf_counter()
         status = FAILED
         response = self.pb.NodeUnprepareResourcesResponse()

@@ -22,14 +22,12 @@ import grpc
 
 from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
 from dranet_proto import dra_v1_pb2 as v1_pb
-from dranet_proto import dra_v1_pb2_grpc as v1_grpc
 from dranet_proto import dra_v1beta1_pb2 as v1beta1_pb
-from dranet_proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthService
-from driver.kubelet.dra_service import DRAService
+from driver.kubelet.dra_service import DRAService, add_to_server
 from driver.kubelet.registration import RegistrationService
 from driver.metrics import Metrics
 
@@ -89,12 +87,9 @@ class KubeletPlugin:
     async def start(self) -> None:
         """Serve the DRA socket, then the registration socket (which makes the kubelet call us)."""
         dra = grpc.aio.server()
-        services: list[tuple[ModuleType, ModuleType, str]] = [
-            (v1_pb, v1_grpc, "v1"),
-            (v1beta1_pb, v1beta1_grpc, "v1beta1"),
-        ]
-        for pb, grpc_mod, version in services:
-            grpc_mod.add_DRAPluginServicer_to_server(DRAService(pb, self.preparer, self.metrics, version), dra)
+        services: list[tuple[ModuleType, str]] = [(v1_pb, "v1"), (v1beta1_pb, "v1beta1")]
+        for pb, version in services:
+            add_to_server(DRAService(pb, self.preparer, self.metrics, version), dra)
         if self.health is not None:
             service = DeviceHealthService(self.health, self.health_check_timeout, self.health_resend)
             health_grpc.add_DRAResourceHealthServicer_to_server(service, dra)

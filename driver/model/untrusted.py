@@ -133,8 +133,8 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
             digits = text.lstrip("+-").replace("_", "")
             if digits.isdigit() and len(digits) > INT64_DIGITS:
                 return OversizedInt(text)
-            value = super().construct_yaml_int(node)
-            return value if INT64_MIN <= value <= INT64_MAX else OversizedInt(str(value))
+            value = super().construct_yaml_int(node)  # hex, octal, binary, base 60: short texts, any size
+            return value if INT64_MIN <= value <= INT64_MAX else OversizedInt(text)
 
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             pairs = [(self.construct_object(k, deep=deep), self.construct_object(v, deep=deep)) for k, v in node.value]
@@ -146,11 +146,39 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
     BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
     BoundedLoader.add_constructor("tag:yaml.org,2002:map", _yaml_map)
     try:
-        return list(yaml.load_all(text, Loader=BoundedLoader))
+        docs = list(yaml.load_all(text, Loader=BoundedLoader))
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:
         raise InputError(nesting_error(max_depth)) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor's own error: 2001-02-30, !!float x
+        raise InputError(f"invalid YAML value: {exc}") from None
+    if _has_cycle(docs):
+        raise InputError("invalid YAML: an alias (*name) refers to a node that contains it")
+    return docs
+
+
+def _has_cycle(value: Any) -> bool:
+    """Whether ``value`` contains itself (YAML aliases can do that; JSON cannot). Linear in the
+    distinct containers: a document of shared aliases (billion laughs) is not expanded."""
+    done: set[int] = set()
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, leaving = stack.pop()
+        if leaving:
+            open_.discard(id(item))
+            done.add(id(item))
+            continue
+        if not isinstance(item, (dict, list)) or id(item) in done:
+            continue
+        if id(item) in open_:
+            return True
+        open_.add(id(item))
+        stack.append((item, True))
+        children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        stack.extend((child, False) for child in children)
+    return False
 
 
 def _yaml_map(loader: Any, node: Any) -> Any:
