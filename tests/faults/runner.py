@@ -1,0 +1,418 @@
+"""The fault-injection engine: ``python -m tests.faults.runner --pod-netns P --host-netns H --work DIR``.
+
+Run inside a throwaway network namespace (``ip netns exec``): that namespace is the "host" the
+NICs (veth pairs made here) belong to, ``--pod-netns`` the pod's. For each scenario the engine
+first counts the kill points of the hook (a dry run), then, for every point k, forks a child that
+runs the hook and ``os._exit(137)``\\s right after the k-th operation: a real kill (no ``finally``,
+no cleanup, half-written files stay), as cheap as a fork. A kill point is the completion of:
+
+- a netlink request/dump on any raw socket of the driver (``NetlinkChannel.exchange``/``dump``:
+  link lookups, moves, pipelined configuration, returns, ethtool); pyroute2 is used only for
+  read-only slow-path lookups;
+- a state-file step (``FileOps.write``, ``fsync`` of the file and of the directory, ``replace``).
+
+The parent then plays the restarted driver, in-process: a new ``CheckpointStore`` (must load
+without quarantining anything: the state file is valid) and ``NRIHooks.synchronize`` with the pod
+still running (the runtime lists it), and checks where every NIC is: all in the pod fully
+configured (the hook had finished) or all back on the host exactly as before; then
+``StopPodSandbox`` must bring every NIC back exactly as before (name, MTU, MAC, addresses,
+routes, ethtool features). A NIC anywhere else is *stranded*. For prepare, every claim the
+kubelet was answered "prepared" before the kill must still be in the checkpoint (else *lost*),
+and the kubelet's retry must then prepare every claim. The summary is one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.checkpoint import CheckpointStore, FileOps
+from driver.claims.prepare import ClaimRef, Preparer
+from driver.netlink.rtnl import Rtnl
+from driver.nri.hooks import NRIHooks
+from tests.claims.conftest import inventory
+from tests.netlink.test_ethtool import ioctl_features
+from tests.plugins.nri import prepare_claim
+from tests.support.fake_apiserver import make_claim, result
+
+KILLED = 137
+FULL_CONFIG = {
+    "opaque": [
+        {
+            "interface": {
+                "name": "net1",
+                "mtu": 1300,
+                "hardwareAddr": "02:aa:bb:cc:dd:01",
+                "addresses": ["192.168.50.2/24"],
+            },
+            "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}],
+            "ethtool": {"features": {"tx": False, "gro": True}},
+        }
+    ]
+}
+
+
+@dataclass
+class Tally:
+    """Counts over all scenarios (the numbers the issue asks to report)."""
+
+    faults: int = 0
+    stranded: int = 0
+    lost_claims: int = 0
+    invalid_state: int = 0
+    by_scenario: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def problem(self, what: str) -> None:
+        if len(self.problems) < 20:
+            self.problems.append(what)
+
+
+# -- the kill switch (child only) ----------------------------------------------------------------
+
+
+def _channel_class() -> type:
+    """The raw netlink socket class under Rtnl, wherever the netlink package defines it."""
+    return next(c for c in Rtnl.__mro__ if c.__name__ == "NetlinkChannel")
+
+
+def arm(kill_at: int | None, counter: list[int]) -> FileOps:
+    """Patch (in this child process) every kill point to count, and die after the ``kill_at``-th.
+    Returns the file operations for the child's CheckpointStore."""
+
+    def tick() -> None:
+        counter[0] += 1
+        if kill_at is not None and counter[0] == kill_at:
+            os._exit(KILLED)
+
+    def counted(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            tick()
+            return out
+
+        return wrapper
+
+    channel = _channel_class()
+    channel.exchange = counted(channel.exchange)  # type: ignore[attr-defined]
+    channel.dump = counted(channel.dump)  # type: ignore[attr-defined]
+    return FileOps(write=counted(os.write), fsync=counted(os.fsync), replace=counted(os.replace))
+
+
+def in_child(work: Callable[[FileOps], None], kill_at: int | None) -> tuple[int, int]:
+    """Run ``work`` in a forked child armed to die at ``kill_at``; (exit code, points it passed)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no return from here
+        os.close(read_fd)
+        counter = [0]
+        code = 0
+        try:
+            work(arm(kill_at, counter))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent as exit code 1
+            os.write(2, f"child failed: {type(exc).__name__}: {exc}\n".encode())
+            code = 1
+        os.write(write_fd, str(counter[0]).encode())
+        os._exit(code)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_fd) as pipe:
+        passed = int(pipe.read() or -1)
+    return os.waitstatus_to_exitcode(status), passed
+
+
+# -- NICs and their observable state -------------------------------------------------------------
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _ipj(*args: str, netns: str | None = None) -> Any:
+    cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + list(args)
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return json.loads(out.stdout or "[]") if out.returncode == 0 else None
+
+
+def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, Any] | None]:
+    """Everything a return must restore, per link name (None: not in that namespace), read with
+    ``ip`` (three calls for all links) and SIOCETHTOOL: an oracle independent of the code under test."""
+    links = {link["ifname"]: link for link in _ipj("addr", "show", netns=netns) or []}
+    routes = [r for fam in ("-4", "-6") for r in _ipj(fam, "route", "show", "table", "all", netns=netns) or []]
+    out: dict[str, dict[str, Any] | None] = {}
+    for name in names:
+        link = links.get(name)
+        if link is None:
+            out[name] = None
+            continue
+        features = ioctl_features(name, netns)
+        out[name] = {
+            "mtu": link["mtu"],
+            "mac": link["address"],
+            "up": "UP" in link.get("flags", []),
+            "addresses": sorted(
+                f"{a['local']}/{a['prefixlen']}" for a in link.get("addr_info", []) if a.get("scope") == "global"
+            ),
+            "routes": sorted(
+                str((r.get("dst"), r.get("gateway"), r.get("table", "main")))
+                for r in routes
+                if r.get("dev") == name and r.get("protocol") != "kernel" and r.get("table") != "local"
+            ),
+            "features": {k: v for k, v in features.items() if k in ("tx-checksum-ip-generic", "rx-gro")},
+        }
+    return out
+
+
+def facts(ifname: str, netns: str | None = None) -> dict[str, Any] | None:
+    """:func:`snapshot` of one link."""
+    return snapshot([ifname], netns)[ifname]
+
+
+@dataclass
+class Nic:
+    """A host veth used as a NIC (its peer stays on the host so the link has a carrier)."""
+
+    name: str
+    peer: str
+    before: dict[str, Any] = field(default_factory=dict)
+
+
+def make_nics(count: int) -> list[Nic]:
+    nics = []
+    for i in range(count):
+        nic = Nic(f"fn{secrets.token_hex(3)}", f"fp{secrets.token_hex(3)}")
+        ip("link", "add", nic.name, "type", "veth", "peer", "name", nic.peer)
+        ip("link", "set", nic.name, "mtu", str(1400 + i))
+        ip("link", "set", nic.peer, "up")
+        ip("link", "set", nic.name, "up")
+        ip("addr", "add", f"10.9{i}.0.1/24", "dev", nic.name)
+        ip("route", "add", f"10.{100 + i}.0.0/16", "via", f"10.9{i}.0.254", "dev", nic.name)
+        ip("route", "add", f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254", "dev", nic.name, "table", str(500 + i))
+        nic.before = facts(nic.name) or {}
+        nics.append(nic)
+    return nics
+
+
+def where(nics: list[Nic], pod_netns: str, configured: dict[str, str]) -> str:
+    """ "host": every NIC back, exactly as before; "pod": every NIC in the pod, fully configured
+    (the hook had finished); anything else (some here, some there, half configured): "stranded"."""
+    host = snapshot([n.name for n in nics])
+    if all(host[n.name] == n.before for n in nics):
+        return "host"
+    pod = snapshot([configured.get(n.name, n.name) for n in nics], pod_netns)
+    for nic in nics:
+        inside = pod[configured.get(nic.name, nic.name)]
+        want = POD_FACTS if nic.name in configured else {k: nic.before[k] for k in ("mtu", "mac", "addresses")}
+        if inside is None or not inside["up"] or any(inside[k] != v for k, v in want.items()):
+            return "stranded"
+    return "pod"
+
+
+POD_FACTS = {"mtu": 1300, "mac": "02:aa:bb:cc:dd:01", "addresses": ["192.168.50.2/24"]}
+"""The first NIC in the pod under FULL_CONFIG."""
+
+
+# -- scenarios -----------------------------------------------------------------------------------
+
+
+def pod_sandbox(uid: str, netns: str) -> api.PodSandbox:
+    pod = api.PodSandbox(id=f"sb-{uid}", uid=uid, name=f"pod-{uid[:6]}", namespace="default")
+    pod.linux.namespaces.add(type="network", path=f"/run/netns/{netns}")
+    return pod
+
+
+@contextmanager
+def fresh_state(root: Path) -> Iterator[Path]:
+    state = root / secrets.token_hex(4)
+    state.mkdir()
+    yield state
+
+
+def nri_scenario(
+    tally: Tally, name: str, hook: str, nics: list[Nic], full: bool, netns: tuple[str, str], root: Path
+) -> None:
+    """Every kill point of RunPodSandbox (``hook="run"``) or StopPodSandbox (``"stop"``);
+    ``netns``: (the pod's, the host's) names."""
+    pod_netns, host_netns = netns
+    devices = [{"ifname": n.name, **({"config": FULL_CONFIG} if full and i == 0 else {})} for i, n in enumerate(nics)]
+    configured = {nics[0].name: "net1"} if full else {}
+
+    def setup(state: Path) -> tuple[str, api.PodSandbox]:
+        uid = f"uid-{secrets.token_hex(4)}"
+        claim = prepare_claim(CheckpointStore(state), uid, devices)
+        pod = pod_sandbox(uid, pod_netns)
+        if hook == "stop":
+            hooks = NRIHooks(CheckpointStore(state))
+            hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
+            hooks.ns.close()
+        return claim, pod
+
+    def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
+        def work(ops: FileOps) -> None:
+            hooks = NRIHooks(CheckpointStore(state, ops=ops))
+            (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
+
+        return work
+
+    with fresh_state(root) as state:
+        _, pod = setup(state)
+        code, points = in_child(child_work(state, pod), None)
+        if code != 0:
+            raise RuntimeError(f"{name}: the hook fails without a fault")
+        NRIHooks(CheckpointStore(state)).stop_pod_sandbox(pod)  # back to the start
+    for k in range(1, points + 1):
+        with fresh_state(root) as state:
+            claim, pod = setup(state)
+            code, _ = in_child(child_work(state, pod), k)
+            tally.faults += 1
+            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+            store = CheckpointStore(state)  # the restart
+            if store.quarantined or list(state.glob("*.tmp")):
+                tally.invalid_state += 1
+                tally.problem(f"{name} k={k}: state file invalid at restart: {store.quarantined}")
+            if store.read(lambda s: list(s.claims)) != [claim]:
+                tally.lost_claims += 1
+                tally.problem(f"{name} k={k}: prepared claim lost")
+            hooks = NRIHooks(store)
+            hooks.synchronize([pod], [])  # the runtime still runs the pod
+            # "pod" is right for both hooks: a RunPodSandbox killed after its commit, a
+            # StopPodSandbox killed before its plan was durable (the runtime retries the stop).
+            place = where(nics, pod_netns, configured)
+            if place == "stranded":
+                tally.stranded += len(nics)
+                tally.problem(f"{name} k={k} (exit {code}): NICs {place} after restart")
+            hooks.stop_pod_sandbox(pod)
+            hooks.ns.close()
+            after = snapshot([n.name for n in nics])
+            for nic in nics:
+                now = after[nic.name]
+                if now != nic.before:
+                    tally.stranded += 1
+                    tally.problem(f"{name} k={k}: {nic.name} not restored after stop: {now} != {nic.before}")
+                    restore(nic, pod_netns, host_netns, configured)
+            if store.read(lambda s, uid=pod.uid: uid in s.pods):
+                tally.invalid_state += 1
+                tally.problem(f"{name} k={k}: pod state left after stop")
+
+
+def restore(nic: Nic, pod_netns: str, host_netns: str, configured: dict[str, str]) -> None:
+    """Put a stranded NIC back by hand so the next fault starts clean (the failure is counted)."""
+    pod_name = configured.get(nic.name, nic.name)
+    if facts(pod_name, pod_netns) is not None:
+        subprocess.run(["ip", "-n", pod_netns, "link", "set", pod_name, "netns", host_netns], capture_output=True)
+    subprocess.run(["ip", "link", "set", pod_name, "name", nic.name], capture_output=True)
+
+
+class StubKube:
+    """The kubelet's claims as the API server would return them (prepare needs only GET)."""
+
+    def __init__(self, claims: dict[str, dict[str, Any]]) -> None:
+        self.claims = claims
+
+    def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return json.loads(json.dumps(self.claims[name]))
+
+
+def prepare_scenario(tally: Tally, root: Path) -> None:
+    """Every kill point of a kubelet sequence: prepare c0, prepare c1+c2, unprepare c0, prepare c3."""
+    node = "node-f"
+    claims = {f"c{i}": make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", node)]) for i in range(4)}
+    steps: list[tuple[str, list[str]]] = [("prepare", ["c0"]), ("prepare", ["c1", "c2"]), ("unprepare", ["c0"])]
+    steps.append(("prepare", ["c3"]))
+    refs = {n: ClaimRef("ns", n, f"uid-{n[1:]}") for n in claims}
+
+    def kubelet(state: Path, ops: FileOps, acked: int | None) -> None:
+        preparer = Preparer(StubKube(claims), CheckpointStore(state, ops=ops), lambda: inventory(4), "dra.net", node)
+        for verb, names in steps:
+            call = preparer.prepare if verb == "prepare" else preparer.unprepare
+            out = asyncio.run(call([refs[n] for n in names]))
+            errors = [r.error if verb == "prepare" else r for r in out.values()]
+            if any(errors):
+                raise RuntimeError(f"{verb} {names}: {errors}")
+            if acked is not None:
+                os.write(acked, f"{verb} {' '.join(names)}\n".encode())  # the kubelet got the answer
+
+    name = "prepare/unprepare"
+    with fresh_state(root) as state:
+        code, points = in_child(lambda ops: kubelet(state, ops, None), None)
+        if code != 0:
+            raise RuntimeError("the prepare sequence fails without a fault")
+    for k in range(1, points + 1):
+        with fresh_state(root) as state:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            code, _ = in_child(lambda ops, fd=write_fd: kubelet(state, ops, fd), k)
+            os.close(write_fd)
+            try:
+                told = os.read(read_fd, 65536).decode().splitlines()
+            except BlockingIOError:
+                told = []
+            os.close(read_fd)
+            tally.faults += 1
+            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+            store = CheckpointStore(state)
+            if store.quarantined or list(state.glob("*.tmp")):
+                tally.invalid_state += 1
+                tally.problem(f"{name} k={k}: state file invalid at restart")
+            held: set[str] = set()
+            for line in told:
+                verb, *names = line.split()
+                held = held | set(names) if verb == "prepare" else held - set(names)
+            if len(told) < len(steps) and steps[len(told)][0] == "unprepare":
+                held -= set(steps[len(told)][1])  # an unprepare in flight may have been applied
+            stored = set(store.read(lambda s: list(s.claims)))
+            lost = {refs[n].uid for n in held} - stored
+            tally.lost_claims += len(lost)
+            if lost:
+                tally.problem(f"{name} k={k}: {sorted(lost)} answered prepared, missing after restart")
+            # The kubelet retries the call it got no answer to, and goes on.
+            preparer = Preparer(StubKube(claims), store, lambda: inventory(4), "dra.net", node)
+            for verb, names in steps[len(told) :]:
+                call = preparer.prepare if verb == "prepare" else preparer.unprepare
+                out = asyncio.run(call([refs[n] for n in names]))
+                if any((r.error if verb == "prepare" else r) for r in out.values()):
+                    tally.lost_claims += len(names)
+                    tally.problem(f"{name} k={k}: retry of {verb} {names} failed: {out}")
+            final = set(CheckpointStore(state).read(lambda s: list(s.claims)))
+            if final != {"uid-1", "uid-2", "uid-3"}:
+                tally.lost_claims += len({"uid-1", "uid-2", "uid-3"} - final)
+                tally.problem(f"{name} k={k}: after the retries the checkpoint holds {sorted(final)}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pod-netns", required=True)
+    parser.add_argument("--host-netns", required=True, help="the netns this runs in (ip netns exec)")
+    parser.add_argument("--work", required=True, type=Path)
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    tally = Tally()
+    for count in (1, 2, 3):
+        for full in (True, False):
+            nics = make_nics(count)
+            for hook in ("run", "stop"):
+                what = "RunPodSandbox" if hook == "run" else "StopPodSandbox"
+                label = f"{what} {count} NIC(s) {'configured' if full else 'plain'}"
+                nri_scenario(tally, label, hook, nics, full, (args.pod_netns, args.host_netns), args.work)
+            for nic in nics:
+                subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
+    prepare_scenario(tally, args.work)
+    summary = {**tally.__dict__, "seconds": round(time.monotonic() - started, 1)}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
