@@ -8,6 +8,7 @@ tests). State must survive only through the checkpoint file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -112,12 +113,13 @@ class Env:
         return sorted(CheckpointStore(self.dir / "state").read(lambda s: list(s.claims)))
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
+@contextlib.contextmanager
+def make_env(nics: int = 4) -> Iterator[Env]:
+    """A fake apiserver, a sysfs with ``nics`` NICs, a short directory; everything gone afterwards."""
     d = Path(tempfile.mkdtemp(prefix="dranet-dr-"))  # short: AF_UNIX paths are limited to 108 bytes
     api = FakeAPIServer().start()
     api.write_kubeconfig(d / "kubeconfig")
-    e = Env(dir=d, api=api, devices=write_nic_sysfs(d / "sys", 4), procs=[])
+    e = Env(dir=d, api=api, devices=write_nic_sysfs(d / "sys", nics), procs=[])
     try:
         yield e
     finally:
@@ -127,6 +129,12 @@ def env() -> Iterator[Env]:
             proc.wait(timeout=10)
         api.stop()
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def env() -> Iterator[Env]:
+    with make_env() as e:
+        yield e
 
 
 async def _ready(env: Env, proc: subprocess.Popen[bytes]) -> None:

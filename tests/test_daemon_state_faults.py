@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +21,9 @@ import pytest
 
 from driver.checkpoint import CheckpointStore
 from tests.plugins.tmpfs import TmpfsFactory, fill
-from tests.support import write_nic_sysfs
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
+from tests.support.fake_apiserver import make_claim, result
 from tests.support.kubelet_client import KubeletClient, devices_of
-from tests.test_daemon_restart import NODE, Env, _healthz_port, _ready, _wait_exit
+from tests.test_daemon_restart import NODE, Env, _healthz_port, _ready, _wait_exit, make_env
 
 CLAIMS = 40
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -35,21 +32,10 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 @pytest.fixture
 def env40() -> Iterator[Env]:
     """An Env with 40 NICs and one claim per NIC (``c0``..``c39``, UIDs ``uid-0``..)."""
-    d = Path(tempfile.mkdtemp(prefix="dranet-sf-"))  # short: AF_UNIX paths are limited to 108 bytes
-    api = FakeAPIServer().start()
-    api.write_kubeconfig(d / "kubeconfig")
-    e = Env(dir=d, api=api, devices=write_nic_sysfs(d / "sys", CLAIMS), procs=[])
-    for i, device in enumerate(e.devices):
-        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(device, NODE)], pods=[f"pod-{i}"]))
-    try:
+    with make_env(CLAIMS) as e:
+        for i, device in enumerate(e.devices):
+            e.api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(device, NODE)], pods=[f"pod-{i}"]))
         yield e
-    finally:
-        for proc in e.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-        api.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _refs(indices: range) -> list[tuple[str, str, str]]:

@@ -44,24 +44,15 @@ from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import NRIHooks
 from tests.claims.conftest import inventory
 from tests.netlink.test_ethtool import ioctl_features
+from tests.nri.test_crash import POD_CONFIG
 from tests.plugins.nri import prepare_claim
 from tests.support.fake_apiserver import make_claim, result
 
 KILLED = 137
 FULL_CONFIG = {
-    "opaque": [
-        {
-            "interface": {
-                "name": "net1",
-                "mtu": 1300,
-                "hardwareAddr": "02:aa:bb:cc:dd:01",
-                "addresses": ["192.168.50.2/24"],
-            },
-            "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}],
-            "ethtool": {"features": {"tx": False, "gro": True}},
-        }
-    ]
+    "opaque": [{**POD_CONFIG["opaque"][0], "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}]}]
 }
+"""test_crash's pod config (rename, MTU, MAC, address, ethtool) and a route through the pod's NIC."""
 
 
 @dataclass

@@ -28,6 +28,20 @@ from tests.plugins.nri import (
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 NICS = 2
+# One NIC renamed with a new MAC, MTU and offloads, the other keeps its host identity.
+POD_CONFIG = {
+    "opaque": [
+        {
+            "interface": {
+                "name": "net1",
+                "mtu": 1300,
+                "hardwareAddr": "02:aa:bb:cc:dd:01",
+                "addresses": ["192.168.50.2/24"],
+            },
+            "ethtool": {"features": {"tx": False, "gro": True}},
+        }
+    ]
+}
 
 
 def _expand(steps: list[str]) -> list[str]:
@@ -52,20 +66,7 @@ def _setup(netns_factory, tmp_path: Path) -> tuple[str, str, list[str], dict]:
         names.append(a)
         before[a] = {**link_facts(a), "features": ioctl_features(a)}
     pod_uid = f"uid-{secrets.token_hex(4)}"
-    # One NIC renamed with a new MAC, MTU and offloads, the other keeps its host identity.
-    cfg = {
-        "opaque": [
-            {
-                "interface": {
-                    "name": "net1",
-                    "mtu": 1300,
-                    "hardwareAddr": "02:aa:bb:cc:dd:01",
-                    "addresses": ["192.168.50.2/24"],
-                },
-                "ethtool": {"features": {"tx": False, "gro": True}},
-            }
-        ]
-    }
+    cfg = POD_CONFIG
     prepare_claim(CheckpointStore(tmp_path), pod_uid, [{"ifname": names[0], "config": cfg}, {"ifname": names[1]}])
     return pod_ns, pod_uid, names, before
 
