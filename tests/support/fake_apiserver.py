@@ -176,6 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
     api: FakeAPIServer
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # like Go servers: no 40 ms Nagle/delayed-ACK stalls
+    _raw_body: bytes = b""  # the current request's body, read up front by _route
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: tests print their own
         pass
@@ -189,10 +190,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> dict[str, Any]:
-        length = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(length) or b"{}") if length else {}
+        return json.loads(self._raw_body or b"{}")
 
     def _route(self, method: str) -> None:
+        # Read the body of every request, routed or not: bytes left unread on a keep-alive
+        # connection would be parsed as the next request (a 400 for an unrelated GET).
+        length = int(self.headers.get("Content-Length") or 0)
+        self._raw_body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         api = self.api
