@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from driver.model.untrusted import MAX_DEPTH, InputError, load_json, nesting_error
+from driver.model.untrusted import MAX_DEPTH, WRAPPED, InputError, load_json, nesting_error
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
@@ -45,7 +45,7 @@ class Review:
 def parse_review(data: bytes) -> Review | Malformed:
     """The review in ``data``, checked for every field the webhook relies on."""
     try:
-        body = load_json(data)
+        body = load_json(data, wrapping=WRAPPED)  # the limit is the object's, as for a claim on its own
     except InputError as exc:
         if str(exc) != nesting_error(MAX_DEPTH):
             return Malformed(f"request body is not an AdmissionReview: {exc}")

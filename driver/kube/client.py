@@ -22,7 +22,7 @@ from driver.kube.transport import (
     transport_from_kubeconfig,
     transport_in_cluster,
 )
-from driver.model.untrusted import load_json
+from driver.model.untrusted import WRAPPED, load_json
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
@@ -53,6 +53,7 @@ class KubeClient:
         query: dict[str, Any] | None = None,
         content_type: str = "application/json",
         timeout: float = 10.0,
+        wrapping: int = 0,
     ) -> dict[str, Any]:
         """Send one request to ``path``; return the decoded JSON body (``{}`` when empty).
 
@@ -64,7 +65,7 @@ class KubeClient:
             resp.release_conn()
         # Bounded: a claim's opaque parameters are kept as the user sent them (any depth, any
         # integer); parsed like the webhook and `dranet validate` parse them (model/untrusted.py).
-        return load_json(raw) if raw else {}
+        return load_json(raw, wrapping=wrapping) if raw else {}
 
     # -- resource.k8s.io/v1 ResourceClaims ----------------------------------------------------------
 
@@ -81,7 +82,7 @@ class KubeClient:
         query: dict[str, Any] = {"limit": limit}
         if cont:
             query["continue"] = cont
-        return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query, timeout=30.0)
+        return self.request("GET", f"{RESOURCE_API}/resourceclaims", query=query, timeout=30.0, wrapping=WRAPPED)
 
     def patch_namespaced_resource_claim_status(
         self, namespace: str, name: str, body: dict[str, Any], field_manager: str

@@ -94,10 +94,17 @@ def _object(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
     return dup
 
 
-def load_json(data: bytes | str, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse one JSON document within the bounds above; :class:`InputError` when it cannot be."""
-    depth = json_depth(data)
-    if depth > max_depth:
+WRAPPED = 2
+"""Levels an object gains inside an AdmissionReview (review, request) or a LIST (list, items): the
+same claim must meet the same limit however it arrives."""
+
+
+def load_json(data: bytes | str, max_depth: int = MAX_DEPTH, wrapping: int = 0) -> Any:
+    """Parse one JSON document within the bounds above; :class:`InputError` when it cannot be.
+
+    ``wrapping``: levels of envelope around the objects the limit is about (:data:`WRAPPED`).
+    """
+    if json_depth(data) > max_depth + wrapping:
         raise InputError(nesting_error(max_depth))
     try:
         return json.loads(data, object_pairs_hook=_object, parse_int=parse_int)
@@ -119,6 +126,8 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
         depth = 0
 
         def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.ScalarEvent, yaml.AliasEvent):  # only collections nest, as in JSON
+                return super().compose_node(parent, index)
             self.depth += 1
             try:
                 if self.depth > max_depth:
@@ -147,6 +156,8 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
     BoundedLoader.add_constructor("tag:yaml.org,2002:map", _yaml_map)
     try:
         docs = list(yaml.load_all(text, Loader=BoundedLoader))
+    except InputError:
+        raise
     except yaml.YAMLError as exc:
         raise InputError(f"invalid YAML: {' '.join(str(exc).split())}") from None
     except RecursionError:

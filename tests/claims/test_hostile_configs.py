@@ -18,6 +18,7 @@ from driver.claims.fields import ConfigError
 from driver.claims.prepare import ClaimRef, Preparer
 from driver.claims.validation import validate_claim_spec
 from driver.kube.client import KubeClient
+from driver.model.untrusted import InputError
 from tests.claims.conftest import NODE, inventory
 from tests.support.admission import review_of, webhook_client
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
@@ -163,3 +164,41 @@ async def test_the_webhook_and_prepare_give_the_same_error(case: str, tmp_path: 
         preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
         out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
     assert reason in out["uid-c"].error and "Traceback" not in out["uid-c"].error
+
+
+@pytest.mark.parametrize(("depth", "refused"), [(64, False), (65, True)])
+async def test_the_nesting_limit_is_the_same_everywhere(depth: int, refused: bool, tmp_path: Path) -> None:
+    """A claim nested exactly 64 levels (counted from the claim object, however it is wrapped: a
+    YAML file, an AdmissionReview, a GET) passes the limit everywhere; 65 is refused everywhere."""
+    inner = depth - 9  # claim, status, allocation, devices, config list, entry, opaque, parameters, interface
+    params = '{"interface": {"name": ' + "[" * inner + "]" * inner + "}}"
+    claim = make_claim("ns", "c", "uid-c", [result("pci-0000-8a-00-0", NODE)], configs=[{"opaque": "@@"}])
+    claim["spec"]["devices"]["config"] = [{"opaque": "@@"}]  # the same config in the spec (webhook, validate)
+    text = json.dumps(claim).replace('"@@"', '{"driver": "dra.net", "parameters": ' + params + "}")
+    message = "nested more than 64 levels deep"
+
+    path = tmp_path / "claim.yaml"
+    path.write_text(text)  # JSON is YAML
+    out = subprocess.run(
+        [sys.executable, "-m", "driver.cli", "validate", str(path)], cwd=ROOT, capture_output=True, text=True
+    )
+    assert (message in out.stdout) is refused, out.stdout
+    assert refused or "interface.name: must be a string, got array" in out.stdout, out.stdout
+
+    review = json.dumps(review_of({"@": 1})).replace('{"@": 1}', text)
+    async with webhook_client(tmp_path) as client:
+        answer = (await (await client.post("/", data=review.encode())).json())["response"]
+    assert (message in answer["status"]["message"]) is refused
+
+    with FakeAPIServer() as api:
+        api.raw_claims[("ns", "c")] = text.encode()
+        kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+        error = (await preparer.prepare([ClaimRef("ns", "c", "uid-c")]))["uid-c"].error
+        try:  # the same claim inside a LIST, as the rebuild after a corrupt checkpoint reads it
+            listed = len(kube.list_resource_claim_for_all_namespaces()["items"])
+        except InputError as exc:
+            listed = str(exc)
+    assert (message in error) is refused, error
+    assert refused or "interface.name: must be a string, got array" in error, error
+    assert listed == (message if refused else 1)

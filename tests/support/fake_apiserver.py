@@ -189,6 +189,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_raw(self, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _claim_list(self) -> bytes:
+        """Every claim in one ResourceClaimList, the raw ones byte for byte."""
+        with self.api._lock:
+            items = [json.dumps(c).encode() for c in self.api.claims.values()] + list(self.api.raw_claims.values())
+        head = b'{"kind": "ResourceClaimList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": ['
+        return head + b",".join(items) + b"]}"
+
     def _body(self) -> dict[str, Any]:
         return json.loads(self._raw_body or b"{}")
 
@@ -205,14 +219,12 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and url.path == SLICES and query.get("watch") in ("true", "1"):
             self._watch(query)
             return
+        if method == "GET" and url.path == CLAIMS:
+            self._send_raw(self._claim_list())
+            return
         raw = CLAIM_RE.match(url.path)
         if method == "GET" and raw and not raw.group(3) and (raw.group(1), raw.group(2)) in api.raw_claims:
-            data = api.raw_claims[(raw.group(1), raw.group(2))]
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send_raw(api.raw_claims[(raw.group(1), raw.group(2))])
             return
         try:
             code, body = self._dispatch(method, url.path, query)
@@ -265,15 +277,6 @@ class _Handler(BaseHTTPRequestHandler):
                     claim.setdefault("status", {}).update(self._body().get("status", {}))
                     return 200, claim
             return 405, _status(405, "MethodNotAllowed", method)
-        if method == "GET" and path == CLAIMS:
-            with api._lock:
-                items = [json.loads(json.dumps(c)) for c in api.claims.values()]
-            return 200, {
-                "kind": "ResourceClaimList",
-                "apiVersion": "resource.k8s.io/v1",
-                "metadata": {},
-                "items": items,
-            }
         if m := NODE_RE.match(path):
             node = api.nodes.get(m.group(1))
             if node is None:
