@@ -478,6 +478,7 @@ class NRIHooks:
         state = adopt(self.ns, pod.uid, netns, netdevs, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name)
         if state is not None:
             self.store.update(lambda s: s.pods.setdefault(state.pod_uid, state))
+            self._pin(pod.uid, netns)  # held like any pod with NICs
 
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""
