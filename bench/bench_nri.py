@@ -139,7 +139,7 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
     out: dict[str, list[float]] = {
         k: [] for k in ("run", "stop", "bare_in", "bare_out", "raw_in", "raw_out", "run_own", "stop_own")
     }
-    pod_ipr = None
+    pod_ipr = host = None
     clock = MoveClock()
     try:
         store = CheckpointStore(state_dir)
@@ -149,7 +149,7 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
         pod = api.PodSandbox(id="sb", uid=pod_uid, name="bench", namespace="default")
         pod.linux.namespaces.add(type="network", path=fx.netns_path)
         hooks.synchronize([], [])  # warm-up as after registration
-        host = ns.host()
+        host = IPRoute()
         pod_ipr = IPRoute(netns=fx.netns)  # created once, untimed (pyroute2 forks for this)
         indexes = [host.link("get", ifname=link)[0]["index"] for link in fx.links]
         for i in range(runs + 3):  # 3 warm-up rounds
@@ -195,6 +195,8 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
             assert "10." in addrs, f"{link} lost its host address: {addrs!r}"
     finally:
         clock.close()
+        if host is not None:
+            host.close()
         if pod_ipr is not None:
             pod_ipr.close()
         ns.close()

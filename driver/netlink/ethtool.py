@@ -6,7 +6,7 @@ with name-based ("verbose") bitsets, so the kernel's own feature names are used 
 numbers are hard-coded. pyroute2 0.9's ethtool netlink module has neither message (its
 features go through the legacy ``SIOCETHTOOL`` ioctl, several ioctls per call and bound to the
 netns of a socket it creates itself), hence this small raw client on the package's
-:class:`~driver.netlink.channel.NetlinkChannel`, like :mod:`driver.netlink.rtnl`.
+:class:`~driver.netlink_channel.NetlinkChannel`, like :mod:`driver.netlink.rtnl`.
 
 A genetlink socket acts on devices of the netns it was created in; the caller opens it there
 (:meth:`driver.netlink.namespaces.Namespaces.socket_in`). Family ids are global, so one resolution
@@ -28,9 +28,17 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from driver.netlink.channel import NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, attr_list, text
-from driver.netlink.namespaces import inside_netns
 from driver.netlink.rtnl import NetnsOpError
+from driver.netlink_channel import (
+    NLA_F_NESTED,
+    NLM_F_ACK,
+    NLM_F_REQUEST,
+    NetlinkChannel,
+    attr,
+    attr_list,
+    inside_netns,
+    text,
+)
 
 NETLINK_GENERIC = 16  # not exported by the socket module
 GENL_ID_CTRL, CTRL_CMD_GETFAMILY, CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 0x10, 3, 1, 2

@@ -14,39 +14,15 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from pyroute2 import IPRoute
-
 from driver.config import HOST_NETNS
 from driver.netlink.rtnl import Rtnl
+from driver.netlink_channel import libc, netlink_socket
 
-CLONE_NEWNET = 0x40000000
 NSFS_MAGIC = 0x6E736673  # statfs f_type of a namespace file
 
 
 class NetnsGone(Exception):
     """The pod network namespace no longer exists."""
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-@contextlib.contextmanager
-def inside_netns(ns_fd: int, libc: ctypes.CDLL | None = None) -> Iterator[None]:
-    """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
-    libc = libc or _libc()
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if libc.setns(ns_fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into target netns failed")
-        try:
-            yield
-        finally:
-            if libc.setns(own, CLONE_NEWNET) != 0:
-                # Staying in the pod netns would corrupt every later call: fail loudly.
-                raise OSError(ctypes.get_errno(), "setns back to own netns failed")
-    finally:
-        os.close(own)
 
 
 class Namespaces:
@@ -59,31 +35,15 @@ class Namespaces:
     def __init__(self, host_netns: str = HOST_NETNS) -> None:
         self.host_netns = host_netns
         self.host_fd = os.open(host_netns, os.O_RDONLY | os.O_CLOEXEC)
-        self._libc = _libc()
-        self._local = threading.local()  # pyroute2 sockets are per thread
-
-    def _inside(self, ns_fd: int) -> contextlib.AbstractContextManager[None]:
-        return inside_netns(ns_fd, self._libc)
+        self._libc = libc()
+        self._local = threading.local()  # host sockets are per thread (a netlink socket is not thread-safe)
 
     def socket_in(self, ns_fd: int, proto: int) -> socket.socket:
         """A raw netlink socket of protocol ``proto`` that lives in ``ns_fd``'s netns (caller closes it)."""
-        with self._inside(ns_fd):
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
-        sock.bind((0, 0))
-        return sock
+        return netlink_socket(proto, ns_fd, c=self._libc)
 
     def _rtnl_in(self, ns_fd: int) -> Rtnl:
         return Rtnl(self.socket_in(ns_fd, socket.NETLINK_ROUTE))
-
-    def host(self) -> IPRoute:
-        """The (cached, per-thread) pyroute2 IPRoute in the host netns, for dumps."""
-        ipr = getattr(self._local, "host", None)
-        if ipr is None:
-            with self._inside(self.host_fd):
-                ipr = IPRoute()
-                _ = ipr.socket  # force socket creation now, inside the host netns
-            self._local.host = ipr
-        return ipr
 
     def host_rtnl(self) -> Rtnl:
         """The (cached, per-thread) raw rtnetlink socket in the host netns."""
@@ -113,11 +73,10 @@ class Namespaces:
 
     def close(self) -> None:
         """Close this thread's host sockets and the host netns fd."""
-        for attr in ("host", "rtnl"):
-            obj = getattr(self._local, attr, None)
-            if obj is not None:
-                obj.close()
-                setattr(self._local, attr, None)
+        rtnl = getattr(self._local, "rtnl", None)
+        if rtnl is not None:
+            rtnl.close()
+            self._local.rtnl = None
         with contextlib.suppress(OSError):
             os.close(self.host_fd)
 
@@ -130,6 +89,6 @@ def is_netns_fd(fd: int) -> bool:
 def _is_netns(fd: int) -> bool:
     # An unmounted /run/netns/<name> file is a plain empty file, not an nsfs inode.
     buf = ctypes.create_string_buffer(120)
-    if _libc().fstatfs(fd, buf) != 0:
+    if libc().fstatfs(fd, buf) != 0:
         return False
     return int.from_bytes(buf.raw[:8], "little") == NSFS_MAGIC

@@ -1,4 +1,4 @@
-"""Netlink operations on NICs across network namespaces (pyroute2): record, move, configure, restore.
+"""Netlink operations on NICs across network namespaces (raw rtnetlink): record, move, configure, restore.
 
 A NIC goes into a pod with ONE ``RTM_NEWLINK`` on the host link carrying
 ``IFLA_NET_NS_FD`` + ``IFLA_IFNAME`` (+ ``IFLA_MTU``/``IFLA_ADDRESS``), so it is
@@ -10,7 +10,8 @@ addresses and routes recorded before the move, which the Go driver never does.
 The hot path speaks raw rtnetlink (:class:`driver.netlink.rtnl.Rtnl`): pyroute2's sync API
 costs about 1 ms of Python per request, more than the kernel work of an address or a
 route, and raw requests can be pipelined (all addresses, link-ups and routes of a pod
-in one ``send``). pyroute2 is kept for slow-path lookups.
+in one ``send``). The slow paths (finding a NIC the kernel returned under another name) use
+the same raw socket's dumps, so the daemon never loads pyroute2.
 The sockets of each namespace come from :class:`driver.netlink.namespaces.Namespaces`.
 """
 
@@ -24,25 +25,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2 import IPRoute
-
-from driver.netlink.channel import parse_attrs
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.rtnl import (
-    IFA_ADDRESS,
-    IFA_LOCAL,
-    IFADDRMSG,
     RT_SCOPE_UNIVERSE,
     RT_TABLE_LOCAL,
-    RTA_DST,
-    RTA_GATEWAY,
-    RTA_OIF,
-    RTA_PREFSRC,
-    RTA_PRIORITY,
-    RTA_TABLE,
-    RTM_GETADDR,
-    RTM_GETROUTE,
-    RTMSG,
     RTN_UNICAST,
     RTPROT_KERNEL,
     LinkInfo,
@@ -54,6 +40,21 @@ from driver.netlink.rtnl import (
     newaddr,
     newlink,
     newroute,
+)
+from driver.netlink_channel import (
+    IFA_ADDRESS,
+    IFA_LOCAL,
+    IFADDRMSG,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_OIF,
+    RTA_PREFSRC,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTM_GETADDR,
+    RTM_GETROUTE,
+    RTMSG,
+    parse_attrs,
 )
 
 log = logging.getLogger(__name__)
@@ -272,15 +273,11 @@ def return_link(
     rtnl = ns.host_rtnl()
     host_link = rtnl.link(state.ifname)
     if host_link is None or not _mac_matches(host_link, state, extra_macs):
-        index = find_host_link(ns.host(), state, extra_macs, sysfs_root)
-        if index is None:
+        host_link = find_host_link(rtnl, state, extra_macs, sysfs_root)
+        if host_link is None:
             raise NetnsOpError(
                 device, "find", f"{state.ifname} (MAC {state.mac}) is neither in {netns_path} nor in the host namespace"
             )
-        name = ns.host().link("get", index=index)[0].get("IFLA_IFNAME")
-        host_link = rtnl.link(name)
-        if host_link is None:
-            raise NetnsOpError(device, "find", f"{name} vanished while restoring {state.ifname}")
     restore_host_link(rtnl, device, host_link, state)
     return how
 
@@ -291,20 +288,20 @@ def _mac_matches(link: LinkInfo, state: LinkState, extra_macs: tuple[str, ...]) 
 
 
 def find_host_link(
-    ipr: IPRoute, state: LinkState, extra_macs: tuple[str, ...] = (), sysfs_root: str = "/sys"
-) -> int | None:
-    """Index of the host link that is this NIC (slow path, one dump): permanent MAC, PCI, MAC."""
-    links = ipr.link("dump")
+    rtnl: Rtnl, state: LinkState, extra_macs: tuple[str, ...] = (), sysfs_root: str = "/sys"
+) -> LinkInfo | None:
+    """The host link that is this NIC (slow path, one dump): by permanent MAC, PCI address, MAC."""
+    links = rtnl.links()
     if state.permanent_mac:
         for link in links:
-            if (link.get("IFLA_PERM_ADDRESS") or "").lower() == state.permanent_mac.lower():
-                return link["index"]
+            if (link.permanent_mac or "").lower() == state.permanent_mac.lower():
+                return link
     if state.pci_address:
         for link in links:
-            if _pci_address(link.get("IFLA_IFNAME"), sysfs_root) == state.pci_address:
-                return link["index"]
+            if _pci_address(link.ifname, sysfs_root) == state.pci_address:
+                return link
     macs = {m.lower() for m in (state.mac, *extra_macs) if m}
     for link in links:
-        if (link.get("IFLA_ADDRESS") or "").lower() in macs and link.get("IFLA_IFNAME") != "lo":
-            return link["index"]
+        if link.mac.lower() in macs and link.ifname != "lo":
+            return link
     return None

@@ -30,7 +30,7 @@ import socket
 import struct
 from collections.abc import Callable
 
-from driver.netlink.channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
+from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
 
 log = logging.getLogger(__name__)
 

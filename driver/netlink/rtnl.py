@@ -1,6 +1,6 @@
 """Raw rtnetlink: the hot path of NIC moves (pyroute2's sync API costs ~1 ms of Python per request).
 
-:class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink.channel.NetlinkChannel` bound to
+:class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink_channel.NetlinkChannel` bound to
 one network namespace. Requests (:class:`Request`, built by :func:`newlink`, :func:`newaddr`,
 :func:`newroute`) are pipelined: all of a pod's addresses, link-ups and routes go to the kernel
 in one ``send`` and the acks are matched by sequence number. Only what the driver needs is
@@ -17,7 +17,36 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from driver.netlink.channel import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs
+from driver.netlink_channel import (
+    IFA_ADDRESS,
+    IFA_LOCAL,
+    IFADDRMSG,
+    IFINFOMSG,
+    IFLA_ADDRESS,
+    IFLA_IFNAME,
+    IFLA_MTU,
+    IFLA_NET_NS_FD,
+    IFLA_PERM_ADDRESS,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    RTA_DST,
+    RTA_GATEWAY,
+    RTA_OIF,
+    RTA_PREFSRC,
+    RTA_PRIORITY,
+    RTA_TABLE,
+    RTM_GETLINK,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    RTMSG,
+    NetlinkChannel,
+    attr,
+    mac_str,
+    parse_attrs,
+)
 
 RT_TABLE_LOCAL = 255
 RT_TABLE_MAIN = 254
@@ -59,14 +88,7 @@ class Route:
         return cls(**data)
 
 
-RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = 16, 18, 20, 22, 24, 26
-IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_NET_NS_FD, IFLA_PERM_ADDRESS = 1, 3, 4, 28, 54
-IFA_ADDRESS, IFA_LOCAL = 1, 2
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_TABLE = 1, 4, 5, 6, 7, 15
 IFF_UP = 0x1
-IFINFOMSG = struct.Struct("=BxHiII")
-IFADDRMSG = struct.Struct("=BBBBI")
-RTMSG = struct.Struct("=BBBBBBBBI")
 
 
 def ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
@@ -77,11 +99,6 @@ def ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
 def mac_bytes(mac: str) -> bytes:
     """``aa:bb:..`` as raw bytes."""
     return bytes(int(x, 16) for x in mac.split(":"))
-
-
-def mac_str(raw: bytes) -> str:
-    """Raw MAC bytes as ``aa:bb:..``."""
-    return ":".join(f"{b:02x}" for b in raw)
 
 
 @dataclass
@@ -108,29 +125,45 @@ class Request:
     ignore: tuple[int, ...] = ()
 
 
+def _link_info(payload: bytes) -> LinkInfo:
+    _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
+    attrs = parse_attrs(payload, IFINFOMSG.size)
+    perm = attrs.get(IFLA_PERM_ADDRESS)
+    return LinkInfo(
+        index=index,
+        ifname=attrs[IFLA_IFNAME].rstrip(b"\0").decode(),
+        mtu=struct.unpack("=I", attrs[IFLA_MTU])[0],
+        mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
+        permanent_mac=mac_str(perm) if perm and any(perm) else None,
+    )
+
+
 class Rtnl(NetlinkChannel):
     """A raw NETLINK_ROUTE socket bound to one netns; requests are pipelined in one send."""
 
     def link(self, ifname: str) -> LinkInfo | None:
         """RTM_GETLINK by name; None when there is no such link."""
-        body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_IFNAME, ifname.encode() + b"\0")
+        return self._get_link(0, ifname)
+
+    def link_by_index(self, index: int) -> LinkInfo | None:
+        """RTM_GETLINK by ifindex; None when there is no such link."""
+        return self._get_link(index, None)
+
+    def _get_link(self, index: int, ifname: str | None) -> LinkInfo | None:
+        body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0)
+        if ifname is not None:
+            body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
         reply = self.exchange([(RTM_GETLINK, NLM_F_REQUEST, body)])[0]
         err = reply.error
         if err == errno.ENODEV:
             return None
         if err:
-            raise OSError(err, f"RTM_GETLINK {ifname}: {os.strerror(err)}")
-        payload = reply.payloads[0]
-        _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
-        attrs = parse_attrs(payload, IFINFOMSG.size)
-        perm = attrs.get(IFLA_PERM_ADDRESS)
-        return LinkInfo(
-            index=index,
-            ifname=attrs[IFLA_IFNAME].rstrip(b"\0").decode(),
-            mtu=struct.unpack("=I", attrs[IFLA_MTU])[0],
-            mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
-            permanent_mac=mac_str(perm) if perm and any(perm) else None,
-        )
+            raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
+        return _link_info(reply.payloads[0])
+
+    def links(self) -> list[LinkInfo]:
+        """Every link of this netns (one RTM_GETLINK dump)."""
+        return [_link_info(p) for p in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))]
 
     def run(self, reqs: list[Request]) -> None:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""

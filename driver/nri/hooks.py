@@ -34,11 +34,11 @@ from driver.claims.container_settings import settings_for_container
 from driver.config import HOST_NETNS
 from driver.model.network_config import InterfaceConfig, RouteConfig
 from driver.netlink import nic_moves, rdma_netns
-from driver.netlink.channel import NetlinkChannel
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
+from driver.netlink_channel import NetlinkChannel
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
@@ -453,7 +453,7 @@ class NRIHooks:
             self._synchronize(pods)
 
     def _synchronize(self, pods: Sequence[api.PodSandbox]) -> None:
-        self.ns.host(), self.ns.host_rtnl()  # warm up the sockets here, not in the first RunPodSandbox
+        self.ns.host_rtnl()  # warm up the socket here, not in the first RunPodSandbox
         alive = {p.uid: p for p in pods}
         known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
         for uid, steps in known.items():

@@ -152,8 +152,8 @@ def test_find_host_link_by_pci_address(ns: Namespaces, netns_factory, tmp_path: 
     os.symlink(f"../../../devices/pci0000:3a/{pci}", tmp_path / "class" / "net" / a / "device")
     # Neither the name nor any MAC matches: only the PCI address identifies it.
     state = LinkState(ifname="renamed0", mtu=1500, mac="02:00:00:00:00:99", pci_address=pci)
-    index = nic_moves.find_host_link(ns.host(), state, sysfs_root=str(tmp_path))
-    assert index == ns.host().link("get", ifname=a)[0]["index"]
+    found = nic_moves.find_host_link(ns.host_rtnl(), state, sysfs_root=str(tmp_path))
+    assert found is not None and found.ifname == a
 
 
 def test_move_of_missing_link_names_device_and_step(ns: Namespaces, netns_factory) -> None:

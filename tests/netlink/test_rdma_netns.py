@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint import CheckpointStore
 from driver.netlink import rdma_netns
-from driver.netlink.channel import NLMSGHDR, NetlinkChannel
+from driver.netlink_channel import NLMSGHDR, NetlinkChannel
 from driver.nri.hooks import HookError, NRIHooks
 from tests.plugins.nri import pod_json, prepare_claim
 

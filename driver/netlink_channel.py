@@ -1,18 +1,28 @@
 """The one netlink socket layer: message framing, sequence numbers, pipelined requests and acks.
 
-Both raw clients of this package speak through it: :class:`driver.netlink.rtnl.Rtnl`
+Every raw netlink client of the driver speaks through it: :class:`driver.netlink.rtnl.Rtnl`
 (``NETLINK_ROUTE``) and :class:`driver.netlink.ethtool.Ethtool` (generic netlink, ethtool
-family). A :class:`NetlinkChannel` wraps a socket bound to one network namespace; requests sent
-together go to the kernel in one ``send`` and their answers are matched by sequence number.
+family) for the NIC moves, :mod:`driver.inventory.netlink_facts` for discovery's link, address
+and route dumps, :mod:`driver.netlink.link_watch` for link events. A :class:`NetlinkChannel`
+wraps a socket bound to one network namespace; requests sent together go to the kernel in one
+``send`` and their answers are matched by sequence number. :func:`netlink_socket` opens a
+socket inside another network namespace (:func:`inside_netns`).
+
+Plumbing below both ``driver.netlink`` and ``driver.inventory``: imports the standard library only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import socket
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+CLONE_NEWNET = 0x40000000
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE, NLM_F_DUMP = 0x1, 0x4, 0x200, 0x400, 0x300
@@ -21,6 +31,75 @@ NLA_F_NESTED = 0x8000
 SOL_NETLINK, NETLINK_CAP_ACK, NETLINK_EXT_ACK = 270, 10, 11
 NLMSGERR_ATTR_MSG = 1
 NLMSGHDR = struct.Struct("=IHHII")
+NETLINK_GET_STRICT_CHK = 12  # dump requests honour their filter fields (e.g. one link's addresses)
+
+# rtnetlink (NETLINK_ROUTE) message types, attributes and headers both raw clients use.
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK = 16, 17, 18
+RTM_NEWADDR, RTM_GETADDR, RTM_NEWROUTE, RTM_GETROUTE = 20, 22, 24, 26
+RTMGRP_LINK = 0x1
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_MASTER, IFLA_OPERSTATE = 1, 3, 4, 10, 16
+IFLA_LINKINFO, IFLA_IFALIAS, IFLA_NET_NS_FD, IFLA_PERM_ADDRESS = 18, 20, 28, 54
+IFLA_INFO_KIND = 1
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_MULTIPATH, RTA_TABLE = 1, 4, 5, 6, 7, 9, 15
+IFINFOMSG = struct.Struct("=BxHiII")  # family, type (ARPHRD_*), index, flags, change
+IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
+RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
+RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex (one hop of RTA_MULTIPATH)
+
+
+def mac_str(raw: bytes) -> str:
+    """Raw hardware address bytes as ``aa:bb:..``."""
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def libc() -> ctypes.CDLL:
+    """The C library, for ``setns`` and ``fstatfs`` (errno kept)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def inside_netns(ns_fd: int, c: ctypes.CDLL | None = None) -> Iterator[None]:
+    """Run the body with this thread in ``ns_fd``'s netns (sockets created there stay there)."""
+    c = c or libc()
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if c.setns(ns_fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into target netns failed")
+        try:
+            yield
+        finally:
+            if c.setns(own, CLONE_NEWNET) != 0:
+                # Staying in the pod netns would corrupt every later call: fail loudly.
+                raise OSError(ctypes.get_errno(), "setns back to own netns failed")
+    finally:
+        os.close(own)
+
+
+def netlink_socket(
+    proto: int, ns_fd: int | None = None, groups: int = 0, c: ctypes.CDLL | None = None
+) -> socket.socket:
+    """A bound raw netlink socket of protocol ``proto`` in ``ns_fd``'s netns (None: this thread's).
+
+    ``groups``: the multicast groups to join (e.g. ``RTMGRP_LINK`` for link events).
+    """
+    if ns_fd is None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
+    else:
+        with inside_netns(ns_fd, c):
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, proto)
+    try:
+        sock.bind((0, groups))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def open_netns(name_or_path: str) -> int:
+    """An fd of a network namespace given as a path or as a name under ``/run/netns``."""
+    path = name_or_path if "/" in name_or_path else f"/run/netns/{name_or_path}"
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def attr(kind: int, data: bytes) -> bytes:
