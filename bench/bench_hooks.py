@@ -1,0 +1,571 @@
+"""Pod start and stop through the whole node daemon, side by side with the bare kernel work (issue 14).
+
+``python -m bench.bench_hooks [--cycles 100] [--storm-cycles 100] [--idle 30]`` (root; ``make
+bench-hooks``). One run starts a real control plane, ``dranet run`` as its own process on the
+host's ``/sys`` with everything a node runs (NRI plugin, kubelet plugin with a connected health
+stream, /metrics and /healthz, the link watch, the publisher, the claim status writer), and the
+containerd/nri runtime adaptation (the Go harness, ``tests/nri_harness``) on a private socket.
+
+Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 veth NICs:
+
+- **RunPodSandbox**: the NRI call as the runtime times it (Go side) for a pod whose claim holds 4
+  NICs, each moved into the pod netns, renamed, MTU set, an address and a route added.
+  Floor: the same kernel work done bare on the 4 twin NICs: one RTM_NEWLINK each (move +
+  rename + MTU) and one pipelined batch of address, link-up and route requests in the pod netns,
+  sockets opened beforehand.
+- **StopPodSandbox**: the NRI call; the 4 NICs come back under their names with their MTU, host
+  address and route. Floor: one RTM_NEWLINK each (move back + rename + MTU) and one pipelined
+  batch of address, link-up and route on the host.
+- Both again while a link-flap storm (``bench/link_storm.py``, own process) flips 50 other
+  published interfaces at 100 changes/s; afterwards the published ResourceSlices must equal a
+  fresh full scan.
+- **NodePrepareResources** for one claim (4 NICs with a config) against the local API server,
+  floor: a bare GET of the same claim; and 100 claims prepared concurrently.
+- Idle RSS and CPU of the daemon.
+
+The driver's CPU seconds per pod cycle come from ``/proc/<pid>/stat`` (all threads) around each
+cycle. The twin NICs are in ``--exclude-interfaces``, so the daemon neither publishes nor works on
+them. Everything created is removed at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
+from devcluster.binaries import ensure_control_plane
+from devcluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo import DriverProcess, seed_docs
+from driver.inventory.device_filter import DeviceFilter
+from driver.inventory.discovery import Scanner
+from driver.kube.client import RESOURCE_API
+from driver.netlink.namespaces import Namespaces
+from driver.netlink.rtnl import Request, Route, Rtnl, newaddr, newlink, newroute
+from tests.plugins.netns import NetnsFactory
+from tests.plugins.nri import Harness, harness_binary, link_facts, pod_json
+from tests.support.kubelet_client import KubeletClient
+
+POD_MTU = 1400
+HOST_MTU = 1500
+STORM_LINKS = 50
+GOALS = {  # overhead over the floor, ms (issue 14)
+    "run": (3.0, 10.0),
+    "stop": (5.0, 15.0),
+    "run_storm": (None, 15.0),
+    "stop_storm": (None, 15.0),
+}
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@dataclass
+class Nic:
+    """A host veth end with its host config and what the pod config gives it."""
+
+    ifname: str
+    index: int
+    host_cidr: str
+    host_route: Route
+    pod_name: str
+    pod_cidr: str
+    pod_route: Route
+
+
+def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int) -> list[Nic]:
+    """Veths (peers in ``peer_ns``) configured like a host NIC: up, an address, a route."""
+    out = []
+    for i, name in enumerate(names):
+        factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
+        _ip("-n", peer_ns, "link", "set", f"p{name[1:]}", "up")
+        host_cidr = f"10.{net}.{i}.1/24"
+        host_route = Route(dst=f"10.{net + 1}.{i * 16}.0/20", gateway=f"10.{net}.{i}.254")
+        _ip("link", "set", name, "mtu", str(HOST_MTU), "up")
+        _ip("addr", "add", host_cidr, "dev", name)
+        _ip("route", "add", host_route.dst or "", "via", host_route.gateway or "", "dev", name)
+        index = json.loads(subprocess.run(["ip", "-j", "link", "show", name], capture_output=True, text=True).stdout)[
+            0
+        ]["ifindex"]
+        out.append(
+            Nic(
+                name,
+                index,
+                host_cidr,
+                host_route,
+                f"net{i + 1}",
+                f"192.168.{i}.2/24",
+                Route(dst=f"172.{16 + i}.0.0/16", gateway=f"192.168.{i}.1"),
+            )
+        )
+    return out
+
+
+class Floor:
+    """The bare kernel work of the hooks on the twin NICs, raw netlink, sockets opened once."""
+
+    def __init__(self, nics: list[Nic], netns_path: str) -> None:
+        self.nics = nics
+        self.ns = Namespaces("/proc/self/ns/net")
+        self.host = self.ns.host_rtnl()
+        self.pod_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+        self.pod = Rtnl(self.ns.socket_in(self.pod_fd, socket.NETLINK_ROUTE))
+
+    def run(self) -> float:
+        """Moves in + configuration; ms."""
+        t0 = time.perf_counter()
+        for n in self.nics:
+            self.host.run([newlink("f", n.index, ns_fd=self.pod_fd, ifname=n.pod_name, mtu=POD_MTU)])
+        reqs: list[Request] = []
+        for n in self.nics:
+            reqs += [
+                newaddr("f", n.index, n.pod_cidr),
+                newlink("f", n.index, up=True),
+                newroute("f", n.index, n.pod_route),
+            ]
+        self.pod.run(reqs)
+        return (time.perf_counter() - t0) * 1e3
+
+    def stop(self) -> float:
+        """Moves back + host restore; ms."""
+        t0 = time.perf_counter()
+        for n in self.nics:
+            self.pod.run([newlink("f", n.index, ns_fd=self.ns.host_fd, ifname=n.ifname, mtu=HOST_MTU)])
+        reqs: list[Request] = []
+        for n in self.nics:
+            reqs += [
+                newaddr("f", n.index, n.host_cidr),
+                newlink("f", n.index, up=True),
+                newroute("f", n.index, n.host_route),
+            ]
+        self.host.run(reqs)
+        return (time.perf_counter() - t0) * 1e3
+
+    def check(self) -> None:
+        """Untimed: the ifindexes are still right (the kernel keeps a free index across moves)."""
+        for n in self.nics:
+            link = self.host.link(n.ifname)
+            assert link is not None, f"floor NIC {n.ifname} lost"
+            n.index = link.index
+
+    def close(self) -> None:
+        self.pod.close()
+        os.close(self.pod_fd)
+        self.ns.close()
+
+
+@dataclass
+class Results:
+    """Samples of one scenario (ms) and the driver's CPU per cycle (s)."""
+
+    run: list[float] = field(default_factory=list)
+    stop: list[float] = field(default_factory=list)
+    floor_run: list[float] = field(default_factory=list)
+    floor_stop: list[float] = field(default_factory=list)
+    cpu_a: list[float] = field(default_factory=list)
+    cpu_b: list[float] = field(default_factory=list)
+    rescans: int = 0
+    storm: dict[str, Any] = field(default_factory=dict)
+
+
+class Bench:
+    """Everything one run needs; :meth:`close` removes it all."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tok = secrets.token_hex(2)
+        self.node = f"bench-hooks-{self.tok}"
+        self.factory = NetnsFactory()
+        self.cp: ControlPlane | None = None
+        self.harness: Harness | None = None
+        self.driver: DriverProcess | None = None
+        self.floor: Floor | None = None
+        self.storm_proc: subprocess.Popen[str] | None = None
+        self.workdir = Path(tempfile.mkdtemp(prefix="dn-bh-", dir="/tmp"))
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="dn-bh-run-", dir="/dev/shm"))  # tmpfs, like /run
+        self.health_proc: subprocess.Popen[str] | None = None
+
+    # -- setup -------------------------------------------------------------------------------
+    def setup(self) -> None:
+        p = f"db{self.tok}"
+        net = random.randrange(100, 240, 2)
+        peer_ns = self.factory.netns()
+        self.hook_nics = _nic_set(self.factory, peer_ns, [f"{p}h{i}" for i in range(4)], net)
+        self.floor_nics = _nic_set(self.factory, peer_ns, [f"{p}f{i}" for i in range(4)], net + 2)
+        self.storm_links = [f"{p}s{i:02d}" for i in range(STORM_LINKS)]
+        for name in self.storm_links:
+            self.factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
+            _ip("link", "set", name, "up")
+        self.pod_ns = self.factory.netns()
+        self.floor_ns = self.factory.netns()
+        self.prefix = p
+        ifname = 'device.attributes["dra.net"].ifName'
+        self.filter = f'has({ifname}) && {ifname}.startsWith("{p}")'
+
+        self.cp = ControlPlane(ensure_control_plane()).start()
+        self.kube = self.cp.kube()
+        self.cp.create_node(self.node)
+        create_objects(self.kube, seed_docs()[0])
+        self.harness = Harness.start(harness_binary())
+        assert self.cp.kubeconfig is not None
+        self.driver = DriverProcess(
+            self.cp.kubeconfig,
+            self.node,
+            Path("/sys"),
+            self.workdir / "drv",
+            extra_args=["--filter", self.filter, "--runtime-dir", str(self.runtime_dir)],
+            nri_socket=self.harness.socket,
+            exclude_interfaces=",".join(["eth0"] + [n.ifname for n in self.floor_nics]),
+        ).start(timeout=60)
+        res = self.harness.cmd("wait-sync", count=1, timeout=30)
+        assert res["ok"], f"{res}\n{self.driver.log_tail()}"
+        self.health_proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.health_watch", self.driver.registration_socket, self.driver.dra_socket],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.health_proc.stdout is not None
+        assert json.loads(self.health_proc.stdout.readline()).get("watching"), "health stream did not start"
+        want = {n.ifname for n in self.hook_nics} | set(self.storm_links)
+        wait_for(lambda: self.published_ifnames() == want, 60, what="slices with the benchmark's NICs")
+        self.floor = Floor(self.floor_nics, f"/run/netns/{self.floor_ns}")
+        self.pod = self.make_pod_claim()
+
+    def published_ifnames(self) -> set[str]:
+        return {d.get("attributes", {}).get("dra.net/ifName", {}).get("string") for d in self.published_devices()}
+
+    def published_devices(self) -> list[dict[str, Any]]:
+        q = {"fieldSelector": f"spec.driver=dra.net,spec.nodeName={self.node}"}
+        items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices", query=q)["items"]
+        return [d for s in items for d in s["spec"].get("devices") or []]
+
+    def _claim(self, name: str, ifnames: list[str], pod: tuple[str, str] | None) -> tuple[str, str, str]:
+        """A claim allocated to ``ifnames`` (one request each, with a full NetworkConfig)."""
+        reqs = [{"name": f"nic{i}", "exactly": {"deviceClassName": "dranet.net"}} for i in range(len(ifnames))]
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": reqs}},
+        }
+        claim = self.kube.request("POST", f"{RESOURCE_API}/namespaces/default/resourceclaims", body)
+        configs = []
+        for i, _ in enumerate(ifnames):
+            nic = self.hook_nics[i]
+            params = {
+                "interface": {"name": nic.pod_name, "mtu": POD_MTU, "addresses": [nic.pod_cidr]},
+                "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
+            }
+            configs.append(
+                {"source": "FromClaim", "requests": [f"nic{i}"], "opaque": {"driver": "dra.net", "parameters": params}}
+            )
+        status: dict[str, Any] = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": f"nic{i}", "driver": "dra.net", "pool": self.node, "device": ifname}
+                        for i, ifname in enumerate(ifnames)
+                    ],
+                    "config": configs,
+                }
+            }
+        }
+        if pod:
+            status["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
+        claim["status"] = status
+        self.kube.request("PUT", f"{RESOURCE_API}/namespaces/default/resourceclaims/{name}/status", claim)
+        return ("default", name, claim["metadata"]["uid"])
+
+    def make_pod_claim(self) -> dict[str, Any]:
+        """The pod (a real Pod object bound to the node, so its reservation stays) and its prepared claim."""
+        pod_obj = self.kube.request(
+            "POST",
+            "/api/v1/namespaces/default/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "hooks"},
+                "spec": {
+                    "nodeName": self.node,
+                    "resourceClaims": [{"name": "nics", "resourceClaimName": "hooks"}],
+                    "containers": [{"name": "c", "image": "pause", "resources": {"claims": [{"name": "nics"}]}}],
+                },
+            },
+        )
+        uid = pod_obj["metadata"]["uid"]
+        claim = self._claim("hooks", [n.ifname for n in self.hook_nics], ("hooks", uid))
+        resp = asyncio.run(self._kubelet(lambda k: k.prepare([claim])))
+        assert resp.claims[claim[2]].error == "", resp.claims[claim[2]].error
+        return pod_json(uid, f"/run/netns/{self.pod_ns}", name="hooks")
+
+    async def _kubelet(self, fn: Any) -> Any:
+        assert self.driver is not None
+        async with KubeletClient(self.driver.registration_socket, self.driver.dra_socket, timeout=30) as k:
+            return await fn(k)
+
+    # -- the pod cycles ----------------------------------------------------------------------
+    def _nri(self, op: str) -> float:
+        assert self.harness is not None
+        res = self.harness.cmd(op, pod=self.pod)
+        assert res["ok"], f"{op}: {res}\n{self.driver.log_tail() if self.driver else ''}"
+        return float(res["seconds"]) * 1e3
+
+    def cycles(self, n: int, out: Results) -> None:
+        assert self.driver is not None and self.driver.popen is not None and self.floor is not None
+        pid, gap = self.driver.popen.pid, self.args.gap
+        scans0 = self.scan_count()
+        for kind in ["A", "B"] * 2 + abba(2 * n):  # 4 warm-up cycles, not recorded
+            cpu0 = process_cpu_seconds(pid)
+            if kind == "A":
+                run = self._nri("run")
+                time.sleep(gap)
+                stop = self._nri("stop")
+            else:
+                run = self.floor.run()
+                time.sleep(gap)
+                stop = self.floor.stop()
+                self.floor.check()
+            time.sleep(gap)
+            cpu = process_cpu_seconds(pid) - cpu0
+            (out.run if kind == "A" else out.floor_run).append(run)
+            (out.stop if kind == "A" else out.floor_stop).append(stop)
+            (out.cpu_a if kind == "A" else out.cpu_b).append(cpu)
+        for lst in (out.run, out.stop, out.cpu_a, out.floor_run, out.floor_stop, out.cpu_b):
+            del lst[:2]  # the warm-up cycles
+        out.rescans = self.scan_count() - scans0
+
+    def scan_count(self) -> int:
+        """Full scans the daemon did so far (its /metrics, or its log on older builds)."""
+        assert self.driver is not None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.driver.port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            m = re.search(r"^dranet_inventory_full_scans_total (\S+)$", text, re.M)
+            if m:
+                return int(float(m.group(1)))
+        except OSError:
+            pass
+        return self.driver.log().count("scan done")
+
+    def check_nics_home(self) -> None:
+        """Every NIC is back on the host with its address and route (nothing lost)."""
+        for n in self.hook_nics + self.floor_nics:
+            facts = link_facts(n.ifname)
+            assert facts is not None, f"{n.ifname} missing"
+            assert facts["addresses"] == [n.host_cidr], (n.ifname, facts)
+            assert facts["mtu"] == HOST_MTU and facts["up"], (n.ifname, facts)
+            assert any(r[0] == n.host_route.dst for r in facts["routes"]), (n.ifname, facts)
+
+    # -- storm -------------------------------------------------------------------------------
+    def start_storm(self) -> None:
+        self.storm_proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.link_storm", "--rate", str(self.args.storm_rate), *self.storm_links],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.storm_proc.stdout is not None
+        assert json.loads(self.storm_proc.stdout.readline()).get("ready")
+
+    def stop_storm(self) -> dict[str, Any]:
+        assert self.storm_proc is not None and self.storm_proc.stdout is not None
+        self.storm_proc.terminate()
+        out = json.loads(self.storm_proc.stdout.readline())
+        self.storm_proc.wait(10)
+        self.storm_proc = None
+        return out
+
+    def slices_match_scan(self, timeout: float = 30.0) -> tuple[bool, str]:
+        """After the storm: the published devices equal a fresh full scan (same filter), for our NICs."""
+        scanner = Scanner("/sys", exclude_interfaces=["eth0"] + [n.ifname for n in self.floor_nics])
+        flt = DeviceFilter(self.filter)
+
+        def ours(devs: list[dict[str, Any]]) -> dict[str, Any]:
+            return {d["name"]: d.get("attributes") for d in devs if d["name"].startswith(self.prefix)}
+
+        deadline = time.monotonic() + timeout
+        diff = ""
+        while time.monotonic() < deadline:
+            want = ours([d.to_api() for d in flt.apply(scanner.scan())])
+            got = ours(self.published_devices())
+            if want == got:
+                return True, ""
+            diff = f"{len(set(want) ^ set(got))} names differ, " + ", ".join(
+                sorted(n for n in want if n in got and want[n] != got[n])[:5]
+            )
+            time.sleep(0.5)
+        return False, diff
+
+    # -- prepare -----------------------------------------------------------------------------
+    def prepare_bench(self, n: int, concurrent: int) -> tuple[Row, float, list[float]]:
+        """One claim prepared + unprepared n times (ABBA with a bare GET of it), then ``concurrent`` at once."""
+        names = self.storm_links[:4]
+        one = self._claim(f"prep-{self.tok}", names, None)
+        many = [self._claim(f"conc-{self.tok}-{i}", names, None) for i in range(concurrent)]
+        getter = self.cp.kube() if self.cp else self.kube
+
+        async def go(k: KubeletClient) -> tuple[list[float], list[float], float, list[float]]:
+            path, floor = [], []
+            for kind in ["A", "B"] * 2 + abba(2 * n):
+                if kind == "A":
+                    t0 = time.perf_counter()
+                    r = await k.prepare([one])
+                    path.append((time.perf_counter() - t0) * 1e3)
+                    assert r.claims[one[2]].error == "", r.claims[one[2]].error
+                    await k.unprepare([one])
+                else:
+                    t0 = time.perf_counter()
+                    await asyncio.to_thread(getter.read_namespaced_resource_claim, "default", one[1])
+                    floor.append((time.perf_counter() - t0) * 1e3)
+                await asyncio.sleep(0.01)
+
+            async def timed(c: tuple[str, str, str]) -> float:
+                t0 = time.perf_counter()
+                r = await k.prepare([c])
+                assert r.claims[c[2]].error == "", r.claims[c[2]].error
+                return (time.perf_counter() - t0) * 1e3
+
+            t0 = time.perf_counter()
+            each = await asyncio.gather(*(timed(c) for c in many))
+            wall = (time.perf_counter() - t0) * 1e3
+            await k.unprepare(many)
+            return path[2:], floor[2:], wall, list(each)
+
+        path, floor, wall, each = asyncio.run(self._kubelet(go))
+        return Row("NodePrepareResources, 1 claim (4 NICs)", path, floor, goal_median=3.0), wall, each
+
+    # -- idle --------------------------------------------------------------------------------
+    def idle(self, seconds: float) -> tuple[float, float, int]:
+        """RSS (MB) at the end, CPU seconds used, full scans during ``seconds`` of nothing changing."""
+        assert self.driver is not None and self.driver.popen is not None
+        pid = self.driver.popen.pid
+        time.sleep(3.0)  # let the last cycle's background work finish
+        scans0, cpu0 = self.scan_count(), process_cpu_seconds(pid)
+        time.sleep(seconds)
+        return rss_mb(pid), process_cpu_seconds(pid) - cpu0, self.scan_count() - scans0
+
+    # -- teardown ----------------------------------------------------------------------------
+    def close(self) -> None:
+        for proc in (self.storm_proc, self.health_proc):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        try:
+            if self.harness is not None and self.driver is not None and getattr(self, "pod", None):
+                self.harness.cmd("stop", pod=self.pod)  # NICs home before the netns go
+        except Exception:  # noqa: BLE001 - best effort; the netns removal frees virtual NICs anyway
+            pass
+        if self.floor is not None:
+            self.floor.close()
+        if self.driver is not None:
+            self.driver.stop()
+        if self.harness is not None:
+            self.harness.close()
+        if self.cp is not None:
+            self.cp.stop()
+        self.factory.cleanup()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def _load() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=100, help="pod cycles each for the driver and the floor")
+    parser.add_argument("--storm-cycles", type=int, default=100)
+    parser.add_argument("--storm-rate", type=float, default=100.0, help="link changes per second")
+    parser.add_argument("--prepare", type=int, default=200, help="prepare samples each (driver, floor)")
+    parser.add_argument("--concurrent", type=int, default=100)
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measurement")
+    parser.add_argument("--gap", type=float, default=0.05, help="seconds between pod operations")
+    parser.add_argument("--json", help="also write the raw samples here")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)")
+        return 1
+    b = Bench(args)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    loads = [_load()]
+    try:
+        b.setup()
+        quiet = Results()
+        b.cycles(args.cycles, quiet)
+        loads.append(_load())
+        b.check_nics_home()
+        storm = Results()
+        if args.storm_cycles:
+            b.start_storm()
+            try:
+                b.cycles(args.storm_cycles, storm)
+            finally:
+                storm.storm = b.stop_storm()
+            loads.append(_load())
+            b.check_nics_home()
+            ok, diff = b.slices_match_scan()
+            storm.storm["slices_match_scan"] = ok
+            storm.storm["diff"] = diff
+        prep_row, conc_wall, conc_each = b.prepare_bench(args.prepare, args.concurrent)
+        loads.append(_load())
+        rss, idle_cpu, idle_scans = b.idle(args.idle)
+        loads.append(_load())
+    finally:
+        b.close()
+
+    def cpu(r: Results) -> float:
+        return median(r.cpu_a) - median(r.cpu_b)
+
+    rows = [
+        Row("RunPodSandbox, 4 NICs", quiet.run, quiet.floor_run, cpu(quiet), *GOALS["run"]),
+        Row("StopPodSandbox, 4 NICs", quiet.stop, quiet.floor_stop, None, *GOALS["stop"]),
+    ]
+    if storm.run:
+        rows += [
+            Row("RunPodSandbox, link storm", storm.run, storm.floor_run, cpu(storm), *GOALS["run_storm"]),
+            Row("StopPodSandbox, link storm", storm.stop, storm.floor_stop, None, *GOALS["stop_storm"]),
+        ]
+    rows.append(prep_row)
+    print(f"\nmachine: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; started {started}")
+    print(f"command: python -m bench.bench_hooks {' '.join(argv)}")
+    print(f"load average (1/5/15 min) at start and after each phase: {' | '.join(loads)}")
+    print(table(rows))
+    print(
+        f"driver CPU per pod cycle (run + stop, incl. the background work they cause): "
+        f"mean {sum(quiet.cpu_a) / max(1, len(quiet.cpu_a)):.4f} s (floor cycles, the driver idle: "
+        f"{sum(quiet.cpu_b) / max(1, len(quiet.cpu_b)):.4f} s)"
+    )
+    print(f"full rescans during the quiet cycles: {quiet.rescans}; during the storm cycles: {storm.rescans}")
+    if storm.storm:
+        print(f"storm: {storm.storm}")
+    print(
+        f"NodePrepareResources, {args.concurrent} claims concurrently: wall {conc_wall:.1f} ms, "
+        f"per call median {median(conc_each):.2f} ms p99 {pct(conc_each, 99):.2f} ms"
+    )
+    print(f"idle ({args.idle:.0f} s): RSS {rss:.1f} MB, CPU {idle_cpu:.3f} s, full rescans {idle_scans}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"quiet": quiet.__dict__, "storm": storm.__dict__}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
