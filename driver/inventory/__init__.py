@@ -5,5 +5,5 @@ published attributes.
 ``attributes``); ``device_filter`` applies the admin's CEL filter; ``topology`` and
 ``discovery_cli`` serve ``dranet topology|templates|discover``.
 
-May import: ``driver.model``, ``driver.config``.
+May import: ``driver.model``, ``driver.netlink_channel`` (raw netlink), ``driver.config``.
 """

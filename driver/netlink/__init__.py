@@ -5,5 +5,5 @@ both raw clients, ``rtnl`` (NETLINK_ROUTE) and ``ethtool`` (generic netlink); ``
 opens their sockets inside a network namespace; ``nic_moves`` records, moves, configures and
 restores NICs; ``link_watch`` turns link events into rescan requests.
 
-May import: ``driver.config`` only (and pyroute2 for slow-path dumps and the link watch).
+May import: ``driver.netlink_channel`` (the socket layer and rtnetlink vocabulary) and ``driver.config``.
 """
