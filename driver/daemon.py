@@ -4,12 +4,19 @@ Start order: checkpoint (fail if unreadable or from a newer driver: never drop s
 corrupt file is moved aside), first discovery scan (so the first prepare finds the inventory),
 the prepared claims rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then
 registration), the HTTP probe server (/healthz, /metrics), then the background loops: ResourceSlice publisher,
-rescans (netlink link events + periodic resync, coalesced), NRI plugin.
+full rescans (periodic resync, lost link events), link updates, NRI plugin.
 SIGTERM/SIGINT stop the gRPC servers, remove the sockets and exit 0.
 
-Blocking discovery (sysfs walks, netlink dumps) runs in a worker thread so gRPC
-calls are answered while a scan is in progress. Background components run under a
-guard that restarts them with backoff, so none can take the kubelet's socket down.
+Link events keep the inventory current one device at a time (:mod:`driver.inventory.incremental`):
+an event the NRI hooks caused themselves (announced in :class:`OwnChanges`) is dropped, one for
+an excluded interface too, the rest are coalesced per link and each rebuilds the one device it
+feeds. A full scan runs at start, on the resync timer and when events were lost.
+
+While an NRI hook runs, background work waits (:meth:`OwnChanges.idle`): link updates, rescans,
+ResourceSlice writes and claim status writes start only when no hook is running, so a hook never
+competes with them for the interpreter lock. Blocking work (sysfs walks, netlink dumps) runs in a
+worker thread so gRPC calls are answered meanwhile. Background components run under a guard that
+restarts them with backoff, so none can take the kubelet's socket down.
 """
 
 from __future__ import annotations
@@ -33,13 +40,15 @@ from driver.inventory.cloud.service import CloudMetadata
 from driver.inventory.device_filter import DeviceFilter, FilterError
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
+from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.kube.client import KubeClient
-from driver.kubelet.device_health import DeviceHealthFeed, device_health_states
+from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState, device_health_states
 from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device, rdma_count
 from driver.netlink import rdma_netns
-from driver.netlink.link_watch import LinkWatcher
+from driver.netlink.link_watch import LinkEvent, LinkWatcher
+from driver.netlink.own_changes import OwnChanges
 from driver.probe_server import ProbeServer, parse_bind_address
 from driver.publish.list_attributes import list_attributes_accepted
 from driver.publish.publisher import SlicePublisher
@@ -51,6 +60,7 @@ CLOUD_STARTUP_WAIT = 3.0
 first publish; a down or slow one costs at most this, and its attributes follow in a republish."""
 STATE_WRITE_RETRY_S = 5.0
 """Seconds between retries of a failed state write (see :meth:`Daemon._state_write_retry_loop`)."""
+LINK_COALESCE = 0.02  # s: the events of one change (flags, then operstate) fold into one update
 
 
 def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
@@ -82,12 +92,35 @@ class Daemon:
         )
         self.list_numa = config.list_numa_attribute  # turned off at start if the apiserver cannot take it
         self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
-        self._scan_fn = self._build_scanner()
+        # The NRI hooks announce themselves and the links they change here (shared with them).
+        self.own_changes = OwnChanges()
+        self.scanner = Scanner(
+            config.sysfs_root,
+            netlink=config.host_sysfs,
+            exclude_interfaces=config.exclude_interfaces,
+            numa_list=self.list_numa,
+        )
+        # Compiled here so a bad --filter stops the daemon at start.
+        self.device_filter = DeviceFilter(config.filter, config.driver_name) if config.filter else None
+        self.updater = LinkUpdater(self.scanner)
+        self._pending: dict[int | str, LinkChange] = {}  # link changes not applied yet, by ifindex
+        self._link_wake = asyncio.Event()
+        self._inventory_lock = asyncio.Lock()  # one full scan or link update at a time
+        self._health: dict[str, DeviceHealthState] = {}
         self.publisher = SlicePublisher(
-            kube, config.driver_name, config.node_name, interval=config.publish_interval, metrics=self.metrics
+            kube,
+            config.driver_name,
+            config.node_name,
+            interval=config.publish_interval,
+            metrics=self.metrics,
+            quiet=self.own_changes.idle,
         )
         self.status_writer = ClaimStatusWriter(
-            kube, config.node_name, driver_name=config.driver_name, sysfs_root=config.sysfs_root
+            kube,
+            config.node_name,
+            driver_name=config.driver_name,
+            sysfs_root=config.sysfs_root,
+            quiet=self.own_changes.wait_idle,
         )
         self.health_feed = DeviceHealthFeed()
         # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
@@ -114,28 +147,37 @@ class Daemon:
 
     # -- construction ------------------------------------------------------------------------
 
-    def _build_scanner(self) -> Callable[[], list[Device]]:
-        """Scan, filter, then re-add allocated devices (published while their netdev is in a pod).
+    def _filter_and_merge(self, devices: list[Device], names: set[str] | None = None) -> list[Device]:
+        """Filter, then re-add allocated devices (published while their netdev is in a pod).
 
-        The filter is compiled here so a bad ``--filter`` stops the daemon at start.
+        ``names``: only these device names are being rebuilt (a link update): only their
+        allocated snapshots take part.
         """
-        scanner = Scanner(
-            self.config.sysfs_root,
-            netlink=self.config.host_sysfs,
-            exclude_interfaces=self.config.exclude_interfaces,
-            numa_list=self.list_numa,
-        )
-        device_filter = DeviceFilter(self.config.filter, self.config.driver_name) if self.config.filter else None
+        # Cloud attributes before the filter, so an admin filter can select on them too.
+        devices = self.cloud.annotate(devices)
+        if self.device_filter is not None:
+            devices = self.device_filter.apply(devices)
+        allocated = self.store.read(_allocated_snapshots)
+        if names is not None:
+            allocated = {n: d for n, d in allocated.items() if n in names}
+        return merge_allocated(devices, allocated)
 
-        def scan() -> list[Device]:
-            scanner.numa_list = self.list_numa
-            # Cloud attributes before the filter, so an admin filter can select on them too.
-            devices = self.cloud.annotate(scanner.scan())
-            if device_filter is not None:
-                devices = device_filter.apply(devices)
-            return merge_allocated(devices, self.store.read(_allocated_snapshots))
+    def _scan_fn(self) -> list[Device]:
+        """A full scan, filtered and merged (blocking: runs in a worker thread)."""
+        self.scanner.numa_list = self.list_numa
+        return self._filter_and_merge(self.scanner.scan())
 
-        return scan
+    def _update_fn(self, changes: list[LinkChange]) -> tuple[dict[str, Device], set[str]] | None:
+        """The devices ``changes`` rebuild and the names they remove; None: a full scan is needed.
+
+        Blocking (a worker thread); between two links it waits while an NRI hook runs.
+        """
+        delta = self.updater.apply(changes, pause=self.own_changes.wait_idle)
+        if delta.full_scan:
+            return None
+        names = set(delta.updated) | delta.removed
+        merged = {d.name: d for d in self._filter_and_merge(list(delta.updated.values()), names)}
+        return merged, names - set(merged)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -160,26 +202,44 @@ class Daemon:
             self._loop.call_soon_threadsafe(self._rescan.set)
 
     async def rescan(self) -> None:
-        """One scan in a worker thread, then publish and refresh the device health stream."""
-        started = time.perf_counter()
-        devices = await asyncio.to_thread(self._scan_fn)
-        self.inventory = {d.name: d for d in devices}
-        self.scanned = True
-        rdma = rdma_count(devices)  # the gauges are set by the publisher, once the slices are written
+        """One full scan in a worker thread, then publish and refresh the device health stream."""
+        await self.own_changes.idle()
+        async with self._inventory_lock:
+            started = time.perf_counter()
+            self._pending.clear()  # the scan sees what those events announced
+            devices = await asyncio.to_thread(self._scan_fn)
+            self.metrics.full_scans.inc()
+            self.inventory = {d.name: d for d in devices}
+            self.scanned = True
+            self._health = {}
+            await self._publish(set(self.inventory))
+            log.info(
+                "scan done",
+                extra={
+                    "kv": {
+                        "devices": len(devices),
+                        "rdma": rdma_count(devices),
+                        "ms": round((time.perf_counter() - started) * 1000, 1),
+                    }
+                },
+            )
+
+    async def _publish(self, changed: set[str]) -> None:
+        """Hand the inventory to the publisher (which sets the device gauges once the slices are
+        written); re-evaluate the health of the ``changed`` devices."""
+        devices = [self.inventory[n] for n in sorted(self.inventory)]
         self.publisher.update(devices)
         allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
             self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices}
         )
+        present = {n: self.inventory[n] for n in changed if n in self.inventory}
         states = await asyncio.to_thread(
-            device_health_states, self.inventory, self.config.node_name, self.config.sysfs_root, allocated.__contains__
+            device_health_states, present, self.config.node_name, self.config.sysfs_root, allocated.__contains__
         )
-        await self.health_feed.set(states)
-        log.info(
-            "scan done",
-            extra={
-                "kv": {"devices": len(devices), "rdma": rdma, "ms": round((time.perf_counter() - started) * 1000, 1)}
-            },
-        )
+        for name in changed:
+            self._health.pop(name, None)
+        self._health.update((s.device, s) for s in states)
+        await self.health_feed.set(list(self._health.values()))
 
     async def _rescan_loop(self) -> None:
         while True:
@@ -200,6 +260,51 @@ class Daemon:
             await asyncio.sleep(STATE_WRITE_RETRY_S)
             if self.store.write_error is not None:
                 await asyncio.to_thread(self.store.retry_write)
+
+    # -- link events -------------------------------------------------------------------------
+
+    def on_link_events(self, events: list[LinkEvent]) -> None:
+        """Sort a batch of host link events (event loop): own and excluded ones dropped, the rest queued."""
+        state = self.scanner.state
+        queued = False
+        for ev in events:
+            if self.own_changes.is_own(ev.index, ev.ifname):
+                self.metrics.link_events.labels("own").inc()
+            elif ev.ifname in self.config.exclude_interfaces or (state is not None and ev.ifname in state.roots):
+                self.metrics.link_events.labels("ignored").inc()
+            else:
+                self.metrics.link_events.labels("update").inc()
+                self._pending[ev.index or ev.ifname] = LinkChange(ev.index, ev.ifname)
+                queued = True
+        if queued:
+            self._link_wake.set()
+
+    async def _link_update_loop(self) -> None:
+        while True:
+            await self._link_wake.wait()
+            await asyncio.sleep(LINK_COALESCE)
+            await self.own_changes.idle()
+            self._link_wake.clear()
+            if not self._pending:
+                continue
+            async with self._inventory_lock:
+                changes = list(self._pending.values())
+                self._pending.clear()
+                result = await asyncio.to_thread(self._update_fn, changes)
+                if result is None:
+                    self.request_rescan()
+                    continue
+                self.metrics.link_updates.inc(len(changes))
+                updated, removed = result
+                changed = {n for n, d in updated.items() if self.inventory.get(n) != d}
+                changed |= {n for n in removed if n in self.inventory}
+                if not changed:
+                    continue
+                for name in removed:
+                    self.inventory.pop(name, None)
+                self.inventory.update(updated)
+                await self._publish(changed)
+                log.debug("link update", extra={"kv": {"links": len(changes), "devices": sorted(changed)}})
 
     async def _guard(self, name: str, coro_fn: Callable[[], Any]) -> None:
         """Run a background component; restart it after a crash (backoff 1 s .. 30 s) instead of
@@ -265,7 +370,8 @@ class Daemon:
         spawn("state-write-retry", self._state_write_retry_loop)
         spawn("publisher", self.publisher.run)
         if self.config.host_sysfs:
-            spawn("link-watch", LinkWatcher(self.request_rescan).run)
+            spawn("link-updates", self._link_update_loop)
+            spawn("link-watch", LinkWatcher(self.on_link_events, on_overflow=self.request_rescan).run)
         if self.config.nri_enabled:
             spawn("nri", self._run_nri)
 
@@ -281,6 +387,7 @@ class Daemon:
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma_netns.EXCLUSIVE,
+            own_changes=self.own_changes,
         )
         self.hooks = hooks
         await NRIPlugin(self.config.nri_socket, handler=hooks, metrics=self.metrics).run()
@@ -295,6 +402,7 @@ class Daemon:
         self._tasks.clear()
         await self.probes.stop()
         await asyncio.to_thread(self.status_writer.stop, 5.0)
+        self.scanner.close()
         log.info("daemon stopped")
 
 

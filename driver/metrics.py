@@ -89,6 +89,27 @@ class Metrics:
             registry=reg,
         )
 
+        self.link_events = Counter(
+            "link_events",
+            "Host link events by outcome: own (caused by an NRI hook: no work), ignored (an excluded "
+            "interface), update (the device it feeds was rebuilt).",
+            ["outcome"],
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self.full_scans = Counter(
+            "inventory_full_scans",
+            "Full discovery scans (start, resync timer, lost events).",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+        self.link_updates = Counter(
+            "inventory_link_updates",
+            "Links whose device was rebuilt from a link event, without a full scan.",
+            namespace=NAMESPACE,
+            registry=reg,
+        )
+
     def observe_request(self, method: str, status: str, seconds: float) -> None:
         """Count one kubelet request and record its latency."""
         self.requests.labels(method, status).inc()

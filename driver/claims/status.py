@@ -64,8 +64,9 @@ def _raw_parameters_refused(exc: KubeError) -> bool:
 class ClaimStatusWriter:
     """Writes our ``status.devices`` entries and failure events; the NRI hooks' StatusSink.
 
-    ``sysfs_root`` is this node's sysfs (NUMA of the claim's other devices). Call
-    :meth:`start` once; :meth:`stop` drains what is queued (up to ``timeout``) and stops.
+    ``sysfs_root`` is this node's sysfs (NUMA of the claim's other devices); ``quiet`` (optional)
+    blocks until no NRI hook runs. Call :meth:`start` once; :meth:`stop` drains what is queued
+    (up to ``timeout``) and stops.
     """
 
     def __init__(
@@ -80,11 +81,15 @@ class ClaimStatusWriter:
         max_backoff: float = 8.0,
         queue_size: int = 1024,
         sleep: Callable[[float], None] = time.sleep,
+        quiet: Callable[[], object] | None = None,
     ) -> None:
         self.kube, self.node_name, self.driver_name, self.sysfs_root = kube, node_name, driver_name, sysfs_root
         # Retries: max_attempts writes per update, the delay doubling from backoff up to max_backoff.
         self.max_attempts, self.backoff, self.max_backoff = max_attempts, backoff, max_backoff
         self._sleep = sleep
+        # Blocks while an NRI hook runs: the write (JSON, TLS, HTTP) waits for the hook to finish
+        # instead of taking the interpreter lock from it.
+        self._quiet = quiet
         self._queue: queue.Queue[StatusUpdate | ClaimEvent | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._numa_cache: dict[str, dict[str, str]] = {}  # claim uid -> condition (allocation is immutable)
@@ -145,6 +150,8 @@ class ClaimStatusWriter:
             update = self._queue.get()
             if update is None:
                 return
+            if self._quiet is not None:
+                self._quiet()
             if isinstance(update, ClaimEvent):
                 self.post_claim_event(update)
             else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from driver.inventory import attributes as attrs
@@ -29,8 +29,8 @@ from driver.inventory.netlink_facts import (
     ARPHRD_ENCAP,
     ARPHRD_LOOPBACK,
     LinkFacts,
+    LinkQuery,
     NetlinkFacts,
-    collect,
     enslaved_closure,
 )
 from driver.inventory.numa_list import numa_node_list
@@ -66,6 +66,21 @@ class Netdev:
     virtual: bool
     link: LinkFacts | None
     master: str | None
+
+
+@dataclass
+class ScanState:
+    """What the last full scan learnt that an incremental update of one link needs.
+
+    Kept by the :class:`Scanner` (replaced by each full scan, edited in place by
+    :mod:`driver.inventory.incremental`), never published.
+    """
+
+    netdevs: dict[str, Netdev]  # every netdev by name, excluded ones too
+    excluded: set[str]  # excluded netdev names (roots, their slaves, loopback, ignored names)
+    roots: set[str]  # exclude_interfaces and the default-route interfaces
+    rdma_by_pci: dict[str, RdmaDevice]
+    by_index: dict[int, str] = field(default_factory=dict)  # ifindex -> name (netlink only)
 
 
 def _is_host_sysfs(root: str) -> bool:
@@ -142,6 +157,20 @@ class Scanner:
         # resource.kubernetes.io/numaNode as a list (--feature-gates DRAListTypeAttributes=true).
         self.numa_list = numa_list
         self.warnings = ScanWarnings()  # skipped devices, unreadable files: warned once each
+        self.state: ScanState | None = None  # what the last full scan learnt (incremental updates)
+        self._query: LinkQuery | None = None
+
+    def link_query(self) -> LinkQuery:
+        """The scanner's rtnetlink socket (opened on first use, kept across scans)."""
+        if self._query is None:
+            self._query = LinkQuery(self.netns)
+        return self._query
+
+    def close(self) -> None:
+        """Close the netlink socket, if one was opened."""
+        if self._query is not None:
+            self._query.close()
+            self._query = None
 
     # -- step 1: netdevs --------------------------------------------------------------------
     def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None, report: ScanReport) -> dict[str, Netdev]:
@@ -150,7 +179,7 @@ class Scanner:
         if facts:
             # netlink may give a name that is not UTF-8 as bytes: the same surrogate-escaped str as listdir
             names.update(os.fsdecode(n) for n in facts.links)
-        by_index = facts.by_index() if facts else {}
+        names_by_index = facts.names_by_index() if facts else {}
         out: dict[str, Netdev] = {}
         for ifname in sorted(names):
             real = sysfs.resolve(f"class/net/{ifname}")
@@ -160,30 +189,47 @@ class Scanner:
             if problem is not None:
                 report.skip(f"netdev {name_bytes(ifname)}", problem, pci_address_of(real) if real else None)
                 continue
-            link = facts.links.get(ifname) if facts else None
-            master = None
-            if link and link.master and link.master in by_index:
-                master = by_index[link.master].ifname
-            elif real:
-                master = sysfs.link_name(f"class/net/{ifname}/master")
-            pci = pci_address_of(real) if real else None
-            virtual = real is None or real.startswith("devices/virtual/")
-            out[ifname] = Netdev(ifname, real, pci, virtual and pci is None, link, master)
+            out[ifname] = self.netdev(sysfs, ifname, facts.links.get(ifname) if facts else None, names_by_index)
         return out
 
+    @staticmethod
+    def netdev(sysfs: SysfsReader, ifname: str, link: LinkFacts | None, names_by_index: dict[int, str]) -> Netdev:
+        """One netdev: its sysfs object, PCI function and master (``names_by_index`` names the master)."""
+        real = sysfs.resolve(f"class/net/{ifname}")
+        master = None
+        if link and link.master and link.master in names_by_index:
+            master = names_by_index[link.master]
+        elif real:
+            master = sysfs.link_name(f"class/net/{ifname}/master")
+        pci = pci_address_of(real) if real else None
+        virtual = real is None or real.startswith("devices/virtual/")
+        return Netdev(ifname, real, pci, virtual and pci is None, link, master)
+
     # -- step 2: exclusions -----------------------------------------------------------------
-    def _excluded(self, sysfs: SysfsReader, netdevs: dict[str, Netdev], facts: NetlinkFacts | None) -> set[str]:
+    def _roots(self, facts: NetlinkFacts | None) -> set[str]:
         roots = set(self.exclude_interfaces)
         if facts:
             roots |= facts.default_route_ifnames
+        return roots
+
+    def _excluded(self, sysfs: SysfsReader, netdevs: dict[str, Netdev], roots: set[str]) -> set[str]:
         excluded = enslaved_closure(roots, {n: d.master for n, d in netdevs.items() if d.master})
         for name, dev in netdevs.items():
-            arphrd = dev.link.arphrd if dev.link else sysfs.read_int(f"class/net/{name}/type")
-            if name == "lo" or arphrd == ARPHRD_LOOPBACK or (dev.link and dev.link.loopback):
-                excluded.add(name)
-            if name in IGNORED_INTERFACES:
+            if self.excluded_by_itself(sysfs, dev):
                 excluded.add(name)
         return excluded
+
+    @staticmethod
+    def excluded_by_itself(sysfs: SysfsReader, dev: Netdev) -> bool:
+        """Loopback or a name the Go driver ignores (not counting roots and master chains)."""
+        name = dev.ifname
+        arphrd = dev.link.arphrd if dev.link else sysfs.read_int(f"class/net/{name}/type")
+        return (
+            name == "lo"
+            or arphrd == ARPHRD_LOOPBACK
+            or bool(dev.link and dev.link.loopback)
+            or name in IGNORED_INTERFACES
+        )
 
     # -- attribute helpers ------------------------------------------------------------------
     def _netdev_attributes(self, sysfs: SysfsReader, dev: Netdev) -> dict[str, AttributeValue]:
@@ -289,12 +335,14 @@ class Scanner:
         facts: NetlinkFacts | None = None
         if self.netlink:
             try:
-                facts = collect(self.netns)
+                facts = self.link_query().collect()
             except Exception as err:  # noqa: BLE001 - a scan must not kill the daemon
                 log.warning("netlink dump failed, scanning sysfs only", extra={"kv": {"error": str(err)}})
+                self.close()  # a fresh socket next time
         report = ScanReport()
         netdevs = self._netdevs(sysfs, facts, report)
-        excluded = self._excluded(sysfs, netdevs, facts)
+        roots = self._roots(facts)
+        excluded = self._excluded(sysfs, netdevs, roots)
         excluded_pci = {d.pci_address for n, d in netdevs.items() if n in excluded and d.pci_address}
         pci_netdevs: dict[str, list[Netdev]] = {}
         for name, dev in netdevs.items():
@@ -319,17 +367,13 @@ class Scanner:
             if not (cls or "").lower().startswith("0x02"):
                 continue
             network_pci.add(bdf)
-            if bdf in excluded_pci or bdf in report.skipped_pci:
-                continue
-            driver = sysfs.link_name(f"bus/pci/devices/{bdf}/driver")
-            if driver is None or driver in USERSPACE_DRIVERS:
-                log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
+            if bdf in excluded_pci or bdf in report.skipped_pci or not self.bound_to_kernel(sysfs, bdf):
                 continue
             self._add(
                 devices,
                 report,
                 f"PCI function {bdf}",
-                self._pci_device,
+                self.pci_device,
                 sysfs,
                 bdf,
                 pci_netdevs.get(bdf, []),
@@ -340,7 +384,7 @@ class Scanner:
             pci = rdma.pci_address
             if pci is None or pci in network_pci or pci in excluded_pci or pci in report.skipped_pci:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
-            self._add(devices, report, f"PCI function {pci}", self._pci_device, sysfs, pci, [], rdma)
+            self._add(devices, report, f"PCI function {pci}", self.pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
             self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
         self.identity.end_scan()
@@ -348,15 +392,12 @@ class Scanner:
         for name, dev in netdevs.items():
             if dev.pci_address or name in excluded:
                 continue
-            if not dev.virtual:
-                log.debug(
-                    "non-PCI hardware netdev published as a standalone device",
-                    extra={"kv": {"ifname": name, "path": dev.sysfs_path}},
-                )
-            self._add(devices, report, f"netdev {name_bytes(name)}", self._netdev_device, sysfs, dev)
+            self._add(devices, report, f"netdev {name_bytes(name)}", self.netdev_device, sysfs, dev)
 
         devices.sort(key=lambda d: d.name)
         self.warnings.emit(report, sysfs.problems)
+        # Skipped netdevs stay out of the state too: an event for one is handled like a new link.
+        self.state = ScanState(netdevs, excluded, roots, rdma_by_pci, facts.names_by_index() if facts else {})
         return devices
 
     @staticmethod
@@ -367,7 +408,22 @@ class Scanner:
         except Exception as exc:  # noqa: BLE001 - one bad device must not hide the others
             report.skip(what, f"{type(exc).__name__}: {exc}")
 
-    def _netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
+    @staticmethod
+    def bound_to_kernel(sysfs: SysfsReader, bdf: str) -> bool:
+        """Whether a PCI function has a kernel driver (unbound and user-space-driven ones are skipped)."""
+        driver = sysfs.link_name(f"bus/pci/devices/{bdf}/driver")
+        if driver is None or driver in USERSPACE_DRIVERS:
+            log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
+            return False
+        return True
+
+    def netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
+        """The device of a netdev without a PCI function (virtual, or non-PCI hardware), named after it."""
+        if not dev.virtual:
+            log.debug(
+                "non-PCI hardware netdev published as a standalone device",
+                extra={"kv": {"ifname": dev.ifname, "path": dev.sysfs_path}},
+            )
         values = self._netdev_attributes(sysfs, dev)
         values[D + "rdma"] = False
         host = HostFacts(ifname=dev.ifname, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
@@ -381,7 +437,8 @@ class Scanner:
         mac = values.get(D + "mac")
         return mac if isinstance(mac, str) else None
 
-    def _pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
+    def pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
+        """The device of PCI function ``bdf`` with its (non-excluded) netdevs and RDMA device."""
         values, host = self._pci_attributes(sysfs, bdf)
         if netdevs:
             # A multi-port function (rare) publishes its first netdev by name; the device is the function.

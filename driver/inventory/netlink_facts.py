@@ -100,9 +100,9 @@ class NetlinkFacts:
     links: dict[str, LinkFacts] = field(default_factory=dict)
     default_route_ifnames: set[str] = field(default_factory=set)
 
-    def by_index(self) -> dict[int, LinkFacts]:
-        """Links keyed by ifindex."""
-        return {link.index: link for link in self.links.values()}
+    def names_by_index(self) -> dict[int, str]:
+        """Link names keyed by ifindex."""
+        return {link.index: name for name, link in self.links.items()}
 
 
 def is_global_unicast(address: str) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from driver.inventory.scan_report import ScanReport
@@ -91,6 +91,23 @@ def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
         return None, None
 
 
+def _port_facts(sysfs: SysfsReader, name: str, use_pyverbs: bool) -> tuple[str | None, int | None]:
+    """Port 1's link layer and rate (they follow the link: read on every scan)."""
+    base = f"class/infiniband/{name}"
+    layer = sysfs.read(f"{base}/ports/1/link_layer") or None
+    rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
+    if use_pyverbs and _pyverbs_device is not None:
+        pv_layer, pv_rate = _pyverbs_port(name)
+        layer, rate = pv_layer or layer, pv_rate or rate
+    return layer, rate
+
+
+def refresh_ports(sysfs: SysfsReader, device: RdmaDevice, use_pyverbs: bool = False) -> RdmaDevice:
+    """``device`` with its port facts read again (a link event on its netdev: rate and state move)."""
+    layer, rate = _port_facts(sysfs, device.name, use_pyverbs)
+    return replace(device, link_layer=layer, rate_gbps=rate)
+
+
 def scan_rdma(
     sysfs: SysfsReader,
     use_pyverbs: bool = False,
@@ -142,11 +159,7 @@ def _rdma_device(
     if identity:
         identity.remember(sysfs, base, key, links=("", "/device"))
     pci = pci_address_of(real) if real else None
-    layer = sysfs.read(f"{base}/ports/1/link_layer") or None
-    rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
-    if use_pyverbs and _pyverbs_device is not None:
-        pv_layer, pv_rate = _pyverbs_port(name)
-        layer, rate = pv_layer or layer, pv_rate or rate
+    layer, rate = _port_facts(sysfs, name, use_pyverbs)
     chars: list[CharDevice] = []
     for entry in verbs.get(name, []):
         char = _char_device(sysfs, f"class/infiniband_verbs/{entry}/dev", f"/dev/infiniband/{entry}")

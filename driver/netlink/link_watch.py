@@ -1,60 +1,144 @@
-"""Netlink link events (RTM_NEWLINK / RTM_DELLINK) -> rescan requests.
+"""Netlink link events (RTM_NEWLINK / RTM_DELLINK) -> :class:`LinkEvent` batches.
 
-The watcher only signals; the caller coalesces (a burst of link flaps must become at most one
-ResourceSlice write per interval). Address and route changes do not trigger (as in the Go
-driver); the periodic resync covers them.
+A raw ``NETLINK_ROUTE`` socket joined to ``RTMGRP_LINK``, read by the event loop
+(``loop.sock_recv``); each datagram's link messages become one batch of (kind, ifindex, name),
+parsed no further: the consumer decides what an event means (the driver's own change, an
+excluded interface, or one link to update). Address and route changes do not trigger (as in
+the Go driver); the periodic resync covers them. When the kernel drops events because the
+socket's buffer overflowed (``ENOBUFS``: a flood outran us), ``on_overflow`` is called: the
+events are lost, so only a full scan is right.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import socket
+import struct
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from driver.netlink_channel import (
+    IFINFOMSG,
+    IFLA_IFNAME,
+    NLMSGHDR,
+    RTM_DELLINK,
+    RTM_NEWLINK,
+    RTMGRP_LINK,
+    netlink_socket,
+    open_netns,
+)
 
 log = logging.getLogger(__name__)
 
-LINK_EVENTS = frozenset({"RTM_NEWLINK", "RTM_DELLINK"})
 RECONNECT_DELAY = 1.0  # seconds before re-subscribing after a socket error
+RCVBUF = 4 << 20  # bytes: a few thousand events of headroom before ENOBUFS
+_ATTR = struct.Struct("=HH")
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """One link message: ``new`` (added or changed) or ``del`` (deleted or moved to another netns)."""
+
+    kind: str
+    index: int
+    ifname: str
+
+
+def parse_events(data: bytes) -> list[LinkEvent]:
+    """The link events in one datagram (other message types are skipped)."""
+    out = []
+    off = 0
+    hdr, info = NLMSGHDR.size, IFINFOMSG.size
+    while off + hdr <= len(data):
+        length, kind = struct.unpack_from("=IH", data, off)
+        if length < hdr:
+            break
+        if kind in (RTM_NEWLINK, RTM_DELLINK) and length >= hdr + info:
+            index = IFINFOMSG.unpack_from(data, off + hdr)[2]
+            ifname = ""
+            a, end = off + hdr + info, off + length
+            while a + 4 <= end:  # IFLA_IFNAME comes first in the kernel's messages: stop there
+                alen, atype = _ATTR.unpack_from(data, a)
+                if alen < 4:
+                    break
+                if atype & 0x3FFF == IFLA_IFNAME:
+                    ifname = data[a + 4 : a + alen].split(b"\0", 1)[0].decode(errors="replace")
+                    break
+                a += (alen + 3) & ~3
+            out.append(LinkEvent("new" if kind == RTM_NEWLINK else "del", index, ifname))
+        off += (length + 3) & ~3
+    return out
 
 
 class LinkWatcher:
-    """Calls ``on_change()`` for every link event in ``netns`` (the current one when None)."""
+    """Calls ``on_events(batch)`` for the link events of ``netns`` (a name or path; None: ours)."""
 
-    def __init__(self, on_change: Callable[[], None], netns: str | None = None) -> None:
-        self.on_change = on_change
+    def __init__(
+        self,
+        on_events: Callable[[list[LinkEvent]], None],
+        netns: str | None = None,
+        on_overflow: Callable[[], None] | None = None,
+    ) -> None:
+        self.on_events = on_events
+        self.on_overflow = on_overflow
         self.netns = netns
         self.subscribed = asyncio.Event()  # set once the multicast subscription is active
+        self.events = 0  # link events received (for tests and metrics)
+
+    def _socket(self) -> socket.socket:
+        fd = open_netns(self.netns) if self.netns else None
+        try:
+            sock = netlink_socket(socket.NETLINK_ROUTE, fd, groups=RTMGRP_LINK)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        except OSError:
+            pass  # the default buffer still works; overflows end in a full scan
+        sock.setblocking(False)
+        return sock
 
     async def _watch_once(self) -> None:
-        from pyroute2 import AsyncIPRoute
-        from pyroute2.netlink.rtnl import RTMGRP_LINK
-
-        kwargs = {"netns": self.netns} if self.netns else {}
-        async with AsyncIPRoute(**kwargs) as ipr:
-            await ipr.bind(groups=RTMGRP_LINK)
+        loop = asyncio.get_running_loop()
+        with self._socket() as sock:
             self.subscribed.set()
             log.info("watching link events", extra={"kv": {"netns": self.netns}})
             while True:
-                async for msg in ipr.get():
-                    if msg.get("event") in LINK_EVENTS:
-                        self._notify(msg.get("event"), msg.get("IFLA_IFNAME"))
+                try:
+                    data = await loop.sock_recv(sock, 1 << 16)
+                except OSError as err:
+                    if err.errno != errno.ENOBUFS:
+                        raise
+                    log.warning("link events lost (socket buffer overflow): full scan")
+                    self._call(self.on_overflow)
+                    continue
+                events = parse_events(data)
+                if events:
+                    self.events += len(events)
+                    self._call(self.on_events, events)
 
-    def _notify(self, event: str, ifname: str | None) -> None:
-        log.debug("link event", extra={"kv": {"event": event, "ifname": ifname}})
+    @staticmethod
+    def _call(fn: Callable[..., None] | None, *args: object) -> None:
+        if fn is None:
+            return
         try:
-            self.on_change()
+            fn(*args)
         except Exception:
-            log.exception("link change callback failed")
+            log.exception("link event callback failed")
 
     async def run(self) -> None:
-        """Watch until cancelled; re-subscribes after socket errors (e.g. ENOBUFS on a flood)."""
+        """Watch until cancelled; re-subscribes after socket errors (events missed meanwhile: overflow)."""
         while True:
             try:
                 await self._watch_once()
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # noqa: BLE001 - keep watching; a missed event means rescan now
+            except Exception as err:  # noqa: BLE001 - keep watching; a missed event means a full scan
                 self.subscribed.clear()
                 log.warning("link watch failed, resubscribing", extra={"kv": {"error": str(err)}})
-                self._notify("resubscribe", None)
+                self._call(self.on_overflow)
                 await asyncio.sleep(RECONNECT_DELAY)

@@ -36,6 +36,7 @@ from driver.model.network_config import InterfaceConfig, RouteConfig
 from driver.netlink import nic_moves, rdma_netns
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
+from driver.netlink.own_changes import OwnChanges
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.netlink_channel import NetlinkChannel
@@ -131,10 +132,14 @@ class NRIHooks:
         fault_after: str | None = None,
         sysfs_root: str = "/sys",
         rdma_exclusive: bool = False,
+        own_changes: OwnChanges | None = None,
     ) -> None:
         self.store = store
         # Exclusive RDMA netns mode: RDMA devices move with their netdev (detected at daemon start).
         self.rdma_exclusive = rdma_exclusive
+        # Announces each hook and the host links it changes, so their link events cost no
+        # scan and background work steps aside while the hook runs (daemon: shared with them).
+        self.own = own_changes or OwnChanges()
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
         self.ns = Namespaces(host_netns)
@@ -192,7 +197,7 @@ class NRIHooks:
         Normally StopPodSandbox returned them already (nothing to do). Without it (see
         ``_pins``), they are still in the pod's pinned namespace.
         """
-        with self._lock:
+        with self._lock, self.own.hook():
             for uid in claim.pod_uids:
                 if self._pod_state(uid) is None:
                     continue
@@ -205,7 +210,7 @@ class NRIHooks:
     # -- RunPodSandbox ----------------------------------------------------------------------
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
-        with self._lock:
+        with self._lock, self.own.hook():
             self._run_pod_sandbox(pod)
 
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
@@ -228,11 +233,13 @@ class NRIHooks:
     def _attach(self, pod: api.PodSandbox, netns: str, netdevs: list[tuple[PreparedClaim, PreparedDevice]]) -> None:
         host = self.ns.host_rtnl()
         ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
+        self.own.expect(names=ifnames)
         try:
             states = nic_moves.record_host(self.ns, ifnames, self.sysfs_root)
         except KeyError as exc:
             self.reports.failed(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
+        self.own.expect(indexes=[st.index for st in states.values()])
         configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)}
         try:
             plans = self.ethtool.plans(
@@ -327,6 +334,7 @@ class NRIHooks:
         state = self.store.read(lambda s: s.pods.get(pod_uid))
         if state is None:
             return ""
+        self.own.expect(names=[m.host_ifname for m in state.devices if m.step != RETURNED])
 
         def plan(s: DriverState) -> None:
             for m in s.pods[pod_uid].devices:
@@ -413,7 +421,7 @@ class NRIHooks:
 
     def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
-        with self._lock:
+        with self._lock, self.own.hook():
             errors = self._return_all(pod.uid, pod_netns_path(pod))
         if errors:
             raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
@@ -425,6 +433,10 @@ class NRIHooks:
     # -- CreateContainer --------------------------------------------------------------------
     def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         """RDMA char devices, NCCL HCA env and the NUMA cpuset of the pod's claims."""
+        with self.own.hook():
+            return self._create_container(pod, container)
+
+    def _create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         claims = self.store.read(lambda s: s.claims_for_pod(pod.uid))
         devices = [d for c in claims for d in c.devices]
         if not devices:
@@ -449,7 +461,7 @@ class NRIHooks:
         sandboxes too, so that could put NICs into a dead pod); but NICs of theirs already
         in their netns (the pod state file was lost) are recorded again (:mod:`driver.nri.adoption`).
         """
-        with self._lock:
+        with self._lock, self.own.hook():
             self._synchronize(pods)
 
     def _synchronize(self, pods: Sequence[api.PodSandbox]) -> None:

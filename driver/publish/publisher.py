@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -56,10 +57,13 @@ class SlicePublisher:
         interval: float = 2.0,
         metrics: PublishMetrics | None = None,
         resync_interval: float = 60.0,
+        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
         self.interval, self.resync_interval = interval, resync_interval
         self.metrics = metrics
+        # Awaited before each write round: the round (plan, JSON, HTTP) waits while an NRI hook runs.
+        self.quiet = quiet
         self.stats = PublishStats()
         self.node_uid: str | None = None
         self._lock = threading.Lock()
@@ -127,6 +131,8 @@ class SlicePublisher:
                 wait = self.stats.last_write + self.interval - time.monotonic()
                 if self.stats.last_write and wait > 0:
                     await asyncio.sleep(wait)
+                if self.quiet is not None:
+                    await self.quiet()
                 try:
                     await asyncio.to_thread(self.sync)
                     backoff = 0.5

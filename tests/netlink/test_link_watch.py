@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from driver.netlink.link_watch import LinkWatcher
+from driver.netlink.link_watch import LinkEvent, LinkWatcher
 
 pytestmark = pytest.mark.root
 
@@ -24,14 +24,16 @@ async def _wait_events(events: list[str], count: int, timeout: float = 5.0) -> N
 
 async def test_link_watcher_fires_on_link_changes(netns_factory) -> None:
     ns = netns_factory.netns()
-    events: list[str] = []
-    watcher = LinkWatcher(lambda: events.append("x"), netns=ns)
+    events: list[LinkEvent] = []
+    watcher = LinkWatcher(events.extend, netns=ns)
     task = asyncio.create_task(watcher.run())
     try:
         await asyncio.wait_for(watcher.subscribed.wait(), 10)
         a, b = netns_factory.veth(netns=ns, peer_netns=ns)  # add
         await _wait_events(events, 1)
         assert events, "no event for link add"
+        assert {(e.kind, e.ifname) for e in events} >= {("new", a), ("new", b)}
+        assert all(e.index > 0 for e in events)
         n = len(events)
         ip("-n", ns, "link", "set", a, "up")  # up
         await _wait_events(events, n + 1)
@@ -44,6 +46,8 @@ async def test_link_watcher_fires_on_link_changes(netns_factory) -> None:
         ip("-n", ns, "link", "del", a)  # delete (both ends)
         await _wait_events(events, n + 1)
         assert len(events) > n, "no event for link delete"
+        await asyncio.sleep(0.1)
+        assert ("del", a) in {(e.kind, e.ifname) for e in events[n:]}
         n = len(events)
         ip("-n", ns, "addr", "add", "10.1.0.1/24", "dev", "lo")  # address changes do not trigger
         await asyncio.sleep(0.3)
@@ -58,7 +62,7 @@ async def test_callback_errors_do_not_stop_the_watcher(netns_factory) -> None:
     ns = netns_factory.netns()
     calls: list[int] = []
 
-    def flaky() -> None:
+    def flaky(_events: list[LinkEvent]) -> None:
         calls.append(1)
         raise RuntimeError("callback bug")
 

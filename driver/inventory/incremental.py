@@ -1,0 +1,163 @@
+"""One link event, one device: the inventory kept current between full scans.
+
+A link event (RTM_NEWLINK/RTM_DELLINK) names one link. :class:`LinkUpdater` rebuilds only
+what that link feeds: its own device when it is a virtual netdev, or the device of its PCI
+function (whose RDMA port facts are read again too), from that link's netlink facts (one
+RTM_GETLINK and a filtered address dump, :meth:`LinkQuery.link`) and its sysfs files. Everything
+else comes from what the last full scan learnt (:class:`~driver.inventory.discovery.ScanState`:
+the netdevs, exclusions, RDMA devices), which the update edits in place.
+
+When a change reshapes the exclusions of other interfaces (a link with slaves becomes or stops
+being excluded), or the last full scan is unknown, the answer is "do a full scan"
+(:attr:`InventoryDelta.full_scan`). The full scan at start and on the resync timer stays the
+safety net for what link events never say (routes: the uplink; PCI hotplug without a netdev).
+
+Kept apart from :mod:`driver.inventory.discovery` on purpose: the full scan's pipeline and the
+per-link path share the per-device builders (:meth:`Scanner.netdev`, :meth:`Scanner.pci_device`,
+:meth:`Scanner.netdev_device`), nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from driver.inventory.discovery import PCI_IDENTITY_FILES, Netdev, Scanner, ScanState
+from driver.inventory.names import netdev_device_name, pci_device_name
+from driver.inventory.rdma import refresh_ports
+from driver.inventory.sysfs import SysfsReader
+from driver.model.device import Device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A link event as the updater needs it: the link's ifindex (0: unknown) and the name it carried."""
+
+    index: int
+    ifname: str
+
+
+@dataclass
+class InventoryDelta:
+    """Devices rebuilt (by name) and device names gone; ``full_scan`` when only a full scan is right."""
+
+    updated: dict[str, Device] = field(default_factory=dict)
+    removed: set[str] = field(default_factory=set)
+    full_scan: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.updated or self.removed or self.full_scan)
+
+
+class LinkUpdater:
+    """Applies link changes to the :class:`Scanner`'s last scan state; one device each."""
+
+    def __init__(self, scanner: Scanner) -> None:
+        self.scanner = scanner
+
+    def apply(self, changes: Iterable[LinkChange], pause: Callable[[], None] | None = None) -> InventoryDelta:
+        """The devices ``changes`` affect, rebuilt; ``pause`` is called between two links (a hook
+        waiting for the interpreter must not wait for a whole batch)."""
+        delta = InventoryDelta()
+        state = self.scanner.state
+        if state is None:
+            delta.full_scan = True
+            return delta
+        sysfs = SysfsReader(self.scanner.sysfs_root)
+        for i, change in enumerate(changes):
+            if pause is not None and i:
+                pause()
+                sysfs = SysfsReader(self.scanner.sysfs_root)  # time passed: read afresh
+            try:
+                self._one(sysfs, state, change, delta)
+            except OSError as err:  # netlink refused: let the full scan sort it out
+                log.warning("link update failed", extra={"kv": {"ifname": change.ifname, "error": str(err)}})
+                delta.full_scan = True
+            if delta.full_scan:
+                break
+        delta.removed -= set(delta.updated)
+        return delta
+
+    # -- one link ---------------------------------------------------------------------------
+    def _current(self, sysfs: SysfsReader, change: LinkChange) -> tuple[str | None, Netdev | None]:
+        """The link's name now and its netdev, or (None, None) when it is gone from this netns."""
+        scanner = self.scanner
+        if scanner.netlink and change.index:
+            link = scanner.link_query().link(change.index)
+            if link is None:
+                return None, None
+            state = scanner.state
+            assert state is not None
+            return link.ifname, scanner.netdev(sysfs, link.ifname, link, state.by_index)
+        if sysfs.resolve(f"class/net/{change.ifname}") is None:
+            return None, None
+        return change.ifname, scanner.netdev(sysfs, change.ifname, None, {})
+
+    def _one(self, sysfs: SysfsReader, state: ScanState, change: LinkChange, delta: InventoryDelta) -> None:
+        name, dev = self._current(sysfs, change)
+        old_names = {n for n in (state.by_index.get(change.index), change.ifname) if n and n != name}
+        pci: set[str] = set()
+        for old in old_names:  # renamed away or gone
+            gone = state.netdevs.pop(old, None)
+            if gone is None:
+                continue
+            if self._has_slaves(state, old) and old in state.excluded:
+                delta.full_scan = True  # its slaves were excluded through it
+                return
+            if gone.pci_address:
+                pci.add(gone.pci_address)
+            elif old not in state.excluded:
+                delta.removed.add(netdev_device_name(old))
+            state.excluded.discard(old)
+        if change.index and name is None:
+            state.by_index.pop(change.index, None)
+        if name is not None and dev is not None:
+            previous = state.netdevs.get(name)
+            excluded = (
+                name in state.roots
+                or (dev.master is not None and dev.master in state.excluded)
+                or self.scanner.excluded_by_itself(sysfs, dev)
+            )
+            if excluded != (name in state.excluded) and self._has_slaves(state, name):
+                delta.full_scan = True  # the exclusion of its slaves changes with it
+                return
+            state.netdevs[name] = dev
+            if change.index:
+                state.by_index[change.index] = name
+            (state.excluded.add if excluded else state.excluded.discard)(name)
+            if previous is not None and previous.pci_address and previous.pci_address != dev.pci_address:
+                pci.add(previous.pci_address)
+            if dev.pci_address:
+                pci.add(dev.pci_address)
+            elif excluded:
+                delta.removed.add(netdev_device_name(name))
+            else:
+                delta.updated[netdev_device_name(name)] = self.scanner.netdev_device(sysfs, dev)
+        for bdf in pci:
+            self._pci(sysfs, state, bdf, delta)
+
+    @staticmethod
+    def _has_slaves(state: ScanState, name: str) -> bool:
+        return any(d.master == name for d in state.netdevs.values())
+
+    def _pci(self, sysfs: SysfsReader, state: ScanState, bdf: str, delta: InventoryDelta) -> None:
+        """Rebuild PCI function ``bdf`` (its netdev changed), as the full scan would."""
+        scanner = self.scanner
+        base = f"bus/pci/devices/{bdf}"
+        key = scanner.identity.prime(sysfs, base)
+        name = pci_device_name(bdf)
+        if not (sysfs.read(f"{base}/class") or "").lower().startswith("0x02"):
+            return  # not a network function: published for its RDMA device only, which no link event changes
+        netdevs = sorted((d for d in state.netdevs.values() if d.pci_address == bdf), key=lambda d: d.ifname)
+        if any(d.ifname in state.excluded for d in netdevs) or not scanner.bound_to_kernel(sysfs, bdf):
+            delta.removed.add(name)
+            delta.updated.pop(name, None)
+            return
+        rdma = state.rdma_by_pci.get(bdf)
+        if rdma is not None:
+            rdma = state.rdma_by_pci[bdf] = refresh_ports(sysfs, rdma, scanner.use_pyverbs)
+        delta.updated[name] = scanner.pci_device(sysfs, bdf, netdevs, rdma)
+        scanner.identity.remember(sysfs, base, key, PCI_IDENTITY_FILES, ("", "/physfn"))
