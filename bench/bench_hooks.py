@@ -10,12 +10,12 @@ Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 vet
 
 - **RunPodSandbox**: the NRI call as the runtime times it (Go side) for a pod whose claim holds 4
   NICs, each moved into the pod netns, renamed, MTU set, an address and a route added.
-  Floor: the same kernel work done bare on the 4 twin NICs: one RTM_NEWLINK each (move +
-  rename + MTU) and one pipelined batch of address, link-up and route requests in the pod netns,
-  sockets opened beforehand.
+  Floor: the same kernel work done bare on the 4 twin NICs, in the fewest round trips: one
+  pipelined batch of 4 RTM_NEWLINKs (move + rename + MTU each) from the host, then one pipelined
+  batch of address, link-up and route requests in the pod netns; sockets opened beforehand.
 - **StopPodSandbox**: the NRI call; the 4 NICs come back under their names with their MTU, host
-  address and route. Floor: one RTM_NEWLINK each (move back + rename + MTU) and one pipelined
-  batch of address, link-up and route on the host.
+  address and route. Floor: one pipelined batch of 4 RTM_NEWLINKs (move back + rename + MTU)
+  from the pod netns, then one pipelined batch of address, link-up and route on the host.
 - Both again while a link-flap storm (``bench/link_storm.py``, own process) flips 50 other
   published interfaces at 100 changes/s; afterwards the published ResourceSlices must equal a
   fresh full scan.
@@ -130,8 +130,7 @@ class Floor:
     def run(self) -> float:
         """Moves in + configuration; ms."""
         t0 = time.perf_counter()
-        for n in self.nics:
-            self.host.run([newlink("f", n.index, ns_fd=self.pod_fd, ifname=n.pod_name, mtu=POD_MTU)])
+        self.host.run([newlink("f", n.index, ns_fd=self.pod_fd, ifname=n.pod_name, mtu=POD_MTU) for n in self.nics])
         reqs: list[Request] = []
         for n in self.nics:
             reqs += [
@@ -145,8 +144,7 @@ class Floor:
     def stop(self) -> float:
         """Moves back + host restore; ms."""
         t0 = time.perf_counter()
-        for n in self.nics:
-            self.pod.run([newlink("f", n.index, ns_fd=self.ns.host_fd, ifname=n.ifname, mtu=HOST_MTU)])
+        self.pod.run([newlink("f", n.index, ns_fd=self.ns.host_fd, ifname=n.ifname, mtu=HOST_MTU) for n in self.nics])
         reqs: list[Request] = []
         for n in self.nics:
             reqs += [
@@ -181,6 +179,7 @@ class Results:
     cpu_a: list[float] = field(default_factory=list)
     cpu_b: list[float] = field(default_factory=list)
     rescans: int = 0
+    counters: dict[str, float] = field(default_factory=dict)  # the daemon's counters during the cycles
     storm: dict[str, Any] = field(default_factory=dict)
 
 
@@ -232,6 +231,7 @@ class Bench:
             extra_args=["--filter", self.filter, "--runtime-dir", str(self.runtime_dir)],
             nri_socket=self.harness.socket,
             exclude_interfaces=",".join(["eth0"] + [n.ifname for n in self.floor_nics]),
+            log_level=self.args.driver_log_level,
         ).start(timeout=60)
         res = self.harness.cmd("wait-sync", count=1, timeout=30)
         assert res["ok"], f"{res}\n{self.driver.log_tail()}"
@@ -329,7 +329,7 @@ class Bench:
     def cycles(self, n: int, out: Results) -> None:
         assert self.driver is not None and self.driver.popen is not None and self.floor is not None
         pid, gap = self.driver.popen.pid, self.args.gap
-        scans0 = self.scan_count()
+        scans0, metrics0 = self.scan_count(), self.metrics()
         for kind in ["A", "B"] * 2 + abba(2 * n):  # 4 warm-up cycles, not recorded
             cpu0 = process_cpu_seconds(pid)
             if kind == "A":
@@ -349,18 +349,34 @@ class Bench:
         for lst in (out.run, out.stop, out.cpu_a, out.floor_run, out.floor_stop, out.cpu_b):
             del lst[:2]  # the warm-up cycles
         out.rescans = self.scan_count() - scans0
+        metrics1 = self.metrics()
+        out.counters = {
+            k.removeprefix("dranet_"): v - metrics0.get(k, 0.0)
+            for k, v in metrics1.items()
+            if k.startswith(("dranet_link_events", "dranet_inventory")) and v != metrics0.get(k, 0.0)
+        }
 
-    def scan_count(self) -> int:
-        """Full scans the daemon did so far (its /metrics, or its log on older builds)."""
+    def metrics(self) -> dict[str, float]:
+        """The daemon's counters (``/metrics``), by sample name with labels."""
         assert self.driver is not None
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.driver.port}/metrics", timeout=5) as r:
                 text = r.read().decode()
-            m = re.search(r"^dranet_inventory_full_scans_total (\S+)$", text, re.M)
-            if m:
-                return int(float(m.group(1)))
         except OSError:
-            pass
+            return {}
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r"^(dranet_[a-z_]+_total(?:\{[^}]*\})?) (\S+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def scan_count(self) -> int:
+        """Full scans the daemon did so far (its /metrics, or its log on older builds)."""
+        assert self.driver is not None
+        m = self.metrics()
+        if "dranet_inventory_full_scans_total" in m:
+            return int(m["dranet_inventory_full_scans_total"])
         return self.driver.log().count("scan done")
 
     def check_nics_home(self) -> None:
@@ -477,6 +493,8 @@ class Bench:
             self.floor.close()
         if self.driver is not None:
             self.driver.stop()
+            if self.args.keep_log:
+                shutil.copy(self.driver.log_path, self.args.keep_log)
         if self.harness is not None:
             self.harness.close()
         if self.cp is not None:
@@ -500,6 +518,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measurement")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between pod operations")
     parser.add_argument("--json", help="also write the raw samples here")
+    parser.add_argument("--driver-log-level", default="info", help="the daemon's --log-level")
+    parser.add_argument("--keep-log", help="copy the daemon's log here at the end")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("needs root (network namespaces)")
@@ -533,7 +553,8 @@ def main(argv: list[str]) -> int:
         b.close()
 
     def cpu(r: Results) -> float:
-        return median(r.cpu_a) - median(r.cpu_b)
+        # Means: /proc/<pid>/stat counts in 10 ms ticks, a per-cycle median would be 0 or 10 ms.
+        return sum(r.cpu_a) / max(1, len(r.cpu_a)) - sum(r.cpu_b) / max(1, len(r.cpu_b))
 
     rows = [
         Row("RunPodSandbox, 4 NICs", quiet.run, quiet.floor_run, cpu(quiet), *GOALS["run"]),
@@ -552,9 +573,11 @@ def main(argv: list[str]) -> int:
     print(
         f"driver CPU per pod cycle (run + stop, incl. the background work they cause): "
         f"mean {sum(quiet.cpu_a) / max(1, len(quiet.cpu_a)):.4f} s (floor cycles, the driver idle: "
-        f"{sum(quiet.cpu_b) / max(1, len(quiet.cpu_b)):.4f} s)"
+        f"{sum(quiet.cpu_b) / max(1, len(quiet.cpu_b)):.4f} s); the table shows the difference"
     )
     print(f"full rescans during the quiet cycles: {quiet.rescans}; during the storm cycles: {storm.rescans}")
+    print(f"daemon counters during the quiet cycles: {quiet.counters}")
+    print(f"daemon counters during the storm cycles: {storm.counters}")
     if storm.storm:
         print(f"storm: {storm.storm}")
     print(

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,7 @@ from driver.netlink_channel import (
     RTM_GETADDR,
     RTM_GETROUTE,
     RTMSG,
+    attr,
     parse_attrs,
 )
 
@@ -114,7 +116,9 @@ def _pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
 def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") -> dict[str, LinkState]:
     """Snapshot name, MTU, MAC, global addresses and routes of ``ifnames``.
 
-    One RTM_GETLINK per NIC plus one address and one route dump in total (raw netlink). Routes
+    One pipelined RTM_GETLINK for all NICs, then per NIC one address and one route dump that
+    the kernel filters to that NIC (strict checking), so the cost does not grow with the host's
+    routing table; without strict checking (kernels < 4.20), one full dump of each. Routes
     from every table are kept except what the kernel recreates by itself (``proto
     kernel``, the local table), non-unicast ones and multipath ones. Raises
     ``KeyError`` naming a missing link.
@@ -122,8 +126,7 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
     rtnl = ns.host_rtnl()
     by_index: dict[int, LinkState] = {}
     states: dict[str, LinkState] = {}
-    for ifname in ifnames:
-        link = rtnl.link(ifname)
+    for ifname, link in zip(ifnames, rtnl.links_by_name(ifnames), strict=True):
         if link is None:
             raise KeyError(f"link {ifname} not found in the host namespace")
         state = LinkState(
@@ -136,42 +139,53 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         )
         by_index[link.index] = state
         states[ifname] = state
-    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        _family, prefixlen, _flags, scope, index = IFADDRMSG.unpack_from(payload)
-        owner = by_index.get(index)
-        if owner is None or scope != RT_SCOPE_UNIVERSE:
-            continue
-        attrs = parse_attrs(payload, IFADDRMSG.size)
-        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
-        if raw:
-            owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
-    for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0)):
-        family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
-        if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
-            continue
-        attrs = parse_attrs(payload, RTMSG.size)
-        oif = attrs.get(RTA_OIF)
-        via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
-        if via is None:
-            continue
-        if RTA_TABLE in attrs:
-            table = struct.unpack("=I", attrs[RTA_TABLE])[0]
-        if table == RT_TABLE_LOCAL:
-            continue
-        dst = ip_attr(attrs, RTA_DST)
-        via.routes.append(
-            Route(
-                dst=f"{dst}/{dst_len}" if dst is not None else None,
-                gateway=ip_attr(attrs, RTA_GATEWAY),
-                prefsrc=ip_attr(attrs, RTA_PREFSRC),
-                table=table,
-                priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
-                scope=scope,
-                proto=proto,
-                family=family,
-            )
-        )
+    filters = list(by_index) if rtnl.strict() else [0]
+    for index in filters:
+        for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)):
+            _record_address(payload, by_index)
+        oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
+        for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
+            _record_route(payload, by_index)
     return states
+
+
+def _record_address(payload: bytes, by_index: dict[int, LinkState]) -> None:
+    _family, prefixlen, _flags, scope, index = IFADDRMSG.unpack_from(payload)
+    owner = by_index.get(index)
+    if owner is None or scope != RT_SCOPE_UNIVERSE:
+        return
+    attrs = parse_attrs(payload, IFADDRMSG.size)
+    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
+    if raw:
+        owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
+
+
+def _record_route(payload: bytes, by_index: dict[int, LinkState]) -> None:
+    family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
+    if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
+        return
+    attrs = parse_attrs(payload, RTMSG.size)
+    oif = attrs.get(RTA_OIF)
+    via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
+    if via is None:
+        return
+    if RTA_TABLE in attrs:
+        table = struct.unpack("=I", attrs[RTA_TABLE])[0]
+    if table == RT_TABLE_LOCAL:
+        return
+    dst = ip_attr(attrs, RTA_DST)
+    via.routes.append(
+        Route(
+            dst=f"{dst}/{dst_len}" if dst is not None else None,
+            gateway=ip_attr(attrs, RTA_GATEWAY),
+            prefsrc=ip_attr(attrs, RTA_PREFSRC),
+            table=table,
+            priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
+            scope=scope,
+            proto=proto,
+            family=family,
+        )
+    )
 
 
 def move_link(
@@ -196,15 +210,37 @@ def move_link(
     rtnl.run([newlink(device, index, ns_fd=target_fd, ifname=new_name, mtu=mtu, mac=mac, step="move")])
 
 
+@dataclass
+class Move:
+    """One NIC into a pod: its host ifindex and what it is called and set to there."""
+
+    device: str
+    index: int
+    new_name: str
+    mtu: int | None = None
+    mac: str | None = None
+
+
+def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> None:
+    """Move NICs (in ``rtnl``'s netns) to ``target_fd``'s netns, each renamed (+ MTU, MAC) by one
+    RTM_NEWLINK, all in one pipelined send; raises the first failure (its device and step)."""
+    rtnl.run(
+        [
+            newlink(m.device, m.index, ns_fd=target_fd, ifname=m.new_name, mtu=m.mtu, mac=m.mac, step="move")
+            for m in moves
+        ]
+    )
+
+
 def configure_pod_links(rtnl: Rtnl, configs: dict[str, PodLinkConfig]) -> dict[str, PodLinkResult]:
     """Addresses, link up and routes for moved NICs (keyed by device name), in the pod netns.
 
-    All NICs' requests go to the kernel in one pipelined batch.
+    One pipelined lookup of all NICs, then all NICs' requests in one pipelined batch.
     """
     reqs: list[Request] = []
     results = {}
-    for device, cfg in configs.items():
-        link = rtnl.link(cfg.ifname)
+    links = rtnl.links_by_name([cfg.ifname for cfg in configs.values()])
+    for (device, cfg), link in zip(configs.items(), links, strict=True):
         if link is None:
             raise NetnsOpError(device, "configure", f"{cfg.ifname} not found in the pod namespace")
         reqs += _config_reqs(device, link.index, cfg.addresses, cfg.routes, up=True)
@@ -213,8 +249,8 @@ def configure_pod_links(rtnl: Rtnl, configs: dict[str, PodLinkConfig]) -> dict[s
     return results
 
 
-def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState) -> None:
-    """Give a NIC that is back in the host netns its name, MTU, MAC, addresses and routes."""
+def _restore_reqs(device: str, link: LinkInfo, state: LinkState) -> list[Request]:
+    """What gives a NIC back in the host netns its name, MTU, MAC, addresses and routes."""
     reqs: list[Request] = []
     rename = link.ifname != state.ifname
     remac = bool(state.mac) and link.mac.lower() != state.mac.lower()
@@ -232,8 +268,91 @@ def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState)
             )
         )
     # Routes need the link up; the Go driver also sets it up on return.
-    reqs += _config_reqs(device, link.index, state.addresses, state.routes, up=True)
-    rtnl.run(reqs)
+    return reqs + _config_reqs(device, link.index, state.addresses, state.routes, up=True)
+
+
+def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState) -> None:
+    """Give a NIC that is back in the host netns its name, MTU, MAC, addresses and routes."""
+    rtnl.run(_restore_reqs(device, link, state))
+
+
+@dataclass
+class ReturnItem:
+    """One NIC to bring home: its device, its name in the pod, the host state to restore."""
+
+    device: str
+    pod_ifname: str
+    state: LinkState
+    extra_macs: tuple[str, ...] = ()  # MACs it may have in the pod (how to recognise it there)
+
+
+def return_links(
+    ns: Namespaces,
+    netns_path: str,
+    items: list[ReturnItem],
+    sysfs_root: str = "/sys",
+    announce: Callable[[list[int]], None] | None = None,
+) -> dict[str, str | NetnsOpError]:
+    """Bring NICs back to the host and restore them, in few round trips; idempotent.
+
+    One socket in the pod netns: one pipelined lookup of all NICs, one pipelined batch of moves
+    (each carrying the host name, MTU and MAC). Then in the host: one pipelined lookup, and all
+    NICs' restores (addresses, link up, routes) in one pipelined batch. A NIC not in the pod is
+    looked for in the host: under its host name, or (netns gone: the kernel returned a
+    physical NIC, maybe as ``devN``) by permanent MAC, PCI address or current MAC (one dump).
+    ``announce`` is told the pod-side ifindexes just before the moves (their link events are ours).
+
+    Returns, per device, how it was found (``pod``, ``host``, ``netns-gone``) or the
+    :class:`NetnsOpError` that stopped it (step ``find``: it is nowhere, e.g. a virtual NIC
+    destroyed with its netns).
+    """
+    out: dict[str, str | NetnsOpError] = {}
+    how = dict.fromkeys((it.device for it in items), "host")
+    try:
+        with ns.pod(netns_path) as (pod, _):
+            found = pod.links_by_name([it.pod_ifname for it in items])
+            moves = [
+                (it, link)
+                for it, link in zip(items, found, strict=True)
+                if link is not None and _mac_matches(link, it.state, it.extra_macs)
+            ]
+            if announce is not None:
+                announce([link.index for _, link in moves])
+            reqs = []
+            for it, link in moves:
+                st = it.state
+                mac = st.mac if st.mac and link.mac.lower() != st.mac.lower() else None
+                mtu = st.mtu if st.mtu and link.mtu != st.mtu else None
+                reqs.append(
+                    newlink(it.device, link.index, ns_fd=ns.host_fd, ifname=st.ifname, mtu=mtu, mac=mac, step="return")
+                )
+            for (it, _), err in zip(moves, pod.run_each(reqs), strict=True):
+                if err is not None:
+                    out[it.device] = err
+                else:
+                    how[it.device] = "pod"
+    except NetnsGone:
+        how = dict.fromkeys(how, "netns-gone")
+    rtnl = ns.host_rtnl()
+    todo = [it for it in items if it.device not in out]
+    restores: list[Request] = []
+    for it, link in zip(todo, rtnl.links_by_name([it.state.ifname for it in todo]), strict=True):
+        if link is None or not _mac_matches(link, it.state, it.extra_macs):
+            link = find_host_link(rtnl, it.state, it.extra_macs, sysfs_root)
+        if link is None:
+            out[it.device] = NetnsOpError(
+                it.device,
+                "find",
+                f"{it.state.ifname} (MAC {it.state.mac}) is neither in {netns_path} nor in the host namespace",
+            )
+            continue
+        restores += _restore_reqs(it.device, link, it.state)
+    for req, err in zip(restores, rtnl.run_each(restores), strict=True):
+        if err is not None and req.device not in out:
+            out[req.device] = err  # the first failure of each device
+    for it in todo:
+        out.setdefault(it.device, how[it.device])
+    return out
 
 
 def return_link(
@@ -245,41 +364,11 @@ def return_link(
     extra_macs: tuple[str, ...] = (),
     sysfs_root: str = "/sys",
 ) -> str:
-    """Bring a NIC back to the host and restore it; idempotent. Returns how it was found.
-
-    Looks in the pod netns first (normal case), then in the host: under its host
-    name, or (netns gone: the kernel returned a physical NIC, maybe as ``devN``)
-    by permanent MAC, PCI address or current MAC. Raises :class:`NetnsOpError`
-    when the NIC is nowhere (e.g. a virtual NIC destroyed with its netns).
-    """
-    how = "pod"
-    try:
-        with ns.pod(netns_path) as (pod, _):
-            link = pod.link(pod_ifname)
-            if link is not None and _mac_matches(link, state, extra_macs):
-                mac = state.mac if state.mac and link.mac.lower() != state.mac.lower() else None
-                mtu = state.mtu if state.mtu and link.mtu != state.mtu else None
-                pod.run(
-                    [
-                        newlink(
-                            device, link.index, ns_fd=ns.host_fd, ifname=state.ifname, mtu=mtu, mac=mac, step="return"
-                        )
-                    ]
-                )
-            else:
-                how = "host"
-    except NetnsGone:
-        how = "netns-gone"
-    rtnl = ns.host_rtnl()
-    host_link = rtnl.link(state.ifname)
-    if host_link is None or not _mac_matches(host_link, state, extra_macs):
-        host_link = find_host_link(rtnl, state, extra_macs, sysfs_root)
-        if host_link is None:
-            raise NetnsOpError(
-                device, "find", f"{state.ifname} (MAC {state.mac}) is neither in {netns_path} nor in the host namespace"
-            )
-    restore_host_link(rtnl, device, host_link, state)
-    return how
+    """:func:`return_links` for one NIC; returns how it was found, raises its :class:`NetnsOpError`."""
+    result = return_links(ns, netns_path, [ReturnItem(device, pod_ifname, state, extra_macs)], sysfs_root)[device]
+    if isinstance(result, NetnsOpError):
+        raise result
+    return result
 
 
 def _mac_matches(link: LinkInfo, state: LinkState, extra_macs: tuple[str, ...]) -> bool:

@@ -27,6 +27,7 @@ from driver.netlink_channel import (
     IFLA_MTU,
     IFLA_NET_NS_FD,
     IFLA_PERM_ADDRESS,
+    NETLINK_GET_STRICT_CHK,
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_EXCL,
@@ -42,6 +43,7 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     RTM_NEWROUTE,
     RTMSG,
+    SOL_NETLINK,
     NetlinkChannel,
     attr,
     mac_str,
@@ -89,6 +91,10 @@ class Route:
 
 
 IFF_UP = 0x1
+IFLA_EXT_MASK = 29
+RTEXT_FILTER_SKIP_STATS = 1 << 3
+SKIP_STATS = attr(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
+"""Appended to an RTM_GETLINK: the answer leaves out the (large) statistics blocks."""
 
 
 def ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
@@ -141,25 +147,50 @@ def _link_info(payload: bytes) -> LinkInfo:
 class Rtnl(NetlinkChannel):
     """A raw NETLINK_ROUTE socket bound to one netns; requests are pipelined in one send."""
 
+    _strict: bool | None = None
+
+    def strict(self) -> bool:
+        """Turn on strict checking, so dumps honour their filters (one link's addresses, one
+        interface's routes); False on kernels without it (< 4.20), whose dumps are unfiltered."""
+        if self._strict is None:
+            try:
+                self.sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
+                self._strict = True
+            except OSError:
+                self._strict = False
+        return self._strict
+
     def link(self, ifname: str) -> LinkInfo | None:
         """RTM_GETLINK by name; None when there is no such link."""
-        return self._get_link(0, ifname)
+        return self.links_by_name([ifname])[0]
 
     def link_by_index(self, index: int) -> LinkInfo | None:
         """RTM_GETLINK by ifindex; None when there is no such link."""
-        return self._get_link(index, None)
+        return self._links([(index, None)])[0]
 
-    def _get_link(self, index: int, ifname: str | None) -> LinkInfo | None:
-        body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0)
-        if ifname is not None:
-            body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
-        reply = self.exchange([(RTM_GETLINK, NLM_F_REQUEST, body)])[0]
-        err = reply.error
-        if err == errno.ENODEV:
-            return None
-        if err:
-            raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
-        return _link_info(reply.payloads[0])
+    def links_by_name(self, ifnames: list[str]) -> list[LinkInfo | None]:
+        """RTM_GETLINK for each name, pipelined in one send; None where there is no such link."""
+        return self._links([(0, name) for name in ifnames])
+
+    def _links(self, keys: list[tuple[int, str | None]]) -> list[LinkInfo | None]:
+        if not keys:
+            return []
+        reqs = []
+        for index, ifname in keys:
+            body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + SKIP_STATS
+            if ifname is not None:
+                body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
+            reqs.append((RTM_GETLINK, NLM_F_REQUEST, body))
+        out: list[LinkInfo | None] = []
+        for (index, ifname), reply in zip(keys, self.exchange(reqs), strict=True):
+            err = reply.error
+            if err == errno.ENODEV:
+                out.append(None)
+            elif err:
+                raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
+            else:
+                out.append(_link_info(reply.payloads[0]))
+        return out
 
     def links(self) -> list[LinkInfo]:
         """Every link of this netns (one RTM_GETLINK dump)."""
@@ -167,13 +198,25 @@ class Rtnl(NetlinkChannel):
 
     def run(self, reqs: list[Request]) -> None:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""
+        for err in self.run_each(reqs):
+            if err is not None:
+                raise err
+
+    def run_each(self, reqs: list[Request]) -> list[NetnsOpError | None]:
+        """Pipeline ``reqs`` in one send; each one's failure (or None), in order.
+
+        The kernel processes every request even after one fails, so requests of different
+        devices can share a batch and each device gets its own answer.
+        """
         if not reqs:
-            return
+            return []
         answers = self.exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs])
+        out: list[NetnsOpError | None] = []
         for req, answer in zip(reqs, answers, strict=True):
             err = answer.error
-            if err and err not in req.ignore:
-                raise NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}")
+            failed = err and err not in req.ignore
+            out.append(NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}") if failed else None)
+        return out
 
 
 def newlink(

@@ -282,19 +282,23 @@ class NRIHooks:
         device, step = "", "move"
         try:
             with self.ns.pod(netns) as (pod_rtnl, pod_fd):
-                for i, m in enumerate(moved):
-                    device = m.device
-                    cfg = configs[m.device]
-                    nic_moves.move_link(
-                        host,
-                        m.device,
-                        m.host_ifname,
-                        pod_fd,
-                        cfg.ifname,
-                        cfg.mtu,
-                        cfg.mac,
-                        index=states[m.host_ifname].index,
-                    )
+                # All moves in one pipelined send (the kernel still does them one by one); the
+                # write-ahead state above already covers every NIC.
+                nic_moves.move_links(
+                    host,
+                    [
+                        nic_moves.Move(
+                            m.device,
+                            states[m.host_ifname].index or 0,
+                            configs[m.device].ifname,
+                            configs[m.device].mtu,
+                            configs[m.device].mac,
+                        )
+                        for m in moved
+                    ],
+                    pod_fd,
+                )
+                for i in range(len(moved)):
                     self._step(f"run:moved-{i}")
                 step = "rdma move"
                 for m in moved if self.rdma_exclusive else ():
@@ -344,25 +348,37 @@ class NRIHooks:
         self.store.update(plan)
         self._step("stop:planned")
         netns = self._pinned_path(pod_uid, netns or state.netns_path)
+        pending = [m for m in state.devices if m.step != RETURNED]
+        for m in pending:
+            if self.rdma_exclusive and m.rdma_device:  # RDMA devices first, as the Go driver (#180)
+                self._return_rdma(m, netns)
+        items = [
+            # The MAC it has in the pod: how to recognise it there (or renamed on the host).
+            nic_moves.ReturnItem(
+                m.device, m.pod_ifname, _link_state(m), (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
+            )
+            for m in pending
+        ]
+        # Coming home, a NIC shows up in the host under its pod name before the rename.
+        self.own.expect(names=[m.pod_ifname for m in pending])
+        results = nic_moves.return_links(
+            self.ns, netns, items, self.sysfs_root, announce=lambda indexes: self.own.expect(indexes=indexes)
+        )
         errors, done = [], []
         for i, m in enumerate(state.devices):
             if m.step == RETURNED:
                 continue
+            result = results[m.device]
             try:
-                if self.rdma_exclusive and m.rdma_device:  # RDMA device first, as the Go driver (#180)
-                    self._return_rdma(m, netns)
-                # The MAC it has in the pod: how to recognise it there (or renamed on the host).
-                macs = (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
-                how = nic_moves.return_link(
-                    self.ns, m.device, netns, m.pod_ifname, _link_state(m), extra_macs=macs, sysfs_root=self.sysfs_root
-                )
+                if isinstance(result, NetnsOpError):
+                    raise result
                 done.append(m.device)
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
                     self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
                 log.info(
                     "NIC returned",
-                    extra={"kv": {"pod": pod_uid, "device": m.device, "ifname": m.host_ifname, "found": how}},
+                    extra={"kv": {"pod": pod_uid, "device": m.device, "ifname": m.host_ifname, "found": result}},
                 )
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
