@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -345,6 +346,11 @@ class Daemon:
         try:
             await self.probes.start()
             self._start_background()
+            # Everything built so far lives as long as the daemon: keep it out of the cyclic
+            # collector's full passes, which would otherwise walk it (milliseconds) in the
+            # middle of whatever hook allocates the object that triggers one.
+            gc.collect()
+            gc.freeze()
             await self.stopping.wait()
         finally:
             await self.shutdown()

@@ -58,7 +58,7 @@ class LinkUpdater:
     def __init__(self, scanner: Scanner) -> None:
         self.scanner = scanner
 
-    def apply(self, changes: Iterable[LinkChange], pause: Callable[[], None] | None = None) -> InventoryDelta:
+    def apply(self, changes: Iterable[LinkChange], pause: Callable[[], object] | None = None) -> InventoryDelta:
         """The devices ``changes`` affect, rebuilt; ``pause`` is called between two links (a hook
         waiting for the interpreter must not wait for a whole batch)."""
         delta = InventoryDelta()

@@ -116,9 +116,9 @@ def _pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
 def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") -> dict[str, LinkState]:
     """Snapshot name, MTU, MAC, global addresses and routes of ``ifnames``.
 
-    One pipelined RTM_GETLINK for all NICs, then per NIC one address and one route dump that
+    One pipelined RTM_GETLINK for all NICs, one address dump, then per NIC one route dump that
     the kernel filters to that NIC (strict checking), so the cost does not grow with the host's
-    routing table; without strict checking (kernels < 4.20), one full dump of each. Routes
+    routing table; without strict checking (kernels < 4.20), one full route dump. Routes
     from every table are kept except what the kernel recreates by itself (``proto
     kernel``, the local table), non-unicast ones and multipath ones. Raises
     ``KeyError`` naming a missing link.
@@ -139,10 +139,11 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         )
         by_index[link.index] = state
         states[ifname] = state
-    filters = list(by_index) if rtnl.strict() else [0]
-    for index in filters:
-        for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, index)):
-            _record_address(payload, by_index)
+    # Addresses: one dump of all (a few per link). Routes: the kernel filters by interface, so
+    # a host with a large routing table (BGP) costs no more than one with ten routes.
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        _record_address(payload, by_index)
+    for index in list(by_index) if rtnl.strict() else [0]:
         oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
         for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
             _record_route(payload, by_index)
@@ -336,17 +337,17 @@ def return_links(
     rtnl = ns.host_rtnl()
     todo = [it for it in items if it.device not in out]
     restores: list[Request] = []
-    for it, link in zip(todo, rtnl.links_by_name([it.state.ifname for it in todo]), strict=True):
-        if link is None or not _mac_matches(link, it.state, it.extra_macs):
-            link = find_host_link(rtnl, it.state, it.extra_macs, sysfs_root)
-        if link is None:
+    for it, host_link in zip(todo, rtnl.links_by_name([it.state.ifname for it in todo]), strict=True):
+        if host_link is None or not _mac_matches(host_link, it.state, it.extra_macs):
+            host_link = find_host_link(rtnl, it.state, it.extra_macs, sysfs_root)
+        if host_link is None:
             out[it.device] = NetnsOpError(
                 it.device,
                 "find",
                 f"{it.state.ifname} (MAC {it.state.mac}) is neither in {netns_path} nor in the host namespace",
             )
             continue
-        restores += _restore_reqs(it.device, link, it.state)
+        restores += _restore_reqs(it.device, host_link, it.state)
     for req, err in zip(restores, rtnl.run_each(restores), strict=True):
         if err is not None and req.device not in out:
             out[req.device] = err  # the first failure of each device

@@ -11,7 +11,8 @@ has returned, so an expectation outlives its hook by ``grace`` seconds.
 
 The same object tells background work when a hook runs (:attr:`busy`, :meth:`wait_idle`,
 :meth:`idle`), so publishing, updates and rescans can step aside for it instead of competing
-for the interpreter lock while the runtime waits.
+for the interpreter lock while the runtime waits; they also let ``settle`` seconds pass after
+a hook, while its answer goes back to the runtime.
 
 Thread-safe: hooks run in the NRI worker thread, events are read by the event loop.
 """
@@ -25,14 +26,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 GRACE = 2.0  # s an expectation outlives its hook (events queued in the socket arrive late)
+SETTLE = 0.01  # s background work keeps waiting after a hook: its answer is still being sent
 
 
 class OwnChanges:
     """Links hooks are changing (and just changed), and whether a hook is running."""
 
-    def __init__(self, grace: float = GRACE, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, grace: float = GRACE, clock: Callable[[], float] = time.monotonic, settle: float = SETTLE
+    ) -> None:
         self.grace = grace
+        self.settle = settle
         self.clock = clock
+        self._ended = float("-inf")  # when the last hook ended
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._busy = 0
@@ -61,6 +67,7 @@ class OwnChanges:
                 for index in mine[1]:
                     self._indexes[index] = expiry
                 self._busy -= 1
+                self._ended = self.clock()
                 idle = self._busy == 0
                 if idle:
                     self._idle.notify_all()
@@ -109,21 +116,40 @@ class OwnChanges:
         """Whether a hook is running right now."""
         return self._busy > 0
 
+    def _settling(self) -> float:
+        """Seconds until the last hook's answer has had ``settle`` s to go out (0: settled)."""
+        return max(0.0, self._ended + self.settle - self.clock())
+
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block (a worker thread) until no hook runs; False if ``timeout`` passed first."""
-        with self._lock:
-            return self._idle.wait_for(lambda: self._busy == 0, timeout)
+        """Block (a worker thread) until no hook runs and the last one settled; False on ``timeout``."""
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            with self._lock:
+                left = None if deadline is None else deadline - self.clock()
+                if not self._idle.wait_for(lambda: self._busy == 0, left):
+                    return False
+                pause = self._settling()
+            if not pause:
+                return True
+            time.sleep(pause)
 
     async def idle(self) -> None:
-        """Wait (in an event loop) until no hook runs."""
+        """Wait (in an event loop) until no hook runs and the last one settled."""
         while True:
             with self._lock:
                 if self._busy == 0:
-                    return
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, fut))
-            await fut
+                    pause = self._settling()
+                    if not pause:
+                        return
+                    fut = None
+                else:
+                    loop = asyncio.get_running_loop()
+                    fut = loop.create_future()
+                    self._waiters.append((loop, fut))
+            if fut is None:
+                await asyncio.sleep(pause)
+            else:
+                await fut
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -14,12 +14,15 @@ list them (``{i}`` is the NIC's position in the pod).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import itertools
 import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint import (
@@ -143,6 +146,7 @@ class NRIHooks:
         self.sysfs_root = sysfs_root
         self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
         self.ns = Namespaces(host_netns)
+        self._marks: list[tuple[str, float]] = []  # (step, time) of the running hook
         self.ethtool = PodEthtool(self.ns)
         self.reports = HookReports(status)
         # pod UID -> an open fd of the pod's network namespace while it holds our NICs. The fd
@@ -154,8 +158,9 @@ class NRIHooks:
         self._pins: dict[str, int] = {}
         self._lock = threading.RLock()
 
-    # -- fault injection --------------------------------------------------------------------
+    # -- fault injection and phase times --------------------------------------------------
     def _step(self, name: str) -> None:
+        self._marks.append((name, time.perf_counter()))
         if self.fault_after and self.fault_after == name:
             log.warning("fault injection: exiting", extra={"kv": {"after": name}})
             os._exit(137)
@@ -208,9 +213,22 @@ class NRIHooks:
                 )
 
     # -- RunPodSandbox ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _hook(self, name: str, pod: api.PodSandbox) -> Iterator[None]:
+        """One hook: announced to :class:`OwnChanges`; its steps' times logged at debug level."""
+        self._marks = [("start", time.perf_counter())]
+        with self.own.hook():
+            try:
+                yield
+            finally:
+                if log.isEnabledFor(logging.DEBUG) and len(self._marks) > 1:
+                    marks = [*self._marks, ("end", time.perf_counter())]
+                    ms = {b[0]: round((b[1] - a[1]) * 1e3, 3) for a, b in itertools.pairwise(marks)}
+                    log.debug("hook steps", extra={"kv": {"hook": name, "pod": pod.uid, "ms": ms}})
+
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
-        with self._lock, self.own.hook():
+        with self._lock, self._hook("RunPodSandbox", pod):
             self._run_pod_sandbox(pod)
 
     def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
@@ -240,6 +258,7 @@ class NRIHooks:
             self.reports.failed(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         self.own.expect(indexes=[st.index for st in states.values()])
+        self._marks.append(("run:recorded", time.perf_counter()))
         configs = {d.device: pod_link_config(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)}
         try:
             plans = self.ethtool.plans(
@@ -364,6 +383,7 @@ class NRIHooks:
         results = nic_moves.return_links(
             self.ns, netns, items, self.sysfs_root, announce=lambda indexes: self.own.expect(indexes=indexes)
         )
+        self._marks.append(("stop:moved-and-restored", time.perf_counter()))
         errors, done = [], []
         for i, m in enumerate(state.devices):
             if m.step == RETURNED:
@@ -437,7 +457,7 @@ class NRIHooks:
 
     def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
-        with self._lock, self.own.hook():
+        with self._lock, self._hook("StopPodSandbox", pod):
             errors = self._return_all(pod.uid, pod_netns_path(pod))
         if errors:
             raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
