@@ -388,6 +388,14 @@ class Bench:
             assert facts["mtu"] == HOST_MTU and facts["up"], (n.ifname, facts)
             assert any(r[0] == n.host_route.dst for r in facts["routes"]), (n.ifname, facts)
 
+    def noop_round_trips(self, count: int) -> list[float]:
+        """RunPodSandbox of a pod without claims: the NRI protocol's cost in the daemon, ms each."""
+        assert self.harness is not None
+        pod = pod_json(f"noop-{self.tok}", f"/run/netns/{self.pod_ns}", name="noop")
+        res = self.harness.cmd("noop", pod=pod, count=count + 20)
+        assert res["ok"], res
+        return [s * 1e3 for s in res["seconds"][20:]]
+
     # -- storm -------------------------------------------------------------------------------
     def start_storm(self) -> None:
         self.storm_proc = subprocess.Popen(
@@ -517,6 +525,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--concurrent", type=int, default=100)
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measurement")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between pod operations")
+    parser.add_argument("--noop", type=int, default=200, help="NRI round trips of a pod without claims")
     parser.add_argument("--json", help="also write the raw samples here")
     parser.add_argument("--driver-log-level", default="info", help="the daemon's --log-level")
     parser.add_argument("--keep-log", help="copy the daemon's log here at the end")
@@ -529,6 +538,7 @@ def main(argv: list[str]) -> int:
     loads = [_load()]
     try:
         b.setup()
+        noop = b.noop_round_trips(args.noop)
         quiet = Results()
         b.cycles(args.cycles, quiet)
         loads.append(_load())
@@ -574,6 +584,10 @@ def main(argv: list[str]) -> int:
         f"driver CPU per pod cycle (run + stop, incl. the background work they cause): "
         f"mean {sum(quiet.cpu_a) / max(1, len(quiet.cpu_a)):.4f} s (floor cycles, the driver idle: "
         f"{sum(quiet.cpu_b) / max(1, len(quiet.cpu_b)):.4f} s); the table shows the difference"
+    )
+    print(
+        f"NRI round trip, pod without claims (the protocol alone): median {median(noop):.2f} ms "
+        f"p99 {pct(noop, 99):.2f} ms"
     )
     print(f"full rescans during the quiet cycles: {quiet.rescans}; during the storm cycles: {storm.rescans}")
     print(f"daemon counters during the quiet cycles: {quiet.counters}")
