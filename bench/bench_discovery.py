@@ -18,7 +18,7 @@ from devcluster.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
 from driver.inventory.sysfs import IdentityCache
 
-GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 50.0}
+GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 30.0}  # issue 14: 520 devices in <= 30 ms
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -33,17 +33,21 @@ def report(label: str, samples_ms: list[float], goal_ms: float | None) -> None:
     print(f"{label:<40} runs {len(samples_ms):>4}  median {med:8.2f} ms  p99 {p99:8.2f} ms{ratio}", flush=True)
 
 
-def bench_scan(root: Path, runs: int, exclude: list[str], first_scan: bool = False) -> tuple[list[float], int]:
-    """Rescans with one Scanner, as the daemon does (link events, resync).
+def bench_scan(root: Path, runs: int, exclude: list[str], full: str = "replay") -> tuple[list[float], int]:
+    """Rescans with one Scanner, as the daemon does (resync timer, lost link events).
 
-    ``first_scan``: empty the scanner's identity cache before each sample, i.e. the cost of a
-    scanner's first scan (daemon start), which reads every immutable file too.
+    ``full``: ``"replay"`` = a rescan when nothing changed (every input read again, the last
+    full scan's calls replayed); ``"full"`` = a full scan (the pipeline runs: something
+    changed); ``"first"`` = also an empty identity cache (the daemon's first scan).
     """
     scanner = Scanner(str(root), exclude_interfaces=exclude)
     count = len(scanner.scan())  # warm-up (imports, pci.ids)
+    scanner.scan()  # the second scan is the one recorded for replays
     samples = []
     for _ in range(runs):
-        if first_scan:
+        if full != "replay":
+            scanner.close()  # drops the recording: the next scan runs the whole pipeline
+        if full == "first":
             scanner.identity = IdentityCache()
         start = time.perf_counter()
         scanner.scan()
@@ -86,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
             exclude = ["eth0"] if topology == "nd-h100-v5" else []
             samples, count = bench_scan(root, args.runs, exclude)
             report(f"scan {topology} ({count} devices)", samples, goal)
-            samples, _ = bench_scan(root, max(1, args.runs // 3), exclude, first_scan=True)
+            samples, _ = bench_scan(root, max(1, args.runs // 3), exclude, full="full")
+            report("  full scan (pipeline runs)", samples, None)
+            samples, _ = bench_scan(root, max(1, args.runs // 3), exclude, full="first")
             report("  first scan (no identity cache)", samples, None)
         nd = Path(tmp) / "nd-h100-v5"
         report("dranet discover (process, nd-h100-v5)", bench_cli(nd, args.cli_runs), None)

@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import gc
 import logging
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -466,4 +467,16 @@ def cli_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         log.error("invalid configuration", extra={"kv": {"error": str(exc)}})
         return 2
+    _raise_nofile_limit()
     return asyncio.run(_main(config))
+
+
+def _raise_nofile_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit (as Go programs do at start): discovery keeps the
+    sysfs files it rereads open (:mod:`driver.inventory.scan_replay`), several per device."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.info("cannot raise the open files limit", extra={"kv": {"soft": soft, "error": str(exc)}})

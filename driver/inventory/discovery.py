@@ -34,9 +34,11 @@ from driver.inventory.netlink_facts import (
     enslaved_closure,
 )
 from driver.inventory.numa_list import numa_node_list
-from driver.inventory.rdma import RdmaDevice, scan_rdma
+from driver.inventory.rdma import RdmaDevice, rdma_has_pyverbs, scan_rdma
+from driver.inventory.scan_replay import RecordingIO, ScanReplay, is_sysfs
 from driver.inventory.scan_report import ScanReport, ScanWarnings
 from driver.inventory.sysfs import (
+    PLAIN_IO,
     IdentityCache,
     SysfsReader,
     ifname_problem,
@@ -159,6 +161,11 @@ class Scanner:
         self.warnings = ScanWarnings()  # skipped devices, unreadable files: warned once each
         self.state: ScanState | None = None  # what the last full scan learnt (incremental updates)
         self._query: LinkQuery | None = None
+        self._replay: ScanReplay | None = None
+        self._report: tuple[ScanReport, dict[str, str]] | None = None  # the last full scan's
+        # pyverbs answers are inputs the replay cannot repeat: scans with it always run in full.
+        self._replayable = not (self.use_pyverbs and rdma_has_pyverbs())
+        self._on_sysfs = is_sysfs(sysfs_root)
 
     def link_query(self) -> LinkQuery:
         """The scanner's rtnetlink socket (opened on first use, kept across scans)."""
@@ -167,10 +174,13 @@ class Scanner:
         return self._query
 
     def close(self) -> None:
-        """Close the netlink socket, if one was opened."""
+        """Close the netlink socket and the files the replay keeps open."""
         if self._query is not None:
             self._query.close()
             self._query = None
+        if self._replay is not None:
+            self._replay.close()
+            self._replay = None
 
     # -- step 1: netdevs --------------------------------------------------------------------
     def _netdevs(self, sysfs: SysfsReader, facts: NetlinkFacts | None, report: ScanReport) -> dict[str, Netdev]:
@@ -330,8 +340,12 @@ class Scanner:
 
     # -- the scan ---------------------------------------------------------------------------
     def scan(self) -> list[Device]:
-        """All publishable devices, sorted by name (deterministic for identical inputs)."""
-        sysfs = SysfsReader(self.sysfs_root)
+        """All publishable devices, sorted by name (deterministic for identical inputs).
+
+        After the first scan, the calls of the last full scan are replayed first
+        (:mod:`driver.inventory.scan_replay`): when every file, link, listing and netlink fact is
+        as it was, the devices are the same and are returned without building them again.
+        """
         facts: NetlinkFacts | None = None
         if self.netlink:
             try:
@@ -339,6 +353,23 @@ class Scanner:
             except Exception as err:  # noqa: BLE001 - a scan must not kill the daemon
                 log.warning("netlink dump failed, scanning sysfs only", extra={"kv": {"error": str(err)}})
                 self.close()  # a fresh socket next time
+        replay = self._replay
+        if replay is not None and replay.result[1:] == (facts, self.numa_list) and replay.verify():
+            if self._report is not None:
+                self.warnings.emit(*self._report)  # the same skips and problems as the full scan
+            return list(replay.result[0])
+        if replay is not None:
+            replay.close()
+            self._replay = None
+        # The first scan reads every immutable file too (the identity cache is empty): record
+        # the second, which reads only what can change.
+        io = RecordingIO() if self._replayable and self.identity.known() else PLAIN_IO
+        devices = self._full_scan(SysfsReader(self.sysfs_root, io), facts)
+        if isinstance(io, RecordingIO):
+            self._replay = ScanReplay(io, (devices, facts, self.numa_list), self._on_sysfs)
+        return list(devices)
+
+    def _full_scan(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> list[Device]:
         report = ScanReport()
         netdevs = self._netdevs(sysfs, facts, report)
         roots = self._roots(facts)
@@ -396,6 +427,7 @@ class Scanner:
 
         devices.sort(key=lambda d: d.name)
         self.warnings.emit(report, sysfs.problems)
+        self._report = (report, dict(sysfs.problems))  # a replay reports the same again
         # Skipped netdevs stay out of the state too: an event for one is handled like a new link.
         self.state = ScanState(netdevs, excluded, roots, rdma_by_pci, facts.names_by_index() if facts else {})
         return devices

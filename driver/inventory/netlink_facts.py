@@ -130,8 +130,11 @@ def parse_link(payload: bytes) -> LinkFacts:
         kind = _text(parse_attrs(attrs[IFLA_LINKINFO], 0).get(IFLA_INFO_KIND))
     mac, perm = attrs.get(IFLA_ADDRESS), attrs.get(IFLA_PERM_ADDRESS)
     oper, master, mtu = attrs.get(IFLA_OPERSTATE), attrs.get(IFLA_MASTER), attrs.get(IFLA_MTU)
+    name = attrs.get(IFLA_IFNAME, b"")
     return LinkFacts(
-        ifname=_text(attrs.get(IFLA_IFNAME)) or "",
+        # Any byte but NUL, '/' and whitespace is a valid name: decoded as os.listdir decodes it
+        # (surrogate escapes), so a name that is not UTF-8 is the same str from netlink and sysfs.
+        ifname=os.fsdecode(name.split(b"\0", 1)[0]),
         index=index,
         arphrd=arphrd,
         kind=kind,

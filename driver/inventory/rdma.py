@@ -52,6 +52,11 @@ def parse_rate(text: str | None) -> int | None:
     return value if value > 0 else None
 
 
+def rdma_has_pyverbs() -> bool:
+    """Whether rdma-core's Python bindings are importable here."""
+    return _pyverbs_device is not None
+
+
 def _char_device(sysfs: SysfsReader, dev_file: str, path: str) -> CharDevice | None:
     text = sysfs.read(dev_file)
     if not text or ":" not in text:
@@ -92,7 +97,7 @@ def _pyverbs_port(name: str) -> tuple[str | None, int | None]:
 
 
 def _port_facts(sysfs: SysfsReader, name: str, use_pyverbs: bool) -> tuple[str | None, int | None]:
-    """Port 1's link layer and rate (they follow the link: read on every scan)."""
+    """Port 1's link layer (fixed per device: identity-cached by scans) and rate (read every time)."""
     base = f"class/infiniband/{name}"
     layer = sysfs.read(f"{base}/ports/1/link_layer") or None
     rate = parse_rate(sysfs.read(f"{base}/ports/1/rate"))
@@ -157,7 +162,8 @@ def _rdma_device(
     key = identity.prime(sysfs, base) if identity else None
     real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
     if identity:
-        identity.remember(sysfs, base, key, links=("", "/device"))
+        sysfs.read(f"{base}/ports/1/link_layer")  # fixed while the device exists (rate is not)
+        identity.remember(sysfs, base, key, ("ports/1/link_layer",), links=("", "/device"))
     pci = pci_address_of(real) if real else None
     layer, rate = _port_facts(sysfs, name, use_pyverbs)
     chars: list[CharDevice] = []

@@ -64,11 +64,98 @@ def name_bytes(name: str | bytes) -> str:
     return repr(os.fsencode(name))
 
 
+def _failure(err: OSError) -> str | None:
+    """None for a read failure that means "no value" in sysfs, else the problem to report."""
+    if err.errno in QUIET_ERRNOS:
+        return None
+    return f"{err.strerror} ({errno.errorcode.get(err.errno or 0, '?')})"
+
+
+ReadAnswer = bytes | str | None
+"""What reading one attribute file gave: its content, a problem to report (text), or no value."""
+
+IdentityKey = tuple[int, int, int]
+"""``(st_dev, st_ino, st_ctime_ns)`` of a sysfs object's directory."""
+
+
+class SysfsIO:
+    """The reader's system calls, one method each (a subclass records them for a replay,
+    :class:`driver.inventory.scan_replay.RecordingIO`). Paths are absolute."""
+
+    def read(self, path: str) -> ReadAnswer:
+        """One attribute file's content, a problem, or None (see :func:`open_read`)."""
+        fd, answer = open_read(path)
+        if fd is not None:
+            os.close(fd)
+        return answer
+
+    def listdir(self, path: str) -> list[str]:
+        """A directory's entries, sorted; empty when missing."""
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
+
+    def is_dir(self, path: str) -> bool:
+        """Whether ``path`` is a directory (following links)."""
+        return os.path.isdir(path)
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists (following links)."""
+        return os.path.exists(path)
+
+    def readlink(self, path: str) -> str | int:
+        """A symlink's target, or the errno (EINVAL: not a link; ENOENT: missing)."""
+        try:
+            return os.readlink(path)
+        except OSError as err:
+            return err.errno or errno.EIO
+
+    def stat_key(self, path: str) -> IdentityKey | None:
+        """The identity of the object at ``path`` (device, inode, ctime), or None when missing."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def open_read(path: str) -> tuple[int | None, ReadAnswer]:
+    """Open and read one attribute file: (the descriptor, still open, when it is a regular file
+    that gave content; the answer). The answer is None when sysfs means "no value" (a missing
+    file, ``speed`` of a down link), a problem text when a file that should be readable is not
+    (or is not a regular file)."""
+    try:
+        # os.open/os.read: a third of the cost of open() for these tiny files. O_NONBLOCK:
+        # a FIFO (or any device) where an attribute should be must never hang the scan.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        return None, _failure(err)
+    try:
+        data = os.read(fd, READ_MAX)
+        # Only an empty or oversized answer is suspicious: one fstat, not one per file.
+        mode = os.fstat(fd).st_mode if not data or len(data) > ATTRIBUTE_MAX else stat.S_IFREG
+    except OSError as err:
+        os.close(fd)
+        return None, _failure(err)
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        return None, "not a regular file"
+    if not data:
+        os.close(fd)
+        return None, data
+    return fd, data
+
+
+PLAIN_IO = SysfsIO()
+
+
 @dataclass
 class SysfsReader:
     """Memoising reader of one sysfs tree; create a new one for each scan."""
 
     root: str = "/sys"
+    io: SysfsIO = PLAIN_IO
     problems: dict[str, str] = field(default_factory=dict)
     """Files that exist (or should) but could not be read this scan: relative path -> reason."""
     _files: dict[str, str | None] = field(default_factory=dict, repr=False)
@@ -104,24 +191,11 @@ class SysfsReader:
     def _read_file(self, rel: str, path: str) -> str | None:
         """The stripped text of one file; None (and, unless sysfs means "no value", a recorded
         problem) when it cannot be read or is not a regular file."""
-        try:
-            # os.open/os.read: a third of the cost of open() for these tiny files. O_NONBLOCK:
-            # a FIFO (or any device) where an attribute should be must never hang the scan.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, READ_MAX)
-                # Only an empty or oversized answer is suspicious: one fstat, not one per file.
-                mode = os.fstat(fd).st_mode if not data or len(data) > ATTRIBUTE_MAX else stat.S_IFREG
-            finally:
-                os.close(fd)
-        except OSError as err:
-            if err.errno not in QUIET_ERRNOS:
-                self.problems[rel] = f"{err.strerror} ({errno.errorcode.get(err.errno or 0, '?')})"
+        answer = self.io.read(path)
+        if isinstance(answer, str):
+            self.problems[rel] = answer
             return None
-        if not stat.S_ISREG(mode):
-            self.problems[rel] = "not a regular file"
-            return None
-        return data.decode("utf-8", "replace").strip()
+        return None if answer is None else answer.decode("utf-8", "replace").strip()
 
     def _fast_dir(self, rel_dir: str) -> str | None:
         """Absolute path of directory ``rel_dir`` with its anchor link resolved; None when the anchor is missing.
@@ -156,21 +230,18 @@ class SysfsReader:
     def listdir(self, rel: str) -> list[str]:
         """Sorted entries of a directory, empty when missing."""
         if rel not in self._dirs:
-            try:
-                self._dirs[rel] = sorted(os.listdir(self.path(rel)))
-            except OSError:
-                self._dirs[rel] = []
+            self._dirs[rel] = self.io.listdir(self.path(rel))
         return self._dirs[rel]
 
     def is_dir(self, rel: str) -> bool:
         """Whether ``rel`` resolves to a directory: False for a dangling or looping link (a phantom)."""
         real = self.resolve(rel)
-        return real is not None and os.path.isdir(self.path(real))
+        return real is not None and self.io.is_dir(self.path(real))
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists (following links)."""
         real = self.resolve(rel)
-        return real is not None and os.path.exists(self.path(real))
+        return real is not None and self.io.exists(self.path(real))
 
     def resolve(self, rel: str) -> str | None:
         """The real path of ``rel`` relative to the root (links followed), or None when missing.
@@ -200,10 +271,9 @@ class SysfsReader:
         if candidate is None:
             return None
         real_head = candidate.rpartition("/")[0]
-        try:
-            target = os.readlink(self.path(candidate))
-        except OSError as err:
-            return candidate if err.errno == errno.EINVAL else None  # EINVAL: not a link
+        target = self.io.readlink(self.path(candidate))
+        if isinstance(target, int):
+            return candidate if target == errno.EINVAL else None  # EINVAL: not a link
         joined = os.path.normpath(f"{real_head}/{target}" if real_head else target)
         return None if joined.startswith("..") or os.path.isabs(target) else joined
 
@@ -211,11 +281,8 @@ class SysfsReader:
         """The last component of a symlink's target (e.g. the driver name of ``.../driver``)."""
         if rel not in self._link_names:
             candidate = self._in_real_dir(rel)
-            try:
-                name = os.path.basename(os.readlink(self.path(candidate))) if candidate is not None else None
-            except OSError:
-                name = None
-            self._link_names[rel] = name
+            target = self.io.readlink(self.path(candidate)) if candidate is not None else errno.ENOENT
+            self._link_names[rel] = None if isinstance(target, int) else os.path.basename(target)
         return self._link_names[rel]
 
 
@@ -237,10 +304,6 @@ def pcie_root_of(real_path: str) -> str | None:
         if PCIE_ROOT_RE.match(part):
             return part
     return None
-
-
-IdentityKey = tuple[int, int, int]
-"""``(st_dev, st_ino, st_ctime_ns)`` of a sysfs object's directory."""
 
 
 class IdentityCache:
@@ -272,13 +335,13 @@ class IdentityCache:
         self._seen.add(anchor)
         entry = self._entries.get(anchor)
         if entry is not None:
-            key = _identity_key(sysfs.path(entry[1]))
+            key = sysfs.io.stat_key(sysfs.path(entry[1]))
             if key == entry[0]:
                 sysfs._files.update(entry[2])
                 sysfs._links.update(entry[3])
                 return key
         real = sysfs.resolve(anchor)  # a miss: the scan needs this link anyway
-        return None if real is None else _identity_key(sysfs.path(real))
+        return None if real is None else sysfs.io.stat_key(sysfs.path(real))
 
     def remember(
         self,
@@ -308,16 +371,12 @@ class IdentityCache:
             if rel not in known_links and rel in sysfs._links:
                 known_links[rel] = sysfs._links[rel]
 
+    def known(self) -> int:
+        """How many objects are known."""
+        return len(self._entries)
+
     def end_scan(self) -> None:
         """Forget objects this scan did not prime (gone from their listing)."""
         for anchor in [a for a in self._entries if a not in self._seen]:
             del self._entries[anchor]
         self._seen = set()
-
-
-def _identity_key(path: str) -> IdentityKey | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)

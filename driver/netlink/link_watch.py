@@ -65,7 +65,7 @@ def parse_events(data: bytes) -> list[LinkEvent]:
                 if alen < 4:
                     break
                 if atype & 0x3FFF == IFLA_IFNAME:
-                    ifname = data[a + 4 : a + alen].split(b"\0", 1)[0].decode(errors="replace")
+                    ifname = os.fsdecode(data[a + 4 : a + alen].split(b"\0", 1)[0])
                     break
                 a += (alen + 3) & ~3
             out.append(LinkEvent("new" if kind == RTM_NEWLINK else "del", index, ifname))

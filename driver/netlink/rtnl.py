@@ -137,7 +137,7 @@ def _link_info(payload: bytes) -> LinkInfo:
     perm = attrs.get(IFLA_PERM_ADDRESS)
     return LinkInfo(
         index=index,
-        ifname=attrs[IFLA_IFNAME].rstrip(b"\0").decode(),
+        ifname=os.fsdecode(attrs[IFLA_IFNAME].split(b"\0", 1)[0]),  # any bytes: as os.listdir decodes
         mtu=struct.unpack("=I", attrs[IFLA_MTU])[0],
         mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
         permanent_mac=mac_str(perm) if perm and any(perm) else None,

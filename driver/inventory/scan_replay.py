@@ -1,0 +1,181 @@
+"""A rescan that reads every input again and builds nothing when nothing changed.
+
+A scan is a deterministic function of what it reads: sysfs files, links, directory listings,
+identity stats (and netlink facts, compared by the :class:`~driver.inventory.discovery.Scanner`).
+:class:`RecordingIO` records each of those system calls of a full scan with its answer, and
+keeps the files open. :meth:`ScanReplay.verify` then repeats every call, in the same order,
+and compares: equal answers mean the full scan would build exactly the same devices, so the
+scanner returns them without running the pipeline again. The first difference stops the
+replay and the scanner does a full scan (which records anew).
+
+Nothing is skipped: every file, link and listing the full scan looked at is looked at again.
+What the replay saves is the rest: path handling, attribute building, and two of the three
+system calls per file (``pread`` on the open file at offset 0 re-runs the attribute's ``show``
+in sysfs). A file of a removed sysfs object answers ``ENODEV`` on its old descriptor, which is
+a difference. On other file systems (fixture trees) a replaced file lives on behind its old
+descriptor, so there the directories of the open files are stat'ed too (a replaced entry
+changes its directory's ctime; a file rewritten in place is read through the descriptor).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+from typing import Any
+
+from driver.inventory.sysfs import READ_MAX, IdentityKey, ReadAnswer, SysfsIO, open_read
+
+SYSFS_MAGIC = 0x62656572
+READ_FD, READ_PATH, LISTDIR, EXISTS, READLINK, STAT, IS_DIR = range(7)
+
+
+def fd_budget() -> int:
+    """How many files a recording may keep open: half the soft ``RLIMIT_NOFILE``, at most 32768."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 32768
+    return max(0, min(32768, soft // 2))
+
+
+def is_sysfs(path: str) -> bool:
+    """Whether ``path`` is on sysfs (kernfs: a removed object's open files answer ENODEV)."""
+    buf = ctypes.create_string_buffer(120)  # struct statfs; f_type first (os.statvfs lacks it)
+    if ctypes.CDLL(None, use_errno=True).statfs(path.encode(), buf) != 0:
+        return False
+    return int.from_bytes(buf.raw[:8], "little") == SYSFS_MAGIC
+
+
+class RecordingIO(SysfsIO):
+    """:class:`SysfsIO` that records every call and its answer; files stay open for the replay."""
+
+    def __init__(self, max_fds: int | None = None) -> None:
+        self.ops: list[tuple[int, Any, Any]] = []
+        self.fds: list[int] = []
+        self.max_fds = fd_budget() if max_fds is None else max_fds
+
+    def read(self, path: str) -> ReadAnswer:
+        fd, answer = open_read(path)
+        if fd is not None and len(self.fds) < self.max_fds:
+            self.fds.append(fd)
+            self.ops.append((READ_FD, (fd, path), answer))
+        else:
+            if fd is not None:
+                os.close(fd)
+            self.ops.append((READ_PATH, path, answer))
+        return answer
+
+    def listdir(self, path: str) -> list[str]:
+        names = super().listdir(path)
+        self.ops.append((LISTDIR, path, names))
+        return names
+
+    def exists(self, path: str) -> bool:
+        found = super().exists(path)
+        self.ops.append((EXISTS, path, found))
+        return found
+
+    def is_dir(self, path: str) -> bool:
+        found = super().is_dir(path)
+        self.ops.append((IS_DIR, path, found))
+        return found
+
+    def readlink(self, path: str) -> str | int:
+        target = super().readlink(path)
+        self.ops.append((READLINK, path, target))
+        return target
+
+    def stat_key(self, path: str) -> IdentityKey | None:
+        key = super().stat_key(path)
+        self.ops.append((STAT, path, key))
+        return key
+
+    def close(self) -> None:
+        """Close the files kept open."""
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+
+class ScanReplay:
+    """The calls of the last full scan and its result; :meth:`verify` checks nothing changed.
+
+    The recorded calls are grouped by kind into flat lists, so the replay runs as a few tight
+    loops (the order of the calls does not matter: each answer is compared on its own, and a
+    stale descriptor is caught as described in the module docstring).
+    """
+
+    def __init__(self, io: RecordingIO, result: Any, on_sysfs: bool) -> None:
+        self.io = io
+        self.result = result
+        self.on_sysfs = on_sysfs
+        self.replays = 0
+        self._fds: list[int] = []
+        self._contents: list[ReadAnswer] = []
+        self._links: list[str] = []
+        self._targets: list[str] = []
+        self._stats: list[str] = []
+        self._keys: list[IdentityKey] = []
+        self._rest: list[tuple[int, Any, Any]] = []  # failed calls, listings, existence checks
+        dirs: set[str] = set()
+        for op, target, expected in io.ops:
+            if op == READ_FD and expected is not None:
+                self._fds.append(target[0])
+                self._contents.append(expected)
+                dirs.add(os.path.dirname(target[1]))
+            elif op == READLINK and isinstance(expected, str):
+                self._links.append(target)
+                self._targets.append(expected)
+            elif op == STAT and expected is not None:
+                self._stats.append(target)
+                self._keys.append(expected)
+            else:
+                self._rest.append((op, target[1] if op == READ_FD else target, expected))
+        # Off sysfs, a file replaced under an open descriptor changes its directory's ctime: the
+        # directories of the files kept open are stat'ed too (those not stat'ed as objects already).
+        self._dirs = [] if on_sysfs else sorted(dirs - set(self._stats))
+        self._dir_keys = [PLAIN.stat_key(d) for d in self._dirs]
+
+    def close(self) -> None:
+        """Close the recorded files."""
+        self.io.close()
+
+    def verify(self) -> bool:
+        """Repeat every recorded call; True when each answer is the same as recorded."""
+        pread, readlink, stat = os.pread, os.readlink, os.stat
+        try:
+            if [pread(fd, READ_MAX, 0) for fd in self._fds] != self._contents:
+                return False
+            if [readlink(p) for p in self._links] != self._targets:
+                return False
+            if [(s.st_dev, s.st_ino, s.st_ctime_ns) for s in map(stat, self._stats)] != self._keys:
+                return False
+            if self._dirs and [PLAIN.stat_key(d) for d in self._dirs] != self._dir_keys:
+                return False
+        except OSError:  # ENODEV: a sysfs object is gone; ENOENT: a path is; either way, changed
+            return False
+        for op, target, expected in self._rest:
+            if _call(op, target) != expected:
+                return False
+        self.replays += 1
+        return True
+
+
+def _call(op: int, target: Any) -> Any:
+    if op in (READ_FD, READ_PATH):
+        return PLAIN.read(target)
+    if op == IS_DIR:
+        return PLAIN.is_dir(target)
+    if op == READLINK:
+        return PLAIN.readlink(target)
+    if op == STAT:
+        return PLAIN.stat_key(target)
+    if op == LISTDIR:
+        return PLAIN.listdir(target)
+    return PLAIN.exists(target)
+
+
+PLAIN = SysfsIO()
