@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -16,9 +17,11 @@ from pathlib import Path
 
 from devcluster.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
+from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.inventory.sysfs import IdentityCache
 
 GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 30.0}  # issue 14: 520 devices in <= 30 ms
+GOAL_UPDATE_MS = 2.0  # issue 14: one device updated from one event
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -53,6 +56,49 @@ def bench_scan(root: Path, runs: int, exclude: list[str], full: str = "replay") 
         scanner.scan()
         samples.append((time.perf_counter() - start) * 1000)
     return samples, count
+
+
+def bench_update(root: Path, runs: int) -> tuple[list[float], str]:
+    """One link event -> its one device rebuilt (``LinkUpdater``), on a fixture (sysfs only):
+    each sample changes the netdev's MTU first, so the device really differs."""
+    scanner = Scanner(str(root))
+    scanner.scan()
+    updater = LinkUpdater(scanner)
+    ifname = sorted(os.listdir(root / "class/net"))[len(os.listdir(root / "class/net")) // 2]
+    mtu = (root / "class/net" / ifname).resolve() / "mtu"
+    samples = []
+    for i in range(runs):
+        mtu.write_text(f"{1500 + i % 2}\n")
+        start = time.perf_counter()
+        delta = updater.apply([LinkChange(0, ifname)])
+        samples.append((time.perf_counter() - start) * 1000)
+        assert len(delta.updated) == 1 and not delta.full_scan
+    return samples, ifname
+
+
+def bench_update_host(runs: int) -> list[float] | None:
+    """The same on this host's /sys with netlink (one RTM_GETLINK + its addresses): a veth whose
+    MTU changes before each sample. Root only; None otherwise."""
+    if os.geteuid() != 0:
+        return None
+    name = f"dnb{os.getpid() % 100000}"
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", name + "p"], check=True)
+    try:
+        scanner = Scanner("/sys")
+        scanner.scan()
+        updater = LinkUpdater(scanner)
+        index = int(Path(f"/sys/class/net/{name}/ifindex").read_text())
+        samples = []
+        for i in range(runs):
+            subprocess.run(["ip", "link", "set", name, "mtu", str(1400 + i % 2)], check=True)
+            start = time.perf_counter()
+            delta = updater.apply([LinkChange(index, name)])
+            samples.append((time.perf_counter() - start) * 1000)
+            assert name in delta.updated, delta
+        scanner.close()
+        return samples
+    finally:
+        subprocess.run(["ip", "link", "del", name], check=False)
 
 
 def bench_cli(root: Path, runs: int) -> list[float]:
@@ -94,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             report("  full scan (pipeline runs)", samples, None)
             samples, _ = bench_scan(root, max(1, args.runs // 3), exclude, full="first")
             report("  first scan (no identity cache)", samples, None)
+        samples, ifname = bench_update(Path(tmp) / "sriov-520", args.runs)
+        report(f"one link event -> one device (sriov-520, {ifname})", samples, GOAL_UPDATE_MS)
+        host = bench_update_host(max(1, args.runs // 3))
+        if host:
+            report("one link event -> one device (host veth, netlink)", host, GOAL_UPDATE_MS)
         nd = Path(tmp) / "nd-h100-v5"
         report("dranet discover (process, nd-h100-v5)", bench_cli(nd, args.cli_runs), None)
         report("dranet discover (process, sriov-520)", bench_cli(Path(tmp) / "sriov-520", args.cli_runs), None)
