@@ -80,3 +80,20 @@ async def test_callback_errors_do_not_stop_the_watcher(netns_factory) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def test_parse_events_reads_kind_index_and_name_only() -> None:
+    import struct
+
+    from driver.netlink.link_watch import parse_events
+    from driver.netlink_channel import IFINFOMSG, IFLA_IFNAME, IFLA_MTU, NLMSGHDR, RTM_DELLINK, RTM_NEWLINK, attr
+
+    def msg(kind: int, index: int, name: str) -> bytes:
+        body = IFINFOMSG.pack(0, 1, index, 0, 0) + attr(IFLA_MTU, struct.pack("=I", 1500))
+        body += attr(IFLA_IFNAME, name.encode() + b"\0")
+        return NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, 0, 0, 0) + body
+
+    other = NLMSGHDR.pack(NLMSGHDR.size + 4, 20, 0, 0, 0) + b"\0" * 4  # RTM_NEWADDR: skipped
+    data = msg(RTM_NEWLINK, 5, "eth1") + other + msg(RTM_DELLINK, 9, "net1")
+    assert parse_events(data) == [LinkEvent("new", 5, "eth1"), LinkEvent("del", 9, "net1")]
+    assert parse_events(b"") == [] and parse_events(b"\x01\x00") == []
