@@ -268,16 +268,18 @@ class Daemon:
     def on_link_events(self, events: list[LinkEvent]) -> None:
         """Sort a batch of host link events (event loop): own and excluded ones dropped, the rest queued."""
         state = self.scanner.state
-        queued = False
+        own = ignored = queued = 0
         for ev in events:
             if self.own_changes.is_own(ev.index, ev.ifname):
-                self.metrics.link_events.labels("own").inc()
+                own += 1
             elif ev.ifname in self.config.exclude_interfaces or (state is not None and ev.ifname in state.roots):
-                self.metrics.link_events.labels("ignored").inc()
+                ignored += 1
             else:
-                self.metrics.link_events.labels("update").inc()
                 self._pending[ev.index or ev.ifname] = LinkChange(ev.index, ev.ifname)
-                queued = True
+                queued += 1
+        for outcome, count in (("own", own), ("ignored", ignored), ("update", queued)):
+            if count:
+                self.metrics.link_events.labels(outcome).inc(count)
         if queued:
             self._link_wake.set()
 

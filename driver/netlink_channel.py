@@ -125,6 +125,29 @@ def parse_attrs(payload: bytes, off: int) -> dict[int, bytes]:
     return dict(attr_list(payload, off))
 
 
+_ATTR_HEADER = struct.Struct("=HH")
+
+
+def pick_attrs(payload: bytes, off: int, wanted: frozenset[int]) -> dict[int, bytes]:
+    """The ``wanted`` top-level attributes from ``off`` on (type -> data), stopping once all are
+    found. A link message carries ~50 attributes, some of them kilobytes (per-family blocks):
+    only the few asked for are copied."""
+    out: dict[int, bytes] = {}
+    end, need = len(payload), len(wanted)
+    unpack = _ATTR_HEADER.unpack_from
+    while off + 4 <= end:
+        alen, kind = unpack(payload, off)
+        if alen < 4:
+            break
+        kind &= 0x3FFF
+        if kind in wanted:
+            out[kind] = payload[off + 4 : off + alen]
+            if len(out) == need:
+                break
+        off += (alen + 3) & ~3
+    return out
+
+
 def text(raw: bytes) -> str:
     """A NUL-terminated string attribute."""
     return raw.split(b"\0", 1)[0].decode()

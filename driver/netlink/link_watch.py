@@ -1,7 +1,7 @@
 """Netlink link events (RTM_NEWLINK / RTM_DELLINK) -> :class:`LinkEvent` batches.
 
-A raw ``NETLINK_ROUTE`` socket joined to ``RTMGRP_LINK``, read by the event loop
-(``loop.sock_recv``); each datagram's link messages become one batch of (kind, ifindex, name),
+A raw ``NETLINK_ROUTE`` socket joined to ``RTMGRP_LINK``, read by the event loop (one reader
+callback drains what is queued); the link messages of one wakeup become one batch of (kind, ifindex, name),
 parsed no further: the consumer decides what an event means (the driver's own change, an
 excluded interface, or one link to update). Address and route changes do not trigger (as in
 the Go driver); the periodic resync covers them. When the kernel drops events because the
@@ -104,22 +104,37 @@ class LinkWatcher:
 
     async def _watch_once(self) -> None:
         loop = asyncio.get_running_loop()
+        failed: asyncio.Future[None] = loop.create_future()
         with self._socket() as sock:
-            self.subscribed.set()
-            log.info("watching link events", extra={"kv": {"netns": self.netns}})
-            while True:
-                try:
-                    data = await loop.sock_recv(sock, 1 << 16)
-                except OSError as err:
-                    if err.errno != errno.ENOBUFS:
-                        raise
-                    log.warning("link events lost (socket buffer overflow): full scan")
-                    self._call(self.on_overflow)
-                    continue
-                events = parse_events(data)
-                if events:
-                    self.events += len(events)
-                    self._call(self.on_events, events)
+            # One reader callback for the socket's life, draining every queued datagram per
+            # wakeup: no future and no epoll registration per event (a pod start brings ~20).
+            loop.add_reader(sock.fileno(), self._drain, sock, failed)
+            try:
+                self.subscribed.set()
+                log.info("watching link events", extra={"kv": {"netns": self.netns}})
+                await failed
+            finally:
+                loop.remove_reader(sock.fileno())
+
+    def _drain(self, sock: socket.socket, failed: asyncio.Future[None]) -> None:
+        events: list[LinkEvent] = []
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except BlockingIOError:
+                break
+            except OSError as err:
+                if err.errno != errno.ENOBUFS:
+                    if not failed.done():
+                        failed.set_exception(err)
+                    return
+                log.warning("link events lost (socket buffer overflow): full scan")
+                self._call(self.on_overflow)
+                continue
+            events += parse_events(data)
+        if events:
+            self.events += len(events)
+            self._call(self.on_events, events)
 
     @staticmethod
     def _call(fn: Callable[..., None] | None, *args: object) -> None:

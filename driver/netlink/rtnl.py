@@ -10,11 +10,12 @@ encoded here; dumps of whole tables for slow paths stay with pyroute2.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import os
 import socket
 import struct
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from driver.netlink_channel import (
@@ -47,7 +48,7 @@ from driver.netlink_channel import (
     NetlinkChannel,
     attr,
     mac_str,
-    parse_attrs,
+    pick_attrs,
 )
 
 RT_TABLE_LOCAL = 255
@@ -81,8 +82,8 @@ class Route:
     family: int = socket.AF_INET
 
     def to_dict(self) -> dict[str, Any]:
-        """Checkpoint form."""
-        return asdict(self)
+        """Checkpoint form (``dataclasses.asdict`` deep-copies every field: 10x slower)."""
+        return {f: getattr(self, f) for f in _ROUTE_FIELDS}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Route:
@@ -95,6 +96,9 @@ IFLA_EXT_MASK = 29
 RTEXT_FILTER_SKIP_STATS = 1 << 3
 SKIP_STATS = attr(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
 """Appended to an RTM_GETLINK: the answer leaves out the (large) statistics blocks."""
+
+
+_ROUTE_FIELDS = tuple(f.name for f in fields(Route))
 
 
 def ip_attr(attrs: dict[int, bytes], kind: int) -> str | None:
@@ -131,9 +135,12 @@ class Request:
     ignore: tuple[int, ...] = ()
 
 
+_LINK_INFO_ATTRS = frozenset({IFLA_IFNAME, IFLA_MTU, IFLA_ADDRESS, IFLA_PERM_ADDRESS})
+
+
 def _link_info(payload: bytes) -> LinkInfo:
     _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
-    attrs = parse_attrs(payload, IFINFOMSG.size)
+    attrs = pick_attrs(payload, IFINFOMSG.size, _LINK_INFO_ATTRS)
     perm = attrs.get(IFLA_PERM_ADDRESS)
     return LinkInfo(
         index=index,
@@ -250,9 +257,25 @@ def newlink(
     return Request(RTM_NEWLINK, 0, body, device, step, what)
 
 
+@functools.lru_cache(maxsize=1024)
+def _interface(cidr: str) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+    # The same few CIDRs come back at every pod start and stop: parse each once.
+    return ipaddress.ip_interface(cidr)
+
+
+@functools.lru_cache(maxsize=1024)
+def _network(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    return ipaddress.ip_network(cidr, strict=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    return ipaddress.ip_address(text)
+
+
 def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Request:
     """RTM_NEWADDR of ``cidr`` (global scope); an existing address is not an error."""
-    iface = ipaddress.ip_interface(cidr)
+    iface = _interface(cidr)
     family = socket.AF_INET6 if iface.version == 6 else socket.AF_INET
     body = IFADDRMSG.pack(family, iface.network.prefixlen, 0, RT_SCOPE_UNIVERSE, index)
     body += attr(IFA_LOCAL, iface.ip.packed) + attr(IFA_ADDRESS, iface.ip.packed)
@@ -261,7 +284,7 @@ def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Reques
 
 def newroute(device: str, index: int, route: Route, step: str = "route") -> Request:
     """RTM_NEWROUTE through ``index``; an existing route is not an error."""
-    dst = ipaddress.ip_network(route.dst, strict=False) if route.dst else None
+    dst = _network(route.dst) if route.dst else None
     table = route.table or RT_TABLE_MAIN
     body = RTMSG.pack(
         route.family,
@@ -278,9 +301,9 @@ def newroute(device: str, index: int, route: Route, step: str = "route") -> Requ
     if dst is not None:
         body += attr(RTA_DST, dst.network_address.packed)
     if route.gateway:
-        body += attr(RTA_GATEWAY, ipaddress.ip_address(route.gateway).packed)
+        body += attr(RTA_GATEWAY, _address(route.gateway).packed)
     if route.prefsrc:
-        body += attr(RTA_PREFSRC, ipaddress.ip_address(route.prefsrc).packed)
+        body += attr(RTA_PREFSRC, _address(route.prefsrc).packed)
     if route.priority is not None:
         body += attr(RTA_PRIORITY, struct.pack("=I", route.priority))
     what = f"{route.dst or 'default'} via {route.gateway or '-'} table {table}"
