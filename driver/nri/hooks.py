@@ -385,6 +385,7 @@ class NRIHooks:
         )
         self._marks.append(("stop:moved-and-restored", time.perf_counter()))
         errors, done = [], []
+        returned: dict[str, str] = {}
         for i, m in enumerate(state.devices):
             if m.step == RETURNED:
                 continue
@@ -396,10 +397,7 @@ class NRIHooks:
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
                     self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
-                log.info(
-                    "NIC returned",
-                    extra={"kv": {"pod": pod_uid, "device": m.device, "ifname": m.host_ifname, "found": result}},
-                )
+                returned[m.device] = f"{m.host_ifname} (found in {result})"
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
                 if isinstance(exc, NetnsOpError) and exc.step == "find":
@@ -408,6 +406,8 @@ class NRIHooks:
                     done.append(m.device)
                 log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device, "error": str(exc)}})
             self._step(f"stop:returned-{i}")
+        if returned:
+            log.info("NICs returned", extra={"kv": {"pod": pod_uid, "devices": returned}})
 
         def commit(s: DriverState) -> None:
             pod = s.pods.get(pod_uid)
