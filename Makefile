@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos bench binaries up down chart-oci
+.PHONY: deps demo demo-fast test test-torch protos bench bench-hooks binaries up down chart-oci
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -45,3 +45,7 @@ chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image
 	$(PY) -m devcluster.helm
 	"$$($(PY) -c 'from devcluster import helm; print(helm.existing())')" package charts/dranet -d build/chart
 	$(PY) hack/chart-oci.py build/chart/dranet-*.tgz build/chart-oci
+
+bench-hooks: binaries  ## pod start/stop through the whole daemon vs the bare kernel work (root; docs/performance.md)
+	$(PY) -m bench.bench_hooks
+	$(PY) -m bench.bench_discovery --cli-runs 3

@@ -376,8 +376,9 @@ class Bench:
         """Full scans the daemon did so far (its /metrics, or its log on older builds)."""
         assert self.driver is not None
         m = self.metrics()
-        if "dranet_inventory_full_scans_total" in m:
-            return int(m["dranet_inventory_full_scans_total"])
+        key = 'dranet_inventory_updates_total{kind="full_scan"}'
+        if key in m:
+            return int(m[key])
         return self.driver.log().count("scan done")
 
     def check_nics_home(self) -> None:

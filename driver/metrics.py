@@ -97,18 +97,16 @@ class Metrics:
             namespace=NAMESPACE,
             registry=reg,
         )
-        self.full_scans = Counter(
-            "inventory_full_scans",
-            "Full discovery scans (start, resync timer, lost events).",
+        self.inventory_updates = Counter(
+            "inventory_updates",
+            "Inventory rebuilds by kind: full_scan (start, resync timer, lost link events; a rescan that "
+            "found nothing changed counts too) or link (one link's device rebuilt from a link event).",
+            ["kind"],
             namespace=NAMESPACE,
             registry=reg,
         )
-        self.link_updates = Counter(
-            "inventory_link_updates",
-            "Links whose device was rebuilt from a link event, without a full scan.",
-            namespace=NAMESPACE,
-            registry=reg,
-        )
+        self.full_scans = self.inventory_updates.labels("full_scan")
+        self.link_updates = self.inventory_updates.labels("link")
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:
         """Count one kubelet request and record its latency."""

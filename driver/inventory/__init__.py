@@ -2,8 +2,9 @@
 published attributes.
 
 ``discovery.Scanner`` is the pipeline (``sysfs``, ``netlink_facts``, ``rdma``, ``names``,
-``attributes``); ``device_filter`` applies the admin's CEL filter; ``topology`` and
-``discovery_cli`` serve ``dranet topology|templates|discover``.
+``attributes``); ``scan_replay`` lets a rescan skip the pipeline when none of its inputs changed;
+``incremental`` rebuilds the one device a link event feeds; ``device_filter`` applies the
+admin's CEL filter; ``topology`` and ``discovery_cli`` serve ``dranet topology|templates|discover``.
 
 May import: ``driver.model``, ``driver.netlink_channel`` (raw netlink), ``driver.config``.
 """
