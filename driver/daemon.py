@@ -210,7 +210,7 @@ class Daemon:
             started = time.perf_counter()
             self._pending.clear()  # the scan sees what those events announced
             devices = await asyncio.to_thread(self._scan_fn)
-            self.metrics.full_scans.inc()
+            self.metrics.count_inventory_update("full_scan")
             self.inventory = {d.name: d for d in devices}
             self.scanned = True
             self._health = {}
@@ -298,7 +298,7 @@ class Daemon:
                 if result is None:
                     self.request_rescan()
                     continue
-                self.metrics.link_updates.inc(len(changes))
+                self.metrics.count_inventory_update("link", len(changes))
                 updated, removed = result
                 changed = {n for n, d in updated.items() if self.inventory.get(n) != d}
                 changed |= {n for n in removed if n in self.inventory}

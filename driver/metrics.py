@@ -105,8 +105,14 @@ class Metrics:
             namespace=NAMESPACE,
             registry=reg,
         )
-        self.full_scans = self.inventory_updates.labels("full_scan")
-        self.link_updates = self.inventory_updates.labels("link")
+
+    def count_inventory_update(self, kind: str, n: int = 1) -> None:
+        """Count ``n`` inventory rebuilds of ``kind`` (``full_scan`` or ``link``)."""
+        self.inventory_updates.labels(kind).inc(n)
+
+    def inventory_update_count(self, kind: str) -> float:
+        """How many rebuilds of ``kind`` so far (tests, benchmarks)."""
+        return self.inventory_updates.labels(kind)._value.get()
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:
         """Count one kubelet request and record its latency."""

@@ -117,7 +117,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
         await asyncio.sleep(0.3)  # let the test's own setup events drain
         handed.clear()
-        scans = daemon.metrics.full_scans._value.get()
+        scans = daemon.metrics.inventory_update_count("full_scan")
         own = daemon.own_changes.own_events
         pod_names = {"net1", "net2", *nics}
 
@@ -128,7 +128,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         await asyncio.sleep(0.5)  # events still queued in the socket are read meanwhile
 
         assert [link_facts(n) for n in nics] == [before[n] for n in nics]  # nothing lost at home
-        assert daemon.metrics.full_scans._value.get() == scans, "a full scan ran during the pod cycles"
+        assert daemon.metrics.inventory_update_count("full_scan") == scans, "a full scan ran during the pod cycles"
         assert _mentions(handed, pod_names, indexes) == [], "the hooks' own link events reached the updater"
         # Each cycle: every NIC leaves the host (new + del) and comes back (new, under both names).
         assert daemon.own_changes.own_events - own >= CYCLES * len(nics) * 3
@@ -141,7 +141,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
             lambda: daemon.inventory[device].attributes.get("dra.net/mtu") == 1280, "the inventory to see MTU 1280"
         )
         assert {c.ifname for c in _mentions(handed, pod_names, indexes)} == {nics[1]}
-        assert daemon.metrics.full_scans._value.get() == scans
+        assert daemon.metrics.inventory_update_count("full_scan") == scans
     finally:
         daemon.stopping.set()
         await asyncio.wait_for(task, 30)
