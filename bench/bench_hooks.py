@@ -550,9 +550,10 @@ def main(argv: list[str]) -> int:
         b.setup()
         noop = b.noop_round_trips(args.noop)
         quiet = Results()
-        b.cycles(args.cycles, quiet)
-        loads.append(_load())
-        b.check_nics_home()
+        if args.cycles:
+            b.cycles(args.cycles, quiet)
+            loads.append(_load())
+            b.check_nics_home()
         storm = Results()
         if args.storm_cycles:
             b.start_storm()
@@ -565,7 +566,7 @@ def main(argv: list[str]) -> int:
             ok, diff = b.slices_match_scan()
             storm.storm["slices_match_scan"] = ok
             storm.storm["diff"] = diff
-        prep_row, conc_wall, conc_each = b.prepare_bench(args.prepare, args.concurrent)
+        prep = b.prepare_bench(args.prepare, args.concurrent) if args.prepare else None
         loads.append(_load())
         rss, idle_cpu, idle_scans = b.idle(args.idle)
         loads.append(_load())
@@ -576,16 +577,19 @@ def main(argv: list[str]) -> int:
         # Means: /proc/<pid>/stat counts in 10 ms ticks, a per-cycle median would be 0 or 10 ms.
         return sum(r.cpu_a) / max(1, len(r.cpu_a)) - sum(r.cpu_b) / max(1, len(r.cpu_b))
 
-    rows = [
-        Row("RunPodSandbox, 4 NICs", quiet.run, quiet.floor_run, cpu(quiet), *GOALS["run"]),
-        Row("StopPodSandbox, 4 NICs", quiet.stop, quiet.floor_stop, None, *GOALS["stop"]),
-    ]
+    rows = []
+    if quiet.run:
+        rows += [
+            Row("RunPodSandbox, 4 NICs", quiet.run, quiet.floor_run, cpu(quiet), *GOALS["run"]),
+            Row("StopPodSandbox, 4 NICs", quiet.stop, quiet.floor_stop, None, *GOALS["stop"]),
+        ]
     if storm.run:
         rows += [
             Row("RunPodSandbox, link storm", storm.run, storm.floor_run, cpu(storm), *GOALS["run_storm"]),
             Row("StopPodSandbox, link storm", storm.stop, storm.floor_stop, None, *GOALS["stop_storm"]),
         ]
-    rows.append(prep_row)
+    if prep:
+        rows.append(prep[0])
     print(f"\nmachine: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; started {started}")
     print(f"command: python -m bench.bench_hooks {' '.join(argv)}")
     print(f"load average (1/5/15 min) at start and after each phase: {' | '.join(loads)}")
@@ -604,14 +608,16 @@ def main(argv: list[str]) -> int:
     print(f"daemon counters during the storm cycles: {storm.counters}")
     if storm.storm:
         print(f"storm: {storm.storm}")
-    print(
-        f"NodePrepareResources, {args.concurrent} claims concurrently: wall {conc_wall:.1f} ms, "
-        f"per call median {median(conc_each):.2f} ms p99 {pct(conc_each, 99):.2f} ms"
-    )
-    print(
-        f"NodePrepareResources with no claims (the gRPC round trip alone): median {median(b.empty_prepare):.2f} ms "
-        f"p99 {pct(b.empty_prepare, 99):.2f} ms"
-    )
+    if prep:
+        _row, wall, each = prep
+        print(
+            f"NodePrepareResources, {args.concurrent} claims concurrently: wall {wall:.1f} ms, "
+            f"per call median {median(each):.2f} ms p99 {pct(each, 99):.2f} ms"
+        )
+        print(
+            f"NodePrepareResources with no claims (the gRPC round trip alone): median "
+            f"{median(b.empty_prepare):.2f} ms p99 {pct(b.empty_prepare, 99):.2f} ms"
+        )
     print(f"idle ({args.idle:.0f} s): RSS {rss:.1f} MB, CPU {idle_cpu:.3f} s, full rescans {idle_scans}")
     if args.json:
         Path(args.json).write_text(json.dumps({"quiet": quiet.__dict__, "storm": storm.__dict__}))
