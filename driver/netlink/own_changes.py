@@ -12,7 +12,8 @@ has returned, so an expectation outlives its hook by ``grace`` seconds.
 The same object tells background work when a hook runs (:attr:`busy`, :meth:`wait_idle`,
 :meth:`idle`), so publishing, updates and rescans can step aside for it instead of competing
 for the interpreter lock while the runtime waits; they also let ``settle`` seconds pass after
-a hook, while its answer goes back to the runtime.
+a hook, while its answer goes back to the runtime. Waiters poll (every few ms) rather than
+being woken by the hook: a wake-up at the hook's end would compete with sending its answer.
 
 Thread-safe: hooks run in the NRI worker thread, events are read by the event loop.
 """
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 GRACE = 2.0  # s an expectation outlives its hook (events queued in the socket arrive late)
 SETTLE = 0.01  # s background work keeps waiting after a hook: its answer is still being sent
+POLL = 0.005  # s between two looks of a waiting background task
 
 
 class OwnChanges:
@@ -40,12 +42,10 @@ class OwnChanges:
         self.clock = clock
         self._ended = float("-inf")  # when the last hook ended
         self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
         self._busy = 0
         self._names: dict[str, float] = {}  # name -> expiry (inf while its hook runs)
         self._indexes: dict[int, float] = {}
         self._open: list[tuple[set[str], set[int]]] = []  # expectations of running hooks
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.own_events = 0  # events recognised as ours (tests, metrics)
 
     # -- the hooks' side ----------------------------------------------------------------------
@@ -68,15 +68,8 @@ class OwnChanges:
                     self._indexes[index] = expiry
                 self._busy -= 1
                 self._ended = self.clock()
-                idle = self._busy == 0
-                if idle:
-                    self._idle.notify_all()
-                    waiters, self._waiters = self._waiters, []
-                else:
-                    waiters = []
-            for loop, fut in waiters:
-                with contextlib.suppress(RuntimeError):  # loop closed
-                    loop.call_soon_threadsafe(_resolve, fut)
+            # Nobody is woken here: waiters poll. A wake-up now would compete with sending the
+            # hook's answer; their next look comes after ``settle`` anyway.
 
     def expect(self, names: Iterable[str] = (), indexes: Iterable[int | None] = ()) -> None:
         """Events of these host links (by name or ifindex) are ours until the enclosing hook ends + grace."""
@@ -116,42 +109,23 @@ class OwnChanges:
         """Whether a hook is running right now."""
         return self._busy > 0
 
-    def _settling(self) -> float:
-        """Seconds until the last hook's answer has had ``settle`` s to go out (0: settled)."""
-        return max(0.0, self._ended + self.settle - self.clock())
+    def _wait_for(self) -> float:
+        """0 when background work may run now, else how long to wait before looking again."""
+        with self._lock:
+            if self._busy:
+                return POLL
+            return max(0.0, self._ended + self.settle - self.clock())
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block (a worker thread) until no hook runs and the last one settled; False on ``timeout``."""
         deadline = None if timeout is None else self.clock() + timeout
-        while True:
-            with self._lock:
-                left = None if deadline is None else deadline - self.clock()
-                if not self._idle.wait_for(lambda: self._busy == 0, left):
-                    return False
-                pause = self._settling()
-            if not pause:
-                return True
+        while pause := self._wait_for():
+            if deadline is not None and self.clock() + pause > deadline:
+                return False
             time.sleep(pause)
+        return True
 
     async def idle(self) -> None:
         """Wait (in an event loop) until no hook runs and the last one settled."""
-        while True:
-            with self._lock:
-                if self._busy == 0:
-                    pause = self._settling()
-                    if not pause:
-                        return
-                    fut = None
-                else:
-                    loop = asyncio.get_running_loop()
-                    fut = loop.create_future()
-                    self._waiters.append((loop, fut))
-            if fut is None:
-                await asyncio.sleep(pause)
-            else:
-                await fut
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+        while pause := self._wait_for():
+            await asyncio.sleep(pause)
