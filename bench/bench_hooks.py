@@ -352,9 +352,9 @@ class Bench:
         out.rescans = self.scan_count() - scans0
         metrics1 = self.metrics()
         out.counters = {
-            k.removeprefix("dranet_"): v - metrics0.get(k, 0.0)
+            k.removeprefix("dranet_driver_"): v - metrics0.get(k, 0.0)
             for k, v in metrics1.items()
-            if k.startswith(("dranet_link_events", "dranet_inventory")) and v != metrics0.get(k, 0.0)
+            if k.startswith(("dranet_driver_link_events", "dranet_driver_inventory")) and v != metrics0.get(k, 0.0)
         }
 
     def metrics(self) -> dict[str, float]:
@@ -376,7 +376,7 @@ class Bench:
         """Full scans the daemon did so far (its /metrics, or its log on older builds)."""
         assert self.driver is not None
         m = self.metrics()
-        key = 'dranet_inventory_updates_total{kind="full_scan"}'
+        key = 'dranet_driver_inventory_updates_total{kind="full_scan"}'
         if key in m:
             return int(m[key])
         return self.driver.log().count("scan done")

@@ -88,13 +88,14 @@ class Metrics:
             subsystem=SUBSYSTEM,
             registry=reg,
         )
-
+        # Ours (the Go driver rescans on every link event and has no such counters).
         self.link_events = Counter(
             "link_events",
             "Host link events by outcome: own (caused by an NRI hook: no work), ignored (an excluded "
             "interface), update (the device it feeds was rebuilt).",
             ["outcome"],
             namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
             registry=reg,
         )
         self.inventory_updates = Counter(
@@ -103,6 +104,7 @@ class Metrics:
             "found nothing changed counts too) or link (one link's device rebuilt from a link event).",
             ["kind"],
             namespace=NAMESPACE,
+            subsystem=SUBSYSTEM,
             registry=reg,
         )
 

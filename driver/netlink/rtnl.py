@@ -3,8 +3,9 @@
 :class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink_channel.NetlinkChannel` bound to
 one network namespace. Requests (:class:`Request`, built by :func:`newlink`, :func:`newaddr`,
 :func:`newroute`) are pipelined: all of a pod's addresses, link-ups and routes go to the kernel
-in one ``send`` and the acks are matched by sequence number. Only what the driver needs is
-encoded here; dumps of whole tables for slow paths stay with pyroute2.
+in one ``send`` and the acks are matched by sequence number; lookups of several links are
+pipelined too, and the slow paths' dumps (every link) use the same socket. Only what the driver
+needs is encoded here.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The runtime (containerd, CRI-O) listens on the NRI socket; we connect, serve the
 ``Plugin`` service on mux connection 1, call ``Runtime.RegisterPlugin`` on mux
 connection 2, then answer Configure, Synchronize and the pod/container events we
 subscribed to. Hooks run one at a time in a dedicated worker thread: they do
-blocking netlink work (pyroute2 keeps per-thread sockets) and the runtime already
+blocking netlink work (the host sockets are per thread) and the runtime already
 serializes NRI calls, so one thread keeps the netns bookkeeping simple.
 """
 
@@ -102,7 +102,7 @@ class NRIPlugin:
         self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
         self._stopping = asyncio.Event()
         self._mux: Mux | None = None
-        # One worker: hooks are serialized and pyroute2 sockets stay in one thread.
+        # One worker: hooks are serialized and the host netlink sockets stay in one thread.
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="nri-hook")
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
