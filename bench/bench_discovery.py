@@ -44,8 +44,7 @@ def bench_scan(root: Path, runs: int, exclude: list[str], full: str = "replay") 
     changed); ``"first"`` = also an empty identity cache (the daemon's first scan).
     """
     scanner = Scanner(str(root), exclude_interfaces=exclude)
-    count = len(scanner.scan())  # warm-up (imports, pci.ids)
-    scanner.scan()  # the second scan is the one recorded for replays
+    count = len(scanner.scan())  # warm-up (imports, pci.ids); recorded for replays
     samples = []
     for _ in range(runs):
         if full != "replay":

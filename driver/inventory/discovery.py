@@ -361,9 +361,12 @@ class Scanner:
         if replay is not None:
             replay.close()
             self._replay = None
-        # The first scan reads every immutable file too (the identity cache is empty): record
-        # the second, which reads only what can change.
-        io = RecordingIO() if self._replayable and self.identity.known() else PLAIN_IO
+        if self._replayable and not self.identity.known():
+            # The first scan reads every immutable file too (the identity cache is empty): run
+            # it plain, then record a second one, which reads only what can change. The files
+            # the replay keeps open are then open from the daemon's start on, a steady number.
+            self._full_scan(SysfsReader(self.sysfs_root, PLAIN_IO), facts)
+        io = RecordingIO() if self._replayable else PLAIN_IO
         devices = self._full_scan(SysfsReader(self.sysfs_root, io), facts)
         if isinstance(io, RecordingIO):
             self._replay = ScanReplay(io, (devices, facts, self.numa_list), self._on_sysfs)
