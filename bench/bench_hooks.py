@@ -126,11 +126,13 @@ class Floor:
         self.host = self.ns.host_rtnl()
         self.pod_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
         self.pod = Rtnl(self.ns.socket_in(self.pod_fd, socket.NETLINK_ROUTE))
+        self.moves_ms = 0.0
 
     def run(self) -> float:
-        """Moves in + configuration; ms."""
+        """Moves in + configuration; ms (the moves alone in :attr:`moves_ms`)."""
         t0 = time.perf_counter()
         self.host.run([newlink("f", n.index, ns_fd=self.pod_fd, ifname=n.pod_name, mtu=POD_MTU) for n in self.nics])
+        self.moves_ms = (time.perf_counter() - t0) * 1e3
         reqs: list[Request] = []
         for n in self.nics:
             reqs += [
@@ -176,6 +178,7 @@ class Results:
     stop: list[float] = field(default_factory=list)
     floor_run: list[float] = field(default_factory=list)
     floor_stop: list[float] = field(default_factory=list)
+    floor_run_moves: list[float] = field(default_factory=list)  # the moves alone, of floor_run
     cpu_a: list[float] = field(default_factory=list)
     cpu_b: list[float] = field(default_factory=list)
     rescans: int = 0
@@ -339,6 +342,7 @@ class Bench:
                 stop = self._nri("stop")
             else:
                 run = self.floor.run()
+                out.floor_run_moves.append(self.floor.moves_ms)
                 time.sleep(gap)
                 stop = self.floor.stop()
                 self.floor.check()
@@ -347,7 +351,7 @@ class Bench:
             (out.run if kind == "A" else out.floor_run).append(run)
             (out.stop if kind == "A" else out.floor_stop).append(stop)
             (out.cpu_a if kind == "A" else out.cpu_b).append(cpu)
-        for lst in (out.run, out.stop, out.cpu_a, out.floor_run, out.floor_stop, out.cpu_b):
+        for lst in (out.run, out.stop, out.cpu_a, out.floor_run, out.floor_stop, out.floor_run_moves, out.cpu_b):
             del lst[:2]  # the warm-up cycles
         out.rescans = self.scan_count() - scans0
         metrics1 = self.metrics()
