@@ -147,6 +147,7 @@ class Scanner:
         pci_ids_paths: Sequence[str] = PCI_IDS_PATHS,
         use_pyverbs: bool = True,
         numa_list: bool = False,
+        replay: bool = True,
     ) -> None:
         self.sysfs_root = sysfs_root
         # Netlink describes the host, so it only applies to the host's own sysfs.
@@ -163,8 +164,9 @@ class Scanner:
         self._query: LinkQuery | None = None
         self._replay: ScanReplay | None = None
         self._report: tuple[ScanReport, dict[str, str]] | None = None  # the last full scan's
-        # pyverbs answers are inputs the replay cannot repeat: scans with it always run in full.
-        self._replayable = not (self.use_pyverbs and rdma_has_pyverbs())
+        # ``replay``: rescans replay the last full scan (a daemon); a one-shot scan (dranet
+        # discover) has nothing to replay. pyverbs answers are inputs the replay cannot repeat.
+        self._replayable = replay and not (self.use_pyverbs and rdma_has_pyverbs())
         self._on_sysfs = is_sysfs(sysfs_root)
 
     def link_query(self) -> LinkQuery:

@@ -84,7 +84,10 @@ def cli_discover(args: argparse.Namespace, out: TextIO | None = None) -> int:
     excluded = [i.strip() for i in (getattr(args, "exclude_interfaces", "") or "").split(",") if i.strip()]
     gates = getattr(args, "feature_gates", None) or {}
     scanner = Scanner(
-        sysfs_root=args.sysfs_root, exclude_interfaces=excluded, numa_list=gates.get("DRAListTypeAttributes", False)
+        sysfs_root=args.sysfs_root,
+        exclude_interfaces=excluded,
+        numa_list=gates.get("DRAListTypeAttributes", False),
+        replay=False,  # one scan: nothing to replay
     )
     url = getattr(args, "cloud_metadata_url", None)
     provider = effective_provider(getattr(args, "cloud_provider", NONE), _is_host(args.sysfs_root), url)

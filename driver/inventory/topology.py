@@ -151,7 +151,9 @@ def read_topology(sysfs_root: str = "/sys", exclude_interfaces: Sequence[str] = 
             gpus.append(_endpoint(sysfs, bdf, f"GPU{len(gpus)}"))
 
     nics: list[PciEndpoint] = []
-    scanned = [d for d in Scanner(sysfs_root, exclude_interfaces=exclude_interfaces).scan() if d.host.pci_address]
+    scanned = [
+        d for d in Scanner(sysfs_root, exclude_interfaces=exclude_interfaces, replay=False).scan() if d.host.pci_address
+    ]
     for dev in sorted(scanned, key=lambda d: d.host.pci_address or ""):
         nic = _endpoint(sysfs, dev.host.pci_address or "", f"NIC{len(nics)}")
         nic.device_name = dev.name
