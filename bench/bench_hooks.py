@@ -128,34 +128,40 @@ class Floor:
         self.pod = Rtnl(self.ns.socket_in(self.pod_fd, socket.NETLINK_ROUTE))
         self.moves_ms = 0.0
 
-    def run(self) -> float:
-        """Moves in + configuration; ms (the moves alone in :attr:`moves_ms`)."""
+    def _move_and_configure(self, src: Rtnl, dst: Rtnl, dst_fd: int, home: bool) -> float:
+        """All moves from ``src``'s netns to ``dst_fd``'s in one batch, then in ``dst`` all
+        addresses, link-ups and routes in one batch; ms (the moves alone in :attr:`moves_ms`)."""
         t0 = time.perf_counter()
-        self.host.run([newlink("f", n.index, ns_fd=self.pod_fd, ifname=n.pod_name, mtu=POD_MTU) for n in self.nics])
+        src.run(
+            [
+                newlink(
+                    "f",
+                    n.index,
+                    ns_fd=dst_fd,
+                    ifname=n.ifname if home else n.pod_name,
+                    mtu=HOST_MTU if home else POD_MTU,
+                )
+                for n in self.nics
+            ]
+        )
         self.moves_ms = (time.perf_counter() - t0) * 1e3
         reqs: list[Request] = []
         for n in self.nics:
             reqs += [
-                newaddr("f", n.index, n.pod_cidr),
+                newaddr("f", n.index, n.host_cidr if home else n.pod_cidr),
                 newlink("f", n.index, up=True),
-                newroute("f", n.index, n.pod_route),
+                newroute("f", n.index, n.host_route if home else n.pod_route),
             ]
-        self.pod.run(reqs)
+        dst.run(reqs)
         return (time.perf_counter() - t0) * 1e3
+
+    def run(self) -> float:
+        """Moves in + configuration in the pod; ms."""
+        return self._move_and_configure(self.host, self.pod, self.pod_fd, home=False)
 
     def stop(self) -> float:
         """Moves back + host restore; ms."""
-        t0 = time.perf_counter()
-        self.pod.run([newlink("f", n.index, ns_fd=self.ns.host_fd, ifname=n.ifname, mtu=HOST_MTU) for n in self.nics])
-        reqs: list[Request] = []
-        for n in self.nics:
-            reqs += [
-                newaddr("f", n.index, n.host_cidr),
-                newlink("f", n.index, up=True),
-                newroute("f", n.index, n.host_route),
-            ]
-        self.host.run(reqs)
-        return (time.perf_counter() - t0) * 1e3
+        return self._move_and_configure(self.pod, self.host, self.ns.host_fd, home=True)
 
     def check(self) -> None:
         """Untimed: the ifindexes are still right (the kernel keeps a free index across moves)."""
