@@ -363,15 +363,14 @@ class Scanner:
         if replay is not None:
             replay.close()
             self._replay = None
-        if self._replayable and not self.identity.known():
-            # The first scan reads every immutable file too (the identity cache is empty): run
-            # it plain, then record a second one, which reads only what can change. The files
-            # the replay keeps open are then open from the daemon's start on, a steady number.
-            self._full_scan(SysfsReader(self.sysfs_root, PLAIN_IO), facts)
         io = RecordingIO() if self._replayable else PLAIN_IO
-        devices = self._full_scan(SysfsReader(self.sysfs_root, io), facts)
+        sysfs = SysfsReader(self.sysfs_root, io)
+        devices = self._full_scan(sysfs, facts)
         if isinstance(io, RecordingIO):
-            self._replay = ScanReplay(io, (devices, facts, self.numa_list), self._on_sysfs)
+            # Files the identity cache vouches for (its stat of their object is replayed) are
+            # not read again: the first scan's recording is as lean as a later one's.
+            skip = self.identity.immutable_paths(sysfs)
+            self._replay = ScanReplay(io, (devices, facts, self.numa_list), self._on_sysfs, skip)
         return list(devices)
 
     def _full_scan(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> list[Device]:

@@ -22,11 +22,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from driver.inventory.discovery import PCI_IDENTITY_FILES, Netdev, Scanner, ScanState
 from driver.inventory.names import netdev_device_name, pci_device_name
 from driver.inventory.rdma import refresh_ports
-from driver.inventory.sysfs import SysfsReader
+from driver.inventory.sysfs import SysfsReader, ifname_problem, name_bytes
 from driver.model.device import Device
 
 log = logging.getLogger(__name__)
@@ -83,18 +84,28 @@ class LinkUpdater:
 
     # -- one link ---------------------------------------------------------------------------
     def _current(self, sysfs: SysfsReader, change: LinkChange) -> tuple[str | None, Netdev | None]:
-        """The link's name now and its netdev, or (None, None) when it is gone from this netns."""
+        """The link's name now and its netdev, or (None, None) when it is gone from this netns
+        or is one the full scan skips (a name we cannot publish, a dangling class/net link)."""
         scanner = self.scanner
         if scanner.netlink and change.index:
             link = scanner.link_query().link(change.index)
             if link is None:
                 return None, None
-            state = scanner.state
-            assert state is not None
-            return link.ifname, scanner.netdev(sysfs, link.ifname, link, state.by_index)
-        if sysfs.resolve(f"class/net/{change.ifname}") is None:
+            name: str = link.ifname
+        else:
+            link, name = None, change.ifname
+        in_sysfs = sysfs.resolve(f"class/net/{name}") is not None
+        if not in_sysfs and link is None:
             return None, None
-        return change.ifname, scanner.netdev(sysfs, change.ifname, None, {})
+        problem = ifname_problem(name)
+        if problem is None and in_sysfs and not sysfs.is_dir(f"class/net/{name}"):
+            problem = "class/net entry is a dangling or looping link (no such device)"
+        if problem is not None:
+            log.info("link skipped", extra={"kv": {"ifname": name_bytes(name), "reason": problem}})
+            return None, None
+        state = scanner.state
+        assert state is not None
+        return name, scanner.netdev(sysfs, name, link, state.by_index)
 
     def _one(self, sysfs: SysfsReader, state: ScanState, change: LinkChange, delta: InventoryDelta) -> None:
         name, dev = self._current(sysfs, change)
@@ -135,7 +146,7 @@ class LinkUpdater:
             elif excluded:
                 delta.removed.add(netdev_device_name(name))
             else:
-                delta.updated[netdev_device_name(name)] = self.scanner.netdev_device(sysfs, dev)
+                self._build(delta, netdev_device_name(name), self.scanner.netdev_device, sysfs, dev)
         for bdf in pci:
             self._pci(sysfs, state, bdf, delta)
 
@@ -159,5 +170,16 @@ class LinkUpdater:
         rdma = state.rdma_by_pci.get(bdf)
         if rdma is not None:
             rdma = state.rdma_by_pci[bdf] = refresh_ports(sysfs, rdma, scanner.use_pyverbs)
-        delta.updated[name] = scanner.pci_device(sysfs, bdf, netdevs, rdma)
+        self._build(delta, name, scanner.pci_device, sysfs, bdf, netdevs, rdma)
         scanner.identity.remember(sysfs, base, key, PCI_IDENTITY_FILES, ("", "/physfn"))
+
+    @staticmethod
+    def _build(delta: InventoryDelta, name: str, build: Callable[..., Device], *args: Any) -> None:
+        """``delta.updated[name] = build(*args)``; a device whose facts make it fail is left out
+        (as the full scan skips it), never the whole update."""
+        try:
+            delta.updated[name] = build(*args)
+        except Exception as exc:  # noqa: BLE001 - one bad device must not stop the others
+            log.warning("device skipped", extra={"kv": {"device": name, "error": f"{type(exc).__name__}: {exc}"}})
+            delta.updated.pop(name, None)
+            delta.removed.add(name)

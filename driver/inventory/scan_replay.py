@@ -20,8 +20,10 @@ changes its directory's ctime; a file rewritten in place is read through the des
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import resource
+import stat
 from typing import Any
 
 from driver.inventory.sysfs import READ_MAX, IdentityKey, ReadAnswer, SysfsIO, open_read
@@ -108,7 +110,11 @@ class ScanReplay:
     stale descriptor is caught as described in the module docstring).
     """
 
-    def __init__(self, io: RecordingIO, result: Any, on_sysfs: bool) -> None:
+    def __init__(
+        self, io: RecordingIO, result: Any, on_sysfs: bool, skip: set[str] | frozenset[str] = frozenset()
+    ) -> None:
+        """``skip``: paths of files not to read again (immutable while their object, whose stat
+        is replayed, stays the same); their descriptors are closed."""
         self.io = io
         self.result = result
         self.on_sysfs = on_sysfs
@@ -119,9 +125,19 @@ class ScanReplay:
         self._targets: list[str] = []
         self._stats: list[str] = []
         self._keys: list[IdentityKey] = []
+        self._dirs_checked: list[str] = []  # is_dir calls, and their answers
+        self._is_dir: list[bool] = []
+        self._missing: list[str] = []  # links that were not there (ENOENT): still not there?
         self._rest: list[tuple[int, Any, Any]] = []  # failed calls, listings, existence checks
         dirs: set[str] = set()
+        kept = []
         for op, target, expected in io.ops:
+            if op == READ_FD and target[1] in skip:
+                os.close(target[0])
+                continue
+            if op in (READ_PATH, READLINK) and target in skip:
+                continue
+            kept.append((op, target, expected))
             if op == READ_FD and expected is not None:
                 self._fds.append(target[0])
                 self._contents.append(expected)
@@ -132,12 +148,24 @@ class ScanReplay:
             elif op == STAT and expected is not None:
                 self._stats.append(target)
                 self._keys.append(expected)
+            elif op == IS_DIR:
+                self._dirs_checked.append(target)
+                self._is_dir.append(expected)
+            elif op == READLINK and expected == errno.ENOENT:
+                self._missing.append(target)
             else:
                 self._rest.append((op, target[1] if op == READ_FD else target, expected))
+        io.ops = kept
+        io.fds = [target[0] for op, target, _ in kept if op == READ_FD]
         # Off sysfs, a file replaced under an open descriptor changes its directory's ctime: the
         # directories of the files kept open are stat'ed too (those not stat'ed as objects already).
+        # A directory also asked about by is_dir is stat'ed once for both questions.
         self._dirs = [] if on_sysfs else sorted(dirs - set(self._stats))
-        self._dir_keys = [PLAIN.stat_key(d) for d in self._dirs]
+        self._dir_keys = [_dir_answer(d) for d in self._dirs]
+        # So is one whose identity (an object directory) is stat'ed: the same key, the same directory.
+        covered = set(self._dirs) | set(self._stats)
+        checked = [(p, d) for p, d in zip(self._dirs_checked, self._is_dir, strict=True) if not (d and p in covered)]
+        self._dirs_checked, self._is_dir = [p for p, _ in checked], [d for _, d in checked]
 
     def close(self) -> None:
         """Close the recorded files."""
@@ -145,7 +173,7 @@ class ScanReplay:
 
     def verify(self) -> bool:
         """Repeat every recorded call; True when each answer is the same as recorded."""
-        pread, readlink, stat = os.pread, os.readlink, os.stat
+        pread, readlink, stat, isdir, access = os.pread, os.readlink, os.stat, os.path.isdir, os.access
         try:
             if [pread(fd, READ_MAX, 0) for fd in self._fds] != self._contents:
                 return False
@@ -153,7 +181,12 @@ class ScanReplay:
                 return False
             if [(s.st_dev, s.st_ino, s.st_ctime_ns) for s in map(stat, self._stats)] != self._keys:
                 return False
-            if self._dirs and [PLAIN.stat_key(d) for d in self._dirs] != self._dir_keys:
+            if self._dirs and [_dir_answer(d) for d in self._dirs] != self._dir_keys:
+                return False
+            if [isdir(p) for p in self._dirs_checked] != self._is_dir:
+                return False
+            # Still missing, without raising an exception per path (os.access answers False).
+            if any(access(p, os.F_OK, follow_symlinks=False) for p in self._missing):
                 return False
         except OSError:  # ENODEV: a sysfs object is gone; ENOENT: a path is; either way, changed
             return False
@@ -162,6 +195,15 @@ class ScanReplay:
                 return False
         self.replays += 1
         return True
+
+
+def _dir_answer(path: str) -> tuple[bool, IdentityKey] | None:
+    """A directory's (is a directory, identity key), or None when missing: one stat for both."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return stat.S_ISDIR(st.st_mode), (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _call(op: int, target: Any) -> Any:

@@ -371,9 +371,19 @@ class IdentityCache:
             if rel not in known_links and rel in sysfs._links:
                 known_links[rel] = sysfs._links[rel]
 
-    def known(self) -> int:
-        """How many objects are known."""
-        return len(self._entries)
+    def immutable_paths(self, sysfs: SysfsReader) -> set[str]:
+        """Absolute paths of the files and links remembered for every known object, as ``sysfs``
+        (the scan that read them) reached them: while the object's identity holds they cannot
+        change, so a replay of that scan need not read them again."""
+        out = set()
+        for anchor, (_key, real, files, links) in self._entries.items():
+            for rel in files:
+                out.add(f"{sysfs.root}/{real}/{rel[len(anchor) + 1 :]}")
+            for rel in links:
+                candidate = sysfs._in_real_dir(rel)  # memoised by the scan: no system call
+                if candidate is not None:
+                    out.add(sysfs.path(candidate))
+        return out
 
     def end_scan(self) -> None:
         """Forget objects this scan did not prime (gone from their listing)."""
