@@ -24,6 +24,7 @@ import errno
 import os
 import resource
 import stat
+import weakref
 from typing import Any
 
 from driver.inventory.sysfs import READ_MAX, IdentityKey, ReadAnswer, SysfsIO, open_read
@@ -33,11 +34,24 @@ READ_FD, READ_PATH, LISTDIR, EXISTS, READLINK, STAT, IS_DIR = range(7)
 
 
 def fd_budget() -> int:
-    """How many files a recording may keep open: half the soft ``RLIMIT_NOFILE``, at most 32768."""
+    """How many files a recording may keep open: up to half the soft ``RLIMIT_NOFILE`` (at most
+    32768) counting what the process has open already, so other descriptors always have room."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return 32768
-    return max(0, min(32768, soft // 2))
+    limit = 65536 if soft == resource.RLIM_INFINITY else soft
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = 0
+    return max(0, min(32768, limit // 2 - in_use))
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()
 
 
 def is_sysfs(path: str) -> bool:
@@ -55,6 +69,8 @@ class RecordingIO(SysfsIO):
         self.ops: list[tuple[int, Any, Any]] = []
         self.fds: list[int] = []
         self.max_fds = fd_budget() if max_fds is None else max_fds
+        # The descriptors go with the recording even if nobody calls close() (a dropped Scanner).
+        self._finalizer = weakref.finalize(self, _close_all, self.fds)
 
     def read(self, path: str) -> ReadAnswer:
         fd, answer = open_read(path)
@@ -94,12 +110,7 @@ class RecordingIO(SysfsIO):
 
     def close(self) -> None:
         """Close the files kept open."""
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
+        _close_all(self.fds)
 
 
 class ScanReplay:
@@ -156,7 +167,7 @@ class ScanReplay:
             else:
                 self._rest.append((op, target[1] if op == READ_FD else target, expected))
         io.ops = kept
-        io.fds = [target[0] for op, target, _ in kept if op == READ_FD]
+        io.fds[:] = [target[0] for op, target, _ in kept if op == READ_FD]  # the same list: the finalizer's
         # Off sysfs, a file replaced under an open descriptor changes its directory's ctime: the
         # directories of the files kept open are stat'ed too (those not stat'ed as objects already).
         # A directory also asked about by is_dir is stat'ed once for both questions.

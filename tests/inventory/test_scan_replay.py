@@ -116,3 +116,15 @@ def test_host_sysfs_changes_end_the_replay(netns_factory) -> None:
         assert a not in {d.name for d in scanner.scan()}
     finally:
         scanner.close()
+
+
+def test_a_dropped_scanner_closes_the_files_it_kept(nd: Path) -> None:
+    import gc
+
+    before = len(os.listdir("/proc/self/fd"))
+    scanner = Scanner(str(nd), exclude_interfaces=["eth0"], pci_ids_paths=())
+    scanner.scan()
+    assert len(os.listdir("/proc/self/fd")) > before  # the recording keeps files open
+    del scanner
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before
