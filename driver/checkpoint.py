@@ -16,20 +16,27 @@ one:
   tmpfs also keeps fsync out of the RunPodSandbox budget (disk fsync p99 was
   26 ms here).
 
-An update writes only the file whose content changed. Each file carries ``version``
+An update writes only the file whose content changed. Two driver instances may share the files for
+a moment (a DaemonSet rolling update with surge: the kubelet may prepare a claim in one and
+unprepare it in the other), so the store is coherent across processes: every read first checks
+(one ``stat`` per file) whether another process replaced a file and reloads it then, and every
+update holds an ``flock`` on ``checkpoint.lock`` in the state directory around reload, change
+and write. Each file carries ``version``
 (:data:`SCHEMA_VERSION`); an older file is migrated when read (:data:`MIGRATIONS`, one step per
 version), a newer one is refused: a downgraded driver must not guess at state it cannot read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -251,6 +258,21 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+_Stamp = tuple[int, int, int]
+_UNSEEN: Any = object()  # never equal to a stamp: a file we have not looked at yet is "changed"
+
+
+def _stamp_of(st: os.stat_result) -> _Stamp:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _stamp(path: Path) -> _Stamp | None:
+    try:
+        return _stamp_of(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
 class CheckpointError(Exception):
     """The checkpoint file exists but cannot be used (unreadable, or written by a newer driver)."""
 
@@ -315,6 +337,7 @@ class CheckpointStore:
 
     FILENAME = "checkpoint.json"
     PODS_FILENAME = "pods.json"
+    LOCK_FILENAME = "checkpoint.lock"
 
     def __init__(
         self,
@@ -332,29 +355,59 @@ class CheckpointStore:
         self.write_error: CheckpointWriteError | None = None
         self._lock = threading.RLock()
         self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file: what is on disk
+        # (inode, mtime, size) of each file as last read or written by us (None: absent); a
+        # different stamp means another driver instance replaced it (atomic rename: new inode).
+        self._stamps: dict[Path, _Stamp | None] = {}
+        self._lock_path = self.directory / self.LOCK_FILENAME
+        self._lock_fd = -1  # open while an update holds the cross-process lock
+        self._lock_depth = 0  # update() may nest (RLock): only the outermost takes the flock
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
         self._encoded: dict[str, tuple[PreparedClaim, bytes]] = {}
-        self._state = self._load()
+        with self._lock, self._cross_process():
+            # Under the lock: a leftover temporary file is then never another instance's write.
+            self._state = self._load(cleanup=True)
 
-    def _load(self) -> DriverState:
-        claims = self._load_part(self.path, "claims")
-        pods = self._load_part(self.pods_path, "pods")
+    @contextlib.contextmanager
+    def _cross_process(self) -> Iterator[None]:
+        """Hold ``checkpoint.lock`` (re-entrant within this store): other driver instances wait."""
+        self._lock_depth += 1
+        try:
+            if self._lock_depth == 1:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            self._lock_depth -= 1
+            if self._lock_depth == 0 and self._lock_fd >= 0:
+                os.close(self._lock_fd)  # closing releases the flock
+                self._lock_fd = -1
+
+    def _load(self, cleanup: bool = False) -> DriverState:
+        claims = self._load_part(self.path, "claims", cleanup)
+        pods = self._load_part(self.pods_path, "pods", cleanup)
         # A checkpoint from before the split holds the pods too; keep them.
         return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
-    def _load_part(self, path: Path, part: str) -> DriverState:
+    def _load_part(self, path: Path, part: str, cleanup: bool = False) -> DriverState:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_leftover(path)
+        if cleanup:
+            _remove_leftover(path)
         try:
-            raw = path.read_bytes()
+            with open(path, "rb") as f:
+                # The stamp of the very inode we read (a rename after the read gives a new one).
+                stamp = _stamp_of(os.fstat(f.fileno()))
+                raw = f.read()
         except FileNotFoundError:
             # A missing file is an empty part: no need to write it until something goes in.
             self._written[path] = _encode({part: {}})
+            self._stamps[path] = None
             return DriverState()
         except OSError as exc:  # EIO, EACCES: not damaged, unreadable; never guess at state
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        self._stamps[path] = stamp
         try:
             data = migrate(json.loads(raw))
             state = DriverState.from_json(data)
@@ -384,12 +437,27 @@ class CheckpointStore:
             extra={"kv": {"path": str(path), "moved_to": str(moved), "error": reason}},
         )
         self.quarantined.append(QuarantinedFile(path, moved, reason))
+        self._stamps[path] = None
         self._written[path] = _encode({part: {}})
         return DriverState()
+
+    def refresh(self) -> bool:
+        """Reload the files another process replaced since we last read or wrote them.
+
+        Returns True if anything was reloaded. Raises :class:`CheckpointError` when the new
+        content cannot be read (e.g. a newer driver's schema): never act on a misread state.
+        """
+        with self._lock:
+            if all(_stamp(p) == self._stamps.get(p, _UNSEEN) for p in (self.path, self.pods_path)):
+                return False
+            self._encoded.clear()
+            self._state = self._load()
+            return True
 
     def read(self, fn: Callable[[DriverState], T]) -> T:
         """Run ``fn`` on the current state under the lock (do not mutate)."""
         with self._lock:
+            self.refresh()
             return fn(self._state)
 
     def update(self, fn: Callable[[DriverState], T]) -> T:
@@ -398,8 +466,9 @@ class CheckpointStore:
         Raises :class:`CheckpointWriteError` when the new state could not be saved; the state
         is then what it was before the call (in memory and on disk).
         """
-        with self._lock:
+        with self._lock, self._cross_process():  # the whole read-modify-write is one step
             try:
+                self.refresh()
                 result = fn(self._state)
                 self._write()
             except BaseException:
@@ -439,6 +508,7 @@ class CheckpointStore:
             if self._written.get(path) != data:
                 self._atomic_write(path, data)
                 self._written[path] = data
+                self._stamps[path] = _stamp(path)
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         try:

@@ -337,3 +337,50 @@ def test_cloud_config_round_trips_and_older_files_have_none() -> None:
     assert PreparedDevice.from_dict(data) == with_cloud
     del data["cloudConfig"]  # a file written before cloud configs existed
     assert PreparedDevice.from_dict(data).cloud_config is None
+
+
+# -- two driver instances on one node (rolling update with surge) ---------------------------------
+
+
+def test_a_second_store_sees_the_other_instances_writes(tmp_path: Path) -> None:
+    """Prepared in one instance, unprepared in the other: each read sees the other's last write."""
+    old, new = CheckpointStore(tmp_path / "s", tmp_path / "r"), CheckpointStore(tmp_path / "s", tmp_path / "r")
+    new.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    assert old.read(lambda s: sorted(s.claims)) == ["u1"]
+    old.update(lambda s: s.claims.pop("u1"))
+    assert new.read(lambda s: sorted(s.claims)) == []
+    old.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", netns_path="/x")))
+    assert new.read(lambda s: sorted(s.pods)) == ["p1"]
+    assert not new.refresh()  # nothing changed since: no reload
+
+
+def test_a_newer_schema_written_by_the_other_instance_is_refused_not_misread(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    data = json.loads(store.path.read_text())
+    data["version"] = 3
+    tmp = store.path.with_suffix(".other")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, store.path)
+    with pytest.raises(CheckpointError, match="written by a newer driver"):
+        store.read(lambda s: s.claims)
+
+
+UPDATER = r"""
+import sys
+from driver.checkpoint import CheckpointStore, PodNetState
+store = CheckpointStore(sys.argv[1], sys.argv[1])
+for i in range(int(sys.argv[3])):
+    store.update(lambda s: s.pods.__setitem__(f"{sys.argv[2]}-{i}", PodNetState(f"{sys.argv[2]}-{i}")))
+"""
+
+
+def test_concurrent_updates_of_two_processes_lose_nothing(tmp_path: Path) -> None:
+    """Read-modify-write under the cross-process flock: 2 x 60 updates, every one is kept."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", UPDATER, str(tmp_path), who, "60"], cwd=ROOT) for who in ("a", "b")
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    pods = CheckpointStore(tmp_path).read(lambda s: set(s.pods))
+    assert pods == {f"{w}-{i}" for w in "ab" for i in range(60)}
