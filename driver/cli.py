@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
-from driver.config import default, parse_feature_gates
+from driver.config import TAINT_EFFECTS, default, parse_feature_gates
 
 GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -177,6 +177,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=default("resync_interval"),
         help="seconds (or a Go duration) between full rescans",
+    )
+    run.add_argument(
+        "--instance-id",
+        default=_env("POD_UID", str(default("instance_id"))),
+        help="this instance's id (the pod UID): per-instance kubelet sockets for rolling updates",
+    )
+    run.add_argument(
+        "--health-interval",
+        type=seconds,
+        default=default("health_interval"),
+        help="seconds (or a Go duration) between link and RDMA port health checks",
+    )
+    run.add_argument(
+        "--unhealthy-taint-effect",
+        choices=TAINT_EFFECTS,
+        default=default("unhealthy_taint_effect"),
+        help="device taint effect on unhealthy devices in the ResourceSlice; None: no taints",
     )
     _add_cloud_flags(run, go_alias=True)
     go = run.add_argument_group(

@@ -17,6 +17,10 @@ HOST_NETNS = "/proc/self/ns/net"
 """The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork
 pod is in the host netns; ``/proc/1/ns/net`` would also need hostPID)."""
 
+UNHEALTHY_TAINT_KEY = f"{DRIVER_NAME}/unhealthy"
+"""Key of the device taint on a device whose link is down or whose RDMA port is not ACTIVE; the
+value says why (``LinkDown``, ``PortNotActive``, ``NetdevMissing``)."""
+
 DEFAULT_FILTER = f'!has(device.attributes["{DRIVER_NAME}"].type) || device.attributes["{DRIVER_NAME}"].type != "veth"'
 """Admin filter (CEL, DeviceClass syntax): drop veth by default like the Go driver."""
 
@@ -31,6 +35,13 @@ FEATURE_GATES: dict[str, bool] = {
 the apiserver must have the gate too: checked at start, see ``publish.list_attributes``).
 ``PersistentResourceSliceAttributes``: accepted for compatibility; this driver always keeps
 allocated devices published with their last attributes."""
+
+INSTANCE_SOCKET_CHARS = 8
+"""How much of ``--instance-id`` (the pod UID) goes into the kubelet socket names."""
+
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+"""``--unhealthy-taint-effect`` values: the DeviceTaint effect put on an unhealthy device in the
+ResourceSlice (``None``: publish no taints)."""
 
 CLOUD_PROVIDER_AUTO = "auto"
 """``--cloud-provider`` default: detect GCE, AWS, Azure, OKE, Alibaba in the Go driver's order."""
@@ -80,6 +91,12 @@ class DriverConfig:
     feature_gates: dict[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
     log_level: str = "info"
     log_format: str = "json"  # json | text
+    # This instance's id (the pod UID in the chart): per-instance kubelet socket names, so a new
+    # driver pod registers beside the old one during a rolling update (kubelet >= 1.33).
+    # Empty: the fixed names <driver>-reg.sock / dra.sock (one instance per node).
+    instance_id: str = ""
+    health_interval: float = 1.0  # seconds between link/port health checks of every device
+    unhealthy_taint_effect: str = "NoSchedule"  # TAINT_EFFECTS; taint key UNHEALTHY_TAINT_KEY
 
     @property
     def plugin_dir(self) -> str:
@@ -88,13 +105,21 @@ class DriverConfig:
 
     @property
     def dra_socket(self) -> str:
-        """The DRA gRPC socket the kubelet dials."""
-        return f"{self.plugin_dir}/dra.sock"
+        """The DRA gRPC socket the kubelet dials (``dra-<instance>.sock`` with an instance id, the
+        naming of k8s.io/dynamic-resource-allocation/kubeletplugin's rolling updates)."""
+        return f"{self.plugin_dir}/dra{self._instance_part}.sock"
 
     @property
     def registration_socket(self) -> str:
-        """The plugin-registration socket the kubelet watches for."""
-        return f"{self.kubelet_root}/plugins_registry/{self.driver_name}-reg.sock"
+        """The plugin-registration socket the kubelet watches for (``<driver>-<instance>-reg.sock``)."""
+        return f"{self.kubelet_root}/plugins_registry/{self.driver_name}{self._instance_part}-reg.sock"
+
+    @property
+    def _instance_part(self) -> str:
+        # The first INSTANCE_SOCKET_CHARS characters only: a unix socket path has 107 bytes, and
+        # the kubelet's root dir may be long. Two pods of one DaemonSet on one node with the same
+        # 8 random hex digits of their UIDs: one chance in 4 billion.
+        return f"-{self.instance_id[:INSTANCE_SOCKET_CHARS]}" if self.instance_id else ""
 
     @property
     def list_numa_attribute(self) -> bool:

@@ -44,14 +44,17 @@ from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.discovery_cli import sysfs_root_error
 from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.kube.client import KubeClient
-from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState, device_health_states
+from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState
+from driver.kubelet.health_monitor import HealthMonitor
 from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device, rdma_count
 from driver.netlink import rdma_netns
 from driver.netlink.link_watch import LinkEvent, LinkWatcher
 from driver.netlink.own_changes import OwnChanges
+from driver.node_lease import POLL_INTERVAL, NodeLease
 from driver.probe_server import ProbeServer, parse_bind_address
+from driver.publish.device_taints import OFF, UnhealthyTaints, device_taints_accepted
 from driver.publish.list_attributes import list_attributes_accepted
 from driver.publish.publisher import SlicePublisher
 
@@ -108,7 +111,6 @@ class Daemon:
         self._pending: dict[int | str, LinkChange] = {}  # link changes not applied yet, by ifindex
         self._link_wake = asyncio.Event()
         self._inventory_lock = asyncio.Lock()  # one full scan or link update at a time
-        self._health: dict[str, DeviceHealthState] = {}
         self.publisher = SlicePublisher(
             kube,
             config.driver_name,
@@ -125,6 +127,21 @@ class Daemon:
             quiet=self.own_changes.wait_idle,
         )
         self.health_feed = DeviceHealthFeed()
+        # Several instances on one node (rolling update): only the lease holder moves NICs and
+        # writes slices (driver/node_lease.py); both serve the kubelet.
+        self.lease = NodeLease(config.runtime_dir, config.instance_id)
+        self.taints = UnhealthyTaints(config.unhealthy_taint_effect)
+        self.health = HealthMonitor(
+            store,
+            lambda: self.inventory,
+            config.node_name,
+            config.sysfs_root,
+            config.host_netns,
+            config.health_interval,
+            self._health_changed,
+            quiet=self.own_changes.idle,
+        )
+        self.nri: Any = None  # the NRIPlugin, once the NRI task built it
         # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
         # naming the field, at prepare time, not a pod that fails to start.
         self.preparer = Preparer(
@@ -139,7 +156,14 @@ class Daemon:
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
-        self.probes = ProbeServer(config.bind_address, self.metrics, self.ready, self.problems)
+        self.probes = ProbeServer(
+            config.bind_address,
+            self.metrics,
+            self.ready,
+            self.problems,
+            serving=self.serving,
+            claim_port=self.lease.request_port,
+        )
 
     def _claim_unprepared(self, claim: Any) -> None:
         # NICs the runtime never asked back (no StopPodSandbox) go home first, then the status.
@@ -184,13 +208,24 @@ class Daemon:
     # -- state -------------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        """Ready (``/healthz``): the kubelet plugin serves and discovery ran at least once."""
+        """Alive (``/healthz``): the kubelet plugin serves and discovery ran at least once."""
         return self.plugin.serving and self.scanned
 
     def problems(self) -> list[str]:
-        """Conditions ``/healthz`` reports (503) until they clear: state that cannot be saved."""
+        """Conditions ``/healthz`` and ``/readyz`` report (503) until they clear: state that cannot be saved."""
         error = self.store.write_error
         return [str(error)] if error is not None else []
+
+    def serving(self) -> bool:
+        """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) with the runtime
+        at least once, so a rolling update replaces the old pod only once this one can take over."""
+        nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.sessions > 0)
+        return self.ready() and self.plugin.registered is True and nri_ok
+
+    async def _health_changed(self, states: list[DeviceHealthState]) -> None:
+        """New device health: to the kubelet's stream, and as taints into the slices."""
+        await self.health_feed.set(states)
+        self.publisher.set_taints(self.taints.update({s.device: s.reason for s in states if not s.healthy}))
 
     def request_rescan(self) -> None:
         """Ask for a rescan soon (coalesced); safe to call from any thread."""
@@ -213,8 +248,7 @@ class Daemon:
             self.metrics.count_inventory_update("full_scan")
             self.inventory = {d.name: d for d in devices}
             self.scanned = True
-            self._health = {}
-            await self._publish(set(self.inventory))
+            self._publish()
             log.info(
                 "scan done",
                 extra={
@@ -226,22 +260,12 @@ class Daemon:
                 },
             )
 
-    async def _publish(self, changed: set[str]) -> None:
+    def _publish(self) -> None:
         """Hand the inventory to the publisher (which sets the device gauges once the slices are
-        written); re-evaluate the health of the ``changed`` devices."""
+        written); have the health monitor look at the devices now."""
         devices = [self.inventory[n] for n in sorted(self.inventory)]
         self.publisher.update(devices)
-        allocated = await asyncio.to_thread(  # off the loop: the store lock is held during fsyncs
-            self.store.read, lambda s: {d.device for c in s.claims.values() for d in c.devices}
-        )
-        present = {n: self.inventory[n] for n in changed if n in self.inventory}
-        states = await asyncio.to_thread(
-            device_health_states, present, self.config.node_name, self.config.sysfs_root, allocated.__contains__
-        )
-        for name in changed:
-            self._health.pop(name, None)
-        self._health.update((s.device, s) for s in states)
-        await self.health_feed.set(list(self._health.values()))
+        self.health.poke()
 
     async def _rescan_loop(self) -> None:
         while True:
@@ -307,7 +331,7 @@ class Daemon:
                 for name in removed:
                     self.inventory.pop(name, None)
                 self.inventory.update(updated)
-                await self._publish(changed)
+                self._publish()
                 log.debug("link update", extra={"kv": {"links": len(changes), "devices": sorted(changed)}})
 
     async def _guard(self, name: str, coro_fn: Callable[[], Any]) -> None:
@@ -332,6 +356,8 @@ class Daemon:
         self._loop = asyncio.get_running_loop()
         if self.list_numa:
             await self._check_list_attributes()
+        if self.taints.effect != OFF:
+            await self._check_device_taints()
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma_netns.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
@@ -348,6 +374,7 @@ class Daemon:
         await self.plugin.start()
         try:
             await self.probes.start()
+            self.lease.port_taken(self.probes.port)
             self._start_background()
             # Everything built so far lives as long as the daemon: keep it out of the cyclic
             # collector's full passes, which would otherwise walk it (milliseconds) in the
@@ -373,11 +400,44 @@ class Daemon:
             extra={"kv": {"why": why}},
         )
 
+    async def _check_device_taints(self) -> None:
+        accepted, why = await asyncio.to_thread(
+            device_taints_accepted, self.kube, self.config.driver_name, self.config.node_name
+        )
+        if not accepted:
+            self.taints.effect = OFF
+            log.warning("unhealthy devices are not tainted in the ResourceSlice", extra={"kv": {"why": why}})
+
+    def _acting(self) -> bool:
+        """Whether this instance holds the node lease (taking it if free); blocking, cheap."""
+        return self.hooks.acting() if self.hooks is not None else self.lease.try_acquire()
+
+    async def _act_when_leased(self) -> None:
+        """Write slices once this instance holds the node lease (at once, unless another instance
+        on this node holds it: then when that one stops)."""
+        if not await asyncio.to_thread(self._acting):
+            log.info("standby: another driver instance on this node acts until it stops")
+            while not await asyncio.to_thread(self._acting):
+                await asyncio.sleep(POLL_INTERVAL)
+        self._spawn("publisher", self.publisher.run)
+
+    async def _yield_probe_port(self) -> None:
+        """Give the probe port to a newer instance on this node when it asks (see node_lease)."""
+        while self.lease.port_requested(self.probes.port) is None:
+            await asyncio.sleep(POLL_INTERVAL * 2)
+        log.info("probe port handed to a newer driver instance", extra={"kv": {"port": self.probes.port}})
+        await self.probes.stop()
+
+    def _spawn(self, name: str, fn: Callable[[], Any]) -> None:
+        self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))
+
     def _start_background(self) -> None:
-        spawn = lambda name, fn: self._tasks.append(asyncio.create_task(self._guard(name, fn), name=name))
+        spawn = self._spawn
         spawn("rescan", self._rescan_loop)
         spawn("state-write-retry", self._state_write_retry_loop)
-        spawn("publisher", self.publisher.run)
+        spawn("health", self.health.run)
+        spawn("lease", self._act_when_leased)
+        spawn("probe-port", self._yield_probe_port)
         if self.config.host_sysfs:
             spawn("link-updates", self._link_update_loop)
             spawn("link-watch", LinkWatcher(self.on_link_events, on_overflow=self.request_rescan).run)
@@ -385,11 +445,12 @@ class Daemon:
             spawn("nri", self._run_nri)
 
     async def _run_nri(self) -> None:
+        # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
+        # logged and retried, never fatal for the kubelet plugin.
+        from driver.nri.handover import HandoverHooks
         from driver.nri.hooks import NRIHooks
         from driver.nri.plugin import NRIPlugin
 
-        # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
-        # logged and retried, never fatal for the kubelet plugin.
         hooks = NRIHooks(
             self.store,
             status=self.status_writer,
@@ -398,12 +459,21 @@ class Daemon:
             rdma_exclusive=self.rdma_mode == rdma_netns.EXCLUSIVE,
             own_changes=self.own_changes,
         )
-        self.hooks = hooks
-        await NRIPlugin(self.config.nri_socket, handler=hooks, metrics=self.metrics).run()
+        # Acts only while this instance holds the node lease (another instance may be connected).
+        self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)
+        self.nri = NRIPlugin(self.config.nri_socket, handler=self.hooks, metrics=self.metrics)
+        await self.nri.run()
 
     async def shutdown(self) -> None:
-        """Stop the servers (removing the sockets) and the background tasks."""
-        await self.plugin.stop(grace=0.5)
+        """Stop the servers (removing the sockets) and the background tasks.
+
+        Order for a rolling update: the kubelet sockets go first (the kubelet then calls the
+        other instance), then the node lease is handed over (after the NRI event in progress),
+        then the NRI connection and the publisher stop."""
+        await self.plugin.stop()
+        if self.hooks is not None:
+            await asyncio.to_thread(self.hooks.retire)
+        await asyncio.to_thread(self.lease.release)
         self.cloud.stop()
         for task in self._tasks:
             task.cancel()
@@ -412,6 +482,7 @@ class Daemon:
         await self.probes.stop()
         await asyncio.to_thread(self.status_writer.stop, 5.0)
         self.scanner.close()
+        self.lease.close()
         log.info("daemon stopped")
 
 
@@ -460,8 +531,10 @@ def cli_run(args: argparse.Namespace) -> int:
     try:
         if not config.node_name:
             raise ValueError("--node-name: must not be empty (set NODE_NAME)")
-        if config.resync_interval <= 0 or config.publish_interval <= 0:
-            raise ValueError("--resync-interval/--publish-interval: must be > 0 seconds")
+        if config.resync_interval <= 0 or config.publish_interval <= 0 or config.health_interval <= 0:
+            raise ValueError("--resync-interval/--publish-interval/--health-interval: must be > 0 seconds")
+        if "/" in config.instance_id or len(config.instance_id) > 64:
+            raise ValueError(f"--instance-id {config.instance_id!r}: at most 64 characters, no '/'")
         parse_bind_address(config.bind_address)
         problem = sysfs_root_error(config.sysfs_root)
         if problem:

@@ -1,17 +1,26 @@
-"""``/healthz`` and ``/metrics`` over HTTP (aiohttp), on the daemon's ``--bind-address``.
+"""``/healthz``, ``/readyz`` and ``/metrics`` over HTTP (aiohttp), on the daemon's ``--bind-address``.
 
-``/healthz`` answers 200 only once ``ready()`` is true (the daemon: kubelet plugin
-serving and the first discovery done), 503 before, so a DaemonSet readiness probe
-does not mark a half-started driver ready. It also answers 503, with the reasons in the body,
-while ``problems()`` reports a condition that needs a human (state that cannot be saved).
-``/livez`` answers 200 while the event loop runs: the liveness probe, so such a condition makes
-the pod unready, visibly, without the kubelet restarting a driver that a restart cannot fix.
-(The kubelet's per-device health stream is another thing: :mod:`driver.kubelet.device_health`.)
+``/healthz`` (startup) answers 200 only once ``ready()`` is true (the daemon: kubelet plugin
+serving and the first discovery done), 503 before. ``/readyz`` (readiness) also needs
+``serving()``: the daemon registered with the kubelet and the container runtime, so a rolling
+update with surge removes the old driver pod only once the new one can take over. Both answer
+503, with the reasons in the body, while ``problems()`` reports a condition that needs a human
+(state that cannot be saved). ``/livez`` answers 200 while the event loop runs: the liveness
+probe, so such a condition makes the pod unready, visibly, without the kubelet restarting a
+driver that a restart cannot fix. (The kubelet's per-device health stream is another thing:
+:mod:`driver.kubelet.device_health`.)
+
+A busy port (another instance of the driver on this host network: a rolling update with surge)
+is asked for with ``claim_port(port)`` and retried every :data:`BUSY_RETRY` seconds for up to
+:data:`BUSY_TIMEOUT` seconds (see :mod:`driver.node_lease`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from aiohttp import web
@@ -19,6 +28,9 @@ from aiohttp import web
 from driver.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+BUSY_RETRY = 0.2
+BUSY_TIMEOUT = 30.0
 
 
 def parse_bind_address(address: str) -> tuple[str, int]:
@@ -39,11 +51,16 @@ class ProbeServer:
         metrics: Metrics,
         ready: Callable[[], bool],
         problems: Callable[[], Sequence[str]] = tuple,
+        *,
+        serving: Callable[[], bool] | None = None,
+        claim_port: Callable[[int], None] | None = None,
     ) -> None:
         self.host, self.port = parse_bind_address(bind_address)
         self.metrics = metrics
         self.ready = ready
         self.problems = problems
+        self.serving = serving or ready
+        self.claim_port = claim_port
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -57,6 +74,14 @@ class ProbeServer:
     async def _livez(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def _readyz(self, request: web.Request) -> web.Response:
+        problems = self.problems()
+        if problems:
+            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
+        if self.serving():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="not ready\n")
+
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
@@ -67,11 +92,22 @@ class ProbeServer:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/livez", self._livez)
+        app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-        await site.start()
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                await site.start()
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or self.claim_port is None or time.monotonic() > deadline:
+                    await runner.cleanup()
+                    raise
+                self.claim_port(self.port)  # the instance holding it lets go (driver.node_lease)
+                await asyncio.sleep(BUSY_RETRY)
         self._runner = runner
         sockets = getattr(site._server, "sockets", None) or []  # aiohttp exposes no public accessor
         if sockets:

@@ -58,10 +58,13 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+POD_UID = "0f6a4c3e-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
+
+
 def driver_args(docs: list[dict[str, Any]], node: str = "node-a") -> list[str]:
-    """The DaemonSet container args with $(NODE_NAME) expanded as the kubelet would."""
+    """The DaemonSet container args with $(NODE_NAME) and $(POD_UID) expanded as the kubelet would."""
     c = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
-    return [a.replace("$(NODE_NAME)", node) for a in c["args"]]
+    return [a.replace("$(NODE_NAME)", node).replace("$(POD_UID)", POD_UID) for a in c["args"]]
 
 
 def host_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[str, str]]:
@@ -92,6 +95,12 @@ VARIANTS = {
         "metricsPort=19177",
     ],
     "no-nri-privileged": ["nri.enabled=false", "securityContext.privileged=true", "logLevel=debug"],
+    "no-surge-no-taints": [
+        "updateStrategy.rollingUpdate.maxSurge=0",
+        "updateStrategy.rollingUpdate.maxUnavailable=1",
+        "deviceTaints.effect=None",
+        "healthInterval=2",
+    ],
     "cert-manager": ["webhook.tls.mode=certManager", "webhook.failurePolicy=Ignore"],
     "secret-tls": [
         "webhook.tls.mode=secret",
@@ -210,13 +219,16 @@ def test_custom_kubelet_root_moves_host_and_mount_paths_and_socket(helm: str) ->
     cfg = config_from_args(build_parser().parse_args(driver_args(docs)))
     # The sockets the driver creates are inside a mount whose host path is the same path,
     # so the path the kubelet is given is valid on the host.
-    assert cfg.dra_socket == "/data/kubelet/plugins/net.example.com/dra.sock"
-    assert cfg.registration_socket == "/data/kubelet/plugins_registry/net.example.com-reg.sock"
+    # Per-instance names (rolling update), with the first 8 characters of the pod UID.
+    assert cfg.dra_socket == f"/data/kubelet/plugins/net.example.com/dra-{POD_UID[:8]}.sock"
+    assert cfg.registration_socket == f"/data/kubelet/plugins_registry/net.example.com-{POD_UID[:8]}-reg.sock"
     for sock in (cfg.dra_socket, cfg.registration_socket, cfg.nri_socket, cfg.state_dir):
         assert any(sock.startswith(m + "/") or sock == m for h, m in mounts.values() if h == m), sock
     ds = one(docs, "DaemonSet")["spec"]["template"]["spec"]
-    probe_port = ds["containers"][0]["ports"][0]["containerPort"]
+    probe_port = ds["containers"][0]["readinessProbe"]["httpGet"]["port"]
     assert probe_port == 19177 and cfg.bind_address == ":19177"
+    # No container port: with hostNetwork it would be a hostPort that keeps a surge pod off the node.
+    assert "ports" not in ds["containers"][0]
     dc = one(docs, "DeviceClass")
     assert dc["spec"]["selectors"][0]["cel"]["expression"] == 'device.driver == "net.example.com"'
 
@@ -237,14 +249,22 @@ def test_default_mounts_and_pod_spec(helm: str) -> None:
     assert spec["hostNetwork"] is True and "hostPID" not in spec
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"] == [{"operator": "Exists", "effect": "NoSchedule"}]
-    assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    for probe in ("startupProbe", "readinessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+    assert "--instance-id=$(POD_UID)" in c["args"]
+    assert "--unhealthy-taint-effect=NoSchedule" in c["args"]
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": 9177}
+    # Ready = registered with the kubelet and the runtime (and no state problem): a rolling
+    # update stops the old pod only then.
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9177}
     # Liveness only asks whether the process runs: a full state disk makes the pod unready, and
     # a restart would not fix it.
-    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 9177}
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["runAsUser"] == 0
     assert sc["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"], "drop": ["ALL"]}

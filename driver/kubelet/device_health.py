@@ -21,6 +21,12 @@ import grpc
 from dranet_proto import dra_health_v1alpha1_pb2 as health_pb
 from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
 from driver.model.device import Device
+from driver.netlink.link_health import LinkFacts
+
+LINK_DOWN = "LinkDown"
+PORT_NOT_ACTIVE = "PortNotActive"
+NETDEV_MISSING = "NetdevMissing"
+"""Why a device is unhealthy: the value of its ``dra.net/unhealthy`` taint in the ResourceSlice."""
 
 
 @dataclass(frozen=True)
@@ -31,33 +37,52 @@ class DeviceHealthState:
     device: str
     healthy: bool
     message: str  # why it is unhealthy, or a note ("netdev eth1 is in a pod network namespace")
+    reason: str = ""  # LINK_DOWN, PORT_NOT_ACTIVE, NETDEV_MISSING when unhealthy
+
+
+def _port_states(root: Path, rdma_device: str) -> list[str]:
+    states = []
+    for port in sorted((root / "class" / "infiniband" / rdma_device / "ports").glob("*/state")):
+        try:
+            states.append(port.read_text().strip())  # e.g. "4: ACTIVE"
+        except OSError:
+            continue
+    return states
+
+
+def assess(device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None) -> tuple[bool, str, str]:
+    """(healthy, reason, message) of one device.
+
+    Unhealthy: its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
+    from netlink in the namespace the netdev is in), its RDMA device has ports and none is
+    ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
+    (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
+    """
+    root = Path(sysfs_root)
+    host = device.host
+    if link is not None and link.admin_up and not link.carrier:
+        return False, LINK_DOWN, f"link down: {link.ifname} ({link.where}) has no carrier, operstate {link.operstate}"
+    if host.rdma_device:
+        states = _port_states(root, host.rdma_device)
+        if states and not any(s.endswith("ACTIVE") for s in states):
+            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port ({', '.join(states)})"
+        if not host.ifname:
+            if states:
+                return True, "", ""
+            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port (no ports)"
+    if host.ifname:
+        if link is not None or (root / "class" / "net" / host.ifname).exists():
+            return True, "", ""
+        if in_use:
+            return True, "", f"netdev {host.ifname} is in a pod network namespace"
+        return False, NETDEV_MISSING, f"netdev {host.ifname} is missing"
+    return True, "", ""  # nothing to probe (e.g. a function without netdev or RDMA)
 
 
 def evaluate_health(device: Device, sysfs_root: str, in_use: bool) -> tuple[bool, str]:
-    """Healthy when an RDMA port is ACTIVE or the netdev is present (or moved into a pod)."""
-    root = Path(sysfs_root)
-    host = device.host
-    if host.rdma_device:
-        ports = sorted((root / "class" / "infiniband" / host.rdma_device / "ports").glob("*/state"))
-        states = []
-        for port in ports:
-            try:
-                states.append(port.read_text().strip())  # e.g. "4: ACTIVE"
-            except OSError:
-                continue
-        if any(s.endswith("ACTIVE") for s in states):
-            return True, ""
-        if not host.ifname:
-            return False, f"RDMA device {host.rdma_device}: no ACTIVE port ({', '.join(states) or 'no ports'})"
-    if host.ifname:
-        if (root / "class" / "net" / host.ifname).exists():
-            return True, ""
-        if in_use:
-            return True, f"netdev {host.ifname} is in a pod network namespace"
-        return False, f"netdev {host.ifname} is missing"
-    if not host.rdma_device:
-        return True, ""  # nothing to probe (e.g. a function without netdev or RDMA)
-    return False, f"RDMA device {host.rdma_device} has no ACTIVE port"
+    """(healthy, message) from sysfs alone (see :func:`assess`)."""
+    healthy, _reason, message = assess(device, sysfs_root, in_use)
+    return healthy, message
 
 
 class DeviceHealthFeed:
@@ -131,11 +156,16 @@ class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
 
 
 def device_health_states(
-    devices: dict[str, Device], pool: str, sysfs_root: str, in_use: Callable[[str], bool]
+    devices: dict[str, Device],
+    pool: str,
+    sysfs_root: str,
+    in_use: Callable[[str], bool],
+    links: dict[str, LinkFacts] | None = None,
 ) -> list[DeviceHealthState]:
-    """Evaluate every published device (used by the daemon after each scan)."""
+    """Evaluate every published device; ``links``: device name -> its netdev's link, where known."""
     out = []
+    links = links or {}
     for name, device in devices.items():
-        healthy, message = evaluate_health(device, sysfs_root, in_use(name))
-        out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message))
+        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name))
+        out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out

@@ -9,12 +9,26 @@ Two grpc.aio servers, as the Go helper (k8s.io/dynamic-resource-allocation/kubel
 
 The DRA server starts first so the kubelet, which dials it right after registration,
 always finds it ready. Sockets are removed on stop, which deregisters the plugin.
+
+With an instance id (``--instance-id``, the pod UID in the chart) both sockets carry its first
+8 characters (``<driver>-<id>-reg.sock``, ``dra-<id>.sock``: the naming of
+k8s.io/dynamic-resource-allocation's kubeletplugin with ``RollingUpdate``, shortened because a
+unix socket path has 107 bytes), so during a rolling update the new driver pod
+registers beside the old one and the kubelet (>= 1.33) prefers the newest connected one. A
+stopping instance removes its registration socket first and keeps answering on its DRA socket
+for :data:`DEREGISTER_DELAY` seconds, until the kubelet has noticed (its plugin watcher
+reconciles every second). Sockets of instances that died without removing them (kill -9) are
+removed at start: a unix socket nobody listens on refuses connections.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
 import os
+import re
+import socket
 from pathlib import Path
 from types import ModuleType
 
@@ -35,6 +49,10 @@ log = logging.getLogger(__name__)
 
 DRA_SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]  # kubelet 1.34+ picks the first it knows
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
+DEREGISTER_DELAY = 2.0
+"""Seconds a stopping plugin keeps serving DRA calls after removing its registration socket."""
+STOP_GRACE = 5.0
+"""Seconds in-flight DRA calls get to finish when the server stops."""
 
 
 def _listen_path(path: str) -> str:
@@ -52,6 +70,40 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _nobody_listens(path: Path) -> bool:
+    """True for a unix socket file no process accepts on (left by a killed instance)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except OSError as exc:
+        return exc.errno in (errno.ECONNREFUSED, errno.ENOENT)
+    finally:
+        s.close()
+    return False
+
+
+def remove_stale_sockets(registry_dir: Path, plugin_dir: Path, driver_name: str, keep: set[str]) -> list[str]:
+    """Remove registration and DRA sockets of dead instances of ``driver_name``; returns their paths.
+
+    Registration sockets are ``<driver>-reg.sock`` and ``<driver>-<id>-reg.sock``, DRA sockets
+    ``dra.sock`` and ``dra-<id>.sock``; paths in ``keep`` (ours) are left alone.
+    """
+    reg = re.compile(rf"^{re.escape(driver_name)}(-[^/]+)?-reg\.sock$")
+    dra = re.compile(r"^dra(-[^/]+)?\.sock$")
+    removed = []
+    for directory, pattern in ((registry_dir, reg), (plugin_dir, dra)):
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if str(path) in keep or not pattern.match(path.name) or not path.is_socket():
+                continue
+            if _nobody_listens(path):
+                _remove(str(path))
+                removed.append(str(path))
+    return removed
 
 
 class KubeletPlugin:
@@ -86,6 +138,15 @@ class KubeletPlugin:
 
     async def start(self) -> None:
         """Serve the DRA socket, then the registration socket (which makes the kubelet call us)."""
+        stale = await asyncio.to_thread(
+            remove_stale_sockets,
+            Path(self.registration_socket).parent,
+            Path(self.dra_socket).parent,
+            self.config.driver_name,
+            {self.registration_socket, self.dra_socket},
+        )
+        if stale:
+            log.info("removed sockets of driver instances that are gone", extra={"kv": {"sockets": stale}})
         dra = grpc.aio.server()
         services: list[tuple[ModuleType, str]] = [(v1_pb, "v1"), (v1beta1_pb, "v1beta1")]
         for pb, version in services:
@@ -112,12 +173,19 @@ class KubeletPlugin:
             },
         )
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """Stop both servers and remove the sockets (registration first: that deregisters us)."""
+    async def stop(self, grace: float = STOP_GRACE, deregister_delay: float = DEREGISTER_DELAY) -> None:
+        """Stop both servers and remove the sockets (registration first: that deregisters us).
+
+        The DRA server keeps answering for ``deregister_delay`` seconds after the registration
+        socket is gone, then gets ``grace`` seconds for calls in flight: the kubelet's calls
+        routed here before it noticed complete instead of failing.
+        """
         reg, dra, self._reg, self._dra = self._reg, self._dra, None, None
         if reg is not None:
             _remove(self.registration_socket)
-            await reg.stop(grace)
+            await reg.stop(0)
+            if dra is not None and deregister_delay > 0:
+                await asyncio.sleep(deregister_delay)
         if dra is not None:
             await dra.stop(grace)
             _remove(self.dra_socket)

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 from driver.model.device import Device, rdma_count
-from driver.publish.slices import SlicePlan, plan_slices
+from driver.publish.slices import SlicePlan, Taints, plan_slices
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ class SlicePublisher:
         self.node_uid: str | None = None
         self._lock = threading.Lock()
         self._desired: list[Device] | None = None
+        self._taints: dict[str, list[dict[str, Any]]] = {}  # device -> taints, written with the devices
         self._version = 0  # bumped by every update() and every foreign slice event
         self._synced_version = -1
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,6 +84,17 @@ class SlicePublisher:
         """Record the desired device set; the next write picks it up. Callable from any thread."""
         with self._lock:
             self._desired = list(devices)
+            self._version += 1
+        self._poke()
+
+    def set_taints(self, taints: Taints) -> None:
+        """Record the devices' taints; written with the next slice write (same coalescing and rate
+        limit as device changes). Callable from any thread; an unchanged set costs nothing."""
+        with self._lock:
+            new = {k: list(v) for k, v in taints.items() if v}
+            if new == self._taints:
+                return
+            self._taints = new
             self._version += 1
         self._poke()
 
@@ -180,9 +192,12 @@ class SlicePublisher:
         for attempt in range(attempts):
             with self._lock:
                 devices = list(self._desired or [])
+                taints = dict(self._taints)
                 version = self._version
             existing = self.list_slices()
-            plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid)
+            names = {d.name for d in devices}
+            taints = {k: v for k, v in taints.items() if k in names}
+            plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid, taints=taints)
             self.stats.syncs += 1
             try:
                 self._apply(plan)

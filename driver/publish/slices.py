@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +20,18 @@ from driver.model.device import MAX_DEVICES_PER_SLICE, Device
 API_VERSION = "resource.k8s.io/v1"
 
 
-def _chunks(devices: Iterable[Device], size: int) -> list[list[dict[str, Any]]]:
+Taints = Mapping[str, list[dict[str, Any]]]
+"""device name -> its ``taints`` (``publish.device_taints``); devices not named have none."""
+
+
+def _chunks(devices: Iterable[Device], size: int, taints: Taints | None = None) -> list[list[dict[str, Any]]]:
     ordered = sorted(devices, key=lambda d: d.name)
     names = [d.name for d in ordered]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"duplicate device names in pool: {dup}")
-    api = [d.to_api() for d in ordered]
+    taints = taints or {}
+    api = [d.to_api() | ({"taints": taints[d.name]} if taints.get(d.name) else {}) for d in ordered]
     # An empty pool still gets one (empty) slice: "empty pool is different from no pool".
     return [api[i : i + size] for i in range(0, len(api), size)] or [[]]
 
@@ -43,9 +48,10 @@ def build_slices(
     node_uid: str,
     generation: int = 1,
     max_devices: int = MAX_DEVICES_PER_SLICE,
+    taints: Taints | None = None,
 ) -> list[dict[str, Any]]:
     """resource.k8s.io/v1 ResourceSlice bodies (no names yet: ``generateName``) for the node's pool."""
-    chunks = _chunks(devices, max_devices)
+    chunks = _chunks(devices, max_devices, taints)
     return [
         {
             "apiVersion": API_VERSION,
@@ -114,6 +120,7 @@ def plan_slices(
     node_name: str,
     node_uid: str,
     max_devices: int = MAX_DEVICES_PER_SLICE,
+    taints: Taints | None = None,
 ) -> SlicePlan:
     """Decide which of ``existing`` (our driver's slices for this node) to delete, update, create.
 
@@ -125,7 +132,7 @@ def plan_slices(
     foreign = [s for s in existing if s not in ours]  # other pool names: obsolete
     current_gen = max((s["spec"]["pool"].get("generation", 0) for s in ours), default=0)
     owner = owner_reference(node_name, node_uid)
-    chunks = _chunks(devices, max_devices)
+    chunks = _chunks(devices, max_devices, taints)
     wanted = Counter(_devices_key(c) for c in chunks)
     have = Counter(_devices_key(s["spec"].get("devices") or []) for s in ours)
     if (
@@ -137,7 +144,7 @@ def plan_slices(
         return SlicePlan(generation=current_gen)
 
     generation = current_gen + 1
-    bodies = build_slices(devices, driver_name, node_name, node_uid, generation, max_devices)
+    bodies = build_slices(devices, driver_name, node_name, node_uid, generation, max_devices, taints)
     plan = SlicePlan(generation=generation, delete=list(foreign))
     free = sorted(ours, key=lambda s: s["metadata"]["name"])
     unpaired: list[dict[str, Any]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import stat
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -53,7 +54,7 @@ async def plugin(api: FakeAPIServer, short_tmp: Path) -> AsyncIterator[KubeletPl
     try:
         yield p
     finally:
-        await p.stop(grace=0.1)
+        await p.stop(grace=0.1, deregister_delay=0)
 
 
 async def test_registration(plugin: KubeletPlugin, short_tmp: Path) -> None:
@@ -134,7 +135,7 @@ async def test_stop_removes_sockets_and_stale_socket_is_replaced(api: FakeAPISer
         async with KubeletClient(p.registration_socket) as kubelet:
             assert "v1alpha1.DRAResourceHealth" not in (await kubelet.get_info()).supported_versions
     finally:
-        await p.stop(grace=0.1)
+        await p.stop(grace=0.1, deregister_delay=0)
     assert not os.path.exists(config.registration_socket) and not os.path.exists(config.dra_socket)
     async with KubeletClient(config.registration_socket) as kubelet:
         with pytest.raises(grpc.aio.AioRpcError):
@@ -156,3 +157,43 @@ def test_evaluate_health(tmp_path: Path) -> None:
     assert evaluate_health(Device("c", host=HostFacts(rdma_device="mlx5_0")), str(tmp_path), False) == (True, "")
     healthy, message = evaluate_health(Device("d", host=HostFacts(rdma_device="mlx5_1")), str(tmp_path), False)
     assert not healthy and "mlx5_1" in message and "DOWN" in message
+
+
+async def test_two_instances_register_side_by_side_and_a_dead_ones_sockets_go(
+    api: FakeAPIServer, short_tmp: Path
+) -> None:
+    """Rolling update: per-instance socket names; an instance that died (kill -9) left sockets
+    nobody listens on, which the next instance removes; a live instance's are left alone."""
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kubeconfig")))
+
+    def plugin(instance: str) -> KubeletPlugin:
+        config = DriverConfig(
+            node_name=NODE,
+            kubelet_root=str(short_tmp / "kubelet"),
+            state_dir=str(short_tmp / "state"),
+            instance_id=instance,
+        )
+        return KubeletPlugin(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+
+    old, new = plugin("0ld0ld00-aaaa"), plugin("0new0new-bbbb")
+    registry, plugins = short_tmp / "kubelet/plugins_registry", short_tmp / "kubelet/plugins/dra.net"
+    # What a kill -9'd instance leaves: socket files with no listener.
+    for path in (registry / "dra.net-deadbeef-reg.sock", plugins / "dra-deadbeef.sock"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(path))
+        s.close()
+    await old.start()
+    await new.start()
+    try:
+        assert sorted(p.name for p in registry.iterdir()) == ["dra.net-0ld0ld00-reg.sock", "dra.net-0new0new-reg.sock"]
+        assert sorted(p.name for p in plugins.iterdir()) == ["dra-0ld0ld00.sock", "dra-0new0new.sock"]
+        for p in (old, new):
+            async with KubeletClient(p.registration_socket) as client:
+                info = await client.get_info()
+            assert info.name == "dra.net" and info.endpoint == p.dra_socket
+        await old.stop(grace=0.1, deregister_delay=0)
+        assert sorted(p.name for p in registry.iterdir()) == ["dra.net-0new0new-reg.sock"]
+    finally:
+        await old.stop(grace=0.1, deregister_delay=0)
+        await new.stop(grace=0.1, deregister_delay=0)

@@ -248,3 +248,14 @@ async def test_slices_garbage_collected_with_their_node(kube: KubeClient, contro
         await eventually(lambda: not list_slices(kube, node), timeout=30, what="slices garbage-collected")
     finally:
         delete_node_and_slices(kube, node)
+
+
+def test_an_apiserver_without_device_taints_is_detected(kube: KubeClient, cluster_node: str):
+    """The session's apiserver runs without DRADeviceTaints: it would drop every taint, and the
+    publisher would rewrite the slice forever. The dry-run probe says so; nothing is stored.
+    (With the gate on, the real node's tests see the taints: tests/e2e/node/test_nic_health.py.)"""
+    from driver.publish.device_taints import device_taints_accepted
+
+    accepted, why = device_taints_accepted(kube, DRIVER, cluster_node)
+    assert not accepted and "DRADeviceTaints" in why, why
+    assert not list_slices(kube, cluster_node)

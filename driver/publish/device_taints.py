@@ -1,0 +1,96 @@
+"""Device taints on unhealthy devices (``resource.k8s.io/v1`` ``spec.devices[].taints``).
+
+A device whose link is down or whose RDMA port is not ACTIVE gets one taint, key
+:data:`driver.config.UNHEALTHY_TAINT_KEY` (``dra.net/unhealthy``), the reason as the value
+(``LinkDown``, ``PortNotActive``, ``NetdevMissing``: a taint value is a label value, so the
+details go to the kubelet's health message instead) and the configured effect:
+
+* ``NoSchedule`` (default): the scheduler allocates the device to no new claim that does not
+  tolerate the taint; pods already holding it keep it.
+* ``NoExecute``: in addition, the kube-controller-manager's device taint eviction controller
+  evicts running pods whose claims hold the device (unless they tolerate it).
+* ``None``: no taints (health still goes to the kubelet).
+
+The taint is written with the ResourceSlice writes the publisher already makes (same coalescing,
+same rate limit) and removed when the device is healthy again. ``timeAdded`` is the moment the
+driver first saw the reason, and stays the same while it lasts, so an unchanged taint costs no
+write. The apiserver keeps taints only with its ``DRADeviceTaints`` feature gate (alpha in
+Kubernetes 1.34); :func:`device_taints_accepted` asks once, by dry run, before the first write.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from driver.config import UNHEALTHY_TAINT_KEY
+from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError
+
+log = logging.getLogger(__name__)
+
+OFF = "None"
+
+
+def _rfc3339(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+class UnhealthyTaints:
+    """device -> its taint list, from device -> reason (only the unhealthy ones)."""
+
+    def __init__(self, effect: str, key: str = UNHEALTHY_TAINT_KEY) -> None:
+        self.effect = effect
+        self.key = key
+        self._since: dict[str, tuple[str, str]] = {}  # device -> (reason, timeAdded)
+
+    def update(self, unhealthy: Mapping[str, str], now: float | None = None) -> dict[str, list[dict[str, Any]]]:
+        """The taints for this set of unhealthy devices (an empty dict when the effect is None)."""
+        if self.effect == OFF:
+            return {}
+        stamp = _rfc3339(time.time() if now is None else now)
+        since = {}
+        for device, reason in unhealthy.items():
+            old = self._since.get(device)
+            since[device] = old if old is not None and old[0] == reason else (reason, stamp)
+        self._since = since
+        return {
+            device: [{"key": self.key, "value": reason, "effect": self.effect, "timeAdded": added}]
+            for device, (reason, added) in sorted(since.items())
+        }
+
+
+def probe_slice(driver_name: str, node_name: str) -> dict[str, Any]:
+    """A one-device slice carrying a taint (never stored: dry run)."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": f"{node_name}-{driver_name}-taint-probe-"},
+        "spec": {
+            "driver": driver_name,
+            "nodeName": node_name,
+            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": "taint-probe",
+                    "taints": [{"key": UNHEALTHY_TAINT_KEY, "value": "Probe", "effect": "NoSchedule"}],
+                }
+            ],
+        },
+    }
+
+
+def device_taints_accepted(kube: KubeClient, driver_name: str, node_name: str) -> tuple[bool, str]:
+    """(accepted, why): whether the apiserver stores device taints (its DRADeviceTaints gate)."""
+    try:
+        stored = kube.create_resource_slice(probe_slice(driver_name, node_name), dry_run=True)
+    except KubeError as exc:
+        return False, f"the apiserver refused a device taint: {exc}"
+    except Exception as exc:  # noqa: BLE001 - cannot tell: publish without taints rather than fight the API
+        return False, f"cannot ask the apiserver: {exc}"
+    devices = (stored.get("spec") or {}).get("devices") or [{}]
+    if devices[0].get("taints"):
+        return True, "accepted"
+    return False, "the apiserver dropped the taint (its DRADeviceTaints feature gate is off)"
