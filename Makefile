@@ -7,13 +7,15 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
-binaries: deps  ## build or reuse the control plane, the real node (kubelet, containerd) and the images
+binaries: deps  ## build or reuse the control plane, the real node (kubelet, containerd), the MPI Operator and the images
 	$(PY) -m devcluster.binaries --all
 	$(PY) -m devcluster.components
 	$(PY) -m devcluster.helm
 	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
 	$(PY) -m devcluster.images
 	$(PY) -m devcluster.driver_image
+	$(PY) -m devcluster.mpi_operator
+	$(PY) -m devcluster.mpijobs
 
 demo: binaries  ## a real cluster with one real node: the seed's pods started with their NICs
 	$(PY) -m devcluster.demo

@@ -53,6 +53,7 @@ CHART = REPO / "charts" / "dranet"
 RELEASE = "dranet"
 DEV_INFINIBAND = Path("/dev/infiniband")
 NAMESPACE = "kube-system"
+NODE_LABEL = "dranet.dev/cluster"  # on the real node (kubelet --node-labels): <cluster name>
 # What a DaemonSet, a Deployment, service-account tokens, webhook endpoints and DRA need.
 CONTROLLERS = (
     "resourceclaim-controller",
@@ -65,7 +66,24 @@ CONTROLLERS = (
     "endpoints-controller",
     "endpointslice-controller",
     "namespace-controller",
+    # The MPI Operator's launcher is a batch/v1 Job.
+    "job-controller",
+    # Evicts pods whose claims hold a device with a NoExecute taint (DRADeviceTaints).
+    "device-taint-eviction-controller",
 )
+FEATURE_GATES = {
+    # Device taints in ResourceSlices (dra.net/unhealthy) and the scheduler honouring them.
+    "DRADeviceTaints": True,
+    # The kubelet's per-device health (DRAResourceHealth stream -> the pod's
+    # status.containerStatuses[].allocatedResourcesStatus).
+    "ResourceHealthStatus": True,
+}
+"""Alpha gates of Kubernetes 1.34 the node's tests need; on in every component (and the kubelet)."""
+RUNTIME_CONFIG = {
+    # With DRADeviceTaints the scheduler waits for its DeviceTaintRule informer (v1alpha3) to sync
+    # before it schedules anything: the API must be served.
+    "resource.k8s.io/v1alpha3": "true",
+}
 Progress = Callable[[str], None]
 
 
@@ -247,7 +265,10 @@ def dev_values(layout: NodeLayout, st: ClusterState, image_ref: str) -> dict[str
         "extraVolumeMounts": [{"name": "fixture-sysfs", "mountPath": str(layout.sysfs), "readOnly": True}],
         # No kube-proxy here: pods reach the apiserver at the node IP directly.
         "extraEnv": api_env,
-        "webhook": {"replicas": 1, "extraEnv": api_env},
+        # Only the real node: tests add Node objects without a kubelet (a second MPI worker's
+        # node), where a driver pod would wait forever.
+        "nodeSelector": {NODE_LABEL: layout.name},
+        "webhook": {"replicas": 1, "extraEnv": api_env, "nodeSelector": {NODE_LABEL: layout.name}},
     }
 
 
@@ -325,6 +346,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     progress("[up] control plane")
     opts = ControlPlaneOptions(
         controllers=CONTROLLERS,
+        feature_gates=dict(FEATURE_GATES),
+        runtime_config=dict(RUNTIME_CONFIG),
         bind_address=layout.node_ip,
         detached=True,
         keep_dir=True,
@@ -347,7 +370,9 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     progress("[up] containerd (NRI, CDI, runc, bridge CNI) and images")
     node_host.create_cgroup_root(layout)
     st.kubelet_port = free_port()
-    write_node_configs(layout, bins.node, kubelet_port=st.kubelet_port, healthz_port=free_port())
+    write_node_configs(
+        layout, bins.node, kubelet_port=st.kubelet_port, healthz_port=free_port(), feature_gates=FEATURE_GATES
+    )
     env = dict(os.environ, PATH=":".join([*bins.node.path_dirs, os.environ.get("PATH", "")]))
     st.path_env = env["PATH"]
     _spawn(layout, "containerd", [str(bins.node.containerd), "--config", str(layout.containerd_config)], env, st)
@@ -368,7 +393,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
             f"--hostname-override={node}",
             f"--node-ip={layout.node_ip}",
             f"--root-dir={layout.kubelet_root}",
-            f"--node-labels=dranet.dev/cluster={layout.name}",
+            f"--node-labels={NODE_LABEL}={layout.name}",
             "--v=2",
         ],
         env,
@@ -430,6 +455,56 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     _wait_pid(
         layout, st, "gpu-plugin", lambda: _dra_slices(kube, node), 60, "dra.net and gpu.nvidia.com ResourceSlices"
     )
+
+
+def tag_image(layout: NodeLayout, source: str, target: str) -> str:
+    """A second name for an image in the node's containerd (``ctr images tag``), e.g. the driver
+    image under a new tag for an upgrade test: the same image, as a registry would serve it."""
+    ctr = ensure_node_binaries(lambda _m: None).ctr
+    out = subprocess.run(
+        [str(ctr), "--address", str(layout.containerd_socket), "-n", images.CONTAINERD_NAMESPACE]
+        + ["images", "tag", "--force", source, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"ctr images tag {source} {target}: {out.stderr.strip()}")
+    return target
+
+
+def helm_upgrade(layout: NodeLayout, image_ref: str, *set_values: str, timeout: float = 300) -> str:
+    """``helm upgrade`` the driver release to ``image_ref`` (same dev values, plus ``set_values``);
+    returns helm's output. Does not wait: see `driver_rollout_done`."""
+    repo, _, tag = image_ref.rpartition(":")
+    args = [helm_mod.ensure(), "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--kubeconfig", str(layout.kubeconfig)]
+    args += ["-f", str(layout.values_file), "--set", f"image.repository={repo}", "--set", f"image.tag={tag}"]
+    for v in set_values:
+        args += ["--set", v]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"helm upgrade failed:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
+
+
+def driver_rollout_done(kube: KubeClient, image_ref: str) -> bool:
+    """The DaemonSet runs ``image_ref`` on every node, every pod Ready, no old pod left."""
+    ds = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}")
+    s = ds.get("status", {})
+    want = s.get("desiredNumberScheduled", 0)
+    if not (
+        want >= 1
+        and s.get("observedGeneration") == ds["metadata"]["generation"]
+        and s.get("updatedNumberScheduled") == want
+        and s.get("numberAvailable") == want
+    ):
+        return False
+    pods = kube.request(
+        "GET",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        query={"labelSelector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=driver"},
+    )["items"]
+    return len(pods) == want and all(p["spec"]["containers"][0]["image"] == image_ref for p in pods)
 
 
 def _sa_ready(kube: KubeClient, namespace: str) -> bool:

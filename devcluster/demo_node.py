@@ -6,7 +6,11 @@ seed's two ResourceClaimTemplates (applied unchanged) it starts a pod and prints
 and GPUs the scheduler allocated (with NUMA nodes), what the container sees (interfaces in
 its network namespace with MTU and addresses, RDMA device nodes, ``NCCL_IB_HCA``, the GPU
 double's ``NVIDIA_VISIBLE_DEVICES``), the claim's conditions; then deletes the pod and shows
-the NICs back on the host. ``make demo-fast`` (``--allocation-only``) skips the real node.
+the NICs back on the host. Then the seed's two MPIJobs, unchanged, under the real MPI Operator
+(`devcluster.mpijobs`): the pods and claims the operator's jobs get, the worker on the real node
+with its NICs, the worker on the Node without a kubelet that never starts (so no launcher), and
+every claim and NIC released when the MPIJob is deleted. ``make demo-fast``
+(``--allocation-only``) skips the real node.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from devcluster import cluster
+from devcluster import cluster, mpijobs
+from devcluster.components import ensure_node_binaries
 from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
 from devcluster.demo import ALIGNED, EXAMPLE_DIR, UNALIGNED, allocation_rows, print_table, summary
 from devcluster.node_layout import NodeLayout
@@ -26,6 +32,7 @@ from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 
 NAMESPACE = "demo"
+MPI_NAMESPACE = "demo-mpi"
 
 
 def _host_nics(layout: NodeLayout) -> str:
@@ -94,6 +101,51 @@ def show_pod(kube: KubeClient, kubectl: Kubectl, layout: NodeLayout, template: s
     print(f"  pod deleted; host NICs now:  {_host_nics(layout)}")
 
 
+def show_mpijobs(kube: KubeClient, kubectl: Kubectl, layout: NodeLayout, st: cluster.ClusterState) -> None:
+    """The seed's MPIJobs, one after the other (both want GPUs 0-3 and the same job name)."""
+    host, port = st.server.removeprefix("https://").rsplit(":", 1)
+    env = [{"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": port}]
+    ctr = ensure_node_binaries(lambda _m: None).ctr
+    with mpijobs.mpi_setup(kube, layout, ctr, env, MPI_NAMESPACE, progress=lambda m: print(f"    {m}")) as mpi:
+        print(
+            f"    MPI Operator {mpijobs.mpi_operator.VERSION} running (Deployment mpi-operator/mpi-operator); "
+            f"image {', '.join(mpi.seed_images)} = the stand-in tagged in containerd (manifests unchanged); "
+            f"second node {mpi.second_node.name}: a Node object without a kubelet",
+            flush=True,
+        )
+        for which in ("aligned", "unaligned"):
+            job = mpijobs.load_mpijob(which, MPI_NAMESPACE)
+            name = job["metadata"]["name"]
+            t0 = time.monotonic()
+            mpijobs.apply(kube, job)
+            mpijobs.wait_scheduled(kube, MPI_NAMESPACE, name, workers=2)
+
+            def real_ready(job: dict[str, Any] = job) -> bool:
+                r = mpijobs.report(kube, MPI_NAMESPACE, job)
+                return any(p.node == layout.node_name and p.ready for p in r.pods)
+
+            wait_for(real_ready, 180, 0.5, "the worker on the real node Ready")
+            time.sleep(3)
+            r = mpijobs.report(kube, MPI_NAMESPACE, job)
+            for p in r.pods:
+                if p.node == mpi.second_node.name:
+                    p.why_not_running = (
+                        f"cannot run: {mpi.second_node.name} has no kubelet, so the pod stays Pending and the "
+                        "launcher (launcherCreationPolicy: WaitForWorkersReady) is never created"
+                    )
+            print(
+                f"\n{mpijobs.MPIJOB_FILES[which].name} (worker on the real node Ready in {time.monotonic() - t0:.1f}s)"
+            )
+            print("\n".join(mpijobs.format_report(r)))
+            real = next(p for p in r.pods if p.node == layout.node_name)
+            view = pod_view(kubectl, MPI_NAMESPACE, real.name)
+            print(f"  inside {real.name} (running the seed's worker.sh: sshd for mpirun):")
+            print("\n".join(format_view(view)[:-1]))
+            print(f"  host NICs while it runs: {_host_nics(layout)}")
+            seconds = mpijobs.delete_job(kube, MPI_NAMESPACE, name, mpi.second_node)
+            print(f"  MPIJob deleted: pods and claims gone in {seconds:.1f}s; host NICs now: {_host_nics(layout)}")
+
+
 def run(progress: cluster.Progress = cluster._say) -> int:
     """The demo; returns an exit code."""
     t0 = time.monotonic()
@@ -101,7 +153,7 @@ def run(progress: cluster.Progress = cluster._say) -> int:
     own = cluster.running(dev) is None
     layout = NodeLayout(name="demo", pod_subnet="10.87.0.0/24") if own else dev
     print(
-        "1/4 the cluster: control plane, one real node (kubelet, containerd, runc, CNI), the GPU "
+        "1/5 the cluster: control plane, one real node (kubelet, containerd, runc, CNI), the GPU "
         "driver double, dranet installed with its Helm chart" + ("" if own else " (reusing the running one)"),
         flush=True,
     )
@@ -110,7 +162,7 @@ def run(progress: cluster.Progress = cluster._say) -> int:
         kube = KubeClient.from_kubeconfig(st.kubeconfig)
         kubectl = Kubectl(Path(st.kubectl), Path(st.kubeconfig))
         print(f"    ready in {time.monotonic() - t0:.0f}s; KUBECONFIG={st.kubeconfig}", flush=True)
-        print("2/4 the seed's ResourceClaimTemplates (examples/distributed_training), unchanged", flush=True)
+        print("2/5 the seed's ResourceClaimTemplates (examples/distributed_training), unchanged", flush=True)
         try:
             kube.request(
                 "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
@@ -133,10 +185,12 @@ def run(progress: cluster.Progress = cluster._say) -> int:
                 if not isinstance(exc, Conflict):
                     raise
         print(f"    host NICs: {_host_nics(layout)}")
-        print("3/4 one pod per template, started by the kubelet (one after the other: both want GPUs 0-3)", flush=True)
+        print("3/5 one pod per template, started by the kubelet (one after the other: both want GPUs 0-3)", flush=True)
         for template in (ALIGNED, UNALIGNED):
             show_pod(kube, kubectl, layout, template)
-        print(f"\n4/4 done in {time.monotonic() - t0:.0f}s", flush=True)
+        print("\n4/5 the seed's MPIJobs (unchanged) under the real MPI Operator, one after the other", flush=True)
+        show_mpijobs(kube, kubectl, layout, st)
+        print(f"\n5/5 done in {time.monotonic() - t0:.0f}s", flush=True)
         return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

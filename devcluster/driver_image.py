@@ -278,10 +278,12 @@ def _tidy(keep_ref: str, keep_archive: Path) -> None:
             subprocess.run(["umount", str(home)], capture_output=True)
 
 
-def _build(ref: str, out: Path, progress: Progress, repo: Path) -> ImageArchive:
-    base = build_base(progress)
+def bud(
+    dockerfile: Path, context: Path, ref: str, out: Path, progress: Progress, label: str, build_args: dict[str, str]
+) -> ImageArchive:
+    """``buildah bud`` with this machine's apt sources and pip config mounted into every ``RUN``
+    (never into a layer), then the image as a docker archive at ``out``."""
     t0 = time.monotonic()
-    progress(f"[driver image] buildah bud {repo / 'Dockerfile'} -> {ref} (apt + pip inside; a few minutes)")
     with tempfile.TemporaryDirectory(prefix="dn-bud-") as tmp:
         pip_conf = Path(tmp) / "pip.conf"
         pip_conf.write_text(pip_conf_text())
@@ -301,22 +303,25 @@ def _build(ref: str, out: Path, progress: Progress, repo: Path) -> ImageArchive:
             "--pull=never",
             "--layers",
             "--force-rm",  # also remove the working container of a failed step
-            "--build-arg",
-            f"DEBIAN_IMAGE={base}",
-            "-t",
-            ref,
-            "-f",
-            str(repo / "Dockerfile"),
         ]
+        for k, v in build_args.items():
+            args += ["--build-arg", f"{k}={v}"]
+        args += ["-t", ref, "-f", str(dockerfile)]
         for v in vols:
             args += ["-v", v]
-        _buildah(*args, str(repo), label="driver image")
+        _buildah(*args, str(context), label=label)
     tmp_out = out.with_suffix(".tmp")
     tmp_out.unlink(missing_ok=True)
-    _buildah("push", "--quiet", ref, f"docker-archive:{tmp_out}:{ref}", label="driver image push")
+    _buildah("push", "--quiet", ref, f"docker-archive:{tmp_out}:{ref}", label=f"{label} push")
     os.replace(tmp_out, out)
-    progress(f"[driver image] built {ref} in {time.monotonic() - t0:.0f}s -> {out}")
+    progress(f"[{label}] built {ref} in {time.monotonic() - t0:.0f}s -> {out}")
     return ImageArchive(ref, out)
+
+
+def _build(ref: str, out: Path, progress: Progress, repo: Path) -> ImageArchive:
+    base = build_base(progress)
+    progress(f"[driver image] buildah bud {repo / 'Dockerfile'} -> {ref} (apt + pip inside; a few minutes)")
+    return bud(repo / "Dockerfile", repo, ref, out, progress, "driver image", {"DEBIAN_IMAGE": base})
 
 
 def main() -> int:

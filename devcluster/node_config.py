@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -117,9 +118,11 @@ def cni_conflist(layout: NodeLayout) -> str:
     return json.dumps(conf, indent=2) + "\n"
 
 
-def kubelet_config(layout: NodeLayout, port: int, healthz_port: int) -> str:
+def kubelet_config(
+    layout: NodeLayout, port: int, healthz_port: int, feature_gates: Mapping[str, bool] | None = None
+) -> str:
     """KubeletConfiguration for a single dev node on this VM (cgroupfs, cgroup v1, loopback)."""
-    cfg = {
+    cfg: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
@@ -158,10 +161,18 @@ def kubelet_config(layout: NodeLayout, port: int, healthz_port: int) -> str:
         # Container logs below the cluster's base, not the host-wide /var/log/pods.
         "podLogsDir": str(layout.base / "pod-logs"),
     }
+    if feature_gates:
+        cfg["featureGates"] = dict(feature_gates)
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def write_node_configs(layout: NodeLayout, binaries: NodeBinaries, kubelet_port: int, healthz_port: int) -> None:
+def write_node_configs(
+    layout: NodeLayout,
+    binaries: NodeBinaries,
+    kubelet_port: int,
+    healthz_port: int,
+    feature_gates: Mapping[str, bool] | None = None,
+) -> None:
     """Write containerd's config, the CNI conflist and the kubelet config into the layout."""
     for d in (
         layout.containerd_config.parent,
@@ -175,4 +186,4 @@ def write_node_configs(layout: NodeLayout, binaries: NodeBinaries, kubelet_port:
         d.mkdir(parents=True, exist_ok=True)
     layout.containerd_config.write_text(containerd_config(layout, binaries))
     (layout.cni_conf_dir / "10-dranet.conflist").write_text(cni_conflist(layout))
-    layout.kubelet_config.write_text(kubelet_config(layout, kubelet_port, healthz_port))
+    layout.kubelet_config.write_text(kubelet_config(layout, kubelet_port, healthz_port, feature_gates))

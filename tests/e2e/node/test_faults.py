@@ -123,7 +123,7 @@ def test_pod_started_while_the_driver_is_down_waits_for_it(real_node: RealNode, 
         events = events_for(real_node, ns, pod)
         assert any("dra.net" in e for e in events), events  # the kubelet says what it waits for
     finally:
-        back = {"spec": {"template": {"spec": {"nodeSelector": None}}}}
+        back = {"spec": {"template": {"spec": {"nodeSelector": {"dranet.dev/nowhere": None}}}}}  # only that key
         real_node.kube.request("PATCH", ds_path, back, content_type="application/strategic-merge-patch+json")
     real_node.wait_driver_ready()
     try:

@@ -1,0 +1,149 @@
+"""The Kubeflow MPI Operator (``kubeflow.org/v2beta1`` MPIJob), built from its Go module.
+
+* ``build()``: ``github.com/kubeflow/mpi-operator/cmd/mpi-operator`` at :data:`VERSION` from the
+  module proxy (checked against sum.golang.org like every module), in a wrapper module, cached
+  under ``<cache>/mpi-operator/<version>/bin``. The CRD and the RBAC the operator ships
+  (``manifests/base/`` of the same module version) are copied next to the binary, so nothing of
+  the operator is vendored into this repository (the CRD alone is 670 kB of generated schema).
+* ``operator_image()``: a one-layer image holding only the static binary (no registry, no
+  Docker), so the operator runs as upstream deploys it: a Deployment, here on the real node with
+  the pod network (the operator's health port is a fixed ``:8080``; in a pod it binds the pod's
+  own network namespace, never a port of the host).
+* ``install()``: the CRD, the upstream ServiceAccount / ClusterRole / ClusterRoleBinding, and the
+  upstream Deployment with the image swapped for the local one (the API server address is passed
+  in the environment: the cluster has no service proxy).
+
+    python -m devcluster.mpi_operator     # build (or reuse) and print the binary and the CRD
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.images import ImageArchive, _tarinfo, docker_archive, images_dir
+
+MODULE = "github.com/kubeflow/mpi-operator"
+VERSION = "v0.8.2"
+"""Newest mpi-operator the module proxy serves (v0.8.1, v0.9.x: not published there); its go.mod
+says ``go 1.26.0`` and uses the published k8s.io modules (v0.35.x), so the wrapper module needs
+no replace lines. Verified against sum.golang.org by ``go mod download``."""
+API_VERSION = "kubeflow.org/v2beta1"
+IMAGE = f"localhost/dranet/mpi-operator:{VERSION}"
+NAMESPACE = "mpi-operator"  # upstream's namespace (also its leader-election lock namespace)
+MANIFESTS = (
+    "kubeflow.org_mpijobs.yaml",
+    "service-account.yaml",
+    "cluster-role.yaml",
+    "cluster-role-binding.yaml",
+    "deployment.yaml",
+)
+
+
+def gomod(version: str = VERSION) -> str:
+    """The wrapper module: the operator's main package as a tool of an otherwise empty module."""
+    return (
+        "module example.invalid/mpioperator\n\ngo 1.26.0\n\n"
+        f"tool {MODULE}/cmd/mpi-operator\n\nrequire {MODULE} {version}\n"
+    )
+
+
+def ldflags(version: str = VERSION) -> str:
+    """Version stamps as upstream's Makefile sets them (``mpi-operator --version`` is real)."""
+    pkg = f"{MODULE}/pkg/version"
+    return f"-s -w -X {pkg}.Version={version} -X {pkg}.GitSHA={version} -X {pkg}.Built=1970-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True)
+class OperatorBuild:
+    """The built binary and the upstream manifests of the same version."""
+
+    binary: Path
+    manifests: Path  # directory holding MANIFESTS
+    seconds: float | None  # build time of the cached build, if recorded
+
+
+def _module_dir(src: Path, version: str) -> Path:
+    out = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", f"{MODULE}@{version}"],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GOTOOLCHAIN="local", GOFLAGS="-mod=mod"),
+    )
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"mpi-operator {version}: module directory not found: {out.stderr.strip()}")
+    return Path(out.stdout.strip())
+
+
+def build(version: str = VERSION, progress: Progress = _print_progress) -> OperatorBuild:
+    """Build (or reuse) the operator and copy its manifests next to it."""
+    b = GoBuild(packages=(f"{MODULE}/cmd/mpi-operator",), ldflags=ldflags(version))
+    bin_dir = build_go_tool("mpi-operator", version, gomod(version), [b], expect=("mpi-operator",), progress=progress)
+    base = bin_dir.parent
+    manifests = base / "manifests"
+    if not all((manifests / m).is_file() for m in MANIFESTS):
+        src = _module_dir(base / "src", version) / "manifests" / "base"
+        tmp = base / "manifests.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        for m in MANIFESTS:
+            shutil.copyfile(src / m, tmp / m)
+        shutil.rmtree(manifests, ignore_errors=True)
+        tmp.rename(manifests)
+    seconds_file = base / "build-seconds"
+    seconds = float(seconds_file.read_text()) if seconds_file.is_file() else None
+    return OperatorBuild(bin_dir / "mpi-operator", manifests, seconds)
+
+
+def operator_image(built: OperatorBuild) -> ImageArchive:
+    """``localhost/dranet/mpi-operator:<version>``: the static binary alone (cached by content)."""
+    data = built.binary.read_bytes()
+    import hashlib
+
+    key = hashlib.sha256(data).hexdigest()[:16]
+    out = images_dir() / f"mpi-operator-{VERSION}-{key}.tar"
+    if out.is_file():
+        return ImageArchive(IMAGE, out)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_tarinfo("tmp/", mode=0o1777, kind=tarfile.DIRTYPE))
+        tar.addfile(_tarinfo("mpi-operator", size=len(data)), io.BytesIO(data))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in images_dir().glob("mpi-operator-*.tar"):
+        old.unlink(missing_ok=True)
+    return docker_archive(buf.getvalue(), IMAGE, ["/mpi-operator"], out)
+
+
+def load_manifests(built: OperatorBuild) -> list[dict[str, Any]]:
+    """The upstream CRD and RBAC documents, as they are in the module."""
+    docs: list[dict[str, Any]] = []
+    for m in MANIFESTS:
+        docs += [d for d in yaml.safe_load_all((built.manifests / m).read_text()) if d]
+    return docs
+
+
+def main() -> int:
+    """CLI: build (or reuse) the operator and its image; print where they are."""
+    t0 = time.monotonic()
+    built = build()
+    img = operator_image(built)
+    print(f"mpi-operator {VERSION}: {built.binary} (built in {built.seconds}s), manifests {built.manifests}")
+    print(f"{img.ref} {img.path}")
+    print(f"ready in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
