@@ -1,0 +1,256 @@
+"""NIC health the pod and the scheduler see (kubelet feature gate ResourceHealthStatus, apiserver,
+scheduler and controller-manager gate DRADeviceTaints; both on in devcluster).
+
+The node's NICs are veths whose far ends sit in the cluster's fabric namespace: setting the far
+end down takes the carrier away, as a pulled cable or a switch port going down would.
+
+1. A running pod holds 4 NICs; one loses its link: the pod's
+   ``status.containerStatuses[].allocatedResourcesStatus`` says Unhealthy within 5 s, the device
+   gets the ``dra.net/unhealthy=LinkDown:NoSchedule`` taint in the ResourceSlice; link back:
+   Healthy, taint gone. The claim is a ResourceClaim named like the pod's claim entry, made from
+   the seed's aligned template's spec: the 1.34 kubelet fills ``allocatedResourcesStatus`` only
+   when the two names match, so never for a claim made from a template (kubernetes#134482, fixed
+   in 1.35 by kubernetes#134875); the driver's health stream is the same either way.
+2. A free NIC loses its link: a new claim for "one RDMA NIC on NUMA 1", which the allocator gives
+   that NIC when it is healthy (checked first), gets another one; a claim for exactly that NIC
+   stays unallocated (the real scheduler says why) until the link is back, then gets it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from devcluster.controlplane import load_yaml_docs, wait_for
+from devcluster.demo import ALIGNED, EXAMPLE_DIR
+from devcluster.pods import pod_view
+from driver.config import UNHEALTHY_TAINT_KEY
+from driver.kube.client import RESOURCE_API
+from tests.e2e.node.realnode import E2E_MARKS, RealNode
+from tests.e2e.node.support import (
+    apply_seed_templates,
+    delete_pod,
+    events_for,
+    get_pod,
+    nic_snapshot,
+    pod_claim,
+    start_pod,
+    wait_nics_home,
+    wait_running,
+)
+
+pytestmark = E2E_MARKS
+HEALTH_DEADLINE = 5.0  # s: link down -> Unhealthy in the pod's status (the issue's goal)
+
+
+@pytest.fixture
+def ns(real_node: RealNode) -> Iterator[str]:
+    name = real_node.namespace()
+    apply_seed_templates(real_node, name)
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)
+
+
+def _peer(node: RealNode, nic: str, up: bool) -> float:
+    """Set the far end of ``nic`` up or down (in the fabric namespace); returns when it was done."""
+    subprocess.run(
+        ["ip", "-n", node.layout.fabric_netns, "link", "set", node.layout.peer(nic), "up" if up else "down"],
+        check=True,
+        capture_output=True,
+    )
+    return time.monotonic()
+
+
+@pytest.fixture
+def links(real_node: RealNode) -> Iterator[set[str]]:
+    """NICs whose far end a test set down; all set up again afterwards, whatever happened."""
+    down: set[str] = set()
+    try:
+        yield down
+    finally:
+        for nic in real_node.layout.nics:
+            _peer(real_node, nic, True)
+
+
+def _devices(node: RealNode) -> dict[str, dict[str, Any]]:
+    """ifName -> the device entry of this node's dra.net slice (with its taints)."""
+    selector = f"spec.driver=dra.net,spec.nodeName={node.node}"
+    items = node.kube.request("GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": selector})["items"]
+    out = {}
+    for s in items:
+        for d in s["spec"].get("devices") or []:
+            ifname = (d.get("attributes") or {}).get("dra.net/ifName", {}).get("string")
+            if ifname:
+                out[ifname] = d
+    return out
+
+
+def _taint(node: RealNode, nic: str) -> dict[str, Any] | None:
+    taints = _devices(node).get(nic, {}).get("taints") or []
+    return next((t for t in taints if t["key"] == UNHEALTHY_TAINT_KEY), None)
+
+
+def _health(node: RealNode, ns: str, pod: str) -> dict[str, str]:
+    """resourceID -> health from the pod's containerStatuses[].allocatedResourcesStatus."""
+    p = get_pod(node, ns, pod)
+    out = {}
+    for cs in p["status"].get("containerStatuses") or []:
+        for rs in cs.get("allocatedResourcesStatus") or []:
+            for r in rs.get("resources") or []:
+                out[r["resourceID"]] = r.get("health", "")
+    return out
+
+
+def _until(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> float:
+    """Poll fast; returns the time.monotonic() when ``predicate`` first held."""
+    wait_for(predicate, timeout, interval, what)
+    return time.monotonic()
+
+
+def _both(pod_side: Any, slice_side: Any, timeout: float, what: str) -> tuple[float, float]:
+    """Poll both conditions in one loop; the time.monotonic() at which each first held."""
+    seen: dict[str, float] = {}
+
+    def check() -> bool:
+        for key, predicate in (("pod", pod_side), ("slice", slice_side)):
+            if key not in seen and predicate():
+                seen[key] = time.monotonic()
+        return len(seen) == 2
+
+    wait_for(check, timeout, 0.05, what)
+    return seen["pod"], seen["slice"]
+
+
+def test_link_down_on_a_held_nic_reaches_the_pod_status_and_the_slice(
+    real_node: RealNode, ns: str, links: set[str]
+) -> None:
+    node = real_node
+    seed = next(
+        d for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") if d["metadata"]["name"] == ALIGNED
+    )
+    named = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "devices"}}
+    node.kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims", {**named, "spec": seed["spec"]["spec"]})
+    start_pod(node, ns, "trainer", claim="devices")  # the pod's claim entry is named "devices" too
+    wait_running(node, ns, "trainer")
+    claim = pod_claim(node, ns, "trainer")
+    devs = {r["device"]: r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "dra.net"}
+    nic = node.layout.nics[0]
+    device = _devices(node)[nic]["name"]
+    assert device in devs
+    resource = f"dra.net/{node.node}/{device}"
+    wait_for(lambda: _health(node, ns, "trainer").get(resource) == "Healthy", 60, 0.2, f"{resource} Healthy")
+
+    links.add(nic)
+    down = _peer(node, nic, False)
+    t_pod, t_taint = _both(
+        lambda: _health(node, ns, "trainer").get(resource) == "Unhealthy",
+        lambda: _taint(node, nic) is not None,
+        30,
+        "Unhealthy in the pod status and the taint in the slice",
+    )
+    taint = _taint(node, nic)
+    assert taint is not None and (taint["value"], taint["effect"]) == ("LinkDown", "NoSchedule")
+    others = {r: h for r, h in _health(node, ns, "trainer").items() if r.startswith("dra.net/") and r != resource}
+    assert others and set(others.values()) == {"Healthy"}, others
+    assert nic in pod_view(node.kubectl, ns, "trainer").interfaces  # the pod keeps its NIC (NoSchedule)
+
+    up = _peer(node, nic, True)
+    t_back, t_untaint = _both(
+        lambda: _health(node, ns, "trainer").get(resource) == "Healthy",
+        lambda: _taint(node, nic) is None,
+        30,
+        "Healthy again and the taint removed",
+    )
+    print(
+        f"\n[health] {nic} ({device}) held by a running pod: link down -> Unhealthy in the pod status "
+        f"{t_pod - down:.2f}s, -> taint {taint} in the slice {t_taint - down:.2f}s; link up -> Healthy "
+        f"{t_back - up:.2f}s, taint removed {t_untaint - up:.2f}s"
+    )
+    assert t_pod - down <= HEALTH_DEADLINE, f"Unhealthy after {t_pod - down:.2f}s"
+    delete_pod(node, ns, "trainer")
+
+
+def _one_nic_template(ns: str, name: str, expression: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "nic",
+                            "exactly": {
+                                "deviceClassName": "dranet.net",
+                                "count": 1,
+                                "selectors": [{"cel": {"expression": expression}}],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _allocated_nic(node: RealNode, ns: str, pod: str) -> str:
+    claim = pod_claim(node, ns, pod)
+    (result,) = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "dra.net"]
+    by_name = {d["name"]: ifname for ifname, d in _devices(node).items()}
+    return by_name[result["device"]]
+
+
+def test_the_scheduler_never_allocates_a_tainted_nic(real_node: RealNode, ns: str, links: set[str]) -> None:
+    node = real_node
+    home = nic_snapshot(node)
+    numa1 = node.layout.nics[4:]
+    any_numa1 = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 1'
+    for tmpl in (
+        _one_nic_template(ns, "any-numa1", any_numa1),
+        _one_nic_template(ns, "exactly-first", f'device.attributes["dra.net"]["ifName"] == "{numa1[0]}"'),
+    ):
+        node.kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates", tmpl)
+
+    # Healthy: "one NIC on NUMA 1" is the first one, numa1[0].
+    start_pod(node, ns, "baseline", "any-numa1")
+    wait_running(node, ns, "baseline")
+    assert _allocated_nic(node, ns, "baseline") == numa1[0]
+    delete_pod(node, ns, "baseline")
+    wait_nics_home(node, home)
+
+    links.add(numa1[0])
+    down = _peer(node, numa1[0], False)
+    t_taint = _until(lambda: _taint(node, numa1[0]) is not None, 30, f"{numa1[0]} tainted")
+    start_pod(node, ns, "avoids", "any-numa1")
+    start_pod(node, ns, "wants-it", "exactly-first")
+    wait_running(node, ns, "avoids")
+    got = _allocated_nic(node, ns, "avoids")
+    assert got != numa1[0] and got in numa1, got
+    time.sleep(5)
+    pending = get_pod(node, ns, "wants-it")
+    assert not pending["spec"].get("nodeName"), "a claim was allocated a tainted NIC"
+    why = [e for e in events_for(node, ns, "wants-it") if e.startswith("FailedScheduling")]
+    assert why, events_for(node, ns, "wants-it")
+
+    up = _peer(node, numa1[0], True)
+    t_untaint = _until(lambda: _taint(node, numa1[0]) is None, 30, f"{numa1[0]} untainted")
+    wait_running(node, ns, "wants-it", timeout=120)
+    t_sched = time.monotonic()
+    assert _allocated_nic(node, ns, "wants-it") == numa1[0]
+    assert numa1[0] in pod_view(node.kubectl, ns, "wants-it").interfaces
+    print(
+        f"\n[health] free NIC {numa1[0]}: link down -> taint {t_taint - down:.2f}s; a claim for any NUMA-1 NIC "
+        f"got {got} (without the taint: {numa1[0]}); a claim for exactly {numa1[0]} waited "
+        f"({why[-1][:160]}); link up -> taint removed {t_untaint - up:.2f}s, that pod Running with "
+        f"{numa1[0]} {t_sched - up:.1f}s after the link came back"
+    )
+    for pod in ("avoids", "wants-it"):
+        delete_pod(node, ns, pod)
+    wait_nics_home(node, home)

@@ -1,0 +1,301 @@
+"""``helm upgrade`` of the driver to a new image tag and back, while a pod holds 4 NICs and pods
+start and stop in a loop: nothing is dropped, no DRA or NRI call fails.
+
+The chart's rolling update surges (maxSurge 1, maxUnavailable 0): the new driver pod starts
+beside the old one, registers with the kubelet under its own socket names and with containerd's
+NRI as a standby, turns Ready (/readyz), then the old pod stops: its kubelet sockets go first,
+then it hands the node lease (NIC moves, slices) to the new one. The second tag is the same
+image under another name (as a registry would serve a re-tag); the downgrade goes back to the
+first. Counted as failures: a loop pod not Ready in time or without its NIC, and every line of
+the kubelet's log about a failed NodePrepareResources/NodeUnprepareResources, every error of
+containerd's log about NRI, every FailedPrepareDynamicResources event, during the whole window.
+
+Also: a state file from a newer schema is refused with a clear error by the running driver's own
+binary (never misread).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster import cluster
+from devcluster.controlplane import wait_for
+from devcluster.demo import ALIGNED
+from devcluster.pods import pod_view
+from driver.checkpoint import SCHEMA_VERSION
+from driver.kube.client import RESOURCE_API
+from tests.e2e.node.realnode import E2E_MARKS, RealNode
+from tests.e2e.node.support import (
+    apply_seed_templates,
+    delete_pod,
+    dra_conditions,
+    nic_snapshot,
+    pod_claim,
+    start_pod,
+    wait_nics_home,
+    wait_running,
+)
+
+pytestmark = E2E_MARKS
+NUMA0, NUMA1 = slice(0, 4), slice(4, 8)
+LOOP_TEMPLATE = "one-numa1-nic"
+LOOPERS = 2  # pods starting concurrently, one NIC each (NUMA 1; the holder has NUMA 0's four)
+KUBELET_FAILURES = re.compile(
+    r"Failed to prepare dynamic resources|unprepare dynamic resources|NodePrepareResources|NodeUnprepareResources"
+)
+CONTAINERD_NRI_ERRORS = re.compile(r"level=error.*(nri|NRI|plugin \"00-dra\.net\")")
+
+
+@pytest.fixture
+def ns(real_node: RealNode) -> Iterator[str]:
+    name = real_node.namespace()
+    apply_seed_templates(real_node, name)
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": LOOP_TEMPLATE, "namespace": name},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "nic",
+                            "exactly": {
+                                "deviceClassName": "dranet.net",
+                                "count": 1,
+                                "selectors": [
+                                    {
+                                        "cel": {
+                                            "expression": 'device.attributes["dra.net"]["rdma"] == true && '
+                                            'device.attributes["dra.net"]["numaNode"] == 1'
+                                        }
+                                    }
+                                ],
+                            },
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    real_node.kube.request("POST", f"{RESOURCE_API}/namespaces/{name}/resourceclaimtemplates", template)
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)
+
+
+@dataclass
+class Loop:
+    """Pods started one after the other by each looper thread, and what went wrong."""
+
+    started: int = 0
+    ready: int = 0
+    failures: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _looper(node: RealNode, ns: str, k: int, loop: Loop) -> None:
+    nics = set(node.layout.nics[NUMA1])
+    i = 0
+    while not loop.stop.is_set():
+        name = f"loop{k}-{i}"
+        i += 1
+        t0 = time.monotonic()
+        try:
+            start_pod(node, ns, name, LOOP_TEMPLATE)
+            with loop.lock:
+                loop.started += 1
+            wait_running(node, ns, name, timeout=120)
+            inside = set(pod_view(node.kubectl, ns, name).interfaces) & nics
+            if len(inside) != 1:
+                raise AssertionError(f"pod {name} has NICs {sorted(inside)}, wanted one of {sorted(nics)}")
+            with loop.lock:
+                loop.ready += 1
+                loop.seconds.append(time.monotonic() - t0)
+        except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
+            with loop.lock:
+                loop.failures.append(f"{name}: {exc}"[:600])
+        finally:
+            try:
+                delete_pod(node, ns, name, timeout=120)
+            except Exception as exc:  # noqa: BLE001
+                with loop.lock:
+                    loop.failures.append(f"{name} delete: {exc}"[:600])
+
+
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _log_since(path: Path, offset: int) -> list[str]:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace").splitlines()
+
+
+def _driver_pods(node: RealNode) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = node.kube.request(
+        "GET",
+        f"/api/v1/namespaces/{cluster.NAMESPACE}/pods",
+        query={"labelSelector": "app.kubernetes.io/component=driver"},
+    )["items"]
+    return items
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
+
+
+def _roll(node: RealNode, image: str, label: str) -> dict[str, float]:
+    """helm upgrade to ``image``; returns when the rollout is complete, with its timings."""
+    old = {p["metadata"]["uid"] for p in _driver_pods(node)}
+    t0 = time.monotonic()
+    cluster.helm_upgrade(node.layout, image)
+    times: dict[str, float] = {}
+
+    def watch() -> bool:
+        pods = _driver_pods(node)
+        new = [p for p in pods if p["metadata"]["uid"] not in old]
+        if new and "new pod created" not in times:
+            times["new pod created"] = time.monotonic() - t0
+        ready = [
+            p
+            for p in new
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+        ]
+        if ready and "new pod Ready" not in times:
+            times["new pod Ready"] = time.monotonic() - t0
+        if new and not (old & {p["metadata"]["uid"] for p in pods}) and "old pod gone" not in times:
+            times["old pod gone"] = time.monotonic() - t0
+        return cluster.driver_rollout_done(node.kube, image)
+
+    wait_for(watch, 240, 0.25, f"the driver rollout to {image} ({label})")
+    times["rollout done"] = time.monotonic() - t0
+    return {k: round(v, 1) for k, v in times.items()}
+
+
+def _holder_intact(node: RealNode, ns: str, pod: str, nics: list[str], claim_uid: str) -> None:
+    view = pod_view(node.kubectl, ns, pod)
+    assert set(nics) <= set(view.interfaces), sorted(view.interfaces)
+    assert not set(nics) & set(node.host_nics())
+    assert claim_uid in node.checkpoint().get("claims", {}), "the claim is no longer prepared"
+    claim = pod_claim(node, ns, pod)
+    conds = dra_conditions(claim)
+    assert conds and all(c["Ready"]["status"] == "True" for c in conds.values()), conds
+
+
+def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> None:
+    node = real_node
+    first = node.state.driver_image
+    second = cluster.tag_image(node.layout, first, first + "-next")
+    home = nic_snapshot(node)
+    holder_nics = list(node.layout.nics[NUMA0])
+    start_pod(node, ns, "holder", ALIGNED)
+    wait_running(node, ns, "holder")
+    claim_uid = pod_claim(node, ns, "holder")["metadata"]["uid"]
+    _holder_intact(node, ns, "holder", holder_nics, claim_uid)
+
+    logs = node.layout.logs
+    offsets = {n: _log_size(logs / f"{n}.log") for n in ("kubelet", "containerd")}
+    loop = Loop()
+    threads = [threading.Thread(target=_looper, args=(node, ns, k, loop), daemon=True) for k in range(LOOPERS)]
+    for t in threads:
+        t.start()
+    phases = {}
+    try:
+        wait_for(lambda: loop.ready >= LOOPERS, 120, 0.5, "the loop pods running before the upgrade")
+        before = loop.started
+        phases["upgrade"] = _roll(node, second, "upgrade")
+        _holder_intact(node, ns, "holder", holder_nics, claim_uid)
+        during_up = loop.started - before
+        after = loop.ready
+        wait_for(lambda: loop.ready >= after + LOOPERS, 120, 0.5, "loop pods Ready after the upgrade")
+        before = loop.started
+        phases["downgrade"] = _roll(node, first, "downgrade")
+        _holder_intact(node, ns, "holder", holder_nics, claim_uid)
+        during_down = loop.started - before
+        after = loop.ready
+        wait_for(lambda: loop.ready >= after + LOOPERS, 120, 0.5, "loop pods Ready after the downgrade")
+    finally:
+        loop.stop.set()
+        for t in threads:
+            t.join(timeout=300)
+
+    kubelet = [ln for ln in _log_since(logs / "kubelet.log", offsets["kubelet"]) if KUBELET_FAILURES.search(ln)]
+    containerd = [
+        ln for ln in _log_since(logs / "containerd.log", offsets["containerd"]) if CONTAINERD_NRI_ERRORS.search(ln)
+    ]
+    dra_lines = [ln for ln in _log_since(logs / "kubelet.log", offsets["kubelet"]) if "dra.net" in ln]
+    events = [
+        f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+        for e in node.kube.request("GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        if e.get("type") == "Warning"
+    ]
+    failed = len(loop.failures) + len(kubelet) + len(containerd)
+    print(
+        f"\n[upgrade] {first} -> {second}: {phases['upgrade']}; back: {phases['downgrade']}"
+        f"\n[upgrade] loop pods: {loop.started} started ({during_up} during the upgrade, {during_down} during the "
+        f"downgrade), {loop.ready} Ready with their NIC, median start "
+        f"{sorted(loop.seconds)[len(loop.seconds) // 2] if loop.seconds else 0:.1f}s"
+        f"\n[upgrade] failed calls: {failed} (loop {len(loop.failures)}, kubelet prepare/unprepare {len(kubelet)}, "
+        f"containerd NRI {len(containerd)}); warning events: {len(events)}"
+        f"\n[upgrade] what the kubelet logged about dra.net ({len(dra_lines)} lines):"
+    )
+    for ln in _summarize(dra_lines):
+        print(f"    {ln}")
+    assert not loop.failures, loop.failures
+    assert not kubelet, kubelet[:10]
+    assert not containerd, containerd[:10]
+    assert not [e for e in events if "FailedPrepareDynamicResources" in e or "dra.net" in e], events
+    assert during_up >= 1 and during_down >= 1, "pods must start while the driver is being replaced"
+    delete_pod(node, ns, "holder")
+    wait_nics_home(node, home)
+    wait_for(lambda: not node.checkpoint().get("claims"), 30, 0.2, "every claim unprepared")
+
+
+def _summarize(lines: list[str]) -> list[str]:
+    """The kubelet's dra.net lines, grouped by message (klog's text after the source location)."""
+    counts: dict[str, int] = {}
+    for ln in lines:
+        msg = ln.split("] ", 1)[-1]
+        msg = re.sub(r"dra(\.net)?-[0-9a-f-]{36}", "<instance>", msg)
+        msg = re.sub(r'"[^"]*\.sock"', '"<socket>"', msg)[:220]
+        counts[msg] = counts.get(msg, 0) + 1
+    return [f"{n}x {m}" for m, n in counts.items()]
+
+
+def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode, ns: str) -> None:
+    """The real checkpoint.json the driver wrote, as a newer schema would have it: `dranet run` of the
+    running image refuses to start, naming the file and the versions, instead of misreading it."""
+    node = real_node
+    start_pod(node, ns, "writer", ALIGNED)
+    wait_running(node, ns, "writer")
+    data = node.checkpoint()
+    assert data["version"] == SCHEMA_VERSION and data["claims"]
+    data["version"] = SCHEMA_VERSION + 1
+    for claim in data["claims"].values():
+        claim["devices"][0]["futureField"] = {"what": "a field this version does not know"}
+    pod = node.driver_pod()["metadata"]["name"]
+    script = (
+        "exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && cat > /tmp/newer/checkpoint.json && "
+        "dranet --log-format=text run --state-dir=/tmp/newer --runtime-dir=/tmp/newer-run "
+        "--kubelet-root=/tmp/newer-kubelet --no-nri --bind-address=127.0.0.1:0; echo exit=$?"
+    )
+    out = node.kubectl.run("exec", "-i", "-n", cluster.NAMESPACE, pod, "--", "sh", "-c", script, stdin=json.dumps(data))
+    print(f"\n[downgrade] a newer state file, read by the running driver:\n    {out.strip()}")
+    assert "exit=1" in out
+    assert f"checkpoint schema version {SCHEMA_VERSION + 1} was written by a newer driver" in out
+    assert "refusing to start" in out
+    delete_pod(node, ns, "writer")
