@@ -277,16 +277,19 @@ def _kubelet_ready(kube: KubeClient, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", []))
 
 
+def _release_items(kube: KubeClient, path: str, selector: str = "") -> list[dict[str, Any]]:
+    """The objects at ``path`` of the driver's Helm release (plus ``selector``)."""
+    labels = ",".join(x for x in (f"app.kubernetes.io/instance={RELEASE}", selector) if x)
+    items: list[dict[str, Any]] = kube.request("GET", path, query={"labelSelector": labels})["items"]
+    return items
+
+
 def _rollout_done(kube: KubeClient) -> bool:
     ds = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}")
     s = ds.get("status", {})
     if not (s.get("desiredNumberScheduled", 0) >= 1 and s.get("numberReady", 0) == s["desiredNumberScheduled"]):
         return False
-    deps = kube.request(
-        "GET",
-        f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments",
-        query={"labelSelector": f"app.kubernetes.io/instance={RELEASE}"},
-    )["items"]
+    deps = _release_items(kube, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
     return all(d.get("status", {}).get("readyReplicas", 0) >= d["spec"].get("replicas", 1) for d in deps)
 
 
@@ -432,25 +435,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         60,
         "the kube-system service accounts",
     )
-    out = subprocess.run(
-        [
-            bins.helm,
-            "install",
-            RELEASE,
-            str(CHART),
-            "-n",
-            NAMESPACE,
-            "--kubeconfig",
-            str(layout.kubeconfig),
-            "-f",
-            str(layout.values_file),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"helm install failed:\n{out.stdout}\n{out.stderr}")
+    helm(layout, "install", helm_binary=bins.helm)
     _wait_pid(layout, st, "kubelet", lambda: _rollout_done(kube), 180, "the dranet DaemonSet and webhook to be ready")
     _wait_pid(
         layout, st, "gpu-plugin", lambda: _dra_slices(kube, node), 60, "dra.net and gpu.nvidia.com ResourceSlices"
@@ -461,30 +446,25 @@ def tag_image(layout: NodeLayout, source: str, target: str) -> str:
     """A second name for an image in the node's containerd (``ctr images tag``), e.g. the driver
     image under a new tag for an upgrade test: the same image, as a registry would serve it."""
     ctr = ensure_node_binaries(lambda _m: None).ctr
-    out = subprocess.run(
-        [str(ctr), "--address", str(layout.containerd_socket), "-n", images.CONTAINERD_NAMESPACE]
-        + ["images", "tag", "--force", source, target],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return images.tag_image(ctr, str(layout.containerd_socket), source, target)
+
+
+def helm(layout: NodeLayout, verb: str, *args: str, helm_binary: str | None = None, timeout: float = 300) -> str:
+    """``helm <verb> dranet charts/dranet`` on this cluster with its dev values (+ ``args``)."""
+    cmd = [helm_binary or helm_mod.ensure(), verb, RELEASE, str(CHART), "-n", NAMESPACE]
+    cmd += ["--kubeconfig", str(layout.kubeconfig), "-f", str(layout.values_file), *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
-        raise RuntimeError(f"ctr images tag {source} {target}: {out.stderr.strip()}")
-    return target
+        raise RuntimeError(f"helm {verb} failed:\n{out.stdout}\n{out.stderr}")
+    return out.stdout
 
 
-def helm_upgrade(layout: NodeLayout, image_ref: str, *set_values: str, timeout: float = 300) -> str:
+def helm_upgrade(layout: NodeLayout, image_ref: str, *set_values: str) -> str:
     """``helm upgrade`` the driver release to ``image_ref`` (same dev values, plus ``set_values``);
     returns helm's output. Does not wait: see `driver_rollout_done`."""
     repo, _, tag = image_ref.rpartition(":")
-    args = [helm_mod.ensure(), "upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--kubeconfig", str(layout.kubeconfig)]
-    args += ["-f", str(layout.values_file), "--set", f"image.repository={repo}", "--set", f"image.tag={tag}"]
-    for v in set_values:
-        args += ["--set", v]
-    out = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(f"helm upgrade failed:\n{out.stdout}\n{out.stderr}")
-    return out.stdout
+    sets = [f"image.repository={repo}", f"image.tag={tag}", *set_values]
+    return helm(layout, "upgrade", *[a for v in sets for a in ("--set", v)])
 
 
 def driver_rollout_done(kube: KubeClient, image_ref: str) -> bool:
@@ -499,11 +479,7 @@ def driver_rollout_done(kube: KubeClient, image_ref: str) -> bool:
         and s.get("numberAvailable") == want
     ):
         return False
-    pods = kube.request(
-        "GET",
-        f"/api/v1/namespaces/{NAMESPACE}/pods",
-        query={"labelSelector": f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=driver"},
-    )["items"]
+    pods = _release_items(kube, f"/api/v1/namespaces/{NAMESPACE}/pods", "app.kubernetes.io/component=driver")
     return len(pods) == want and all(p["spec"]["containers"][0]["image"] == image_ref for p in pods)
 
 

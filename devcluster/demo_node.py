@@ -140,7 +140,7 @@ def show_mpijobs(kube: KubeClient, kubectl: Kubectl, layout: NodeLayout, st: clu
             real = next(p for p in r.pods if p.node == layout.node_name)
             view = pod_view(kubectl, MPI_NAMESPACE, real.name)
             print(f"  inside {real.name} (running the seed's worker.sh: sshd for mpirun):")
-            print("\n".join(format_view(view)[:-1]))
+            print("\n".join(format_view(view)))
             print(f"  host NICs while it runs: {_host_nics(layout)}")
             seconds = mpijobs.delete_job(kube, MPI_NAMESPACE, name, mpi.second_node)
             print(f"  MPIJob deleted: pods and claims gone in {seconds:.1f}s; host NICs now: {_host_nics(layout)}")

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from devcluster.binaries import Progress, _print_progress
@@ -242,33 +242,39 @@ def build_driver_image(progress: Progress = _print_progress, repo: Path = REPO) 
     archive and one tagged image in the cache: older ones are removed, as are a failed
     build's working containers, and buildah's storage is unmounted.
     """
-    if not shutil.which("buildah"):
-        raise ImageError("buildah not found; run `make deps`")
-    base_tag = base_key()
-    key = _digest([base_tag.encode(), context_key(repo).encode()])
+    key = _digest([base_key().encode(), context_key(repo).encode()])
     ref = f"{DRIVER_REPO}:dev-{key}"
     out = images_dir() / f"dranet-{key}.tar"
+    return build_once(ref, out, lambda: _build(ref, out, progress, repo), DRIVER_REPO, "dranet-*.tar")
+
+
+def build_once(ref: str, out: Path, build: Callable[[], ImageArchive], repo: str, archives: str) -> ImageArchive:
+    """The cached archive ``out``, else ``build()`` under the one build lock (buildah's storage is
+    shared by every image made here; concurrent callers wait, then reuse), then `tidy`."""
     if out.is_file():
         return ImageArchive(ref, out)
+    if not shutil.which("buildah"):
+        raise ImageError("buildah not found; run `make deps`")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(images_dir() / ".driver-image.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if out.is_file():  # another process built it meanwhile
             return ImageArchive(ref, out)
         try:
-            return _build(ref, out, progress, repo)
+            return build()
         finally:
-            _tidy(ref, out)
+            tidy(repo, ref, archives, out)
 
 
-def _tidy(keep_ref: str, keep_archive: Path) -> None:
-    """Drop other driver images and archives, leftover containers, and buildah's mounts."""
+def tidy(repo: str, keep_ref: str, archives: str, keep_archive: Path) -> None:
+    """Drop other images of ``repo`` and other archives matching ``archives``, leftover
+    containers, and buildah's mounts."""
     _buildah("rm", "--all", check=False)
     for line in _buildah("images", "--format", "{{.Name}}:{{.Tag}}", check=False).stdout.split():
-        if line.startswith(DRIVER_REPO + ":") and line != keep_ref:
+        if line.startswith(repo + ":") and line != keep_ref:
             _buildah("rmi", line, check=False)
     _buildah("rmi", "--prune", check=False)
-    for old in images_dir().glob("dranet-*.tar"):
+    for old in images_dir().glob(archives):
         if old != keep_archive:
             old.unlink(missing_ok=True)
     # containers/storage keeps its overlay home bind-mounted: not needed between builds.

@@ -137,6 +137,19 @@ def import_image(ctr: Path, address: str, archive: ImageArchive) -> None:
         raise ImageError(f"importing {archive.ref} from {archive.path} failed: {out.stderr.strip()[-500:]}")
 
 
+def tag_image(ctr: Path, address: str, source: str, target: str) -> str:
+    """``ctr -n k8s.io images tag --force``: a second name for an image already imported."""
+    out = subprocess.run(
+        [str(ctr), "--address", address, "-n", CONTAINERD_NAMESPACE, "images", "tag", "--force", source, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode != 0:
+        raise ImageError(f"ctr images tag {source} {target}: {out.stderr.strip()}")
+    return target
+
+
 def image_present(ctr: Path, address: str, ref: str) -> bool:
     """True if containerd's ``k8s.io`` namespace has an image named ``ref``."""
     out = subprocess.run(

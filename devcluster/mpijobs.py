@@ -24,10 +24,8 @@ What is real and what is not:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,8 +38,8 @@ import yaml
 from devcluster import gpu_double, mpi_operator
 from devcluster.binaries import Progress, _print_progress
 from devcluster.controlplane import load_yaml_docs, wait_for
-from devcluster.driver_image import _buildah, base_key, bud, build_base
-from devcluster.images import CONTAINERD_NAMESPACE, ImageArchive, images_dir, import_image
+from devcluster.driver_image import base_key, bud, build_base, build_once
+from devcluster.images import ImageArchive, images_dir, import_image, tag_image
 from devcluster.node_layout import NodeLayout
 from driver.config import DEFAULT_FILTER, DRIVER_NAME
 from driver.inventory.device_filter import DeviceFilter
@@ -74,29 +72,14 @@ def worker_image(progress: Progress = _print_progress) -> ImageArchive:
     key = hashlib.sha256(base_key().encode() + WORKER_DOCKERFILE.read_bytes()).hexdigest()[:16]
     ref = f"{WORKER_REPO}:{key}"
     out = images_dir() / f"mpi-worker-{key}.tar"
-    if out.is_file():
-        return ImageArchive(ref, out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # The driver image's lock: both use one buildah storage.
-    with open(images_dir() / ".driver-image.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.is_file():
-            return ImageArchive(ref, out)
+
+    def build() -> ImageArchive:
         base = build_base(progress)
         progress(f"[mpi worker image] buildah bud {WORKER_DOCKERFILE.name} -> {ref} (apt inside)")
-        try:
-            with tempfile.TemporaryDirectory(prefix="dn-mpiw-") as context:
-                return bud(
-                    WORKER_DOCKERFILE, Path(context), ref, out, progress, "mpi worker image", {"DEBIAN_IMAGE": base}
-                )
-        finally:
-            _buildah("rm", "--all", check=False)
-            for old in images_dir().glob("mpi-worker-*.tar"):
-                if old != out:
-                    old.unlink(missing_ok=True)
-            for line in _buildah("images", "--format", "{{.Name}}:{{.Tag}}", check=False).stdout.split():
-                if line.startswith(WORKER_REPO + ":") and line != ref:
-                    _buildah("rmi", line, check=False)
+        with tempfile.TemporaryDirectory(prefix="dn-mpiw-") as context:
+            return bud(WORKER_DOCKERFILE, Path(context), ref, out, progress, "mpi worker image", {"DEBIAN_IMAGE": base})
+
+    return build_once(ref, out, build, WORKER_REPO, "mpi-worker-*.tar")
 
 
 def seed_images() -> list[str]:
@@ -114,25 +97,7 @@ def map_seed_images(ctr: Path, address: str, stand_in: ImageArchive) -> list[str
     import_image(ctr, address, stand_in)
     names = seed_images()
     for name in names:
-        out = subprocess.run(
-            [
-                str(ctr),
-                "--address",
-                address,
-                "-n",
-                CONTAINERD_NAMESPACE,
-                "images",
-                "tag",
-                "--force",
-                stand_in.ref,
-                name,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"ctr images tag {stand_in.ref} {name}: {out.stderr.strip()}")
+        tag_image(ctr, address, stand_in.ref, name)
     return names
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from driver.config import UNHEALTHY_TAINT_KEY
 from driver.kube.client import KubeClient
-from driver.kube.errors import KubeError
+from driver.publish.api_probe import stored_device
 
 log = logging.getLogger(__name__)
 
@@ -62,35 +62,12 @@ class UnhealthyTaints:
         }
 
 
-def probe_slice(driver_name: str, node_name: str) -> dict[str, Any]:
-    """A one-device slice carrying a taint (never stored: dry run)."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"generateName": f"{node_name}-{driver_name}-taint-probe-"},
-        "spec": {
-            "driver": driver_name,
-            "nodeName": node_name,
-            "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
-            "devices": [
-                {
-                    "name": "taint-probe",
-                    "taints": [{"key": UNHEALTHY_TAINT_KEY, "value": "Probe", "effect": "NoSchedule"}],
-                }
-            ],
-        },
-    }
-
-
 def device_taints_accepted(kube: KubeClient, driver_name: str, node_name: str) -> tuple[bool, str]:
     """(accepted, why): whether the apiserver stores device taints (its DRADeviceTaints gate)."""
-    try:
-        stored = kube.create_resource_slice(probe_slice(driver_name, node_name), dry_run=True)
-    except KubeError as exc:
-        return False, f"the apiserver refused a device taint: {exc}"
-    except Exception as exc:  # noqa: BLE001 - cannot tell: publish without taints rather than fight the API
-        return False, f"cannot ask the apiserver: {exc}"
-    devices = (stored.get("spec") or {}).get("devices") or [{}]
-    if devices[0].get("taints"):
+    device = {"name": "taint-probe", "taints": [{"key": UNHEALTHY_TAINT_KEY, "value": "Probe", "effect": "NoSchedule"}]}
+    stored, why = stored_device(kube, driver_name, node_name, "taint", device)
+    if stored is None:
+        return False, why
+    if stored.get("taints"):
         return True, "accepted"
     return False, "the apiserver dropped the taint (its DRADeviceTaints feature gate is off)"

@@ -18,6 +18,7 @@ from devcluster import cluster
 from devcluster.pods import Kubectl
 from driver.kube.client import KubeClient
 from tests.e2e.node.realnode import RealNode, leftovers, random_layout
+from tests.e2e.node.support import apply_seed_templates
 from tests.plugins.least_privilege import forbidden_lines
 
 
@@ -50,3 +51,14 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         left = leftovers(layout)
         assert not report.problems and not left, f"down left: {report.problems + left}"
     assert not denials, f"the driver was refused (403): {denials[:5]}"
+
+
+@pytest.fixture
+def seed_ns(real_node: RealNode) -> Iterator[str]:
+    """A fresh namespace with the seed's two ResourceClaimTemplates; deleted (pods, claims) after."""
+    name = real_node.namespace()
+    apply_seed_templates(real_node, name)
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)

@@ -140,32 +140,29 @@ def host_ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-def claim_config_template(
-    ns: str, name: str, nic_name: str, params: dict[str, Any], host_nic_expr: str
-) -> dict[str, Any]:
-    """A ResourceClaimTemplate: one dra.net NIC selected by CEL, with an opaque config."""
+NUMA1_RDMA = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 1'
+"""CEL: an RDMA NIC on NUMA node 1 (the seed's aligned template holds NUMA 0's four)."""
+
+
+def nic_template(ns: str, name: str, expression: str, count: int = 1) -> dict[str, Any]:
+    """A ResourceClaimTemplate: ``count`` dra.net NICs selected by the CEL ``expression``, no GPU."""
+    request = {"deviceClassName": "dranet.net", "count": count, "selectors": [{"cel": {"expression": expression}}]}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "nic",
-                            "exactly": {
-                                "deviceClassName": "dranet.net",
-                                "count": 1,
-                                "selectors": [{"cel": {"expression": host_nic_expr}}],
-                            },
-                        }
-                    ],
-                    "config": [{"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}}],
-                }
-            }
-        },
+        "spec": {"spec": {"devices": {"requests": [{"name": "nic", "exactly": request}]}}},
     }
+
+
+def claim_config_template(
+    ns: str, name: str, nic_name: str, params: dict[str, Any], host_nic_expr: str
+) -> dict[str, Any]:
+    """A ResourceClaimTemplate: one dra.net NIC selected by CEL, with an opaque config."""
+    tmpl = nic_template(ns, name, host_nic_expr)
+    config = [{"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}}]
+    tmpl["spec"]["spec"]["devices"]["config"] = config
+    return tmpl
 
 
 def create_template(node: RealNode, tmpl: dict[str, Any]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,7 +21,6 @@ from devcluster.demo import ALIGNED
 from devcluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
-    apply_seed_templates,
     delete_pod,
     events_for,
     get_pod,
@@ -38,13 +36,8 @@ NUMA0 = slice(0, 4)
 
 
 @pytest.fixture
-def ns(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace()
-    apply_seed_templates(real_node, name)
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
+def ns(seed_ns: str) -> str:
+    return seed_ns
 
 
 def _node_ready(real_node: RealNode) -> bool:

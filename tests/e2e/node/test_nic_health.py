@@ -32,11 +32,13 @@ from driver.config import UNHEALTHY_TAINT_KEY
 from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
-    apply_seed_templates,
+    NUMA1_RDMA,
+    create_template,
     delete_pod,
     events_for,
     get_pod,
     nic_snapshot,
+    nic_template,
     pod_claim,
     start_pod,
     wait_nics_home,
@@ -45,16 +47,6 @@ from tests.e2e.node.support import (
 
 pytestmark = E2E_MARKS
 HEALTH_DEADLINE = 5.0  # s: link down -> Unhealthy in the pod's status (the issue's goal)
-
-
-@pytest.fixture
-def ns(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace()
-    apply_seed_templates(real_node, name)
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
 
 
 def _peer(node: RealNode, nic: str, up: bool) -> float:
@@ -128,9 +120,9 @@ def _both(pod_side: Any, slice_side: Any, timeout: float, what: str) -> tuple[fl
 
 
 def test_link_down_on_a_held_nic_reaches_the_pod_status_and_the_slice(
-    real_node: RealNode, ns: str, links: set[str]
+    real_node: RealNode, seed_ns: str, links: set[str]
 ) -> None:
-    node = real_node
+    node, ns = real_node, seed_ns
     seed = next(
         d for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") if d["metadata"]["name"] == ALIGNED
     )
@@ -176,30 +168,6 @@ def test_link_down_on_a_held_nic_reaches_the_pod_status_and_the_slice(
     delete_pod(node, ns, "trainer")
 
 
-def _one_nic_template(ns: str, name: str, expression: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "nic",
-                            "exactly": {
-                                "deviceClassName": "dranet.net",
-                                "count": 1,
-                                "selectors": [{"cel": {"expression": expression}}],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-
-
 def _allocated_nic(node: RealNode, ns: str, pod: str) -> str:
     claim = pod_claim(node, ns, pod)
     (result,) = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == "dra.net"]
@@ -207,16 +175,12 @@ def _allocated_nic(node: RealNode, ns: str, pod: str) -> str:
     return by_name[result["device"]]
 
 
-def test_the_scheduler_never_allocates_a_tainted_nic(real_node: RealNode, ns: str, links: set[str]) -> None:
-    node = real_node
+def test_the_scheduler_never_allocates_a_tainted_nic(real_node: RealNode, seed_ns: str, links: set[str]) -> None:
+    node, ns = real_node, seed_ns
     home = nic_snapshot(node)
     numa1 = node.layout.nics[4:]
-    any_numa1 = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 1'
-    for tmpl in (
-        _one_nic_template(ns, "any-numa1", any_numa1),
-        _one_nic_template(ns, "exactly-first", f'device.attributes["dra.net"]["ifName"] == "{numa1[0]}"'),
-    ):
-        node.kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates", tmpl)
+    create_template(node, nic_template(ns, "any-numa1", NUMA1_RDMA))
+    create_template(node, nic_template(ns, "exactly-first", f'device.attributes["dra.net"]["ifName"] == "{numa1[0]}"'))
 
     # Healthy: "one NIC on NUMA 1" is the first one, numa1[0].
     start_pod(node, ns, "baseline", "any-numa1")

@@ -20,7 +20,6 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +31,14 @@ from devcluster.controlplane import wait_for
 from devcluster.demo import ALIGNED
 from devcluster.pods import pod_view
 from driver.checkpoint import SCHEMA_VERSION
-from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
-    apply_seed_templates,
+    NUMA1_RDMA,
+    create_template,
     delete_pod,
     dra_conditions,
     nic_snapshot,
+    nic_template,
     pod_claim,
     start_pod,
     wait_nics_home,
@@ -56,42 +56,10 @@ CONTAINERD_NRI_ERRORS = re.compile(r"level=error.*(nri|NRI|plugin \"00-dra\.net\
 
 
 @pytest.fixture
-def ns(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace()
-    apply_seed_templates(real_node, name)
-    template = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": LOOP_TEMPLATE, "namespace": name},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "nic",
-                            "exactly": {
-                                "deviceClassName": "dranet.net",
-                                "count": 1,
-                                "selectors": [
-                                    {
-                                        "cel": {
-                                            "expression": 'device.attributes["dra.net"]["rdma"] == true && '
-                                            'device.attributes["dra.net"]["numaNode"] == 1'
-                                        }
-                                    }
-                                ],
-                            },
-                        }
-                    ]
-                }
-            }
-        },
-    }
-    real_node.kube.request("POST", f"{RESOURCE_API}/namespaces/{name}/resourceclaimtemplates", template)
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
+def ns(real_node: RealNode, seed_ns: str) -> str:
+    """The seed's templates and one for the loop pods: one RDMA NIC on NUMA 1."""
+    create_template(real_node, nic_template(seed_ns, LOOP_TEMPLATE, NUMA1_RDMA))
+    return seed_ns
 
 
 @dataclass
@@ -213,21 +181,17 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
     threads = [threading.Thread(target=_looper, args=(node, ns, k, loop), daemon=True) for k in range(LOOPERS)]
     for t in threads:
         t.start()
-    phases = {}
+    phases: dict[str, dict[str, float]] = {}
+    started: dict[str, int] = {}  # loop pods created while the rollout ran
     try:
         wait_for(lambda: loop.ready >= LOOPERS, 120, 0.5, "the loop pods running before the upgrade")
-        before = loop.started
-        phases["upgrade"] = _roll(node, second, "upgrade")
-        _holder_intact(node, ns, "holder", holder_nics, claim_uid)
-        during_up = loop.started - before
-        after = loop.ready
-        wait_for(lambda: loop.ready >= after + LOOPERS, 120, 0.5, "loop pods Ready after the upgrade")
-        before = loop.started
-        phases["downgrade"] = _roll(node, first, "downgrade")
-        _holder_intact(node, ns, "holder", holder_nics, claim_uid)
-        during_down = loop.started - before
-        after = loop.ready
-        wait_for(lambda: loop.ready >= after + LOOPERS, 120, 0.5, "loop pods Ready after the downgrade")
+        for phase, image in (("upgrade", second), ("downgrade", first)):
+            before = loop.started
+            phases[phase] = _roll(node, image, phase)
+            started[phase] = loop.started - before
+            _holder_intact(node, ns, "holder", holder_nics, claim_uid)
+            after = loop.ready
+            wait_for(lambda after=after: loop.ready >= after + LOOPERS, 120, 0.5, f"loop pods Ready after the {phase}")
     finally:
         loop.stop.set()
         for t in threads:
@@ -238,6 +202,8 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
         ln for ln in _log_since(logs / "containerd.log", offsets["containerd"]) if CONTAINERD_NRI_ERRORS.search(ln)
     ]
     dra_lines = [ln for ln in _log_since(logs / "kubelet.log", offsets["kubelet"]) if "dra.net" in ln]
+    # containerd lists its NRI plugins whenever one connects: two dra.net at once = the overlap.
+    both = [ln for ln in _log_since(logs / "containerd.log", offsets["containerd"]) if '#2: \\"00-dra.net\\"' in ln]
     events = [
         f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
         for e in node.kube.request("GET", f"/api/v1/namespaces/{ns}/events")["items"]
@@ -246,11 +212,12 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
     failed = len(loop.failures) + len(kubelet) + len(containerd)
     print(
         f"\n[upgrade] {first} -> {second}: {phases['upgrade']}; back: {phases['downgrade']}"
-        f"\n[upgrade] loop pods: {loop.started} started ({during_up} during the upgrade, {during_down} during the "
-        f"downgrade), {loop.ready} Ready with their NIC, median start "
+        f"\n[upgrade] loop pods: {loop.started} started ({started['upgrade']} during the upgrade, "
+        f"{started['downgrade']} during the downgrade), {loop.ready} Ready with their NIC, median start "
         f"{sorted(loop.seconds)[len(loop.seconds) // 2] if loop.seconds else 0:.1f}s"
         f"\n[upgrade] failed calls: {failed} (loop {len(loop.failures)}, kubelet prepare/unprepare {len(kubelet)}, "
-        f"containerd NRI {len(containerd)}); warning events: {len(events)}"
+        f"containerd NRI {len(containerd)}); warning events: {len(events)}; both instances connected to "
+        f"containerd's NRI at once: {len(both)} times"
         f"\n[upgrade] what the kubelet logged about dra.net ({len(dra_lines)} lines):"
     )
     for ln in _summarize(dra_lines):
@@ -259,7 +226,8 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
     assert not kubelet, kubelet[:10]
     assert not containerd, containerd[:10]
     assert not [e for e in events if "FailedPrepareDynamicResources" in e or "dra.net" in e], events
-    assert during_up >= 1 and during_down >= 1, "pods must start while the driver is being replaced"
+    assert min(started.values()) >= 1, f"pods must start while the driver is being replaced: {started}"
+    assert len(both) >= 2, "the new instance connected to NRI while the old one still was (surge), each time"
     delete_pod(node, ns, "holder")
     wait_nics_home(node, home)
     wait_for(lambda: not node.checkpoint().get("claims"), 30, 0.2, "every claim unprepared")
