@@ -259,3 +259,31 @@ def test_an_apiserver_without_device_taints_is_detected(kube: KubeClient, cluste
     accepted, why = device_taints_accepted(kube, DRIVER, cluster_node)
     assert not accepted and "DRADeviceTaints" in why, why
     assert not list_slices(kube, cluster_node)
+
+
+async def test_flapping_link_taints_are_coalesced_with_slice_writes(kube: KubeClient, cluster_node: str):
+    """A link flapping 100 times a second: its taint comes and goes with every health change, and
+    the slice is written at most once per interval (taints share the devices' rate limit)."""
+    from driver.publish.device_taints import UnhealthyTaints
+
+    interval, duration = 0.5, 3.0
+    taints = UnhealthyTaints("NoSchedule")
+    async with running(SlicePublisher(kube, DRIVER, cluster_node, interval=interval)) as pub:
+        pub.update([nic(0), nic(1)])
+        [s0] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")
+        rounds0 = pub.stats.write_rounds
+        t0 = time.monotonic()
+        flaps = 0
+        while time.monotonic() - t0 < duration:
+            flaps += 1
+            pub.set_taints(taints.update({"pci-0000-00-01-0": "LinkDown"} if flaps % 2 else {}))
+            await asyncio.sleep(0.01)
+        pub.set_taints(taints.update({}))  # the link is back for good
+        await asyncio.sleep(interval * 3)
+        rounds = pub.stats.write_rounds - rounds0
+        [s_end] = list_slices(kube, cluster_node)
+    limit = int(duration / interval) + 2
+    assert flaps > 200
+    assert 1 <= rounds <= limit, f"{rounds} slice writes for {flaps} taint changes in {duration}s (limit {limit})"
+    assert s_end["metadata"]["generation"] - s0["metadata"]["generation"] == rounds
+    assert all("taints" not in d for d in s_end["spec"]["devices"])
