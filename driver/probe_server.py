@@ -94,18 +94,25 @@ class ProbeServer:
         app.router.add_get("/livez", self._livez)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         deadline = time.monotonic() + BUSY_TIMEOUT
+        asked = False
         while True:
+            # A new runner per attempt: a site that failed to bind stays registered in its runner.
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
             try:
                 await site.start()
                 break
             except OSError as exc:
+                await runner.cleanup()
                 if exc.errno != errno.EADDRINUSE or self.claim_port is None or time.monotonic() > deadline:
-                    await runner.cleanup()
                     raise
+                if not asked:
+                    log.info(
+                        "probe port busy: asking the driver instance holding it", extra={"kv": {"port": self.port}}
+                    )
+                asked = True
                 self.claim_port(self.port)  # the instance holding it lets go (driver.node_lease)
                 await asyncio.sleep(BUSY_RETRY)
         self._runner = runner

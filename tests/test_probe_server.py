@@ -57,3 +57,38 @@ def test_bind_address_errors() -> None:
     assert parse_bind_address("[::1]:80") == ("::1", 80)
     with pytest.raises(ValueError, match="--bind-address"):
         parse_bind_address("localhost")
+
+
+async def test_readyz_waits_for_serving_and_a_busy_port_is_asked_for() -> None:
+    """Rolling update on a host network: the new instance asks for the port; once the old one
+    lets go it binds, and its /readyz turns 200 only when it is serving (registered)."""
+    import asyncio
+
+    old = ProbeServer("127.0.0.1:0", Metrics(), lambda: True)
+    await old.start()
+    asked: list[int] = []
+
+    def claim_port(port: int) -> None:  # what the old daemon does when it sees the request
+        asked.append(port)
+        if len(asked) == 3:
+            asyncio.get_running_loop().create_task(old.stop())
+
+    serving = {"value": False}
+    new = ProbeServer(
+        f"127.0.0.1:{old.port}", Metrics(), lambda: True, serving=lambda: serving["value"], claim_port=claim_port
+    )
+    await new.start()
+    try:
+        assert asked and set(asked) == {old.port} and new.port == old.port
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{new.port}"
+            async with http.get(base + "/healthz") as resp:
+                assert resp.status == 200
+            async with http.get(base + "/readyz") as resp:
+                assert resp.status == 503
+            serving["value"] = True
+            async with http.get(base + "/readyz") as resp:
+                assert resp.status == 200
+    finally:
+        await new.stop()
+        await old.stop()
