@@ -217,9 +217,10 @@ class Daemon:
         return [str(error)] if error is not None else []
 
     def serving(self) -> bool:
-        """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) with the runtime
-        at least once, so a rolling update replaces the old pod only once this one can take over."""
-        nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.sessions > 0)
+        """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) synchronized with the
+        runtime at least once (from then on it calls us for every event), so a rolling update
+        replaces the old pod only once this one can take over."""
+        nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.synchronized > 0)
         return self.ready() and self.plugin.registered is True and nri_ok
 
     async def _health_changed(self, states: list[DeviceHealthState]) -> None:

@@ -99,6 +99,7 @@ class NRIPlugin:
         self.metrics = metrics  # dranet_driver_nri_plugin_requests_total / _latency_seconds per hook
         self.registered = asyncio.Event()  # set while registered with a runtime
         self.sessions = 0  # completed registrations, for tests and metrics
+        self.synchronized = 0  # completed Synchronize calls: the runtime now calls us for its events
         self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
         self._stopping = asyncio.Event()
         self._mux: Mux | None = None
@@ -228,6 +229,7 @@ class NRIPlugin:
         pods, containers = self._sync_pods, self._sync_containers
         self._sync_pods, self._sync_containers = [], []
         await self._in_worker("Synchronize", self.handler.synchronize, pods, containers)
+        self.synchronized += 1
         return api.SynchronizeResponse(more=False)
 
     async def _shutdown(self, _req: api.Empty) -> api.Empty:

@@ -14,6 +14,7 @@ end down takes the carrier away, as a pulled cable or a switch port going down w
 2. A free NIC loses its link: a new claim for "one RDMA NIC on NUMA 1", which the allocator gives
    that NIC when it is healthy (checked first), gets another one; a claim for exactly that NIC
    stays unallocated (the real scheduler says why) until the link is back, then gets it.
+3. With ``deviceTaints.effect=NoExecute`` the pod holding a NIC that lost its link is evicted.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from typing import Any
 
 import pytest
 
+from devcluster import cluster
 from devcluster.controlplane import load_yaml_docs, wait_for
 from devcluster.demo import ALIGNED, EXAMPLE_DIR
 from devcluster.pods import pod_view
 from driver.config import UNHEALTHY_TAINT_KEY
 from driver.kube.client import RESOURCE_API
+from driver.kube.errors import NotFound
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     NUMA1_RDMA,
@@ -218,3 +221,52 @@ def test_the_scheduler_never_allocates_a_tainted_nic(real_node: RealNode, seed_n
     for pod in ("avoids", "wants-it"):
         delete_pod(node, ns, pod)
     wait_nics_home(node, home)
+
+
+def test_no_execute_evicts_the_pod_holding_a_nic_that_went_down(
+    real_node: RealNode, seed_ns: str, links: set[str]
+) -> None:
+    """``deviceTaints.effect=NoExecute`` (helm upgrade): the controller-manager's
+    device-taint-eviction-controller deletes the pod whose claim holds the NIC that lost its link;
+    its NICs come home. Back to the default (NoSchedule) afterwards."""
+    node, ns = real_node, seed_ns
+    image = node.state.driver_image
+    home = nic_snapshot(node)
+    cluster.helm_upgrade(node.layout, image, "deviceTaints.effect=NoExecute")
+    try:
+        wait_for(lambda: "--unhealthy-taint-effect=NoExecute" in _driver_args(node), 120, 0.5, "NoExecute rolled out")
+        wait_for(lambda: cluster.driver_rollout_done(node.kube, image), 240, 0.5, "the driver rollout")
+        start_pod(node, ns, "evictee", ALIGNED)
+        wait_running(node, ns, "evictee")
+        nic = node.layout.nics[1]
+        links.add(nic)
+        down = _peer(node, nic, False)
+        t_taint = _until(lambda: (_taint(node, nic) or {}).get("effect") == "NoExecute", 30, "the NoExecute taint")
+
+        def evicted() -> bool:
+            try:
+                pod = get_pod(node, ns, "evictee")
+            except NotFound:
+                return True
+            return bool(pod["metadata"].get("deletionTimestamp"))
+
+        t_evicted = _until(evicted, 120, "the pod evicted", interval=0.2)
+        why = [e for e in events_for(node, ns, "evictee") if "Taint" in e or "taint" in e]
+        _peer(node, nic, True)
+        links.discard(nic)
+        wait_for(lambda: _taint(node, nic) is None, 30, 0.2, "the taint removed")
+        wait_nics_home(node, home, timeout=120)
+        print(
+            f"\n[health] NoExecute: link down -> taint {t_taint - down:.2f}s, pod evicted {t_evicted - down:.2f}s "
+            f"({why[-1][:160] if why else 'no event'}); its NICs came home"
+        )
+    finally:
+        cluster.helm_upgrade(node.layout, image)
+        wait_for(lambda: "--unhealthy-taint-effect=NoSchedule" in _driver_args(node), 120, 0.5, "NoSchedule back")
+        wait_for(lambda: cluster.driver_rollout_done(node.kube, image), 240, 0.5, "the driver rollout back")
+
+
+def _driver_args(node: RealNode) -> list[str]:
+    ds = node.kube.request("GET", f"/apis/apps/v1/namespaces/{cluster.NAMESPACE}/daemonsets/{cluster.RELEASE}")
+    args: list[str] = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args

@@ -204,8 +204,7 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
         ln for ln in _log_since(logs / "containerd.log", offsets["containerd"]) if CONTAINERD_NRI_ERRORS.search(ln)
     ]
     dra_lines = [ln for ln in _log_since(logs / "kubelet.log", offsets["kubelet"]) if "dra.net" in ln]
-    # containerd lists its NRI plugins whenever one connects: two dra.net at once = the overlap.
-    both = [ln for ln in _log_since(logs / "containerd.log", offsets["containerd"]) if '#2: \\"00-dra.net\\"' in ln]
+    nri_events, overlaps = _nri_connections(_log_since(logs / "containerd.log", offsets["containerd"]))
     events = [
         f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
         for e in node.kube.request("GET", f"/api/v1/namespaces/{ns}/events")["items"]
@@ -218,8 +217,8 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
         f"{started['downgrade']} during the downgrade), {loop.ready} Ready with their NIC, median start "
         f"{sorted(loop.seconds)[len(loop.seconds) // 2] if loop.seconds else 0:.1f}s"
         f"\n[upgrade] failed calls: {failed} (loop {len(loop.failures)}, kubelet prepare/unprepare {len(kubelet)}, "
-        f"containerd NRI {len(containerd)}); warning events: {len(events)}; both instances connected to "
-        f"containerd's NRI at once: {len(both)} times"
+        f"containerd NRI {len(containerd)}); warning events: {len(events)}; a new instance connected to "
+        f"containerd's NRI while another one was: {overlaps} times ({', '.join(nri_events)})"
         f"\n[upgrade] what the kubelet logged about dra.net ({len(dra_lines)} lines):"
     )
     for ln in _summarize(dra_lines):
@@ -229,10 +228,25 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
     assert not containerd, containerd[:10]
     assert not [e for e in events if "FailedPrepareDynamicResources" in e or "dra.net" in e], events
     assert min(started.values()) >= 1, f"pods must start while the driver is being replaced: {started}"
-    assert len(both) >= 2, "the new instance connected to NRI while the old one still was (surge), each time"
+    assert overlaps >= 2, f"each new instance must connect to NRI while the old one still is: {nri_events}"
     delete_pod(node, ns, "holder")
     wait_nics_home(node, home)
     wait_for(lambda: not node.checkpoint().get("claims"), 30, 0.2, "every claim unprepared")
+
+
+def _nri_connections(lines: list[str]) -> tuple[list[str], int]:
+    """containerd's dra.net NRI connects and closes, in order, and how many connects found another
+    dra.net plugin already connected (one is connected when the window opens)."""
+    events, connected, overlaps = [], 1, 0
+    for ln in lines:
+        if '\\"00-dra.net\\" connected and synchronized' in ln:
+            overlaps += connected >= 1
+            connected += 1
+            events.append(f"connect({connected})")
+        elif 'connection to plugin \\"00-dra.net\\" closed' in ln:
+            connected -= 1
+            events.append(f"close({connected})")
+    return events, overlaps
 
 
 def _summarize(lines: list[str]) -> list[str]:
