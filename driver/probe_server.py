@@ -63,24 +63,23 @@ class ProbeServer:
         self.claim_port = claim_port
         self._runner: web.AppRunner | None = None
 
-    async def _healthz(self, request: web.Request) -> web.Response:
+    def _answer(self, ok: Callable[[], bool]) -> web.Response:
+        """503 with the reasons while there are problems, else 200 when ``ok()``, else 503."""
         problems = self.problems()
         if problems:
             return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
-        if self.ready():
+        if ok():
             return web.Response(text="ok\n")
         return web.Response(status=503, text="not ready\n")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return self._answer(self.ready)
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        return self._answer(self.serving)
 
     async def _livez(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
-
-    async def _readyz(self, request: web.Request) -> web.Response:
-        problems = self.problems()
-        if problems:
-            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
-        if self.serving():
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="not ready\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(

@@ -18,7 +18,7 @@ from devcluster import cluster
 from devcluster.pods import Kubectl
 from driver.kube.client import KubeClient
 from tests.e2e.node.realnode import RealNode, leftovers, random_layout
-from tests.e2e.node.support import apply_seed_templates
+from tests.e2e.node.support import seed_namespace
 from tests.plugins.least_privilege import forbidden_lines
 
 
@@ -55,10 +55,6 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
 
 @pytest.fixture
 def seed_ns(real_node: RealNode) -> Iterator[str]:
-    """A fresh namespace with the seed's two ResourceClaimTemplates; deleted (pods, claims) after."""
-    name = real_node.namespace()
-    apply_seed_templates(real_node, name)
-    try:
+    """A fresh namespace with the seed's two ResourceClaimTemplates (per test)."""
+    with seed_namespace(real_node) as name:
         yield name
-    finally:
-        real_node.delete_namespace(name)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
@@ -13,6 +15,17 @@ from devcluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import KubeError, NotFound
 from tests.e2e.node.realnode import RealNode
+
+
+@contextlib.contextmanager
+def seed_namespace(node: RealNode) -> Iterator[str]:
+    """A fresh namespace with the seed's two ResourceClaimTemplates; deleted (pods, claims) after."""
+    name = node.namespace()
+    apply_seed_templates(node, name)
+    try:
+        yield name
+    finally:
+        node.delete_namespace(name)
 
 
 def apply_seed_templates(node: RealNode, ns: str) -> None:

@@ -19,11 +19,11 @@ from devcluster.pods import pod_view
 from devcluster.sysfs_fixture import UVERBS_MAJOR
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
-    apply_seed_templates,
     delete_pod,
     dra_conditions,
     nic_snapshot,
     pod_claim,
+    seed_namespace,
     start_pod,
     wait_nics_home,
     wait_running,
@@ -37,12 +37,9 @@ NUMA0, NUMA1 = range(0, 4), range(4, 8)
 
 @pytest.fixture(scope="module")
 def seed_ns(real_node: RealNode) -> Iterator[str]:
-    ns = real_node.namespace()
-    apply_seed_templates(real_node, ns)
-    try:
+    """One namespace for the module's tests (they delete their pods)."""
+    with seed_namespace(real_node) as ns:
         yield ns
-    finally:
-        real_node.delete_namespace(ns)
 
 
 def _expected_nodes(indices: range) -> dict[str, tuple[int, int]]:
