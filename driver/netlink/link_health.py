@@ -12,9 +12,9 @@ import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from driver.netlink_channel import NLM_F_REQUEST, attr, parse_attrs
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.rtnl import IFF_UP, IFINFOMSG, IFLA_IFNAME, RTM_GETLINK, Rtnl
+from driver.netlink_channel import NLM_F_REQUEST, attr, parse_attrs
 
 IFF_LOWER_UP = 0x10000  # the driver (or the veth peer) signals carrier
 IFLA_OPERSTATE = 16
