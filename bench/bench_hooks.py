@@ -620,10 +620,11 @@ def main(argv: list[str]) -> int:
         print(f"storm: {storm.storm}")
     if prep:
         _row, wall, each = prep
-        print(
-            f"NodePrepareResources, {args.concurrent} claims concurrently: wall {wall:.1f} ms, "
-            f"per call median {median(each):.2f} ms p99 {pct(each, 99):.2f} ms"
-        )
+        if each:  # --concurrent 0 skips the concurrent phase
+            print(
+                f"NodePrepareResources, {args.concurrent} claims concurrently: wall {wall:.1f} ms, "
+                f"per call median {median(each):.2f} ms p99 {pct(each, 99):.2f} ms"
+            )
         print(
             f"NodePrepareResources with no claims (the gRPC round trip alone): median "
             f"{median(b.empty_prepare):.2f} ms p99 {pct(b.empty_prepare, 99):.2f} ms"
