@@ -39,9 +39,12 @@ from driver.model.network_config import NetworkConfig
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
-pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form."""
+pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
+may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
+profile) and pods what the hooks changed for them. A version-2 driver would ignore those fields
+(moving a NIC without its VRF) or fail on them, so it must refuse a version-3 file instead."""
 T = TypeVar("T")
 
 
@@ -213,7 +216,12 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 only adds optional fields: a version-2 file is a valid version-3 file."""
+    return {**data, "version": 3}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 """Version N -> the function that turns a version-N file into version N + 1."""
 
 
