@@ -126,6 +126,9 @@ class MovedDevice:
     host_mac: str | None = None
     host_addresses: list[str] = field(default_factory=list)  # CIDRs on the host side
     host_routes: list[dict[str, Any]] = field(default_factory=list)  # route dicts, see netns module
+    # Its host rules and permanent neighbors (driver.netlink.pod_rules dicts), put back on return.
+    host_rules: list[dict[str, Any]] = field(default_factory=list)
+    host_neighbors: list[dict[str, Any]] = field(default_factory=list)
     rdma_device: str | None = None
     pod_mac: str | None = None  # MAC in the pod (configured or host MAC), to find it again
     # ethtool settings changed in the pod: their host values (kernel names), restored on return.

@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,21 +33,21 @@ from driver.checkpoint import (
 )
 from driver.claims.container_settings import settings_for_container
 from driver.config import HOST_NETNS
-from driver.model.network_config import InterfaceConfig, RouteConfig
 from driver.netlink import nic_moves, rdma_netns
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
-from driver.netlink.nic_moves import LinkState, PodLinkConfig
+from driver.netlink.nic_moves import LinkState
 from driver.netlink.own_changes import OwnChanges
+from driver.netlink.pod_rules import Neighbor, Rule
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.netlink_channel import NetlinkChannel
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
+from driver.nri.pod_config import pod_link_config
 from driver.nri.pod_ethtool import EthtoolPlanError, PodEthtool
 
 log = logging.getLogger(__name__)
-MAIN_TABLE = 254  # claim config table 0 means the main table
 
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:ethtool", "run:configured", "run:committed"]
@@ -71,42 +70,6 @@ def pod_netns_path(pod: api.PodSandbox) -> str:
     return ""
 
 
-def _route(cfg: RouteConfig) -> Route:
-    """A validated claim-config route as the netlink layer's :class:`Route`."""
-    # Validated at prepare: a ':' is enough to tell the family (no parse on the pod's path).
-    version = 6 if ":" in cfg.destination else 4
-    return Route(
-        dst=cfg.destination,
-        gateway=cfg.gateway,
-        prefsrc=cfg.source,
-        table=cfg.table or MAIN_TABLE,
-        scope=cfg.scope,
-        family=socket.AF_INET6 if version == 6 else socket.AF_INET,
-    )
-
-
-def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
-    """The claim config of ``device`` (``interface``, ``routes``) applied to its host state.
-
-    No addresses configured: the host's addresses (and, without routes from the claim, its
-    routes) are copied into the pod, as the Go driver does; the cloud provider's routes
-    (``device.cloud_config``, already in ``config``) are added either way.
-    """
-    cfg = device.config  # decoded and validated at prepare time (cloud config merged under it)
-    iface = cfg.interface or InterfaceConfig()
-    addresses = list(iface.addresses or ())
-    routes = [_route(r) for r in cfg.routes or ()]
-    cloud = set(device.cloud_config.routes or ()) if device.cloud_config else set()
-    if not addresses:
-        addresses = list(host.addresses)
-        if not any(r not in cloud for r in cfg.routes or ()):  # the claim set no route: keep the host's too
-            keys = {(r.dst, r.table) for r in routes}
-            routes = [r for r in host.routes if (r.dst, r.table) not in keys] + routes
-    return PodLinkConfig(
-        ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr, addresses=addresses, routes=routes
-    )
-
-
 def _link_state(moved: MovedDevice) -> LinkState:
     return LinkState(
         ifname=moved.host_ifname,
@@ -114,6 +77,8 @@ def _link_state(moved: MovedDevice) -> LinkState:
         mac=moved.host_mac or "",
         addresses=list(moved.host_addresses),
         routes=[Route.from_dict(r) for r in moved.host_routes],
+        rules=[Rule.from_dict(r) for r in moved.host_rules],
+        neighbors=[Neighbor.from_dict(n) for n in moved.host_neighbors],
         permanent_mac=moved.permanent_mac,
         pci_address=moved.pci_address,
     )
@@ -282,6 +247,8 @@ class NRIHooks:
                     host_mac=st.mac,
                     host_addresses=st.addresses,
                     host_routes=[r.to_dict() for r in st.routes],
+                    host_rules=[r.to_dict() for r in st.rules],
+                    host_neighbors=[n.to_dict() for n in st.neighbors],
                     rdma_device=d.snapshot.host.rdma_device,
                     pod_mac=cfg.mac or st.mac,
                     step=MOVING,
