@@ -134,6 +134,13 @@ class MovedDevice:
     # ethtool settings changed in the pod: their host values (kernel names), restored on return.
     host_features: dict[str, bool] = field(default_factory=dict)
     host_private_flags: dict[str, bool] = field(default_factory=dict)
+    # Part B settings (see driver/nri/pod_extras.py): the host's GSO/GRO sizes and sysctls, set
+    # back on return; the VRF it is enslaved to in the pod; the eBPF programs taken off it
+    # ({"hook", "id", "how"}: ids only, a program is not kept and cannot be reattached).
+    host_offload_sizes: dict[str, int] = field(default_factory=dict)
+    host_sysctls: dict[str, int] = field(default_factory=dict)
+    vrf: str | None = None
+    ebpf_detached: list[dict[str, Any]] = field(default_factory=list)
     step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
 
 

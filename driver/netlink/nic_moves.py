@@ -111,6 +111,7 @@ class Move:
     new_name: str
     mtu: int | None = None
     mac: str | None = None
+    extra: bytes = b""  # more link attributes set with the move (offload sizes)
 
 
 def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> None:
@@ -118,7 +119,9 @@ def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> None:
     RTM_NEWLINK, all in one pipelined send; raises the first failure (its device and step)."""
     rtnl.run(
         [
-            newlink(m.device, m.index, ns_fd=target_fd, ifname=m.new_name, mtu=m.mtu, mac=m.mac, step="move")
+            newlink(
+                m.device, m.index, ns_fd=target_fd, ifname=m.new_name, mtu=m.mtu, mac=m.mac, extra=m.extra, step="move"
+            )
             for m in moves
         ]
     )

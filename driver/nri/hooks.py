@@ -46,6 +46,7 @@ from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
 from driver.nri.pod_config import pod_link_config
 from driver.nri.pod_ethtool import EthtoolPlanError, PodEthtool
+from driver.nri.pod_extras import ExtrasPlanError, PodExtras
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class NRIHooks:
         self.ns = Namespaces(host_netns)
         self._marks: list[tuple[str, float]] = []  # (step, time) of the running hook
         self.ethtool = PodEthtool(self.ns)
+        self.extras = PodExtras(self.ns)
         self.reports = HookReports(status)
         # pod UID -> an open fd of the pod's network namespace while it holds our NICs. The fd
         # keeps the namespace (and the NICs in it) alive after the runtime unmounts it, so NICs
@@ -229,9 +231,12 @@ class NRIHooks:
             plans = self.ethtool.plans(
                 (d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True)
             )
-        except EthtoolPlanError as exc:
-            msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: ethtool failed: {exc.reason}"
-            self.reports.failed(pod, netdevs, exc.device, "ethtool", msg)
+            nics = [(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)]
+            extras = self.extras.plan(nics)
+        except (EthtoolPlanError, ExtrasPlanError) as exc:
+            step = exc.step if isinstance(exc, ExtrasPlanError) else "ethtool"
+            msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: {step} failed: {exc.reason}"
+            self.reports.failed(pod, netdevs, exc.device, step, msg)
             raise HookError(msg) from exc
         moved = []
         for (_, d), name in zip(netdevs, ifnames, strict=True):
@@ -254,6 +259,10 @@ class NRIHooks:
                     step=MOVING,
                     host_features=dict(plans[d.device].original_features) if d.device in plans else {},
                     host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {},
+                    host_offload_sizes=extras[d.device].offload_sizes if d.device in extras else {},
+                    host_sysctls=extras[d.device].sysctls if d.device in extras else {},
+                    vrf=d.config.interface.vrf.name if d.config.interface and d.config.interface.vrf else None,
+                    ebpf_detached=list(extras[d.device].removed_by_move) if d.device in extras else [],
                 )
             )
         state = PodNetState(
@@ -279,8 +288,9 @@ class NRIHooks:
                             configs[m.device].ifname,
                             configs[m.device].mtu,
                             configs[m.device].mac,
+                            self.extras.move_attrs(d),
                         )
-                        for m in moved
+                        for m, (_, d) in zip(moved, netdevs, strict=True)
                     ],
                     pod_fd,
                 )
@@ -295,7 +305,10 @@ class NRIHooks:
                 self.ethtool.apply_in_pod(pod_fd, {dev: (configs[dev].ifname, p) for dev, p in plans.items()})
                 self._step("run:ethtool")
                 step = "configure"
+                detached = self.extras.in_pod(pod_rtnl, pod_fd, nics, configs) if extras else {}
                 results = nic_moves.configure_pod_links(pod_rtnl, configs)
+                if extras:
+                    self.extras.after_configure(pod_fd, [(d, configs[d.device].ifname) for d, _ in nics])
                 self._step("run:configured")
         except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
@@ -312,6 +325,7 @@ class NRIHooks:
         def commit(s: DriverState) -> None:
             for m in s.pods[pod.uid].devices:
                 m.step = IN_POD
+                m.ebpf_detached = m.ebpf_detached + detached.get(m.device, [])
 
         self.store.update(commit)
         self._pin(pod.uid, netns)
@@ -338,6 +352,7 @@ class NRIHooks:
         for m in pending:
             if self.rdma_exclusive and m.rdma_device:  # RDMA devices first, as the Go driver (#180)
                 self._return_rdma(m, netns)
+        self.extras.before_return(netns, pending)  # out of their VRFs (only NICs that have one)
         items = [
             # The MAC it has in the pod: how to recognise it there (or renamed on the host).
             nic_moves.ReturnItem(
@@ -364,6 +379,7 @@ class NRIHooks:
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
                     self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
+                self.extras.restore_on_host(m)
                 returned[m.device] = f"{m.host_ifname} (found in {result})"
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
