@@ -13,7 +13,7 @@ import socket
 import struct
 
 from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
-from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, pick_attrs
+from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, netlink_socket, pick_attrs
 
 IFLA_GSO_MAX_SIZE, IFLA_GRO_MAX_SIZE, IFLA_TSO_MAX_SIZE = 41, 58, 59
 IFLA_GSO_IPV4_MAX_SIZE, IFLA_GRO_IPV4_MAX_SIZE = 63, 64
@@ -67,6 +67,20 @@ def check(rtnl: Rtnl, index: int, wanted: dict[str, int]) -> dict[str, int]:
     if found:
         raise OffloadSizeError("; ".join(found))
     return current
+
+
+def check_host_nic(ifname: str, wanted: dict[str, int]) -> list[str]:
+    """Prepare-time check (the driver's own netns): why ``ifname`` cannot take ``wanted`` (empty: it can)."""
+    rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+    try:
+        link = rtnl.link(ifname)
+        if link is None:
+            return [f"device {ifname}: not found in the host namespace"]
+        return [f"device {ifname}: {p}" for p in problems(wanted, *read(rtnl, link.index))]
+    except OSError as exc:
+        return [f"device {ifname}: cannot read its offload sizes: {exc}"]
+    finally:
+        rtnl.close()
 
 
 def encode(values: dict[str, int]) -> bytes:
