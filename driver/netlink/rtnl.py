@@ -290,6 +290,18 @@ def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Reques
     return Request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body, device, step, cidr, (errno.EEXIST,))
 
 
+RTM_DELADDR = 21
+
+
+def deladdr(device: str, index: int, cidr: str, step: str = "address") -> Request:
+    """RTM_DELADDR of ``cidr``; an address already gone is not an error."""
+    iface = _interface(cidr)
+    family = socket.AF_INET6 if iface.version == 6 else socket.AF_INET
+    body = IFADDRMSG.pack(family, iface.network.prefixlen, 0, RT_SCOPE_UNIVERSE, index)
+    body += attr(IFA_LOCAL, iface.ip.packed) + attr(IFA_ADDRESS, iface.ip.packed)
+    return Request(RTM_DELADDR, 0, body, device, step, f"delete {cidr}", (errno.EADDRNOTAVAIL, errno.ENODEV))
+
+
 def newroute(device: str, index: int, route: Route, step: str = "route") -> Request:
     """RTM_NEWROUTE through ``index``; an existing route is not an error."""
     dst = _network(route.dst) if route.dst else None
