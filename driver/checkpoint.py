@@ -142,6 +142,8 @@ class MovedDevice:
     vrf: str | None = None
     ebpf_detached: list[dict[str, Any]] = field(default_factory=list)
     step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
+    # interface.dhcp: the lease taken in the pod (``driver.dhcp.wire.Lease`` form), released on return.
+    dhcp_lease: dict[str, Any] | None = None
 
 
 @dataclass

@@ -22,10 +22,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.claims.decode import decode_config
+from driver.claims.decode import combination_errors, decode_config
 from driver.claims.fields import ConfigError
 from driver.claims.merge import merge_under_cloud
-from driver.config import DRIVER_NAME
+from driver.config import DRIVER_NAME, PROFILE_WEBHOOK_TIMEOUT, DriverConfig
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
 from driver.profiles.webhook import PATH_GET_PROFILE_CONFIG, DeviceIdentifiers, WebhookClient, WebhookError
@@ -77,7 +77,9 @@ class ProfileResolver:
                 return
             caps = self.client.capabilities()
             if not caps.profile_provider:
-                raise ProfileError(f"the webhook at {self.client.url} is not a profile provider (profileProvider: false)")
+                raise ProfileError(
+                    f"the webhook at {self.client.url} is not a profile provider (profileProvider: false)"
+                )
             self._capable = True
 
     def resolve(self, claim: dict[str, Any], device: Device, config: NetworkConfig) -> tuple[NetworkConfig, bool]:
@@ -100,6 +102,9 @@ class ProfileResolver:
         except ConfigError as exc:
             raise ProfileError(f"{exc}") from None
         merged = merge_under_cloud(profile, config)
+        errors = combination_errors(merged, f"{source}: answer merged under the claim's config")
+        if errors:
+            raise ProfileError(str(ConfigError.of(errors)))
         log.info(
             "profile resolved",
             extra={"kv": {"profile": name, "device": device.name, "config": wire_config(profile)}},
@@ -118,5 +123,36 @@ class ProfileResolver:
                 extra={"kv": {"profile": config.profile, "claim": claim_uid, "device": device.name, "error": str(exc)}},
             )
             return exc.reason
-        log.info("profile released", extra={"kv": {"profile": config.profile, "claim": claim_uid, "device": device.name}})
+        log.info(
+            "profile released", extra={"kv": {"profile": config.profile, "claim": claim_uid, "device": device.name}}
+        )
         return ""
+
+    def release_devices(self, claim_uid: str, devices: list[tuple[Device, NetworkConfig]]) -> None:
+        """:meth:`release` for every ``(device, config)`` of a claim with a profile (unprepare, a failed prepare)."""
+        for device, config in devices:
+            if config.profile:
+                self.release(claim_uid, device, config)
+
+
+def profile_resolver(config: DriverConfig) -> ProfileResolver | None:
+    """The resolver ``--profile-provider``/``--webhook-url`` ask for, or None (``cloud``, ``none``:
+    no profile provider here). ``ValueError`` naming the flag when they cannot work."""
+    if config.profile_provider != "webhook":
+        return None
+    if not config.webhook_url:
+        raise ValueError("--profile-provider=webhook: --webhook-url is required")
+    return ProfileResolver(WebhookClient(config.webhook_url, PROFILE_WEBHOOK_TIMEOUT))
+
+
+def check_at_start(resolver: ProfileResolver) -> str:
+    """Ask the provider's ``/health`` at daemon start: "" when it is a profile provider or cannot be
+    reached yet (logged: prepares that need it fail, retried by the kubelet, until it answers),
+    else why it cannot serve profiles (the daemon refuses to start, as dranet)."""
+    try:
+        resolver.check()
+    except ProfileError as exc:
+        return str(exc)
+    except WebhookError as exc:
+        log.warning("profile provider not reachable yet", extra={"kv": {"error": exc.reason}})
+    return ""

@@ -41,6 +41,7 @@ from driver.netlink.pod_rules import Neighbor, Rule
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.netlink_channel import NetlinkChannel
+from driver.nri import pod_dhcp
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
@@ -310,6 +311,9 @@ class NRIHooks:
                 if extras:
                     self.extras.after_configure(pod_fd, [(d, configs[d.device].ifname) for d, _ in nics])
                 self._step("run:configured")
+                step = "dhcp"
+                leases = pod_dhcp.take_leases(pod_rtnl, pod_fd, nics, results)
+                self._marks.append(("run:dhcp", time.perf_counter()))
         except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
                 device, step, reason = exc.device, exc.step, exc.reason
@@ -326,6 +330,7 @@ class NRIHooks:
             for m in s.pods[pod.uid].devices:
                 m.step = IN_POD
                 m.ebpf_detached = m.ebpf_detached + detached.get(m.device, [])
+                m.dhcp_lease = leases[m.device].to_dict() if m.device in leases else None
 
         self.store.update(commit)
         self._pin(pod.uid, netns)
@@ -349,6 +354,8 @@ class NRIHooks:
         self._step("stop:planned")
         netns = self._pinned_path(pod_uid, netns or state.netns_path)
         pending = [m for m in state.devices if m.step != RETURNED]
+        # Leases are released from the pod, before their NICs leave it.
+        pod_dhcp.release_in(self.ns, netns, [(m.device, m.pod_ifname, m.dhcp_lease) for m in pending if m.dhcp_lease])
         for m in pending:
             if self.rdma_exclusive and m.rdma_device:  # RDMA devices first, as the Go driver (#180)
                 self._return_rdma(m, netns)

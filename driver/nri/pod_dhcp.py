@@ -19,29 +19,39 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
+from driver.checkpoint import PreparedDevice
+from driver.config import DHCP_TIMEOUT
 from driver.dhcp import client
 from driver.dhcp.client import DhcpError, Exchange
 from driver.dhcp.wire import Lease
+from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.nic_moves import LinkState, PodLinkResult
 from driver.netlink.rtnl import NetnsOpError, Request, Route, Rtnl, deladdr, newaddr, newroute
+from driver.nri.pod_config import vrf_table
 
 log = logging.getLogger(__name__)
 RT_SCOPE_LINK = 253
+MAIN_TABLE = 254
 
 
 @dataclass(frozen=True)
 class DhcpNic:
-    """A NIC that asks for DHCP, as it is in the pod: its device, name and MAC there."""
+    """A NIC that asks for DHCP, as it is in the pod: its device, name and MAC there, its routes' table."""
 
     device: str
     ifname: str
     mac: str
+    table: int | None = None  # the VRF's table when the NIC is enslaved to one
 
 
-def lease_routes(lease: Lease) -> list[Route]:
-    """The lease's classless static routes (option 121) through its NIC; on-link ones have link scope."""
+def lease_routes(lease: Lease, table: int | None = None) -> list[Route]:
+    """The lease's classless static routes (option 121) through its NIC, in ``table`` (None: main; a VRF's
+    table when the NIC is in one); on-link ones have link scope."""
     return [
-        Route(dst=dst, gateway=gw, scope=0 if gw else RT_SCOPE_LINK, family=socket.AF_INET) for dst, gw in lease.routes
+        Route(dst=dst, gateway=gw, scope=0 if gw else RT_SCOPE_LINK, family=socket.AF_INET, table=table or MAIN_TABLE)
+        for dst, gw in lease.routes
     ]
 
 
@@ -78,8 +88,14 @@ def acquire_all(pod_rtnl: Rtnl, pod_fd: int, nics: list[DhcpNic], timeout: float
         extra={
             "kv": {
                 "ms": round((time.monotonic() - start) * 1e3, 1),
-                "leases": {n.device: f"{n.ifname} {leases[n.device].address} from {leases[n.device].server_id}" for n in nics},
-                "exchanges_ms": {n.device: round(o.seconds * 1e3, 1) for n, o in zip(nics, outcomes, strict=True) if isinstance(o, Exchange)},
+                "leases": {
+                    n.device: f"{n.ifname} {leases[n.device].address} from {leases[n.device].server_id}" for n in nics
+                },
+                "exchanges_ms": {
+                    n.device: round(o.seconds * 1e3, 1)
+                    for n, o in zip(nics, outcomes, strict=True)
+                    if isinstance(o, Exchange)
+                },
             }
         },
     )
@@ -95,7 +111,9 @@ def _apply(pod_rtnl: Rtnl, nics: list[DhcpNic], leases: dict[str, Lease]) -> Non
             raise NetnsOpError(nic.device, "dhcp", f"{nic.ifname} not found in the pod namespace")
         lease = leases[nic.device]
         reqs.append(newaddr(nic.device, link.index, lease.address, step="dhcp"))
-        routes = sorted(lease_routes(lease), key=lambda r: r.gateway is not None)  # on-link first: gateways resolve
+        routes = sorted(
+            lease_routes(lease, nic.table), key=lambda r: r.gateway is not None
+        )  # on-link first: gateways resolve
         reqs += [newroute(nic.device, link.index, r, step="dhcp") for r in routes]
     pod_rtnl.run(reqs)
 
@@ -117,3 +135,38 @@ def release_all(pod_rtnl: Rtnl, pod_fd: int, items: list[tuple[str, str, Lease]]
     if items and not problems:
         log.info("DHCP leases released", extra={"kv": {"leases": {d: f"{i} {lease.address}" for d, i, lease in items}}})
     return problems
+
+
+def take_leases(
+    pod_rtnl: Rtnl, pod_fd: int, devices: list[tuple[PreparedDevice, LinkState]], results: dict[str, PodLinkResult]
+) -> dict[str, Lease]:
+    """The leases of the devices (with their host state) whose config asks for DHCP, configured and up in
+    the pod (``results``); each leased address is added to its result. :class:`NetnsOpError` as
+    :func:`acquire_all`."""
+    nics = []
+    for d, host in devices:
+        iface = d.config.interface
+        if iface is not None and iface.dhcp:
+            result = results[d.device]
+            nics.append(DhcpNic(d.device, result.ifname, result.mac, vrf_table(iface, host)))
+    leases = acquire_all(pod_rtnl, pod_fd, nics, DHCP_TIMEOUT)
+    for device, lease in leases.items():
+        results[device].addresses.append(lease.address)
+    return leases
+
+
+def release_in(ns: Namespaces, netns: str, items: list[tuple[str, str, dict[str, Any]]]) -> None:
+    """Release the stored leases ``(device, pod ifname, lease dict)`` from the pod's namespace ``netns``.
+
+    A namespace already gone took the NICs' addresses with it: the leases expire at the server.
+    """
+    if not items:
+        return
+    try:
+        with ns.pod(netns) as (pod_rtnl, pod_fd):
+            release_all(pod_rtnl, pod_fd, [(dev, ifname, Lease.from_dict(lease)) for dev, ifname, lease in items])
+    except (NetnsGone, OSError) as exc:
+        log.warning(
+            "DHCP leases not released: the pod namespace is gone; they expire at the server",
+            extra={"kv": {"netns": netns, "devices": [d for d, _, _ in items], "error": str(exc)}},
+        )

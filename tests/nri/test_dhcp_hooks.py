@@ -1,0 +1,116 @@
+"""``interface.dhcp: true`` through the NRI hooks, against a real DHCP server (busybox udhcpd).
+
+The NIC is a veth whose far end sits in a namespace of the test's own, where udhcpd serves; the
+hook moves the NIC into the pod's namespace, takes a lease there, and releases it at stop.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.checkpoint import CheckpointStore
+from driver.config import DHCP_TIMEOUT
+from driver.nri.hooks import HookError, NRIHooks
+from tests.plugins.netns import NetnsFactory
+from tests.plugins.nri import link_facts, pod_json, prepare_claim
+from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
+
+pytestmark = pytest.mark.root
+DHCP = {"opaque": [{"interface": {"name": "net1", "dhcp": True}}]}
+
+
+def _pod(uid: str, netns: str) -> api.PodSandbox:
+    return json_format.ParseDict(pod_json(uid, netns), api.PodSandbox())
+
+
+@pytest.fixture
+def served_nic(netns_factory: NetnsFactory, tmp_path: Path) -> Iterator[tuple[str, UdhcpdServer]]:
+    """(host NIC, the DHCP server on its far end): the NIC is up, without an address."""
+    server_ns = netns_factory.netns()
+    nic, peer = netns_factory.veth(peer_netns=server_ns)
+    subprocess.run(["ip", "link", "set", nic, "up"], check=True)
+    server = start_udhcpd(server_ns, peer, "10.77.4", tmp_path / "dhcp", routes=[("10.204.0.0/16", "10.77.4.1")])
+    try:
+        yield nic, server
+    finally:
+        server.stop()
+
+
+def test_the_pod_gets_a_lease_and_stop_releases_it(
+    served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, server = served_nic
+    before = link_facts(nic)
+    assert before is not None
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = secrets.token_hex(8)
+    prepare_claim(store, uid, [{"ifname": nic, "config": DHCP}])
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    pod = _pod(uid, f"/run/netns/{pod_ns}")
+    start = time.perf_counter()
+    hooks.run_pod_sandbox(pod)
+    took = time.perf_counter() - start
+    inside = link_facts("net1", pod_ns)
+    assert inside is not None and inside["up"]
+    [address] = inside["addresses"]
+    assert address.startswith("10.77.4.") and address.endswith("/24"), inside
+    assert ("10.204.0.0/16", "10.77.4.1", "main", None) in inside["routes"], inside["routes"]
+    assert not [r for r in inside["routes"] if r[0] == "default"], "the router option makes no default route"
+    assert took < 1.0, f"RunPodSandbox with a DHCP exchange took {took:.3f}s"
+    [moved] = store.read(lambda s: s.pods[uid].devices)
+    assert moved.dhcp_lease is not None and moved.dhcp_lease["address"] == address
+    assert moved.dhcp_lease["serverID"] == server.address
+    leased_ip, expires = server.leases()[before["mac"]]
+    assert leased_ip == address.split("/")[0] and expires != "expired"
+
+    hooks.stop_pod_sandbox(pod)
+    assert server.released(before["mac"]), server.log()
+    assert link_facts(nic) == before, "the NIC comes back as it was, without the leased address"
+    assert store.read(lambda s: s.pods) == {}
+
+
+def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
+    served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, server = served_nic
+    server.stop()
+    before = link_facts(nic)
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = secrets.token_hex(8)
+    prepare_claim(store, uid, [{"ifname": nic, "config": DHCP, "device": "dev-dhcp"}])
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    start = time.perf_counter()
+    with pytest.raises(HookError) as exc:
+        hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+    took = time.perf_counter() - start
+    message = str(exc.value)
+    assert f"device dev-dhcp: dhcp failed: net1: no DHCPOFFER within {DHCP_TIMEOUT:g}s" in message, message
+    assert took < 2.0, f"the failed hook took {took:.3f}s: more than the runtime's 2 s"
+    assert link_facts(nic) == before, "the NIC is back on the host, returnable"
+    assert store.read(lambda s: s.pods) == {}
+
+
+def test_unprepare_without_stop_releases_the_lease_too(
+    served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, server = served_nic
+    mac = (link_facts(nic) or {})["mac"]
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = secrets.token_hex(8)
+    claim_uid = prepare_claim(store, uid, [{"ifname": nic, "config": DHCP}])
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+    hooks.claim_unprepared(store.read(lambda s: s.claims[claim_uid]))
+    assert server.released(mac), server.log()
+    assert link_facts(nic) is not None and link_facts(nic)["addresses"] == []  # type: ignore[index]
