@@ -99,12 +99,14 @@ class ProfileResolver:
             raise ProfileError(f"profile {name!r}: {exc}") from None
         try:
             profile = decode_config({} if answer is None else answer, f"{source}: answer")
+            merged = merge_under_cloud(profile, config)
+            errors = combination_errors(merged, f"{source}: answer merged under the claim's config")
+            if errors:
+                raise ConfigError.of(errors)
         except ConfigError as exc:
+            # The provider allocated what it answered: give it back, this claim will not use it.
+            self.release((claim.get("metadata") or {}).get("uid", ""), device, config)
             raise ProfileError(f"{exc}") from None
-        merged = merge_under_cloud(profile, config)
-        errors = combination_errors(merged, f"{source}: answer merged under the claim's config")
-        if errors:
-            raise ProfileError(str(ConfigError.of(errors)))
         log.info(
             "profile resolved",
             extra={"kv": {"profile": name, "device": device.name, "config": wire_config(profile)}},
