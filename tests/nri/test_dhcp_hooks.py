@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from google.protobuf import json_format
@@ -25,6 +26,20 @@ from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
 
 pytestmark = pytest.mark.root
 DHCP = {"opaque": [{"interface": {"name": "net1", "dhcp": True}}]}
+
+
+class Status:
+    """A StatusSink that keeps what the hooks report."""
+
+    def __init__(self) -> None:
+        self.ready: list[Any] = []
+        self.failed: list[tuple[str, str, str]] = []
+
+    def pod_network_ready(self, pod_uid: str, claim: Any, results: list[Any]) -> None:
+        self.ready += results
+
+    def pod_network_failed(self, pod_uid: str, claim: Any, device: str, step: str, message: str) -> None:
+        self.failed.append((device, step, message))
 
 
 def _pod(uid: str, netns: str) -> api.PodSandbox:
@@ -54,7 +69,8 @@ def test_the_pod_gets_a_lease_and_stop_releases_it(
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     uid = secrets.token_hex(8)
     prepare_claim(store, uid, [{"ifname": nic, "config": DHCP}])
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    status = Status()
+    hooks = NRIHooks(store, status=status, host_netns="/proc/self/ns/net")
     pod = _pod(uid, f"/run/netns/{pod_ns}")
     start = time.perf_counter()
     hooks.run_pod_sandbox(pod)
@@ -69,6 +85,9 @@ def test_the_pod_gets_a_lease_and_stop_releases_it(
     [moved] = store.read(lambda s: s.pods[uid].devices)
     assert moved.dhcp_lease is not None and moved.dhcp_lease["address"] == address
     assert moved.dhcp_lease["serverID"] == server.address
+    assert [(r.interface_name, r.ips) for r in status.ready] == [("net1", [address])], (
+        "the claim status shows the lease"
+    )
     leased_ip, expires = server.leases()[before["mac"]]
     assert leased_ip == address.split("/")[0] and expires != "expired"
 
@@ -88,7 +107,8 @@ def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     uid = secrets.token_hex(8)
     prepare_claim(store, uid, [{"ifname": nic, "config": DHCP, "device": "dev-dhcp"}])
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    status = Status()
+    hooks = NRIHooks(store, status=status, host_netns="/proc/self/ns/net")
     start = time.perf_counter()
     with pytest.raises(HookError) as exc:
         hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
@@ -96,6 +116,7 @@ def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
     message = str(exc.value)
     assert f"device dev-dhcp: dhcp failed: net1: no DHCPOFFER within {DHCP_TIMEOUT:g}s" in message, message
     assert took < 2.0, f"the failed hook took {took:.3f}s: more than the runtime's 2 s"
+    assert [(d, step) for d, step, _ in status.failed] == [("dev-dhcp", "dhcp")], "Ready=False names the step"
     assert link_facts(nic) == before, "the NIC is back on the host, returnable"
     assert store.read(lambda s: s.pods) == {}
 
