@@ -10,6 +10,7 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint import CheckpointStore
 from driver.config import DHCP_TIMEOUT
-from driver.nri.hooks import HookError, NRIHooks
+from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
@@ -46,6 +47,27 @@ def _pod(uid: str, netns: str) -> api.PodSandbox:
     return json_format.ParseDict(pod_json(uid, netns), api.PodSandbox())
 
 
+@dataclass
+class Setup:
+    """A prepared claim with one DHCP NIC for a pod, and the hooks that will move it."""
+
+    store: CheckpointStore
+    hooks: NRIHooks
+    status: Status
+    pod: api.PodSandbox
+    claim_uid: str
+
+
+def _setup(nic: str, netns_factory: NetnsFactory, tmp_path: Path, **device: Any) -> Setup:
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = secrets.token_hex(8)
+    claim_uid = prepare_claim(store, uid, [{"ifname": nic, "config": DHCP, **device}])
+    status = Status()
+    hooks = NRIHooks(store, status=status, host_netns="/proc/self/ns/net")
+    return Setup(store, hooks, status, _pod(uid, f"/run/netns/{pod_ns}"), claim_uid)
+
+
 @pytest.fixture
 def served_nic(netns_factory: NetnsFactory, tmp_path: Path) -> Iterator[tuple[str, UdhcpdServer]]:
     """(host NIC, the DHCP server on its far end): the NIC is up, without an address."""
@@ -65,36 +87,30 @@ def test_the_pod_gets_a_lease_and_stop_releases_it(
     nic, server = served_nic
     before = link_facts(nic)
     assert before is not None
-    pod_ns = netns_factory.netns()
-    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    uid = secrets.token_hex(8)
-    prepare_claim(store, uid, [{"ifname": nic, "config": DHCP}])
-    status = Status()
-    hooks = NRIHooks(store, status=status, host_netns="/proc/self/ns/net")
-    pod = _pod(uid, f"/run/netns/{pod_ns}")
+    t = _setup(nic, netns_factory, tmp_path)
     start = time.perf_counter()
-    hooks.run_pod_sandbox(pod)
+    t.hooks.run_pod_sandbox(t.pod)
     took = time.perf_counter() - start
-    inside = link_facts("net1", pod_ns)
+    inside = link_facts("net1", pod_netns_path(t.pod).rsplit("/", 1)[1])
     assert inside is not None and inside["up"]
     [address] = inside["addresses"]
     assert address.startswith("10.77.4.") and address.endswith("/24"), inside
     assert ("10.204.0.0/16", "10.77.4.1", "main", None) in inside["routes"], inside["routes"]
     assert not [r for r in inside["routes"] if r[0] == "default"], "the router option makes no default route"
     assert took < 1.0, f"RunPodSandbox with a DHCP exchange took {took:.3f}s"
-    [moved] = store.read(lambda s: s.pods[uid].devices)
+    [moved] = t.store.read(lambda s: s.pods[t.pod.uid].devices)
     assert moved.dhcp_lease is not None and moved.dhcp_lease["address"] == address
     assert moved.dhcp_lease["serverID"] == server.address
-    assert [(r.interface_name, r.ips) for r in status.ready] == [("net1", [address])], (
+    assert [(r.interface_name, r.ips) for r in t.status.ready] == [("net1", [address])], (
         "the claim status shows the lease"
     )
     leased_ip, expires = server.leases()[before["mac"]]
     assert leased_ip == address.split("/")[0] and expires != "expired"
 
-    hooks.stop_pod_sandbox(pod)
+    t.hooks.stop_pod_sandbox(t.pod)
     assert server.released(before["mac"]), server.log()
     assert link_facts(nic) == before, "the NIC comes back as it was, without the leased address"
-    assert store.read(lambda s: s.pods) == {}
+    assert t.store.read(lambda s: s.pods) == {}
 
 
 def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
@@ -103,22 +119,17 @@ def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
     nic, server = served_nic
     server.stop()
     before = link_facts(nic)
-    pod_ns = netns_factory.netns()
-    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    uid = secrets.token_hex(8)
-    prepare_claim(store, uid, [{"ifname": nic, "config": DHCP, "device": "dev-dhcp"}])
-    status = Status()
-    hooks = NRIHooks(store, status=status, host_netns="/proc/self/ns/net")
+    t = _setup(nic, netns_factory, tmp_path, device="dev-dhcp")
     start = time.perf_counter()
     with pytest.raises(HookError) as exc:
-        hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+        t.hooks.run_pod_sandbox(t.pod)
     took = time.perf_counter() - start
     message = str(exc.value)
     assert f"device dev-dhcp: dhcp failed: net1: no DHCPOFFER within {DHCP_TIMEOUT:g}s" in message, message
     assert took < 2.0, f"the failed hook took {took:.3f}s: more than the runtime's 2 s"
-    assert [(d, step) for d, step, _ in status.failed] == [("dev-dhcp", "dhcp")], "Ready=False names the step"
+    assert [(d, step) for d, step, _ in t.status.failed] == [("dev-dhcp", "dhcp")], "Ready=False names the step"
     assert link_facts(nic) == before, "the NIC is back on the host, returnable"
-    assert store.read(lambda s: s.pods) == {}
+    assert t.store.read(lambda s: s.pods) == {}
 
 
 def test_unprepare_without_stop_releases_the_lease_too(
@@ -126,12 +137,8 @@ def test_unprepare_without_stop_releases_the_lease_too(
 ) -> None:
     nic, server = served_nic
     mac = (link_facts(nic) or {})["mac"]
-    pod_ns = netns_factory.netns()
-    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    uid = secrets.token_hex(8)
-    claim_uid = prepare_claim(store, uid, [{"ifname": nic, "config": DHCP}])
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
-    hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
-    hooks.claim_unprepared(store.read(lambda s: s.claims[claim_uid]))
+    t = _setup(nic, netns_factory, tmp_path)
+    t.hooks.run_pod_sandbox(t.pod)
+    t.hooks.claim_unprepared(t.store.read(lambda s: s.claims[t.claim_uid]))
     assert server.released(mac), server.log()
     assert link_facts(nic) is not None and link_facts(nic)["addresses"] == []  # type: ignore[index]
