@@ -142,3 +142,49 @@ def test_unprepare_without_stop_releases_the_lease_too(
     t.hooks.claim_unprepared(t.store.read(lambda s: s.claims[t.claim_uid]))
     assert server.released(mac), server.log()
     assert link_facts(nic) is not None and link_facts(nic)["addresses"] == []  # type: ignore[index]
+
+
+def test_two_dhcp_nics_lease_at_once_and_one_failure_releases_the_other(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    servers, nics = [], []
+    try:
+        for i, prefix in enumerate(("10.77.5", "10.77.6")):
+            server_ns = netns_factory.netns()
+            nic, peer = netns_factory.veth(peer_netns=server_ns)
+            subprocess.run(["ip", "link", "set", nic, "up"], check=True)
+            servers.append(start_udhcpd(server_ns, peer, prefix, tmp_path / f"dhcp{i}"))
+            nics.append(nic)
+        pod_ns = netns_factory.netns()
+        store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+        uid = secrets.token_hex(8)
+        devices = [
+            {
+                "ifname": nic,
+                "device": f"dev{i}",
+                "config": {"opaque": [{"interface": {"name": f"net{i}", "dhcp": True}}]},
+            }
+            for i, nic in enumerate(nics)
+        ]
+        prepare_claim(store, uid, devices)
+        hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+        pod = _pod(uid, f"/run/netns/{pod_ns}")
+        start = time.perf_counter()
+        hooks.run_pod_sandbox(pod)
+        took = time.perf_counter() - start
+        assert [(link_facts(f"net{i}", pod_ns) or {})["addresses"][0][:8] for i in range(2)] == ["10.77.5.", "10.77.6."]
+        assert took < 1.0, took
+        hooks.stop_pod_sandbox(pod)
+        macs = [(link_facts(nic) or {})["mac"] for nic in nics]
+        assert all(s.released(m) for s, m in zip(servers, macs, strict=True))
+
+        # The second server is gone: the pod fails, and the first NIC's fresh lease is given back.
+        servers[1].stop()
+        with pytest.raises(HookError, match="device dev1: dhcp failed: net1: no DHCPOFFER"):
+            hooks.run_pod_sandbox(pod)
+        assert servers[0].log().count("sending ACK") == 2, "the first NIC got a lease again"
+        assert servers[0].released(macs[0]), servers[0].log()
+        assert [(link_facts(nic) or {}).get("addresses") for nic in nics] == [[], []]
+    finally:
+        for s in servers:
+            s.stop()
