@@ -70,6 +70,11 @@ def acquire(ns_fd: int, ifname: str, mac: str, timeout: float, retransmit: float
     ACK cannot be used, or the socket cannot be opened or written. Replies for other
     transactions or other MACs are ignored, and so are OFFERs without a server identifier.
     """
+    if len(mac.split(":")) != 6:
+        raise DhcpError(
+            f"{ifname} has a {len(mac.split(':'))}-octet hardware address ({mac}): only Ethernet (6 octets) is "
+            "supported, not DHCP over InfiniBand (RFC 4390)"
+        )
     start = time.monotonic()
     deadline = start + timeout
     xid = secrets.randbits(32)

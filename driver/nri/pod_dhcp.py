@@ -60,6 +60,9 @@ def _exchange(pod_fd: int, nic: DhcpNic, timeout: float) -> Exchange | NetnsOpEr
         return client.acquire(pod_fd, nic.ifname, nic.mac, timeout)
     except DhcpError as exc:
         return NetnsOpError(nic.device, "dhcp", f"{nic.ifname}: {exc.reason}")
+    except Exception as exc:  # a bug must still fail the pod cleanly (NICs returned), not the hook
+        log.exception("DHCP exchange failed", extra={"kv": {"device": nic.device}})
+        return NetnsOpError(nic.device, "dhcp", f"{nic.ifname}: internal error: {exc}")
 
 
 def acquire_all(pod_rtnl: Rtnl, pod_fd: int, nics: list[DhcpNic], timeout: float) -> dict[str, Lease]:
@@ -165,6 +168,8 @@ def release_in(ns: Namespaces, netns: str, items: list[tuple[str, str, dict[str,
     try:
         with ns.pod(netns) as (pod_rtnl, pod_fd):
             release_all(pod_rtnl, pod_fd, [(dev, ifname, Lease.from_dict(lease)) for dev, ifname, lease in items])
+    except (KeyError, TypeError, ValueError) as exc:  # a damaged pods.json: never keep the NICs from returning
+        log.warning("DHCP leases not released: unreadable lease record", extra={"kv": {"error": str(exc)}})
     except (NetnsGone, OSError) as exc:
         log.warning(
             "DHCP leases not released: the pod namespace is gone; they expire at the server",

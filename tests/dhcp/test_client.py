@@ -70,3 +70,11 @@ def test_release_without_the_address_is_broadcast_on_the_link(link: tuple[int, s
     lease = client.acquire(fd, nic, mac, timeout=1.0).lease
     client.release(fd, nic, lease)  # the address was never added: no route to the server
     assert server.released(mac), server.log()
+
+
+def test_an_infiniband_address_is_refused_before_anything_is_sent(link: tuple[int, str, str, UdhcpdServer]) -> None:
+    fd, nic, _, server = link
+    ib_mac = ":".join(["80"] + ["00"] * 19)
+    with pytest.raises(DhcpError, match="20-octet hardware address .* not DHCP over InfiniBand"):
+        client.acquire(fd, nic, ib_mac, timeout=0.2)
+    assert "DISCOVER" not in server.log() and "OFFER" not in server.log()
