@@ -171,3 +171,13 @@ def test_the_merge_is_the_cloud_merge_user_wins() -> None:
     claim = NetworkConfig(interface=InterfaceConfig(mtu=9000, addresses=("10.9.0.7/24",)), profile="p")
     merged = merge_under_cloud(profile, claim)
     assert merged.interface == InterfaceConfig(mtu=9000, addresses=("10.9.0.5/24", "10.9.0.7/24"))
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [(None, "--webhook-url is required"), ("ftp://x", "the scheme must be http, https or unix")],
+)
+def test_webhook_provider_flags_that_cannot_work_stop_the_daemon(url: str | None, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        profile_resolver(DriverConfig(node_name=NODE, profile_provider="webhook", webhook_url=url))
+    assert profile_resolver(DriverConfig(node_name=NODE, profile_provider="none", webhook_url=url)) is None
