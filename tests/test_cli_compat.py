@@ -90,6 +90,18 @@ def test_the_webhook_profile_provider_flags_are_accepted() -> None:
         run_args("--profile-provider=acme")
 
 
+def test_run_refuses_a_webhook_that_serves_no_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.profile_webhook import ProfileWebhook
+
+    hook = ProfileWebhook(capabilities={"cloudProvider": True, "profileProvider": False}).start()
+    try:
+        argv = ["run", "--node-name=n", "--profile-provider=webhook", f"--webhook-url={hook.url}"]
+        assert main(argv) == 2
+    finally:
+        hook.stop()
+    assert "is not a profile provider (profileProvider: false)" in capsys.readouterr().err
+
+
 def dranet(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "driver.cli", "--log-level", "error", *args],
