@@ -22,7 +22,7 @@ from driver.checkpoint import CheckpointStore
 from driver.config import DHCP_TIMEOUT
 from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
 from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts, pod_json, prepare_claim
+from tests.plugins.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
 
 pytestmark = pytest.mark.root
@@ -188,3 +188,58 @@ def test_two_dhcp_nics_lease_at_once_and_one_failure_releases_the_other(
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.mark.slow
+def test_over_nri_the_lease_survives_a_driver_restart_and_stop_releases_it(
+    served_nic: tuple[str, UdhcpdServer],
+    netns_factory: NetnsFactory,
+    nri_harness: Harness,
+    driver_procs: list[DriverProcess],
+    tmp_path: Path,
+) -> None:
+    """The real runtime side (containerd/nri's adaptation, 2 s request timeout) and a driver process."""
+    nic, server = served_nic
+    before = link_facts(nic)
+    assert before is not None
+    pod_ns = netns_factory.netns()
+    uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(CheckpointStore(tmp_path), uid, [{"ifname": nic, "config": DHCP}])
+    pod = pod_json(uid, f"/run/netns/{pod_ns}")
+    first = DriverProcess.start(nri_harness.socket, str(tmp_path))
+    driver_procs.append(first)
+    assert nri_harness.cmd("wait-sync", count=1, timeout=15)["ok"], first.log()[-2000:]
+    res = nri_harness.cmd("run", pod=pod)
+    assert res["ok"], f"{res}\n{first.log()[-2000:]}"
+    [address] = (link_facts("net1", pod_ns) or {})["addresses"]
+    first.kill()  # the lease is in pods.json: a new driver process releases it
+    second = DriverProcess.start(nri_harness.socket, str(tmp_path))
+    driver_procs.append(second)
+    assert nri_harness.cmd("wait-sync", count=2, timeout=15)["ok"], second.log()[-2000:]
+    assert (link_facts("net1", pod_ns) or {})["addresses"] == [address], "Synchronize keeps a running pod's NIC"
+    assert nri_harness.cmd("stop", pod=pod)["ok"], second.log()[-2000:]
+    assert server.released(before["mac"]), server.log()
+    assert link_facts(nic) == before
+
+
+@pytest.mark.slow
+def test_over_nri_no_lease_is_an_error_within_the_runtimes_timeout(
+    served_nic: tuple[str, UdhcpdServer],
+    netns_factory: NetnsFactory,
+    nri_harness: Harness,
+    driver_procs: list[DriverProcess],
+    tmp_path: Path,
+) -> None:
+    nic, server = served_nic
+    server.stop()
+    before = link_facts(nic)
+    pod_ns = netns_factory.netns()
+    uid = f"uid-{secrets.token_hex(4)}"
+    prepare_claim(CheckpointStore(tmp_path), uid, [{"ifname": nic, "config": DHCP, "device": "dev-dhcp"}])
+    drv = DriverProcess.start(nri_harness.socket, str(tmp_path))
+    driver_procs.append(drv)
+    assert nri_harness.cmd("wait-sync", count=1, timeout=15)["ok"], drv.log()[-2000:]
+    res = nri_harness.cmd("run", pod=pod_json(uid, f"/run/netns/{pod_ns}"))
+    assert not res["ok"]
+    assert "device dev-dhcp: dhcp failed: net1: no DHCPOFFER" in res["error"], res  # not a runtime timeout
+    assert link_facts(nic) == before
