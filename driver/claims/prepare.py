@@ -329,6 +329,7 @@ class Preparer:
             if config.profile:
                 profiled.append((device, config))
             _check_ethtool(where, base, device, config)
+            _check_dhcp(where, base, device, config)
             shared = result.get("adminAccess") is True or bool(result.get("shareID"))
             prepared.append(
                 PreparedDevice(
@@ -422,6 +423,18 @@ def _check_ethtool(where: str, request: str, device: Device, config: NetworkConf
     problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
     if problems:
         raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+
+
+def _check_dhcp(where: str, request: str, device: Device, config: NetworkConfig) -> None:
+    """``interface.dhcp`` needs an Ethernet NIC (:mod:`driver.dhcp`): refuse an IPoIB one at prepare
+    rather than fail every start of the pod."""
+    if config.interface is None or not config.interface.dhcp:
+        return
+    if device.attributes.get("dra.net/encapsulation") == "infiniband":
+        raise ClaimError(
+            f"{where}: config for request {request!r}: interface.dhcp: device {device.name} is an InfiniBand "
+            "(IPoIB) interface; DHCP works on Ethernet interfaces only"
+        )
 
 
 def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim | ClaimError]:
