@@ -46,9 +46,12 @@ from driver.model.network_config import NetworkConfig
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
-pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form."""
+pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
+may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
+profile) and pods what the hooks changed for them. A version-2 driver would ignore those fields
+(moving a NIC without its VRF) or fail on them, so it must refuse a version-3 file instead."""
 T = TypeVar("T")
 
 
@@ -130,12 +133,24 @@ class MovedDevice:
     host_mac: str | None = None
     host_addresses: list[str] = field(default_factory=list)  # CIDRs on the host side
     host_routes: list[dict[str, Any]] = field(default_factory=list)  # route dicts, see netns module
+    # Its host rules and permanent neighbors (driver.netlink.pod_rules dicts), put back on return.
+    host_rules: list[dict[str, Any]] = field(default_factory=list)
+    host_neighbors: list[dict[str, Any]] = field(default_factory=list)
     rdma_device: str | None = None
     pod_mac: str | None = None  # MAC in the pod (configured or host MAC), to find it again
     # ethtool settings changed in the pod: their host values (kernel names), restored on return.
     host_features: dict[str, bool] = field(default_factory=dict)
     host_private_flags: dict[str, bool] = field(default_factory=dict)
+    # Part B settings (see driver/nri/pod_extras.py): the host's GSO/GRO sizes and sysctls, set
+    # back on return; the VRF it is enslaved to in the pod; the eBPF programs taken off it
+    # ({"hook", "id", "how"}: ids only, a program is not kept and cannot be reattached).
+    host_offload_sizes: dict[str, int] = field(default_factory=dict)
+    host_sysctls: dict[str, int] = field(default_factory=dict)
+    vrf: str | None = None
+    ebpf_detached: list[dict[str, Any]] = field(default_factory=list)
     step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
+    # interface.dhcp: the lease taken in the pod (``driver.dhcp.wire.Lease`` form), released on return.
+    dhcp_lease: dict[str, Any] | None = None
 
 
 @dataclass
@@ -220,7 +235,12 @@ def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 only adds optional fields: a version-2 file is a valid version-3 file."""
+    return {**data, "version": 3}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
 """Version N -> the function that turns a version-N file into version N + 1."""
 
 

@@ -15,7 +15,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
-from driver.config import TAINT_EFFECTS, default, parse_feature_gates
+from driver.config import PROFILE_PROVIDERS, TAINT_EFFECTS, default, parse_feature_gates
 
 GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -91,10 +91,10 @@ def go_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     errors = []
     if getattr(args, "move_ib_interfaces", "true") not in (None, "true", "True", "1"):
         errors.append("--move-ib-interfaces=false: not supported; IPoIB interfaces always move with their device")
-    if getattr(args, "profile_provider", None) not in (None, "cloud", "none"):
-        errors.append(f"--profile-provider={args.profile_provider}: not supported yet (only cloud and none)")
-    if getattr(args, "webhook_url", None):
-        errors.append("--webhook-url: the webhook cloud and profile provider is not supported yet")
+    if getattr(args, "profile_provider", None) == "webhook" and not getattr(args, "webhook_url", None):
+        errors.append("--profile-provider=webhook: --webhook-url is required")
+    if getattr(args, "webhook_url", None) and getattr(args, "profile_provider", None) != "webhook":
+        warnings.append("--webhook-url: no effect without --profile-provider=webhook (no webhook cloud provider here)")
     return warnings, errors
 
 
@@ -204,8 +204,17 @@ def build_parser() -> argparse.ArgumentParser:
     go.add_argument("--inventory-poll-burst", default=None)
     go.add_argument("--cloud-provider-options", action="append", default=None)
     go.add_argument("--move-ib-interfaces", default=None, help="true only")
-    go.add_argument("--profile-provider", default=None, help="cloud|none")
-    go.add_argument("--webhook-url", default=None, help="not supported")
+    run.add_argument(
+        "--profile-provider",
+        choices=PROFILE_PROVIDERS,
+        default=default("profile_provider"),
+        help="who resolves a claim's `profile`: webhook (--webhook-url), cloud or none (no provider)",
+    )
+    run.add_argument(
+        "--webhook-url",
+        default=default("webhook_url"),
+        help="the webhook profile provider: http://, https:// or unix:///path (dranet's API)",
+    )
 
     disc = sub.add_parser("discover", help="print the devices this node would publish")
     disc.add_argument("--sysfs-root", default=default("sysfs_root"))

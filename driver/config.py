@@ -47,6 +47,19 @@ CLOUD_PROVIDER_AUTO = "auto"
 """``--cloud-provider`` default: detect GCE, AWS, Azure, OKE, Alibaba in the Go driver's order."""
 
 
+PROFILE_PROVIDERS = ("cloud", "none", "webhook")
+"""``--profile-provider`` values (dranet's). ``cloud`` (the default) and ``none``: no profile
+provider here (no cloud provider of this driver resolves profiles), so a claim naming a
+``profile`` is refused at prepare; ``webhook``: ``--webhook-url`` answers (dranet's API)."""
+
+PROFILE_WEBHOOK_TIMEOUT = 5.0
+"""Seconds one call to the ``--webhook-url`` profile provider may take (connect, send, each read)."""
+
+DHCP_TIMEOUT = 1.0
+"""Seconds the DHCP exchanges of a pod's ``interface.dhcp`` NICs may take in RunPodSandbox: the
+runtime gives the whole NRI hook 2 s, and the NICs must still go back to the host if no lease comes."""
+
+
 def parse_feature_gates(text: str) -> dict[str, bool]:
     """``--feature-gates A=true,B=false`` (Kubernetes syntax) -> every known gate's value.
 
@@ -89,6 +102,8 @@ class DriverConfig:
     cloud_provider: str = CLOUD_PROVIDER_AUTO  # auto | none | gce | aws | azure | oke | alibaba
     cloud_metadata_url: str | None = None  # replaces every metadata service's host (tests, proxies)
     feature_gates: dict[str, bool] = field(default_factory=lambda: dict(FEATURE_GATES))
+    profile_provider: str = "cloud"  # cloud | none | webhook (PROFILE_PROVIDERS)
+    webhook_url: str | None = None  # the webhook profile provider (http://, https://, unix://)
     log_level: str = "info"
     log_format: str = "json"  # json | text
     # This instance's id (the pod UID in the chart): per-instance kubelet socket names, so a new

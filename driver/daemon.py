@@ -33,6 +33,7 @@ from typing import Any
 
 from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
 from driver.claims.prepare import Preparer
+from driver.claims.profile import check_at_start, profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
 from driver.config import DriverConfig, config_from_args
@@ -153,6 +154,7 @@ class Daemon:
             on_unprepare=self._claim_unprepared,
             cloud_config=self.cloud.device_config,
             on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
+            profiles=profile_resolver(config),
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
@@ -540,6 +542,10 @@ def cli_run(args: argparse.Namespace) -> int:
         problem = sysfs_root_error(config.sysfs_root)
         if problem:
             raise ValueError(problem)
+        profiles = profile_resolver(config)
+        problem = check_at_start(profiles) if profiles is not None else ""
+        if problem:
+            raise ValueError(f"--webhook-url: {problem}")
     except ValueError as exc:
         log.error("invalid configuration", extra={"kv": {"error": str(exc)}})
         return 2

@@ -8,7 +8,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   command -v ip >/dev/null || need="$need iproute2"
   # The real node (devcluster up): runc and the CNI plugins run pods; busybox-static makes the
-  # workload and pause images; buildah + mmdebstrap build the driver's image from the
+  # workload and pause images, and its udhcpd is the DHCP server of the interface.dhcp tests
+  # (tests/support/dhcp_server.py); buildah + mmdebstrap build the driver's image from the
   # Dockerfile without a Docker engine (the base image is made by mmdebstrap from this
   # machine's own apt sources); util-linux gives nsenter/unshare.
   for pkg in runc containernetworking-plugins busybox-static buildah mmdebstrap uidmap; do

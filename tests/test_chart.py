@@ -458,6 +458,8 @@ def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
         "cloudProvider": "azure",
         "cloudMetadataUrl": "http://imds-proxy.local:8080",
         "featureGates": "DRAListTypeAttributes=true",
+        "profileProvider": "webhook",
+        "webhookUrl": "unix:///run/acme/provider.sock",
     }
     docs = render(helm, values=values, tmp=tmp_path)
     ds = one(docs, "DaemonSet")
@@ -480,12 +482,21 @@ def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
     cfg = config_from_args(cli)
     assert cfg.cloud_provider == "azure" and cfg.cloud_metadata_url == "http://imds-proxy.local:8080"
     assert cfg.list_numa_attribute and cfg.resync_interval == 120.0 and cli.verbosity == 4
+    assert (cfg.profile_provider, cfg.webhook_url) == ("webhook", "unix:///run/acme/provider.sock")
     assert all(d["metadata"]["name"].startswith("dranet-node") for d in docs if d["kind"] in ("ServiceAccount",))
 
 
 @pytest.mark.parametrize(
     "bad",
-    ["cloudProvider=cks", "featureGates=DRAListTypeAttributes", "podLabels.team=null", "cloudMetadataUrl=ftp://x"],
+    [
+        "cloudProvider=cks",
+        "featureGates=DRAListTypeAttributes",
+        "podLabels.team=null",
+        "cloudMetadataUrl=ftp://x",
+        "profileProvider=acme",
+        "profileProvider=webhook",  # without webhookUrl
+        "webhookUrl=ftp://x",
+    ],
 )
 def test_schema_rejects_bad_compat_values(helm: str, bad: str) -> None:
     out = run_helm(helm, "template", "dranet", str(CHART), "--kube-version", KUBE_VERSION, "--set", bad)

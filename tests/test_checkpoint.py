@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint import (
+    SCHEMA_VERSION,
     CheckpointError,
     CheckpointStore,
     MovedDevice,
@@ -159,8 +160,8 @@ def test_serialisation_matches_asdict() -> None:
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
         assert stored.pop("shared") is False  # written only when true (adminAccess)
-    expected = {"version": 2, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
-    encoded = {"version": 2, **state.claims_json(), **state.pods_json()}
+    expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
+    encoded = {"version": SCHEMA_VERSION, **state.claims_json(), **state.pods_json()}
     assert json.dumps(encoded, sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert DriverState.from_json(json.loads(json.dumps(encoded))) == state
 
@@ -298,11 +299,11 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     assert second.config == NetworkConfig()
     pod = store.read(lambda s: s.pods["p1"])
     assert pod.devices[0].step == "in-pod" and pod.devices[0].host_routes == [{"dst": None, "gateway": "10.0.0.1"}]
-    # The next write stores version 2; reading it back gives the same state.
+    # The next write stores the current version; reading it back gives the same state.
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("step", "returning"))
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
-    assert json.loads((state / "checkpoint.json").read_text())["version"] == 2
-    assert json.loads((run / "pods.json").read_text())["version"] == 2
+    assert json.loads((state / "checkpoint.json").read_text())["version"] == SCHEMA_VERSION
+    assert json.loads((run / "pods.json").read_text())["version"] == SCHEMA_VERSION
     assert "rdma_moved" not in (run / "pods.json").read_text()
     again = CheckpointStore(state, run)
     assert again.read(lambda s: s.claims["u1"].devices[0].config) == first.config
@@ -310,10 +311,21 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["checkpoint.json", "pods.json"])
 def test_a_newer_version_is_refused_with_a_clear_message(tmp_path: Path, name: str) -> None:
-    (tmp_path / name).write_text(json.dumps({"version": 3, "claims": {}, "pods": {}}))
-    with pytest.raises(CheckpointError, match="version 3 was written by a newer driver"):
+    newer = SCHEMA_VERSION + 1
+    (tmp_path / name).write_text(json.dumps({"version": newer, "claims": {}, "pods": {}}))
+    with pytest.raises(CheckpointError, match=f"version {newer} was written by a newer driver"):
         CheckpointStore(tmp_path)
-    assert json.loads((tmp_path / name).read_text())["version"] == 3  # kept for a human
+    assert json.loads((tmp_path / name).read_text())["version"] == newer  # kept for a human
+
+
+def test_version_2_files_are_read_as_version_3(tmp_path: Path) -> None:
+    """Version 3 only adds optional fields (dranet's part B config fields, the pod state they need)."""
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    data = json.loads((tmp_path / "checkpoint.json").read_text())
+    (tmp_path / "checkpoint.json").write_text(json.dumps({**data, "version": 2}))
+    again = CheckpointStore(tmp_path)
+    assert again.read(lambda s: s.claims["u1"]) == store.read(lambda s: s.claims["u1"])
 
 
 def test_a_file_without_version_is_kept_aside(tmp_path: Path) -> None:

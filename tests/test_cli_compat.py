@@ -74,7 +74,32 @@ def test_go_flags_without_an_equivalent_warn_or_refuse() -> None:
     assert [w.split(":")[0] for w in warnings] == ["--db-path", "--inventory-poll-burst"] and errors == []
     _, errors = go_flag_problems(run_args("--move-ib-interfaces=false", "--profile-provider=webhook"))  # type: ignore[arg-type]
     assert [e.split(":")[0] for e in errors] == ["--move-ib-interfaces=false", "--profile-provider=webhook"]
-    assert main(["--log-format", "text", "run", "--webhook-url=http://x"]) == 2
+    assert main(["--log-format", "text", "run", "--profile-provider=webhook"]) == 2
+
+
+def test_the_webhook_profile_provider_flags_are_accepted() -> None:
+    """dranet's ``--profile-provider webhook --webhook-url URL`` reach the daemon's config."""
+    args = run_args("--profile-provider", "webhook", "--webhook-url", "unix:///run/provider.sock")
+    warnings, errors = go_flag_problems(args)  # type: ignore[arg-type]
+    assert (warnings, errors) == ([], [])
+    config = config_from_args(args)  # type: ignore[arg-type]
+    assert (config.profile_provider, config.webhook_url) == ("webhook", "unix:///run/provider.sock")
+    warnings, _ = go_flag_problems(run_args("--webhook-url=http://x"))  # type: ignore[arg-type]
+    assert [w.split(":")[0] for w in warnings] == ["--webhook-url"]
+    with pytest.raises(SystemExit):
+        run_args("--profile-provider=acme")
+
+
+def test_run_refuses_a_webhook_that_serves_no_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.support.profile_webhook import ProfileWebhook
+
+    hook = ProfileWebhook(capabilities={"cloudProvider": True, "profileProvider": False}).start()
+    try:
+        argv = ["run", "--node-name=n", "--profile-provider=webhook", f"--webhook-url={hook.url}"]
+        assert main(argv) == 2
+    finally:
+        hook.stop()
+    assert "is not a profile provider (profileProvider: false)" in capsys.readouterr().err
 
 
 def dranet(*args: str) -> subprocess.CompletedProcess[str]:

@@ -5,8 +5,10 @@ JSON readers, ``ConfigError``), ``decode`` (one opaque config), ``merge`` (which
 a request, in DRA order), ``validation`` (whole claims, for the webhook and ``dranet validate``).
 Then what is done with a decoded config: ``prepare`` (NodePrepareResources: decode once, store
 typed), ``numa_pinning`` and ``container_settings`` (what a container gets), ``status`` and
-``numa_report`` (the claim's ``status.devices``).
+``numa_report`` (the claim's ``status.devices``), ``profile`` (a named profile resolved by the
+profile provider and merged under the claim's config at prepare, released at unprepare).
 
 May import: ``driver.checkpoint``, ``driver.kube``, ``driver.netlink`` (prepare's ethtool check),
+``driver.profiles`` (``profile``: the profile provider's config for a NIC),
 ``driver.model``, ``driver.config``. Never the kubelet, NRI or publish packages.
 """

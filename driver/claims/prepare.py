@@ -28,11 +28,13 @@ from driver.claims.conflicts import conflict_errors, interface_conflicts
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request, merge_under_cloud
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
+from driver.claims.profile import ProfileError, ProfileResolver
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
 from driver.netlink.ethtool import check_features
+from driver.netlink.offload_sizes import check_host_nic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +146,7 @@ class Preparer:
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
         cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
         on_error: Callable[[ClaimRef, str], None] | None = None,
+        profiles: ProfileResolver | None = None,
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
         the allocation's config entries into the per-device config (decoded once, here);
@@ -151,13 +154,15 @@ class Preparer:
         process between the checkpoint write and the response); ``on_unprepare`` gets each claim
         that unprepare removed (the claim status writer drops our entries); ``cloud_config`` gives the
         cloud provider's config of a device, merged under the claim's (the Go driver's order);
-        ``on_error`` gets each claim answered with an error (the status writer posts an event on it)."""
+        ``on_error`` gets each claim answered with an error (the status writer posts an event on it);
+        ``profiles`` resolves a config's ``profile`` (``--profile-provider webhook``; None: refused)."""
         self.kube, self.store, self.devices = kube, store, devices
         self.driver_name, self.node_name = driver_name, node_name
         self.config_decoder = config_decoder
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.cloud_config = cloud_config
         self.on_error = on_error
+        self.profiles = profiles
         self._commit = _GroupCommit(store)
         self._pool: Executor | None = None
 
@@ -185,7 +190,12 @@ class Preparer:
             try:
                 if isinstance(claim, BaseException):
                     raise claim
-                record = self.build(ref, claim)
+                # A profile is an HTTP call: keep it off the event loop.
+                record = (
+                    await loop.run_in_executor(pool, self.build, ref, claim)
+                    if self.profiles
+                    else self.build(ref, claim)
+                )
                 if not record.devices:
                     # The kubelet asks a driver only about claims with devices of that driver;
                     # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
@@ -214,6 +224,9 @@ class Preparer:
                 if self.after_commit is not None:
                     self.after_commit([r.uid for r in stored])
                 for record, outcome in zip(records, outcomes, strict=True):
+                    if isinstance(outcome, ClaimError) and self.profiles:  # refused: free what it resolved
+                        profiled = [(d.snapshot, d.config) for d in record.devices]
+                        await loop.run_in_executor(pool, self.profiles.release_devices, record.uid, profiled)
                     results[record.uid] = (
                         PrepareResult(error=str(outcome)) if isinstance(outcome, ClaimError) else _result_of(outcome)
                     )
@@ -263,7 +276,23 @@ class Preparer:
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
         """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
-        default the current one) and decoded configs; :class:`ClaimError` when it cannot be prepared."""
+        default the current one) and decoded configs; :class:`ClaimError` when it cannot be prepared
+        (then the profiles resolved for it are released again)."""
+        profiled: list[tuple[Device, NetworkConfig]] = []
+        try:
+            return self._build(ref, claim, inventory, profiled)
+        except Exception:
+            if profiled and self.profiles is not None:
+                self.profiles.release_devices(ref.uid, profiled)
+            raise
+
+    def _build(
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        inventory: dict[str, Device] | None,
+        profiled: list[tuple[Device, NetworkConfig]],
+    ) -> PreparedClaim:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
@@ -296,7 +325,11 @@ class Preparer:
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
             cloud = self.cloud_config(device) if self.cloud_config is not None else None
             config = merge_under_cloud(cloud, config)
+            config = self._with_profile(where, base, claim, device, config)
+            if config.profile:
+                profiled.append((device, config))
             _check_ethtool(where, base, device, config)
+            _check_dhcp(where, base, device, config)
             shared = result.get("adminAccess") is True or bool(result.get("shareID"))
             prepared.append(
                 PreparedDevice(
@@ -332,6 +365,22 @@ class Preparer:
             raise ClaimError(f"{where}: {exc}") from None
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 
+    def _with_profile(
+        self, where: str, request: str, claim: dict[str, Any], device: Device, config: NetworkConfig
+    ) -> NetworkConfig:
+        """``config`` with its ``profile`` resolved and merged under it; a failure is the claim's error."""
+        if not config.profile:
+            return config
+        problem = f"{where}: config for request {request!r}: "
+        if self.profiles is None:
+            raise ClaimError(
+                problem + f"profile {config.profile!r}: no profile provider (--profile-provider=webhook --webhook-url)"
+            )
+        try:
+            return self.profiles.resolve(claim, device, config)[0]
+        except ProfileError as exc:
+            raise ClaimError(problem + str(exc)) from None
+
     # -- unprepare ----------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -344,6 +393,12 @@ class Preparer:
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
         log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
+        if self.profiles is not None:  # best effort, as dranet: the provider reclaims what is not released
+            for claim in removed:
+                profiled = [(d.snapshot, d.config) for d in claim.devices]
+                await asyncio.get_running_loop().run_in_executor(
+                    self._io_pool(), self.profiles.release_devices, claim.uid, profiled
+                )
         for claim in removed if self.on_unprepare else ():
             try:
                 self.on_unprepare(claim)  # type: ignore[misc]
@@ -353,8 +408,13 @@ class Preparer:
 
 
 def _check_ethtool(where: str, request: str, device: Device, config: NetworkConfig) -> None:
-    """Refuse, at prepare, ethtool settings the NIC cannot take (like the Go driver), rather than
-    fail at pod start. Only devices whose config has an ``ethtool`` section pay the netlink call."""
+    """Refuse, at prepare, ethtool settings and offload sizes the NIC cannot take (like the Go driver
+    for ethtool), rather than fail at pod start. Only devices whose config sets them pay the netlink call."""
+    sizes = config.interface.offload_sizes if config.interface else {}
+    if sizes and device.host.ifname:  # GSO/GRO sizes above the NIC's or kernel's maximum: refused now too
+        problems = check_host_nic(device.host.ifname, sizes)
+        if problems:
+            raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
     eth = config.ethtool
     if eth is None or eth.empty:
         return
@@ -363,6 +423,18 @@ def _check_ethtool(where: str, request: str, device: Device, config: NetworkConf
     problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
     if problems:
         raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+
+
+def _check_dhcp(where: str, request: str, device: Device, config: NetworkConfig) -> None:
+    """``interface.dhcp`` needs an Ethernet NIC (:mod:`driver.dhcp`): refuse an IPoIB one at prepare
+    rather than fail every start of the pod."""
+    if config.interface is None or not config.interface.dhcp:
+        return
+    if device.attributes.get("dra.net/encapsulation") == "infiniband":
+        raise ClaimError(
+            f"{where}: config for request {request!r}: interface.dhcp: device {device.name} is an InfiniBand "
+            "(IPoIB) interface; DHCP works on Ethernet interfaces only"
+        )
 
 
 def _record(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim | ClaimError]:

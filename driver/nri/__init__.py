@@ -1,7 +1,8 @@
 """The container runtime's side: an NRI plugin (``mux`` and ``ttrpc`` framing, ``plugin``
 lifecycle) whose ``hooks`` move a pod's NICs in at RunPodSandbox and back at Stop/Remove, and
-whose ``container_adjustment`` gives each container its RDMA devices, environment and cpuset.
+whose ``container_adjustment`` gives each container its RDMA devices, environment and cpuset;
+``pod_dhcp`` takes the DHCP leases of ``interface.dhcp`` NICs in the pod and releases them.
 
-May import: ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``, ``driver.model``,
+May import: ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``, ``driver.dhcp``, ``driver.model``,
 ``dranet_proto``, ``driver.config``.
 """
