@@ -370,7 +370,7 @@ def test_a_newer_schema_written_by_the_other_instance_is_refused_not_misread(tmp
     store = CheckpointStore(tmp_path)
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
     data = json.loads(store.path.read_text())
-    data["version"] = 3
+    data["version"] = SCHEMA_VERSION + 1
     tmp = store.path.with_suffix(".other")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, store.path)
