@@ -16,6 +16,7 @@ binary (never misread).
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -272,12 +273,16 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     for claim in data["claims"].values():
         claim["devices"][0]["futureField"] = {"what": "a field this version does not know"}
     pod = node.driver_pod()["metadata"]["name"]
+    # The file goes in as an argument, not on kubectl's stdin (which sometimes arrives empty), and
+    # `timeout` bounds a driver that would start instead of refusing: the output is then asserted.
     script = (
-        "exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && cat > /tmp/newer/checkpoint.json && "
-        "dranet --log-format=text run --state-dir=/tmp/newer --runtime-dir=/tmp/newer-run "
-        "--kubelet-root=/tmp/newer-kubelet --no-nri --bind-address=127.0.0.1:0; echo exit=$?"
+        "exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && printf %s \"$1\" | base64 -d "
+        "> /tmp/newer/checkpoint.json && timeout -s INT 20 dranet --log-format=text run --state-dir=/tmp/newer "
+        "--runtime-dir=/tmp/newer-run --kubelet-root=/tmp/newer-kubelet --no-nri --bind-address=127.0.0.1:0; "
+        "echo exit=$?"
     )
-    out = node.kubectl.run("exec", "-i", "-n", cluster.NAMESPACE, pod, "--", "sh", "-c", script, stdin=json.dumps(data))
+    encoded = base64.b64encode(json.dumps(data).encode()).decode()
+    out = node.kubectl.run("exec", "-n", cluster.NAMESPACE, pod, "--", "sh", "-c", script, "sh", encoded)
     print(f"\n[downgrade] a newer state file, read by the running driver:\n    {out.strip()}")
     assert "exit=1" in out
     assert f"checkpoint schema version {SCHEMA_VERSION + 1} was written by a newer driver" in out
