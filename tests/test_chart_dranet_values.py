@@ -196,6 +196,13 @@ def test_prometheus_monitor_is_a_podmonitor_scraping_every_driver_pod(helm: str)
     assert "ports" not in ds["spec"]["template"]["spec"]["containers"][0]
 
 
+@pytest.mark.parametrize("unset", ["args=null", "prometheus=null", "prometheus.monitor=null", "metricsPort=null"])
+def test_values_set_to_null_render(helm: str, unset: str) -> None:
+    """A values file may null any Go-chart block (Helm then drops the key): the chart still renders."""
+    args = driver_args(render(helm, unset))
+    assert "--bind-address=:9177" in args and "--cloud-provider=auto" in args
+
+
 @pytest.mark.parametrize(("pod_ip", "address"), [("10.0.0.7", "10.0.0.7:9177"), ("fd00::7", "[fd00::7]:9177")])
 def test_podmonitor_relabelings_give_a_scrapeable_address(helm: str, pod_ip: str, address: str) -> None:
     """Prometheus' relabel `replace` semantics (anchored regex, ${1}), applied in order."""
