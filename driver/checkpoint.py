@@ -199,6 +199,23 @@ class DriverState:
         )
 
 
+def claim_device_counts(state: DriverState) -> tuple[int, int]:
+    """``(allocated, ready)``: the devices of prepared claims, once per pod each claim is reserved
+    for, and how many of them the NRI hook has attached (their NIC is ``in-pod`` for that pod).
+
+    A device without a netdev (RDMA only) has nothing to attach: ready once prepared.
+    """
+    allocated = ready = 0
+    for claim in state.claims.values():
+        for pod_uid in claim.pod_uids:
+            pod = state.pods.get(pod_uid)
+            in_pod = {m.device for m in pod.devices if m.step == "in-pod"} if pod else set()
+            for d in claim.devices:
+                allocated += 1
+                ready += not d.snapshot.host.ifname or d.device in in_pod
+    return allocated, ready
+
+
 def _check_version(data: dict[str, Any]) -> None:
     version = data.get("version")
     if version != SCHEMA_VERSION:

@@ -156,7 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--filter",
         default=default("filter"),
-        help="CEL expression over `device` (DeviceClass syntax); empty disables filtering",
+        help=(
+            "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax); "
+            "empty disables filtering"
+        ),
     )
     run.add_argument(
         "--exclude-interfaces",

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from driver.checkpoint import CheckpointError, CheckpointStore, DriverState
+from driver.checkpoint import CheckpointError, CheckpointStore, DriverState, claim_device_counts
 from driver.claims.prepare import Preparer
 from driver.claims.profile import check_at_start, profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
@@ -84,6 +84,7 @@ class Daemon:
         self.kube = kube
         self.store = store
         self.metrics = metrics or Metrics()
+        self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
         self.inventory: dict[str, Device] = {}
         self.scanned = False
         self.stopping = asyncio.Event()

@@ -5,7 +5,8 @@ Names, labels and label values are the Go reference driver's (namespace ``dranet
 ``..._latency_seconds`` (kubelet calls), ``nri_plugin_requests_total`` and ``..._latency_seconds``
 (runtime hooks), ``published_devices_total{feature="total|rdma"}``,
 ``last_published_time_seconds``; status ``success``, ``failed`` or ``noop`` (a hook with nothing
-to do). Ours on top: ``dra_plugin_claim_errors_total``.
+to do); ``claim_devices_allocated`` and ``claim_devices_ready`` (read from the driver's state at
+each scrape, :meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total``.
 
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
 several in-process drivers each have their own counters.
@@ -13,9 +14,15 @@ several in-process drivers each have their own counters.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "dranet"
 SUBSYSTEM = "driver"
@@ -23,6 +30,53 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 
 SUCCESS, FAILED, NOOP = "success", "failed", "noop"
 PREPARE, UNPREPARE = "PrepareResourceClaims", "UnprepareResourceClaims"
 """The Go driver's ``method`` label values of the kubelet calls."""
+
+
+ClaimDeviceCounts = Callable[[], tuple[int, int]]
+"""Reads ``(allocated, ready)`` device counts from the driver's state (see :class:`ClaimDevices`)."""
+
+
+class ClaimDevices(Collector):
+    """The Go driver's ``claim_devices_allocated`` and ``claim_devices_ready`` gauges, read at scrape.
+
+    ``allocated``: devices of prepared claims, once per pod the claim is reserved for (what
+    NodePrepareResources stored), whether or not the NRI hook has attached them yet. ``ready``:
+    those of them the hook has attached; ``allocated - ready`` is the number of devices stuck
+    mid-attachment. Read from the state files at each scrape, so never out of step with them.
+    """
+
+    ALLOCATED = f"{NAMESPACE}_{SUBSYSTEM}_claim_devices_allocated"
+    READY = f"{NAMESPACE}_{SUBSYSTEM}_claim_devices_ready"
+
+    def __init__(self, counts: ClaimDeviceCounts) -> None:
+        self.counts = counts
+
+    def _families(self, allocated: float | None, ready: float | None) -> list[GaugeMetricFamily]:
+        return [
+            GaugeMetricFamily(
+                self.ALLOCATED,
+                "Devices allocated to a pod on this node (prepared by NodePrepareResources), attached or not.",
+                value=allocated,
+            ),
+            GaugeMetricFamily(
+                self.READY,
+                "Allocated devices on this node the NRI hook has attached; allocated - ready are stuck mid-attachment.",
+                value=ready,
+            ),
+        ]
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The two gauges without samples (registration reads no state)."""
+        yield from self._families(None, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The two gauges with the current counts; none when the state cannot be read (logged)."""
+        try:
+            allocated, ready = self.counts()
+        except Exception as exc:  # noqa: BLE001 - a scrape must never fail for the state's sake
+            log.warning("claim device counts unavailable", extra={"kv": {"error": str(exc)}})
+            return
+        yield from self._families(allocated, ready)
 
 
 class Metrics:
@@ -107,6 +161,10 @@ class Metrics:
             subsystem=SUBSYSTEM,
             registry=reg,
         )
+
+    def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
+        """Publish ``claim_devices_allocated``/``_ready`` from ``counts()``, called at each scrape."""
+        self.registry.register(ClaimDevices(counts))
 
     def count_inventory_update(self, kind: str, n: int = 1) -> None:
         """Count ``n`` inventory rebuilds of ``kind`` (``full_scan`` or ``link``)."""

@@ -82,9 +82,9 @@ class ProbeServer:
         return web.Response(text="ok\n")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-        )
+        # In a worker thread: collectors read the state files (a lock a checkpoint write may hold).
+        body = await asyncio.to_thread(self.metrics.render)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def start(self) -> None:
         """Bind and serve; :attr:`port` is the real port afterwards (useful with port 0)."""

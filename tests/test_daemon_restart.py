@@ -194,6 +194,10 @@ async def test_run_serves_health_and_sigterm_removes_sockets(env: Env) -> None:
         await asyncio.sleep(0.1)
     assert 'dranet_driver_dra_plugin_requests_total{method="PrepareResourceClaims",status="success"} 1.0' in metrics
     assert 'dranet_driver_published_devices_total{feature="total"} 4.0' in metrics
+    # The Go driver's claim gauges, read from the state files: prepared for one pod, not attached
+    # (no NRI here).
+    assert "dranet_driver_claim_devices_allocated 2.0" in metrics
+    assert "dranet_driver_claim_devices_ready 0.0" in metrics
     # The publisher records its last successful write (slices went to the stub apiserver).
     published = [line for line in metrics.splitlines() if line.startswith("dranet_driver_last_published_time_seconds ")]
     assert published and float(published[0].split()[1]) > time.time() - 60

@@ -65,6 +65,9 @@ def test_rdma_count_with_any_driver_name(nd_h100_sysfs: Path, driver_name: str) 
         assert len(rdma) >= 8  # the 8 IB NICs (and the uplink's RDMA-capable VF: no exclusion here)
         assert _metric(text, 'dranet_driver_published_devices_total{feature="rdma"}') == len(rdma)
         assert _metric(text, 'dranet_driver_published_devices_total{feature="total"}') == len(published)
+        # Read from the daemon's state files at the scrape: no claim prepared here.
+        assert _metric(text, "dranet_driver_claim_devices_allocated") == 0
+        assert _metric(text, "dranet_driver_claim_devices_ready") == 0
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)

@@ -1,10 +1,17 @@
-"""The admin device filter: a CEL expression over ``device`` in DeviceClass selector syntax.
+"""The admin device filter (``--filter``): a CEL expression in one of two syntaxes.
 
-``device.driver``, ``device.attributes["dra.net"].type``,
-``device.attributes["resource.kubernetes.io"].pciBusID``. As in Kubernetes, both known attribute
-domains are always present (possibly empty), so ``has(device.attributes["dra.net"].type)`` is the
-safe way to test for an attribute. Semantics follow the Go driver: an evaluation error (e.g. a
-missing key) keeps the device (logged at debug); a non-bool result drops it.
+- DeviceClass selector syntax, over ``device``: ``device.driver``,
+  ``device.attributes["dra.net"].type``, ``device.attributes["resource.kubernetes.io"].pciBusID``.
+  As in Kubernetes, both known attribute domains are always present (possibly empty), so
+  ``has(device.attributes["dra.net"].type)`` is the safe way to test for an attribute.
+- The Go driver's syntax, over ``attributes`` (see :mod:`driver.inventory.dranet_filter`):
+  ``attributes["dra.net/type"].StringValue == "device"``, so its users' ``--filter`` values work
+  unchanged.
+
+The syntax is told by the variables the expression reads; an expression reading both is refused.
+Semantics follow the Go driver: an evaluation error (e.g. a missing key) keeps the device
+(logged at debug). A non-bool result keeps the device in dranet's syntax (as the Go driver does)
+and drops it in the DeviceClass syntax (a selector must be a bool).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from driver.config import DRIVER_NAME
+from driver.inventory import dranet_filter
 from driver.model.device import STANDARD_DOMAIN, Device
 
 log = logging.getLogger(__name__)
@@ -65,36 +73,70 @@ def cel_device(device: Device, driver_name: str = DRIVER_NAME) -> dict[str, Any]
     return {"driver": driver_name, "attributes": domains, "capacity": {}}
 
 
+DEVICECLASS, DRANET = "deviceclass", "dranet"
+"""The two syntaxes of :class:`DeviceFilter` (its ``syntax``)."""
+
+
+def _syntax(expression: str, variables: list[str]) -> str:
+    """Which syntax ``expression`` is written in; :class:`FilterError` when it cannot be both."""
+    if dranet_filter.VARIABLE not in variables:
+        return DEVICECLASS
+    if "device" in variables:
+        raise FilterError(
+            "--filter: the expression reads both `device` (DeviceClass syntax, "
+            'device.attributes["dra.net"].type) and `attributes` (dranet syntax, '
+            'attributes["dra.net/type"].StringValue): use one'
+        )
+    unknown = dranet_filter.unknown_fields(expression)
+    if unknown:
+        raise FilterError(
+            f"--filter: attributes[...].{unknown[0]}: a DeviceAttribute has no such field "
+            f"(fields: {', '.join(dranet_filter.FIELDS)})"
+        )
+    return DRANET
+
+
 class DeviceFilter:
-    """A compiled admin filter; an empty expression keeps every device."""
+    """A compiled admin filter; an empty expression keeps every device.
+
+    ``syntax`` is :data:`DEVICECLASS` or :data:`DRANET` (the Go driver's ``attributes`` form).
+    """
 
     def __init__(self, expression: str, driver_name: str = DRIVER_NAME) -> None:
         self.expression = expression.strip()
         self.driver_name = driver_name
+        self.syntax = DEVICECLASS
         self._program = None
         if self.expression:
             try:
                 self._program = _load_cel().compile(self.expression)
             except Exception as err:
                 raise FilterError(f"--filter: invalid CEL expression: {err}") from err
+            self.syntax = _syntax(self.expression, list(self._program.variables()))
+
+    def _context(self, device: Device) -> dict[str, Any]:
+        if self.syntax == DRANET:
+            return {dranet_filter.VARIABLE: dranet_filter.dranet_attributes(device)}
+        return {"device": cel_device(device, self.driver_name)}
 
     def keep(self, device: Device) -> bool:
         """Whether ``device`` passes the filter."""
         if self._program is None:
             return True
         try:
-            result = self._program.execute({"device": cel_device(device, self.driver_name)})
+            result = self._program.execute(self._context(device))
         except Exception as err:  # noqa: BLE001 - like the Go driver: an eval error keeps the device
             log.debug(
                 "filter evaluation failed, keeping device", extra={"kv": {"device": device.name, "error": str(err)}}
             )
             return True
         if not isinstance(result, bool):
+            keep = self.syntax == DRANET  # the Go driver keeps it; a DeviceClass selector must be a bool
             log.warning(
-                "filter returned a non-bool, dropping device",
+                "filter returned a non-bool, " + ("keeping" if keep else "dropping") + " device",
                 extra={"kv": {"device": device.name, "result": repr(result)}},
             )
-            return False
+            return keep
         return result
 
     def apply(self, devices: list[Device]) -> list[Device]:

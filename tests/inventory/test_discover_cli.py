@@ -66,8 +66,14 @@ def test_filter_and_bad_filter(single_socket_sysfs: Path) -> None:
         'device.attributes["dra.net"].rdma == true',
     )
     assert [d["name"] for d in json.loads(res.stdout)] == ["pci-0000-31-00-0", "pci-0000-5e-00-0"]
+    # The Go driver's syntax, as its users pass it: the same devices.
+    go = 'attributes["dra.net/rdma"].BoolValue == true'
+    res = dranet("discover", "--sysfs-root", str(single_socket_sysfs), "-o", "json", "--filter", go)
+    assert [d["name"] for d in json.loads(res.stdout)] == ["pci-0000-31-00-0", "pci-0000-5e-00-0"]
     bad = dranet("discover", "--sysfs-root", str(single_socket_sysfs), "--filter", "device.(")
     assert bad.returncode == 2 and "--filter" in bad.stderr and bad.stdout == ""
+    typo = dranet("discover", "--sysfs-root", str(single_socket_sysfs), "--filter", 'attributes["x"].Bool')
+    assert typo.returncode == 2 and "--filter: attributes[...].Bool" in typo.stderr
 
 
 def test_fixture_root_makes_no_netlink_calls(nd_h100_sysfs: Path) -> None:

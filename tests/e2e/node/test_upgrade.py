@@ -276,7 +276,7 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     # The file goes in as an argument, not on kubectl's stdin (which sometimes arrives empty), and
     # `timeout` bounds a driver that would start instead of refusing: the output is then asserted.
     script = (
-        "exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && printf %s \"$1\" | base64 -d "
+        'exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && printf %s "$1" | base64 -d '
         "> /tmp/newer/checkpoint.json && timeout -s INT 20 dranet --log-format=text run --state-dir=/tmp/newer "
         "--runtime-dir=/tmp/newer-run --kubelet-root=/tmp/newer-kubelet --no-nri --bind-address=127.0.0.1:0; "
         "echo exit=$?"
