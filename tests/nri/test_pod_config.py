@@ -17,8 +17,8 @@ from driver.nri.pod_config import pod_link_config
 from driver.nri.pod_extras import PodExtras
 
 
-def device(params: dict[str, object]) -> PreparedDevice:
-    return PreparedDevice("nic", "node", "d0", Device("d0"), decode_config(params, "p"))
+def device(params: dict[str, object], name: str = "d0") -> PreparedDevice:
+    return PreparedDevice("nic", "node", name, Device(name), decode_config(params, "p"))
 
 
 MAC = "02:aa:00:00:00:01"
@@ -102,3 +102,18 @@ def test_one_vrf_two_tables_in_a_pod_is_refused_before_the_kernel() -> None:
     with pytest.raises(NetnsOpError) as info:
         PodExtras(NoKernel()).in_pod(NoKernel(), -1, [(a, HOST), (b, HOST)], configs)  # type: ignore[arg-type]
     assert info.value.step == "vrf create" and "table 11 here, 10 for device d0" in info.value.reason
+
+
+def test_nics_sharing_a_vrf_share_its_table() -> None:
+    from driver.nri.pod_extras import pod_vrfs
+
+    first = device({"interface": {"name": "a", "vrf": {"name": "v"}}})
+    second = PreparedDevice(
+        "nic", "node", "d1", Device("d1"), decode_config({"interface": {"vrf": {"name": "v"}}}, "p")
+    )
+    other_host = LinkState("eth6", 1500, "02:00:00:00:00:06", index=9)
+    assert pod_vrfs([(first, HOST), (second, other_host)]) == {"v": ("d0", 107)}
+    pinned = PreparedDevice(
+        "nic", "node", "d2", Device("d2"), decode_config({"interface": {"vrf": {"name": "v", "table": 30}}}, "p")
+    )
+    assert pod_vrfs([(first, HOST), (pinned, other_host)]) == {"v": ("d0", 30)}
