@@ -134,20 +134,33 @@ class PodExtras:
         return detached
 
     def _detach(self, rtnl: Rtnl, pod_fd: int, device: str, ifname: str) -> list[dict[str, object]]:
+        """Detach every program of the NIC, each on its own: one that cannot be detached (an XDP
+        program held by a bpf link, for one) is recorded as left attached and logged, and the pod
+        starts (dranet too only attempts it). Listing them failing is a hook failure."""
         link = rtnl.link(ifname)
         if link is None:
             raise NetnsOpError(device, "ebpf detach", f"{ifname} not found in the pod namespace")
         try:
             xdp, tc = ebpf.xdp_programs(rtnl, link.index), ebpf.tc_programs(rtnl, link.index)
-            reqs: list[Request] = [ebpf.xdp_detach(device, link.index, p) for p in xdp]
-            rtnl.run(reqs + [ebpf.tc_detach(device, link.index, p) for p in tc])
             tcx = ebpf.tcx_programs(pod_fd, link.index)
-            for p in tcx:
-                ebpf.tcx_detach(pod_fd, link.index, p)
         except (ebpf.EbpfError, OSError) as exc:
-            raise NetnsOpError(device, "ebpf detach", f"{ifname}: {exc}") from exc
-        done = [_program(p, "detached") for p in (*xdp, *tc, *tcx)]
-        if done:
+            raise NetnsOpError(device, "ebpf detach", f"{ifname}: listing programs: {exc}") from exc
+        reqs: list[Request] = [ebpf.xdp_detach(device, link.index, p) for p in xdp]
+        reqs += [ebpf.tc_detach(device, link.index, p) for p in tc]
+        errors: list[str | None] = [None if e is None else e.reason for e in rtnl.run_each(reqs)]
+        for p in tcx:
+            try:
+                ebpf.tcx_detach(pod_fd, link.index, p)
+                errors.append(None)
+            except ebpf.EbpfError as exc:
+                errors.append(str(exc))
+        done = [
+            _program(p, "detached" if err is None else f"left attached: {err}")
+            for p, err in zip((*xdp, *tc, *tcx), errors, strict=True)
+        ]
+        if any(err is not None for err in errors):
+            log.warning("eBPF programs left attached", extra={"kv": {"device": device, "programs": done}})
+        elif done:
             log.info("eBPF programs detached", extra={"kv": {"device": device, "programs": done}})
         return done
 

@@ -191,3 +191,19 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
     )
     assert "master" not in link[0]
     assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode != 0
+
+
+def test_a_program_held_by_a_bpf_link_is_left_attached_and_recorded(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    node = Node(netns_factory, tmp_path)
+    fds = bpf_progs.attach_xdp_link(node.host, node.nic)
+    try:
+        run(node, {"name": "net1", "disableEbpfPrograms": True})  # the pod starts
+        (record,) = node.store.read(lambda s: s.pods[node.uid].devices[0].ebpf_detached)
+        assert record["hook"] == "xdp-generic" and str(record["how"]).startswith("left attached: ")
+        assert "Device or resource busy" in str(record["how"])
+        node.hooks.stop_pod_sandbox(node.pod)
+    finally:
+        for fd in fds:
+            os.close(fd)
