@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from driver.claims.decode import decode_config
+from driver.claims.decode import combination_errors, decode_config
 from driver.claims.fields import ConfigError, FieldError
 from driver.config import DRIVER_NAME
 from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
@@ -61,6 +61,8 @@ def configs_for_request(
             result = result.merged(decode_config(opaque.get("parameters"), f"{base}[{i}].opaque.parameters"))
         except ConfigError as exc:
             errors.extend(exc.errors)
+    if not errors:  # each config is valid alone; together they may set two halves of a conflict
+        errors = combination_errors(result, f"{base}[*].opaque.parameters (merged for request {request!r})")
     if errors:
         raise ConfigError.of(errors)
     return result
@@ -108,4 +110,6 @@ def merge_under_cloud(cloud: NetworkConfig | None, claim: NetworkConfig) -> Netw
     interface = merged.interface
     if interface is not None:
         interface = replace(interface, addresses=addresses)
+        if interface.vrf is not None:
+            rules = claim.rules  # the claim's VRF table decides the lookup: the cloud's rules are left out
     return replace(merged, interface=interface, routes=routes, rules=rules)

@@ -33,6 +33,7 @@ from driver.kube.errors import KubeError, NotFound
 from driver.model.device import Device
 from driver.model.network_config import NetworkConfig
 from driver.netlink.ethtool import check_features
+from driver.netlink.offload_sizes import check_host_nic
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -353,8 +354,13 @@ class Preparer:
 
 
 def _check_ethtool(where: str, request: str, device: Device, config: NetworkConfig) -> None:
-    """Refuse, at prepare, ethtool settings the NIC cannot take (like the Go driver), rather than
-    fail at pod start. Only devices whose config has an ``ethtool`` section pay the netlink call."""
+    """Refuse, at prepare, ethtool settings and offload sizes the NIC cannot take (like the Go driver
+    for ethtool), rather than fail at pod start. Only devices whose config sets them pay the netlink call."""
+    sizes = config.interface.offload_sizes if config.interface else {}
+    if sizes and device.host.ifname:  # GSO/GRO sizes above the NIC's or kernel's maximum: refused now too
+        problems = check_host_nic(device.host.ifname, sizes)
+        if problems:
+            raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
     eth = config.ethtool
     if eth is None or eth.empty:
         return

@@ -25,8 +25,47 @@ class InterfaceConfig:
 
     name: str | None = None  # interface name in the pod; default: the host name
     addresses: tuple[str, ...] | None = None  # CIDRs ("192.0.2.5/24"); default: keep the host's
+    dhcp: bool | None = None  # configure the NIC by DHCP (never together with addresses)
     mtu: int | None = None
     hardware_addr: str | None = None  # JSON "hardwareAddr"
+    # Segmentation/receive offload size limits (``ip link set gso_max_size ...``, BIG TCP).
+    gso_max_size: int | None = None  # JSON "gsoMaxSize" (IPv6 and the default)
+    gro_max_size: int | None = None  # JSON "groMaxSize"
+    gso_ipv4_max_size: int | None = None  # JSON "gsoIPv4MaxSize"
+    gro_ipv4_max_size: int | None = None  # JSON "groIPv4MaxSize"
+    disable_ebpf_programs: bool | None = None  # JSON "disableEbpfPrograms": detach XDP/TC/tcx programs
+    # Per-interface sysctls in the pod (``net.ipv{4,6}.conf.<if>.*``).
+    forwarding: bool | None = None  # ipv4 and ipv6 forwarding of this interface
+    arp_ignore: int | None = None  # JSON "arpIgnore": 0-3 or 8
+    arp_announce: int | None = None  # JSON "arpAnnounce": 0-2
+    vrf: VrfConfig | None = None  # enslave the NIC to a VRF device in the pod
+
+    @property
+    def sysctls_set(self) -> bool:
+        """Whether any per-interface sysctl is configured (forwarding, arpIgnore, arpAnnounce)."""
+        return self.forwarding is not None or self.arp_ignore is not None or self.arp_announce is not None
+
+    @property
+    def offload_sizes(self) -> dict[str, int]:
+        """The configured GSO/GRO size limits by JSON name (empty: nothing to set)."""
+        pairs = (
+            ("gsoMaxSize", self.gso_max_size),
+            ("groMaxSize", self.gro_max_size),
+            ("gsoIPv4MaxSize", self.gso_ipv4_max_size),
+            ("groIPv4MaxSize", self.gro_ipv4_max_size),
+        )
+        return {k: v for k, v in pairs if v is not None}
+
+
+@dataclass(frozen=True)
+class VrfConfig:
+    """A VRF device in the pod that the NIC is enslaved to (dranet's ``VRFConfig``).
+
+    NICs of one pod naming the same VRF share it. The claim's routes go into ``table``.
+    """
+
+    name: str | None = None  # the VRF device's name in the pod (required by the decoder)
+    table: int | None = None  # its routing table; default: 100 + the NIC's index in the pod
 
 
 @dataclass(frozen=True)
@@ -42,17 +81,24 @@ class RouteConfig:
 
 @dataclass(frozen=True)
 class RuleConfig:
-    """One policy-routing rule (``ip rule``), dranet's ``RuleConfig``.
+    """One policy-routing rule (``ip rule``) added in the pod, dranet's ``RuleConfig``.
 
-    Only cloud providers produce rules so far (Azure: ``from <subnet> lookup 100+i`` per NIC,
-    :mod:`driver.inventory.cloud.azure`); they are merged and stored with the claim's config, but
-    neither accepted from claims nor applied in the pod yet (issue 16 part B).
+    From claims and from cloud providers (Azure: ``from <subnet> lookup 100+i`` per NIC,
+    :mod:`driver.inventory.cloud.azure`). ``table`` ``None``/0 is the main table.
     """
 
     priority: int | None = None
     source: str | None = None  # CIDR
     destination: str | None = None  # CIDR
     table: int | None = None
+
+
+@dataclass(frozen=True)
+class NeighborConfig:
+    """One permanent neighbor (ARP/NDP) entry on the NIC in the pod, dranet's ``NeighborConfig``."""
+
+    destination: str  # an IP address
+    hardware_addr: str  # JSON "hardwareAddr": the neighbor's link-layer address (6, 8 or 20 octets)
 
 
 @dataclass(frozen=True)
@@ -88,8 +134,10 @@ class NetworkConfig:
 
     interface: InterfaceConfig | None = None
     routes: tuple[RouteConfig, ...] | None = None
-    rules: tuple[RuleConfig, ...] | None = None  # from cloud providers only, not applied yet (see RuleConfig)
+    rules: tuple[RuleConfig, ...] | None = None
+    neighbors: tuple[NeighborConfig, ...] | None = None
     ethtool: EthtoolConfig | None = None
+    profile: str | None = None  # a named profile from the profile provider (``--profile-provider``)
     rdma: RdmaConfig | None = None
     numa: NumaConfig | None = None
 
@@ -126,18 +174,15 @@ class NetworkConfig:
         accepted it; a wrong shape raises ``KeyError``/``TypeError``/``AttributeError``.
         """
         iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
-        routes, rules = params.get("routes"), params.get("rules")
+        routes, rules, neighbors = params.get("routes"), params.get("rules"), params.get("neighbors")
         return cls(
-            interface=None
-            if iface is None
-            else InterfaceConfig(
-                name=iface.get("name"),
-                mtu=iface.get("mtu"),
-                hardware_addr=iface.get("hardwareAddr"),
-                addresses=None if iface.get("addresses") is None else tuple(iface["addresses"]),
-            ),
+            interface=None if iface is None else _interface_from_json(iface),
             routes=None if routes is None else tuple(RouteConfig(**r) for r in routes),
             rules=None if rules is None else tuple(RuleConfig(**r) for r in rules),
+            neighbors=None
+            if neighbors is None
+            else tuple(NeighborConfig(n["destination"], n["hardwareAddr"]) for n in neighbors),
+            profile=params.get("profile"),
             ethtool=None
             if eth is None
             else EthtoolConfig(features=eth.get("features"), private_flags=eth.get("privateFlags")),
@@ -146,7 +191,29 @@ class NetworkConfig:
         )
 
 
-_JSON_NAMES = {"hardware_addr": "hardwareAddr", "private_flags": "privateFlags", "inject_env": "injectEnv"}
+_JSON_NAMES = {
+    "hardware_addr": "hardwareAddr",
+    "private_flags": "privateFlags",
+    "inject_env": "injectEnv",
+    "gso_max_size": "gsoMaxSize",
+    "gro_max_size": "groMaxSize",
+    "gso_ipv4_max_size": "gsoIPv4MaxSize",
+    "gro_ipv4_max_size": "groIPv4MaxSize",
+    "disable_ebpf_programs": "disableEbpfPrograms",
+    "arp_ignore": "arpIgnore",
+    "arp_announce": "arpAnnounce",
+}
+_PY_NAMES = {v: k for k, v in _JSON_NAMES.items()}
+
+
+def _interface_from_json(iface: dict[str, Any]) -> InterfaceConfig:
+    """An ``interface`` object of the canonical form (every key an :class:`InterfaceConfig` field)."""
+    values = {_PY_NAMES.get(k, k): v for k, v in iface.items()}
+    if values.get("addresses") is not None:
+        values["addresses"] = tuple(values["addresses"])
+    if values.get("vrf") is not None:
+        values["vrf"] = VrfConfig(**values["vrf"])
+    return InterfaceConfig(**values)
 
 
 def _to_json(obj: Any) -> Any:

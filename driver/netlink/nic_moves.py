@@ -17,63 +17,26 @@ The sockets of each namespace come from :class:`driver.netlink.namespaces.Namesp
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
-import socket
-import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from driver.netlink.host_records import LinkState, pci_address
+from driver.netlink.host_records import record_host as record_host  # re-exported: the hooks' one netlink module
 from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.pod_rules import Neighbor, Rule, newneigh, newrule
 from driver.netlink.rtnl import (
-    RT_SCOPE_UNIVERSE,
-    RT_TABLE_LOCAL,
-    RTN_UNICAST,
-    RTPROT_KERNEL,
     LinkInfo,
     NetnsOpError,
     Request,
     Route,
     Rtnl,
-    ip_attr,
     newaddr,
     newlink,
     newroute,
 )
-from driver.netlink_channel import (
-    IFA_ADDRESS,
-    IFA_LOCAL,
-    IFADDRMSG,
-    RTA_DST,
-    RTA_GATEWAY,
-    RTA_OIF,
-    RTA_PREFSRC,
-    RTA_PRIORITY,
-    RTA_TABLE,
-    RTM_GETADDR,
-    RTM_GETROUTE,
-    RTMSG,
-    attr,
-    parse_attrs,
-)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LinkState:
-    """A NIC exactly as the host had it: what a return must restore."""
-
-    ifname: str
-    mtu: int
-    mac: str
-    addresses: list[str] = field(default_factory=list)  # CIDRs, global scope only
-    routes: list[Route] = field(default_factory=list)
-    permanent_mac: str | None = None
-    pci_address: str | None = None
-    index: int | None = None  # host ifindex when recorded (not persisted)
 
 
 @dataclass
@@ -85,6 +48,9 @@ class PodLinkConfig:
     mac: str | None = None
     addresses: list[str] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    neighbors: list[Neighbor] = field(default_factory=list)
+    master: int | None = None  # ifindex of the VRF device the NIC is enslaved to (before addresses)
 
 
 @dataclass
@@ -96,97 +62,22 @@ class PodLinkResult:
     addresses: list[str]
 
 
-def _config_reqs(device: str, index: int, addresses: list[str], routes: list[Route], up: bool) -> list[Request]:
-    """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
+def _config_reqs(
+    device: str,
+    index: int,
+    addresses: list[str],
+    routes: list[Route],
+    up: bool,
+    rules: Sequence[Rule] = (),
+    neighbors: Sequence[Neighbor] = (),
+) -> list[Request]:
+    """Addresses, then link up, then routes (link-scope first so gateways resolve), neighbors, rules."""
     reqs = [newaddr(device, index, a) for a in addresses]
     if up:
         reqs.append(newlink(device, index, up=True, step="link-up"))
     reqs += [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
-    return reqs
-
-
-def _pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
-    try:
-        target = os.readlink(f"{sysfs_root}/class/net/{ifname}/device")
-    except OSError:
-        return None
-    return Path(target).name
-
-
-def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") -> dict[str, LinkState]:
-    """Snapshot name, MTU, MAC, global addresses and routes of ``ifnames``.
-
-    One pipelined RTM_GETLINK for all NICs, one address dump, then per NIC one route dump that
-    the kernel filters to that NIC (strict checking), so the cost does not grow with the host's
-    routing table; without strict checking (kernels < 4.20), one full route dump. Routes
-    from every table are kept except what the kernel recreates by itself (``proto
-    kernel``, the local table), non-unicast ones and multipath ones. Raises
-    ``KeyError`` naming a missing link.
-    """
-    rtnl = ns.host_rtnl()
-    by_index: dict[int, LinkState] = {}
-    states: dict[str, LinkState] = {}
-    for ifname, link in zip(ifnames, rtnl.links_by_name(ifnames), strict=True):
-        if link is None:
-            raise KeyError(f"link {ifname} not found in the host namespace")
-        state = LinkState(
-            ifname=ifname,
-            mtu=link.mtu,
-            mac=link.mac,
-            permanent_mac=link.permanent_mac,
-            pci_address=_pci_address(ifname, sysfs_root),
-            index=link.index,
-        )
-        by_index[link.index] = state
-        states[ifname] = state
-    # Addresses: one dump of all (a few per link). Routes: the kernel filters by interface, so
-    # a host with a large routing table (BGP) costs no more than one with ten routes.
-    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        _record_address(payload, by_index)
-    for index in list(by_index) if rtnl.strict() else [0]:
-        oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
-        for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
-            _record_route(payload, by_index)
-    return states
-
-
-def _record_address(payload: bytes, by_index: dict[int, LinkState]) -> None:
-    _family, prefixlen, _flags, scope, index = IFADDRMSG.unpack_from(payload)
-    owner = by_index.get(index)
-    if owner is None or scope != RT_SCOPE_UNIVERSE:
-        return
-    attrs = parse_attrs(payload, IFADDRMSG.size)
-    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
-    if raw:
-        owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
-
-
-def _record_route(payload: bytes, by_index: dict[int, LinkState]) -> None:
-    family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
-    if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
-        return
-    attrs = parse_attrs(payload, RTMSG.size)
-    oif = attrs.get(RTA_OIF)
-    via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
-    if via is None:
-        return
-    if RTA_TABLE in attrs:
-        table = struct.unpack("=I", attrs[RTA_TABLE])[0]
-    if table == RT_TABLE_LOCAL:
-        return
-    dst = ip_attr(attrs, RTA_DST)
-    via.routes.append(
-        Route(
-            dst=f"{dst}/{dst_len}" if dst is not None else None,
-            gateway=ip_attr(attrs, RTA_GATEWAY),
-            prefsrc=ip_attr(attrs, RTA_PREFSRC),
-            table=table,
-            priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
-            scope=scope,
-            proto=proto,
-            family=family,
-        )
-    )
+    reqs += [newneigh(device, index, n) for n in neighbors]
+    return reqs + [newrule(device, r) for r in rules]
 
 
 def move_link(
@@ -220,6 +111,7 @@ class Move:
     new_name: str
     mtu: int | None = None
     mac: str | None = None
+    extra: bytes = b""  # more link attributes set with the move (offload sizes)
 
 
 def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> None:
@@ -227,7 +119,9 @@ def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> None:
     RTM_NEWLINK, all in one pipelined send; raises the first failure (its device and step)."""
     rtnl.run(
         [
-            newlink(m.device, m.index, ns_fd=target_fd, ifname=m.new_name, mtu=m.mtu, mac=m.mac, step="move")
+            newlink(
+                m.device, m.index, ns_fd=target_fd, ifname=m.new_name, mtu=m.mtu, mac=m.mac, extra=m.extra, step="move"
+            )
             for m in moves
         ]
     )
@@ -244,7 +138,9 @@ def configure_pod_links(rtnl: Rtnl, configs: dict[str, PodLinkConfig]) -> dict[s
     for (device, cfg), link in zip(configs.items(), links, strict=True):
         if link is None:
             raise NetnsOpError(device, "configure", f"{cfg.ifname} not found in the pod namespace")
-        reqs += _config_reqs(device, link.index, cfg.addresses, cfg.routes, up=True)
+        if cfg.master is not None:  # enslaving cycles the link: before its addresses
+            reqs.append(newlink(device, link.index, master=cfg.master, step="vrf enslave"))
+        reqs += _config_reqs(device, link.index, cfg.addresses, cfg.routes, True, cfg.rules, cfg.neighbors)
         results[device] = PodLinkResult(cfg.ifname, link.mac, list(cfg.addresses))
     rtnl.run(reqs)
     return results
@@ -269,7 +165,7 @@ def _restore_reqs(device: str, link: LinkInfo, state: LinkState) -> list[Request
             )
         )
     # Routes need the link up; the Go driver also sets it up on return.
-    return reqs + _config_reqs(device, link.index, state.addresses, state.routes, up=True)
+    return reqs + _config_reqs(device, link.index, state.addresses, state.routes, True, state.rules, state.neighbors)
 
 
 def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState) -> None:
@@ -388,7 +284,7 @@ def find_host_link(
                 return link
     if state.pci_address:
         for link in links:
-            if _pci_address(link.ifname, sysfs_root) == state.pci_address:
+            if pci_address(link.ifname, sysfs_root) == state.pci_address:
                 return link
     macs = {m.lower() for m in (state.mac, *extra_macs) if m}
     for link in links:

@@ -26,6 +26,7 @@ from driver.netlink_channel import (
     IFINFOMSG,
     IFLA_ADDRESS,
     IFLA_IFNAME,
+    IFLA_MASTER,
     IFLA_MTU,
     IFLA_NET_NS_FD,
     IFLA_PERM_ADDRESS,
@@ -236,9 +237,12 @@ def newlink(
     mtu: int | None = None,
     mac: str | None = None,
     up: bool | None = None,
+    master: int | None = None,
+    extra: bytes = b"",
     step: str = "link",
 ) -> Request:
-    """RTM_NEWLINK on ``index``: move (``ns_fd``), rename, MTU, MAC and/or up/down in one request."""
+    """RTM_NEWLINK on ``index``: move (``ns_fd``), rename, MTU, MAC, master (0: none) and/or up/down in
+    one request; ``extra``: more attributes, already encoded (offload sizes)."""
     flags = IFF_UP if up else 0
     change = IFF_UP if up is not None else 0
     body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, flags, change)
@@ -250,9 +254,12 @@ def newlink(
         body += attr(IFLA_MTU, struct.pack("=I", mtu))
     if mac is not None:
         body += attr(IFLA_ADDRESS, mac_bytes(mac))
+    if master is not None:
+        body += attr(IFLA_MASTER, struct.pack("=I", master))
+    body += extra
     what = ", ".join(
         f"{k}={v}"
-        for k, v in (("netns", ns_fd), ("name", ifname), ("mtu", mtu), ("mac", mac), ("up", up))
+        for k, v in (("netns", ns_fd), ("name", ifname), ("mtu", mtu), ("mac", mac), ("up", up), ("master", master))
         if v is not None
     )
     return Request(RTM_NEWLINK, 0, body, device, step, what)

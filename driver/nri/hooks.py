@@ -18,7 +18,6 @@ import contextlib
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -34,21 +33,22 @@ from driver.checkpoint import (
 )
 from driver.claims.container_settings import settings_for_container
 from driver.config import HOST_NETNS
-from driver.model.network_config import InterfaceConfig, RouteConfig
 from driver.netlink import nic_moves, rdma_netns
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
-from driver.netlink.nic_moves import LinkState, PodLinkConfig
+from driver.netlink.nic_moves import LinkState
 from driver.netlink.own_changes import OwnChanges
+from driver.netlink.pod_rules import Neighbor, Rule
 from driver.netlink.rdma_netns import RdmaMoveError
 from driver.netlink.rtnl import NetnsOpError, Route
 from driver.netlink_channel import NetlinkChannel
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 from driver.nri.hook_reports import HookReports, StatusSink
+from driver.nri.pod_config import pod_link_config
 from driver.nri.pod_ethtool import EthtoolPlanError, PodEthtool
+from driver.nri.pod_extras import ExtrasPlanError, PodExtras
 
 log = logging.getLogger(__name__)
-MAIN_TABLE = 254  # claim config table 0 means the main table
 
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:ethtool", "run:configured", "run:committed"]
@@ -71,42 +71,6 @@ def pod_netns_path(pod: api.PodSandbox) -> str:
     return ""
 
 
-def _route(cfg: RouteConfig) -> Route:
-    """A validated claim-config route as the netlink layer's :class:`Route`."""
-    # Validated at prepare: a ':' is enough to tell the family (no parse on the pod's path).
-    version = 6 if ":" in cfg.destination else 4
-    return Route(
-        dst=cfg.destination,
-        gateway=cfg.gateway,
-        prefsrc=cfg.source,
-        table=cfg.table or MAIN_TABLE,
-        scope=cfg.scope,
-        family=socket.AF_INET6 if version == 6 else socket.AF_INET,
-    )
-
-
-def pod_link_config(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
-    """The claim config of ``device`` (``interface``, ``routes``) applied to its host state.
-
-    No addresses configured: the host's addresses (and, without routes from the claim, its
-    routes) are copied into the pod, as the Go driver does; the cloud provider's routes
-    (``device.cloud_config``, already in ``config``) are added either way.
-    """
-    cfg = device.config  # decoded and validated at prepare time (cloud config merged under it)
-    iface = cfg.interface or InterfaceConfig()
-    addresses = list(iface.addresses or ())
-    routes = [_route(r) for r in cfg.routes or ()]
-    cloud = set(device.cloud_config.routes or ()) if device.cloud_config else set()
-    if not addresses:
-        addresses = list(host.addresses)
-        if not any(r not in cloud for r in cfg.routes or ()):  # the claim set no route: keep the host's too
-            keys = {(r.dst, r.table) for r in routes}
-            routes = [r for r in host.routes if (r.dst, r.table) not in keys] + routes
-    return PodLinkConfig(
-        ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr, addresses=addresses, routes=routes
-    )
-
-
 def _link_state(moved: MovedDevice) -> LinkState:
     return LinkState(
         ifname=moved.host_ifname,
@@ -114,6 +78,8 @@ def _link_state(moved: MovedDevice) -> LinkState:
         mac=moved.host_mac or "",
         addresses=list(moved.host_addresses),
         routes=[Route.from_dict(r) for r in moved.host_routes],
+        rules=[Rule.from_dict(r) for r in moved.host_rules],
+        neighbors=[Neighbor.from_dict(n) for n in moved.host_neighbors],
         permanent_mac=moved.permanent_mac,
         pci_address=moved.pci_address,
     )
@@ -148,6 +114,7 @@ class NRIHooks:
         self.ns = Namespaces(host_netns)
         self._marks: list[tuple[str, float]] = []  # (step, time) of the running hook
         self.ethtool = PodEthtool(self.ns)
+        self.extras = PodExtras(self.ns)
         self.reports = HookReports(status)
         # pod UID -> an open fd of the pod's network namespace while it holds our NICs. The fd
         # keeps the namespace (and the NICs in it) alive after the runtime unmounts it, so NICs
@@ -264,9 +231,12 @@ class NRIHooks:
             plans = self.ethtool.plans(
                 (d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True)
             )
-        except EthtoolPlanError as exc:
-            msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: ethtool failed: {exc.reason}"
-            self.reports.failed(pod, netdevs, exc.device, "ethtool", msg)
+            nics = [(d, states[name]) for (_, d), name in zip(netdevs, ifnames, strict=True)]
+            extras = self.extras.plan(nics)
+        except (EthtoolPlanError, ExtrasPlanError) as exc:
+            step = exc.step if isinstance(exc, ExtrasPlanError) else "ethtool"
+            msg = f"pod {pod.namespace}/{pod.name}: device {exc.device}: {step} failed: {exc.reason}"
+            self.reports.failed(pod, netdevs, exc.device, step, msg)
             raise HookError(msg) from exc
         moved = []
         for (_, d), name in zip(netdevs, ifnames, strict=True):
@@ -282,11 +252,17 @@ class NRIHooks:
                     host_mac=st.mac,
                     host_addresses=st.addresses,
                     host_routes=[r.to_dict() for r in st.routes],
+                    host_rules=[r.to_dict() for r in st.rules],
+                    host_neighbors=[n.to_dict() for n in st.neighbors],
                     rdma_device=d.snapshot.host.rdma_device,
                     pod_mac=cfg.mac or st.mac,
                     step=MOVING,
                     host_features=dict(plans[d.device].original_features) if d.device in plans else {},
                     host_private_flags=dict(plans[d.device].original_private_flags) if d.device in plans else {},
+                    host_offload_sizes=extras[d.device].offload_sizes if d.device in extras else {},
+                    host_sysctls=extras[d.device].sysctls if d.device in extras else {},
+                    vrf=d.config.interface.vrf.name if d.config.interface and d.config.interface.vrf else None,
+                    ebpf_detached=list(extras[d.device].removed_by_move) if d.device in extras else [],
                 )
             )
         state = PodNetState(
@@ -312,8 +288,9 @@ class NRIHooks:
                             configs[m.device].ifname,
                             configs[m.device].mtu,
                             configs[m.device].mac,
+                            self.extras.move_attrs(d),
                         )
-                        for m in moved
+                        for m, (_, d) in zip(moved, netdevs, strict=True)
                     ],
                     pod_fd,
                 )
@@ -328,7 +305,10 @@ class NRIHooks:
                 self.ethtool.apply_in_pod(pod_fd, {dev: (configs[dev].ifname, p) for dev, p in plans.items()})
                 self._step("run:ethtool")
                 step = "configure"
+                detached = self.extras.in_pod(pod_rtnl, pod_fd, nics, configs) if extras else {}
                 results = nic_moves.configure_pod_links(pod_rtnl, configs)
+                if extras:
+                    self.extras.after_configure(pod_fd, [(d, configs[d.device].ifname) for d, _ in nics])
                 self._step("run:configured")
         except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
@@ -345,6 +325,7 @@ class NRIHooks:
         def commit(s: DriverState) -> None:
             for m in s.pods[pod.uid].devices:
                 m.step = IN_POD
+                m.ebpf_detached = m.ebpf_detached + detached.get(m.device, [])
 
         self.store.update(commit)
         self._pin(pod.uid, netns)
@@ -371,6 +352,7 @@ class NRIHooks:
         for m in pending:
             if self.rdma_exclusive and m.rdma_device:  # RDMA devices first, as the Go driver (#180)
                 self._return_rdma(m, netns)
+        self.extras.before_return(netns, pending)  # out of their VRFs (only NICs that have one)
         items = [
             # The MAC it has in the pod: how to recognise it there (or renamed on the host).
             nic_moves.ReturnItem(
@@ -397,6 +379,7 @@ class NRIHooks:
                 if m.host_features or m.host_private_flags:
                     # After the return, on the host: also right when the pod netns is gone.
                     self.ethtool.restore_on_host(m.device, m.host_ifname, m.host_features, m.host_private_flags)
+                self.extras.restore_on_host(m)
                 returned[m.device] = f"{m.host_ifname} (found in {result})"
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))

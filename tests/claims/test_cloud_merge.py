@@ -115,3 +115,11 @@ async def test_prepare_stores_the_merged_config_and_the_clouds(tmp_path: Path) -
     assert first.cloud_config == AZURE
     assert first.config == NetworkConfig(interface=InterfaceConfig(mtu=4000), routes=AZURE.routes, rules=AZURE.rules)
     assert second.cloud_config is None and second.config == NetworkConfig(interface=InterfaceConfig(mtu=4000))
+
+
+def test_a_claim_vrf_leaves_the_cloud_rules_out() -> None:
+    from driver.model.network_config import VrfConfig
+
+    claim = NetworkConfig(interface=InterfaceConfig(vrf=VrfConfig("vrf-a", 10)))
+    out = merge_under_cloud(AZURE, claim)
+    assert out.rules is None and out.routes == AZURE.routes

@@ -91,7 +91,7 @@ def test_each_rule_names_the_field_path(raw, path, fragment):
 
 
 def test_all_errors_are_reported_at_once():
-    errors = errors_of({"interface": {"name": "x" * 20, "mtu": 1}, "rules": []})
+    errors = errors_of({"interface": {"name": "x" * 20, "mtu": 1}, "rules": {}})
     assert set(errors) == {f"{P}.interface.name", f"{P}.interface.mtu", f"{P}.rules"}
 
 

@@ -358,11 +358,11 @@ def test_chart_configuration_with_given_certificate(control_plane, kube: KubeCli
                 ],
             },
         )
-        bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "rules": []})
+        bad = claim(f"bad-{uuid.uuid4().hex[:6]}", {"routes": [{"destination": "10.0.0.0/8"}], "bogus": []})
         names.append((kube, f"{path}/{bad['metadata']['name']}"))
         err = create_until_rejected(kube, path, bad, tmp_path / "webhook.log", timeout=60)
         assert "spec.devices.config[0].opaque.parameters.routes[0].gateway" in err.message
-        assert "spec.devices.config[0].opaque.parameters.rules: unknown field" in err.message
+        assert "spec.devices.config[0].opaque.parameters.bogus: unknown field" in err.message
         tpath = f"{RESOURCE_API}/namespaces/{NS}/resourceclaimtemplates"
         bad_t = template(f"bad-{uuid.uuid4().hex[:6]}", {"numa": {"pin": "yes"}})
         names.append((kube, f"{tpath}/{bad_t['metadata']['name']}"))
