@@ -51,7 +51,16 @@ SCHEMA_VERSION = 3
 pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
 may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
 profile) and pods what the hooks changed for them. A version-2 driver would ignore those fields
-(moving a NIC without its VRF) or fail on them, so it must refuse a version-3 file instead."""
+(moving a NIC without its VRF) or fail on them, so it must refuse a version-3 file instead.
+
+A file is written as version 3 only when its content needs it (:data:`COMPATIBLE_VERSION`
+otherwise): until a claim uses one of those fields, a version-2 driver (the old instance of a
+rolling update with surge, a downgrade) keeps reading the files this one writes."""
+COMPATIBLE_VERSION = 2
+"""The version written while nothing in a file needs :data:`SCHEMA_VERSION`."""
+_V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
+_V3_POD_FIELDS = ("host_rules", "host_neighbors", "host_offload_sizes", "host_sysctls", "vrf", "ebpf_detached")
+"""MovedDevice fields a version-2 reader does not know: written only when set."""
 T = TypeVar("T")
 
 
@@ -70,6 +79,20 @@ class PreparedDevice:
     # Allocated with adminAccess (or a shareID): other claims may hold the device at the same time.
     # Written only when true; absent (files from before, older drivers): False, the safe reading.
     shared: bool = False
+
+    @property
+    def needs_v3(self) -> bool:
+        """Whether the config holds what a version-2 driver cannot read right (see :data:`SCHEMA_VERSION`):
+        interface fields beyond name/addresses/MTU/MAC, neighbors, a profile, or rules of the claim's
+        own (a cloud provider's rules were in version 2 already)."""
+        cfg = self.config
+        if cfg.neighbors is not None or cfg.profile is not None:
+            return True
+        iface = cfg.to_parameters().get("interface") or {}
+        if set(iface) - _V2_INTERFACE_KEYS:
+            return True
+        cloud_rules = set(self.cloud_config.rules or ()) if self.cloud_config else set()
+        return any(r not in cloud_rules for r in cfg.rules or ())
 
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
@@ -186,8 +209,14 @@ class DriverState:
         return {"claims": {k: v.to_dict() for k, v in self.claims.items()}}
 
     def pods_json(self) -> dict[str, Any]:
-        """The pod network state part (``pods.json``)."""
-        return {"pods": {k: _plain(v) for k, v in self.pods.items()}}
+        """The pod network state part (``pods.json``); version-3 device fields only where set."""
+        pods = {k: _plain(v) for k, v in self.pods.items()}
+        for pod in pods.values():
+            for device in pod["devices"]:
+                for name in _V3_POD_FIELDS:
+                    if not device.get(name):
+                        device.pop(name, None)
+        return {"pods": pods}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriverState:
@@ -218,7 +247,8 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
 
 def _check_version(data: dict[str, Any]) -> None:
     version = data.get("version")
-    if version != SCHEMA_VERSION:
+    # A version-2 file is a valid version-3 file (3 only adds optional fields; see COMPATIBLE_VERSION).
+    if version not in (COMPATIBLE_VERSION, SCHEMA_VERSION) or isinstance(version, bool):
         raise CheckpointError(f"checkpoint schema version {version!r} is not {SCHEMA_VERSION}")
 
 
@@ -401,7 +431,7 @@ class CheckpointStore:
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
-        self._encoded: dict[str, tuple[PreparedClaim, bytes]] = {}
+        self._encoded: dict[str, tuple[PreparedClaim, bytes, bool]] = {}  # (claim, JSON, needs version 3)
         with self._lock, self._cross_process():
             # Under the lock: a leftover temporary file is then never another instance's write.
             self._state = self._load(cleanup=True)
@@ -540,7 +570,8 @@ class CheckpointStore:
         return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
     def _write(self) -> None:
-        parts = ((self.path, self._encode_claims()), (self.pods_path, _encode(self._state.pods_json())))
+        pods = self._state.pods_json()
+        parts = ((self.path, self._encode_claims()), (self.pods_path, _encode(pods, _pods_version(pods))))
         for path, data in parts:
             if self._written.get(path) != data:
                 self._atomic_write(path, data)
@@ -559,21 +590,25 @@ class CheckpointStore:
         self.write_error = None
 
     def _encode_claims(self) -> bytes:
-        """The claims file, byte for byte what ``_encode(claims_json())`` gives, from cached pieces."""
+        """The claims file, byte for byte what ``_encode(claims_json(), version)`` gives, from cached
+        pieces; ``version`` is 3 only when a claim needs it."""
         claims = self._state.claims
         pieces = []
+        version = COMPATIBLE_VERSION
         for uid in sorted(claims):
             cached = self._encoded.get(uid)
             if cached is None or cached[0] is not claims[uid]:
                 cached = (
                     claims[uid],
                     json.dumps(claims[uid].to_dict(), sort_keys=True, separators=(",", ":")).encode(),
+                    any(d.needs_v3 for d in claims[uid].devices),
                 )
                 self._encoded[uid] = cached
             pieces.append(json.dumps(uid).encode() + b":" + cached[1])
+            version = max(version, SCHEMA_VERSION if cached[2] else COMPATIBLE_VERSION)
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
-        return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(SCHEMA_VERSION).encode() + b"}"
+        return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"
 
 
 def data_version(raw: bytes) -> Any:
@@ -585,8 +620,15 @@ def data_version(raw: bytes) -> Any:
     return data.get("version") if isinstance(data, dict) else None
 
 
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps({"version": SCHEMA_VERSION, **body}, sort_keys=True, separators=(",", ":")).encode()
+def _encode(body: dict[str, Any], version: int = COMPATIBLE_VERSION) -> bytes:
+    return json.dumps({"version": version, **body}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _pods_version(body: dict[str, Any]) -> int:
+    """Version 3 when a pod device carries a field version 2 does not know (:func:`DriverState.pods_json`)."""
+    pods = body["pods"].values()
+    needed = any(set(_V3_POD_FIELDS) & d.keys() for p in pods for d in p["devices"])
+    return SCHEMA_VERSION if needed else COMPATIBLE_VERSION
 
 
 def _tmp_path(path: Path) -> Path:

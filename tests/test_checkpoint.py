@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint import (
+    COMPATIBLE_VERSION,
     SCHEMA_VERSION,
     CheckpointError,
     CheckpointStore,
@@ -160,7 +161,11 @@ def test_serialisation_matches_asdict() -> None:
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
         assert stored.pop("shared") is False  # written only when true (adminAccess)
-    expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": asdict(state.pods["p1"])}}
+    pod = asdict(state.pods["p1"])
+    for device in pod["devices"]:  # the version-3 device fields are written only when set
+        for name in ("host_rules", "host_neighbors", "host_offload_sizes", "host_sysctls", "vrf", "ebpf_detached"):
+            assert not device.pop(name)
+    expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": pod}}
     encoded = {"version": SCHEMA_VERSION, **state.claims_json(), **state.pods_json()}
     assert json.dumps(encoded, sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert DriverState.from_json(json.loads(json.dumps(encoded))) == state
@@ -299,11 +304,11 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     assert second.config == NetworkConfig()
     pod = store.read(lambda s: s.pods["p1"])
     assert pod.devices[0].step == "in-pod" and pod.devices[0].host_routes == [{"dst": None, "gateway": "10.0.0.1"}]
-    # The next write stores the current version; reading it back gives the same state.
+    # The next write stores version 2 (nothing needs 3); reading it back gives the same state.
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("step", "returning"))
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
-    assert json.loads((state / "checkpoint.json").read_text())["version"] == SCHEMA_VERSION
-    assert json.loads((run / "pods.json").read_text())["version"] == SCHEMA_VERSION
+    assert json.loads((state / "checkpoint.json").read_text())["version"] == COMPATIBLE_VERSION
+    assert json.loads((run / "pods.json").read_text())["version"] == COMPATIBLE_VERSION
     assert "rdma_moved" not in (run / "pods.json").read_text()
     again = CheckpointStore(state, run)
     assert again.read(lambda s: s.claims["u1"].devices[0].config) == first.config
@@ -396,3 +401,35 @@ def test_concurrent_updates_of_two_processes_lose_nothing(tmp_path: Path) -> Non
         assert p.wait(timeout=120) == 0
     pods = CheckpointStore(tmp_path).read(lambda s: set(s.pods))
     assert pods == {f"{w}-{i}" for w in "ab" for i in range(60)}
+
+
+def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> None:
+    """A version-2 driver (the old instance of a rolling update, a downgrade) keeps reading our files
+    until a claim uses one of dranet's part-B fields; then it refuses them instead of misreading."""
+    from dataclasses import replace
+
+    from driver.model.network_config import InterfaceConfig, NetworkConfig, RuleConfig
+
+    def versions() -> tuple[int, int]:
+        return tuple(json.loads((tmp_path / n).read_text())["version"] for n in ("checkpoint.json", "pods.json"))
+
+    store = CheckpointStore(tmp_path)
+    plain = _claim("u1")
+    store.update(lambda s: s.claims.__setitem__("u1", plain))
+    store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", devices=[MovedDevice("d", "eth0", "net1")])))
+    assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
+    assert "host_rules" not in (tmp_path / "pods.json").read_text()
+    # A cloud provider's rules were stored in version 2 already: still version 2.
+    cloud = NetworkConfig(rules=(RuleConfig(source="10.0.0.0/24", table=101),))
+    device = replace(plain.devices[0], config=cloud, cloud_config=cloud)
+    store.update(lambda s: s.claims.__setitem__("u1", replace(plain, devices=[device])))
+    assert versions()[0] == COMPATIBLE_VERSION
+    arp = NetworkConfig(interface=InterfaceConfig(arp_ignore=1))
+    store.update(lambda s: s.claims.__setitem__("u2", replace(_claim("u2"), devices=[replace(device, config=arp)])))
+    assert versions()[0] == SCHEMA_VERSION
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {"ipv4/arp_ignore": 0}))
+    assert versions() == (SCHEMA_VERSION, SCHEMA_VERSION)
+    store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
+    assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
+    again = CheckpointStore(tmp_path)
+    assert again.read(lambda s: s.claims["u1"]) == store.read(lambda s: s.claims["u1"])

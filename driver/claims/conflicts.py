@@ -1,4 +1,5 @@
-"""Settings two NICs of one claim cannot share: interface name, static address, MAC.
+"""Settings two NICs of one claim cannot share: interface name, static address, MAC (and a VRF's
+name or table that contradict another NIC's).
 
 All NICs of a claim go into the same pod namespace, so two of them with the same name, the
 same address or the same MAC make pod start fail (or worse, half succeed). The webhook and
@@ -31,6 +32,7 @@ class Conflict:
     second: str
     first_request: str
     request: str  # the request of ``second``: where its value comes from
+    reason: str = ""  # the message, when "would both get" does not say it (VRFs)
 
 
 def _values(config: NetworkConfig, field: str) -> list[str]:
@@ -41,6 +43,8 @@ def _values(config: NetworkConfig, field: str) -> list[str]:
         return [iface.name] if iface.name else []
     if field == "hardwareAddr":
         return [iface.hardware_addr.lower()] if iface.hardware_addr else []
+    if field == "vrf":
+        return [iface.vrf.name] if iface.vrf and iface.vrf.name else []
     # An address is the same address whatever its prefix length.
     return [str(ipaddress.ip_interface(a).ip) for a in iface.addresses or ()]
 
@@ -56,6 +60,28 @@ def interface_conflicts(nics: Sequence[tuple[str, str, NetworkConfig]]) -> list[
                     out.append(Conflict(field, value, seen[value][0], label, seen[value][1], request))
                 else:
                     seen.setdefault(value, (label, request))
+    return out + _vrf_conflicts(nics)
+
+
+def _vrf_conflicts(nics: Sequence[tuple[str, str, NetworkConfig]]) -> list[Conflict]:
+    """NICs of one pod naming one VRF share it: a VRF named like another NIC, or given two tables."""
+    out: list[Conflict] = []
+    names = {v: (label, request) for label, request, config in nics for v in _values(config, "name")}
+    tables: dict[str, tuple[int, str, str]] = {}
+    for label, request, config in nics:
+        vrf = config.interface.vrf if config.interface else None
+        if vrf is None or not vrf.name:
+            continue
+        if vrf.name in names and names[vrf.name][0] != label:
+            first, first_request = names[vrf.name]
+            why = f"{label} wants VRF {vrf.name!r}, the interface name of {first}: the pod cannot have both"
+            out.append(Conflict("vrf", vrf.name, first, label, first_request, request, why))
+        if vrf.table is None:
+            continue
+        table, first, first_request = tables.setdefault(vrf.name, (vrf.table, label, request))
+        if table != vrf.table:
+            why = f"{first} and {label} share VRF {vrf.name!r} but give it tables {table} and {vrf.table}"
+            out.append(Conflict("vrf", vrf.name, first, label, first_request, request, why))
     return out
 
 
@@ -85,10 +111,8 @@ def conflict_errors(conflicts: Sequence[Conflict], configs: list[Any], driver: s
     for c in conflicts:
         index = source_index(configs, c.request, driver, c.field)
         path = f"{base}[{index}].opaque.parameters.interface.{c.field}" if index is not None else base
-        what = {"name": "interface name", "addresses": "address", "hardwareAddr": "MAC address"}[c.field]
-        errors.append(
-            FieldError(
-                path, f"{c.first} and {c.second} would both get {what} {c.value!r}: each NIC in a pod needs its own"
-            )
-        )
+        what = {"name": "interface name", "addresses": "address", "hardwareAddr": "MAC address"}.get(c.field)
+        shared = f"{c.first} and {c.second} would both get {what} {c.value!r}: each NIC in a pod needs its own"
+        reason = c.reason or shared
+        errors.append(FieldError(path, reason))
     return errors

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from driver.checkpoint import MovedDevice, PreparedDevice
 from driver.model.network_config import InterfaceConfig
@@ -52,6 +52,25 @@ def _iface(device: PreparedDevice) -> InterfaceConfig:
 
 def _program(p: ebpf.Program, how: str) -> dict[str, object]:
     return {"hook": p.hook, "id": p.id, "how": how}
+
+
+def pod_vrfs(nics: Sequence[tuple[PreparedDevice, LinkState]]) -> dict[str, tuple[str, int]]:
+    """The VRFs a pod's NICs ask for: name -> (first device, table). NICs naming one VRF share it:
+    its table is the one they set (two different ones: :class:`NetnsOpError`), else the first
+    NIC's default (100 + its ifindex)."""
+    explicit: dict[str, tuple[str, int]] = {}
+    out: dict[str, tuple[str, int]] = {}
+    for device, host in nics:
+        wanted = _iface(device).vrf
+        if wanted is None or not wanted.name:
+            continue
+        if wanted.table is not None:
+            seen = explicit.setdefault(wanted.name, (device.device, wanted.table))
+            if seen[1] != wanted.table:
+                why = f"vrf {wanted.name}: table {wanted.table} here, {seen[1]} for device {seen[0]} of the same pod"
+                raise NetnsOpError(device.device, "vrf create", why)
+        out.setdefault(wanted.name, (device.device, vrf_table(_iface(device), host) or 0))
+    return {name: (dev, explicit[name][1] if name in explicit else table) for name, (dev, table) in out.items()}
 
 
 class PodExtras:
@@ -101,40 +120,47 @@ class PodExtras:
         """Detach eBPF programs and create VRFs (setting ``configs[...].master``) in the pod, before the
         NICs are configured; the programs detached, per device. Raises :class:`NetnsOpError`."""
         detached: dict[str, list[dict[str, object]]] = {}
-        vrfs: dict[str, tuple[str, int]] = {}
-        for device, host in nics:
-            iface = _iface(device)
-            if iface.disable_ebpf_programs:
+        for device, _ in nics:
+            if _iface(device).disable_ebpf_programs:
                 detached[device.device] = self._detach(pod_rtnl, pod_fd, device.device, configs[device.device].ifname)
-            table = vrf_table(iface, host)
-            if iface.vrf is not None and iface.vrf.name and table is not None:
-                name = iface.vrf.name
-                if name in vrfs and vrfs[name][1] != table:
-                    why = f"vrf {name}: table {table} here, {vrfs[name][1]} for device {vrfs[name][0]} of the same pod"
-                    raise NetnsOpError(device.device, "vrf create", why)
-                vrfs.setdefault(name, (device.device, table))
+        vrfs = pod_vrfs(nics)
         indexes = vrf.create(pod_rtnl, vrfs)
         for device, _ in nics:
             wanted = _iface(device).vrf
             if wanted is not None and wanted.name in indexes:
-                configs[device.device].master = indexes[wanted.name]
+                cfg = configs[device.device]
+                cfg.master = indexes[wanted.name]
+                cfg.routes = [replace(r, table=vrfs[wanted.name][1]) for r in cfg.routes]  # the shared VRF's table
         return detached
 
     def _detach(self, rtnl: Rtnl, pod_fd: int, device: str, ifname: str) -> list[dict[str, object]]:
+        """Detach every program of the NIC, each on its own: one that cannot be detached (an XDP
+        program held by a bpf link, for one) is recorded as left attached and logged, and the pod
+        starts (dranet too only attempts it). Listing them failing is a hook failure."""
         link = rtnl.link(ifname)
         if link is None:
             raise NetnsOpError(device, "ebpf detach", f"{ifname} not found in the pod namespace")
         try:
             xdp, tc = ebpf.xdp_programs(rtnl, link.index), ebpf.tc_programs(rtnl, link.index)
-            reqs: list[Request] = [ebpf.xdp_detach(device, link.index, p) for p in xdp]
-            rtnl.run(reqs + [ebpf.tc_detach(device, link.index, p) for p in tc])
             tcx = ebpf.tcx_programs(pod_fd, link.index)
-            for p in tcx:
-                ebpf.tcx_detach(pod_fd, link.index, p)
         except (ebpf.EbpfError, OSError) as exc:
-            raise NetnsOpError(device, "ebpf detach", f"{ifname}: {exc}") from exc
-        done = [_program(p, "detached") for p in (*xdp, *tc, *tcx)]
-        if done:
+            raise NetnsOpError(device, "ebpf detach", f"{ifname}: listing programs: {exc}") from exc
+        reqs: list[Request] = [ebpf.xdp_detach(device, link.index, p) for p in xdp]
+        reqs += [ebpf.tc_detach(device, link.index, p) for p in tc]
+        errors: list[str | None] = [None if e is None else e.reason for e in rtnl.run_each(reqs)]
+        for p in tcx:
+            try:
+                ebpf.tcx_detach(pod_fd, link.index, p)
+                errors.append(None)
+            except ebpf.EbpfError as exc:
+                errors.append(str(exc))
+        done = [
+            _program(p, "detached" if err is None else f"left attached: {err}")
+            for p, err in zip((*xdp, *tc, *tcx), errors, strict=True)
+        ]
+        if any(err is not None for err in errors):
+            log.warning("eBPF programs left attached", extra={"kv": {"device": device, "programs": done}})
+        elif done:
             log.info("eBPF programs detached", extra={"kv": {"device": device, "programs": done}})
         return done
 

@@ -201,3 +201,22 @@ def test_merged_configs_are_checked_for_combinations_too() -> None:
     assert "merged for request 'nic'" in info.value.path and "interface.vrf" in info.value.reason
     dhcp = [allocation_config({"interface": {"dhcp": True}}), allocation_config({"interface": {"addresses": []}})]
     assert configs_for_request(dhcp, "nic").interface is not None
+
+
+def test_vrfs_of_one_claim_must_agree() -> None:
+    from driver.claims.validation import validate_claim_spec
+
+    def spec(*configs: tuple[str, dict[str, object]]) -> dict[str, object]:
+        requests = [{"name": r, "exactly": {"deviceClassName": "dra.net"}} for r, _ in configs]
+        entries = [{"requests": [r], "opaque": {"driver": "dra.net", "parameters": p}} for r, p in configs]
+        return {"devices": {"requests": requests, "config": entries}}
+
+    def vrf(**fields: object) -> dict[str, object]:
+        return {"interface": {"vrf": {"name": "v", **fields}}}
+
+    assert validate_claim_spec(spec(("a", vrf()), ("b", vrf(table=5))), "spec") == []
+    (error,) = validate_claim_spec(spec(("a", vrf(table=4)), ("b", vrf(table=5))), "spec")
+    assert error.path == "spec.devices.config[1].opaque.parameters.interface.vrf"
+    assert "share VRF 'v' but give it tables 4 and 5" in error.reason
+    (error,) = validate_claim_spec(spec(("a", {"interface": {"name": "v"}}), ("b", vrf())), "spec")
+    assert "wants VRF 'v', the interface name of request 'a'" in error.reason

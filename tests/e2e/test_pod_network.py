@@ -21,6 +21,7 @@ import random
 import secrets
 import shutil
 import ssl
+import subprocess
 import tempfile
 import urllib.request
 from collections.abc import Iterator
@@ -321,8 +322,17 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
                 "parameters": {
                     "apiVersion": "dra.net/v1alpha1",
                     "kind": "NetworkConfig",
-                    "interface": {"name": "net1", "addresses": [pod_ip], "mtu": 1300, "hardwareAddr": mac},
+                    "interface": {
+                        "name": "net1",
+                        "addresses": [pod_ip],
+                        "mtu": 1300,
+                        "hardwareAddr": mac,
+                        "arpIgnore": 1,
+                    },
                     "routes": [{"destination": "172.30.0.0/16", "gateway": gw}],
+                    # dranet's part B fields, through the apiserver, prepare's checkpoint and the hooks
+                    "rules": [{"priority": 300, "destination": "172.31.0.0/16", "table": 300}],
+                    "neighbors": [{"destination": gw, "hardwareAddr": "02:00:00:00:00:01"}],
                 },
             },
         }
@@ -355,6 +365,11 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
         assert net1 is not None and net1["up"], c.driver.log()[-3000:]
         assert (net1["mtu"], net1["mac"], net1["addresses"]) == (1300, mac, [pod_ip])
         assert ("172.30.0.0/16", gw, "main", None) in net1["routes"]
+        rules = json.loads(_ns_exec(c.pod_netns, "ip", "-j", "rule", "show", "priority", "300"))
+        assert [(r["dst"], r["dstlen"], str(r["table"])) for r in rules] == [("172.31.0.0", 16, "300")]
+        neigh = json.loads(_ns_exec(c.pod_netns, "ip", "-j", "neigh", "show", "dev", "net1", gw))
+        assert [(n["lladdr"], n["state"]) for n in neigh] == [("02:00:00:00:00:01", ["PERMANENT"])]
+        assert _ns_exec(c.pod_netns, "cat", "/proc/sys/net/ipv4/conf/net1/arp_ignore").strip() == "1"
         # nic2 has no config: host name, addresses and routes carried into the pod.
         in_pod_b = link_facts(b.ifname, netns=c.pod_netns)
         assert in_pod_b is not None and in_pod_b["addresses"] == [b.address]
@@ -486,6 +501,10 @@ async def test_config_refused_at_pod_start_rolls_back_and_reports(chain: Chain) 
         what="our status entries removed after unprepare",
     )
     _assert_no_denials(c)
+
+
+def _ns_exec(netns: str, *cmd: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", netns, *cmd], capture_output=True, text=True, check=True).stdout
 
 
 def test_denial_detector_recognises_what_the_driver_logs() -> None:

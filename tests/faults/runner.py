@@ -50,9 +50,19 @@ from tests.support.fake_apiserver import make_claim, result
 
 KILLED = 137
 FULL_CONFIG = {
-    "opaque": [{**POD_CONFIG["opaque"][0], "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}]}]
+    "opaque": [
+        {
+            **POD_CONFIG["opaque"][0],
+            "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}],
+            # dranet's part-B fields: their host values (sysctl, GSO size, neighbors) must come back too
+            "rules": [{"priority": 400, "destination": "10.201.0.0/16", "table": 400}],
+            "neighbors": [{"destination": "192.168.50.1", "hardwareAddr": "02:00:00:00:50:01"}],
+        },
+        {"interface": {"arpIgnore": 1, "forwarding": False, "gsoMaxSize": 131072}},
+    ]
 }
-"""test_crash's pod config (rename, MTU, MAC, address, ethtool) and a route through the pod's NIC."""
+"""test_crash's pod config (rename, MTU, MAC, address, ethtool), a route through the pod's NIC, a rule,
+a neighbor, per-interface sysctls and a GSO size."""
 
 
 @dataclass
@@ -142,6 +152,8 @@ def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, 
     ``ip`` (three calls for all links) and SIOCETHTOOL: an oracle independent of the code under test."""
     links = {link["ifname"]: link for link in _ipj("addr", "show", netns=netns) or []}
     routes = [r for fam in ("-4", "-6") for r in _ipj(fam, "route", "show", "table", "all", netns=netns) or []]
+    details = {link["ifname"]: link for link in _ipj("-d", "link", "show", netns=netns) or []}
+    neighbors = _ipj("neigh", "show", "nud", "permanent", netns=netns) or []
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
         link = links.get(name)
@@ -162,7 +174,22 @@ def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, 
                 if r.get("dev") == name and r.get("protocol") != "kernel" and r.get("table") != "local"
             ),
             "features": {k: v for k, v in features.items() if k in ("tx-checksum-ip-generic", "rx-gro")},
+            "gso_max_size": details.get(name, {}).get("gso_max_size"),
+            "neighbors": sorted(f"{n['dst']} {n.get('lladdr')}" for n in neighbors if n.get("dev") == name),
+            "sysctls": _sysctls(name) if netns is None else None,
         }
+    return out
+
+
+def _sysctls(name: str) -> dict[str, str]:
+    """The per-interface sysctls the part-B config sets, read in this (the "host") namespace."""
+    out = {}
+    for key in ("ipv4/conf/{}/arp_ignore", "ipv4/conf/{}/forwarding"):
+        try:
+            with open(f"/proc/sys/net/{key.format(name)}") as f:
+                out[key] = f.read().strip()
+        except OSError:
+            out[key] = "-"
     return out
 
 
@@ -191,6 +218,9 @@ def make_nics(count: int) -> list[Nic]:
         ip("addr", "add", f"10.9{i}.0.1/24", "dev", nic.name)
         ip("route", "add", f"10.{100 + i}.0.0/16", "via", f"10.9{i}.0.254", "dev", nic.name)
         ip("route", "add", f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254", "dev", nic.name, "table", str(500 + i))
+        ip("neigh", "add", f"10.9{i}.0.9", "lladdr", "02:00:00:00:09:09", "dev", nic.name, "nud", "permanent")
+        # The sysctls stay at the namespace defaults: a namespace move resets them to those for every
+        # NIC, and only a claim that sets them pays for recording and setting back other values.
         nic.before = facts(nic.name) or {}
         nics.append(nic)
     return nics

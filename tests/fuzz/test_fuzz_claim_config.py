@@ -37,6 +37,20 @@ KEYS = [
     "injectEnv",
     "numa",
     "pin",
+    # dranet's remaining NetworkConfig fields (issue 16 part B)
+    "dhcp",
+    "gsoMaxSize",
+    "groIPv4MaxSize",
+    "disableEbpfPrograms",
+    "forwarding",
+    "arpIgnore",
+    "arpAnnounce",
+    "vrf",
+    "rules",
+    "priority",
+    "neighbors",
+    "ipAddress",
+    "profile",
 ]
 SCALAR_TEXT = [
     "net1",
@@ -50,6 +64,8 @@ SCALAR_TEXT = [
     "::/0",
     "link",
     "dra.net/v1alpha1",
+    "vrf-blue",
+    "02-00-00-00-00-01",
 ]
 
 scalars = st.one_of(
@@ -92,6 +108,7 @@ def _check_decode(text: str | bytes) -> None:
         return
     assert isinstance(config, NetworkConfig)
     assert decode_config(config.to_parameters(), P) == config
+    assert NetworkConfig.from_parameters(config.to_parameters()) == config  # the checkpoint's reading
 
 
 @FUZZ

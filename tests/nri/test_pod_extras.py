@@ -156,3 +156,54 @@ def test_vrf_messages_byte_by_byte() -> None:
     assert enslave.body == struct.pack("=BxHiII", 0, 0, 7, 0, 0) + struct.pack("=HHI", 8, 10, 0)  # IFLA_MASTER 0
     delete = vrf.dellink("dev0", 9, "vrf-a")
     assert (delete.kind, delete.body) == (17, struct.pack("=BxHiII", 0, 0, 9, 0, 0))
+
+
+def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: NetnsFactory) -> None:
+    """The VRF enslave and teardown paths on a real master device: a bridge stands in for the VRF this
+    kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind)."""
+    from driver.checkpoint import MovedDevice
+    from driver.netlink import nic_moves
+    from driver.netlink.namespaces import Namespaces
+    from driver.netlink.nic_moves import PodLinkConfig
+    from driver.nri.pod_extras import PodExtras
+
+    pod = netns_factory.netns()
+    nic, _ = netns_factory.veth(netns=pod, peer_netns=netns_factory.netns())
+    if subprocess.run(["ip", "-n", pod, "link", "add", "vrf-a", "type", "bridge"]).returncode != 0:
+        pytest.skip("no bridge devices in this kernel")
+    ns = Namespaces("/proc/self/ns/net")
+    try:
+        with ns.pod(f"/run/netns/{pod}") as (rtnl, _):  # enslaved as configure_pod_links does for a VRF
+            master = rtnl.link("vrf-a")
+            assert master is not None
+            nic_moves.configure_pod_links(rtnl, {"d0": PodLinkConfig(nic, master=master.index)})
+        assert (
+            json.loads(
+                subprocess.run(["ip", "-j", "-n", pod, "link", "show", nic], capture_output=True, text=True).stdout
+            )[0]["master"]
+            == "vrf-a"
+        )
+        PodExtras(ns).before_return(f"/run/netns/{pod}", [MovedDevice("d0", "eth0", nic, vrf="vrf-a")])
+    finally:
+        ns.close()
+    link = json.loads(
+        subprocess.run(["ip", "-j", "-n", pod, "link", "show", nic], capture_output=True, text=True).stdout
+    )
+    assert "master" not in link[0]
+    assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode != 0
+
+
+def test_a_program_held_by_a_bpf_link_is_left_attached_and_recorded(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    node = Node(netns_factory, tmp_path)
+    fds = bpf_progs.attach_xdp_link(node.host, node.nic)
+    try:
+        run(node, {"name": "net1", "disableEbpfPrograms": True})  # the pod starts
+        (record,) = node.store.read(lambda s: s.pods[node.uid].devices[0].ebpf_detached)
+        assert record["hook"] == "xdp-generic" and str(record["how"]).startswith("left attached: ")
+        assert "Device or resource busy" in str(record["how"])
+        node.hooks.stop_pod_sandbox(node.pod)
+    finally:
+        for fd in fds:
+            os.close(fd)

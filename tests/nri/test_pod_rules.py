@@ -153,3 +153,44 @@ def test_cloud_provider_rules_are_applied(netns_factory: NetnsFactory, tmp_path:
     assert rule[1:] == ("10.61.0.0/24", None, None, None, "101")
     assert ipj(node.pod_ns, "route", "show", "table", "101")[0]["gateway"] == "10.61.0.1"
     node.hooks.stop_pod_sandbox(node.pod)
+
+
+def test_the_multi_rail_example_applied(netns_factory: NetnsFactory, tmp_path: Path) -> None:
+    """examples/claim-config/multi-rail-policy-routing.yaml on two veths (the configs merged per
+    request as prepare merges them)."""
+    import yaml
+
+    node = Node(netns_factory, tmp_path)
+    fabric = netns_factory.netns()
+    second, peer = netns_factory.veth(netns=node.host, peer_netns=fabric)
+    sh(fabric, "link", "set", peer, "up")
+    example = Path(__file__).resolve().parents[2] / "examples/claim-config/multi-rail-policy-routing.yaml"
+    configs = yaml.safe_load(example.read_text())["spec"]["spec"]["devices"]["config"]
+
+    def params(request: str) -> list[Any]:
+        return [c["opaque"]["parameters"] for c in configs if request in c["requests"]]
+
+    prepare_claim(
+        node.store,
+        node.uid,
+        [
+            {"ifname": node.nic, "config": {"opaque": params("rail0")}},
+            {"ifname": second, "config": {"opaque": params("rail1")}},
+        ],
+    )
+    node.hooks.run_pod_sandbox(node.pod)
+    assert rules(node.pod_ns) == [
+        (200, "10.200.0.5", None, None, None, "200"),  # ip -j shows a /32 without its length
+        (201, "10.200.0.6", None, None, None, "201"),
+    ]
+    for rail, table in (("rail0", "200"), ("rail1", "201")):
+        assert neighbors(node.pod_ns, rail) == [("10.200.0.1", "02:00:0a:c8:00:01", ["PERMANENT"])]
+        assert ipj(node.pod_ns, "route", "show", "table", table)[0]["dev"] == rail
+        out = subprocess.run(
+            ["ip", "netns", "exec", node.pod_ns, "cat", f"/proc/sys/net/ipv4/conf/{rail}/arp_announce"],
+            capture_output=True,
+            text=True,
+        )
+        assert out.stdout.strip() == "2"
+    node.hooks.stop_pod_sandbox(node.pod)
+    assert link_facts(second, node.host) is not None and link_facts(node.nic, node.host) is not None

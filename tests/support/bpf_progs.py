@@ -43,11 +43,7 @@ def load(prog_type: int, ret: int, name: bytes = b"dranet_test") -> int:
 
 def attach_all(netns: str, ifname: str) -> list[int]:
     """An XDP (generic), a clsact ingress ``bpf`` filter and a tcx ingress program on ``ifname``; their fds."""
-    index = int(
-        subprocess.run(
-            ["ip", "-n", netns, "-o", "link", "show", ifname], capture_output=True, text=True, check=True
-        ).stdout.split(":")[0]
-    )
+    index = _index(netns, ifname)
     xdp, cls, tcx = load(PROG_TYPE_XDP, XDP_PASS), load(PROG_TYPE_SCHED_CLS, TC_ACT_OK), load(PROG_TYPE_SCHED_CLS, 0)
     subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", ifname, "clsact"], check=True)
     fd = open_netns(netns)
@@ -71,11 +67,7 @@ def attach_all(netns: str, ifname: str) -> list[int]:
 
 def tcx_count(netns: str, ifname: str) -> int:
     """How many tcx ingress programs ``ifname`` has."""
-    index = int(
-        subprocess.run(
-            ["ip", "-n", netns, "-o", "link", "show", ifname], capture_output=True, text=True, check=True
-        ).stdout.split(":")[0]
-    )
+    index = _index(netns, ifname)
     fd = open_netns(netns)
     try:
         with inside_netns(fd):
@@ -83,3 +75,24 @@ def tcx_count(netns: str, ifname: str) -> int:
     finally:
         os.close(fd)
     return int(struct.unpack_from("<I", raw, 24)[0])
+
+
+BPF_LINK_CREATE, BPF_XDP = 28, 37
+
+
+def attach_xdp_link(netns: str, ifname: str) -> tuple[int, int]:
+    """An XDP program attached through a bpf link (netlink cannot remove it); (program fd, link fd)."""
+    index = _index(netns, ifname)
+    prog = load(PROG_TYPE_XDP, XDP_PASS)
+    fd = open_netns(netns)
+    try:
+        with inside_netns(fd):
+            link, _ = _bpf(BPF_LINK_CREATE, struct.pack("<IIII", prog, index, BPF_XDP, 1 << 1))  # generic mode
+    finally:
+        os.close(fd)
+    return prog, link
+
+
+def _index(netns: str, ifname: str) -> int:
+    out = subprocess.run(["ip", "-n", netns, "-o", "link", "show", ifname], capture_output=True, text=True, check=True)
+    return int(out.stdout.split(":")[0])
