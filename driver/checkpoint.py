@@ -59,7 +59,15 @@ rolling update with surge, a downgrade) keeps reading the files this one writes.
 COMPATIBLE_VERSION = 2
 """The version written while nothing in a file needs :data:`SCHEMA_VERSION`."""
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
-_V3_POD_FIELDS = ("host_rules", "host_neighbors", "host_offload_sizes", "host_sysctls", "vrf", "ebpf_detached")
+_V3_POD_FIELDS = (
+    "host_rules",
+    "host_neighbors",
+    "host_offload_sizes",
+    "host_sysctls",
+    "vrf",
+    "ebpf_detached",
+    "dhcp_lease",
+)
 """MovedDevice fields a version-2 reader does not know: written only when set."""
 T = TypeVar("T")
 

@@ -145,7 +145,7 @@ def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
 def test_serialisation_matches_asdict() -> None:
     from dataclasses import asdict
 
-    from driver.checkpoint import DriverState
+    from driver.checkpoint import _V3_POD_FIELDS, DriverState
 
     state = DriverState(
         claims={"u1": _claim("u1")},
@@ -163,7 +163,7 @@ def test_serialisation_matches_asdict() -> None:
         assert stored.pop("shared") is False  # written only when true (adminAccess)
     pod = asdict(state.pods["p1"])
     for device in pod["devices"]:  # the version-3 device fields are written only when set
-        for name in ("host_rules", "host_neighbors", "host_offload_sizes", "host_sysctls", "vrf", "ebpf_detached"):
+        for name in _V3_POD_FIELDS:
             assert not device.pop(name)
     expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": pod}}
     encoded = {"version": SCHEMA_VERSION, **state.claims_json(), **state.pods_json()}
@@ -418,7 +418,9 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     store.update(lambda s: s.claims.__setitem__("u1", plain))
     store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", devices=[MovedDevice("d", "eth0", "net1")])))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
-    assert "host_rules" not in (tmp_path / "pods.json").read_text()
+    assert not {"host_rules", "dhcp_lease"} & set(
+        json.loads((tmp_path / "pods.json").read_text())["pods"]["p1"]["devices"][0]
+    )
     # A cloud provider's rules were stored in version 2 already: still version 2.
     cloud = NetworkConfig(rules=(RuleConfig(source="10.0.0.0/24", table=101),))
     device = replace(plain.devices[0], config=cloud, cloud_config=cloud)
@@ -429,6 +431,10 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     assert versions()[0] == SCHEMA_VERSION
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {"ipv4/arp_ignore": 0}))
     assert versions() == (SCHEMA_VERSION, SCHEMA_VERSION)
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {}))
+    assert versions()[1] == COMPATIBLE_VERSION
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("dhcp_lease", {"address": "10.0.0.5/24"}))
+    assert versions()[1] == SCHEMA_VERSION  # a DHCP lease is a version-3 field too
     store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
     again = CheckpointStore(tmp_path)
