@@ -29,7 +29,7 @@ import time
 from pyroute2 import IPRoute
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Rtnl, newlink
 from driver.nri.hooks import NRIHooks

@@ -1,6 +1,6 @@
 """Reading an AdmissionReview request body without trusting it.
 
-The webhook's HTTP handler (:class:`driver.webhook.AnyPathWebhookServer`) parses the body here
+The webhook's HTTP handler (:class:`driver.webhook.handler.AnyPathWebhookServer`) parses the body here
 before kopf sees it, so a body that is not an AdmissionReview is answered with HTTP 400 and a
 one-line reason, and a review whose object cannot be judged with a 200 ``allowed: false`` and a
 clear message; never a 500 or a stack trace. Parsing is bounded like every other untrusted

@@ -14,6 +14,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from driver.config import PROFILE_PROVIDERS, TAINT_EFFECTS, default, parse_feature_gates
 
@@ -63,26 +64,34 @@ def feature_gates(text: str) -> dict[str, bool]:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--feature-gates: ")) from None
 
 
+def _configured(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> None:
+    """A flag whose default is the driver config's of the same name (``--state-dir``: ``state_dir``)."""
+    parser.add_argument(*names, default=default(names[0].removeprefix("--").replace("-", "_")), **kwargs)
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """Which node's devices a command sees: its sysfs, and the interfaces left out like the uplink."""
+    _configured(parser, "--sysfs-root")
+    parser.add_argument(
+        "--exclude-interfaces",
+        default="",
+        help="comma-separated interfaces treated like the uplink: left out, with their slaves",
+    )
+
+
+def _add_output_flag(parser: argparse.ArgumentParser) -> None:
+    """``--output``/``-o`` of the commands that print a table or JSON."""
+    parser.add_argument("--output", "-o", default="table", choices=["json", "table"])
+
+
 def _add_cloud_flags(parser: argparse.ArgumentParser, go_alias: bool) -> None:
     names = ["--cloud-provider", "--cloud-provider-hint"] if go_alias else ["--cloud-provider"]
-    parser.add_argument(
-        *names,
-        dest="cloud_provider",
-        type=cloud_provider,
-        default=default("cloud_provider"),
-        help="auto|none|gce|aws|azure|oke|alibaba (the Go driver's GCE, AZURE, ... hints too)",
-    )
-    parser.add_argument(
-        "--cloud-metadata-url",
-        default=default("cloud_metadata_url"),
-        help="base URL replacing every metadata service's host (paths and headers unchanged)",
-    )
-    parser.add_argument(
-        "--feature-gates",
-        type=feature_gates,
-        default=default("feature_gates"),
-        help="A=true,B=false: DRAListTypeAttributes, PersistentResourceSliceAttributes",
-    )
+    provider_help = "auto|none|gce|aws|azure|oke|alibaba (the Go driver's GCE, AZURE, ... hints too)"
+    _configured(parser, *names, dest="cloud_provider", type=cloud_provider, help=provider_help)
+    url_help = "base URL replacing every metadata service's host (paths and headers unchanged)"
+    _configured(parser, "--cloud-metadata-url", help=url_help)
+    gates_help = "A=true,B=false: DRAListTypeAttributes, PersistentResourceSliceAttributes"
+    _configured(parser, "--feature-gates", type=feature_gates, help=gates_help)
 
 
 def go_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -100,10 +109,10 @@ def go_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code.
 HANDLERS: dict[str, str] = {
-    "run": "driver.daemon:cli_run",
+    "run": "driver.daemon.command:cli_run",
     "discover": "driver.inventory.discovery_cli:cli_discover",
     "validate": "driver.claims.validation:cli_validate",
-    "webhook": "driver.webhook:cli_webhook",
+    "webhook": "driver.webhook.server:cli_webhook",
     "topology": "driver.inventory.topology:cli_topology",
     "templates": "driver.inventory.topology:cli_templates",
 }
@@ -131,21 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the node driver daemon (kubelet plugin, NRI plugin, slices)")
     run.add_argument("--node-name", "--hostname-override", default=_env("NODE_NAME", socket.gethostname()))
-    run.add_argument("--driver-name", default=default("driver_name"))
-    run.add_argument("--sysfs-root", default=default("sysfs_root"))
-    run.add_argument("--kubelet-root", "--kubelet-root-dir", default=default("kubelet_root"))
-    run.add_argument("--state-dir", default=default("state_dir"), help="prepared-claims checkpoint (on disk)")
-    run.add_argument(
-        "--runtime-dir",
-        default=default("runtime_dir"),
-        help="pod network state (tmpfs: survives driver restarts, cleared by reboots)",
-    )
-    run.add_argument(
-        "--host-netns",
-        default=default("host_netns"),
-        help="the host network namespace NICs return to (hostNetwork pod: its own)",
-    )
-    run.add_argument("--nri-socket", default=default("nri_socket"))
+    _configured(run, "--driver-name")
+    _add_node_flags(run)
+    _configured(run, "--kubelet-root", "--kubelet-root-dir")
+    _configured(run, "--state-dir", help="prepared-claims checkpoint (on disk)")
+    _configured(run, "--runtime-dir", help="pod network state (tmpfs: survives driver restarts, cleared by reboots)")
+    _configured(run, "--host-netns", help="the host network namespace NICs return to (hostNetwork pod: its own)")
+    _configured(run, "--nri-socket")
     run.add_argument(
         "--no-nri",
         dest="nri_enabled",
@@ -153,51 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not connect to the container runtime (tests, discovery-only nodes)",
     )
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
-    run.add_argument(
-        "--filter",
-        default=default("filter"),
-        help=(
-            "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax); "
-            "empty disables filtering"
-        ),
-    )
-    run.add_argument(
-        "--exclude-interfaces",
-        default="",
-        help="comma-separated interfaces treated like the uplink (never published, with their slaves)",
-    )
-    run.add_argument("--bind-address", default=default("bind_address"), help="address of /healthz and /metrics")
-    run.add_argument(
-        "--publish-interval",
-        "--inventory-min-poll-interval",
-        type=seconds,
-        default=default("publish_interval"),
-        help="seconds (or a Go duration): at most one ResourceSlice write per interval",
-    )
-    run.add_argument(
-        "--resync-interval",
-        "--inventory-max-poll-interval",
-        type=seconds,
-        default=default("resync_interval"),
-        help="seconds (or a Go duration) between full rescans",
-    )
+    filter_help = "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax)"
+    _configured(run, "--filter", help=f"{filter_help}; empty disables filtering")
+    _configured(run, "--bind-address", help="address of /healthz and /metrics")
+    publish_help = "seconds (or a Go duration): at most one ResourceSlice write per interval"
+    _configured(run, "--publish-interval", "--inventory-min-poll-interval", type=seconds, help=publish_help)
+    resync_help = "seconds (or a Go duration) between full rescans"
+    _configured(run, "--resync-interval", "--inventory-max-poll-interval", type=seconds, help=resync_help)
     run.add_argument(
         "--instance-id",
         default=_env("POD_UID", str(default("instance_id"))),
         help="this instance's id (the pod UID): per-instance kubelet sockets for rolling updates",
     )
-    run.add_argument(
-        "--health-interval",
-        type=seconds,
-        default=default("health_interval"),
-        help="seconds (or a Go duration) between link and RDMA port health checks",
-    )
-    run.add_argument(
-        "--unhealthy-taint-effect",
-        choices=TAINT_EFFECTS,
-        default=default("unhealthy_taint_effect"),
-        help="device taint effect on unhealthy devices in the ResourceSlice; None: no taints",
-    )
+    health_help = "seconds (or a Go duration) between link and RDMA port health checks"
+    _configured(run, "--health-interval", type=seconds, help=health_help)
+    taint_help = "device taint effect on unhealthy devices in the ResourceSlice; None: no taints"
+    _configured(run, "--unhealthy-taint-effect", choices=TAINT_EFFECTS, help=taint_help)
     _add_cloud_flags(run, go_alias=True)
     go = run.add_argument_group(
         "Go driver flags", "accepted so its command lines work; see docs/dranet-compatibility.md"
@@ -207,23 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
     go.add_argument("--inventory-poll-burst", default=None)
     go.add_argument("--cloud-provider-options", action="append", default=None)
     go.add_argument("--move-ib-interfaces", default=None, help="true only")
-    run.add_argument(
-        "--profile-provider",
-        choices=PROFILE_PROVIDERS,
-        default=default("profile_provider"),
-        help="who resolves a claim's `profile`: webhook (--webhook-url), cloud or none (no provider)",
-    )
-    run.add_argument(
-        "--webhook-url",
-        default=default("webhook_url"),
-        help="the webhook profile provider: http://, https:// or unix:///path (dranet's API)",
-    )
+    provider_help = "who resolves a claim's `profile`: webhook (--webhook-url), cloud or none (no provider)"
+    _configured(run, "--profile-provider", choices=PROFILE_PROVIDERS, help=provider_help)
+    webhook_help = "the webhook profile provider: http://, https:// or unix:///path (dranet's API)"
+    _configured(run, "--webhook-url", help=webhook_help)
 
     disc = sub.add_parser("discover", help="print the devices this node would publish")
-    disc.add_argument("--sysfs-root", default=default("sysfs_root"))
-    disc.add_argument("--output", "-o", default="table", choices=["json", "table"])
-    disc.add_argument("--filter", default=default("filter"))
-    disc.add_argument("--exclude-interfaces", default="")
+    _add_node_flags(disc)
+    _add_output_flag(disc)
+    _configured(disc, "--filter")
     _add_cloud_flags(disc, go_alias=False)
 
     val = sub.add_parser("validate", help="validate dra.net configs in ResourceClaim(Template) files")
@@ -239,16 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--manage-configuration", action="store_true", help="create/patch the ValidatingWebhookConfiguration itself"
     )
     hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"])
+    _configured(hook, "--driver-name")
 
     topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")
-    topo.add_argument("--sysfs-root", default=default("sysfs_root"))
-    topo.add_argument("--output", "-o", default="table", choices=["json", "table"])
-    topo.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
+    _add_node_flags(topo)
+    _add_output_flag(topo)
 
     tmpl = sub.add_parser("templates", help="print NUMA-aligned ResourceClaimTemplates for this node")
     tmpl.add_argument("--gpus", type=int, required=True)
-    tmpl.add_argument("--sysfs-root", default=default("sysfs_root"))
-    tmpl.add_argument("--exclude-interfaces", default="", help="comma-separated uplinks to leave out")
+    _add_node_flags(tmpl)
     return parser
 
 

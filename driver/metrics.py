@@ -4,9 +4,10 @@ Names, labels and label values are the Go reference driver's (namespace ``dranet
 ``driver``), so its users' dashboards and alerts keep working: ``dra_plugin_requests_total`` and
 ``..._latency_seconds`` (kubelet calls), ``nri_plugin_requests_total`` and ``..._latency_seconds``
 (runtime hooks), ``published_devices_total{feature="total|rdma"}``,
-``last_published_time_seconds``; status ``success``, ``failed`` or ``noop`` (a hook with nothing
-to do); ``claim_devices_allocated`` and ``claim_devices_ready`` (read from the driver's state at
-each scrape, :meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total``.
+``last_published_time_seconds``; status ``success`` or ``failed`` (a hook with nothing to do
+is a ``success``: the Go driver's ``noop`` is not told apart); ``claim_devices_allocated`` and
+``claim_devices_ready`` (read from the driver's state at each scrape,
+:meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total``.
 
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
 several in-process drivers each have their own counters.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -27,7 +29,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "dranet"
 SUBSYSTEM = "driver"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-SUCCESS, FAILED, NOOP = "success", "failed", "noop"
+SUCCESS, FAILED = "success", "failed"
 PREPARE, UNPREPARE = "PrepareResourceClaims", "UnprepareResourceClaims"
 """The Go driver's ``method`` label values of the kubelet calls."""
 
@@ -84,63 +86,39 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        reg = self.registry
+        # Every collector is named dranet_driver_... (the Go driver's) and lives in this registry.
+        own: dict[str, Any] = {"namespace": NAMESPACE, "subsystem": SUBSYSTEM, "registry": self.registry}
         self.requests = Counter(
-            "dra_plugin_requests",
-            "Kubelet DRA requests by method and status.",
-            ["method", "status"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            "dra_plugin_requests", "Kubelet DRA requests by method and status.", ["method", "status"], **own
         )
         self.latency = Histogram(
             "dra_plugin_requests_latency_seconds",
             "Kubelet DRA request latency in seconds.",
             ["method"],
             buckets=LATENCY_BUCKETS,
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            **own,
         )
         self.claim_errors = Counter(
-            "dra_plugin_claim_errors",
-            "Claims answered with a per-claim error, by method.",
-            ["method"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            "dra_plugin_claim_errors", "Claims answered with a per-claim error, by method.", ["method"], **own
         )
         self.nri_requests = Counter(
-            "nri_plugin_requests",
-            "NRI hook calls by method and status.",
-            ["method", "status"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            "nri_plugin_requests", "NRI hook calls by method and status.", ["method", "status"], **own
         )
         self.nri_latency = Histogram(
             "nri_plugin_requests_latency_seconds",
             "NRI hook latency in seconds, by method and status.",
             ["method", "status"],
             buckets=LATENCY_BUCKETS,
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            **own,
         )
         self.published_devices = Gauge(
             "published_devices_total",
             "Devices in this node's ResourceSlices (feature: total, rdma).",
             ["feature"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            **own,
         )
         self.last_publish = Gauge(
-            "last_published_time_seconds",
-            "Unix time of the last successful ResourceSlice write.",
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            "last_published_time_seconds", "Unix time of the last successful ResourceSlice write.", **own
         )
         # Ours (the Go driver rescans on every link event and has no such counters).
         self.link_events = Counter(
@@ -148,18 +126,14 @@ class Metrics:
             "Host link events by outcome: own (caused by an NRI hook: no work), ignored (an excluded "
             "interface), update (the device it feeds was rebuilt).",
             ["outcome"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            **own,
         )
         self.inventory_updates = Counter(
             "inventory_updates",
             "Inventory rebuilds by kind: full_scan (start, resync timer, lost link events; a rescan that "
             "found nothing changed counts too) or link (one link's device rebuilt from a link event).",
             ["kind"],
-            namespace=NAMESPACE,
-            subsystem=SUBSYSTEM,
-            registry=reg,
+            **own,
         )
 
     def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
@@ -171,7 +145,7 @@ class Metrics:
         self.inventory_updates.labels(kind).inc(n)
 
     def inventory_update_count(self, kind: str) -> float:
-        """How many rebuilds of ``kind`` so far (tests, benchmarks)."""
+        """How many rebuilds of ``kind`` so far (tests read it)."""
         return self.inventory_updates.labels(kind)._value.get()
 
     def observe_request(self, method: str, status: str, seconds: float) -> None:

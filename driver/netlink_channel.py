@@ -1,7 +1,7 @@
 """The one netlink socket layer: message framing, sequence numbers, pipelined requests and acks.
 
 Every raw netlink client of the driver speaks through it: :class:`driver.netlink.rtnl.Rtnl`
-(``NETLINK_ROUTE``) and :class:`driver.netlink.ethtool.Ethtool` (generic netlink, ethtool
+(``NETLINK_ROUTE``) and :class:`driver.netlink.ethtool_genl.Ethtool` (generic netlink, ethtool
 family) for the NIC moves, :mod:`driver.inventory.netlink_facts` for discovery's link, address
 and route dumps, :mod:`driver.netlink.link_watch` for link events. A :class:`NetlinkChannel`
 wraps a socket bound to one network namespace; requests sent together go to the kernel in one
@@ -46,6 +46,8 @@ IFINFOMSG = struct.Struct("=BxHiII")  # family, type (ARPHRD_*), index, flags, c
 IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, protocol, scope, type, flags
 RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex (one hop of RTA_MULTIPATH)
+RT_TABLE_MAIN = 254
+RTN_UNICAST = 1  # a route of type unicast (not local, broadcast, blackhole...)
 
 
 def mac_str(raw: bytes) -> str:

@@ -16,13 +16,19 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
   done
   # The Dockerfile test compares its apt pins with what Debian serves: it needs a package index.
+  # One progress line per step; apt's own output goes to a log shown only on failure.
+  log="$(mktemp)"
+  trap 'rm -f "$log"' EXIT
   if [ -n "$need" ] || [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ]; then
-    apt-get update -qq
+    echo "[apt] updating the package index"
+    apt-get update -qq >"$log" 2>&1 || { cat "$log"; exit 1; }
   fi
   if [ -n "$need" ]; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need
+    echo "[apt] installing$need"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >"$log" 2>&1 || { cat "$log"; exit 1; }
   fi
 fi
 # Not the [example] extra: torch pulls ~5 GB of CUDA wheels and only the GPU benchmark needs it
 # (tests that need torch are marked `torch` and deselected by `make test`).
+echo "[pip] the project and its test dependencies"
 python3 -m pip install -q --root-user-action=ignore -e '.[test]'

@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import (
-    COMPATIBLE_VERSION,
-    SCHEMA_VERSION,
-    CheckpointError,
-    CheckpointStore,
-    MovedDevice,
-    PodNetState,
-    PreparedClaim,
-    PreparedDevice,
-)
+from driver.checkpoint.errors import CheckpointError
+from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION
+from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
 from driver.model.network_config import InterfaceConfig, NetworkConfig
 
@@ -94,7 +88,7 @@ def test_failed_mutation_is_not_persisted_as_partial_write(tmp_path: Path) -> No
 
 WRITER = """
 import sys
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from tests.test_checkpoint import _claim
 store = CheckpointStore(sys.argv[1])
 i = 0
@@ -124,7 +118,8 @@ def test_sigkill_during_writes_leaves_old_or_new_state(tmp_path: Path) -> None:
 
 
 def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
-    from driver.checkpoint import CheckpointWriteError, FileOps
+    from driver.checkpoint.errors import CheckpointWriteError
+    from driver.checkpoint.files import FileOps
 
     store = CheckpointStore(tmp_path)
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
@@ -145,7 +140,7 @@ def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
 def test_serialisation_matches_asdict() -> None:
     from dataclasses import asdict
 
-    from driver.checkpoint import _V3_POD_FIELDS, DriverState
+    from driver.checkpoint.state import _V3_POD_FIELDS, DriverState
 
     state = DriverState(
         claims={"u1": _claim("u1")},
@@ -212,14 +207,14 @@ def test_a_torn_pods_file_is_kept_aside(tmp_path: Path) -> None:
 
 
 def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path) -> None:
-    from driver.checkpoint import _encode
+    from driver.checkpoint.schema import encode
 
     store = CheckpointStore(tmp_path)
     for i in range(5):
         store.update(lambda s, i=i: s.claims.__setitem__(f"u{i}", _claim(f"u{i}")))
     store.update(lambda s: s.claims.pop("u2"))
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1-replaced")))  # a new object: re-encoded
-    expected = store.read(lambda s: _encode(s.claims_json()))
+    expected = store.read(lambda s: encode(s.claims_json()))
     assert (tmp_path / "checkpoint.json").read_bytes() == expected
     assert sorted(json.loads(expected)["claims"]) == ["u0", "u1", "u3", "u4"]
     assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
@@ -341,7 +336,7 @@ def test_a_file_without_version_is_kept_aside(tmp_path: Path) -> None:
 
 
 def test_cloud_config_round_trips_and_older_files_have_none() -> None:
-    from driver.checkpoint import PreparedDevice
+    from driver.checkpoint.state import PreparedDevice
     from driver.model.network_config import NetworkConfig, RouteConfig, RuleConfig
 
     cloud = NetworkConfig(
@@ -385,7 +380,8 @@ def test_a_newer_schema_written_by_the_other_instance_is_refused_not_misread(tmp
 
 UPDATER = r"""
 import sys
-from driver.checkpoint import CheckpointStore, PodNetState
+from driver.checkpoint.state import PodNetState
+from driver.checkpoint.store import CheckpointStore
 store = CheckpointStore(sys.argv[1], sys.argv[1])
 for i in range(int(sys.argv[3])):
     store.update(lambda s: s.pods.__setitem__(f"{sys.argv[2]}-{i}", PodNetState(f"{sys.argv[2]}-{i}")))

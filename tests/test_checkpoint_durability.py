@@ -17,13 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    CheckpointWriteError,
-    FileOps,
-    PodNetState,
-)
+from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
+from driver.checkpoint.files import FileOps
+from driver.checkpoint.state import PodNetState
+from driver.checkpoint.store import CheckpointStore
 from tests.plugins.tmpfs import TmpfsFactory, fill
 from tests.test_checkpoint import _claim
 
@@ -128,13 +125,14 @@ def test_the_failing_write_is_logged_once_with_path_and_errno(tmp_path: Path, ca
     store = CheckpointStore(tmp_path, ops=FaultyOps("write", errno.EIO, nth=1))
     with caplog.at_level(logging.ERROR, logger="driver.checkpoint"), pytest.raises(CheckpointWriteError):
         _add(store, "u1")
-    (record,) = [r for r in caplog.records if r.name == "driver.checkpoint"]
+    (record,) = [r for r in caplog.records if r.name == "driver.checkpoint.store"]
     assert "checkpoint.json" in record.kv["path"] and "EIO" in record.kv["error"]
 
 
 EACCES_WRITER = """
 import json, sys
-from driver.checkpoint import CheckpointStore, CheckpointWriteError
+from driver.checkpoint.errors import CheckpointWriteError
+from driver.checkpoint.store import CheckpointStore
 from tests.test_checkpoint import _claim
 store = CheckpointStore(sys.argv[1], sys.argv[2])
 try:

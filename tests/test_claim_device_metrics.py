@@ -7,8 +7,7 @@ from pathlib import Path
 
 import aiohttp
 
-from driver.checkpoint import (
-    CheckpointStore,
+from driver.checkpoint.state import (
     DriverState,
     MovedDevice,
     PodNetState,
@@ -16,6 +15,7 @@ from driver.checkpoint import (
     PreparedDevice,
     claim_device_counts,
 )
+from driver.checkpoint.store import CheckpointStore
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
 from driver.probe_server import ProbeServer

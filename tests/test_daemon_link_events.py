@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.config import DriverConfig
-from driver.daemon import Daemon
+from driver.daemon.lifecycle import Daemon
 from driver.inventory.incremental import LinkChange
 from driver.inventory.names import netdev_device_name
 from driver.kube.client import KubeClient
@@ -92,16 +92,16 @@ async def test_own_moves_cause_no_rescan_and_no_update(
     store = CheckpointStore(config.state_dir, config.runtime_dir)
     daemon = Daemon(config, KubeClient.from_kubeconfig(config.kubeconfig), store)
     handed: list[LinkChange] = []
-    apply = daemon.updater.apply
+    apply = daemon.device_sync.updater.apply
 
     def spy(changes: list[LinkChange], pause: Any = None) -> Any:
         handed.extend(changes)
         return apply(changes, pause)
 
-    daemon.updater.apply = spy  # type: ignore[method-assign]
+    daemon.device_sync.updater.apply = spy  # type: ignore[method-assign]
     task = asyncio.create_task(daemon.run())
     try:
-        await _until(lambda: daemon.scanned, "the first scan")
+        await _until(lambda: daemon.device_sync.scanned, "the first scan")
         res = await asyncio.to_thread(nri_harness.cmd, "wait-sync", count=1, timeout=20)
         assert res["ok"], res
         pod_uid = f"uid-{secrets.token_hex(4)}"
@@ -138,7 +138,8 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         ip("link", "set", nics[1], "mtu", "1280")
         device = netdev_device_name(nics[1])
         await _until(
-            lambda: daemon.inventory[device].attributes.get("dra.net/mtu") == 1280, "the inventory to see MTU 1280"
+            lambda: daemon.device_sync.inventory[device].attributes.get("dra.net/mtu") == 1280,
+            "the inventory to see MTU 1280",
         )
         assert {c.ifname for c in _mentions(handed, pod_names, indexes)} == {nics[1]}
         assert daemon.metrics.inventory_update_count("full_scan") == scans

@@ -25,7 +25,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from tests.support import write_nic_sysfs
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.support.kubelet_client import KubeletClient, devices_of, wait_for_socket
@@ -37,10 +37,10 @@ CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/"
 # Same daemon, but SIGKILLs itself right after the checkpoint write, before the gRPC response.
 CRASH_AFTER_COMMIT = """
 import asyncio, os, signal, sys
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.cli import build_parser
 from driver.config import config_from_args
-from driver.daemon import Daemon
+from driver.daemon.lifecycle import Daemon
 from driver.kube.client import KubeClient
 from driver.logs import setup_logging
 

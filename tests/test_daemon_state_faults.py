@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from tests.plugins.tmpfs import TmpfsFactory, fill
 from tests.support.fake_apiserver import make_claim, result
 from tests.support.kubelet_client import KubeletClient, devices_of

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from driver.webhook import match_conditions
+from driver.webhook.configuration import match_conditions, webhook_configuration
+from driver.webhook.options import WebhookOptions
 from tests.support.admission import review_of, webhook_client
 
 P = "spec.devices.config[0].opaque.parameters"
 
 
-def claim(params: Any, name: str = "c") -> dict[str, Any]:
+def claim(params: Any, name: str = "c", driver: str = "dra.net") -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -25,7 +26,7 @@ def claim(params: Any, name: str = "c") -> dict[str, Any]:
         "spec": {
             "devices": {
                 "requests": [{"name": "nic", "exactly": {"deviceClassName": "dranet.net"}}],
-                "config": [{"opaque": {"driver": "dra.net", "parameters": params}}],
+                "config": [{"opaque": {"driver": driver, "parameters": params}}],
             }
         },
     }
@@ -130,3 +131,36 @@ def test_match_conditions_select_objects_with_a_dra_net_config(plural: str) -> N
     assert program.execute({"object": wrap(other)}) is False
     assert program.execute({"object": wrap({"devices": {"requests": []}})}) is False
     assert program.execute({"object": wrap({"devices": {"config": [{"requests": ["x"]}]}})}) is False
+
+
+async def test_a_non_default_driver_name_judges_its_own_configs_only(tmp_path: Path) -> None:
+    """``dranet webhook --driver-name`` (the chart passes its driverName): that driver's configs
+    are judged and named in the rejection; ``dra.net``'s are then another driver's."""
+    bad = {"interface": {"mtu": 10}}
+    async with webhook_client(tmp_path, WebhookOptions(driver_name="rdma.example.com")) as client:
+        ours = await (await client.post("/", json=review_of(claim(bad, driver="rdma.example.com")))).json()
+        other = await (await client.post("/", json=review_of(claim(bad)))).json()
+    assert ours["response"]["allowed"] is False
+    assert ours["response"]["status"]["message"].startswith("invalid rdma.example.com config: ")
+    assert other["response"]["allowed"] is True
+
+
+async def test_updates_are_not_judged(tmp_path: Path) -> None:
+    """A claim's spec is immutable: an UPDATE (a finalizer added by the scheduler, or removed at
+    deletion) is allowed even for a config this webhook would refuse at CREATE."""
+    bad = claim({"interface": {"mtu": 10}})
+    async with webhook_client(tmp_path) as client:
+        created = await (await client.post("/", json=review_of(bad))).json()
+        updated = await (await client.post("/", json=review_of(bad, operation="UPDATE", oldObject=bad))).json()
+    assert created["response"]["allowed"] is False
+    assert updated["response"]["allowed"] is True
+
+
+def test_managed_configuration_follows_the_driver_name_and_judges_creates_only() -> None:
+    body = webhook_configuration(WebhookOptions(driver_name="rdma.example.com"), None)
+    assert body["metadata"]["name"] == "rdma.example.com-webhook"
+    for hook in body["webhooks"]:
+        assert hook["name"].endswith(".rdma.example.com")
+        assert [r["operations"] for r in hook["rules"]] == [["CREATE"]]
+        (condition,) = hook["matchConditions"]
+        assert "'rdma.example.com'" in condition["expression"] and "dra.net" not in condition["expression"]

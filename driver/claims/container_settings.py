@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.claims.fields import ConfigError
 from driver.claims.numa_pinning import CpusetPlan, cpuset_for, device_numa_node, numa_pin_node
 from driver.model.network_config import NetworkConfig
@@ -54,7 +54,7 @@ class ContainerSettings:
 def settings_for_container(
     devices: Sequence[PreparedDevice], sysfs_root: str = "/sys", requested_cpus: str | None = None
 ) -> ContainerSettings:
-    """Env and cpuset for a container consuming ``devices`` (``checkpoint.PreparedDevice``).
+    """Env and cpuset for a container consuming ``devices`` (``checkpoint.state.PreparedDevice``).
 
     ``requested_cpus`` is the container's cpuset in the CreateContainer request
     (``container.linux.resources.cpu.cpus``). Pinning problems never fail the container: prepare

@@ -11,14 +11,12 @@ import ipaddress
 import re
 from typing import Any
 
-from driver.claims.fields import FieldErrors, json_type_name, read_bool, read_int, read_object, read_str
+from driver.claims.fields import MAX_TABLE, FieldErrors, json_type_name, read_bool, read_int, read_object, read_str
 from driver.model.network_config import InterfaceConfig, VrfConfig
 
 MAX_IFNAME_LENGTH = 15  # IFNAMSIZ - 1
 MIN_MTU = 68  # RFC 791 minimum; the kernel refuses less for IPv4
 MAX_MTU = 65536  # the largest max_mtu any Linux netdev reports (loopback)
-MAX_ROUTE_TABLE = 2**32 - 1
-ROUTE_SCOPES = {"universe": 0, "link": 253}  # the scopes a claim's route may name
 # Matched with fullmatch: "$" would also accept a trailing newline ("net1\n").
 _IFNAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
@@ -108,7 +106,6 @@ MAX_OFFLOAD_SIZE = 2**31 - 1  # dranet's int32; the NIC's own limit is checked a
 ARP_IGNORE_VALUES = (0, 1, 2, 3, 8)  # the levels net.ipv4.conf.<if>.arp_ignore defines
 MAX_ARP_ANNOUNCE = 2
 RESERVED_TABLES = {253: "default", 254: "main", 255: "local"}
-MAX_TABLE = 2**32 - 1
 INTERFACE_FIELDS = [
     "name",
     "addresses",

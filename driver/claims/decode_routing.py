@@ -11,11 +11,10 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from driver.claims.fields import FieldErrors, json_type_name, read_int, read_ip, read_object, read_str
+from driver.claims.fields import MAX_TABLE, FieldErrors, json_type_name, read_int, read_ip, read_object, read_str
 from driver.model.network_config import NeighborConfig, RouteConfig, RuleConfig
 
 T = TypeVar("T")
-MAX_TABLE = 2**32 - 1
 MAX_RULE_PRIORITY = 32767  # dranet's bound (the kernel takes any u32)
 ROUTE_SCOPES = {"universe": 0, "link": 253}  # the scopes a claim's route may name
 # A neighbor's link-layer address: 6 (Ethernet), 8 (EUI-64) or 20 (IPoIB) octets, ':' or '-' between them.

@@ -16,6 +16,9 @@ from typing import Any
 
 from driver.model.untrusted import DuplicateKeys, OversizedInt
 
+MAX_TABLE = 2**32 - 1
+"""The largest routing table id (the kernel's is a u32), for a route's, a rule's and a VRF's ``table``."""
+
 
 @dataclass(frozen=True)
 class FieldError:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.claims.fields import ConfigError
 from driver.config import DRIVER_NAME
 from driver.model.network_config import NetworkConfig

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.checkpoint import PreparedClaim
+from driver.checkpoint.state import PreparedClaim
 from driver.config import DRIVER_NAME
 from driver.model.device import STANDARD_DOMAIN, attribute_from_api, first_int
 

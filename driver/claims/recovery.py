@@ -5,7 +5,7 @@ restart. A driver that lost ``checkpoint.json`` would therefore not know the cla
 pods: their NICs would not move at the next RunPodSandbox, nor come back. So when the store had
 to move a damaged checkpoint aside, the daemon lists the ResourceClaims, keeps those allocated
 with our driver's devices in this node's pool and reserved for a pod, and records them exactly
-as NodePrepareResources would (:meth:`~driver.claims.prepare.Preparer.build`).
+as NodePrepareResources would (:meth:`~driver.claims.claim_build.ClaimBuilder.build`).
 
 Device snapshots come from the current scan; a device whose netdev sits in a pod's namespace
 (so the scan does not see its netdev) is completed from what this node last published for it
@@ -20,8 +20,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from driver.checkpoint import DriverState, PreparedClaim
-from driver.claims.prepare import ClaimError, ClaimRef, Preparer
+from driver.checkpoint.state import DriverState, PreparedClaim
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimError, ClaimRef
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
 from driver.model.device import ATTRIBUTE_DOMAIN, STANDARD_DOMAIN, Device, HostFacts, attribute_from_api

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.checkpoint import PreparedClaim
+from driver.checkpoint.state import PreparedClaim
 from driver.claims import numa_report
 from driver.claims.status_entries import MAX_MESSAGE, DeviceResult, StatusUpdate, now_utc, reason_for, status_body
 from driver.config import DRIVER_NAME
@@ -293,30 +293,12 @@ class ClaimStatusWriter:
         if pod_name is None:
             log.warning("pod not in claim's reservedFor; no event", extra={"kv": {"pod": update.pod_uid}})
             return
-        now = now_utc()
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"{pod_name}.{uuid.uuid4().hex[:16]}", "namespace": claim.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "namespace": claim.namespace,
-                "name": pod_name,
-                "uid": update.pod_uid,
-            },
-            "type": "Warning",
-            "reason": reason_for(update.failed_step),
-            "message": (
-                f"device {update.failed_device} of claim {claim.name}: {update.failed_step}: {update.failed_message}"
-            )[:1024],
-            "source": {"component": self.driver_name, "host": self.node_name},
-            "reportingComponent": self.driver_name,
-            "reportingInstance": self.node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        pod = {"apiVersion": "v1", "kind": "Pod", "namespace": claim.namespace, "name": pod_name, "uid": update.pod_uid}
+        event = self._warning_event(
+            pod,
+            reason_for(update.failed_step),
+            f"device {update.failed_device} of claim {claim.name}: {update.failed_step}: {update.failed_message}",
+        )
         try:
             self.kube.create_namespaced_event(claim.namespace, event)
         except KubeError as exc:
@@ -329,23 +311,20 @@ class ClaimStatusWriter:
             )
         )
 
-    def post_claim_event(self, ev: ClaimEvent) -> bool:
-        """Post a Warning event whose ``involvedObject`` is the ResourceClaim; True when created."""
+    def _warning_event(self, involved: dict[str, str], reason: str, message: str) -> dict[str, Any]:
+        """A Warning Event about ``involved`` (its apiVersion, kind, namespace, name and uid), from this driver.
+
+        The message is cut to 1024 characters, the events API's limit on an event's note.
+        """
         now = now_utc()
-        body = {
+        return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{ev.name}.{uuid.uuid4().hex[:16]}", "namespace": ev.namespace},
-            "involvedObject": {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "namespace": ev.namespace,
-                "name": ev.name,
-                "uid": ev.uid,
-            },
+            "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:16]}", "namespace": involved["namespace"]},
+            "involvedObject": involved,
             "type": "Warning",
-            "reason": ev.reason,
-            "message": ev.message[:1024],
+            "reason": reason,
+            "message": message[:1024],
             "source": {"component": self.driver_name, "host": self.node_name},
             "reportingComponent": self.driver_name,
             "reportingInstance": self.node_name,
@@ -353,6 +332,17 @@ class ClaimStatusWriter:
             "lastTimestamp": now,
             "count": 1,
         }
+
+    def post_claim_event(self, ev: ClaimEvent) -> bool:
+        """Post a Warning event whose ``involvedObject`` is the ResourceClaim; True when created."""
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "namespace": ev.namespace,
+            "name": ev.name,
+            "uid": ev.uid,
+        }
+        body = self._warning_event(claim, ev.reason, ev.message)
         try:
             self.kube.create_namespaced_event(ev.namespace, body)
             return True

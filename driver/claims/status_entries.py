@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from driver.checkpoint import PreparedClaim
+from driver.checkpoint.state import PreparedClaim
+from driver.claims.numa_report import MAX_MESSAGE
 
 READY = "Ready"
 MAX_IPS = 16  # NetworkDeviceData.ips limit
 MAX_IFNAME = 256
 MAX_HWADDR = 128
-MAX_MESSAGE = 32768
 
 
 @dataclass

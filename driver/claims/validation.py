@@ -44,7 +44,7 @@ def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
+def validate_claim_spec(spec: Any, path: str, driver_name: str = DRIVER_NAME) -> list[ConfigError]:
     """Validate the ``dra.net`` configs of a ResourceClaim spec (or a template's ``spec.spec``).
 
     Returns one :class:`ConfigError` per problem (empty when valid). Configs for other
@@ -66,7 +66,7 @@ def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
         if not isinstance(entry, dict):
             continue
         opaque = entry.get("opaque")
-        if not isinstance(opaque, dict) or opaque.get("driver") != DRIVER_NAME:
+        if not isinstance(opaque, dict) or opaque.get("driver") != driver_name:
             continue
         ppath = f"{path}.devices.config[{i}].opaque.parameters"
         try:
@@ -75,7 +75,7 @@ def validate_claim_spec(spec: Any, path: str) -> list[ConfigError]:
             problems.extend(ConfigError(e.path, e.reason) for e in exc.errors)
             continue
         problems.extend(_per_device_conflicts(config, entry.get("requests"), multi, ppath))
-    problems.extend(_cross_request_conflicts(devices, configs, path))
+    problems.extend(_cross_request_conflicts(devices, configs, path, driver_name))
     return problems
 
 
@@ -90,17 +90,19 @@ def _request_names(devices: dict[str, Any]) -> list[str]:
     return names
 
 
-def _cross_request_conflicts(devices: dict[str, Any], configs: list[Any], path: str) -> list[ConfigError]:
+def _cross_request_conflicts(
+    devices: dict[str, Any], configs: list[Any], path: str, driver_name: str
+) -> list[ConfigError]:
     """Two requests of one claim whose NICs would get the same name, address or MAC in the pod."""
     nics = []
     for name in _request_names(devices):
         try:
-            nics.append((f"request {name!r}", name, configs_for_request(configs, name, DRIVER_NAME)))
+            nics.append((f"request {name!r}", name, configs_for_request(configs, name, driver_name)))
         except ConfigError:
             continue  # already reported by the decode above
     # Subrequests of one request are alternatives: only one of them is ever allocated.
     conflicts = [c for c in interface_conflicts(nics) if c.first_request.split("/", 1)[0] != c.request.split("/", 1)[0]]
-    errors = conflict_errors(conflicts, configs, DRIVER_NAME, f"{path}.devices.config")
+    errors = conflict_errors(conflicts, configs, driver_name, f"{path}.devices.config")
     return [ConfigError(e.path, e.reason) for e in errors]
 
 

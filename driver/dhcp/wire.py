@@ -22,7 +22,6 @@ BROADCAST_FLAG = 0x8000  # ask for broadcast replies: the NIC has no address to 
 
 # Message types (option 53).
 DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE = 1, 2, 3, 4, 5, 6, 7
-TYPE_NAMES = {DISCOVER: "DISCOVER", OFFER: "OFFER", REQUEST: "REQUEST", ACK: "ACK", NAK: "NAK", RELEASE: "RELEASE"}
 
 # Options.
 OPT_PAD, OPT_END = 0, 255

@@ -2,10 +2,11 @@
 published attributes.
 
 ``discovery.Scanner`` is the pipeline (``sysfs``, ``netlink_facts``, ``rdma``, ``names``,
-``attributes``); ``scan_replay`` lets a rescan skip the pipeline when none of its inputs changed;
-``incremental`` rebuilds the one device a link event feeds; ``device_filter`` applies the
-admin's CEL filter (``dranet_filter``: the Go driver's syntax of it); ``topology`` and
-``discovery_cli`` serve ``dranet topology|templates|discover``.
+``attributes``) and ``device_builder`` builds each device it finds; ``scan_replay`` lets a
+rescan skip the pipeline when none of its inputs changed; ``incremental`` rebuilds the one
+device a link event feeds; ``device_filter`` applies the admin's CEL filter (``dranet_filter``:
+the Go driver's syntax of it); ``topology`` and ``discovery_cli`` serve
+``dranet topology|templates|discover``.
 
 May import: ``driver.model``, ``driver.netlink_channel`` (raw netlink), ``driver.config``.
 """

@@ -12,6 +12,9 @@ Pipeline (one :class:`SysfsReader` per scan, so every file is read at most once)
 4. RDMA devices from ``class/infiniband``: attached to their PCI device, or published alone
    (``pci-...``) when their function is not a network function (e.g. eRDMA, class ``0x00ff``);
 5. non-PCI netdevs become devices named after the interface.
+
+Each device (its attributes and host facts) is built by
+:class:`~driver.inventory.device_builder.DeviceBuilder`; this module decides which devices there are.
 """
 
 from __future__ import annotations
@@ -23,30 +26,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from driver.inventory import attributes as attrs
-from driver.inventory.attributes import D
-from driver.inventory.names import netdev_device_name, pci_device_name
-from driver.inventory.netlink_facts import (
-    ARPHRD_ENCAP,
-    ARPHRD_LOOPBACK,
-    LinkFacts,
-    LinkQuery,
-    NetlinkFacts,
-    enslaved_closure,
-)
-from driver.inventory.numa_list import numa_node_list
+from driver.inventory.device_builder import PCI_IDS_PATHS, DeviceBuilder, Netdev
+from driver.inventory.netlink_facts import ARPHRD_LOOPBACK, LinkFacts, LinkQuery, NetlinkFacts, enslaved_closure
 from driver.inventory.rdma import RdmaDevice, rdma_has_pyverbs, scan_rdma
 from driver.inventory.scan_replay import RecordingIO, ScanReplay, is_sysfs
 from driver.inventory.scan_report import ScanReport, ScanWarnings
-from driver.inventory.sysfs import (
-    PLAIN_IO,
-    IdentityCache,
-    SysfsReader,
-    ifname_problem,
-    name_bytes,
-    pci_address_of,
-    pcie_root_of,
-)
-from driver.model.device import INT64_MAX, STANDARD_DOMAIN, AttributeValue, Device, HostFacts
+from driver.inventory.sysfs import PLAIN_IO, IdentityCache, SysfsReader, ifname_problem, name_bytes, pci_address_of
+from driver.model.device import Device
 
 log = logging.getLogger(__name__)
 
@@ -54,20 +40,6 @@ USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-st
 IGNORED_INTERFACES = frozenset({"cilium_net", "cilium_host", "docker0"})
 PCI_IDENTITY_FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
 """A PCI function's read-only config-space copies: fixed for the function object's lifetime."""
-PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
-S = STANDARD_DOMAIN + "/"
-
-
-@dataclass
-class Netdev:
-    """One netdev as seen by this scan (sysfs and, when available, netlink)."""
-
-    ifname: str
-    sysfs_path: str | None  # resolved class/net/<if> path relative to the sysfs root
-    pci_address: str | None
-    virtual: bool
-    link: LinkFacts | None
-    master: str | None
 
 
 @dataclass
@@ -87,51 +59,6 @@ class ScanState:
 
 def _is_host_sysfs(root: str) -> bool:
     return os.path.realpath(root) == "/sys"
-
-
-class PciIds:
-    """Vendor/device names from pci.ids, loaded lazily, only for the IDs actually asked about."""
-
-    def __init__(self, paths: Sequence[str]) -> None:
-        self._path = next((p for p in paths if os.path.isfile(p)), None)
-        self._vendors: dict[str, str] | None = None
-        self._devices: dict[tuple[str, str], str] = {}
-
-    def _load(self) -> None:
-        self._vendors = {}
-        if not self._path:
-            return
-        vendor = ""
-        with open(self._path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if not line.strip() or line.startswith("#"):
-                    continue
-                if line.startswith("C "):
-                    break  # device classes follow the vendor list
-                if line[0] != "\t":
-                    vendor = line[:4].lower()
-                    self._vendors[vendor] = line[4:].strip()
-                elif line[1] != "\t":
-                    self._devices[(vendor, line[1:5].lower())] = line[5:].strip()
-
-    def vendor(self, vid: str) -> str:
-        """The vendor name, or the 4-digit hex ID when unknown."""
-        if self._vendors is None:
-            self._load()
-        return self._vendors.get(vid, vid) if self._vendors else vid
-
-    def device(self, vid: str, did: str) -> str:
-        """The device name, or the 4-digit hex ID when unknown."""
-        if self._vendors is None:
-            self._load()
-        return self._devices.get((vid, did), did)
-
-
-def _hex4(text: str | None) -> str | None:
-    if not text:
-        return None
-    text = text.lower()
-    return text[2:] if text.startswith("0x") else text
 
 
 class Scanner:
@@ -155,10 +82,8 @@ class Scanner:
         self.exclude_interfaces = tuple(exclude_interfaces)
         self.netns = netns
         self.use_pyverbs = use_pyverbs and self.netlink
-        self.pci_ids = PciIds(pci_ids_paths)
+        self.builder = DeviceBuilder(pci_ids_paths, numa_list)  # one device's attributes and host facts
         self.identity = IdentityCache()  # immutable per-object facts, across scans
-        # resource.kubernetes.io/numaNode as a list (--feature-gates DRAListTypeAttributes=true).
-        self.numa_list = numa_list
         self.warnings = ScanWarnings()  # skipped devices, unreadable files: warned once each
         self.state: ScanState | None = None  # what the last full scan learnt (incremental updates)
         self._query: LinkQuery | None = None
@@ -168,6 +93,15 @@ class Scanner:
         # discover) has nothing to replay. pyverbs answers are inputs the replay cannot repeat.
         self._replayable = replay and not (self.use_pyverbs and rdma_has_pyverbs())
         self._on_sysfs = is_sysfs(sysfs_root)
+
+    @property
+    def numa_list(self) -> bool:
+        """``resource.kubernetes.io/numaNode`` as a list (``--feature-gates DRAListTypeAttributes=true``)."""
+        return self.builder.numa_list
+
+    @numa_list.setter
+    def numa_list(self, value: bool) -> None:
+        self.builder.numa_list = value
 
     def link_query(self) -> LinkQuery:
         """The scanner's rtnetlink socket (opened on first use, kept across scans)."""
@@ -243,103 +177,6 @@ class Scanner:
             or name in IGNORED_INTERFACES
         )
 
-    # -- attribute helpers ------------------------------------------------------------------
-    def _netdev_attributes(self, sysfs: SysfsReader, dev: Netdev) -> dict[str, AttributeValue]:
-        base = f"class/net/{dev.ifname}"
-        link = dev.link
-        out: dict[str, AttributeValue] = {D + "ifName": dev.ifname, D + "virtual": dev.virtual}
-        mac = link.mac if link and link.mac else sysfs.read(f"{base}/address")
-        if mac:
-            out[D + "mac"] = mac
-        mtu = link.mtu if link and link.mtu else sysfs.read_int(f"{base}/mtu")
-        if mtu is not None:
-            out[D + "mtu"] = mtu
-        state = link.operstate if link and link.operstate else sysfs.read(f"{base}/operstate")
-        if state:
-            out[D + "state"] = state
-        arphrd = link.arphrd if link else sysfs.read_int(f"{base}/type")
-        if arphrd is not None:
-            out[D + "encapsulation"] = ARPHRD_ENCAP.get(arphrd, "unknown")
-        kind = self._kind(sysfs, dev, arphrd)
-        if kind:
-            out[D + "type"] = kind
-        alias = link.alias if link else sysfs.read(f"{base}/ifalias")
-        if alias:
-            out[D + "alias"] = alias
-        if link and link.ipv4:
-            out[D + "ipv4"] = ",".join(link.ipv4)
-        if link and link.ipv6:
-            out[D + "ipv6"] = ",".join(link.ipv6)
-        return out
-
-    @staticmethod
-    def _kind(sysfs: SysfsReader, dev: Netdev, arphrd: int | None) -> str | None:
-        """``type`` like Go's ``link.Type()``; from sysfs only when sysfs can tell."""
-        if dev.link:
-            return dev.link.kind or "device"
-        if dev.pci_address:
-            return "ipoib" if arphrd == 32 else "device"
-        base = f"class/net/{dev.ifname}"
-        if sysfs.exists(f"{base}/bridge"):
-            return "bridge"
-        if sysfs.exists(f"{base}/bonding"):
-            return "bond"
-        if not dev.virtual:
-            return "device"
-        return None  # a virtual link sysfs cannot classify (veth, vlan, ...)
-
-    def _pci_attributes(self, sysfs: SysfsReader, bdf: str) -> tuple[dict[str, AttributeValue], HostFacts]:
-        base = f"bus/pci/devices/{bdf}"
-        out: dict[str, AttributeValue] = {D + "pciAddress": bdf, S + "pciBusID": bdf}
-        host = HostFacts(pci_address=bdf)
-        real = sysfs.resolve(base)
-        root = pcie_root_of(real) if real else None
-        if root:
-            out[S + "pcieRoot"] = root
-        vid, did = _hex4(sysfs.read(f"{base}/vendor")), _hex4(sysfs.read(f"{base}/device"))
-        if vid:
-            out[D + "pciVendor"] = self.pci_ids.vendor(vid)
-            if did:
-                out[D + "pciDevice"] = self.pci_ids.device(vid, did)
-        sub = _hex4(sysfs.read(f"{base}/subsystem_device"))
-        if sub:
-            out[D + "pciSubsystem"] = sub
-        numa = sysfs.read_int(f"{base}/numa_node")
-        if numa is not None and numa >= 0:  # -1 = firmware does not say: publish nothing
-            sane = numa <= INT64_MAX  # else a corrupt value: attributes.finalize drops it, with a warning
-            out[D + "numaNode"] = numa
-            out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list and sane else numa
-            host.numa_node = numa if sane else None
-        physfn = sysfs.resolve(f"{base}/physfn")
-        # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
-        # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
-        total = None if physfn else sysfs.read_int(f"{base}/sriov_totalvfs")
-        out[D + "sriov"] = bool(total)
-        if total:
-            out[D + "sriovVfs"] = sysfs.read_int(f"{base}/sriov_numvfs") or 0
-        if physfn:
-            out[D + "isSriovVf"] = True
-            host.sriov_pf = os.path.basename(physfn)
-        return out, host
-
-    @staticmethod
-    def _rdma_attributes(rdma: RdmaDevice | None, out: dict[str, AttributeValue], host: HostFacts) -> None:
-        out[D + "rdma"] = rdma is not None
-        if rdma is None:
-            return
-        out[D + "rdmaDevice"] = rdma.name
-        if rdma.link_layer:
-            out[D + "linkLayer"] = rdma.link_layer
-        if rdma.rate_gbps:
-            out[D + "rateGbps"] = rdma.rate_gbps
-        host.rdma_device = rdma.name
-        host.char_devices = list(rdma.char_devices)
-
-    @staticmethod
-    def _speed_gbps(sysfs: SysfsReader, ifname: str) -> int | None:
-        mbps = sysfs.read_int(f"class/net/{ifname}/speed")
-        return mbps // 1000 if mbps and mbps >= 1000 else None
-
     # -- the scan ---------------------------------------------------------------------------
     def scan(self) -> list[Device]:
         """All publishable devices, sorted by name (deterministic for identical inputs).
@@ -408,7 +245,7 @@ class Scanner:
                 devices,
                 report,
                 f"PCI function {bdf}",
-                self.pci_device,
+                self.builder.pci_device,
                 sysfs,
                 bdf,
                 pci_netdevs.get(bdf, []),
@@ -419,7 +256,7 @@ class Scanner:
             pci = rdma.pci_address
             if pci is None or pci in network_pci or pci in excluded_pci or pci in report.skipped_pci:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
-            self._add(devices, report, f"PCI function {pci}", self.pci_device, sysfs, pci, [], rdma)
+            self._add(devices, report, f"PCI function {pci}", self.builder.pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
             self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
         self.identity.end_scan()
@@ -427,7 +264,7 @@ class Scanner:
         for name, dev in netdevs.items():
             if dev.pci_address or name in excluded:
                 continue
-            self._add(devices, report, f"netdev {name_bytes(name)}", self.netdev_device, sysfs, dev)
+            self._add(devices, report, f"netdev {name_bytes(name)}", self.builder.netdev_device, sysfs, dev)
 
         devices.sort(key=lambda d: d.name)
         self.warnings.emit(report, sysfs.problems)
@@ -452,43 +289,6 @@ class Scanner:
             log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
             return False
         return True
-
-    def netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
-        """The device of a netdev without a PCI function (virtual, or non-PCI hardware), named after it."""
-        if not dev.virtual:
-            log.debug(
-                "non-PCI hardware netdev published as a standalone device",
-                extra={"kv": {"ifname": dev.ifname, "path": dev.sysfs_path}},
-            )
-        values = self._netdev_attributes(sysfs, dev)
-        values[D + "rdma"] = False
-        host = HostFacts(ifname=dev.ifname, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
-        dev_name = netdev_device_name(dev.ifname)
-        return Device(dev_name, attrs.finalize(values, dev_name), host)
-
-    @staticmethod
-    def _perm_mac(dev: Netdev, values: dict[str, AttributeValue]) -> str | None:
-        if dev.link and dev.link.permanent_mac:
-            return dev.link.permanent_mac
-        mac = values.get(D + "mac")
-        return mac if isinstance(mac, str) else None
-
-    def pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
-        """The device of PCI function ``bdf`` with its (non-excluded) netdevs and RDMA device."""
-        values, host = self._pci_attributes(sysfs, bdf)
-        if netdevs:
-            # A multi-port function (rare) publishes its first netdev by name; the device is the function.
-            dev = netdevs[0]
-            values.update(self._netdev_attributes(sysfs, dev))
-            host.ifname = dev.ifname
-            host.permanent_mac = self._perm_mac(dev, values)
-            if rdma is None or not rdma.rate_gbps:
-                speed = self._speed_gbps(sysfs, dev.ifname)
-                if speed:
-                    values[D + "rateGbps"] = speed
-        self._rdma_attributes(rdma, values, host)
-        name = pci_device_name(bdf)
-        return Device(name, attrs.finalize(values, name), host)
 
 
 def merge_allocated(scanned: list[Device], allocated: dict[str, Device]) -> list[Device]:

@@ -13,8 +13,8 @@ being excluded), or the last full scan is unknown, the answer is "do a full scan
 safety net for what link events never say (routes: the uplink; PCI hotplug without a netdev).
 
 Kept apart from :mod:`driver.inventory.discovery` on purpose: the full scan's pipeline and the
-per-link path share the per-device builders (:meth:`Scanner.netdev`, :meth:`Scanner.pci_device`,
-:meth:`Scanner.netdev_device`), nothing else.
+per-link path share the reading of one netdev (:meth:`Scanner.netdev`) and the per-device
+builders (:class:`~driver.inventory.device_builder.DeviceBuilder`), nothing else.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.inventory.discovery import PCI_IDENTITY_FILES, Netdev, Scanner, ScanState
+from driver.inventory.device_builder import Netdev
+from driver.inventory.discovery import PCI_IDENTITY_FILES, Scanner, ScanState
 from driver.inventory.names import netdev_device_name, pci_device_name
 from driver.inventory.rdma import refresh_ports
 from driver.inventory.sysfs import SysfsReader, ifname_problem, name_bytes
@@ -146,7 +147,7 @@ class LinkUpdater:
             elif excluded:
                 delta.removed.add(netdev_device_name(name))
             else:
-                self._build(delta, netdev_device_name(name), self.scanner.netdev_device, sysfs, dev)
+                self._build(delta, netdev_device_name(name), self.scanner.builder.netdev_device, sysfs, dev)
         for bdf in pci:
             self._pci(sysfs, state, bdf, delta)
 
@@ -170,7 +171,7 @@ class LinkUpdater:
         rdma = state.rdma_by_pci.get(bdf)
         if rdma is not None:
             rdma = state.rdma_by_pci[bdf] = refresh_ports(sysfs, rdma, scanner.use_pyverbs)
-        self._build(delta, name, scanner.pci_device, sysfs, bdf, netdevs, rdma)
+        self._build(delta, name, scanner.builder.pci_device, sysfs, bdf, netdevs, rdma)
         scanner.identity.remember(sysfs, base, key, PCI_IDENTITY_FILES, ("", "/physfn"))
 
     @staticmethod

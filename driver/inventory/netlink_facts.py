@@ -34,6 +34,7 @@ from driver.netlink_channel import (
     IFLA_PERM_ADDRESS,
     NETLINK_GET_STRICT_CHK,
     NLM_F_REQUEST,
+    RT_TABLE_MAIN,
     RTA_MULTIPATH,
     RTA_OIF,
     RTA_PRIORITY,
@@ -42,6 +43,7 @@ from driver.netlink_channel import (
     RTM_GETLINK,
     RTM_GETROUTE,
     RTMSG,
+    RTN_UNICAST,
     RTNEXTHOP,
     SOL_NETLINK,
     NetlinkChannel,
@@ -70,8 +72,6 @@ ARPHRD_ENCAP: dict[int, str] = {
 
 ARPHRD_LOOPBACK = 772
 IFF_LOOPBACK = 0x8
-RT_TABLE_MAIN = 254
-RTN_UNICAST = 1
 
 
 @dataclass

@@ -17,7 +17,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from driver.claims.prepare import ClaimRef, Preparer, PrepareResult
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef, PrepareResult
 from driver.metrics import FAILED, PREPARE, SUCCESS, UNPREPARE, Metrics
 
 log = logging.getLogger(__name__)

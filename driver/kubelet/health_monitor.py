@@ -18,7 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from driver.checkpoint import CheckpointStore, DriverState
+from driver.checkpoint.state import DriverState
+from driver.checkpoint.store import CheckpointStore
 from driver.kubelet.device_health import DeviceHealthState, device_health_states
 from driver.model.device import Device
 from driver.netlink.link_health import LinkFacts, LinkProbe

@@ -17,17 +17,12 @@ from pathlib import Path
 from driver.netlink import pod_rules
 from driver.netlink.namespaces import Namespaces
 from driver.netlink.pod_rules import Neighbor, Rule
-from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, RT_TABLE_LOCAL, RTN_UNICAST, RTPROT_KERNEL, Route, ip_attr
+from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Route, restorable_route
 from driver.netlink_channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
     IFADDRMSG,
-    RTA_DST,
-    RTA_GATEWAY,
     RTA_OIF,
-    RTA_PREFSRC,
-    RTA_PRIORITY,
-    RTA_TABLE,
     RTM_GETADDR,
     RTM_GETROUTE,
     RTMSG,
@@ -95,7 +90,9 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
     for index in list(by_index) if rtnl.strict() else [0]:
         oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
         for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
-            _record_route(payload, by_index)
+            found = restorable_route(payload, by_index)
+            if found is not None:
+                by_index[found[0]].routes.append(found[1])
     rules = pod_rules.host_rules(rtnl)
     for index, state in by_index.items():
         state.rules = pod_rules.rules_of(rules, state.ifname, state.addresses)
@@ -112,31 +109,3 @@ def _record_address(payload: bytes, by_index: dict[int, LinkState]) -> None:
     raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
     if raw:
         owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
-
-
-def _record_route(payload: bytes, by_index: dict[int, LinkState]) -> None:
-    family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
-    if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
-        return
-    attrs = parse_attrs(payload, RTMSG.size)
-    oif = attrs.get(RTA_OIF)
-    via = by_index.get(struct.unpack("=i", oif)[0]) if oif else None  # multipath: no RTA_OIF
-    if via is None:
-        return
-    if RTA_TABLE in attrs:
-        table = struct.unpack("=I", attrs[RTA_TABLE])[0]
-    if table == RT_TABLE_LOCAL:
-        return
-    dst = ip_attr(attrs, RTA_DST)
-    via.routes.append(
-        Route(
-            dst=f"{dst}/{dst_len}" if dst is not None else None,
-            gateway=ip_attr(attrs, RTA_GATEWAY),
-            prefsrc=ip_attr(attrs, RTA_PREFSRC),
-            table=table,
-            priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
-            scope=scope,
-            proto=proto,
-            family=family,
-        )
-    )

@@ -168,11 +168,6 @@ def _restore_reqs(device: str, link: LinkInfo, state: LinkState) -> list[Request
     return reqs + _config_reqs(device, link.index, state.addresses, state.routes, True, state.rules, state.neighbors)
 
 
-def restore_host_link(rtnl: Rtnl, device: str, link: LinkInfo, state: LinkState) -> None:
-    """Give a NIC that is back in the host netns its name, MTU, MAC, addresses and routes."""
-    rtnl.run(_restore_reqs(device, link, state))
-
-
 @dataclass
 class ReturnItem:
     """One NIC to bring home: its device, its name in the pod, the host state to restore."""

@@ -18,17 +18,16 @@ import struct
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from driver.netlink.rtnl import RT_TABLE_MAIN, Request, Rtnl, mac_bytes
-from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, attr, mac_str, parse_attrs, text
+from driver.netlink.rtnl import Request, Rtnl, mac_bytes
+from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, mac_str, parse_attrs, text
 
 RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
 RTM_NEWRULE, RTM_GETRULE = 32, 34
 NLM_F_REPLACE = 0x100
 FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, res1, res2, action, flags
 FRA_DST, FRA_SRC, FRA_IIFNAME, FRA_PRIORITY, FRA_TABLE, FRA_OIFNAME = 1, 2, 3, 6, 15, 17
-FRA_FWMARK, FRA_L3MDEV, FRA_PROTOCOL = 10, 19, 21
+FRA_FWMARK, FRA_L3MDEV = 10, 19
 FR_ACT_TO_TBL = 1
-RTPROT_STATIC = 4
 NDMSG = struct.Struct("=BxxxiHBB")  # family, ifindex, state, flags, type
 NDA_DST, NDA_LLADDR, NDA_IFINDEX = 1, 2, 8
 NUD_PERMANENT = 0x80

@@ -16,6 +16,7 @@ import ipaddress
 import os
 import socket
 import struct
+from collections.abc import Container
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,6 +36,7 @@ from driver.netlink_channel import (
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REQUEST,
+    RT_TABLE_MAIN,
     RTA_DST,
     RTA_GATEWAY,
     RTA_OIF,
@@ -46,17 +48,17 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     RTM_NEWROUTE,
     RTMSG,
+    RTN_UNICAST,
     SOL_NETLINK,
     NetlinkChannel,
     attr,
     mac_str,
+    parse_attrs,
     pick_attrs,
 )
 
 RT_TABLE_LOCAL = 255
-RT_TABLE_MAIN = 254
 RTPROT_KERNEL = 2
-RTN_UNICAST = 1
 RT_SCOPE_UNIVERSE = 0
 
 
@@ -172,10 +174,6 @@ class Rtnl(NetlinkChannel):
     def link(self, ifname: str) -> LinkInfo | None:
         """RTM_GETLINK by name; None when there is no such link."""
         return self.links_by_name([ifname])[0]
-
-    def link_by_index(self, index: int) -> LinkInfo | None:
-        """RTM_GETLINK by ifindex; None when there is no such link."""
-        return self._links([(index, None)])[0]
 
     def links_by_name(self, ifnames: list[str]) -> list[LinkInfo | None]:
         """RTM_GETLINK for each name, pipelined in one send; None where there is no such link."""
@@ -328,3 +326,37 @@ def newroute(device: str, index: int, route: Route, step: str = "route") -> Requ
         body += attr(RTA_PRIORITY, struct.pack("=I", route.priority))
     what = f"{route.dst or 'default'} via {route.gateway or '-'} table {table}"
     return Request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body, device, step, what, (errno.EEXIST,))
+
+
+def restorable_route(payload: bytes, oifs: Container[int]) -> tuple[int, Route] | None:
+    """A route dump's entry through one of ``oifs``, as ``(ifindex, Route)``: what :func:`newroute` recreates.
+
+    None for routes through other links and for those a return must not recreate: what the
+    kernel makes by itself (``proto kernel``, the local table), non-unicast and multipath (no
+    RTA_OIF) routes. The header is checked before the attributes are parsed: an unfiltered dump
+    (kernels without strict checking) is mostly other links' routes.
+    """
+    family, dst_len, _src_len, _tos, table, proto, scope, rtype, _flags = RTMSG.unpack_from(payload)
+    if rtype != RTN_UNICAST or proto == RTPROT_KERNEL:
+        return None
+    attrs = parse_attrs(payload, RTMSG.size)
+    oif = attrs.get(RTA_OIF)
+    index = struct.unpack("=i", oif)[0] if oif else None
+    if index is None or index not in oifs:
+        return None
+    if RTA_TABLE in attrs:
+        table = struct.unpack("=I", attrs[RTA_TABLE])[0]
+    if table == RT_TABLE_LOCAL:
+        return None
+    dst = ip_attr(attrs, RTA_DST)
+    route = Route(
+        dst=f"{dst}/{dst_len}" if dst is not None else None,
+        gateway=ip_attr(attrs, RTA_GATEWAY),
+        prefsrc=ip_attr(attrs, RTA_PREFSRC),
+        table=table,
+        priority=struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else None,
+        scope=scope,
+        proto=proto,
+        family=family,
+    )
+    return index, route

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from driver.checkpoint import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.model.device import ATTRIBUTE_DOMAIN
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.rtnl import LinkInfo, Rtnl

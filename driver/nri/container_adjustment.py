@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.claims.container_settings import ContainerSettings
 from driver.model.device import CharDevice
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import PreparedClaim
+from driver.checkpoint.state import PreparedClaim
 from driver.node_lease import NodeLease
 from driver.nri.hooks import NRIHooks
 

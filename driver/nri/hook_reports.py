@@ -12,7 +12,7 @@ import logging
 from typing import Protocol
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import PreparedClaim, PreparedDevice
+from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status_entries import DeviceResult
 from driver.netlink.nic_moves import PodLinkResult
 

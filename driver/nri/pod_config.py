@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from dataclasses import replace
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.pod_rules import Neighbor, Rule, config_rule

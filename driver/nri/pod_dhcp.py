@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.config import DHCP_TIMEOUT
 from driver.dhcp import client
 from driver.dhcp.client import DhcpError, Exchange

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from driver.model.network_config import EthtoolConfig
-from driver.netlink import ethtool
+from driver.netlink import ethtool, ethtool_genl
 from driver.netlink.namespaces import Namespaces
 
 
@@ -27,12 +27,12 @@ class PodEthtool:
 
     def __init__(self, ns: Namespaces) -> None:
         self.ns = ns
-        self._host: ethtool.Ethtool | None = None
+        self._host: ethtool_genl.Ethtool | None = None
 
-    def host(self) -> ethtool.Ethtool:
+    def host(self) -> ethtool_genl.Ethtool:
         """The ethtool client in the host netns."""
         if self._host is None:
-            self._host = ethtool.Ethtool(self.ns.socket_in(self.ns.host_fd, ethtool.NETLINK_GENERIC))
+            self._host = ethtool_genl.Ethtool(self.ns.socket_in(self.ns.host_fd, ethtool_genl.NETLINK_GENERIC))
         return self._host
 
     def plans(self, nics: Iterable[tuple[str, str, EthtoolConfig | None]]) -> dict[str, ethtool.EthtoolPlan]:
@@ -46,7 +46,7 @@ class PodEthtool:
                 continue
             try:
                 plans[device] = ethtool.plan(self.host(), ifname, cfg.features, cfg.private_flags)
-            except (ethtool.EthtoolError, OSError) as exc:
+            except (ethtool_genl.EthtoolError, OSError) as exc:
                 raise EthtoolPlanError(device, str(exc)) from exc
         return plans
 
@@ -55,7 +55,7 @@ class PodEthtool:
         todo = {dev: (name, p) for dev, (name, p) in planned.items() if not p.empty()}
         if not todo:
             return
-        pod_eth = self.host().sibling(self.ns.socket_in(pod_fd, ethtool.NETLINK_GENERIC))
+        pod_eth = self.host().sibling(self.ns.socket_in(pod_fd, ethtool_genl.NETLINK_GENERIC))
         try:
             for dev, (name, p) in todo.items():
                 ethtool.apply(pod_eth, dev, name, p.features, p.private_flags)

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from driver.checkpoint import MovedDevice, PreparedDevice
+from driver.checkpoint.state import MovedDevice, PreparedDevice
 from driver.model.network_config import InterfaceConfig
 from driver.netlink import ebpf, offload_sizes, sysctls, vrf
 from driver.netlink.namespaces import Namespaces, NetnsGone

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts

@@ -6,15 +6,17 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from driver.checkpoint import CheckpointStore, PreparedDevice
+from driver.checkpoint.state import PreparedDevice
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.merge import merge_under_cloud
-from driver.claims.prepare import ClaimRef, Preparer
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
 from driver.model.network_config import EthtoolConfig, InterfaceConfig, NetworkConfig, RouteConfig, RuleConfig
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import Route
-from driver.nri.hooks import pod_link_config
+from driver.nri.pod_config import pod_link_config
 from tests.claims.test_prepare import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.claims.container_settings import container_env, settings_for_container
 from driver.claims.fields import ConfigError
 from driver.claims.merge import configs_for_request

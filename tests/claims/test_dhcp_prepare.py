@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.checkpoint import CheckpointStore
-from driver.claims.prepare import ClaimRef, Preparer
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
 from tests.claims.conftest import NODE, inventory

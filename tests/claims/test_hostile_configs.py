@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.decode import decode_config
 from driver.claims.fields import ConfigError
-from driver.claims.prepare import ClaimRef, Preparer
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef
 from driver.claims.validation import validate_claim_spec
 from driver.kube.client import KubeClient
 from driver.model.untrusted import InputError

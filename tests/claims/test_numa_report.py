@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import PreparedClaim, PreparedDevice
+from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.numa_report import numa_condition, other_devices, own_devices, pci_numa_node
 from driver.model.device import Device, HostFacts
 

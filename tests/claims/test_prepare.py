@@ -8,9 +8,12 @@ from typing import Any
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.state import PodNetState
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import base_request
 from driver.claims.merge import configs_for_request
-from driver.claims.prepare import ClaimRef, Preparer, base_request
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
 from driver.model.network_config import InterfaceConfig, NetworkConfig
@@ -146,7 +149,7 @@ async def test_inventory_crash_is_contained(api: FakeAPIServer, preparer: Prepar
 async def test_unprepare_removes_and_unknown_succeeds(api: FakeAPIServer, preparer: Preparer) -> None:
     api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)], pods=["p"]))
     await preparer.prepare([ClaimRef("ns", "c1", "uid-1")])
-    preparer.store.update(lambda s: s.pods.setdefault("p", __import__("driver.checkpoint").checkpoint.PodNetState("p")))
+    preparer.store.update(lambda s: s.pods.setdefault("p", PodNetState("p")))
     errors = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "never", "uid-never")])
     assert errors == {"uid-1": "", "uid-never": ""}
     assert preparer.store.read(lambda s: (dict(s.claims), sorted(s.pods))) == ({}, ["p"])  # pods untouched

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.claims.profile import ProfileResolver, check_at_start, profile_resolver
 from driver.config import DriverConfig
@@ -148,7 +148,7 @@ async def test_a_profile_without_a_provider_is_refused(tmp_path: Path) -> None:
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
         _claim(api, {"profile": "acme.com/ipam"})
-        from driver.claims.prepare import ClaimRef
+        from driver.claims.prepare_results import ClaimRef
 
         out = await preparer.prepare([ClaimRef("ns", "c-uid-1", "uid-1")])
     assert (

@@ -7,7 +7,7 @@ import time
 from copy import deepcopy
 from typing import Any
 
-from driver.checkpoint import PreparedClaim, PreparedDevice
+from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status import ClaimStatusWriter
 from driver.claims.status_entries import DeviceResult, StatusUpdate, reason_for
 from driver.kube.errors import NotFound, Unavailable

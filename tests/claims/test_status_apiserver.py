@@ -27,7 +27,7 @@ from devcluster.controlplane import (
 )
 from devcluster.demo import allocated_claim, delete_pod, pod_for_template
 from devcluster.sysfs_fixture import build
-from driver.checkpoint import PreparedClaim, PreparedDevice
+from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.merge import configs_for_request
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter
 from driver.claims.status_entries import DeviceResult

@@ -515,4 +515,4 @@ def test_denial_detector_recognises_what_the_driver_logs() -> None:
     assert forbidden_lines(f"2026 WARNING driver.claims.status: write failed error={err}\nok line")
     assert forbidden_lines('... "reason":"Forbidden","code": 403}')
     assert not forbidden_lines("scan done devices=2 rdma=0 ms=403.2\npublished ResourceSlices slices=1")
-    assert not forbidden_lines("2026-11-22 06:40:12,403 INFO driver.daemon: scan done devices=2")
+    assert not forbidden_lines("2026-11-22 06:40:12,403 INFO driver.daemon.device_sync: scan done devices=2")

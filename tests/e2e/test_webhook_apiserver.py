@@ -26,16 +26,14 @@ import yaml
 
 from devcluster import certs
 from devcluster.controlplane import free_port
+from driver.config import DRIVER_NAME
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
-from driver.webhook import (
-    MANAGED_CONFIGURATION,
-    WebhookOptions,
-    build_registry,
-    review,
-    self_signed,
-    webhook_configuration,
-)
+from driver.webhook.certificates import self_signed
+from driver.webhook.configuration import MANAGED_CONFIGURATION, webhook_configuration
+from driver.webhook.handler import review
+from driver.webhook.options import WebhookOptions
+from driver.webhook.server import build_registry
 from tests.plugins.cluster import delete_if_present
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,13 +222,13 @@ def test_one_handler_and_the_managed_configuration(policy, tmp_path: Path):
 
 def test_review_paths_for_both_kinds():
     bad = {"interface": {"mtu": 10}}
-    assert review("resourceclaimtemplates", template("t", bad)) == [
+    assert review("resourceclaimtemplates", template("t", bad), DRIVER_NAME) == [
         "spec.spec.devices.config[1].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"
     ]
-    assert review("resourceclaims", claim("c", bad)) == [
+    assert review("resourceclaims", claim("c", bad), DRIVER_NAME) == [
         "spec.devices.config[0].opaque.parameters.interface.mtu: must be between 68 and 65536, got 10"
     ]
-    assert review("resourceclaims", claim("c", bad, driver="other.example.com")) == []
+    assert review("resourceclaims", claim("c", bad, driver="other.example.com"), DRIVER_NAME) == []
 
 
 @pytest.mark.cluster
@@ -420,6 +418,9 @@ def test_managed_match_conditions_malformed_bodies_and_a_dead_webhook(
         names.append((kube, f"{path}/{bad['metadata']['name']}"))
         err = create_until_rejected(kube, path, bad, log_path)
         assert "spec.devices.config[0].opaque.parameters.interface.name: 'all' is reserved" in err.message
+        held = claim(f"held-{uuid.uuid4().hex[:6]}", {"interface": {"name": "net1"}})
+        names.append((kube, f"{path}/{held['metadata']['name']}"))
+        held = kube.request("POST", path, held)  # admitted while the webhook runs
 
         ca = base64.b64decode(vwc["webhooks"][0]["clientConfig"]["caBundle"]).decode()
         context = ssl.create_default_context(cadata=ca)
@@ -445,3 +446,12 @@ def test_managed_match_conditions_malformed_bodies_and_a_dead_webhook(
     with pytest.raises(KubeError) as refused:
         kube.request("POST", path, ours)
     assert "failed calling webhook" in refused.value.message  # failurePolicy Fail: ours wait for it
+    # An existing claim's updates never wait for it (its spec is immutable; the configuration
+    # asks for CREATE only): the scheduler's finalizer goes on and comes off, and it deletes.
+    held_path = f"{path}/{held['metadata']['name']}"
+    held["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+    held = kube.request("PUT", held_path, held)
+    assert held["metadata"]["finalizers"] == ["resource.kubernetes.io/delete-protection"]
+    held["metadata"]["finalizers"] = []
+    assert not kube.request("PUT", held_path, held)["metadata"].get("finalizers")
+    kube.request("DELETE", held_path)

@@ -38,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore, FileOps
-from driver.claims.prepare import ClaimRef, Preparer
+from driver.checkpoint.files import FileOps
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.prepare import Preparer
+from driver.claims.prepare_results import ClaimRef
 from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import NRIHooks
 from tests.claims.conftest import inventory
@@ -277,7 +279,7 @@ def nri_scenario(
         if hook == "stop":
             hooks = NRIHooks(CheckpointStore(state))
             hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
-            hooks.ns.close()
+            hooks.ctx.ns.close()
         return claim, pod
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
@@ -315,7 +317,7 @@ def nri_scenario(
                 tally.stranded += len(nics)
                 tally.problem(f"{name} k={k} (exit {code}): NICs {place} after restart")
             hooks.stop_pod_sandbox(pod)
-            hooks.ns.close()
+            hooks.ctx.ns.close()
             after = snapshot([n.name for n in nics])
             for nic in nics:
                 now = after[nic.name]

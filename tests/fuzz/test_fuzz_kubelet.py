@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dranet_proto import dra_v1_pb2 as v1_pb
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.kube.client import KubeClient

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import CheckpointStore, MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint.store import CheckpointStore
 from driver.config import HOST_NETNS
 from driver.kubelet.device_health import LINK_DOWN, DeviceHealthState, assess
 from driver.kubelet.health_monitor import HealthMonitor

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.kube.client import KubeClient

@@ -1,5 +1,6 @@
-"""driver.netlink.ethtool on real veth NICs: features read and set over ethtool genetlink, checked
-against the legacy SIOCETHTOOL ioctl (pyroute2's implementation, a different kernel path).
+"""driver.netlink.ethtool and its client ethtool_genl on real veth NICs: features read and set over
+ethtool genetlink, checked against the legacy SIOCETHTOOL ioctl (pyroute2's implementation, a
+different kernel path).
 
 veth facts this relies on (kernel 6.x): tx-checksum-ip-generic and tx-checksum-sctp are on
 and changeable, rx-gro is off and changeable, tx-checksum-ipv4 is fixed off, and veth has no
@@ -17,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
-from driver.netlink import ethtool
-from driver.netlink.ethtool import Ethtool, EthtoolError
+from driver.netlink import ethtool, ethtool_genl
+from driver.netlink.ethtool_genl import Ethtool, EthtoolError
 from driver.netlink.rtnl import NetnsOpError
 
 pytestmark = pytest.mark.root
@@ -73,7 +74,7 @@ def ioctl_set(ifname: str, values: dict[str, bool], netns: str | None = None) ->
 def host_eth() -> Iterator[Ethtool]:
     if os.geteuid() != 0:
         pytest.skip("needs root")
-    eth = Ethtool(ethtool.open_socket())
+    eth = Ethtool(ethtool_genl.open_socket())
     try:
         yield eth
     finally:
@@ -96,7 +97,7 @@ def test_set_in_pod_netns_and_restore_exactly(netns_factory) -> None:
     netns_factory.veth(ifname, netns=pod_ns)
     before = ioctl_features(ifname, pod_ns)
     assert before["tx-checksum-ip-generic"] and not before["rx-gro"] and before["tx-tcp-segmentation"]
-    eth = Ethtool(ethtool.open_socket(f"/run/netns/{pod_ns}"))
+    eth = Ethtool(ethtool_genl.open_socket(f"/run/netns/{pod_ns}"))
     try:
         plan = ethtool.plan(eth, ifname, {"tx-checksum-ip-generic": False, "rx-gro": True}, None)
         assert plan.features == {"tx-checksum-ip-generic": False, "rx-gro": True}

@@ -14,10 +14,11 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.netlink import rdma_netns
 from driver.netlink_channel import NLMSGHDR, NetlinkChannel
-from driver.nri.hooks import HookError, NRIHooks
+from driver.nri.hook_context import HookError
+from driver.nri.hooks import NRIHooks
 from tests.plugins.nri import pod_json, prepare_claim
 
 # include/uapi/rdma/rdma_netlink.h

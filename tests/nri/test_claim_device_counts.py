@@ -10,7 +10,8 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore, claim_device_counts
+from driver.checkpoint.state import claim_device_counts
+from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import configure_host_nic, pod_json, prepare_claim

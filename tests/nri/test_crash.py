@@ -1,7 +1,7 @@
 """Kill the driver between every pair of hook steps; after a restart no NIC is stranded or misnamed.
 
 DRANET_FAULT_AFTER=<step> makes the driver process ``os._exit(137)`` right after that step
-(driver/nri/hooks.py). The runtime side is the real containerd/nri adaptation (Go harness),
+(driver/nri/hook_steps.py). The runtime side is the real containerd/nri adaptation (Go harness),
 which keeps the pod in its Synchronize list, so the restarted driver reconciles it.
 NIC 0 also gets ethtool features, so every step checks their host values come back too.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
-from driver.nri.hooks import RUN_STEPS, STOP_STEPS
+from driver.checkpoint.store import CheckpointStore
+from driver.nri.hook_steps import RUN_STEPS, STOP_STEPS
 from tests.netlink.test_ethtool import ioctl_features
 from tests.plugins.nri import (
     DriverProcess,

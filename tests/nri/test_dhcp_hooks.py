@@ -18,9 +18,10 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.config import DHCP_TIMEOUT
-from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
+from driver.nri.hook_context import HookError, pod_netns_path
+from driver.nri.hooks import NRIHooks
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd

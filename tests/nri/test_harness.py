@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from tests.plugins.nri import (
     DriverProcess,
     Harness,

@@ -19,7 +19,7 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore
+from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import configure_host_nic, link_facts, pod_json, prepare_claim
@@ -52,7 +52,7 @@ def test_unprepare_returns_nics_the_runtime_never_asked_back(netns_factory: Netn
     hooks.claim_unprepared(claim)
     assert link_facts(nic) == before, "the NIC must come back with its name, MTU, MAC, addresses, routes"
     assert store.read(lambda s: s.pods) == {}
-    assert hooks._pins == {}, "the namespace is released once its NICs are home"
+    assert hooks.ctx.pins.fds == {}, "the namespace is released once its NICs are home"
 
 
 def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFactory, tmp_path: Path) -> None:
@@ -67,6 +67,6 @@ def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFacto
     hooks.run_pod_sandbox(pod)
     hooks.stop_pod_sandbox(pod)
     before = link_facts(nic)
-    assert before is not None and hooks._pins == {}
+    assert before is not None and hooks.ctx.pins.fds == {}
     hooks.claim_unprepared(store.read(lambda s: s.claims[claim_uid]))
     assert link_facts(nic) == before

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from driver.checkpoint import PreparedDevice
+from driver.checkpoint.state import PreparedDevice
 from driver.claims.decode import decode_config
 from driver.model.device import Device
 from driver.netlink.nic_moves import LinkState, PodLinkConfig

@@ -15,7 +15,7 @@ import pytest
 from driver.netlink import offload_sizes, vrf
 from driver.netlink.rtnl import Rtnl
 from driver.netlink_channel import netlink_socket, open_netns
-from driver.nri.hooks import HookError
+from driver.nri.hook_context import HookError
 from tests.nri.test_pod_rules import Node, sh
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import link_facts, prepare_claim
@@ -161,7 +161,7 @@ def test_vrf_messages_byte_by_byte() -> None:
 def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: NetnsFactory) -> None:
     """The VRF enslave and teardown paths on a real master device: a bridge stands in for the VRF this
     kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind)."""
-    from driver.checkpoint import MovedDevice
+    from driver.checkpoint.state import MovedDevice
     from driver.netlink import nic_moves
     from driver.netlink.namespaces import Namespaces
     from driver.netlink.nic_moves import PodLinkConfig

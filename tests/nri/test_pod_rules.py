@@ -16,7 +16,8 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint import CheckpointStore, DriverState
+from driver.checkpoint.state import DriverState
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.decode import decode_config
 from driver.claims.merge import merge_under_cloud
 from driver.nri.hooks import NRIHooks

@@ -219,7 +219,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
     ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones).
     """
-    from driver.checkpoint import DriverState, PreparedClaim, PreparedDevice
+    from driver.checkpoint.state import DriverState, PreparedClaim, PreparedDevice
     from driver.claims.decode import decode_config
     from driver.model.device import CharDevice, Device, HostFacts
     from driver.model.network_config import NetworkConfig
@@ -358,7 +358,7 @@ def _main(argv: list[str]) -> int:
         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s %(kv)s", defaults={"kv": ""})
     )
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    from driver.checkpoint import CheckpointStore
+    from driver.checkpoint.store import CheckpointStore
     from driver.nri.hooks import NRIHooks
     from driver.nri.plugin import Backoff, NRIPlugin
 

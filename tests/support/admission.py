@@ -24,14 +24,17 @@ from kopf._core.engines import admission as kopf_admission
 from kopf._core.engines.indexing import OperatorIndexers
 from kopf._core.reactor.inventory import ResourceMemories
 
-from driver.webhook import AnyPathWebhookServer, WebhookOptions, build_registry, self_signed
+from driver.webhook.certificates import self_signed
+from driver.webhook.handler import AnyPathWebhookServer
+from driver.webhook.options import WebhookOptions
+from driver.webhook.server import build_registry
 
 KINDS = {"resourceclaims": "ResourceClaim", "resourceclaimtemplates": "ResourceClaimTemplate"}
 
 
-def kopf_webhook_fn(tmp_path: Path) -> Any:
+def kopf_webhook_fn(tmp_path: Path, options: WebhookOptions | None = None) -> Any:
     """kopf's admission function over the registry ``dranet webhook`` builds."""
-    registry = build_registry(WebhookOptions(), self_signed(tmp_path, ["127.0.0.1"]))
+    registry = build_registry(options or WebhookOptions(), self_signed(tmp_path, ["127.0.0.1"]))
     insights = Insights()
     insights.webhook_resources.update(
         Resource("resource.k8s.io", "v1", plural, kind=kind, namespaced=True) for plural, kind in KINDS.items()
@@ -48,9 +51,9 @@ def kopf_webhook_fn(tmp_path: Path) -> Any:
 
 
 @asynccontextmanager
-async def webhook_client(tmp_path: Path) -> AsyncIterator[TestClient]:
+async def webhook_client(tmp_path: Path, options: WebhookOptions | None = None) -> AsyncIterator[TestClient]:
     """An HTTP client of the handler, serving every path like the real server."""
-    fn = kopf_webhook_fn(tmp_path)
+    fn = kopf_webhook_fn(tmp_path, options)
 
     async def handle(request: aiohttp.web.Request) -> aiohttp.web.Response:
         return await AnyPathWebhookServer._serve(fn, request)

@@ -31,7 +31,7 @@ from devcluster import cluster
 from devcluster.controlplane import wait_for
 from devcluster.demo import ALIGNED
 from devcluster.pods import pod_view
-from driver.checkpoint import COMPATIBLE_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     NUMA1_RDMA,
@@ -268,7 +268,7 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     start_pod(node, ns, "writer", ALIGNED)
     wait_running(node, ns, "writer")
     data = node.checkpoint()
-    # Version 2 while no claim uses a field of version 3 (driver/checkpoint.py COMPATIBLE_VERSION).
+    # Version 2 while no claim uses a field of version 3 (driver/checkpoint/schema.py COMPATIBLE_VERSION).
     assert data["version"] in (COMPATIBLE_VERSION, SCHEMA_VERSION) and data["claims"]
     data["version"] = SCHEMA_VERSION + 1
     for claim in data["claims"].values():

@@ -1,0 +1,197 @@
+"""The record of one claim: which allocated devices are ours, and the config each one gets.
+
+A ResourceClaim becomes a :class:`~driver.checkpoint.state.PreparedClaim` when it is the claim the
+kubelet asked for (same UID), allocated, and every result of our driver names a device of this
+node's pool and inventory. Each device's config is decoded, validated and merged (the cloud
+provider's under the claim's, a ``profile`` under both), then checked against what the NIC can
+do (ethtool features, offload sizes, DHCP) and against the claim's other NICs (names,
+addresses, NUMA pinning). Anything wrong is a :class:`~driver.claims.prepare_results.ClaimError`
+for this claim only: refused at prepare, rather than fail every start of the pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from driver.checkpoint.state import PreparedClaim, PreparedDevice
+from driver.claims.conflicts import conflict_errors, interface_conflicts
+from driver.claims.fields import ConfigError
+from driver.claims.merge import configs_for_request, merge_under_cloud
+from driver.claims.numa_pinning import device_numa_node, numa_pin_node
+from driver.claims.prepare_results import ClaimError, ClaimRef
+from driver.claims.profile import ProfileError, ProfileResolver
+from driver.model.device import Device
+from driver.model.network_config import NetworkConfig
+from driver.netlink.ethtool import check_features
+from driver.netlink.offload_sizes import check_host_nic
+
+ConfigDecoder = Callable[[list[dict[str, Any]], str, str], NetworkConfig]
+"""``(allocation_configs, request, driver) -> NetworkConfig``: the decoded, validated config of one
+allocated device (:func:`~driver.claims.merge.configs_for_request`); stored typed per device."""
+
+
+def base_request(request: str) -> str:
+    """The request name without a subrequest suffix (``"nic/sub"`` -> ``"nic"``)."""
+    return request.split("/", 1)[0]
+
+
+class ClaimBuilder:
+    """Turns a ResourceClaim into the record prepare stores (no checkpoint, no API server)."""
+
+    def __init__(
+        self,
+        devices: Callable[[], dict[str, Device]],
+        driver_name: str,
+        node_name: str,
+        config_decoder: ConfigDecoder = configs_for_request,
+        cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
+        profiles: ProfileResolver | None = None,
+    ) -> None:
+        """``devices`` returns the current inventory by device name; ``config_decoder`` turns
+        the allocation's config entries into the per-device config (decoded once, here);
+        ``cloud_config`` gives the cloud provider's config of a device, merged under the claim's
+        (the Go driver's order); ``profiles`` resolves a config's ``profile``
+        (``--profile-provider webhook``; None: refused)."""
+        self.devices = devices
+        self.driver_name, self.node_name = driver_name, node_name
+        self.config_decoder = config_decoder
+        self.cloud_config = cloud_config
+        self.profiles = profiles
+
+    def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
+        """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
+        default the current one) and decoded configs; :class:`ClaimError` when it cannot be prepared
+        (then the profiles resolved for it are released again)."""
+        profiled: list[tuple[Device, NetworkConfig]] = []
+        try:
+            return self._build(ref, claim, inventory, profiled)
+        except Exception:
+            if profiled and self.profiles is not None:
+                self.profiles.release_devices(ref.uid, profiled)
+            raise
+
+    def _build(
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        inventory: dict[str, Device] | None,
+        profiled: list[tuple[Device, NetworkConfig]],
+    ) -> PreparedClaim:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise ClaimError(f"{where} was replaced: it has UID {uid}, the kubelet asked for {ref.uid}")
+        status = claim.get("status") or {}
+        allocation = status.get("allocation")
+        if not allocation:
+            raise ClaimError(f"{where} is not allocated (status.allocation is empty)")
+        alloc_devices = allocation.get("devices") or {}
+        configs = alloc_devices.get("config") or []
+        inventory = self.devices() if inventory is None else inventory
+        prepared: list[PreparedDevice] = []
+        requests: list[str] = []  # each prepared device's request (with its subrequest)
+        for index, result in enumerate(alloc_devices.get("results") or []):
+            if result.get("driver") != self.driver_name:
+                continue  # another driver's device in a mixed claim
+            path = f"status.allocation.devices.results[{index}]"
+            pool, name, request = result.get("pool"), result.get("device"), result.get("request") or ""
+            if pool != self.node_name:
+                raise ClaimError(f"{where}: {path}.pool is {pool!r}, not this node's pool {self.node_name!r}")
+            device = inventory.get(name or "")
+            if device is None:
+                raise ClaimError(f"{where}: {path}.device {name!r} is not a device of this node")
+            base = base_request(request)
+            try:
+                config = self.config_decoder(configs, request or base, self.driver_name)
+            except ClaimError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
+                raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
+            cloud = self.cloud_config(device) if self.cloud_config is not None else None
+            config = merge_under_cloud(cloud, config)
+            config = self._with_profile(where, base, claim, device, config)
+            if config.profile:
+                profiled.append((device, config))
+            _check_ethtool(where, base, device, config)
+            _check_dhcp(where, base, device, config)
+            shared = result.get("adminAccess") is True or bool(result.get("shareID"))
+            prepared.append(
+                PreparedDevice(
+                    request=base,
+                    pool=pool,
+                    device=name,
+                    snapshot=device,
+                    config=config,
+                    cloud_config=cloud,
+                    shared=shared,
+                )
+            )
+            requests.append(request or base)
+        pod_uids = [
+            r["uid"]
+            for r in status.get("reservedFor") or []
+            if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
+        ]
+        nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
+        errors = conflict_errors(
+            interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
+        )
+        if errors:
+            raise ClaimError(f"{where}: {'; '.join(str(e) for e in errors)}")
+        try:
+            # numa.pin across NICs on several NUMA nodes can never be honoured: refuse it now,
+            # as a per-claim error, rather than start a pod that silently runs unpinned.
+            numa_pin_node(
+                ((d.config, device_numa_node(d), d.device) for d in prepared),
+                "status.allocation.devices.config: numa.pin",
+            )
+        except ConfigError as exc:
+            raise ClaimError(f"{where}: {exc}") from None
+        return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
+
+    def _with_profile(
+        self, where: str, request: str, claim: dict[str, Any], device: Device, config: NetworkConfig
+    ) -> NetworkConfig:
+        """``config`` with its ``profile`` resolved and merged under it; a failure is the claim's error."""
+        if not config.profile:
+            return config
+        problem = f"{where}: config for request {request!r}: "
+        if self.profiles is None:
+            raise ClaimError(
+                problem + f"profile {config.profile!r}: no profile provider (--profile-provider=webhook --webhook-url)"
+            )
+        try:
+            return self.profiles.resolve(claim, device, config)[0]
+        except ProfileError as exc:
+            raise ClaimError(problem + str(exc)) from None
+
+
+def _check_ethtool(where: str, request: str, device: Device, config: NetworkConfig) -> None:
+    """Refuse, at prepare, ethtool settings and offload sizes the NIC cannot take (like the Go driver
+    for ethtool), rather than fail at pod start. Only devices whose config sets them pay the netlink call."""
+    sizes = config.interface.offload_sizes if config.interface else {}
+    if sizes and device.host.ifname:  # GSO/GRO sizes above the NIC's or kernel's maximum: refused now too
+        problems = check_host_nic(device.host.ifname, sizes)
+        if problems:
+            raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+    eth = config.ethtool
+    if eth is None or eth.empty:
+        return
+    if not device.host.ifname:
+        raise ClaimError(f"{where}: config for request {request!r}: ethtool: device {device.name} has no netdev")
+    problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
+    if problems:
+        raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+
+
+def _check_dhcp(where: str, request: str, device: Device, config: NetworkConfig) -> None:
+    """``interface.dhcp`` needs an Ethernet NIC (:mod:`driver.dhcp`): refuse an IPoIB one at prepare
+    rather than fail every start of the pod."""
+    if config.interface is None or not config.interface.dhcp:
+        return
+    if device.attributes.get("dra.net/encapsulation") == "infiniband":
+        raise ClaimError(
+            f"{where}: config for request {request!r}: interface.dhcp: device {device.name} is an InfiniBand "
+            "(IPoIB) interface; DHCP works on Ethernet interfaces only"
+        )

@@ -1,0 +1,67 @@
+"""The group commit: concurrent prepares and unprepares applied to the checkpoint in arrival order.
+
+Mutations are applied atomically and persisted with one fsynced write per batch. That queue is
+the serialization point (the Go helper's mutex): decisions that depend on the stored state are
+made inside the mutation, under the store's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from driver.checkpoint.state import DriverState
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.prepare_results import ClaimError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class GroupCommit:
+    """Applies checkpoint mutations in arrival order, batching concurrent ones into one write."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+        self._pending: list[tuple[Callable[[DriverState], Any], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def apply(self, fn: Callable[[DriverState], T]) -> T:
+        """Run ``fn`` on the state and return its result once the state is on disk."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            outcomes: list[tuple[bool, Any]] = []
+
+            def run_batch(state: DriverState, batch: list[Any] = batch, outcomes: list[Any] = outcomes) -> None:
+                for fn, _ in batch:
+                    try:
+                        outcomes.append((True, fn(state)))
+                    except Exception as exc:  # noqa: BLE001 - one bad mutation must not sink the batch
+                        outcomes.append((False, exc))
+
+            try:
+                # fsync blocks for milliseconds: keep it off the event loop.
+                await asyncio.to_thread(self._store.update, run_batch)
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
+                # The store logged the failure (path, errno) once; each waiter answers with it.
+                log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(ClaimError(str(exc)))
+                continue
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)

@@ -1,0 +1,18 @@
+"""``dranet run``: the node daemon, every component in one asyncio loop.
+
+- :mod:`driver.daemon.command`: the ``dranet run`` entry point (flag checks, checkpoint load,
+  signals).
+- :mod:`driver.daemon.lifecycle`: :class:`~driver.daemon.lifecycle.Daemon`, which builds the
+  components (kubelet plugin, probe server, publisher, health monitor, NRI plugin), starts them in
+  order and stops them in the order a rolling update needs.
+- :mod:`driver.daemon.device_sync`: the inventory, kept current by full scans and by link
+  events, one device each.
+- :mod:`driver.daemon.supervisor`: background components run under a guard that restarts them
+  with backoff, so none can take the kubelet's socket down.
+
+While an NRI hook runs, background work waits; blocking work (sysfs walks, netlink dumps) runs in
+a worker thread so gRPC calls are answered meanwhile.
+
+May import: every package below it (kubelet, nri, publish, probe_server, claims, checkpoint,
+inventory, kube, netlink, node_lease and the vocabulary); never ``driver.cli`` or ``driver.webhook``.
+"""

@@ -1,0 +1,231 @@
+"""One publishable device from what a scan found: a PCI function (with its netdev and RDMA device)
+or a netdev without a PCI function.
+
+Owns the attributes a device carries (``dra.net/...`` and the standard ``resource.kubernetes.io/...``
+ones, from sysfs and netlink facts) and the host facts the driver keeps for itself. Shared by the
+full scan (:class:`driver.inventory.discovery.Scanner`) and the one-link updates
+(:mod:`driver.inventory.incremental`), so a device is built the same way by both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from driver.inventory import attributes as attrs
+from driver.inventory.attributes import D
+from driver.inventory.names import netdev_device_name, pci_device_name
+from driver.inventory.netlink_facts import ARPHRD_ENCAP, LinkFacts
+from driver.inventory.numa_list import numa_node_list
+from driver.inventory.rdma import RdmaDevice
+from driver.inventory.sysfs import SysfsReader, pcie_root_of
+from driver.model.device import INT64_MAX, STANDARD_DOMAIN, AttributeValue, Device, HostFacts
+
+log = logging.getLogger(__name__)
+
+PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
+S = STANDARD_DOMAIN + "/"
+
+
+@dataclass
+class Netdev:
+    """One netdev as seen by this scan (sysfs and, when available, netlink)."""
+
+    ifname: str
+    sysfs_path: str | None  # resolved class/net/<if> path relative to the sysfs root
+    pci_address: str | None
+    virtual: bool
+    link: LinkFacts | None
+    master: str | None
+
+
+class PciIds:
+    """Vendor/device names from pci.ids, loaded lazily, only for the IDs actually asked about."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._path = next((p for p in paths if os.path.isfile(p)), None)
+        self._vendors: dict[str, str] | None = None
+        self._devices: dict[tuple[str, str], str] = {}
+
+    def _load(self) -> None:
+        self._vendors = {}
+        if not self._path:
+            return
+        vendor = ""
+        with open(self._path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip() or line.startswith("#"):
+                    continue
+                if line.startswith("C "):
+                    break  # device classes follow the vendor list
+                if line[0] != "\t":
+                    vendor = line[:4].lower()
+                    self._vendors[vendor] = line[4:].strip()
+                elif line[1] != "\t":
+                    self._devices[(vendor, line[1:5].lower())] = line[5:].strip()
+
+    def vendor(self, vid: str) -> str:
+        """The vendor name, or the 4-digit hex ID when unknown."""
+        if self._vendors is None:
+            self._load()
+        return self._vendors.get(vid, vid) if self._vendors else vid
+
+    def device(self, vid: str, did: str) -> str:
+        """The device name, or the 4-digit hex ID when unknown."""
+        if self._vendors is None:
+            self._load()
+        return self._devices.get((vid, did), did)
+
+
+def _hex4(text: str | None) -> str | None:
+    if not text:
+        return None
+    text = text.lower()
+    return text[2:] if text.startswith("0x") else text
+
+
+class DeviceBuilder:
+    """Builds the :class:`Device` of one PCI function or one netdev from a :class:`SysfsReader`.
+
+    ``numa_list``: publish ``resource.kubernetes.io/numaNode`` as a list (``--feature-gates
+    DRAListTypeAttributes=true``).
+    """
+
+    def __init__(self, pci_ids_paths: Sequence[str] = PCI_IDS_PATHS, numa_list: bool = False) -> None:
+        self.pci_ids = PciIds(pci_ids_paths)
+        self.numa_list = numa_list
+
+    def netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
+        """The device of a netdev without a PCI function (virtual, or non-PCI hardware), named after it."""
+        if not dev.virtual:
+            log.debug(
+                "non-PCI hardware netdev published as a standalone device",
+                extra={"kv": {"ifname": dev.ifname, "path": dev.sysfs_path}},
+            )
+        values = self._netdev_attributes(sysfs, dev)
+        values[D + "rdma"] = False
+        host = HostFacts(ifname=dev.ifname, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
+        dev_name = netdev_device_name(dev.ifname)
+        return Device(dev_name, attrs.finalize(values, dev_name), host)
+
+    def pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
+        """The device of PCI function ``bdf`` with its (non-excluded) netdevs and RDMA device."""
+        values, host = self._pci_attributes(sysfs, bdf)
+        if netdevs:
+            # A multi-port function (rare) publishes its first netdev by name; the device is the function.
+            dev = netdevs[0]
+            values.update(self._netdev_attributes(sysfs, dev))
+            host.ifname = dev.ifname
+            host.permanent_mac = self._perm_mac(dev, values)
+            if rdma is None or not rdma.rate_gbps:
+                speed = self._speed_gbps(sysfs, dev.ifname)
+                if speed:
+                    values[D + "rateGbps"] = speed
+        self._rdma_attributes(rdma, values, host)
+        name = pci_device_name(bdf)
+        return Device(name, attrs.finalize(values, name), host)
+
+    @staticmethod
+    def _perm_mac(dev: Netdev, values: dict[str, AttributeValue]) -> str | None:
+        if dev.link and dev.link.permanent_mac:
+            return dev.link.permanent_mac
+        mac = values.get(D + "mac")
+        return mac if isinstance(mac, str) else None
+
+    def _netdev_attributes(self, sysfs: SysfsReader, dev: Netdev) -> dict[str, AttributeValue]:
+        base = f"class/net/{dev.ifname}"
+        link = dev.link
+        out: dict[str, AttributeValue] = {D + "ifName": dev.ifname, D + "virtual": dev.virtual}
+        mac = link.mac if link and link.mac else sysfs.read(f"{base}/address")
+        if mac:
+            out[D + "mac"] = mac
+        mtu = link.mtu if link and link.mtu else sysfs.read_int(f"{base}/mtu")
+        if mtu is not None:
+            out[D + "mtu"] = mtu
+        state = link.operstate if link and link.operstate else sysfs.read(f"{base}/operstate")
+        if state:
+            out[D + "state"] = state
+        arphrd = link.arphrd if link else sysfs.read_int(f"{base}/type")
+        if arphrd is not None:
+            out[D + "encapsulation"] = ARPHRD_ENCAP.get(arphrd, "unknown")
+        kind = self._kind(sysfs, dev, arphrd)
+        if kind:
+            out[D + "type"] = kind
+        alias = link.alias if link else sysfs.read(f"{base}/ifalias")
+        if alias:
+            out[D + "alias"] = alias
+        if link and link.ipv4:
+            out[D + "ipv4"] = ",".join(link.ipv4)
+        if link and link.ipv6:
+            out[D + "ipv6"] = ",".join(link.ipv6)
+        return out
+
+    @staticmethod
+    def _kind(sysfs: SysfsReader, dev: Netdev, arphrd: int | None) -> str | None:
+        """``type`` like Go's ``link.Type()``; from sysfs only when sysfs can tell."""
+        if dev.link:
+            return dev.link.kind or "device"
+        if dev.pci_address:
+            return "ipoib" if arphrd == 32 else "device"
+        base = f"class/net/{dev.ifname}"
+        if sysfs.exists(f"{base}/bridge"):
+            return "bridge"
+        if sysfs.exists(f"{base}/bonding"):
+            return "bond"
+        if not dev.virtual:
+            return "device"
+        return None  # a virtual link sysfs cannot classify (veth, vlan, ...)
+
+    def _pci_attributes(self, sysfs: SysfsReader, bdf: str) -> tuple[dict[str, AttributeValue], HostFacts]:
+        base = f"bus/pci/devices/{bdf}"
+        out: dict[str, AttributeValue] = {D + "pciAddress": bdf, S + "pciBusID": bdf}
+        host = HostFacts(pci_address=bdf)
+        real = sysfs.resolve(base)
+        root = pcie_root_of(real) if real else None
+        if root:
+            out[S + "pcieRoot"] = root
+        vid, did = _hex4(sysfs.read(f"{base}/vendor")), _hex4(sysfs.read(f"{base}/device"))
+        if vid:
+            out[D + "pciVendor"] = self.pci_ids.vendor(vid)
+            if did:
+                out[D + "pciDevice"] = self.pci_ids.device(vid, did)
+        sub = _hex4(sysfs.read(f"{base}/subsystem_device"))
+        if sub:
+            out[D + "pciSubsystem"] = sub
+        numa = sysfs.read_int(f"{base}/numa_node")
+        if numa is not None and numa >= 0:  # -1 = firmware does not say: publish nothing
+            sane = numa <= INT64_MAX  # else a corrupt value: attributes.finalize drops it, with a warning
+            out[D + "numaNode"] = numa
+            out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list and sane else numa
+            host.numa_node = numa if sane else None
+        physfn = sysfs.resolve(f"{base}/physfn")
+        # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
+        # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
+        total = None if physfn else sysfs.read_int(f"{base}/sriov_totalvfs")
+        out[D + "sriov"] = bool(total)
+        if total:
+            out[D + "sriovVfs"] = sysfs.read_int(f"{base}/sriov_numvfs") or 0
+        if physfn:
+            out[D + "isSriovVf"] = True
+            host.sriov_pf = os.path.basename(physfn)
+        return out, host
+
+    @staticmethod
+    def _rdma_attributes(rdma: RdmaDevice | None, out: dict[str, AttributeValue], host: HostFacts) -> None:
+        out[D + "rdma"] = rdma is not None
+        if rdma is None:
+            return
+        out[D + "rdmaDevice"] = rdma.name
+        if rdma.link_layer:
+            out[D + "linkLayer"] = rdma.link_layer
+        if rdma.rate_gbps:
+            out[D + "rateGbps"] = rdma.rate_gbps
+        host.rdma_device = rdma.name
+        host.char_devices = list(rdma.char_devices)
+
+    @staticmethod
+    def _speed_gbps(sysfs: SysfsReader, ifname: str) -> int | None:
+        mbps = sysfs.read_int(f"class/net/{ifname}/speed")
+        return mbps // 1000 if mbps and mbps >= 1000 else None
