@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos bench bench-hooks binaries up down chart-oci
+.PHONY: deps demo demo-fast test test-torch protos bench bench-hooks binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -47,6 +47,9 @@ chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image
 	$(PY) -m devcluster.helm
 	"$$($(PY) -c 'from devcluster import helm; print(helm.existing())')" package charts/dranet -d build/chart
 	$(PY) hack/chart-oci.py build/chart/dranet-*.tgz build/chart-oci
+
+image: deps  ## the driver image from the Dockerfile (buildah, no Docker engine) as an OCI image layout: build/image-oci/
+	$(PY) -m devcluster.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
 
 bench-hooks: binaries  ## pod start/stop through the whole daemon vs the bare kernel work (root; docs/performance.md)
 	$(PY) -m bench.bench_hooks

@@ -15,6 +15,8 @@
 buildah's storage lives under ``<cache>/images/buildah`` (not /var/lib/containers).
 
     python -m devcluster.driver_image     # build (or reuse) and print the archive path
+    python -m devcluster.driver_image --oci-layout build/image-oci --tag 0.1.0
+                                          # also an OCI image layout to push (`make image`)
 """
 
 from __future__ import annotations
@@ -330,10 +332,33 @@ def _build(ref: str, out: Path, progress: Progress, repo: Path) -> ImageArchive:
     return bud(repo / "Dockerfile", repo, ref, out, progress, "driver image", {"DEBIAN_IMAGE": base})
 
 
-def main() -> int:
-    """CLI: build (or reuse) the driver image and print its reference and archive."""
+def write_oci_layout(img: ImageArchive, layout: Path, tag: str) -> Path:
+    """The built image as an OCI image layout at ``layout`` under ``tag`` (replacing an older
+    layout there): what ``skopeo copy oci:<layout>:<tag> docker://<registry>/...`` pushes."""
+    if layout.exists():
+        shutil.rmtree(layout)
+    layout.parent.mkdir(parents=True, exist_ok=True)
+    _buildah("pull", "--quiet", f"docker-archive:{img.path}", label="driver image load", check=False)
+    _buildah("push", "--quiet", img.ref, f"oci:{layout}:{tag}", label="driver image oci")
+    return layout
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: build (or reuse) the driver image and print its reference and archive; with
+    ``--oci-layout`` also write it as an OCI image layout."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m devcluster.driver_image", description=main.__doc__)
+    parser.add_argument("--oci-layout", type=Path, help="also write the image as an OCI image layout here")
+    parser.add_argument("--tag", default="dev", help="the tag inside the OCI layout (default: dev)")
+    args = parser.parse_args(argv)
     try:
         img = build_driver_image()
+        if args.oci_layout:
+            layout = write_oci_layout(img, args.oci_layout, args.tag)
+            print(
+                f"OCI image layout {layout}:{args.tag} (push: skopeo copy oci:{layout}:{args.tag} docker://REGISTRY/REPO:TAG)"
+            )
     except ImageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -350,7 +350,7 @@ def test_webhook_configuration(helm: str, tmp_path: Path) -> None:
         assert w["clientConfig"]["service"]["name"] == svc["metadata"]["name"]
         assert w["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
         (rule,) = w["rules"]
-        assert rule["apiGroups"] == ["resource.k8s.io"] and rule["operations"] == ["CREATE", "UPDATE"]
+        assert rule["apiGroups"] == ["resource.k8s.io"] and rule["operations"] == ["CREATE"]
         assert '"dra.net"' in w["matchConditions"][0]["expression"]
     # The generated serving cert is signed by the CA in caBundle and names the Service.
     ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))

@@ -116,9 +116,13 @@ def test_eio_at_each_step_of_a_write_fails_the_update_and_keeps_the_previous_fil
 def test_eio_on_the_directory_fsync_is_reported(tmp_path: Path) -> None:
     """The rename happened but its durability is unknown: the caller must not be told it is saved."""
     store = CheckpointStore(tmp_path, ops=FaultyOps("fsync", errno.EIO, nth=2))  # 1: file, 2: directory
-    with pytest.raises(CheckpointWriteError, match="EIO"):
+    with pytest.raises(CheckpointWriteError, match="EIO") as failed:
         _add(store, "u1")
-    assert store.write_error is not None
+    assert store.write_error is not None and failed.value.replaced
+    # Memory follows the file (which holds u1), so a retry finds the work done and a restart agrees.
+    assert store.read(lambda s: sorted(s.claims)) == ["u1"]
+    assert CheckpointStore(tmp_path).read(lambda s: sorted(s.claims)) == ["u1"]
+    assert store.retry_write() and store.write_error is None
 
 
 def test_the_failing_write_is_logged_once_with_path_and_errno(tmp_path: Path, caplog) -> None:

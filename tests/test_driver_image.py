@@ -52,6 +52,21 @@ def test_image_has_no_machine_sources_or_pip_config(image: driver_image.ImageArc
     assert any(n.startswith("usr/lib/python3/dist-packages/pyverbs/") for n in names)
 
 
+def test_oci_layout_to_push(image: driver_image.ImageArchive, tmp_path: Path) -> None:
+    """``make image``: the same image as an OCI image layout under the release tag, the layers
+    the docker archive has (what a registry push copies)."""
+    layout = driver_image.write_oci_layout(image, tmp_path / "image-oci", "0.1.0")
+    index = json.loads((layout / "index.json").read_text())
+    (entry,) = index["manifests"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == "0.1.0"
+    manifest = json.loads((layout / "blobs" / Path(*entry["digest"].split(":"))).read_text())
+    with tarfile.open(image.path) as outer:
+        docker_layers = json.load(outer.extractfile("manifest.json"))[0]["Layers"]  # type: ignore[arg-type]
+    assert len(manifest["layers"]) == len(docker_layers) > 0
+    for layer in manifest["layers"]:
+        assert (layout / "blobs" / Path(*layer["digest"].split(":"))).is_file()
+
+
 def test_tag_is_the_content_hash(image: driver_image.ImageArchive) -> None:
     key = image.ref.rsplit(":dev-", 1)[1]
     assert image.path.name == f"dranet-{key}.tar"

@@ -18,9 +18,11 @@ class CheckpointWriteError(CheckpointError):
     (or the runtime) as the error of every call that needed the write.
     """
 
-    def __init__(self, path: Path, error: OSError) -> None:
+    def __init__(self, path: Path, error: OSError, replaced: bool = False) -> None:
         self.path = path
         self.errno = error.errno
+        self.replaced = replaced  # the file holds the new state, its durability is unknown
         name = errno.errorcode.get(error.errno or 0, "unknown errno")
         reason = error.strerror or str(error)
-        super().__init__(f"cannot save state to {path}: {reason} ({name}); the previous state is kept")
+        kept = "the new state is in the file, not known to be durable" if replaced else "the previous state is kept"
+        super().__init__(f"cannot save state to {path}: {reason} ({name}); {kept}")

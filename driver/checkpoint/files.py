@@ -65,13 +65,20 @@ def move_aside(path: Path) -> Path:
     return moved
 
 
+class ReplacedNotSynced(OSError):
+    """The new file replaced the old one, but fsyncing the directory failed: the file holds the
+    new bytes now, and whether the rename survives a power loss is unknown."""
+
+
 def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
     """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never a mix.
 
     Every byte is written (a short write on a nearly full disk is continued, and fails with
     ENOSPC when nothing more fits), the file and then its directory are fsynced, and only a
-    complete temporary file is renamed over the old one. On any failure the temporary file is
-    removed and the old file is untouched; the ``OSError`` propagates.
+    complete temporary file is renamed over the old one. On a failure before the rename the
+    temporary file is removed and the old file is untouched; the ``OSError`` propagates. A
+    failure after it (the directory's fsync) raises :class:`ReplacedNotSynced`: the file already
+    holds ``data``.
     """
     tmp = _tmp_path(path)
     renamed = False
@@ -94,10 +101,11 @@ def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
             ops.fsync(dir_fd)
         finally:
             ops.close(dir_fd)
-    except OSError:
-        if not renamed:
-            try:
-                ops.unlink(str(tmp))
-            except OSError:
-                pass  # never created, or the disk is gone: the start-up cleanup retries
+    except OSError as exc:
+        if renamed:
+            raise ReplacedNotSynced(exc.errno, exc.strerror) from exc
+        try:
+            ops.unlink(str(tmp))
+        except OSError:
+            pass  # never created, or the disk is gone: the start-up cleanup retries
         raise

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
-from driver.checkpoint.files import FileOps, atomic_write, move_aside, remove_leftover
+from driver.checkpoint.files import FileOps, ReplacedNotSynced, atomic_write, move_aside, remove_leftover
 from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
 
@@ -211,7 +211,9 @@ class CheckpointStore:
         """Mutate the state with ``fn`` and persist it before returning ``fn``'s result.
 
         Raises :class:`CheckpointWriteError` when the new state could not be saved; the state
-        is then what it was before the call (in memory and on disk).
+        is then what the files hold: what it was before the call, or, when only the directory's
+        fsync failed after the rename (``replaced``), the new state (the caller is still told
+        it failed; a retry of an idempotent call then finds its work done).
         """
         with self._lock, self._cross_process():  # the whole read-modify-write is one step
             try:
@@ -254,7 +256,13 @@ class CheckpointStore:
         parts = ((self.path, self._encode_claims()), (self.pods_path, encode(pods, pods_version(pods))))
         for path, data in parts:
             if self._written.get(path) != data:
-                self._atomic_write(path, data)
+                try:
+                    self._atomic_write(path, data)
+                except CheckpointWriteError as exc:
+                    if exc.replaced:  # memory follows the file, which holds the new bytes
+                        self._written[path] = data
+                        self._stamps[path] = _stamp(path)
+                    raise
                 self._written[path] = data
                 self._stamps[path] = _stamp(path)
 
@@ -262,7 +270,7 @@ class CheckpointStore:
         try:
             atomic_write(path, data, self.ops)
         except OSError as exc:
-            error = CheckpointWriteError(path, exc)
+            error = CheckpointWriteError(path, exc, replaced=isinstance(exc, ReplacedNotSynced))
             if self.write_error is None or str(self.write_error) != str(error):
                 log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
             self.write_error = error

@@ -14,7 +14,7 @@ import asyncio
 import base64
 import ipaddress
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from driver.config import DRIVER_NAME
 from driver.webhook.certificates import TLSFiles
@@ -23,7 +23,7 @@ from driver.webhook.options import WebhookOptions
 
 log = logging.getLogger(__name__)
 
-OPERATIONS = ("CREATE",)
+OPERATIONS: tuple[Literal["CREATE"], ...] = ("CREATE",)
 """What the webhook judges: a claim's and a template's spec are immutable, so UPDATEs (the
 scheduler's finalizer, labels, the finalizer's removal) never change a config and never wait
 for the webhook (with ``failurePolicy: Fail`` a dead webhook would otherwise block allocation

@@ -210,7 +210,7 @@ def test_one_handler_and_the_managed_configuration(policy, tmp_path: Path):
             {
                 "apiGroups": ["resource.k8s.io"],
                 "apiVersions": ["v1"],
-                "operations": ["CREATE", "UPDATE"],
+                "operations": ["CREATE"],
                 "resources": [plural],
                 "scope": "Namespaced",
             }
@@ -271,7 +271,7 @@ def _managed(kube: KubeClient, port: int, kubeconfig: str, tmp_path: Path, names
         for hook in hooks.values():
             assert hook["failurePolicy"] == "Fail"
             assert hook["clientConfig"]["url"] == f"https://127.0.0.1:{port}/validate"
-            assert all(r["operations"] == ["CREATE", "UPDATE"] for r in hook["rules"])
+            assert all(r["operations"] == ["CREATE"] for r in hook["rules"])
 
         path = f"{RESOURCE_API}/namespaces/{NS}/resourceclaimtemplates"
         bad = template(f"bad-{uuid.uuid4().hex[:6]}", {"interface": {"name": "a-much-too-long-name", "mtu": 9000}})

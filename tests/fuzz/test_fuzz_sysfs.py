@@ -33,10 +33,17 @@ class Tree:
         self.files = sorted(
             p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and "devices/system" not in str(p)
         )
-        self.original = {p: p.read_bytes() for p in self.files}
+        # The NUMA topology files the list form of the NUMA attribute reads (node distance rows,
+        # a node's cpulist, its first CPU's package), fuzzed by their own test: there are many.
+        self.topology = sorted(
+            p
+            for p in (root / "devices/system").rglob("*")
+            if p.is_file() and not p.is_symlink() and p.name in ("distance", "cpulist", "physical_package_id")
+        )
+        self.original = {p: p.read_bytes() for p in (*self.files, *self.topology)}
 
     def restore(self, paths: list[Path] | None = None) -> None:
-        for path in self.files if paths is None else paths:
+        for path in self.original if paths is None else paths:
             path.write_bytes(self.original[path])
 
 
@@ -54,6 +61,8 @@ def assert_publishable(devices: list[Device]) -> None:
         for key, value in device.attributes.items():
             if isinstance(value, str):
                 assert len(value.encode("utf-8")) <= MAX_ATTRIBUTE_VALUE_LENGTH, (key, value)  # valid UTF-8 too
+            elif isinstance(value, list):  # the list form of an int attribute (DRAListTypeAttributes)
+                assert value and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in value), (key, value)
             elif not isinstance(value, bool):
                 assert isinstance(value, int) and INT64_MIN <= value <= INT64_MAX, (key, value)
     plan = plan_slices(devices, [], "dra.net", "node-1", "uid-1")
@@ -91,3 +100,18 @@ def test_random_bytes_in_every_file(tree: Tree, seed: int, size: int, common: by
         assert_publishable(Scanner(str(tree.root), pci_ids_paths=()).scan())
     finally:
         tree.restore()
+
+
+@FUZZ
+@given(st.data())
+def test_random_bytes_in_the_numa_topology(tree: Tree, data: st.DataObject) -> None:
+    """``--feature-gates DRAListTypeAttributes=true``: the NUMA attribute as a list, read from the
+    node distance table and the CPUs' packages; garbage there never makes a device unpublishable."""
+    assert tree.topology, "the fixture has no NUMA topology files"
+    chosen = data.draw(st.dictionaries(st.sampled_from(tree.topology), values, min_size=1, max_size=10))
+    try:
+        for path, content in chosen.items():
+            path.write_bytes(content)
+        assert_publishable(Scanner(str(tree.root), pci_ids_paths=(), numa_list=True).scan())
+    finally:
+        tree.restore(list(chosen))
