@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
+
+from driver.webhook.certificates import subject_alt_names
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,7 @@ def generate(directory: Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"
         .sign(ca_key, hashes.SHA256())
     )
     srv_key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for h in hosts:
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            sans.append(x509.DNSName(h))
+    sans = subject_alt_names(hosts)
     srv = (
         x509.CertificateBuilder()
         .subject_name(_name("kube-apiserver"))

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,19 @@ def given(tls_cert: str, tls_key: str) -> TLSFiles:
     ca_file = Path(tls_cert).with_name("ca.crt")
     cadata = (ca_file if ca_file.exists() else Path(tls_cert)).read_bytes()
     return TLSFiles(tls_cert, tls_key, cadata)
+
+
+def subject_alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """A certificate's SANs for ``hosts``: an IP address entry for an IP, a DNS name otherwise."""
+    from cryptography import x509  # imported when a certificate is made, not by every importer
+
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    return sans
 
 
 def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
@@ -53,12 +71,7 @@ def self_signed(directory: Path, hosts: list[str]) -> TLSFiles:
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):
-        try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            sans.append(x509.DNSName(host))
+    sans = subject_alt_names(dict.fromkeys(hosts))
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
