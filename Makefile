@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos bench bench-hooks binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-torch protos schema bench bench-hooks binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -38,6 +38,9 @@ test-torch: deps  ## the CPU benchmark tests that need torch (installs the [exam
 
 protos:  ## regenerate dranet_proto stubs after editing a .proto
 	$(PY) hack/gen_protos.py
+
+schema:  ## regenerate the claim config JSON Schema (charts/dranet/files/) after editing driver/api
+	$(PY) hack/gen_schema.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)
 	$(PY) -m bench

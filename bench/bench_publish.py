@@ -25,9 +25,9 @@ from pathlib import Path
 
 from devcluster.binaries import ETCD_VERSION, K8S_VERSION, cache_root, ensure_control_plane
 from devcluster.controlplane import ControlPlane
+from driver.dra.publisher import SlicePublisher
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.model.device import Device
-from driver.publish.publisher import SlicePublisher
 
 NODE, DRIVER = "bench-node", "dra.net"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from driver.dra.slices import owner_reference
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
-from driver.publish.slices import owner_reference
 
 GPU_DRIVER = "gpu.nvidia.com"
 

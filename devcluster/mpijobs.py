@@ -42,11 +42,11 @@ from devcluster.driver_image import base_key, bud, build_base, build_once
 from devcluster.images import ImageArchive, images_dir, import_image, tag_image
 from devcluster.node_layout import NodeLayout
 from driver.config import DEFAULT_FILTER, DRIVER_NAME
+from driver.dra.slices import build_slices
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, NotFound
-from driver.publish.slices import build_slices
 
 log = logging.getLogger(__name__)
 

@@ -111,7 +111,7 @@ def go_flag_problems(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 HANDLERS: dict[str, str] = {
     "run": "driver.daemon.command:cli_run",
     "discover": "driver.inventory.discovery_cli:cli_discover",
-    "validate": "driver.claims.validation:cli_validate",
+    "validate": "driver.api.validate_cli:cli_validate",
     "webhook": "driver.webhook.server:cli_webhook",
     "topology": "driver.inventory.topology:cli_topology",
     "templates": "driver.inventory.topology:cli_templates",

@@ -32,7 +32,7 @@ FEATURE_GATES: dict[str, bool] = {
 """``--feature-gates`` this driver knows, with their defaults (the Go driver's gates, same names).
 
 ``DRAListTypeAttributes``: publish ``resource.kubernetes.io/numaNode`` as an int list (KEP-5491;
-the apiserver must have the gate too: checked at start, see ``publish.list_attributes``).
+the apiserver must have the gate too: checked at start, see ``dra.api_probe.list_attributes_accepted``).
 ``PersistentResourceSliceAttributes``: accepted for compatibility; this driver always keeps
 allocated devices published with their last attributes."""
 

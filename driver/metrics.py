@@ -30,8 +30,6 @@ NAMESPACE = "dranet"
 SUBSYSTEM = "driver"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SUCCESS, FAILED = "success", "failed"
-PREPARE, UNPREPARE = "PrepareResourceClaims", "UnprepareResourceClaims"
-"""The Go driver's ``method`` label values of the kubelet calls."""
 
 
 ClaimDeviceCounts = Callable[[], tuple[int, int]]
@@ -148,9 +146,12 @@ class Metrics:
         """How many rebuilds of ``kind`` so far (tests read it)."""
         return self.inventory_updates.labels(kind)._value.get()
 
-    def observe_request(self, method: str, status: str, seconds: float) -> None:
-        """Count one kubelet request and record its latency."""
-        self.requests.labels(method, status).inc()
+    def observe_request(self, method: str, ok: bool, seconds: float, claim_errors: int = 0) -> None:
+        """Count one kubelet request (``method``: the Go driver's label values, ``PrepareResourceClaims``
+        and ``UnprepareResourceClaims``), its claims answered with an error, and its latency."""
+        if claim_errors:
+            self.claim_errors.labels(method).inc(claim_errors)
+        self.requests.labels(method, SUCCESS if ok else FAILED).inc()
         self.latency.labels(method).observe(seconds)
 
     def observe_hook(self, method: str, status: str, seconds: float) -> None:

@@ -8,7 +8,7 @@ update with surge removes the old driver pod only once the new one can take over
 (state that cannot be saved). ``/livez`` answers 200 while the event loop runs: the liveness
 probe, so such a condition makes the pod unready, visibly, without the kubelet restarting a
 driver that a restart cannot fix. (The kubelet's per-device health stream is another thing:
-:mod:`driver.kubelet.device_health`.)
+:mod:`driver.dra.health`.)
 
 A busy port (another instance of the driver on this host network: a rolling update with surge)
 is asked for with ``claim_port(port)`` and retried every :data:`BUSY_RETRY` seconds for up to

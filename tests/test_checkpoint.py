@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
-from driver.model.network_config import InterfaceConfig, NetworkConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -283,7 +283,7 @@ V1_PODS = {
 
 
 def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
-    from driver.model.network_config import RdmaConfig
+    from driver.api.v1alpha1.network_config import RdmaConfig
 
     state, run = tmp_path / "state", tmp_path / "run"
     state.mkdir()
@@ -336,8 +336,8 @@ def test_a_file_without_version_is_kept_aside(tmp_path: Path) -> None:
 
 
 def test_cloud_config_round_trips_and_older_files_have_none() -> None:
+    from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig, RuleConfig
     from driver.checkpoint.state import PreparedDevice
-    from driver.model.network_config import NetworkConfig, RouteConfig, RuleConfig
 
     cloud = NetworkConfig(
         routes=(RouteConfig("0.0.0.0/0", "10.0.1.1", table=101),), rules=(RuleConfig(source="10.0.1.0/24", table=101),)
@@ -404,7 +404,7 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     until a claim uses one of dranet's part-B fields; then it refuses them instead of misreading."""
     from dataclasses import replace
 
-    from driver.model.network_config import InterfaceConfig, NetworkConfig, RuleConfig
+    from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RuleConfig
 
     def versions() -> tuple[int, int]:
         return tuple(json.loads((tmp_path / n).read_text())["version"] for n in ("checkpoint.json", "pods.json"))

@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.errors import CheckpointError
-from driver.model.network_config import NetworkConfig
 
 SCHEMA_VERSION = 3
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,

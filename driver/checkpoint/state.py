@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION, check_version
 from driver.model.device import Device
-from driver.model.network_config import NetworkConfig
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
 _V3_POD_FIELDS = (

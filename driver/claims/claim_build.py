@@ -14,21 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import configs_for_request, merge_under_cloud
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
-from driver.claims.conflicts import conflict_errors, interface_conflicts
-from driver.claims.fields import ConfigError
-from driver.claims.merge import configs_for_request, merge_under_cloud
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
-from driver.claims.prepare_results import ClaimError, ClaimRef
+from driver.claims.prepare_results import ClaimError
 from driver.claims.profile import ProfileError, ProfileResolver
+from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
-from driver.model.network_config import NetworkConfig
 from driver.netlink.ethtool import check_features
 from driver.netlink.offload_sizes import check_host_nic
 
 ConfigDecoder = Callable[[list[dict[str, Any]], str, str], NetworkConfig]
 """``(allocation_configs, request, driver) -> NetworkConfig``: the decoded, validated config of one
-allocated device (:func:`~driver.claims.merge.configs_for_request`); stored typed per device."""
+allocated device (:func:`~driver.api.v1alpha1.merge.configs_for_request`); stored typed per device."""
 
 
 def base_request(request: str) -> str:

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import PreparedDevice
-from driver.claims.fields import ConfigError
 from driver.claims.numa_pinning import CpusetPlan, cpuset_for, device_numa_node, numa_pin_node
-from driver.model.network_config import NetworkConfig
 
 
 def container_env(devices: Iterable[tuple[NetworkConfig, str | None]]) -> dict[str, str]:

@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import PreparedDevice
-from driver.claims.fields import ConfigError
 from driver.config import DRIVER_NAME
-from driver.model.network_config import NetworkConfig
 
 
 @dataclass(frozen=True)

@@ -21,18 +21,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder, ConfigDecoder
 from driver.claims.device_holders import record_claims
 from driver.claims.group_commit import GroupCommit
-from driver.claims.merge import configs_for_request
-from driver.claims.prepare_results import ClaimError, ClaimRef, PrepareResult, result_of
+from driver.claims.prepare_results import ClaimError, result_of
 from driver.claims.profile import ProfileResolver
+from driver.dra.protocol import ClaimRef, PrepareResult
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
 from driver.model.device import Device
-from driver.model.network_config import NetworkConfig
 
 log = logging.getLogger(__name__)
 

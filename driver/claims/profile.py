@@ -4,7 +4,7 @@ At NodePrepareResources a device whose config names a profile gets the provider'
 (dranet's ``POST /GetProfileConfig``: the NIC's identifiers, the whole ResourceClaim, the claim's
 config). The answer is decoded as strictly as a claim config, with every error naming the field
 *and* the profile and endpoint it came from, then merged **under** the claim's config the way a
-cloud provider's is ("user wins": :func:`~driver.claims.merge.merge_under_cloud`). At
+cloud provider's is ("user wins": :func:`~driver.api.v1alpha1.merge.merge_under_cloud`). At
 NodeUnprepareResources the provider is told to free it (``POST /ReleaseProfileConfig`` with the
 claim UID and the stored config), best effort as dranet: a failure is logged, never retried,
 and never blocks the unprepare (the provider reclaims leaks itself). A prepare that fails after
@@ -22,12 +22,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.claims.decode import combination_errors, decode_config
-from driver.claims.fields import ConfigError
-from driver.claims.merge import merge_under_cloud
+from driver.api.v1alpha1.decode import combination_errors, decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import merge_under_cloud
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.config import DRIVER_NAME, PROFILE_WEBHOOK_TIMEOUT, DriverConfig
 from driver.model.device import Device
-from driver.model.network_config import NetworkConfig
 from driver.profiles.webhook import PATH_GET_PROFILE_CONFIG, DeviceIdentifiers, WebhookClient, WebhookError
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from typing import Any
 
 from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimError, ClaimRef
+from driver.claims.prepare_results import ClaimError
+from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
 from driver.model.device import ATTRIBUTE_DOMAIN, STANDARD_DOMAIN, Device, HostFacts, attribute_from_api

@@ -3,7 +3,7 @@
 - :mod:`driver.daemon.command`: the ``dranet run`` entry point (flag checks, checkpoint load,
   signals).
 - :mod:`driver.daemon.lifecycle`: :class:`~driver.daemon.lifecycle.Daemon`, which builds the
-  components (kubelet plugin, probe server, publisher, health monitor, NRI plugin), starts them in
+  components (the DRA kit's helper over the network driver, probe server, NRI plugin), starts them in
   order and stops them in the order a rolling update needs.
 - :mod:`driver.daemon.device_sync`: the inventory, kept current by full scans and by link
   events, one device each.
@@ -13,6 +13,6 @@
 While an NRI hook runs, background work waits; blocking work (sysfs walks, netlink dumps) runs in
 a worker thread so gRPC calls are answered meanwhile.
 
-May import: every package below it (kubelet, nri, publish, probe_server, claims, checkpoint,
+May import: every package below it (dra, health, nri, probe_server, claims, checkpoint,
 inventory, kube, netlink, node_lease and the vocabulary); never ``driver.cli`` or ``driver.webhook``.
 """

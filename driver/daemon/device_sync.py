@@ -45,7 +45,7 @@ def _allocated_snapshots(state: DriverState) -> dict[str, Device]:
 class DeviceSync:
     """Owns the inventory (``name -> Device``) and every way it changes: full scans and link updates.
 
-    ``on_inventory`` gets the whole device list (sorted by name) after every change.
+    ``on_inventory`` is called after every change; :meth:`devices` is the whole list then.
     """
 
     def __init__(
@@ -54,7 +54,7 @@ class DeviceSync:
         store: CheckpointStore,
         metrics: Metrics,
         own_changes: OwnChanges,
-        on_inventory: Callable[[list[Device]], None],
+        on_inventory: Callable[[], None],
     ) -> None:
         self.config = config
         self.inventory: dict[str, Device] = {}
@@ -158,8 +158,12 @@ class DeviceSync:
                 },
             )
 
+    def devices(self) -> list[Device]:
+        """The inventory, sorted by name."""
+        return [self.inventory[n] for n in sorted(self.inventory)]
+
     def _publish(self) -> None:
-        self._on_inventory([self.inventory[n] for n in sorted(self.inventory)])
+        self._on_inventory()
 
     async def rescan_loop(self) -> None:
         """Full scans on the resync timer and whenever one is requested (:meth:`request_rescan`)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from driver.checkpoint.state import claim_device_counts
@@ -25,23 +26,21 @@ from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import DriverConfig
+from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
+from driver.dra.api_probe import list_attributes_accepted
+from driver.dra.helper import Helper
+from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
+from driver.health.monitor import HealthMonitor
 from driver.kube.client import KubeClient
-from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState
-from driver.kubelet.health_monitor import HealthMonitor
-from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
-from driver.model.device import Device
+from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
 from driver.netlink import rdma_netns
 from driver.netlink.link_watch import LinkWatcher
 from driver.netlink.own_changes import OwnChanges
 from driver.node_lease import POLL_INTERVAL, NodeLease
 from driver.probe_server import ProbeServer
-from driver.publish.device_taints import OFF, UnhealthyTaints, device_taints_accepted
-from driver.publish.list_attributes import list_attributes_accepted
-from driver.publish.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +49,28 @@ CLOUD_STARTUP_WAIT = 3.0
 first publish; a down or slow one costs at most this, and its attributes follow in a republish."""
 STATE_WRITE_RETRY_S = 5.0
 """Seconds between retries of a failed state write (see :meth:`Daemon._state_write_retry_loop`)."""
+LIST_ATTRIBUTE = f"{STANDARD_DOMAIN}/numaNode"
+"""The attribute published as an int list with ``DRAListTypeAttributes`` (asked of the apiserver at start)."""
+
+
+class NetworkDriver:
+    """The network driver as the DRA kit sees it (:class:`driver.dra.protocol.DRADriver`): claims
+    prepared by the :class:`Preparer`, the inventory of :class:`DeviceSync`, NIC health."""
+
+    def __init__(self, preparer: Preparer, device_sync: DeviceSync, health: HealthMonitor) -> None:
+        self.preparer, self.device_sync, self.monitor = preparer, device_sync, health
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        return await self.preparer.prepare(claims)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        return await self.preparer.unprepare(claims)
+
+    def devices(self) -> list[Device]:
+        return self.device_sync.devices()
+
+    async def health(self) -> list[DeviceHealthState]:
+        return await self.monitor.check()
 
 
 class Daemon:
@@ -68,14 +89,8 @@ class Daemon:
         self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
         # The NRI hooks announce themselves and the links they change here (shared with them).
         self.own_changes = OwnChanges()
-        self.device_sync = DeviceSync(config, store, self.metrics, self.own_changes, on_inventory=self._publish)
-        self.publisher = SlicePublisher(
-            kube,
-            config.driver_name,
-            config.node_name,
-            interval=config.publish_interval,
-            metrics=self.metrics,
-            quiet=self.own_changes.idle,
+        self.device_sync = DeviceSync(
+            config, store, self.metrics, self.own_changes, on_inventory=self._inventory_changed
         )
         self.status_writer = ClaimStatusWriter(
             kube,
@@ -84,20 +99,11 @@ class Daemon:
             sysfs_root=config.sysfs_root,
             quiet=self.own_changes.wait_idle,
         )
-        self.health_feed = DeviceHealthFeed()
         # Several instances on one node (rolling update): only the lease holder moves NICs and
         # writes slices (driver/node_lease.py); both serve the kubelet.
         self.lease = NodeLease(config.runtime_dir, config.instance_id)
-        self.taints = UnhealthyTaints(config.unhealthy_taint_effect)
-        self.health = HealthMonitor(
-            store,
-            lambda: self.device_sync.inventory,
-            config.node_name,
-            config.sysfs_root,
-            config.host_netns,
-            config.health_interval,
-            self._health_changed,
-            quiet=self.own_changes.idle,
+        health = HealthMonitor(
+            store, lambda: self.device_sync.inventory, config.node_name, config.sysfs_root, config.host_netns
         )
         self.nri: Any = None  # the NRIPlugin, once the NRI task built it
         # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
@@ -114,7 +120,22 @@ class Daemon:
             profiles=profile_resolver(config),
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
-        self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)
+        # The kubelet plugin, the ResourceSlices and device health, from the DRA kit.
+        self.dra: Helper[Device] = Helper(
+            NetworkDriver(self.preparer, self.device_sync, health),
+            kube,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+            taint_key=UNHEALTHY_TAINT_KEY,
+            taint_effect=config.unhealthy_taint_effect,
+            publish_interval=config.publish_interval,
+            health_interval=config.health_interval,
+            metrics=self.metrics,
+            on_published=self._published,
+            quiet=self.own_changes.idle,
+        )
         self.probes = ProbeServer(
             config.bind_address,
             self.metrics,
@@ -134,7 +155,7 @@ class Daemon:
 
     def ready(self) -> bool:
         """Alive (``/healthz``): the kubelet plugin serves and discovery ran at least once."""
-        return self.plugin.serving and self.device_sync.scanned
+        return self.dra.serving and self.device_sync.scanned
 
     def problems(self) -> list[str]:
         """Conditions ``/healthz`` and ``/readyz`` report (503) until they clear: state that cannot be saved."""
@@ -146,18 +167,17 @@ class Daemon:
         runtime at least once (from then on it calls us for every event), so a rolling update
         replaces the old pod only once this one can take over."""
         nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.synchronized > 0)
-        return self.ready() and self.plugin.registered is True and nri_ok
+        return self.ready() and self.dra.registered is True and nri_ok
 
-    async def _health_changed(self, states: list[DeviceHealthState]) -> None:
-        """New device health: to the kubelet's stream, and as taints into the slices."""
-        await self.health_feed.set(states)
-        self.publisher.set_taints(self.taints.update({s.device: s.reason for s in states if not s.healthy}))
+    def _inventory_changed(self) -> None:
+        """Republish the inventory and have the health check look at the devices now."""
+        self.dra.devices_changed()
 
-    def _publish(self, devices: list[Device]) -> None:
-        """Hand the inventory to the publisher (which sets the device gauges once the slices are
-        written); have the health monitor look at the devices now."""
-        self.publisher.update(devices)
-        self.health.poke()
+    def _published(self, devices: list[Device], wrote: bool) -> None:
+        """The slices list ``devices``: the device gauges, and the time of the last write."""
+        self.metrics.set_devices(len(devices), rdma_count(devices))
+        if wrote:
+            self.metrics.mark_published()
 
     async def _state_write_retry_loop(self) -> None:
         """While a state write is failing, try again every few seconds, so ``/healthz`` turns
@@ -174,8 +194,7 @@ class Daemon:
         self.device_sync.bind_loop()
         if self.device_sync.list_numa:
             await self._check_list_attributes()
-        if self.taints.effect != OFF:
-            await self._check_device_taints()
+        await self.dra.check_taints()
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma_netns.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
@@ -189,7 +208,7 @@ class Daemon:
             # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
             await rebuild_prepared_claims(self.preparer, self.kube)
         self.status_writer.start()
-        await self.plugin.start()
+        await self.dra.start()
         try:
             await self.probes.start()
             self.lease.port_taken(self.probes.port)
@@ -206,7 +225,7 @@ class Daemon:
 
     async def _check_list_attributes(self) -> None:
         accepted, why = await asyncio.to_thread(
-            list_attributes_accepted, self.kube, self.config.driver_name, self.config.node_name
+            list_attributes_accepted, self.kube, self.config.driver_name, self.config.node_name, LIST_ATTRIBUTE
         )
         if accepted:
             log.info("publishing resource.kubernetes.io/numaNode as a list (DRAListTypeAttributes)")
@@ -217,14 +236,6 @@ class Daemon:
             "publishing resource.kubernetes.io/numaNode as an int (a list would make it reject every slice)",
             extra={"kv": {"why": why}},
         )
-
-    async def _check_device_taints(self) -> None:
-        accepted, why = await asyncio.to_thread(
-            device_taints_accepted, self.kube, self.config.driver_name, self.config.node_name
-        )
-        if not accepted:
-            self.taints.effect = OFF
-            log.warning("unhealthy devices are not tainted in the ResourceSlice", extra={"kv": {"why": why}})
 
     def _acting(self) -> bool:
         """Whether this instance holds the node lease (taking it if free); blocking, cheap."""
@@ -237,7 +248,7 @@ class Daemon:
             log.info("standby: another driver instance on this node acts until it stops")
             while not await asyncio.to_thread(self._acting):
                 await asyncio.sleep(POLL_INTERVAL)
-        self.background.spawn("publisher", self.publisher.run)
+        self.background.spawn("publisher", self.dra.publish)
 
     async def _yield_probe_port(self) -> None:
         """Give the probe port to a newer instance on this node when it asks (see node_lease)."""
@@ -250,7 +261,7 @@ class Daemon:
         spawn, sync = self.background.spawn, self.device_sync
         spawn("rescan", sync.rescan_loop)
         spawn("state-write-retry", self._state_write_retry_loop)
-        spawn("health", self.health.run)
+        spawn("health", self.dra.watch_health)
         spawn("lease", self._act_when_leased)
         spawn("probe-port", self._yield_probe_port)
         if self.config.host_sysfs:
@@ -285,7 +296,7 @@ class Daemon:
         Order for a rolling update: the kubelet sockets go first (the kubelet then calls the
         other instance), then the node lease is handed over (after the NRI event in progress),
         then the NRI connection and the publisher stop."""
-        await self.plugin.stop()
+        await self.dra.stop()
         if self.hooks is not None:
             await asyncio.to_thread(self.hooks.retire)
         await asyncio.to_thread(self.lease.release)

@@ -4,16 +4,17 @@ A field the apiserver does not know (its feature gate is off) is dropped silentl
 object differs from what the driver wrote, so every later comparison sees a change and the
 slices would be rewritten forever, or a value-less attribute makes the whole slice invalid. A
 throw-away one-device slice of this node's pool, created as a dry run (validated and admitted,
-never stored), shows what the apiserver keeps.
+never stored), shows what the apiserver keeps: device taints (:func:`driver.dra.taints.device_taints_accepted`),
+list-valued attributes (:func:`list_attributes_accepted`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from driver.dra.slices import API_VERSION
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
-from driver.publish.slices import API_VERSION
 
 
 def probe_slice(driver_name: str, node_name: str, purpose: str, device: dict[str, Any]) -> dict[str, Any]:
@@ -43,3 +44,21 @@ def stored_device(
         return None, f"cannot ask the apiserver: {exc}"
     devices = (stored.get("spec") or {}).get("devices") or [{}]
     return devices[0], ""
+
+
+def list_attributes_accepted(kube: KubeClient, driver_name: str, node_name: str, attribute: str) -> tuple[bool, str]:
+    """(accepted, why): whether the apiserver stores ``attribute`` as an int list (``{"ints": [...]}``).
+
+    KEP-5491 (the apiserver's ``DRAListTypeAttributes`` gate, alpha in Kubernetes 1.36). An
+    apiserver without the gate (every 1.34 and 1.35 one) drops the unknown ``ints`` field, then
+    rejects the value-less attribute and with it the whole ResourceSlice: a driver that wants to
+    publish list attributes asks first and falls back to scalars.
+    """
+    device = {"name": "list-probe", "attributes": {attribute: {"ints": [0, 1]}}}
+    stored, why = stored_device(kube, driver_name, node_name, "list", device)
+    if stored is None:
+        return False, why
+    value = (stored.get("attributes") or {}).get(attribute) or {}
+    if value.get("ints") == [0, 1]:
+        return True, "accepted"
+    return False, "the apiserver dropped the list (its DRAListTypeAttributes gate is off)"

@@ -1,27 +1,36 @@
 """The DRA gRPC service (v1 and v1beta1): NodePrepareResources / NodeUnprepareResources.
 
-Both proto versions carry the same messages and go to one :class:`~driver.claims.prepare.Preparer`;
-this module only converts between the protobuf messages and the preparer's results, counts
-errors and times each call.
+Both proto versions carry the same messages and go to the driver's
+:class:`~driver.dra.protocol.ClaimPreparer`; this module only converts between the protobuf
+messages and the driver's results, counts errors and times each call (:class:`RequestMetrics`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef, PrepareResult
-from driver.metrics import FAILED, PREPARE, SUCCESS, UNPREPARE, Metrics
+from driver.dra.protocol import ClaimPreparer, ClaimRef, PrepareResult
 
 log = logging.getLogger(__name__)
+
+PREPARE, UNPREPARE = "PrepareResourceClaims", "UnprepareResourceClaims"
+"""The ``method`` of :meth:`RequestMetrics.observe_request` (the names of Go's ``DRAPlugin`` methods)."""
+
+
+class RequestMetrics(Protocol):
+    """Where the kubelet's calls are counted and timed."""
+
+    def observe_request(self, method: str, ok: bool, seconds: float, claim_errors: int = 0) -> None:
+        """One call of ``method``: whether every claim succeeded, its duration, how many claims failed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -74,7 +83,7 @@ def _claim_refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
-def _prepare_response(pb: ModuleType, results: dict[str, PrepareResult], share_ids: bool) -> Any:
+def _prepare_response(pb: ModuleType, results: Mapping[str, PrepareResult], share_ids: bool) -> Any:
     response = pb.NodePrepareResourcesResponse()
     for uid, result in results.items():
         entry = response.claims[uid]
@@ -91,24 +100,26 @@ def _prepare_response(pb: ModuleType, results: dict[str, PrepareResult], share_i
 
 
 class DRAService:
-    """NodePrepare/NodeUnprepare for one proto version; both versions share the Preparer."""
+    """NodePrepare/NodeUnprepare for one proto version; both versions share the driver."""
 
-    def __init__(self, pb: ModuleType, preparer: Preparer, metrics: Metrics, version: str) -> None:
+    def __init__(self, pb: ModuleType, driver: ClaimPreparer, metrics: RequestMetrics | None, version: str) -> None:
         self.pb = pb
-        self.preparer = preparer
+        self.driver = driver
         self.metrics = metrics
         self.version = version
+
+    def _observe(self, method: str, ok: bool, start: float, claim_errors: int = 0) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_request(method, ok, time.perf_counter() - start, claim_errors)
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await _refuse_unparsable(request, context)
         start = time.perf_counter()
-        status = FAILED
+        ok, failed = False, 0
         try:
-            results = await self.preparer.prepare(_claim_refs(request))
+            results = await self.driver.prepare(_claim_refs(request))
             failed = sum(1 for r in results.values() if r.error)
-            if failed:
-                self.metrics.claim_errors.labels(PREPARE).inc(failed)
-            status = SUCCESS if not failed else FAILED  # the Go driver: any claim error fails the call
+            ok = not failed  # the Go driver: any claim error fails the call
             return _prepare_response(self.pb, results, share_ids=self.version == "v1")
         except Exception as exc:  # never let a bug kill the call without per-claim answers
             log.exception("NodePrepareResources failed")
@@ -116,21 +127,22 @@ class DRAService:
                 self.pb, {c.uid: PrepareResult(error=f"internal error: {exc}") for c in request.claims}, share_ids=False
             )
         finally:
-            self.metrics.observe_request(PREPARE, status, time.perf_counter() - start)
+            self._observe(PREPARE, ok, start, failed)
 
     async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await _refuse_unparsable(request, context)
         start = time.perf_counter()
-        status = FAILED
+        ok = False
         response = self.pb.NodeUnprepareResourcesResponse()
+        errors: Mapping[str, str]
         try:
-            errors = await self.preparer.unprepare(_claim_refs(request))
-            status = SUCCESS if not any(errors.values()) else FAILED
+            errors = await self.driver.unprepare(_claim_refs(request))
+            ok = not any(errors.values())
         except Exception as exc:
             log.exception("NodeUnprepareResources failed")
             errors = {c.uid: f"internal error: {exc}" for c in request.claims}
         finally:
-            self.metrics.observe_request(UNPREPARE, status, time.perf_counter() - start)
+            self._observe(UNPREPARE, ok, start)
         for uid, error in errors.items():
             response.claims[uid].error = error
         return response

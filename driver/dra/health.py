@@ -1,88 +1,27 @@
-"""Device health for the kubelet: what each published device's state is, and the gRPC stream that reports it.
+"""Device health for the kubelet: the driver's checks, run periodically, and the gRPC stream that reports them.
 
-The daemon evaluates every device after each scan (:func:`device_health_states`) and hands the
-list to a :class:`DeviceHealthFeed`; :class:`DeviceHealthService` (``v1alpha1.DRAResourceHealth``,
-served on the DRA socket) sends the complete list on every change and again every few seconds,
+:class:`HealthWatch` runs the driver's check (:meth:`DRADriver.health <driver.dra.protocol.DRADriver.health>`)
+every interval and when poked, and reports each change; the change goes to a
+:class:`DeviceHealthFeed`, which :class:`DeviceHealthService` (``v1alpha1.DRAResourceHealth``,
+served on the DRA socket) streams: the complete list on every change and again every few seconds,
 because the kubelet turns devices whose last update is older than its timeout into Unknown.
-Not to be confused with the HTTP readiness probe (:mod:`driver.probe_server`).
+Not to be confused with a process's HTTP readiness probe.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
 from dranet_proto import dra_health_v1alpha1_pb2 as health_pb
 from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
-from driver.model.device import Device
-from driver.netlink.link_health import LinkFacts
+from driver.dra.protocol import DeviceHealthState
 
-LINK_DOWN = "LinkDown"
-PORT_NOT_ACTIVE = "PortNotActive"
-NETDEV_MISSING = "NetdevMissing"
-"""Why a device is unhealthy: the value of its ``dra.net/unhealthy`` taint in the ResourceSlice."""
-
-
-@dataclass(frozen=True)
-class DeviceHealthState:
-    """Health of one published device as streamed to the kubelet."""
-
-    pool: str
-    device: str
-    healthy: bool
-    message: str  # why it is unhealthy, or a note ("netdev eth1 is in a pod network namespace")
-    reason: str = ""  # LINK_DOWN, PORT_NOT_ACTIVE, NETDEV_MISSING when unhealthy
-
-
-def _port_states(root: Path, rdma_device: str) -> list[str]:
-    states = []
-    for port in sorted((root / "class" / "infiniband" / rdma_device / "ports").glob("*/state")):
-        try:
-            states.append(port.read_text().strip())  # e.g. "4: ACTIVE"
-        except OSError:
-            continue
-    return states
-
-
-def assess(device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None) -> tuple[bool, str, str]:
-    """(healthy, reason, message) of one device.
-
-    Unhealthy: its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
-    from netlink in the namespace the netdev is in), its RDMA device has ports and none is
-    ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
-    (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
-    """
-    root = Path(sysfs_root)
-    host = device.host
-    if link is not None and link.admin_up and not link.carrier:
-        return False, LINK_DOWN, f"link down: {link.ifname} ({link.where}) has no carrier, operstate {link.operstate}"
-    if host.rdma_device:
-        states = _port_states(root, host.rdma_device)
-        if states and not any(s.endswith("ACTIVE") for s in states):
-            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port ({', '.join(states)})"
-        if not host.ifname:
-            if states:
-                return True, "", ""
-            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port (no ports)"
-    if host.ifname:
-        if link is not None or (root / "class" / "net" / host.ifname).exists():
-            return True, "", ""
-        if in_use:
-            return True, "", f"netdev {host.ifname} is in a pod network namespace"
-        return False, NETDEV_MISSING, f"netdev {host.ifname} is missing"
-    return True, "", ""  # nothing to probe (e.g. a function without netdev or RDMA)
-
-
-def evaluate_health(device: Device, sysfs_root: str, in_use: bool) -> tuple[bool, str]:
-    """(healthy, message) from sysfs alone (see :func:`assess`)."""
-    healthy, _reason, message = assess(device, sysfs_root, in_use)
-    return healthy, message
+log = logging.getLogger(__name__)
 
 
 class DeviceHealthFeed:
@@ -133,7 +72,7 @@ class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
         self.resend_seconds = resend_seconds
 
     async def NodeWatchResources(
-        self, request: Any, context: grpc.aio.ServicerContext
+        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
         # Send the complete list at once, on every change, and again every resend_seconds:
         # the kubelet turns devices whose last update is older than its timeout into Unknown.
@@ -155,17 +94,60 @@ class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
             await self.feed.wait_change(version, self.resend_seconds)
 
 
-def device_health_states(
-    devices: dict[str, Device],
-    pool: str,
-    sysfs_root: str,
-    in_use: Callable[[str], bool],
-    links: dict[str, LinkFacts] | None = None,
-) -> list[DeviceHealthState]:
-    """Evaluate every published device; ``links``: device name -> its netdev's link, where known."""
-    out = []
-    links = links or {}
-    for name, device in devices.items():
-        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name))
-        out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
-    return out
+class HealthWatch:
+    """Runs a health check every ``interval`` seconds (and when poked); reports each change."""
+
+    def __init__(
+        self,
+        check: Callable[[], Awaitable[list[DeviceHealthState]]],
+        interval: float,
+        on_change: Callable[[list[DeviceHealthState]], Awaitable[None]],
+        quiet: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.check = check
+        self.interval = interval
+        self.on_change = on_change
+        self.quiet = quiet  # awaited before each round: the driver's own work may come first
+        self.last: list[DeviceHealthState] | None = None
+        self._poke: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def poke(self) -> None:
+        """Check now (coalesced); safe from any thread."""
+        loop, event = self._loop, self._poke
+        if loop is not None and event is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    async def run(self) -> None:
+        """Check until cancelled; report each change to ``on_change``."""
+        self._loop = asyncio.get_running_loop()
+        self._poke = asyncio.Event()
+        try:
+            while True:
+                if self.quiet is not None:
+                    await self.quiet()
+                started = time.perf_counter()
+                states = await self.check()
+                if states != self.last:
+                    changed = _changes(self.last or [], states)
+                    self.last = states
+                    if changed:
+                        log.info("device health changed", extra={"kv": {"devices": changed}})
+                    await self.on_change(states)
+                log.debug("health checked", extra={"kv": {"ms": round((time.perf_counter() - started) * 1e3, 2)}})
+                try:
+                    await asyncio.wait_for(self._poke.wait(), timeout=self.interval)
+                except TimeoutError:
+                    pass
+                self._poke.clear()
+        finally:
+            self._loop = None
+
+
+def _changes(before: list[DeviceHealthState], after: list[DeviceHealthState]) -> dict[str, str]:
+    old = {s.device: s.healthy for s in before}
+    return {
+        s.device: ("healthy" if s.healthy else f"unhealthy: {s.message}")
+        for s in after
+        if old.get(s.device, True) != s.healthy
+    }

@@ -1,16 +1,16 @@
-"""The kubelet side of the driver: registration and DRA gRPC servers on unix sockets.
+"""A DRA driver's kubelet plugin: registration and DRA gRPC servers on unix sockets.
 
 Two grpc.aio servers, as the Go helper (k8s.io/dynamic-resource-allocation/kubeletplugin):
 
 * ``<kubelet root>/plugins/<driver>/dra.sock`` serves ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``
-  and the v1beta1 service (same messages; both go to one :class:`~driver.claims.prepare.Preparer`),
+  and the v1beta1 service (same messages; both go to the driver's :class:`~driver.dra.protocol.ClaimPreparer`),
   plus ``v1alpha1.DRAResourceHealth`` when a :class:`DeviceHealthFeed` is given;
 * ``<kubelet root>/plugins_registry/<driver>-reg.sock`` serves ``pluginregistration.Registration``.
 
 The DRA server starts first so the kubelet, which dials it right after registration,
 always finds it ready. Sockets are removed on stop, which deregisters the plugin.
 
-With an instance id (``--instance-id``, the pod UID in the chart) both sockets carry its first
+The caller names the sockets. With an instance id (the pod UID) both carry its first
 8 characters (``<driver>-<id>-reg.sock``, ``dra-<id>.sock``: the naming of
 k8s.io/dynamic-resource-allocation's kubeletplugin with ``RollingUpdate``, shortened because a
 unix socket path has 107 bytes), so during a rolling update the new driver pod
@@ -38,12 +38,10 @@ from dranet_proto import dra_health_v1alpha1_pb2_grpc as health_grpc
 from dranet_proto import dra_v1_pb2 as v1_pb
 from dranet_proto import dra_v1beta1_pb2 as v1beta1_pb
 from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
-from driver.claims.prepare import Preparer
-from driver.config import DriverConfig
-from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthService
-from driver.kubelet.dra_service import DRAService, add_to_server
-from driver.kubelet.registration import RegistrationService
-from driver.metrics import Metrics
+from driver.dra.dra_service import DRAService, RequestMetrics, add_to_server
+from driver.dra.health import DeviceHealthFeed, DeviceHealthService
+from driver.dra.protocol import ClaimPreparer
+from driver.dra.registration import RegistrationService
 
 log = logging.getLogger(__name__)
 
@@ -111,21 +109,24 @@ class KubeletPlugin:
 
     def __init__(
         self,
-        config: DriverConfig,
-        preparer: Preparer,
+        driver: ClaimPreparer,
+        driver_name: str,
+        dra_socket: str,
+        registration_socket: str,
+        *,
         health: DeviceHealthFeed | None = None,
-        metrics: Metrics | None = None,
+        metrics: RequestMetrics | None = None,
         health_check_timeout: int = 60,
         health_resend: float = 10.0,
     ) -> None:
-        self.config = config
-        self.preparer = preparer
+        self.driver = driver
+        self.driver_name = driver_name
         self.health = health
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics
         self.health_check_timeout = health_check_timeout
         self.health_resend = health_resend
-        self.dra_socket = os.path.abspath(config.dra_socket)
-        self.registration_socket = os.path.abspath(config.registration_socket)
+        self.dra_socket = os.path.abspath(dra_socket)
+        self.registration_socket = os.path.abspath(registration_socket)
         self.supported_versions = DRA_SERVICES + ([HEALTH_SERVICE] if health is not None else [])
         self.registered: bool | None = None  # last NotifyRegistrationStatus verdict
         self._dra: grpc.aio.Server | None = None
@@ -142,7 +143,7 @@ class KubeletPlugin:
             remove_stale_sockets,
             Path(self.registration_socket).parent,
             Path(self.dra_socket).parent,
-            self.config.driver_name,
+            self.driver_name,
             {self.registration_socket, self.dra_socket},
         )
         if stale:
@@ -150,7 +151,7 @@ class KubeletPlugin:
         dra = grpc.aio.server()
         services: list[tuple[ModuleType, str]] = [(v1_pb, "v1"), (v1beta1_pb, "v1beta1")]
         for pb, version in services:
-            add_to_server(DRAService(pb, self.preparer, self.metrics, version), dra)
+            add_to_server(DRAService(pb, self.driver, self.metrics, version), dra)
         if self.health is not None:
             service = DeviceHealthService(self.health, self.health_check_timeout, self.health_resend)
             health_grpc.add_DRAResourceHealthServicer_to_server(service, dra)

@@ -1,4 +1,4 @@
-"""Publishes this node's devices as ResourceSlices, coalescing bursts of changes.
+"""Publishes a driver's devices on one node as ResourceSlices, coalescing bursts of changes.
 
 ``update(devices)`` only records the desired set (cheap, thread-safe). ``run()`` (async) writes
 at most once per ``interval``: the first change after a quiet period is written at once, a
@@ -17,21 +17,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic
 
+from driver.dra.protocol import D
+from driver.dra.slices import SlicePlan, Taints, plan_slices
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
-from driver.model.device import Device, rdma_count
-from driver.publish.slices import SlicePlan, Taints, plan_slices
 
 log = logging.getLogger(__name__)
-
-
-class PublishMetrics(Protocol):
-    """The part of `driver.metrics.Metrics` the publisher uses."""
-
-    def set_devices(self, total: int, rdma: int) -> None: ...
-    def mark_published(self, when: float | None = None) -> None: ...
 
 
 @dataclass
@@ -46,7 +39,7 @@ class PublishStats:
     last_write: float = 0.0  # time.monotonic() of the last write round
 
 
-class SlicePublisher:
+class SlicePublisher(Generic[D]):
     """Keeps the node's pool of ResourceSlices equal to the last `update()`."""
 
     def __init__(
@@ -55,19 +48,20 @@ class SlicePublisher:
         driver_name: str,
         node_name: str,
         interval: float = 2.0,
-        metrics: PublishMetrics | None = None,
+        on_published: Callable[[list[D], bool], None] | None = None,
         resync_interval: float = 60.0,
         quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
         self.interval, self.resync_interval = interval, resync_interval
-        self.metrics = metrics
+        # Called after each successful sync with the devices and whether anything was written.
+        self.on_published = on_published
         # Awaited before each write round: the round (plan, JSON, HTTP) waits while an NRI hook runs.
         self.quiet = quiet
         self.stats = PublishStats()
         self.node_uid: str | None = None
         self._lock = threading.Lock()
-        self._desired: list[Device] | None = None
+        self._desired: list[D] | None = None
         self._taints: dict[str, list[dict[str, Any]]] = {}  # device -> taints, written with the devices
         self._version = 0  # bumped by every update() and every foreign slice event
         self._synced_version = -1
@@ -80,7 +74,7 @@ class SlicePublisher:
 
     # -- producer side -----------------------------------------------------------------------
 
-    def update(self, devices: list[Device]) -> None:
+    def update(self, devices: list[D]) -> None:
         """Record the desired device set; the next write picks it up. Callable from any thread."""
         with self._lock:
             self._desired = list(devices)
@@ -246,11 +240,9 @@ class SlicePublisher:
             },
         )
 
-    def _after_publish(self, devices: list[Device], plan: SlicePlan) -> None:
-        if self.metrics is not None:
-            self.metrics.set_devices(len(devices), rdma_count(devices))
-            if not plan.empty:
-                self.metrics.mark_published()
+    def _after_publish(self, devices: list[D], plan: SlicePlan) -> None:
+        if self.on_published is not None:
+            self.on_published(devices, not plan.empty)
 
     # -- watch (thread) --------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import grpc
 
 from dranet_proto import pluginregistration_pb2 as reg_pb
 from dranet_proto import pluginregistration_pb2_grpc as reg_grpc
-from driver.config import DriverConfig
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +20,7 @@ PLUGIN_TYPE = "DRAPlugin"
 class PluginIdentity(Protocol):
     """What registration tells the kubelet, and where it records the kubelet's verdict."""
 
-    config: DriverConfig
+    driver_name: str
     dra_socket: str
     supported_versions: list[str]
     registered: bool | None
@@ -36,7 +35,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
     async def GetInfo(self, request: reg_pb.InfoRequest, context: grpc.aio.ServicerContext) -> reg_pb.PluginInfo:
         return reg_pb.PluginInfo(
             type=PLUGIN_TYPE,
-            name=self.plugin.config.driver_name,
+            name=self.plugin.driver_name,
             endpoint=self.plugin.dra_socket,
             supported_versions=self.plugin.supported_versions,
         )
@@ -46,7 +45,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
     ) -> reg_pb.RegistrationStatusResponse:
         self.plugin.registered = request.plugin_registered
         if request.plugin_registered:
-            log.info("registered with the kubelet", extra={"kv": {"driver": self.plugin.config.driver_name}})
+            log.info("registered with the kubelet", extra={"kv": {"driver": self.plugin.driver_name}})
         else:
             log.error("kubelet rejected the plugin registration", extra={"kv": {"error": request.error}})
         return reg_pb.RegistrationStatusResponse()

@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.model.device import MAX_DEVICES_PER_SLICE, Device
+from driver.dra.protocol import SliceDevice
 
 API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES_PER_SLICE = 128
+"""``ResourceSliceMaxDevices``: the apiserver refuses a slice listing more devices."""
 
 
 Taints = Mapping[str, list[dict[str, Any]]]
-"""device name -> its ``taints`` (``publish.device_taints``); devices not named have none."""
+"""device name -> its ``taints`` (:mod:`driver.dra.taints`); devices not named have none."""
 
 
-def _chunks(devices: Iterable[Device], size: int, taints: Taints | None = None) -> list[list[dict[str, Any]]]:
+def _chunks(devices: Iterable[SliceDevice], size: int, taints: Taints | None = None) -> list[list[dict[str, Any]]]:
     ordered = sorted(devices, key=lambda d: d.name)
     names = [d.name for d in ordered]
     if len(set(names)) != len(names):
@@ -42,7 +44,7 @@ def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
 
 
 def build_slices(
-    devices: list[Device],
+    devices: Sequence[SliceDevice],
     driver_name: str,
     node_name: str,
     node_uid: str,
@@ -114,7 +116,7 @@ def _same_owner(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def plan_slices(
-    devices: list[Device],
+    devices: Sequence[SliceDevice],
     existing: list[dict[str, Any]],
     driver_name: str,
     node_name: str,

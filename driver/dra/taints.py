@@ -1,9 +1,9 @@
 """Device taints on unhealthy devices (``resource.k8s.io/v1`` ``spec.devices[].taints``).
 
-A device whose link is down or whose RDMA port is not ACTIVE gets one taint, key
-:data:`driver.config.UNHEALTHY_TAINT_KEY` (``dra.net/unhealthy``), the reason as the value
-(``LinkDown``, ``PortNotActive``, ``NetdevMissing``: a taint value is a label value, so the
-details go to the kubelet's health message instead) and the configured effect:
+A device the driver's health check finds unhealthy gets one taint, the driver's key (the
+network driver's: ``dra.net/unhealthy``), the reason as the value (its ``LinkDown``,
+``PortNotActive``, ``NetdevMissing``: a taint value is a label value, so the details go to the
+kubelet's health message instead) and the configured effect:
 
 * ``NoSchedule`` (default): the scheduler allocates the device to no new claim that does not
   tolerate the taint; pods already holding it keep it.
@@ -25,13 +25,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from driver.config import UNHEALTHY_TAINT_KEY
+from driver.dra.api_probe import stored_device
 from driver.kube.client import KubeClient
-from driver.publish.api_probe import stored_device
 
 log = logging.getLogger(__name__)
 
 OFF = "None"
+"""The effect that turns tainting off."""
 
 
 def _rfc3339(seconds: float) -> str:
@@ -41,7 +41,7 @@ def _rfc3339(seconds: float) -> str:
 class UnhealthyTaints:
     """device -> its taint list, from device -> reason (only the unhealthy ones)."""
 
-    def __init__(self, effect: str, key: str = UNHEALTHY_TAINT_KEY) -> None:
+    def __init__(self, effect: str, key: str) -> None:
         self.effect = effect
         self.key = key
         self._since: dict[str, tuple[str, str]] = {}  # device -> (reason, timeAdded)
@@ -62,9 +62,9 @@ class UnhealthyTaints:
         }
 
 
-def device_taints_accepted(kube: KubeClient, driver_name: str, node_name: str) -> tuple[bool, str]:
+def device_taints_accepted(kube: KubeClient, driver_name: str, node_name: str, key: str) -> tuple[bool, str]:
     """(accepted, why): whether the apiserver stores device taints (its DRADeviceTaints gate)."""
-    device = {"name": "taint-probe", "taints": [{"key": UNHEALTHY_TAINT_KEY, "value": "Probe", "effect": "NoSchedule"}]}
+    device = {"name": "taint-probe", "taints": [{"key": key, "value": "Probe", "effect": "NoSchedule"}]}
     stored, why = stored_device(kube, driver_name, node_name, "taint", device)
     if stored is None:
         return False, why

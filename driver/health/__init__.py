@@ -1,5 +1,8 @@
-"""This node's devices as ResourceSlices: ``slices`` builds the bodies and the write plan (pure),
-``publisher`` keeps the API server's slices equal to the inventory (coalesced, watched).
+"""A NIC's health, the network driver's side of device health: ``links`` (carrier and operstate
+of links in the host or a pod's namespace, by netlink), ``monitor`` (every published device
+assessed where it is: link, RDMA ports, netdev; the reason an unhealthy one is tainted with).
+The kit (``driver.dra``) runs the check periodically, streams it to the kubelet and taints the slices.
 
-May import: ``driver.kube``, ``driver.model``, ``driver.config``.
+May import: ``driver.dra`` (the health values), ``driver.checkpoint`` (where each NIC is),
+``driver.netlink`` (namespaces and the route socket), ``driver.model``, ``driver.netlink_channel``.
 """

@@ -1,12 +1,13 @@
-"""Device health, checked every ``--health-interval`` seconds: links, RDMA ports, netdevs.
+"""A NIC's health: links, RDMA ports, netdevs, checked wherever the NIC is.
 
-Each round (in one worker thread: netlink sockets are per thread) asks the kernel for the link of
+Each check (in one worker thread: netlink sockets are per thread) asks the kernel for the link of
 every published NIC where it is now: in the host namespace, or in the namespace of the pod that
 holds it (from the pod network state the NRI hooks keep). A link that is administratively up
 without carrier is down (for a veth: its peer is down). The RDMA port states come from sysfs.
-Only a change is reported (``on_change``): the daemon streams it to the kubelet
-(``DRAResourceHealth``, the pod's ``allocatedResourcesStatus``) and turns it into device taints in
-the ResourceSlice.
+The kit (:class:`driver.dra.health.HealthWatch`) runs :meth:`HealthMonitor.check` every
+``--health-interval`` seconds and reports each change to the kubelet (``DRAResourceHealth``, the
+pod's ``allocatedResourcesStatus``) and as device taints in the ResourceSlice, whose value is the
+reason (:data:`LINK_DOWN`, :data:`PORT_NOT_ACTIVE`, :data:`NETDEV_MISSING`).
 """
 
 from __future__ import annotations
@@ -14,19 +15,78 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
 
 from driver.checkpoint.state import DriverState
 from driver.checkpoint.store import CheckpointStore
-from driver.kubelet.device_health import DeviceHealthState, device_health_states
+from driver.dra.protocol import DeviceHealthState
+from driver.health.links import LinkFacts, LinkProbe
 from driver.model.device import Device
-from driver.netlink.link_health import LinkFacts, LinkProbe
 from driver.netlink.namespaces import Namespaces
 
 log = logging.getLogger(__name__)
 IN_POD_STEPS = ("in-pod",)  # a NIC whose move is complete: it lives in the pod namespace
+
+LINK_DOWN = "LinkDown"
+PORT_NOT_ACTIVE = "PortNotActive"
+NETDEV_MISSING = "NetdevMissing"
+"""Why a device is unhealthy: the value of its ``dra.net/unhealthy`` taint in the ResourceSlice."""
+
+
+def _port_states(root: Path, rdma_device: str) -> list[str]:
+    states = []
+    for port in sorted((root / "class" / "infiniband" / rdma_device / "ports").glob("*/state")):
+        try:
+            states.append(port.read_text().strip())  # e.g. "4: ACTIVE"
+        except OSError:
+            continue
+    return states
+
+
+def assess(device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None) -> tuple[bool, str, str]:
+    """(healthy, reason, message) of one device.
+
+    Unhealthy: its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
+    from netlink in the namespace the netdev is in), its RDMA device has ports and none is
+    ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
+    (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
+    """
+    root = Path(sysfs_root)
+    host = device.host
+    if link is not None and link.admin_up and not link.carrier:
+        return False, LINK_DOWN, f"link down: {link.ifname} ({link.where}) has no carrier, operstate {link.operstate}"
+    if host.rdma_device:
+        states = _port_states(root, host.rdma_device)
+        if states and not any(s.endswith("ACTIVE") for s in states):
+            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port ({', '.join(states)})"
+        if not host.ifname:
+            if states:
+                return True, "", ""
+            return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port (no ports)"
+    if host.ifname:
+        if link is not None or (root / "class" / "net" / host.ifname).exists():
+            return True, "", ""
+        if in_use:
+            return True, "", f"netdev {host.ifname} is in a pod network namespace"
+        return False, NETDEV_MISSING, f"netdev {host.ifname} is missing"
+    return True, "", ""  # nothing to probe (e.g. a function without netdev or RDMA)
+
+
+def device_health_states(
+    devices: dict[str, Device],
+    pool: str,
+    sysfs_root: str,
+    in_use: Callable[[str], bool],
+    links: dict[str, LinkFacts] | None = None,
+) -> list[DeviceHealthState]:
+    """Evaluate every published device; ``links``: device name -> its netdev's link, where known."""
+    out = []
+    links = links or {}
+    for name, device in devices.items():
+        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name))
+        out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
+    return out
 
 
 def _whereabouts(state: DriverState) -> tuple[set[str], dict[str, tuple[str, str, str]]]:
@@ -42,7 +102,7 @@ def _whereabouts(state: DriverState) -> tuple[set[str], dict[str, tuple[str, str
 
 
 class HealthMonitor:
-    """Evaluates every published device every ``interval`` seconds (and when poked)."""
+    """Evaluates every published device where it is (host or pod), in its own worker thread."""
 
     def __init__(
         self,
@@ -51,29 +111,18 @@ class HealthMonitor:
         pool: str,
         sysfs_root: str,
         host_netns: str,
-        interval: float,
-        on_change: Callable[[list[DeviceHealthState]], Awaitable[None]],
-        quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.devices = devices
         self.pool = pool
         self.sysfs_root = sysfs_root
         self.host_netns = host_netns
-        self.interval = interval
-        self.on_change = on_change
-        self.quiet = quiet  # awaited before each round: no check competes with an NRI hook
-        self.last: list[DeviceHealthState] | None = None
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="health")
         self._probe: LinkProbe | None = None  # built in the worker thread (its sockets live there)
-        self._poke: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def poke(self) -> None:
-        """Check now (coalesced); safe from any thread."""
-        loop, event = self._loop, self._poke
-        if loop is not None and event is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(event.set)
+    async def check(self) -> list[DeviceHealthState]:
+        """One round, in the worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, self.evaluate)
 
     def evaluate(self) -> list[DeviceHealthState]:
         """One round (blocking: run it in the worker thread)."""
@@ -101,37 +150,3 @@ class HealthMonitor:
             for ifname, facts in self._probe.pod(path, names, where[path]).items():
                 links[names[ifname]] = facts
         return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links)
-
-    async def run(self) -> None:
-        """Check until cancelled; report each change to ``on_change``."""
-        self._loop = asyncio.get_running_loop()
-        self._poke = asyncio.Event()
-        try:
-            while True:
-                if self.quiet is not None:
-                    await self.quiet()
-                started = time.perf_counter()
-                states = await self._loop.run_in_executor(self._worker, self.evaluate)
-                if states != self.last:
-                    changed = _changes(self.last or [], states)
-                    self.last = states
-                    if changed:
-                        log.info("device health changed", extra={"kv": {"devices": changed}})
-                    await self.on_change(states)
-                log.debug("health checked", extra={"kv": {"ms": round((time.perf_counter() - started) * 1e3, 2)}})
-                try:
-                    await asyncio.wait_for(self._poke.wait(), timeout=self.interval)
-                except TimeoutError:
-                    pass
-                self._poke.clear()
-        finally:
-            self._loop = None
-
-
-def _changes(before: list[DeviceHealthState], after: list[DeviceHealthState]) -> dict[str, Any]:
-    old = {s.device: s.healthy for s in before}
-    return {
-        s.device: ("healthy" if s.healthy else f"unhealthy: {s.message}")
-        for s in after
-        if old.get(s.device, True) != s.healthy
-    }

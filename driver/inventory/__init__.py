@@ -8,5 +8,6 @@ device a link event feeds; ``device_filter`` applies the admin's CEL filter (``d
 the Go driver's syntax of it); ``topology`` and ``discovery_cli`` serve
 ``dranet topology|templates|discover``.
 
-May import: ``driver.model``, ``driver.netlink_channel`` (raw netlink), ``driver.config``.
+May import: ``driver.model``, ``driver.api`` (the cloud providers' typed configs),
+``driver.netlink_channel`` (raw netlink), ``driver.config``.
 """

@@ -1,5 +1,5 @@
 """The vocabulary every layer shares: ``device`` (a published Device, its attributes and host
-facts) and ``network_config`` (a claim's typed config, as decoded once and stored).
+facts) and ``untrusted`` (the one bounded parser of JSON and YAML from outside).
 
 May import: ``driver.config``.
 """

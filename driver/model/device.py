@@ -22,7 +22,6 @@ RDMA_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/rdma"
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
-MAX_DEVICES_PER_SLICE = 128
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 """The range of an ``int`` device attribute: the API server refuses a slice with any other."""
 

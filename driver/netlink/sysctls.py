@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 
-from driver.model.network_config import InterfaceConfig
+from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.netlink_channel import inside_netns
 
 OPTIONAL = frozenset({"ipv6/forwarding"})

@@ -11,8 +11,8 @@ from __future__ import annotations
 import socket
 from dataclasses import replace
 
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.checkpoint.state import PreparedDevice
-from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.pod_rules import Neighbor, Rule, config_rule
 from driver.netlink.rtnl import Route

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from driver.model.network_config import EthtoolConfig
+from driver.api.v1alpha1.network_config import EthtoolConfig
 from driver.netlink import ethtool, ethtool_genl
 from driver.netlink.namespaces import Namespaces
 

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.checkpoint.state import MovedDevice, PreparedDevice
-from driver.model.network_config import InterfaceConfig
 from driver.netlink import ebpf, offload_sizes, sysctls, vrf
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_moves import LinkState, PodLinkConfig

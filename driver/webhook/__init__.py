@@ -2,7 +2,7 @@
 
 It validates ResourceClaims and ResourceClaimTemplates (``resource.k8s.io/v1``) on CREATE and
 UPDATE with the same validator as NodePrepareResources and ``dranet validate``
-(:func:`driver.claims.validation.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
+(:func:`driver.api.v1alpha1.validation.validate_claim_spec`); only configs with ``opaque.driver: dra.net``
 are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 
 - :mod:`driver.webhook.handler`: the validating handler and the HTTP front that runs it on any URL path.
@@ -12,6 +12,6 @@ are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 - :mod:`driver.webhook.options`: the ``dranet webhook`` flags.
 - :mod:`driver.webhook.server`: kopf's registry and settings, credentials, identity; the entry point.
 
-May import: ``driver.admission``, the claim config language (``driver.claims.validation``), ``driver.kube``
+May import: ``driver.admission``, the claim config language (``driver.api.v1alpha1.validation``), ``driver.kube``
 and ``driver.config``; never ``driver.cli`` or ``driver.daemon``.
 """

@@ -17,7 +17,7 @@ import kopf
 from kopf._core.engines.admission import WebhookError  # not exported; _serve is kopf-internal too
 
 from driver.admission import Malformed, denial, parse_review
-from driver.claims.validation import validate_claim_spec
+from driver.api.v1alpha1.validation import validate_claim_spec
 
 log = logging.getLogger(__name__)
 

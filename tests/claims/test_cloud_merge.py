@@ -6,14 +6,14 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from driver.api.v1alpha1.merge import merge_under_cloud
+from driver.api.v1alpha1.network_config import EthtoolConfig, InterfaceConfig, NetworkConfig, RouteConfig, RuleConfig
 from driver.checkpoint.state import PreparedDevice
 from driver.checkpoint.store import CheckpointStore
-from driver.claims.merge import merge_under_cloud
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
+from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
-from driver.model.network_config import EthtoolConfig, InterfaceConfig, NetworkConfig, RouteConfig, RuleConfig
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import Route
 from driver.nri.pod_config import pod_link_config
@@ -120,7 +120,7 @@ async def test_prepare_stores_the_merged_config_and_the_clouds(tmp_path: Path) -
 
 
 def test_a_claim_vrf_leaves_the_cloud_rules_out() -> None:
-    from driver.model.network_config import VrfConfig
+    from driver.api.v1alpha1.network_config import VrfConfig
 
     claim = NetworkConfig(interface=InterfaceConfig(vrf=VrfConfig("vrf-a", 10)))
     out = merge_under_cloud(AZURE, claim)

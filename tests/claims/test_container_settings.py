@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from driver.checkpoint.state import PreparedDevice
 from driver.claims.container_settings import container_env, settings_for_container
-from driver.claims.fields import ConfigError
-from driver.claims.merge import configs_for_request
 from driver.claims.numa_pinning import cpuset_for, format_cpulist, numa_pin_node, parse_cpulist
 from driver.model.device import Device, HostFacts
-from driver.model.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from tests.support.claims import allocation_config
 
 NONE = NetworkConfig()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
+from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
 from tests.claims.conftest import NODE, inventory

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.validation import validate_claim_spec
 from driver.checkpoint.store import CheckpointStore
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
-from driver.claims.validation import validate_claim_spec
+from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.untrusted import InputError
 from tests.claims.conftest import NODE, inventory

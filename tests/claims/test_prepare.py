@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import base_request
-from driver.claims.merge import configs_for_request
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
+from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
-from driver.model.network_config import InterfaceConfig, NetworkConfig
 from tests.claims.conftest import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 

@@ -8,7 +8,7 @@ import json
 import logging
 
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
+from driver.dra.protocol import ClaimRef
 from tests.claims.conftest import NODE
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 

@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.claims.profile import ProfileResolver, check_at_start, profile_resolver
 from driver.config import DriverConfig
+from driver.dra.health import DeviceHealthFeed
+from driver.dra.plugin import KubeletPlugin
 from driver.kube.client import KubeClient
-from driver.kubelet.device_health import DeviceHealthFeed
-from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
-from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.profiles.webhook import WebhookClient
 from tests.claims.conftest import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
@@ -56,12 +56,19 @@ async def kubelet_plugin(hook: ProfileWebhook) -> AsyncIterator[tuple[KubeletPlu
         resolver.client.timeout = 1.0  # the slow-provider test waits this long, not PROFILE_WEBHOOK_TIMEOUT
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp / "kubeconfig")))
         preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE, profiles=resolver)
-        plugin = KubeletPlugin(config, preparer, health=DeviceHealthFeed(), metrics=Metrics())
+        sockets = (config.dra_socket, config.registration_socket)
+        plugin = KubeletPlugin(preparer, config.driver_name, *sockets, health=DeviceHealthFeed(), metrics=Metrics())
         await plugin.start()
         try:
             yield plugin, api
         finally:
             await plugin.stop(grace=0.1)
+
+
+def store_of(plugin: KubeletPlugin) -> CheckpointStore:
+    """The checkpoint of the Preparer the plugin serves."""
+    assert isinstance(plugin.driver, Preparer)
+    return plugin.driver.store
 
 
 def _claim(api: FakeAPIServer, parameters: dict[str, Any], uid: str = "uid-1") -> None:
@@ -83,7 +90,7 @@ async def test_prepare_merges_the_profile_under_the_claim_and_unprepare_releases
         assert asked["claim"]["metadata"]["uid"] == "uid-1" and asked["claim"]["status"]["reservedFor"]
         assert asked["config"]["profile"] == "acme.com/ipam" and asked["config"]["interface"]["mtu"] == 9000
         assert "apiVersion" not in asked["config"], "dranet's NetworkConfig JSON"
-        [device] = plugin.preparer.store.read(lambda s: s.claims["uid-1"].devices)
+        [device] = store_of(plugin).read(lambda s: s.claims["uid-1"].devices)
         assert device.config.interface == InterfaceConfig(name="net1", mtu=9000, addresses=("10.9.0.5/24",))
         assert device.config.routes == (RouteConfig("10.90.0.0/16", "10.9.0.1"),)
         assert device.config.profile == "acme.com/ipam"
@@ -120,7 +127,7 @@ async def test_provider_failures_are_the_claims_error_never_a_traceback(
     error = resp.claims["uid-1"].error
     assert error.startswith("ResourceClaim ns/c-uid-1: config for request 'nic': profile ")
     assert needle in error and "Traceback" not in error, error
-    assert plugin.preparer.store.read(lambda s: s.claims) == {}, "nothing prepared: the kubelet retries"
+    assert store_of(plugin).read(lambda s: s.claims) == {}, "nothing prepared: the kubelet retries"
 
 
 async def test_an_invalid_profile_answer_names_the_field_and_the_profile_and_is_released(
@@ -148,7 +155,7 @@ async def test_a_profile_without_a_provider_is_refused(tmp_path: Path) -> None:
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
         preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
         _claim(api, {"profile": "acme.com/ipam"})
-        from driver.claims.prepare_results import ClaimRef
+        from driver.dra.protocol import ClaimRef
 
         out = await preparer.prepare([ClaimRef("ns", "c-uid-1", "uid-1")])
     assert (
@@ -165,7 +172,7 @@ def test_a_provider_that_serves_no_profiles_stops_the_daemon(hook: ProfileWebhoo
 
 
 def test_the_merge_is_the_cloud_merge_user_wins() -> None:
-    from driver.claims.merge import merge_under_cloud
+    from driver.api.v1alpha1.merge import merge_under_cloud
 
     profile = NetworkConfig(interface=InterfaceConfig(mtu=1450, addresses=("10.9.0.5/24",)))
     claim = NetworkConfig(interface=InterfaceConfig(mtu=9000, addresses=("10.9.0.7/24",)), profile="p")

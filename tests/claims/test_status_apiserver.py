@@ -27,15 +27,15 @@ from devcluster.controlplane import (
 )
 from devcluster.demo import allocated_claim, delete_pod, pod_for_template
 from devcluster.sysfs_fixture import build
+from driver.api.v1alpha1.merge import configs_for_request
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
-from driver.claims.merge import configs_for_request
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter
 from driver.claims.status_entries import DeviceResult
+from driver.dra.slices import build_slices
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError
 from driver.model.device import Device
-from driver.publish.slices import build_slices
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

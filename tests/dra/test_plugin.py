@@ -1,4 +1,5 @@
-"""The kubelet plugin over real unix sockets, driven by a client that plays the kubelet."""
+"""The kit's kubelet plugin over real unix sockets, serving the network driver's Preparer, driven by a
+client that plays the kubelet."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import pytest
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
+from driver.dra.health import DeviceHealthFeed
+from driver.dra.plugin import KubeletPlugin
+from driver.dra.protocol import DeviceHealthState
 from driver.kube.client import KubeClient
-from driver.kubelet.device_health import DeviceHealthFeed, DeviceHealthState, evaluate_health
-from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
@@ -29,6 +31,11 @@ NODE = "node-a"
 
 def inventory() -> dict[str, Device]:
     return {f"dev-{i}": Device(name=f"dev-{i}", host=HostFacts(ifname=f"eth{i}")) for i in range(4)}
+
+
+def plugin_of(config: DriverConfig, preparer: Preparer) -> KubeletPlugin:
+    """The plugin on the sockets ``config`` names, without health stream or metrics."""
+    return KubeletPlugin(preparer, config.driver_name, config.dra_socket, config.registration_socket)
 
 
 @pytest.fixture
@@ -49,7 +56,15 @@ async def plugin(api: FakeAPIServer, short_tmp: Path) -> AsyncIterator[KubeletPl
     config = DriverConfig(node_name=NODE, kubelet_root=str(short_tmp / "kubelet"), state_dir=str(short_tmp / "state"))
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kubeconfig")))
     preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE)
-    p = KubeletPlugin(config, preparer, health=DeviceHealthFeed(), metrics=Metrics(), health_resend=0.5)
+    p = KubeletPlugin(
+        preparer,
+        config.driver_name,
+        config.dra_socket,
+        config.registration_socket,
+        health=DeviceHealthFeed(),
+        metrics=Metrics(),
+        health_resend=0.5,
+    )
     await p.start()
     try:
         yield p
@@ -96,7 +111,8 @@ async def test_prepare_unprepare_over_socket(plugin: KubeletPlugin, api: FakeAPI
         assert devices_of(retry, "uid-1") == devices_of(resp, "uid-1")
         un = await kubelet.unprepare([("ns", "c1", "uid-1"), ("ns", "x", "uid-x")], version=version)
         assert {k: v.error for k, v in un.claims.items()} == {"uid-1": "", "uid-x": ""}
-    assert plugin.preparer.store.read(lambda s: list(s.claims)) == []
+    assert isinstance(plugin.driver, Preparer) and isinstance(plugin.metrics, Metrics)
+    assert plugin.driver.store.read(lambda s: list(s.claims)) == []
     text = plugin.metrics.render().decode()
     assert 'dranet_driver_dra_plugin_requests_total{method="PrepareResourceClaims",status="failed"} 1.0' in text
     assert 'dranet_driver_dra_plugin_requests_total{method="UnprepareResourceClaims",status="success"} 1.0' in text
@@ -129,7 +145,7 @@ async def test_stop_removes_sockets_and_stale_socket_is_replaced(api: FakeAPISer
     Path(config.registration_socket).parent.mkdir(parents=True)
     Path(config.registration_socket).write_text("stale")  # left by a killed driver
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kc2")))
-    p = KubeletPlugin(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+    p = plugin_of(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
     await p.start()
     try:
         async with KubeletClient(p.registration_socket) as kubelet:
@@ -141,22 +157,6 @@ async def test_stop_removes_sockets_and_stale_socket_is_replaced(api: FakeAPISer
         with pytest.raises(grpc.aio.AioRpcError):
             kubelet.timeout = 1
             await kubelet.get_info()
-
-
-def test_evaluate_health(tmp_path: Path) -> None:
-    (tmp_path / "class/net/eth0").mkdir(parents=True)
-    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
-    port.mkdir(parents=True)
-    (port / "state").write_text("4: ACTIVE\n")
-    down = tmp_path / "class/infiniband/mlx5_1/ports/1"
-    down.mkdir(parents=True)
-    (down / "state").write_text("1: DOWN\n")
-    assert evaluate_health(Device("a", host=HostFacts(ifname="eth0")), str(tmp_path), False) == (True, "")
-    assert evaluate_health(Device("b", host=HostFacts(ifname="eth9")), str(tmp_path), False)[0] is False
-    assert evaluate_health(Device("b", host=HostFacts(ifname="eth9")), str(tmp_path), True)[0] is True
-    assert evaluate_health(Device("c", host=HostFacts(rdma_device="mlx5_0")), str(tmp_path), False) == (True, "")
-    healthy, message = evaluate_health(Device("d", host=HostFacts(rdma_device="mlx5_1")), str(tmp_path), False)
-    assert not healthy and "mlx5_1" in message and "DOWN" in message
 
 
 async def test_two_instances_register_side_by_side_and_a_dead_ones_sockets_go(
@@ -173,7 +173,7 @@ async def test_two_instances_register_side_by_side_and_a_dead_ones_sockets_go(
             state_dir=str(short_tmp / "state"),
             instance_id=instance,
         )
-        return KubeletPlugin(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+        return plugin_of(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
 
     old, new = plugin("0ld0ld00-aaaa"), plugin("0new0new-bbbb")
     registry, plugins = short_tmp / "kubelet/plugins_registry", short_tmp / "kubelet/plugins/dra.net"

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from driver.config import UNHEALTHY_TAINT_KEY
+from driver.dra.publisher import SlicePublisher
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.model.device import Device
-from driver.publish.publisher import SlicePublisher
 from tests.plugins.cluster import delete_node_and_slices, list_slices
 
 pytestmark = [pytest.mark.cluster]
@@ -254,9 +255,9 @@ def test_an_apiserver_without_device_taints_is_detected(kube: KubeClient, cluste
     """The session's apiserver runs without DRADeviceTaints: it would drop every taint, and the
     publisher would rewrite the slice forever. The dry-run probe says so; nothing is stored.
     (With the gate on, the real node's tests see the taints: tests/e2e/node/test_nic_health.py.)"""
-    from driver.publish.device_taints import device_taints_accepted
+    from driver.dra.taints import device_taints_accepted
 
-    accepted, why = device_taints_accepted(kube, DRIVER, cluster_node)
+    accepted, why = device_taints_accepted(kube, DRIVER, cluster_node, UNHEALTHY_TAINT_KEY)
     assert not accepted and "DRADeviceTaints" in why, why
     assert not list_slices(kube, cluster_node)
 
@@ -264,10 +265,10 @@ def test_an_apiserver_without_device_taints_is_detected(kube: KubeClient, cluste
 async def test_flapping_link_taints_are_coalesced_with_slice_writes(kube: KubeClient, cluster_node: str):
     """A link flapping 100 times a second: its taint comes and goes with every health change, and
     the slice is written at most once per interval (taints share the devices' rate limit)."""
-    from driver.publish.device_taints import UnhealthyTaints
+    from driver.dra.taints import UnhealthyTaints
 
     interval, duration = 0.5, 3.0
-    taints = UnhealthyTaints("NoSchedule")
+    taints = UnhealthyTaints("NoSchedule", UNHEALTHY_TAINT_KEY)
     async with running(SlicePublisher(kube, DRIVER, cluster_node, interval=interval)) as pub:
         pub.update([nic(0), nic(1)])
         [s0] = await eventually(lambda: list_slices(kube, cluster_node), what="slice")

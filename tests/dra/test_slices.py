@@ -1,4 +1,4 @@
-"""ResourceSlice builder and diff (driver/publish/slices.py): pure functions, no API server."""
+"""ResourceSlice builder and diff (driver/dra/slices.py): pure functions, no API server."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 
 import pytest
 
+from driver.dra.slices import build_slices, plan_slices
 from driver.model.device import Device, HostFacts
-from driver.publish.slices import build_slices, plan_slices
 
 DRIVER, NODE, UID = "dra.net", "node-a", "uid-1"
 

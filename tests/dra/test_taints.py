@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from driver.config import UNHEALTHY_TAINT_KEY
+from driver.dra.slices import plan_slices
+from driver.dra.taints import UnhealthyTaints
 from driver.model.device import Device
-from driver.publish.device_taints import UnhealthyTaints
-from driver.publish.slices import plan_slices
+
+KEY = UNHEALTHY_TAINT_KEY
 
 
 def test_time_added_is_kept_while_the_reason_lasts() -> None:
-    taints = UnhealthyTaints("NoSchedule")
+    taints = UnhealthyTaints("NoSchedule", KEY)
     first = taints.update({"nic-a": "LinkDown"}, now=1_000_000)
     assert first == {
         "nic-a": [
@@ -27,8 +30,8 @@ def test_time_added_is_kept_while_the_reason_lasts() -> None:
         and other["nic-a"][0]["timeAdded"] != first["nic-a"][0]["timeAdded"]
     )
     assert taints.update({}) == {}
-    assert UnhealthyTaints("None").update({"nic-a": "LinkDown"}) == {}
-    assert UnhealthyTaints("NoExecute").update({"x": "LinkDown"})["x"][0]["effect"] == "NoExecute"
+    assert UnhealthyTaints("None", KEY).update({"nic-a": "LinkDown"}) == {}
+    assert UnhealthyTaints("NoExecute", KEY).update({"x": "LinkDown"})["x"][0]["effect"] == "NoExecute"
 
 
 def _existing(plan_body: dict, name: str, rv: str) -> dict:
@@ -40,7 +43,7 @@ def test_a_taint_is_one_slice_update_and_its_removal_another() -> None:
     first = plan_slices(devices, [], "dra.net", "node", "uid")
     existing = [_existing(first.create[0], "s1", "1")]
     assert plan_slices(devices, existing, "dra.net", "node", "uid").empty
-    taint = UnhealthyTaints("NoSchedule").update({"nic-b": "LinkDown"}, now=0)
+    taint = UnhealthyTaints("NoSchedule", KEY).update({"nic-b": "LinkDown"}, now=0)
     tainted = plan_slices(devices, existing, "dra.net", "node", "uid", taints=taint)
     assert len(tainted.update) == 1 and not tainted.create and not tainted.delete
     by_name = {d["name"]: d for d in tainted.update[0]["spec"]["devices"]}

@@ -41,7 +41,7 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.files import FileOps
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimRef
+from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import NRIHooks
 from tests.claims.conftest import inventory

@@ -8,10 +8,10 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
-from driver.claims.validation import validate_claim_spec, validate_object
-from driver.model.network_config import NetworkConfig
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.api.v1alpha1.validation import validate_claim_spec, validate_object
 from driver.model.untrusted import InputError, load_json, load_yaml_documents
 from tests.fuzz import FUZZ
 

@@ -19,8 +19,8 @@ from dranet_proto import dra_v1_pb2 as v1_pb
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
+from driver.dra.plugin import KubeletPlugin
 from driver.kube.client import KubeClient
-from driver.kubelet.plugin import KubeletPlugin
 from driver.metrics import Metrics
 from tests.claims.conftest import NODE, inventory
 from tests.fuzz import FUZZ, LoopThread
@@ -41,7 +41,8 @@ def dra_channel() -> Iterator[grpc.Channel]:
         loop = LoopThread()
 
         async def make() -> KubeletPlugin:  # grpc.aio objects belong to the loop they are made on
-            plugin = KubeletPlugin(config, preparer, metrics=Metrics())
+            sockets = (config.dra_socket, config.registration_socket)
+            plugin = KubeletPlugin(preparer, config.driver_name, *sockets, metrics=Metrics())
             await plugin.start()
             return plugin
 

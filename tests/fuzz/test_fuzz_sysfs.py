@@ -18,10 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devcluster.sysfs_fixture import build
+from driver.dra.slices import plan_slices
 from driver.inventory.discovery import Scanner
 from driver.inventory.names import is_dns_label
 from driver.model.device import INT64_MAX, INT64_MIN, MAX_ATTRIBUTE_VALUE_LENGTH, MAX_ATTRIBUTES_PER_DEVICE, Device
-from driver.publish.slices import plan_slices
 from tests.fuzz import EXAMPLES, FUZZ
 
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from driver.netlink.link_health import LinkProbe
+from driver.health.links import LinkProbe
 from driver.netlink.namespaces import Namespaces
 
 pytestmark = pytest.mark.root

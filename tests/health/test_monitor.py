@@ -1,4 +1,5 @@
-"""HealthMonitor on real veths: a NIC in the host and one "in a pod" (the checkpoint says where)."""
+"""The NIC health check on real veths, run by the kit's HealthWatch: a NIC in the host and one "in a
+pod" (the checkpoint says where); and what makes a device healthy."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import pytest
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
 from driver.config import HOST_NETNS
-from driver.kubelet.device_health import LINK_DOWN, DeviceHealthState, assess
-from driver.kubelet.health_monitor import HealthMonitor
+from driver.dra.health import HealthWatch
+from driver.dra.protocol import DeviceHealthState
+from driver.health.links import LinkFacts
+from driver.health.monitor import LINK_DOWN, NETDEV_MISSING, PORT_NOT_ACTIVE, HealthMonitor, assess
 from driver.model.device import Device, HostFacts
-from driver.netlink.link_health import LinkFacts
 
 pytestmark = pytest.mark.root
 
@@ -50,8 +52,8 @@ async def test_link_down_and_up_are_reported_wherever_the_nic_is(netns_factory, 
     async def changed(states: list[DeviceHealthState]) -> None:
         seen.append(states)
 
-    monitor = HealthMonitor(store, lambda: devices, "node", str(tmp_path), HOST_NETNS, 0.05, changed)
-    task = asyncio.create_task(monitor.run())
+    monitor = HealthMonitor(store, lambda: devices, "node", str(tmp_path), HOST_NETNS)
+    task = asyncio.create_task(HealthWatch(monitor.check, 0.05, changed).run())
 
     async def state(name: str, healthy: bool) -> DeviceHealthState:
         for _ in range(200):
@@ -89,3 +91,21 @@ def test_an_administratively_down_link_says_nothing_about_its_cable(tmp_path: Pa
     assert assess(dev, str(tmp_path), False, down)[0] is True
     cut = LinkFacts("eth7", admin_up=True, carrier=False, operstate="lowerlayerdown")
     assert assess(dev, str(tmp_path), False, cut)[:2] == (False, LINK_DOWN)
+
+
+def test_health_from_sysfs(tmp_path: Path) -> None:
+    """Without link facts: a netdev present, missing (or in a pod), RDMA ports ACTIVE or DOWN."""
+    (tmp_path / "class/net/eth0").mkdir(parents=True)
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    port.mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    down = tmp_path / "class/infiniband/mlx5_1/ports/1"
+    down.mkdir(parents=True)
+    (down / "state").write_text("1: DOWN\n")
+    root = str(tmp_path)
+    assert assess(Device("a", host=HostFacts(ifname="eth0")), root, False) == (True, "", "")
+    assert assess(Device("b", host=HostFacts(ifname="eth9")), root, False)[:2] == (False, NETDEV_MISSING)
+    assert assess(Device("b", host=HostFacts(ifname="eth9")), root, True)[0] is True
+    assert assess(Device("c", host=HostFacts(rdma_device="mlx5_0")), root, False) == (True, "", "")
+    healthy, reason, message = assess(Device("d", host=HostFacts(rdma_device="mlx5_1")), root, False)
+    assert (healthy, reason) == (False, PORT_NOT_ACTIVE) and "mlx5_1" in message and "DOWN" in message

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
+from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig, RuleConfig
 from driver.inventory.cloud import alibaba, aws, azure, gce, oke
 from driver.inventory.cloud.base import DeviceIdentifiers
 from driver.inventory.cloud.detection import PROVIDERS, detect, parse_provider
 from driver.inventory.cloud.metadata import MAX_RESPONSE_BYTES, MetadataClient, MetadataError
 from driver.inventory.cloud.service import CloudMetadata
 from driver.model.device import Device, HostFacts
-from driver.model.network_config import NetworkConfig, RouteConfig, RuleConfig
 from tests.support.metadata_server import MetadataServer
 
 ALL = [p.name for p in PROVIDERS]

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
+from driver.api.v1alpha1.decode import decode_config
 from driver.checkpoint.state import PreparedDevice
-from driver.claims.decode import decode_config
 from driver.model.device import Device
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.pod_rules import Neighbor, Rule

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
+from driver.api.v1alpha1.network_config import InterfaceConfig, VrfConfig
 from driver.dhcp.wire import Lease
-from driver.model.network_config import InterfaceConfig, VrfConfig
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import Route
 from driver.nri.pod_config import vrf_table

@@ -16,10 +16,10 @@ import pytest
 from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.merge import merge_under_cloud
 from driver.checkpoint.state import DriverState
 from driver.checkpoint.store import CheckpointStore
-from driver.claims.decode import decode_config
-from driver.claims.merge import merge_under_cloud
 from driver.nri.hooks import NRIHooks
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import link_facts, pod_json, prepare_claim

@@ -219,10 +219,10 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
     ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones).
     """
+    from driver.api.v1alpha1.decode import decode_config
+    from driver.api.v1alpha1.network_config import NetworkConfig
     from driver.checkpoint.state import DriverState, PreparedClaim, PreparedDevice
-    from driver.claims.decode import decode_config
     from driver.model.device import CharDevice, Device, HostFacts
-    from driver.model.network_config import NetworkConfig
 
     def typed(config: dict[str, Any]) -> NetworkConfig:
         result = NetworkConfig()

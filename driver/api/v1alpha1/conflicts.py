@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError, FieldError
-from driver.claims.merge import request_matches
-from driver.model.network_config import NetworkConfig
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError, FieldError
+from driver.api.v1alpha1.merge import request_matches
+from driver.api.v1alpha1.network_config import NetworkConfig
 
 INTERFACE_FIELDS = ("name", "addresses", "hardwareAddr")
 

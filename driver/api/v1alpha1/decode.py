@@ -1,10 +1,10 @@
-"""Strict decoding of a ``dra.net`` opaque config into a :class:`~driver.model.network_config.NetworkConfig`.
+"""Strict decoding of a ``dra.net`` opaque config into a :class:`~driver.api.v1alpha1.network_config.NetworkConfig`.
 
 Users put the config in ``spec.devices.config[].opaque.parameters`` of a ResourceClaim (or a
 DeviceClass) with ``opaque.driver: dra.net``. The same decoder runs in three places so a mistake
 is reported identically everywhere: the admission webhook and ``dranet validate FILE...`` (both
-through :mod:`driver.claims.validation`) and NodePrepareResources (:mod:`driver.claims.prepare`,
-through :func:`driver.claims.merge.configs_for_request`). It runs once per claim: what prepare
+through :mod:`driver.api.v1alpha1.validation`) and NodePrepareResources (:mod:`driver.claims.prepare`,
+through :func:`driver.api.v1alpha1.merge.configs_for_request`). It runs once per claim: what prepare
 decodes is stored typed in the checkpoint and never decoded again.
 
 Decoding is strict: unknown fields and wrong types are errors, and every error names the full
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.claims.decode_interface import decode_interface
-from driver.claims.decode_routing import decode_neighbors, decode_routes, decode_rules
-from driver.claims.fields import (
+from driver.api.v1alpha1.decode_interface import decode_interface
+from driver.api.v1alpha1.decode_routing import decode_neighbors, decode_routes, decode_rules
+from driver.api.v1alpha1.fields import (
     ConfigError,
     FieldError,
     FieldErrors,
@@ -26,7 +26,7 @@ from driver.claims.fields import (
     read_object,
     read_str,
 )
-from driver.model.network_config import (
+from driver.api.v1alpha1.network_config import (
     API_VERSION,
     KIND,
     EthtoolConfig,

@@ -1,4 +1,4 @@
-"""Decoding of the ``interface`` object of a ``dra.net`` config (part of :mod:`driver.claims.decode`).
+"""Decoding of the ``interface`` object of a ``dra.net`` config (part of :mod:`driver.api.v1alpha1.decode`).
 
 How the NIC looks in the pod: its name, addresses (or DHCP), MTU, MAC, offload size limits,
 per-interface sysctls, eBPF detachment and VRF. Every reader records its errors with the field
@@ -11,8 +11,16 @@ import ipaddress
 import re
 from typing import Any
 
-from driver.claims.fields import MAX_TABLE, FieldErrors, json_type_name, read_bool, read_int, read_object, read_str
-from driver.model.network_config import InterfaceConfig, VrfConfig
+from driver.api.v1alpha1.fields import (
+    MAX_TABLE,
+    FieldErrors,
+    json_type_name,
+    read_bool,
+    read_int,
+    read_object,
+    read_str,
+)
+from driver.api.v1alpha1.network_config import InterfaceConfig, VrfConfig
 
 MAX_IFNAME_LENGTH = 15  # IFNAMSIZ - 1
 MIN_MTU = 68  # RFC 791 minimum; the kernel refuses less for IPv4

@@ -1,4 +1,4 @@
-"""Decoding of ``routes``, ``rules`` and ``neighbors`` of a ``dra.net`` config (part of :mod:`driver.claims.decode`).
+"""Decoding of ``routes``, ``rules`` and ``neighbors`` of a ``dra.net`` config (part of :mod:`.decode`).
 
 What the pod's routing gets through the NIC: routes (``ip route``), policy rules (``ip rule``)
 and permanent neighbor entries (``ip neigh ... nud permanent``). Errors name the field path.
@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from driver.claims.fields import MAX_TABLE, FieldErrors, json_type_name, read_int, read_ip, read_object, read_str
-from driver.model.network_config import NeighborConfig, RouteConfig, RuleConfig
+from driver.api.v1alpha1.fields import MAX_TABLE, FieldErrors, json_type_name, read_int, read_ip, read_object, read_str
+from driver.api.v1alpha1.network_config import NeighborConfig, RouteConfig, RuleConfig
 
 T = TypeVar("T")
 MAX_RULE_PRIORITY = 32767  # dranet's bound (the kernel takes any u32)

@@ -1,6 +1,6 @@
 """Strict readers for JSON values that collect every field error in one pass.
 
-The claim configuration decoder (:mod:`driver.claims.decode`) reads user JSON field by field.
+The claim configuration decoder (:mod:`driver.api.v1alpha1.decode`) reads user JSON field by field.
 Each reader here takes the raw value, its field path and a :class:`FieldErrors` collector; it
 returns the typed value, or ``None`` after recording why the value was refused. ``None`` in the
 input means "not set" and is never an error here (required fields are checked by the caller).

@@ -2,8 +2,8 @@
 
 Several configs may apply to one request: ``status.allocation.devices.config`` lists the
 DeviceClass's configs (``FromClass``) and the claim's (``FromClaim``). Those for our driver whose
-``requests`` match are decoded (:func:`driver.claims.decode.decode_config`) and merged field by
-field (:meth:`~driver.model.network_config.NetworkConfig.merged`): class configs first, then
+``requests`` match are decoded (:func:`driver.api.v1alpha1.decode.decode_config`) and merged field by
+field (:meth:`~driver.api.v1alpha1.network_config.NetworkConfig.merged`): class configs first, then
 claim configs, each in list order; later wins. See docs/configuration.md.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from driver.claims.decode import combination_errors, decode_config
-from driver.claims.fields import ConfigError, FieldError
+from driver.api.v1alpha1.decode import combination_errors, decode_config
+from driver.api.v1alpha1.fields import ConfigError, FieldError
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.config import DRIVER_NAME
-from driver.model.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The typed claim configuration: what a ``dra.net`` opaque config asks of one NIC.
 
 These are the objects every layer passes around once a config is decoded: prepare builds them
-(:func:`driver.claims.decode.decode_config`, strict, naming every wrong field), the checkpoint
+(:func:`driver.api.v1alpha1.decode.decode_config`, strict, naming every wrong field), the checkpoint
 stores their canonical JSON form (:meth:`NetworkConfig.to_parameters`) and reads it back with
 :meth:`NetworkConfig.from_parameters`, the NRI hooks read their fields. Every field is optional
 and ``None`` means "not set", so configs merge field by field (:meth:`NetworkConfig.merged`).
@@ -17,6 +17,10 @@ from driver.config import DRIVER_NAME
 API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 """The only schema version this driver understands (``apiVersion`` is optional; see docs)."""
 KIND = "NetworkConfig"
+RDMA_INJECT_ENV_DEFAULT = True
+"""``rdma.injectEnv`` when no config sets it: RDMA NICs' environment goes into the containers."""
+NUMA_PIN_DEFAULT = False
+"""``numa.pin`` when no config sets it: containers are not pinned to the NICs' NUMA node."""
 
 
 @dataclass(frozen=True)
@@ -144,12 +148,16 @@ class NetworkConfig:
     @property
     def rdma_env_enabled(self) -> bool:
         """Whether NCCL_IB_HCA / DRANET_RDMA_DEVICES are injected (on unless turned off)."""
-        return not (self.rdma and self.rdma.inject_env is False)
+        if self.rdma is None or self.rdma.inject_env is None:
+            return RDMA_INJECT_ENV_DEFAULT
+        return self.rdma.inject_env
 
     @property
     def numa_pin(self) -> bool:
         """Whether containers are pinned to the NICs' NUMA node (off unless turned on)."""
-        return bool(self.numa and self.numa.pin)
+        if self.numa is None or self.numa.pin is None:
+            return NUMA_PIN_DEFAULT
+        return self.numa.pin
 
     def merged(self, override: NetworkConfig) -> NetworkConfig:
         """``override`` on top of this config, field by field.
@@ -170,7 +178,7 @@ class NetworkConfig:
     def from_parameters(cls, params: dict[str, Any]) -> NetworkConfig:
         """Read back what :meth:`to_parameters` wrote (the checkpoint's form); no validation.
 
-        Only for JSON this driver wrote itself after :func:`~driver.claims.decode.decode_config`
+        Only for JSON this driver wrote itself after :func:`~driver.api.v1alpha1.decode.decode_config`
         accepted it; a wrong shape raises ``KeyError``/``TypeError``/``AttributeError``.
         """
         iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
@@ -206,6 +214,11 @@ _JSON_NAMES = {
 _PY_NAMES = {v: k for k, v in _JSON_NAMES.items()}
 
 
+def json_name(field_name: str) -> str:
+    """The JSON name of a config dataclass field (``hardware_addr`` -> ``hardwareAddr``)."""
+    return _JSON_NAMES.get(field_name, field_name)
+
+
 def _interface_from_json(iface: dict[str, Any]) -> InterfaceConfig:
     """An ``interface`` object of the canonical form (every key an :class:`InterfaceConfig` field)."""
     values = {_PY_NAMES.get(k, k): v for k, v in iface.items()}
@@ -223,9 +236,7 @@ def _to_json(obj: Any) -> Any:
         return dict(obj)
     if hasattr(obj, "__dataclass_fields__"):
         return {
-            _JSON_NAMES.get(f.name, f.name): _to_json(getattr(obj, f.name))
-            for f in fields(obj)
-            if getattr(obj, f.name) is not None
+            json_name(f.name): _to_json(getattr(obj, f.name)) for f in fields(obj) if getattr(obj, f.name) is not None
         }
     return obj
 

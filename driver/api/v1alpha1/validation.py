@@ -1,26 +1,24 @@
 """Claim-level validation of ``dra.net`` configs: the admission webhook and ``dranet validate``.
 
 :func:`validate_claim_spec` is the one validator the webhook (:mod:`driver.webhook`) and the CLI
-(:func:`cli_validate`) share. It decodes each ``dra.net`` config with
-:func:`driver.claims.decode.decode_config` (the decoder NodePrepareResources runs too) and adds
+(:mod:`driver.api.validate_cli`) share. It decodes each ``dra.net`` config with
+:func:`driver.api.v1alpha1.decode.decode_config` (the decoder NodePrepareResources runs too) and adds
 the checks only a whole claim allows: per-device settings on a request that can allocate
-several NICs.
+several NICs. :func:`validate_object` judges a whole manifest, also what the apiserver's strict
+field validation refuses around the configs (:func:`driver.api.v1alpha1.schema.document_errors`).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
-from driver.claims.conflicts import conflict_errors, interface_conflicts
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError, json_type_name
-from driver.claims.merge import configs_for_request, request_matches
+from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError, json_type_name
+from driver.api.v1alpha1.merge import configs_for_request, request_matches
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.api.v1alpha1.schema import CLAIM_KINDS, document_errors
 from driver.config import DRIVER_NAME
-from driver.model.network_config import NetworkConfig
-from driver.model.untrusted import InputError, load_yaml_documents
 
 
 def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
@@ -128,52 +126,23 @@ def _per_device_conflicts(config: NetworkConfig, requests: Any, multi: dict[str,
     return out
 
 
-_CLAIM_KINDS = {"ResourceClaim": "spec", "ResourceClaimTemplate": "spec.spec"}
-
-
 def validate_object(obj: Any) -> list[ConfigError]:
-    """Validate one manifest; objects other than ResourceClaim(Template) are accepted as is."""
+    """Validate one manifest; objects other than ResourceClaim(Template) are accepted as is.
+
+    Besides the configs (:func:`validate_claim_spec`), what the apiserver's strict field
+    validation refuses on the way to them: a ``config`` list in the wrong place would be dropped
+    by an apiserver that does not validate strictly, and the NICs would get no config.
+    """
     if not isinstance(obj, dict):
         return [ConfigError("(document)", f"must be an object, got {json_type_name(obj)}")]
     kind = obj.get("kind")
-    if kind not in _CLAIM_KINDS:
+    if kind not in CLAIM_KINDS:
         return []
+    problems = [ConfigError(e.path, e.reason) for e in document_errors(obj)]
     spec = obj.get("spec")
     if kind == "ResourceClaimTemplate":
         spec = spec.get("spec") if isinstance(spec, dict) else None
-    if spec is None:
-        return []
-    return validate_claim_spec(spec, _CLAIM_KINDS[kind])
-
-
-def validate_file(path: str) -> list[str]:
-    """``file:doc: path: reason`` lines for every problem in a multi-document YAML file.
-
-    A file that cannot be read or parsed (not UTF-8, invalid YAML, nested too deep) gives one
-    line saying why, never a traceback; the caller goes on with the next file.
-    """
-    try:
-        text = Path(path).read_text() if path != "-" else sys.stdin.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        return [f"{path}:0: (file): cannot read: {exc}"]
-    try:
-        docs = load_yaml_documents(text)
-    except InputError as exc:
-        return [f"{path}:0: (file): {exc}"]
-    lines: list[str] = []
-    for n, doc in enumerate(docs, start=1):
-        if doc is None:
-            continue  # an empty document ("---" at the end) is not an error
-        for error in validate_object(doc):
-            lines.extend(f"{path}:{n}: {e.path}: {e.reason}" for e in error.errors)
-    return lines
-
-
-def cli_validate(args: argparse.Namespace) -> int:
-    """``dranet validate FILE...``: print every problem; exit 1 if any, else 0."""
-    failed = False
-    for path in args.files:
-        for line in validate_file(path):
-            failed = True
-            print(line)
-    return 1 if failed else 0
+    if spec is not None:
+        said = {p.path for p in problems}  # a field the structure check refused is not judged twice
+        problems += [p for p in validate_claim_spec(spec, CLAIM_KINDS[kind]) if p.path not in said]
+    return problems

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.inventory.cloud.base import DeviceIdentifiers
 from driver.inventory.cloud.metadata import MetadataClient, MetadataError
 from driver.model.device import AttributeValue
-from driver.model.network_config import NetworkConfig
 
 NAME = "alibaba"
 HOST = "http://100.100.100.200"

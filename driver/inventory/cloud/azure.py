@@ -19,10 +19,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig, RuleConfig
 from driver.inventory.cloud.base import DeviceIdentifiers, normalize_mac
 from driver.inventory.cloud.metadata import MetadataClient, MetadataError
 from driver.model.device import AttributeValue
-from driver.model.network_config import NetworkConfig, RouteConfig, RuleConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.model.device import AttributeValue
-from driver.model.network_config import NetworkConfig
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.inventory.cloud.base import DeviceIdentifiers, normalize_mac
 from driver.inventory.cloud.metadata import MetadataClient, MetadataError
 from driver.model.device import AttributeValue
-from driver.model.network_config import NetworkConfig
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.inventory import attributes as attrs
 from driver.inventory.attributes import D
 from driver.inventory.cloud.base import CloudInstance, DeviceIdentifiers
 from driver.inventory.cloud.detection import AUTO, BY_NAME, NONE, Provider, detect
 from driver.inventory.cloud.metadata import MetadataClient
 from driver.model.device import Device
-from driver.model.network_config import NetworkConfig
 
 log = logging.getLogger(__name__)
 

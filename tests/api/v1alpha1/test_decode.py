@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
-from driver.claims.merge import configs_for_request
-from driver.model.network_config import NetworkConfig
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import NetworkConfig
 from tests.support.claims import allocation_config
 
 P = "spec.devices.config[1].opaque.parameters"

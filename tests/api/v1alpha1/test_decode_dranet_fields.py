@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
-from driver.model.network_config import NeighborConfig, NetworkConfig, RuleConfig, VrfConfig
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.network_config import NeighborConfig, NetworkConfig, RuleConfig, VrfConfig
 
 P = "spec.devices.config[0].opaque.parameters"
 
@@ -189,7 +189,7 @@ def test_lists_replace_and_vrf_merges_field_by_field() -> None:
 
 
 def test_merged_configs_are_checked_for_combinations_too() -> None:
-    from driver.claims.merge import configs_for_request
+    from driver.api.v1alpha1.merge import configs_for_request
     from tests.support.claims import allocation_config
 
     configs = [
@@ -204,7 +204,7 @@ def test_merged_configs_are_checked_for_combinations_too() -> None:
 
 
 def test_vrfs_of_one_claim_must_agree() -> None:
-    from driver.claims.validation import validate_claim_spec
+    from driver.api.v1alpha1.validation import validate_claim_spec
 
     def spec(*configs: tuple[str, dict[str, object]]) -> dict[str, object]:
         requests = [{"name": r, "exactly": {"deviceClassName": "dra.net"}} for r, _ in configs]

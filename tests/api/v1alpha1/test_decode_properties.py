@@ -5,12 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from driver.claims.decode import decode_config
-from driver.claims.fields import ConfigError
-from driver.claims.merge import configs_for_request
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.api.v1alpha1.validation import validate_claim_spec
 from driver.claims.numa_pinning import format_cpulist, parse_cpulist
-from driver.claims.validation import validate_claim_spec
-from driver.model.network_config import NetworkConfig
 
 P = "spec.devices.config[0].opaque.parameters"
 

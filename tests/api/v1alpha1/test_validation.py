@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from driver.claims.validation import validate_claim_spec
+from driver.api.v1alpha1.validation import validate_claim_spec
 
 
 def _claim(config_params, count=1, requests=("nic",)):
