@@ -1,6 +1,7 @@
 """NodePrepareResources round trip over the real unix socket, against a real `dranet run`.
 
-The driver runs as its own process (``dranet run --no-nri``, fixture sysfs with 8 NICs);
+The driver runs as its own process (``dranet run --no-nri``, fixture sysfs with 8 NICs for the
+sequential calls and 4 more per concurrent claim);
 the claim GET is served by the local stub apiserver (tests/support/fake_apiserver.py) in
 a third process. Each timed call prepares a *new* 4-device claim (GET + checkpoint
 fsync), and is unprepared untimed afterwards so the checkpoint stays at steady-state size.
@@ -41,11 +42,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-def claims_for(devices: list[str], prefix: str, count: int) -> list[dict[str, Any]]:
-    """``count`` claims, each with 4 of the node's devices (two requests, one with a subrequest)."""
+def claims_for(devices: list[str], prefix: str, count: int, shared: bool = True) -> list[dict[str, Any]]:
+    """``count`` claims, each with 4 of ``devices`` (two requests, one with a subrequest): claim i
+    takes devices i..i+3 of the list when ``shared`` (one prepared at a time: a NIC is in one
+    claim at a time), else its own four (prepared together)."""
     out = []
     for i in range(count):
-        picks = [devices[(i + k) % len(devices)] for k in range(4)]
+        first = i if shared else 4 * i
+        picks = [devices[(first + k) % len(devices)] for k in range(4)]
         results = [result(d, NODE, "nic/a" if k < 2 else "rdma") for k, d in enumerate(picks)]
         configs = [
             {
@@ -59,8 +63,8 @@ def claims_for(devices: list[str], prefix: str, count: int) -> list[dict[str, An
 
 
 async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[str, float]:
-    devices = write_nic_sysfs(work / "sys", 8)
-    claims = claims_for(devices, "seq", calls + 20) + claims_for(devices, "conc", concurrent)
+    devices = write_nic_sysfs(work / "sys", 8 + 4 * concurrent)
+    claims = claims_for(devices[:8], "seq", calls + 20) + claims_for(devices[8:], "conc", concurrent, shared=False)
     (work / "claims.json").write_text(json.dumps(claims))
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -118,6 +122,7 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
             # Warm-up (connection, imports, first checkpoint write), untimed.
             for i in range(calls, calls + 20):
                 await kubelet.prepare([("bench", f"seq{i}", f"seq-uid-{i}")])
+                await kubelet.unprepare([("bench", f"seq{i}", f"seq-uid-{i}")])
             lat, hit = [], []
             for i in range(calls):
                 ref = ("bench", f"seq{i}", f"seq-uid-{i}")

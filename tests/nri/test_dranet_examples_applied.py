@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.claims.test_dranet_examples import params_of
+from tests.api.v1alpha1.test_dranet_examples import params_of
 from tests.nri.test_pod_extras import sizes
 from tests.nri.test_pod_rules import Node, ipj, neighbors
 from tests.plugins.netns import NetnsFactory

@@ -24,6 +24,7 @@ from driver.api.v1alpha1.schema import claim_schema, network_config_schema
 from driver.api.v1alpha1.validation import validate_object
 from driver.api.validate_cli import validate_file
 from driver.model.untrusted import load_yaml_documents
+from tests.api.v1alpha1.test_dranet_examples import dranet_parameters
 
 ROOT = Path(__file__).resolve().parents[3]
 P = "spec.devices.config[0].opaque.parameters"
@@ -53,31 +54,16 @@ def _accepts(params: Any) -> bool:
     return CONFIG.is_valid(params)
 
 
-def _params(node: Any) -> list[Any]:
-    """Every ``dra.net`` ``opaque.parameters`` in a document, wherever it sits."""
-    out: list[Any] = []
-    if isinstance(node, dict):
-        opaque = node.get("opaque")
-        if isinstance(opaque, dict) and opaque.get("driver") == "dra.net" and "parameters" in opaque:
-            out.append(opaque["parameters"])
-        for value in node.values():
-            out += _params(value)
-    elif isinstance(node, list):
-        for value in node:
-            out += _params(value)
-    return out
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_config_of_the_examples_is_accepted(path: Path) -> None:
-    for params in _params(load_yaml_documents(path.read_text())):
+    for params in dranet_parameters(load_yaml_documents(path.read_text())):
         decode_config(params, P)
         assert _accepts(params), list(CONFIG.iter_errors(params))
 
 
 def test_a_full_config_is_accepted_and_refusals_name_the_field() -> None:
     (doc,) = load_yaml_documents((ROOT / "docs/configuration.md").read_text().split("```yaml\n")[1].split("```")[0])
-    (params,) = _params({"x": doc})
+    (params,) = dranet_parameters({"x": doc})
     decode_config(params, P)
     assert _accepts(params)
     bad = {"interface": {"mtu": 9000, "nmae": "net1"}, "routes": [{"gateway": "10.0.0.1"}]}
