@@ -44,7 +44,7 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.parametrize("path", ACCEPTED, ids=lambda p: p.name)
 def test_each_example_validates(path: Path) -> None:
-    assert validate_file(str(path)) == []
+    assert validate_file(str(path)).problems == []
     for params in dranet_parameters(load_yaml_documents(path.read_text())):
         config = decode_config(params, path.name)
         assert decode_config(config.to_parameters(), path.name) == config
@@ -79,5 +79,5 @@ LATER_FIELDS = list(zip(LATER, ["type", "addressing"], strict=True))  # sorted: 
 
 @pytest.mark.parametrize("path, field", LATER_FIELDS, ids=lambda p: str(p)[-30:])
 def test_examples_with_later_fields_are_refused_by_name(path: Path, field: str) -> None:
-    (line,) = validate_file(str(path))
+    (line,) = validate_file(str(path)).problems
     assert f"opaque.parameters.interface.{field}: unknown field" in line
