@@ -151,6 +151,7 @@ class Daemon:
     async def _health_changed(self, states: list[DeviceHealthState]) -> None:
         """New device health: to the kubelet's stream, and as taints into the slices."""
         await self.health_feed.set(states)
+        self.metrics.set_device_health({s.device: s.healthy for s in states})
         self.publisher.set_taints(self.taints.update({s.device: s.reason for s in states if not s.healthy}))
 
     def _publish(self, devices: list[Device]) -> None:

@@ -249,8 +249,10 @@ class SlicePublisher:
     def _after_publish(self, devices: list[Device], plan: SlicePlan) -> None:
         if self.metrics is not None:
             self.metrics.set_devices(len(devices), rdma_count(devices))
-            if not plan.empty:
-                self.metrics.mark_published()
+            # Every successful round, written or already current (as the Go driver sets it on
+            # each publish): a stale value means the publisher is stuck or the API refuses it,
+            # not that the devices did not change.
+            self.metrics.mark_published()
 
     # -- watch (thread) --------------------------------------------------------------------------
 
