@@ -512,7 +512,6 @@ def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
         "profiles.provider=webhook",  # without webhookUrl
         "profiles.webhookUrl=ftp://x",
         "profileProvider=webhook",  # the old top-level spelling: one spelling per setting
-
     ],
 )
 def test_schema_rejects_bad_compat_values(helm: str, bad: str) -> None:
