@@ -18,8 +18,8 @@ from driver.config import DEFAULT_FILTER, config_from_args
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "dranet"
 KUBE_VERSION = "1.34.0"
-# Kinds without a Kubernetes schema (cert-manager CRDs).
-NON_CORE_KINDS = {"Issuer", "Certificate"}
+# Kinds without a Kubernetes schema (cert-manager and Prometheus Operator CRDs).
+NON_CORE_KINDS = {"Issuer", "Certificate", "PodMonitor", "PrometheusRule"}
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -106,6 +106,13 @@ VARIANTS = {
         "webhook.tls.mode=secret",
         "webhook.tls.secretName=my-tls",
         "webhook.tls.caBundle=" + base64.b64encode(b"not-a-real-ca").decode(),
+    ],
+    "observability-rdma-viewer": [
+        "prometheus.monitor.enabled=true",
+        "prometheus.rule.enabled=true",
+        "grafana.dashboard.enabled=true",
+        "rdmaDeviceClass.enabled=true",
+        "rbac.viewer.bindAuthenticated=true",
     ],
     "no-rbac-no-vap": [
         "rbac.create=false",
