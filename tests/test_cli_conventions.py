@@ -207,3 +207,15 @@ def test_templates_take_the_class_names(nd_h100_sysfs: Path, capsys: pytest.Capt
         assert gpu["exactly"]["deviceClassName"] == "h100.nvidia.com"
         assert nic["exactly"]["deviceClassName"] == "rdma.dranet.net"
     assert len(docs) == 2
+
+
+def test_the_kubectl_plugin_is_a_console_script_of_the_package() -> None:
+    """`pip install dranet-py` puts kubectl-dranet on PATH (kubectl finds plugins by that name)."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["kubectl-dranet"] == "driver.kubectl.main:main"
+    from driver.kubectl.main import main as plugin
+
+    assert callable(plugin)
+    assert "kubectl-dranet" in (ROOT / "README.md").read_text()
