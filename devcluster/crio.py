@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool, cache_root
@@ -126,6 +127,68 @@ def build_crio(version: str = CRIO_VERSION, progress: Progress = _print_progress
     )
     build_pinns(bin_dir, version)
     return bin_dir
+
+
+@dataclass
+class CrioPaths:
+    """Where one CRI-O instance keeps everything (all under ``base``)."""
+
+    base: Path
+
+    @property
+    def socket(self) -> Path:
+        """The CRI socket (the kubelet's ``--container-runtime-endpoint``)."""
+        return self.base / "crio.sock"
+
+    @property
+    def nri_socket(self) -> Path:
+        """The NRI socket the driver connects to (``dranet run --nri-socket``)."""
+        return self.base / "nri.sock"
+
+
+def crio_command(bin_dir: Path, paths: CrioPaths, cni_plugin_dir: str = "/usr/lib/cni") -> list[str]:
+    """``crio`` for this machine: everything under ``paths.base``, cgroupfs (PID 1 is not systemd),
+    vfs storage (no overlay inside overlay), Debian's runc and conmon, NRI on at its own socket."""
+    b = paths.base
+    conmon = shutil.which("conmon") or "/usr/bin/conmon"
+    runc = shutil.which("runc") or "/usr/bin/runc"
+    return [
+        str(bin_dir / "crio"),
+        "--config", str(b / "crio.conf"),
+        "--config-dir", str(b / "crio.conf.d"),
+        "--root", str(b / "root"),
+        "--runroot", str(b / "run"),
+        "--listen", str(paths.socket),
+        "--conmon", conmon,
+        "--cgroup-manager", "cgroupfs",
+        "--conmon-cgroup", "pod",
+        "--pinns-path", str(bin_dir / "pinns"),
+        "--default-runtime", "runc",
+        "--runtimes", f"runc:{runc}:{b / 'run' / 'runc'}:oci:",
+        "--enable-nri",
+        "--nri-listen", str(paths.nri_socket),
+        "--cni-config-dir", str(b / "cni"),
+        "--cni-plugin-dir", cni_plugin_dir,
+        "--storage-driver", "vfs",
+        "--log-dir", str(b / "pod-logs"),
+        "--version-file", str(b / "version"),
+        "--version-file-persist", str(b / "version-persist"),
+        "--clean-shutdown-file", str(b / "clean.shutdown"),
+        "--container-exits-dir", str(b / "exits"),
+        "--container-attach-socket-dir", str(b / "attach"),
+        "--namespaces-dir", str(b / "ns"),
+        "--signature-policy", str(b / "policy.json"),
+        "--cdi-spec-dirs", str(b / "cdi"),
+    ]  # fmt: skip
+
+
+def prepare_dirs(paths: CrioPaths) -> None:
+    """The directories and files :func:`crio_command` points at (an empty config: flags say all)."""
+    for d in ("root", "run", "cni", "pod-logs", "exits", "attach", "ns", "cdi", "crio.conf.d"):
+        (paths.base / d).mkdir(parents=True, exist_ok=True)
+    (paths.base / "crio.conf").write_text("[crio]\n")
+    # Images are local here (no registry): accept any, as the containerd node does.
+    (paths.base / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
 
 
 def main() -> int:
