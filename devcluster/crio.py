@@ -52,20 +52,24 @@ def crio_gomod(version: str = CRIO_VERSION) -> str:
     )
 
 
-def _module_dir(src: Path, version: str) -> Path:
-    out = subprocess.run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", f"{CRIO_MODULE}@{version}"],
-        cwd=src,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**_go_env(), "GOFLAGS": "-mod=mod"},
-    )
-    return Path(out.stdout.strip())
-
-
 def _go_env() -> dict[str, str]:
     return dict(os.environ, GOTOOLCHAIN="local")
+
+
+def crio_module_dir(version: str = CRIO_VERSION) -> Path:
+    """CRI-O's module source in the module cache (downloaded, and verified, on first use)."""
+    with tempfile.TemporaryDirectory(prefix="dn-crio-") as tmp:
+        out = subprocess.run(
+            ["go", "mod", "download", "-json", f"{CRIO_MODULE}@{version}"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            env=_go_env(),
+        )
+    info = json.loads(out.stdout or "{}")
+    if out.returncode != 0 or info.get("Error") or not info.get("Dir"):
+        raise CrioError(f"go mod download {CRIO_MODULE}@{version}: {info.get('Error') or out.stderr.strip()}")
+    return Path(info["Dir"])
 
 
 def build_pinns(bin_dir: Path, version: str = CRIO_VERSION) -> Path:
@@ -76,8 +80,7 @@ def build_pinns(bin_dir: Path, version: str = CRIO_VERSION) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise CrioError("no C compiler for pinns; install gcc")
-    src = cache_root() / "crio" / version / "src"
-    sources = sorted(str(p) for p in (_module_dir(src, version) / "pinns" / "src").glob("*.c"))
+    sources = sorted(str(p) for p in (crio_module_dir(version) / "pinns" / "src").glob("*.c"))
     if not sources:
         raise CrioError(f"no pinns/src/*.c in {CRIO_MODULE}@{version}")
     tmp = out.with_suffix(".tmp")
@@ -94,18 +97,7 @@ def crio_go_sum(version: str = CRIO_VERSION) -> str:
     github.com/CloudNativeAI/model-spec): with CRI-O's recorded hashes, ``go`` checks those
     downloads against them instead of asking the database.
     """
-    with tempfile.TemporaryDirectory(prefix="dn-crio-") as tmp:
-        out = subprocess.run(
-            ["go", "mod", "download", "-json", f"{CRIO_MODULE}@{version}"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            env=_go_env(),
-        )
-    info = json.loads(out.stdout or "{}")
-    if out.returncode != 0 or info.get("Error") or not info.get("Dir"):
-        raise CrioError(f"go mod download {CRIO_MODULE}@{version}: {info.get('Error') or out.stderr.strip()}")
-    return (Path(info["Dir"]) / "go.sum").read_text()
+    return (crio_module_dir(version) / "go.sum").read_text()
 
 
 def build_crio(version: str = CRIO_VERSION, progress: Progress = _print_progress) -> Path:

@@ -123,7 +123,8 @@ def render(chart: Path = CHART) -> str:
         shown = json.dumps(default, separators=(", ", ": ")) if default is not None else "null"
         rows.append(f"| `{path}` | `{_cell(shown)}` | {_cell(described(path, docs))} |")
     name, version = meta["name"], meta["version"]
-    return f"""# {name} Helm chart
+    return (
+        f"""# {name} Helm chart
 
 {" ".join(meta["description"].split())}
 
@@ -142,7 +143,10 @@ checked by `values.schema.json`: a misspelt or mistyped value stops the install,
 
 | Key | Default | Description |
 |-----|---------|-------------|
-""" + "\n".join(rows) + "\n"
+"""
+        + "\n".join(rows)
+        + "\n"
+    )
 
 
 def main(argv: list[str]) -> int:

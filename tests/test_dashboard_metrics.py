@@ -8,18 +8,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.fake_apiserver import FakeAPIServer
+from tests.support.metrics_driver import metrics_driver
 from tests.test_chart import CHART, one, render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,42 +27,17 @@ METRIC = re.compile(r"\b((?:dranet|process|python)_[a-z0-9_]+)\b")
 
 @pytest.fixture(scope="module")
 def scrape(nd_h100_sysfs_module: Path) -> Iterator[str]:
-    d = Path(tempfile.mkdtemp(prefix="dranet-dash-"))
-    api = FakeAPIServer().start()
-    api.write_kubeconfig(d / "kubeconfig")
-    log = open(d / "daemon.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "driver", "--log-format", "json", "run", "--no-nri", "--node-name", "n1"]
-        + ["--kubeconfig", str(d / "kubeconfig"), "--sysfs-root", str(nd_h100_sysfs_module)]
-        + ["--kubelet-root", str(d / "kubelet"), "--state-dir", str(d / "state"), "--runtime-dir", str(d / "run")]
-        + ["--bind-address", "127.0.0.1:0", "--publish-interval", "0.1", "--health-interval", "0.2"],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    try:
+    """/metrics of a real driver once it has published and run a health round."""
+    with metrics_driver(nd_h100_sysfs_module, "--publish-interval", "0.1", "--health-interval", "0.2") as driver:
         deadline = time.monotonic() + 60
-        port = None
-        while port is None:
-            assert time.monotonic() < deadline and proc.poll() is None, (d / "daemon.log").read_text()
-            for line in (d / "daemon.log").read_text().splitlines():
-                if "probe server listening" in line:
-                    port = json.loads(line)["port"]
-            time.sleep(0.05)
-        while True:  # until the first publish and the first health round are in
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        while True:
+            text = driver.scrape()
             published = re.search(r"^dranet_driver_last_published_time_seconds (\S+)$", text, re.M)
             if published and float(published.group(1)) > 0 and "dranet_driver_device_healthy{" in text:
                 break
             assert time.monotonic() < deadline, text
             time.sleep(0.1)
         yield text
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
-        api.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

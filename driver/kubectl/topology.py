@@ -10,7 +10,20 @@ CPU lists.
 from __future__ import annotations
 
 from driver.inventory.topology import PciEndpoint, Topology
-from driver.kubectl.cluster import NodeView
+from driver.kubectl.cluster import Gpu, Nic, NodeView
+
+
+def _endpoint(label: str, device: Gpu | Nic) -> PciEndpoint:
+    nic = device if isinstance(device, Nic) else None
+    return PciEndpoint(
+        label=label,
+        pci_bus_id=device.pciBusID or "",
+        numa_node=device.numaNode,
+        pcie_root=device.pcieRoot,
+        device_name=device.device,
+        rdma_device=nic.rdmaDevice if nic else None,
+        netdevs=[nic.ifName] if nic and nic.ifName else [],
+    )
 
 
 def topology_of(view: NodeView) -> Topology:
@@ -18,27 +31,7 @@ def topology_of(view: NodeView) -> Topology:
     gpus = sorted((g for g in view.gpus if g.pciBusID), key=lambda g: g.pciBusID or "")
     nics = sorted((n for n in view.nics if n.pciBusID), key=lambda n: n.pciBusID or "")
     return Topology(
-        gpus=[
-            PciEndpoint(
-                label=f"GPU{i}",
-                pci_bus_id=g.pciBusID or "",
-                numa_node=g.numaNode,
-                pcie_root=g.pcieRoot,
-                device_name=g.device,
-            )
-            for i, g in enumerate(gpus)
-        ],
-        nics=[
-            PciEndpoint(
-                label=f"NIC{i}",
-                pci_bus_id=n.pciBusID or "",
-                numa_node=n.numaNode,
-                pcie_root=n.pcieRoot,
-                device_name=n.device,
-                rdma_device=n.rdmaDevice,
-                netdevs=[n.ifName] if n.ifName else [],
-            )
-            for i, n in enumerate(nics)
-        ],
+        gpus=[_endpoint(f"GPU{i}", g) for i, g in enumerate(gpus)],
+        nics=[_endpoint(f"NIC{i}", n) for i, n in enumerate(nics)],
         numa_cpulists={},
     )

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import certs, gpu_double
+from devcluster import gpu_double
 from devcluster.binaries import ControlPlaneBinaries
 from devcluster.controlplane import ControlPlane, create_objects, free_port, wait_for
 from devcluster.demo import allocated_claim, build_fixture, pod_for_template, seed_docs
@@ -45,7 +45,7 @@ from driver.publish.publisher import SlicePublisher
 from driver.webhook.certificates import self_signed
 from tests.e2e.test_webhook_apiserver import VWC_API, start_webhook, stop
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices
-from tests.plugins.least_privilege import render_chart
+from tests.plugins.least_privilege import render_chart, write_service_account_kubeconfig
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,13 +106,7 @@ def namespace_user(
         "POST", f"{RBAC}/clusterrolebindings", binding | {"roleRef": binding["roleRef"] | {"kind": "ClusterRole"}}
     )
     cleanup.append(f"{RBAC}/clusterrolebindings/{sa}")
-    token = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )["status"]["token"]
-    out.write_text(certs.kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
-    user = KubeClient.from_kubeconfig(str(out))
+    user = KubeClient.from_kubeconfig(str(write_service_account_kubeconfig(control_plane, kube, ns, sa, out)))
     wait_for(lambda: _allowed(user, ns), timeout=30, what="the namespace user's RBAC to take effect")
     return cleanup
 
@@ -418,15 +412,8 @@ def test_doctor_as_admin(seeded: Seeded, tmp_path: Path) -> None:
         assert "unreachable" in checks["webhook"]["detail"]
         port = free_port()
         tls = self_signed(tmp_path, ["127.0.0.1"])
-        proc = start_webhook(
-            str(seeded.admin_kubeconfig),
-            port,
-            "--tls-cert",
-            tls.certfile,
-            "--tls-key",
-            tls.keyfile,
-            log_path=tmp_path / "webhook.log",
-        )
+        given_tls = ["--tls-cert", tls.certfile, "--tls-key", tls.keyfile]
+        proc = start_webhook(str(seeded.admin_kubeconfig), port, *given_tls, log_path=tmp_path / "webhook.log")
         delete_if_present(kube, f"{VWC_API}/{vwc}")
         _webhook_config(kube, vwc, seeded.namespace, f"https://127.0.0.1:{port}/validate-resourceclaims", tls.cadata)
         wait_for(
