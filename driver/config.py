@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, fields
 DRIVER_NAME = "dra.net"
 """Driver name; the seed DeviceClass selects ``device.driver == "dra.net"``."""
 
+DEVICE_CLASS = "dranet.net"
+"""The DeviceClass the chart creates (``deviceClass.name``) and claims name: every device of the driver."""
+
 HOST_NETNS = "/proc/self/ns/net"
 """The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork
 pod is in the host netns; ``/proc/1/ns/net`` would also need hostPID)."""
@@ -105,7 +108,7 @@ class DriverConfig:
     profile_provider: str = "cloud"  # cloud | none | webhook (PROFILE_PROVIDERS)
     webhook_url: str | None = None  # the webhook profile provider (http://, https://, unix://)
     log_level: str = "info"
-    log_format: str = "json"  # json | text
+    log_format: str = "auto"  # json | text | auto (text on a terminal, JSON in a pod or a pipe)
     # This instance's id (the pod UID in the chart): per-instance kubelet socket names, so a new
     # driver pod registers beside the old one during a rolling update (kubelet >= 1.33).
     # Empty: the fixed names <driver>-reg.sock / dra.sock (one instance per node).

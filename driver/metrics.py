@@ -10,7 +10,10 @@ is a ``success``: the Go driver's ``noop`` is not told apart); ``claim_devices_a
 :meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total``.
 
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
-several in-process drivers each have their own counters.
+several in-process drivers each have their own counters; it carries the client's process,
+platform and garbage-collector collectors too (``process_resident_memory_bytes``,
+``process_cpu_seconds_total``, ``process_open_fds``, ...), as the default registry would.
+``device_healthy{device}`` is 1 or 0 per published device (the health check's verdict).
 """
 
 from __future__ import annotations
@@ -20,7 +23,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -84,6 +96,10 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # RSS, CPU seconds, open fds (process_*), the interpreter (python_info) and its garbage
+        # collector (python_gc_*): read at each scrape, like the default registry's collectors.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         # Every collector is named dranet_driver_... (the Go driver's) and lives in this registry.
         own: dict[str, Any] = {"namespace": NAMESPACE, "subsystem": SUBSYSTEM, "registry": self.registry}
         self.requests = Counter(
@@ -116,7 +132,10 @@ class Metrics:
             **own,
         )
         self.last_publish = Gauge(
-            "last_published_time_seconds", "Unix time of the last successful ResourceSlice write.", **own
+            "last_published_time_seconds",
+            "Unix time of the last successful publish round (slices written, or found current; at least every "
+            "resync interval).",
+            **own,
         )
         # Ours (the Go driver rescans on every link event and has no such counters).
         self.link_events = Counter(
@@ -133,6 +152,18 @@ class Metrics:
             ["kind"],
             **own,
         )
+        self.device_healthy = Gauge(
+            "device_healthy",
+            "1 when the published device is healthy (link carrier, RDMA port ACTIVE, netdev present), else 0.",
+            ["device"],
+            **own,
+        )
+
+    def set_device_health(self, health: dict[str, bool]) -> None:
+        """``device_healthy{device}``: 1 healthy, 0 not, for exactly the devices in ``health``."""
+        self.device_healthy.clear()  # a device no longer published leaves no stale series
+        for device, healthy in health.items():
+            self.device_healthy.labels(device).set(1 if healthy else 0)
 
     def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
         """Publish ``claim_devices_allocated``/``_ready`` from ``counts()``, called at each scrape."""

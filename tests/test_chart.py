@@ -18,8 +18,8 @@ from driver.config import DEFAULT_FILTER, config_from_args
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "dranet"
 KUBE_VERSION = "1.34.0"
-# Kinds without a Kubernetes schema (cert-manager CRDs).
-NON_CORE_KINDS = {"Issuer", "Certificate"}
+# Kinds without a Kubernetes schema (cert-manager and Prometheus Operator CRDs).
+NON_CORE_KINDS = {"Issuer", "Certificate", "PodMonitor", "PrometheusRule"}
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -107,6 +107,13 @@ VARIANTS = {
         "webhook.tls.secretName=my-tls",
         "webhook.tls.caBundle=" + base64.b64encode(b"not-a-real-ca").decode(),
     ],
+    "observability-rdma-viewer": [
+        "prometheus.monitor.enabled=true",
+        "prometheus.rule.enabled=true",
+        "grafana.dashboard.enabled=true",
+        "rdmaDeviceClass.enabled=true",
+        "rbac.viewer.bindAuthenticated=true",
+    ],
     "no-rbac-no-vap": [
         "rbac.create=false",
         "serviceAccount.create=false",
@@ -160,6 +167,7 @@ def test_default_objects(helm: str) -> None:
         [
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",  # <fullname>-viewer: slices and device classes, read-only, bound to nobody
             "ClusterRoleBinding",
             "DaemonSet",
             "DeviceClass",
@@ -167,6 +175,7 @@ def test_default_objects(helm: str) -> None:
             "ValidatingAdmissionPolicyBinding",
             "ServiceAccount",
             "Deployment",
+            "PodDisruptionBudget",
             "Service",
             "Secret",
             "ValidatingWebhookConfiguration",
@@ -296,9 +305,15 @@ EXPECTED_RULES = [
 ]
 
 
+def driver_role(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The driver's ClusterRole (the other one is the read-only viewer role)."""
+    (role,) = [r for r in by_kind(docs, "ClusterRole") if not r["metadata"]["name"].endswith("-viewer")]
+    return role
+
+
 def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
     docs = render(helm)
-    assert one(docs, "ClusterRole")["rules"] == EXPECTED_RULES
+    assert driver_role(docs)["rules"] == EXPECTED_RULES
     binding = one(docs, "ClusterRoleBinding")
     sa = by_kind(docs, "ServiceAccount")[0]
     assert binding["subjects"] == [
@@ -314,7 +329,7 @@ def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
 
 def test_driver_name_flows_into_rbac_and_policy(helm: str) -> None:
     docs = render(helm, "driverName=net.example.com")
-    names = [r.get("resourceNames") for r in one(docs, "ClusterRole")["rules"]]
+    names = [r.get("resourceNames") for r in driver_role(docs)["rules"]]
     assert ["net.example.com"] in names
     vap = one(docs, "ValidatingAdmissionPolicy")
     assert any('"net.example.com"' in v["expression"] for v in vap["spec"]["validations"])
@@ -416,10 +431,18 @@ def test_chart_refuses_old_kubernetes(helm: str) -> None:
     assert out.returncode != 0 and "kubeVersion" in out.stderr
 
 
-def test_filter_default_matches_driver_default() -> None:
+def test_unset_values_leave_the_driver_defaults(helm: str) -> None:
+    """filter, cloudProvider and profiles.provider are unset by default: the driver's own defaults
+    apply (defined once, in driver.config), and "set" means given by the user."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert values["filter"] == DEFAULT_FILTER
+    assert values["filter"] is None and values["cloudProvider"] == "" and values["profiles"]["provider"] == ""
     assert values["metricsPort"] == 9177 and values["driverName"] == "dra.net"
+    args = driver_args(render(helm))
+    assert not [a for a in args if a.startswith(("--filter", "--cloud-provider", "--profile-provider"))]
+    cfg = config_from_args(build_parser().parse_args(args))
+    assert (cfg.filter, cfg.cloud_provider, cfg.profile_provider) == (DEFAULT_FILTER, "auto", "cloud")
+    # An empty filter is a value: publish everything.
+    assert config_from_args(build_parser().parse_args(driver_args(render(helm, "filter=")))).filter == ""
 
 
 def test_documented_node_role_is_the_charts() -> None:
@@ -458,8 +481,7 @@ def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
         "cloudProvider": "azure",
         "cloudMetadataUrl": "http://imds-proxy.local:8080",
         "featureGates": "DRAListTypeAttributes=true",
-        "profileProvider": "webhook",
-        "webhookUrl": "unix:///run/acme/provider.sock",
+        "profiles": {"provider": "webhook", "webhookUrl": "unix:///run/acme/provider.sock"},
     }
     docs = render(helm, values=values, tmp=tmp_path)
     ds = one(docs, "DaemonSet")
@@ -493,9 +515,10 @@ def test_go_driver_chart_values_work(helm: str, tmp_path: Path) -> None:
         "featureGates=DRAListTypeAttributes",
         "podLabels.team=null",
         "cloudMetadataUrl=ftp://x",
-        "profileProvider=acme",
-        "profileProvider=webhook",  # without webhookUrl
-        "webhookUrl=ftp://x",
+        "profiles.provider=acme",
+        "profiles.provider=webhook",  # without webhookUrl
+        "profiles.webhookUrl=ftp://x",
+        "profileProvider=webhook",  # the old top-level spelling: one spelling per setting
     ],
 )
 def test_schema_rejects_bad_compat_values(helm: str, bad: str) -> None:

@@ -3,21 +3,12 @@ whatever ``--driver-name`` is: a real `dranet run` on the ND H100 v5 fixture (8 
 
 from __future__ import annotations
 
-import json
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support.fake_apiserver import FakeAPIServer
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.metrics_driver import metrics_driver
 
 
 def _metric(text: str, name: str) -> float | None:
@@ -29,31 +20,12 @@ def _metric(text: str, name: str) -> float | None:
 
 @pytest.mark.parametrize("driver_name", ["dra.net", "rdma.example.com"])
 def test_rdma_count_with_any_driver_name(nd_h100_sysfs: Path, driver_name: str) -> None:
-    d = Path(tempfile.mkdtemp(prefix="dranet-m-"))
-    api = FakeAPIServer().start()
-    api.write_kubeconfig(d / "kubeconfig")
-    log = open(d / "daemon.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "driver", "--log-format", "json", "run", "--no-nri", "--node-name", "n1"]
-        + ["--driver-name", driver_name, "--kubeconfig", str(d / "kubeconfig"), "--sysfs-root", str(nd_h100_sysfs)]
-        + ["--kubelet-root", str(d / "kubelet"), "--state-dir", str(d / "state"), "--runtime-dir", str(d / "run")]
-        + ["--bind-address", "127.0.0.1:0", "--publish-interval", "0.1", "--filter", ""],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    log.close()
-    try:
+    extra = ["--driver-name", driver_name, "--publish-interval", "0.1", "--filter", ""]
+    with metrics_driver(nd_h100_sysfs, *extra) as driver:
+        api = driver.api
         deadline = time.monotonic() + 30
-        port = None
-        while port is None:
-            assert time.monotonic() < deadline and proc.poll() is None, (d / "daemon.log").read_text()
-            for line in (d / "daemon.log").read_text().splitlines():
-                if "probe server listening" in line:
-                    port = json.loads(line)["port"]
-            time.sleep(0.05)
         while True:  # until the first ResourceSlice write is done (the publisher updates the gauges)
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            text = driver.scrape()
             if (_metric(text, "dranet_driver_last_published_time_seconds") or 0) > 0:
                 break
             assert time.monotonic() < deadline, text
@@ -68,8 +40,3 @@ def test_rdma_count_with_any_driver_name(nd_h100_sysfs: Path, driver_name: str) 
         # Read from the daemon's state files at the scrape: no claim prepared here.
         assert _metric(text, "dranet_driver_claim_devices_allocated") == 0
         assert _metric(text, "dranet_driver_claim_devices_ready") == 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=15)
-        api.stop()
-        shutil.rmtree(d, ignore_errors=True)

@@ -134,6 +134,7 @@ class Daemon:
             health_interval=config.health_interval,
             metrics=self.metrics,
             on_published=self._published,
+            on_health=self._health_changed,
             quiet=self.own_changes.idle,
         )
         self.probes = ProbeServer(
@@ -174,10 +175,18 @@ class Daemon:
         self.dra.devices_changed()
 
     def _published(self, devices: list[Device], wrote: bool) -> None:
-        """The slices list ``devices``: the device gauges, and the time of the last write."""
+        """The slices list ``devices``: the device gauges, and the time of the last good round.
+
+        Every successful round, written or already current (as the Go driver sets it on each
+        publish): a stale value means the publisher is stuck or the API refuses it, not that
+        the devices did not change."""
+        del wrote
         self.metrics.set_devices(len(devices), rdma_count(devices))
-        if wrote:
-            self.metrics.mark_published()
+        self.metrics.mark_published()
+
+    def _health_changed(self, states: list[DeviceHealthState]) -> None:
+        """New device health: the per-device gauge."""
+        self.metrics.set_device_health({s.device: s.healthy for s in states})
 
     async def _state_write_retry_loop(self) -> None:
         """While a state write is failing, try again every few seconds, so ``/healthz`` turns

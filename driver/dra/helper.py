@@ -52,15 +52,18 @@ class Helper(Generic[D]):
         health_interval: float = 1.0,
         metrics: RequestMetrics | None = None,
         on_published: Callable[[list[D], bool], None] | None = None,
+        on_health: Callable[[list[DeviceHealthState]], None] | None = None,
         quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """``taint_key``/``taint_effect``: the taint of an unhealthy device (effect ``"None"``: no
         taints); ``on_published`` gets the devices after each successful sync and whether anything
-        was written; ``quiet`` is awaited before each slice write round and each health check."""
+        was written; ``on_health`` gets each new health of the devices; ``quiet`` is awaited
+        before each slice write round and each health check."""
         self.driver = driver
         self.kube = kube
         self.driver_name, self.node_name = driver_name, node_name
         self.health_feed = DeviceHealthFeed()
+        self.on_health = on_health
         self.taints = UnhealthyTaints(taint_effect, taint_key)
         self.plugin = KubeletPlugin(
             driver, driver_name, dra_socket, registration_socket, health=self.health_feed, metrics=metrics
@@ -115,4 +118,6 @@ class Helper(Generic[D]):
     async def _health_changed(self, states: list[DeviceHealthState]) -> None:
         """New device health: to the kubelet's stream, and as taints into the slices."""
         await self.health_feed.set(states)
+        if self.on_health is not None:
+            self.on_health(states)
         self.publisher.set_taints(self.taints.update({s.device: s.reason for s in states if not s.healthy}))

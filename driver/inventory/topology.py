@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-from driver.config import DRIVER_NAME
+from driver.config import DEVICE_CLASS, DRIVER_NAME
 from driver.inventory.discovery import Scanner
 from driver.inventory.sysfs import BDF_RE, SysfsReader, pcie_root_of
 from driver.model.device import STANDARD_DOMAIN
@@ -186,9 +186,10 @@ def render_table(topo: Topology, out: TextIO) -> None:
         for e in every:
             extra = ", ".join(x for x in [e.device_name or "", e.rdma_device or "", *e.netdevs] if x)
             out.write(f"  {e.label}: {e.pci_bus_id} root={e.pcie_root or '?'}{' (' + extra + ')' if extra else ''}\n")
-    out.write("\nNUMA nodes:\n")
-    for node, cpus in sorted(topo.numa_cpulists.items()):
-        out.write(f"  node{node}: CPUs {cpus or '(none)'}\n")
+    if topo.numa_cpulists:  # not known from ResourceSlices (kubectl dranet)
+        out.write("\nNUMA nodes:\n")
+        for node, cpus in sorted(topo.numa_cpulists.items()):
+            out.write(f"  node{node}: CPUs {cpus or '(none)'}\n")
     out.write("\nLegend:\n")
     for key, text in LEGEND.items():
         out.write(f"  {key:<5}= {text}\n")
@@ -254,8 +255,9 @@ def aligned_choices(topo: Topology, gpus: int) -> list[AlignedChoice]:
     return choices
 
 
-def render_template(choice: AlignedChoice, gpus: int) -> str:
-    """One ResourceClaimTemplate in the seed's form (folded CEL, bus IDs in a list)."""
+def render_template(choice: AlignedChoice, gpus: int, nic_class: str = DEVICE_CLASS, gpu_class: str = "") -> str:
+    """One ResourceClaimTemplate in the seed's form (folded CEL, bus IDs in a list); the GPU
+    request names ``gpu_class``, else the class of the GPUs' vendor."""
     ids = ", ".join(f'"{b}"' for b in choice.gpu_bus_ids)
     return f"""apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -267,7 +269,7 @@ spec:
       requests:
       - name: gpu
         exactly:
-          deviceClassName: {choice.gpu_device_class}
+          deviceClassName: {gpu_class or choice.gpu_device_class}
           count: {gpus}
           selectors:
           - cel:
@@ -276,7 +278,7 @@ spec:
                 [{ids}]
       - name: nic
         exactly:
-          deviceClassName: dranet.net
+          deviceClassName: {nic_class}
           count: {gpus}
           selectors:
           - cel:
@@ -287,11 +289,12 @@ spec:
 
 
 def cli_templates(args: argparse.Namespace) -> int:
-    """``dranet templates --gpus N [--sysfs-root DIR]``: aligned templates on stdout."""
+    """``dranet templates --gpus N [--sysfs-root DIR] [--nic-class C] [--gpu-class C]``: aligned
+    templates on stdout."""
     try:
         choices = aligned_choices(read_topology(args.sysfs_root, _excluded(args)), args.gpus)
     except NoAlignmentError as err:
         sys.stderr.write(f"dranet templates: {err}\n")
         return 1
-    sys.stdout.write("---\n".join(render_template(c, args.gpus) for c in choices))
+    sys.stdout.write("---\n".join(render_template(c, args.gpus, args.nic_class, args.gpu_class) for c in choices))
     return 0

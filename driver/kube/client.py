@@ -134,7 +134,43 @@ class KubeClient:
         body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
         return self.request("DELETE", f"{RESOURCE_API}/resourceslices/{quote(name)}", body)
 
+    def list_namespaced_resource_claim(self, namespace: str) -> dict[str, Any]:
+        """LIST the ResourceClaims of one namespace."""
+        return self.request("GET", f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims", wrapping=WRAPPED)
+
+    def create_namespaced_resource_claim(
+        self, namespace: str, body: dict[str, Any], dry_run: bool = False
+    ) -> dict[str, Any]:
+        """POST a ResourceClaim (``dry_run``: validated and admitted, webhooks included, not stored)."""
+        query = {"dryRun": "All"} if dry_run else None
+        return self.request("POST", f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims", body, query=query)
+
+    def list_device_class(self) -> dict[str, Any]:
+        """LIST DeviceClasses."""
+        return self.request("GET", f"{RESOURCE_API}/deviceclasses")
+
     # -- core/v1 and admissionregistration/v1 -------------------------------------------------------
+
+    def read_namespaced_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a Pod."""
+        return self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(name)}")
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str = "") -> dict[str, Any]:
+        """LIST the Pods of one namespace matching ``label_selector``."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        return self.request("GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query=query, timeout=30.0)
+
+    def list_node(self) -> dict[str, Any]:
+        """LIST Nodes."""
+        return self.request("GET", "/api/v1/nodes", timeout=30.0)
+
+    def get_api_resources(self, group_version: str) -> dict[str, Any]:
+        """The APIResourceList of ``group/version`` (``resource.k8s.io/v1``): what the server serves."""
+        return self.request("GET", f"/apis/{group_version}")
+
+    def get_code(self) -> dict[str, Any]:
+        """The server's version (``/version``: major, minor, gitVersion)."""
+        return self.request("GET", "/version")
 
     def read_node(self, name: str) -> dict[str, Any]:
         """GET a Node."""

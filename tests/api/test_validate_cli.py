@@ -20,7 +20,8 @@ def test_documented_examples_are_valid():
     assert examples
     result = run(*examples)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout == ""
+    # Four templates in the examples, seven dra.net configs among them.
+    assert result.stdout == "ok: 4 claims, 7 configs\n"
 
 
 def test_errors_name_file_document_and_field(tmp_path: Path):
@@ -42,14 +43,34 @@ spec:
       - opaque:
           driver: dra.net
           parameters:
-            interface: {name: averyveryverylongname, mtu: 9000}
+            interface:
+              name: averyveryverylongname
+              adresses: ["10.0.0.1/24"]
 """)
     result = run(str(bad))
     assert result.returncode == 1
+    # The line of the field itself, the document by number and name, the field path, and for a
+    # misspelt field the closest real one.
     assert result.stdout.splitlines() == [
-        f"{bad}:2: spec.spec.devices.config[1].opaque.parameters.interface.name: "
-        "'averyveryverylongname' is 21 characters; Linux allows at most 15",
+        f"{bad}:19: document 2 (ResourceClaimTemplate t): spec.spec.devices.config[1].opaque.parameters.interface."
+        'adresses: unknown field (did you mean "addresses"? allowed: name, addresses, dhcp, mtu, hardwareAddr, '
+        "gsoMaxSize, groMaxSize, gsoIPv4MaxSize, groIPv4MaxSize, disableEbpfPrograms, forwarding, arpIgnore, "
+        "arpAnnounce, vrf)",
+        f"{bad}:18: document 2 (ResourceClaimTemplate t): spec.spec.devices.config[1].opaque.parameters.interface."
+        "name: 'averyveryverylongname' is 21 characters; Linux allows at most 15",
     ]
+
+
+def test_a_key_with_dots_and_a_list_index_find_their_line(tmp_path: Path):
+    import yaml
+
+    from driver.api.validate_cli import field_line
+
+    doc = yaml.compose("spec:\n  sysctls:\n    net.ipv4.ip_forward: 1\n  list:\n  - a\n  - b: 2\n")
+    assert field_line(doc, "spec.sysctls.net.ipv4.ip_forward") == 3
+    assert field_line(doc, "spec.list[1].b") == 6
+    assert field_line(doc, "spec.list[1].missing") == 6  # the deepest part that exists
+    assert field_line(doc, "spec.nothing") == 1
 
 
 def test_unreadable_and_invalid_yaml_are_errors(tmp_path: Path):
@@ -60,5 +81,5 @@ def test_unreadable_and_invalid_yaml_are_errors(tmp_path: Path):
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"{broken}:0: (file): invalid YAML")
-    assert lines[1].startswith(f"{tmp_path / 'missing.yaml'}:0: (file): cannot read")
+    assert lines[0].startswith(f"{broken}: invalid YAML")
+    assert lines[1] == f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory"

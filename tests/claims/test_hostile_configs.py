@@ -104,6 +104,7 @@ spec:
           interface:
             PARAMS
 """
+AFTER_LINE = DOC.splitlines().index("            PARAMS") + 1  # where `dranet validate` points
 HOSTILE = {
     "deep": ("name: " + "[" * 800 + "]" * 800, "nested more than 64 levels deep"),
     "bigint": ("mtu: " + "9" * 5000, "interface.mtu: must be between 68 and 65536, got an integer of 5000 digits"),
@@ -132,7 +133,7 @@ def test_dranet_validate_reports_each_hostile_file_once_and_goes_on(tmp_path: Pa
         mine = [line for line in lines if line.startswith(f"{path}:")]
         assert len(mine) == 1 and reason in mine[0], (path, lines)
     assert [line for line in lines if line.startswith(f"{after}:")] == [
-        f"{after}:1: spec.devices.config[0].opaque.parameters.interface.name: "
+        f"{after}:{AFTER_LINE}: document 1 (ResourceClaim c): spec.devices.config[0].opaque.parameters.interface.name: "
         "'all' is reserved (the kernel's per-interface settings use 'all' and 'default')"
     ]
     assert not [line for line in lines if line.startswith(str(good))]

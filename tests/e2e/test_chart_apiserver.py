@@ -31,6 +31,8 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "RoleBinding": ("rolebindings", True),
     "DaemonSet": ("daemonsets", True),
     "Deployment": ("deployments", True),
+    "PodDisruptionBudget": ("poddisruptionbudgets", True),
+    "ConfigMap": ("configmaps", True),
     "DeviceClass": ("deviceclasses", False),
     "ResourceSlice": ("resourceslices", False),
     "ResourceClaim": ("resourceclaims", True),

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import certs
 from devcluster.controlplane import free_port
 from driver.config import DRIVER_NAME
 from driver.kube.client import RESOURCE_API, KubeClient
@@ -35,6 +34,7 @@ from driver.webhook.handler import review
 from driver.webhook.options import WebhookOptions
 from driver.webhook.server import build_registry
 from tests.plugins.cluster import delete_if_present
+from tests.plugins.least_privilege import write_service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 VWC_API = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -115,13 +115,7 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
                 },
             )
             cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}-{suffix}")
-        token = kube.request(
-            "POST",
-            f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-        )["status"]["token"]
-        out.write_text(certs.kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
-        yield out
+        yield write_service_account_kubeconfig(control_plane, kube, NS, sa, out)
     finally:
         for path in reversed(cleanup):
             delete_if_present(kube, path)

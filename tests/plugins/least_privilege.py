@@ -141,6 +141,19 @@ def request_pod_token(kube: KubeClient, namespace: str, sa: str, pod: dict[str, 
     return tr["status"]["token"]
 
 
+def write_service_account_kubeconfig(
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, sa: str, out: Path
+) -> Path:
+    """A kubeconfig at ``out`` with a TokenRequest token of ServiceAccount ``sa`` (bound to no pod)."""
+    token = kube.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]
+    out.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
+    return out
+
+
 def _poll(pred: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -16,10 +16,14 @@ docs/dranet-compatibility.md lists every mapping.
 {{- .Values.metricsPort | default 9177 -}}
 {{- end -}}
 
-{{/* --filter: args.filter (either CEL syntax) over the chart's own `filter`. */}}
-{{- define "dranet.filter" -}}
+{{/* The --filter argument: args.filter (either CEL syntax) over the chart's own `filter`; none when neither is set (the driver's default filter). */}}
+{{- define "dranet.filterArg" -}}
 {{- $args := include "dranet.goArgs" . | fromYaml -}}
-{{- (get $args "filter") | default .Values.filter -}}
+{{- if hasKey $args "filter" -}}
+{{ printf "--filter=%s" (get $args "filter") | quote }}
+{{- else if not (kindIs "invalid" .Values.filter) -}}
+{{ printf "--filter=%s" .Values.filter | quote }}
+{{- end -}}
 {{- end -}}
 
 {{/* --feature-gates: args.featureGates (when the key is set, as the Go chart) over `featureGates`. */}}
@@ -28,31 +32,32 @@ docs/dranet-compatibility.md lists every mapping.
 {{- if hasKey $args "featureGates" -}}{{ (get $args "featureGates") }}{{- else -}}{{ .Values.featureGates }}{{- end -}}
 {{- end -}}
 
-{{/* --profile-provider: args.profileProvider (cloud, none, webhook) over the chart's own `profileProvider`. */}}
+{{/* --profile-provider: args.profileProvider (cloud, none, webhook) over the chart's own `profiles.provider`. */}}
 {{- define "dranet.profileProvider" -}}
 {{- $args := include "dranet.goArgs" . | fromYaml -}}
-{{- (get $args "profileProvider") | default .Values.profileProvider | default "cloud" -}}
+{{- (get $args "profileProvider") | default .Values.profiles.provider | default "cloud" -}}
 {{- end -}}
 
-{{/* --webhook-url: args.webhookURL over the chart's own `webhookUrl`; the webhook provider needs one. */}}
+{{/* --webhook-url: args.webhookURL over the chart's own `profiles.webhookUrl`; the webhook provider needs one. */}}
 {{- define "dranet.webhookUrl" -}}
 {{- $args := include "dranet.goArgs" . | fromYaml -}}
-{{- $url := (get $args "webhookURL") | default .Values.webhookUrl -}}
+{{- $url := (get $args "webhookURL") | default .Values.profiles.webhookUrl -}}
 {{- if and (eq (include "dranet.profileProvider" .) "webhook") (not $url) -}}
-{{- fail "profileProvider=webhook needs webhookUrl (or args.webhookURL): the profile provider's base URL" -}}
+{{- fail "profiles.provider=webhook needs profiles.webhookUrl (or args.webhookURL): the profile provider's base URL" -}}
 {{- end -}}
 {{- $url -}}
 {{- end -}}
 
-{{/* The cloud provider flag: --cloud-provider-hint=args.cloudProviderHint, else --cloud-provider=cloudProvider. */}}
+{{/* The cloud provider flag: --cloud-provider-hint=args.cloudProviderHint, else --cloud-provider=cloudProvider, else none (the driver's default, auto). */}}
 {{- define "dranet.cloudProviderFlag" -}}
 {{- $args := include "dranet.goArgs" . | fromYaml -}}
-{{- with (get $args "cloudProviderHint") -}}
-{{- if has . (list "CKS" "webhook") -}}
-{{- fail (printf "args.cloudProviderHint=%s: not supported by this driver (GCE, AWS, AZURE, OKE, ALIBABA and NONE are; see docs/dranet-compatibility.md)" .) -}}
+{{- $hint := get $args "cloudProviderHint" -}}
+{{- if $hint -}}
+{{- if has $hint (list "CKS" "webhook") -}}
+{{- fail (printf "args.cloudProviderHint=%s: not supported by this driver (GCE, AWS, AZURE, OKE, ALIBABA and NONE are; see docs/dranet-compatibility.md)" $hint) -}}
 {{- end -}}
---cloud-provider-hint={{ . }}
-{{- else -}}
+--cloud-provider-hint={{ $hint }}
+{{- else if .Values.cloudProvider -}}
 --cloud-provider={{ .Values.cloudProvider }}
 {{- end -}}
 {{- end -}}
@@ -103,4 +108,31 @@ The other `args.*` as container args (one "- <arg>" line each), after the refusa
 {{- if .Values.metricsPath -}}{{- $ignored = append $ignored "metricsPath" -}}{{- end -}}
 {{- if .Values.hookBinDir -}}{{- $ignored = append $ignored "hookBinDir" -}}{{- end -}}
 {{- join ", " $ignored -}}
+{{- end -}}
+
+{{/*
+Settings spelt twice: this chart's value and the Go chart's `args.*` alias, as
+"<alias>|<value>" when both are set. The chart's own values of these default to unset (null
+or empty: the driver's defaults), so "set" means given by the user.
+*/}}
+{{- define "dranet.aliasPairs" -}}
+{{- $args := include "dranet.goArgs" . | fromYaml -}}
+{{- $pairs := list -}}
+{{- range $pair := list (list "filter" "filter" $.Values.filter) (list "featureGates" "featureGates" $.Values.featureGates) (list "cloudProviderHint" "cloudProvider" $.Values.cloudProvider) (list "profileProvider" "profiles.provider" $.Values.profiles.provider) (list "webhookURL" "profiles.webhookUrl" $.Values.profiles.webhookUrl) -}}
+{{- $own := index $pair 2 -}}
+{{- if and (hasKey $args (index $pair 0)) (not (kindIs "invalid" $own)) (ne (toString $own) "") -}}
+{{- $pairs = append $pairs (printf "args.%s|%s" (index $pair 0) (index $pair 1)) -}}
+{{- end -}}
+{{- end -}}
+{{- join "\n" $pairs -}}
+{{- end -}}
+
+{{/* One warning line per setting given under both spellings (for NOTES.txt). */}}
+{{- define "dranet.aliasWarnings" -}}
+{{- range $pair := splitList "\n" (include "dranet.aliasPairs" .) -}}
+{{- if $pair }}
+{{- $parts := splitList "|" $pair }}
+WARNING: {{ index $parts 1 }} and its alias {{ index $parts 0 }} (the Go chart's) are both set; {{ index $parts 0 }} is used. Set one of them.
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -46,6 +46,19 @@ app.kubernetes.io/component: webhook
 {{- default (printf "%s-tls" (include "dranet.webhook.name" .)) .Values.webhook.tls.secretName -}}
 {{- end -}}
 
+{{/*
+Images this chart knows were never published for it: the placeholder of releases before the
+project's registry path, and the Go driver's image (another program, other flags).
+*/}}
+{{- define "dranet.unpublishedImages" -}}
+ghcr.io/dranet-py/dranet: "a placeholder that was never published"
+registry.k8s.io/networking/dranet: "the Go driver's image (kubernetes-sigs/dranet), not this driver"
+{{- end -}}
+
 {{- define "dranet.image" -}}
+{{- $known := include "dranet.unpublishedImages" . | fromYaml -}}
+{{- with get $known (.Values.image.repository | trimSuffix "/") -}}
+{{- fail (printf "image.repository=%s: %s. Remove that override to use the project's release images (the chart's default image.repository), or set it to your registry's copy of `make image` (e.g. --set image.repository=registry.example.com/dranet)" $.Values.image.repository .) -}}
+{{- end -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

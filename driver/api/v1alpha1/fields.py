@@ -9,6 +9,7 @@ Collecting instead of raising lets one ``kubectl apply`` report every mistake at
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -106,7 +107,9 @@ def read_object(raw: Any, path: str, allowed: Iterable[str], errs: FieldErrors) 
     report_duplicates(raw, path, errs)
     for key, value in raw.items():
         if key not in allowed:
-            errs.add(f"{path}.{key}", f"unknown field (allowed: {', '.join(allowed)})")
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f'did you mean "{close[0]}"? ' if close else ""
+            errs.add(f"{path}.{key}", f"unknown field ({hint}allowed: {', '.join(allowed)})")
         else:
             out[key] = value
     return out

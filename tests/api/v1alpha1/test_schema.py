@@ -278,7 +278,7 @@ def test_at_the_edges_the_schema_accepts_what_the_decoder_accepts(path: str) -> 
 def _lines(tmp_path: Path, text: str) -> list[str]:
     path = tmp_path / "claim.yaml"
     path.write_text(text)
-    return [line.split(": ", 1)[1] for line in validate_file(str(path))]
+    return [line.split(": ", 2)[2] for line in validate_file(str(path)).problems]
 
 
 TEMPLATE = """\
