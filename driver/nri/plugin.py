@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from google.protobuf.message import DecodeError
+
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
 from driver.metrics import FAILED, SUCCESS, Metrics
@@ -168,7 +170,11 @@ class NRIPlugin:
         def unary(req_type: Any, fn: Callable[[Any], Any]) -> ttrpc.Handler:
             async def call(payload: bytes) -> bytes:
                 req = req_type()
-                req.ParseFromString(payload)
+                try:
+                    req.ParseFromString(payload)
+                except DecodeError as exc:
+                    name = req_type.DESCRIPTOR.name
+                    raise ttrpc.RPCError(ttrpc.INVALID_ARGUMENT, f"payload is not a {name}: {exc}") from None
                 resp = await fn(req)
                 return resp.SerializeToString()
 
