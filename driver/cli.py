@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--manage-configuration", action="store_true", help="create/patch the ValidatingWebhookConfiguration itself"
     )
     hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"])
+    hook.add_argument(
+        "--health-port", type=int, default=0, help="serve GET /healthz on this port (plain HTTP; 0: none)"
+    )
     _configured(hook, "--driver-name")
 
     topo = sub.add_parser("topology", help="GPU/NIC/NUMA matrix of this node")
