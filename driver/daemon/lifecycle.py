@@ -63,6 +63,7 @@ class Daemon:
         self.store = store
         self.metrics = metrics or Metrics()
         self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
+        self.metrics.watch_state_writes(lambda: store.write_failures)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
