@@ -113,6 +113,7 @@ class Daemon:
             cloud_config=self.device_sync.cloud.device_config,
             on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
             profiles=profile_resolver(config),
+            sysfs_root=config.sysfs_root,
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         self.plugin = KubeletPlugin(config, self.preparer, health=self.health_feed, metrics=self.metrics)

@@ -23,6 +23,7 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
 from driver.metrics import FAILED, SUCCESS, Metrics
 from driver.nri import ttrpc
+from driver.nri.hook_context import HookError
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class NRIPlugin:
             result = await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
             status = SUCCESS
             return result
+        except HookError as exc:  # reported by the hook with its pod, device and step: no traceback
+            raise ttrpc.RPCError(ttrpc.UNKNOWN, str(exc)) from None
         finally:
             seconds = time.perf_counter() - start
             if self.metrics is not None:

@@ -151,4 +151,3 @@ def test_a_payload_of_the_wrong_type_is_an_invalid_argument_without_a_traceback(
         assert any(" WARNING " in ln and "SynchronizeRequest" in ln for ln in log.splitlines()), log[-3000:]
 
     asyncio.run(run())
-
