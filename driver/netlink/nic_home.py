@@ -97,18 +97,26 @@ def _in_pod(pod: Rtnl, items: list[ReturnItem]) -> dict[str, LinkInfo]:
                 "a link the driver did not move sits at a NIC's ifindex in the pod: left alone",
                 extra={"kv": {"device": it.device, "index": link.index, "ifname": link.ifname}},
             )
+    _by_name_then_identity(pod, items, out, lambda it: it.pod_ifname)
+    return out
+
+
+def _by_name_then_identity(
+    rtnl: Rtnl, items: list[ReturnItem], out: dict[str, LinkInfo], name: Callable[[ReturnItem], str]
+) -> None:
+    """Into ``out``: old records' NICs by ``name`` (MAC-checked), then those still not found that have
+    an unforgeable identity, by it (one dump)."""
     old = [it for it in items if it.legacy]
-    for it, link in zip(old, pod.links_by_name([it.pod_ifname for it in old]), strict=True):
+    for it, link in zip(old, rtnl.links_by_name([name(it) for it in old]), strict=True):
         if link is not None and _mac_matches(link, it):
             out[it.device] = link
     lost = [it for it in items if it.device not in out and _identity(it).unforgeable]
     if lost:
-        links = pod.links()
+        links = rtnl.links()
         for it in lost:
             found = find_by_identity(links, _identity(it))
             if found is not None:
                 out[it.device] = found
-    return out
 
 
 def _identity(it: ReturnItem) -> LinkIdentity:
@@ -133,17 +141,7 @@ def _on_host(rtnl: Rtnl, items: list[ReturnItem], tried: dict[str, int]) -> dict
             if link is not None and it.identity is not None and it.identity.matches(link):
                 out[it.device] = link
                 break
-    old = [it for it in items if it.legacy]
-    for it, link in zip(old, rtnl.links_by_name([it.state.ifname for it in old]), strict=True):
-        if link is not None and _mac_matches(link, it):
-            out[it.device] = link
-    lost = [it for it in items if it.device not in out and _identity(it).unforgeable]
-    if lost:
-        links = rtnl.links()
-        for it in lost:
-            link = find_by_identity(links, _identity(it))
-            if link is not None:
-                out[it.device] = link
+    _by_name_then_identity(rtnl, items, out, lambda it: it.state.ifname)
     return out
 
 

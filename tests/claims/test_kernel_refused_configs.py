@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.claims.test_validate_cli import run
 from tests.support.admission import review_of, webhook_client
 
-ROOT = Path(__file__).resolve().parents[2]
 P = "spec.devices.config[0].opaque.parameters"
 
 CASES: dict[str, tuple[dict[str, Any], str, str]] = {
@@ -56,13 +55,7 @@ def test_dranet_validate_refuses_what_the_kernel_refuses(tmp_path: Path) -> None
         files[case].write_text(yaml.safe_dump(_claim(interface)))
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(_claim({"mtu": 1280, "addresses": ["fd00::5/64", "fd00::6/80", "10.1.0.5/24"]})))
-    out = subprocess.run(
-        [sys.executable, "-m", "driver.cli", "validate", *map(str, files.values()), str(good)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run(*map(str, files.values()), str(good))
     assert out.returncode == 1 and out.stderr == "", out.stderr
     lines = out.stdout.splitlines()
     for case, (_, field, reason) in CASES.items():

@@ -51,6 +51,16 @@ class BytesStream:
         self.written.append(data)
 
 
+class Sink:
+    """A trunk writer that drops what is written."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def _responses(written: list[bytes]) -> list[ttrpc_pb2.Response]:
     data, out = b"".join(written), []
     while data:
@@ -153,13 +163,6 @@ def test_random_mux_frames(chunks: list[tuple[int, bytes]]) -> None:
         reader.feed_data(wire)
         reader.feed_eof()
 
-        class Sink:
-            def write(self, data: bytes) -> None: ...
-
-            async def drain(self) -> None: ...
-
-            def close(self) -> None: ...
-
         mux = Mux(reader, Sink())  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(mux.run(), 5)
@@ -185,13 +188,6 @@ def test_mux_buffers_stay_bounded(frames: list[tuple[int, bytes]], bound: int) -
         reader = asyncio.StreamReader()
         reader.feed_data(wire)
         reader.feed_eof()
-
-        class Sink:
-            def write(self, data: bytes) -> None: ...
-
-            async def drain(self) -> None: ...
-
-            def close(self) -> None: ...
 
         old, mux_module.MAX_BUFFERED = mux_module.MAX_BUFFERED, bound
         try:

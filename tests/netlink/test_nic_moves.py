@@ -12,6 +12,7 @@ import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -268,3 +269,18 @@ def test_an_address_the_kernel_acks_but_does_not_keep_is_an_error_never_a_result
             nic_moves.configure_pod_links(rtnl, {"nic-a": PodLinkConfig(nic, addresses=addresses)})
     assert err.value.step == "configure" and "did not keep" in err.value.reason
     assert addresses[-1] in err.value.reason
+
+
+def test_a_record_from_before_identities_is_found_as_it_was_then(ns: Namespaces, netns_factory) -> None:
+    """A NIC recorded by an older driver (no ifindexes, no identity; pods.json version 3) is found in
+    the pod by its pod name and MAC, as then, and comes home whole."""
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    before = link_facts(a)
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:22:22"))
+    assert errors == [None, None]
+    old = ReturnItem("nic-a", "net1", replace(state, index=None, identity=None), extra_macs=("02:00:00:00:22:22",))
+    assert old.legacy
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", old) == "pod"
+    assert link_facts(a) == before
