@@ -68,7 +68,14 @@ def _moved_device(
     )
 
 
-def _refuse(ctx: HookContext, pod: api.PodSandbox, netdevs: list, device: str, step: str, reason: str) -> NoReturn:
+def _refuse(
+    ctx: HookContext,
+    pod: api.PodSandbox,
+    netdevs: list[tuple[PreparedClaim, PreparedDevice]],
+    device: str,
+    step: str,
+    reason: str,
+) -> NoReturn:
     """Fail the hook before anything moved: reported, nothing to roll back."""
     msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
     ctx.reports.failed(pod, netdevs, device, step, msg)
