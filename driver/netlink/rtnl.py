@@ -54,6 +54,7 @@ from driver.netlink_channel import (
     NetlinkChannel,
     attr,
     parse_attrs,
+    pick_attrs,
 )
 
 RT_TABLE_LOCAL = 255
@@ -127,6 +128,9 @@ class Request:
     ignore: tuple[int, ...] = ()
 
 
+_IFNAME = frozenset({IFLA_IFNAME})
+
+
 class Rtnl(NetlinkChannel):
     """A raw NETLINK_ROUTE socket bound to one netns; requests are pipelined in one send."""
 
@@ -178,6 +182,15 @@ class Rtnl(NetlinkChannel):
     def links(self) -> list[LinkInfo]:
         """Every link of this netns (one RTM_GETLINK dump)."""
         return [link_info(p) for p in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))]
+
+    def link_names(self) -> dict[int, str]:
+        """ifindex -> name of every link of this netns (one dump; only the name is read of each)."""
+        out = {}
+        for payload in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + SKIP_STATS):
+            index = IFINFOMSG.unpack_from(payload)[2]
+            name = pick_attrs(payload, IFINFOMSG.size, _IFNAME).get(IFLA_IFNAME, b"")
+            out[index] = os.fsdecode(name.split(b"\0", 1)[0])
+        return out
 
     def run(self, reqs: list[Request]) -> None:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""

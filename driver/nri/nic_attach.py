@@ -101,12 +101,14 @@ def attach(
     with contextlib.ExitStack() as stack:
         try:
             pod_rtnl, pod_fd = stack.enter_context(ctx.ns.pod(netns))
-            pod_links = pod_rtnl.links()
+            pod_links = pod_rtnl.link_names()
         except (NetnsGone, OSError) as exc:
             _refuse(ctx, pod, netdevs, first, "netns", f"pod network namespace {netns} is unusable: {exc}")
         try:
             pod_checks.check(
-                [pod_checks.PlannedNic(d, st, configs[d.device]) for d, st in nics], pod_links, ctx.sysfs_root
+                [pod_checks.PlannedNic(d, st, configs[d.device]) for d, st in nics],
+                pod_links.values(),
+                ctx.sysfs_root,
             )
             plans = ctx.ethtool.plans(
                 (d.device, name, d.config.ethtool) for (_, d), name in zip(netdevs, ifnames, strict=True)
@@ -114,7 +116,7 @@ def attach(
             extras = ctx.extras.plan(nics)
             # The ifindex each NIC gets in the pod (its host one when free there): where it is found
             # again whatever happens after the move.
-            pod_indexes = free_indexes(pod_rtnl, [st.index or 0 for _, st in nics], {link.index for link in pod_links})
+            pod_indexes = free_indexes(pod_rtnl, [st.index or 0 for _, st in nics], set(pod_links))
         except (pod_checks.PodCheckError, EthtoolPlanError, ExtrasPlanError, OSError) as exc:
             device = getattr(exc, "device", first)
             step = exc.step if isinstance(exc, (pod_checks.PodCheckError, ExtrasPlanError)) else "ethtool"

@@ -9,13 +9,12 @@ still on the host as it was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from driver.checkpoint.state import PreparedDevice
 from driver.claims.decode_interface import IPV6_MIN_MTU
 from driver.netlink import mtu_limits
-from driver.netlink.link_info import LinkInfo
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 
 
@@ -41,11 +40,11 @@ def _vrf_name(nic: PlannedNic) -> str | None:
     return iface.vrf.name if iface is not None and iface.vrf is not None else None
 
 
-def check(nics: Sequence[PlannedNic], pod_links: Sequence[LinkInfo], sysfs_root: str = "/sys") -> None:
+def check(nics: Sequence[PlannedNic], pod_links: Collection[str], sysfs_root: str = "/sys") -> None:
     """Refuse (:class:`PodCheckError`) a pod whose NICs cannot all go in as configured: a name the pod
-    already has or that two NICs (of any of its claims) would get, a VRF named like a link of the
-    pod or one of its NICs, an MTU the NIC (or a VF's PF) cannot take."""
-    existing = {link.ifname for link in pod_links}
+    already has (``pod_links``: its links' names) or that two NICs (of any of its claims) would get,
+    a VRF named like a link of the pod or one of its NICs, an MTU the NIC (or a VF's PF) cannot take."""
+    existing = set(pod_links)
     names: dict[str, str] = {}
     for nic in nics:
         name, device = nic.config.ifname, nic.device.device
