@@ -17,6 +17,9 @@ from driver.model.untrusted import MAX_DEPTH, WRAPPED, InputError, load_json, ne
 
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
+MAX_BODY = 1 << 20
+"""Largest review body judged (aiohttp's own request limit, which the webhook server keeps): an
+object the API server stores is at most 1.5 MB, a claim a few kilobytes."""
 LENIENT_DEPTH = 2000
 """Depth up to which a too-deep review is still parsed (as deep as the interpreter allows), only to
 answer its uid with a denial instead of a 400."""
@@ -43,7 +46,10 @@ class Review:
 
 
 def parse_review(data: bytes) -> Review | Malformed:
-    """The review in ``data``, checked for every field the webhook relies on."""
+    """The review in ``data``, checked for every field the webhook relies on; its size is checked
+    before anything is parsed."""
+    if len(data) > MAX_BODY:
+        return Malformed(f"request body is {len(data)} bytes; at most {MAX_BODY} are accepted")
     try:
         body = load_json(data, wrapping=WRAPPED)  # the limit is the object's, as for a claim on its own
     except InputError as exc:

@@ -221,6 +221,9 @@ def _add_webhook(sub: Any) -> None:
     )
     policy_help = "failurePolicy of the managed ValidatingWebhookConfiguration"
     hook.add_argument("--failure-policy", default="Fail", choices=["Fail", "Ignore"], help=policy_help)
+    hook.add_argument(
+        "--health-port", type=int, default=0, help="serve GET /healthz on this port (plain HTTP; 0: none)"
+    )
     _configured(hook, "--driver-name", help="the driver name whose opaque configs are checked")
 
 

@@ -7,7 +7,10 @@ Names, labels and label values are the Go reference driver's (namespace ``dranet
 ``last_published_time_seconds``; status ``success`` or ``failed`` (a hook with nothing to do
 is a ``success``: the Go driver's ``noop`` is not told apart); ``claim_devices_allocated`` and
 ``claim_devices_ready`` (read from the driver's state at each scrape,
-:meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total``.
+:meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total`` and
+``state_write_failures_total{file}`` (:meth:`Metrics.watch_state_writes`: a state file that could
+not be saved, e.g. a full or read-only disk; ``file`` is ``checkpoint.json``, ``pods.json`` or
+``checkpoint.lock``).
 
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
 several in-process drivers each have their own counters; it carries the client's process,
@@ -33,7 +36,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,28 @@ class ClaimDevices(Collector):
             log.warning("claim device counts unavailable", extra={"kv": {"error": str(exc)}})
             return
         yield from self._families(allocated, ready)
+
+
+class StateWriteFailures(Collector):
+    """``state_write_failures_total{file}``: failed saves of each state file, read at scrape from
+    the checkpoint store's own count (the store is built before the metrics)."""
+
+    NAME = f"{NAMESPACE}_{SUBSYSTEM}_state_write_failures"
+    HELP = "State file saves that failed (full or read-only disk, I/O error), by file name."
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self.counts = counts
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        """The counter without samples."""
+        yield CounterMetricFamily(self.NAME, self.HELP, labels=["file"])
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One sample per file that ever failed."""
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=["file"])
+        for name, count in sorted(dict(self.counts()).items()):
+            family.add_metric([name], count)
+        yield family
 
 
 class Metrics:
@@ -168,6 +193,10 @@ class Metrics:
     def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
         """Publish ``claim_devices_allocated``/``_ready`` from ``counts()``, called at each scrape."""
         self.registry.register(ClaimDevices(counts))
+
+    def watch_state_writes(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Publish ``state_write_failures_total{file}`` from ``counts()`` (file name -> failures)."""
+        self.registry.register(StateWriteFailures(counts))
 
     def count_inventory_update(self, kind: str, n: int = 1) -> None:
         """Count ``n`` inventory rebuilds of ``kind`` (``full_scan`` or ``link``)."""

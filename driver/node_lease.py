@@ -20,7 +20,11 @@ holding the node lease, an exclusive ``flock`` on ``<runtime dir>/lease.lock``.
 The probe port: with ``hostNetwork`` both instances want the same ``/healthz`` port. The port
 belongs to the newest instance: a starting instance that finds it taken drops a request file
 (``probe-port-<port>.request``); the older instance closes its listener when it sees a request
-newer than itself, and the new one binds. Probes of either pod then reach the newest instance.
+from an instance newer than itself, and the new one binds. Probes of either pod then reach the
+newest instance. "Newer" is never decided by a clock (a step of the wall clock would make the old
+instance keep the port, or a stale request make a new one give it away): each instance takes a
+generation number at start, one more than the last one taken on this node (a counter in
+``instances.seq``, under ``flock``), and a request carries its sender's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ POLL_INTERVAL = 0.2
 """Seconds between a standby instance's attempts to take the lease (and port-request checks)."""
 LEASE_FILE = "lease.lock"
 HANDOVER_FILE = "handover.json"
+GENERATION_FILE = "instances.seq"
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,26 @@ class Handover:
 
     by: str  # instance id of the giver
     last_event: str  # key of the last NRI event it handled ("" if none)
-    at: float  # time.time() of the release
+    at: float  # time.time() of the release (shown, never compared)
+
+
+def next_generation(directory: Path) -> int:
+    """One more than the last generation taken in ``directory`` (which keeps it): the order in which
+    instances started on this node, whatever the clocks say."""
+    fd = os.open(directory / GENERATION_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        raw = os.pread(fd, 32, 0)
+        try:
+            last = int(raw.decode().strip() or 0)
+        except (UnicodeDecodeError, ValueError):
+            log.warning("instance counter unreadable: starting it again", extra={"kv": {"content": raw[:32].hex()}})
+            last = 0
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(last + 1).encode(), 0)
+        return last + 1
+    finally:
+        os.close(fd)  # releases the flock
 
 
 class NodeLease:
@@ -59,8 +83,8 @@ class NodeLease:
     def __init__(self, runtime_dir: str | os.PathLike[str], instance_id: str) -> None:
         self.dir = Path(runtime_dir)
         self.instance_id = instance_id or f"pid-{os.getpid()}"
-        self.started = time.time()
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.generation = next_generation(self.dir)
         self._fd = os.open(self.dir / LEASE_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._mutex = threading.Lock()
         self.held = False
@@ -120,17 +144,17 @@ class NodeLease:
         """Ask the instance serving ``port`` to give it to us."""
         path = self._port_request(port)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"by": self.instance_id, "at": time.time()}))
+        tmp.write_text(json.dumps({"by": self.instance_id, "generation": self.generation}))
         os.replace(tmp, path)
 
     def port_requested(self, port: int) -> str | None:
-        """The id of a newer instance asking for ``port`` (None: nobody, or only older requests)."""
+        """The id of a newer instance asking for ``port`` (None: nobody, or only older instances)."""
         try:
             data: dict[str, Any] = json.loads(self._port_request(port).read_text())
-        except (OSError, ValueError):
+            by, generation = str(data.get("by", "")), data.get("generation")
+        except (OSError, ValueError, AttributeError):
             return None
-        by, at = str(data.get("by", "")), float(data.get("at", 0.0))
-        if by == self.instance_id or at <= self.started:
+        if by == self.instance_id or not isinstance(generation, int) or generation <= self.generation:
             return None
         return by
 

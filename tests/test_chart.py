@@ -218,6 +218,38 @@ def test_webhook_args_are_accepted_by_the_cli(helm: str) -> None:
     assert str(Path(args.tls_cert).parent) in mounts and str(Path(args.tls_key).parent) in mounts
 
 
+def test_webhook_probes_ask_the_serving_loop_over_http(helm: str) -> None:
+    """The probes GET /healthz on the health port the webhook serves (--health-port), which its
+    event loop answers: a stuck webhook turns unready; a TCP probe would stay green."""
+    c = one(render(helm), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert args.health_port == ports["health"] == 8080
+    for probe in (c["readinessProbe"], c["livenessProbe"]):
+        assert probe["httpGet"] == {"path": "/healthz", "port": "health"} and "tcpSocket" not in probe
+
+
+def test_network_policy_admits_only_the_api_server(helm: str) -> None:
+    """With the API server's addresses known, only they reach the webhook's port; the health port is
+    open to the kubelet's probes. Unknown (``helm template`` without them): no policy at all."""
+    assert not by_kind(render(helm), "NetworkPolicy")
+    docs = render(helm, "webhook.networkPolicy.apiServerCIDRs={10.0.0.1/32,fd00::1/128}")
+    policy = one(docs, "NetworkPolicy")
+    pytest.importorskip("kubernetes_validate").validate(policy, KUBE_VERSION, strict=True)
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook, health = policy["spec"]["ingress"]
+    assert webhook["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}, {"ipBlock": {"cidr": "fd00::1/128"}}]
+    assert webhook["ports"] == [{"port": "https", "protocol": "TCP"}]
+    assert "from" not in health and health["ports"] == [{"port": "health", "protocol": "TCP"}]
+    assert not by_kind(
+        render(helm, "webhook.networkPolicy.apiServerCIDRs={10.0.0.1/32}", "webhook.enabled=false"), "NetworkPolicy"
+    )
+    out = run_helm(helm, "template", "x", str(CHART), "--set", "webhook.networkPolicy.apiServerCIDRs={not-a-cidr}")
+    assert out.returncode != 0 and "apiServerCIDRs" in out.stderr
+
+
 def test_custom_kubelet_root_moves_host_and_mount_paths_and_socket(helm: str) -> None:
     docs = render(helm, *VARIANTS["custom-paths"])
     mounts = host_mounts(docs)

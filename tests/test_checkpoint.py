@@ -14,7 +14,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
-from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
@@ -140,7 +140,7 @@ def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
 def test_serialisation_matches_asdict() -> None:
     from dataclasses import asdict
 
-    from driver.checkpoint.state import _V3_POD_FIELDS, DriverState
+    from driver.checkpoint.state import _V3_POD_FIELDS, _V4_POD_FIELDS, DriverState
 
     state = DriverState(
         claims={"u1": _claim("u1")},
@@ -157,8 +157,9 @@ def test_serialisation_matches_asdict() -> None:
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
         assert stored.pop("shared") is False  # written only when true (adminAccess)
     pod = asdict(state.pods["p1"])
-    for device in pod["devices"]:  # the version-3 device fields are written only when set
-        for name in _V3_POD_FIELDS:
+    assert pod.pop("created") == []  # written only when the hooks created a link
+    for device in pod["devices"]:  # the version-3 and -4 device fields are written only when set
+        for name in (*_V3_POD_FIELDS, *_V4_POD_FIELDS):
             assert not device.pop(name)
     expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": pod}}
     encoded = {"version": SCHEMA_VERSION, **state.claims_json(), **state.pods_json()}
@@ -424,13 +425,19 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     assert versions()[0] == COMPATIBLE_VERSION
     arp = NetworkConfig(interface=InterfaceConfig(arp_ignore=1))
     store.update(lambda s: s.claims.__setitem__("u2", replace(_claim("u2"), devices=[replace(device, config=arp)])))
-    assert versions()[0] == SCHEMA_VERSION
+    assert versions()[0] == CONFIG_FIELDS_VERSION
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {"ipv4/arp_ignore": 0}))
-    assert versions() == (SCHEMA_VERSION, SCHEMA_VERSION)
+    assert versions() == (CONFIG_FIELDS_VERSION, CONFIG_FIELDS_VERSION)
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {}))
     assert versions()[1] == COMPATIBLE_VERSION
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("dhcp_lease", {"address": "10.0.0.5/24"}))
-    assert versions()[1] == SCHEMA_VERSION  # a DHCP lease is a version-3 field too
+    assert versions()[1] == CONFIG_FIELDS_VERSION  # a DHCP lease is a version-3 field too
+    # How a NIC is found again (its indexes and identity) is version 4: a version-3 driver refuses it.
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", 7))
+    assert versions()[1] == SCHEMA_VERSION
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", None))
+    store.update(lambda s: s.pods["p1"].created.append({"kind": "vrf", "index": 9, "name": "vrf-a"}))
+    assert versions()[1] == SCHEMA_VERSION
     store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
     again = CheckpointStore(tmp_path)

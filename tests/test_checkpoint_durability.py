@@ -218,3 +218,92 @@ def test_an_unreadable_state_file_is_refused_not_moved(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="cannot read"):
         CheckpointStore(tmp_path)
     assert (tmp_path / "checkpoint.json").is_dir()
+
+
+STRANGE_READER = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a runaway read dies here, not the machine
+from driver.checkpoint.store import CheckpointStore
+store = CheckpointStore(sys.argv[1])
+print(json.dumps({"quarantined": [[q.path.name, q.moved_to.name, q.reason] for q in store.quarantined]}))
+"""
+
+
+def _open_store_in_child(state: Path) -> dict:
+    """A store opened on ``state`` in a child process (bounded memory and time: a read that never
+    ends, or a FIFO that blocks the open, fails the test instead of hanging it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", STRANGE_READER, str(state)], cwd=ROOT, capture_output=True, text=True, timeout=20
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("name", ["checkpoint.json", "pods.json"])
+@pytest.mark.parametrize("kind", ["fifo", "symlink-to-dev-zero", "symlink-to-a-file", "oversized"])
+def test_a_state_file_that_is_not_a_regular_file_is_moved_aside_unread(tmp_path: Path, name: str, kind: str) -> None:
+    """A FIFO (whose open would block holding the lock), a symlink (to /dev/zero: an endless read; to
+    another file: read through it), a file larger than any state: never read; moved aside as the link
+    or node it is, and the store starts empty."""
+    path = tmp_path / name
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"version": 2, "claims": {}}')
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "symlink-to-a-file":
+        path.symlink_to(target)
+    else:
+        with open(path, "wb") as f:
+            f.truncate(200 << 20)  # sparse: no disk used
+    result = _open_store_in_child(tmp_path)
+    [(quarantined, moved_to, reason)] = result["quarantined"]
+    assert quarantined == name and moved_to.startswith(f"{name}.corrupt-")
+    assert "symbolic link" in reason or "not a regular file" in reason or "bytes" in reason, reason
+    assert not os.path.lexists(path)
+    assert target.read_text() == '{"version": 2, "claims": {}}'
+    store = CheckpointStore(tmp_path)
+    _add(store, "u1")
+    assert (tmp_path / "checkpoint.json").is_file() and not (tmp_path / "checkpoint.json").is_symlink()
+
+
+def test_a_link_planted_as_the_temporary_file_is_never_written_through(tmp_path: Path) -> None:
+    """``checkpoint.tmp`` made a symlink to another file after the store started: the next write
+    removes the link and creates its own file; the link's target is untouched and checkpoint.json
+    is a regular file holding the state."""
+    store = CheckpointStore(tmp_path)
+    _add(store, "u1")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "checkpoint.tmp").symlink_to(victim)
+    _add(store, "u2")
+    assert victim.read_bytes() == b"precious"
+    assert not (tmp_path / "checkpoint.json").is_symlink()
+    assert sorted(json.loads((tmp_path / "checkpoint.json").read_bytes())["claims"]) == ["u1", "u2"]
+
+
+def test_a_read_only_state_disk_fails_each_write_clearly_and_counts_it(
+    tmpfs_factory: TmpfsFactory, tmp_path: Path
+) -> None:
+    """The state directory's filesystem remounted read-only under a running store: each update fails
+    with a CheckpointWriteError naming the file and EROFS (never a raw OSError), memory keeps what
+    is on disk, the failures are counted per file, and writes work again once it is writable."""
+    state = tmpfs_factory.mount("state")
+    store = CheckpointStore(state, tmp_path / "run")
+    _add(store, "u1")
+    subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+    try:
+        for _ in range(2):
+            with pytest.raises(CheckpointWriteError) as err:
+                _add(store, "u2")
+            assert err.value.errno == errno.EROFS and str(state / "checkpoint.json") in str(err.value)
+        assert store.write_error is not None and store.write_failures == {"checkpoint.json": 2}
+        assert store.read(lambda s: sorted(s.claims)) == ["u1"]
+        assert "Read-only file system" in (store.writable_problem() or "")
+        assert not store.retry_write()
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+    assert store.retry_write() and store.write_error is None and store.writable_problem() is None
+    _add(store, "u2")
+    assert CheckpointStore(state, tmp_path / "run").read(lambda s: sorted(s.claims)) == ["u1", "u2"]

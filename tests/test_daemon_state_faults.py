@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -154,3 +155,62 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_the_claims_rebuilt_from_t
     assert _healthz(port)[0] == 200
     proc2.send_signal(signal.SIGTERM)
     assert await _wait_exit(proc2, 10) == 0
+
+
+def _metric(port: int, name: str) -> dict[str, float]:
+    """The samples of ``name`` on /metrics, by their ``file`` label."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) :].rsplit(" ", 1)
+            out[labels.split('file="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
+
+
+async def test_a_read_only_state_disk_is_reported_and_refused_at_start_in_one_line(
+    env40: Env, tmpfs_factory: TmpfsFactory
+) -> None:
+    """The state directory's filesystem turns read-only under the running daemon: each claim that
+    needs a write is answered with the file and EROFS, /healthz turns 503 naming them,
+    ``dranet_driver_state_write_failures_total{file}`` counts them, nothing is a traceback; writable
+    again, it recovers by itself. Started on it read-only: one clear error line, exit 1."""
+    state = tmpfs_factory.mount(env40.dir / "state", "1m")
+    proc = env40.start()
+    await _ready(env40, proc)
+    port = _healthz_port(env40.log_of(proc))
+    async with KubeletClient(env40.reg_socket) as kubelet:
+        await kubelet.register()
+        assert all(r.error == "" for r in (await kubelet.prepare(_refs(range(2)))).claims.values())
+        subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+        try:
+            answer = await kubelet.prepare(_refs(range(2, 4)))
+            for uid in ("uid-2", "uid-3"):
+                error = answer.claims[uid].error
+                assert "EROFS" in error and str(state / "checkpoint.json") in error, error
+            status, body = _healthz(port)
+            assert status == 503 and "checkpoint.json" in body and "EROFS" in body, body
+            assert _metric(port, "dranet_driver_state_write_failures_total").get("checkpoint.json", 0) >= 1
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+        deadline = time.monotonic() + 15
+        while _healthz(port)[0] != 200:  # the periodic retry: no claim needed
+            assert time.monotonic() < deadline, _healthz(port)
+            await asyncio.sleep(0.2)
+        assert all(r.error == "" for r in (await kubelet.prepare(_refs(range(2, 4)))).claims.values())
+    assert "Traceback" not in env40.log_of(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc, 10) == 0
+
+    subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
+    try:
+        proc2 = env40.start()
+        assert await _wait_exit(proc2, 30) == 1
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+    log = env40.log_of(proc2)
+    assert "Traceback" not in log
+    [error] = [e for e in map(json.loads, log.splitlines()) if e["level"] == "error"]
+    assert error["msg"] == "cannot save driver state; refusing to start", error
+    assert "Read-only file system (EROFS)" in error["error"] and str(state) in error["error"], error

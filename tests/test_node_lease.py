@@ -65,3 +65,28 @@ def test_the_probe_port_goes_to_the_newest_instance(tmp_path: Path) -> None:
     assert later.port_requested(9177) is None
     new.port_taken(9177)
     assert old.port_requested(9177) is None
+
+
+def _stepped(monkeypatch, seconds: float) -> None:
+    """The wall clock this process sees, stepped by ``seconds`` (NTP correcting a drift, a VM restored)."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+
+
+def test_the_older_instance_yields_the_port_after_a_backward_clock_step(tmp_path: Path, monkeypatch) -> None:
+    old = NodeLease(tmp_path, "old")
+    _stepped(monkeypatch, -3600)  # the clock went back an hour before the new instance started
+    new = NodeLease(tmp_path, "new")
+    new.request_port(9177)
+    assert old.port_requested(9177) == "new"
+
+
+def test_a_stale_request_dated_in_the_future_is_not_obeyed(tmp_path: Path, monkeypatch) -> None:
+    _stepped(monkeypatch, +3600)  # an instance whose clock ran an hour ahead asked, then died
+    gone = NodeLease(tmp_path, "gone")
+    gone.request_port(9177)
+    gone.close()
+    monkeypatch.undo()
+    fresh = NodeLease(tmp_path, "fresh")
+    assert fresh.port_requested(9177) is None, "a request from before it started is not for it"
+    assert NodeLease(tmp_path, "newer").generation > fresh.generation > gone.generation

@@ -5,6 +5,12 @@ old one, fsync the directory), so a driver killed at any instant leaves the old 
 never a torn one. Every system call goes through :class:`FileOps`, the seam tests use to inject
 the faults a real disk gives rarely. Also here: removing the temporary file an interrupted write
 left, and moving a corrupt file aside (kept for a human, never deleted).
+
+Nothing in the state directories is trusted to be what its name says: a state file is read only
+if it is a regular file (never through a symlink, never blocking on a FIFO) and at most
+:data:`MAX_STATE_BYTES` long (:func:`read_state`); the temporary file is created afresh
+(``O_EXCL``, never through a symlink) after a stale one is removed, so a link planted under its
+name is never written through.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +38,48 @@ class FileOps:
     close: Callable[[int], None] = os.close
     replace: Callable[[str, str], None] = os.replace
     unlink: Callable[[str], None] = os.unlink
+
+
+MAX_STATE_BYTES = 128 << 20
+"""Largest state file read (a node's claims take a few megabytes): a bigger one is not ours."""
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NotAStateFile(Exception):
+    """The path holds something a state file never is (a symlink, a FIFO, a device, an oversized
+    file): moved aside like a corrupt file, never read through."""
+
+
+def read_state(path: Path, limit: int = MAX_STATE_BYTES) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file ``path`` (at most ``limit``) and its ``fstat``. Raises
+    ``FileNotFoundError``, :class:`NotAStateFile`, or the ``OSError`` of an unreadable file."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW on a symlink
+            raise NotAStateFile(f"{path} is a symbolic link, not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAStateFile(f"{path} is not a regular file (mode {stat.filemode(st.st_mode)})")
+        if st.st_size > limit:
+            raise NotAStateFile(f"{path} is {st.st_size} bytes, more than a state file can be ({limit})")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:  # grew while read
+            raise NotAStateFile(f"{path} is more than {limit} bytes")
+        return b"".join(chunks), st
+    finally:
+        os.close(fd)
 
 
 def _tmp_path(path: Path) -> Path:
@@ -83,7 +132,13 @@ def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
     tmp = _tmp_path(path)
     renamed = False
     try:
-        fd = ops.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        # Created afresh: whatever sits under the temporary name (a write's leftover, a planted
+        # link) is removed first, and a link planted again in between makes the create fail.
+        try:
+            ops.unlink(str(tmp))
+        except OSError:
+            pass  # none there (or a read-only disk: the create below says so)
+        fd = ops.open(str(tmp), _CREATE_FLAGS, 0o600)
         try:
             view = memoryview(data)
             while view:

@@ -14,25 +14,28 @@ from typing import Any
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.errors import CheckpointError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
 pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
 may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
-profile) and pods what the hooks changed for them. A version-2 driver would ignore those fields
-(moving a NIC without its VRF) or fail on them, so it must refuse a version-3 file instead.
+profile) and pods what the hooks changed for them; 4: pods record how each NIC is found again
+(its host and pod ifindex and its identity) and the links the hooks created. An older driver would
+ignore those fields (moving a NIC without its VRF) or fail on them, so it must refuse the file.
 
-A file is written as version 3 only when its content needs it (:data:`COMPATIBLE_VERSION`
-otherwise): until a claim uses one of those fields, a version-2 driver (the old instance of a
-rolling update with surge, a downgrade) keeps reading the files this one writes."""
+A file is written with the oldest version its content needs (:data:`COMPATIBLE_VERSION`,
+:data:`CONFIG_FIELDS_VERSION`): until a claim uses one of those fields, an older driver (the old
+instance of a rolling update with surge, a downgrade) keeps reading the files this one writes."""
+CONFIG_FIELDS_VERSION = 3
+"""The version a file is written as when it needs only version 3's fields."""
 COMPATIBLE_VERSION = 2
-"""The version written while nothing in a file needs :data:`SCHEMA_VERSION`."""
+"""The version written while nothing in a file needs a newer one."""
 
 
 def check_version(data: dict[str, Any]) -> None:
     """Raise :class:`CheckpointError` unless ``data`` is a document of a version read as is."""
     version = data.get("version")
-    # A version-2 file is a valid version-3 file (3 only adds optional fields; see COMPATIBLE_VERSION).
-    if version not in (COMPATIBLE_VERSION, SCHEMA_VERSION) or isinstance(version, bool):
+    # Versions 3 and 4 only add optional fields: an older file is a valid newer one (see COMPATIBLE_VERSION).
+    if version not in (COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION) or isinstance(version, bool):
         raise CheckpointError(f"checkpoint schema version {version!r} is not {SCHEMA_VERSION}")
 
 
@@ -71,7 +74,12 @@ def _v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "version": 3}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3}
+def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 4 only adds optional fields: a NIC recorded without them is found as it was then."""
+    return {**data, "version": 4}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 """Version N -> the function that turns a version-N file into version N + 1."""
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
-from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION, check_version
+from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION, check_version
 from driver.model.device import Device
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
@@ -27,6 +27,8 @@ _V3_POD_FIELDS = (
     "dhcp_lease",
 )
 """MovedDevice fields a version-2 reader does not know: written only when set."""
+_V4_POD_FIELDS = ("host_index", "pod_index", "identity")
+"""MovedDevice fields a version-3 reader does not know (how the NIC is found again): written when set."""
 
 
 @dataclass
@@ -139,6 +141,11 @@ class MovedDevice:
     step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
     # interface.dhcp: the lease taken in the pod (``driver.dhcp.wire.Lease`` form), released on return.
     dhcp_lease: dict[str, Any] | None = None
+    # How the NIC is found again wherever it is (driver.netlink.link_identity): its host ifindex, the
+    # ifindex the move gives it in the pod, and what a pod cannot forge (``LinkIdentity.to_dict``).
+    host_index: int | None = None
+    pod_index: int | None = None
+    identity: dict[str, Any] | None = None
 
 
 @dataclass
@@ -151,6 +158,10 @@ class PodNetState:
     name: str = ""
     netns_path: str = ""
     devices: list[MovedDevice] = field(default_factory=list)
+    # Links the hooks created in the pod (VRFs), each recorded right after its creation as
+    # ``{"kind", "index", "name"}``: deleted at return only while the link at that index is still
+    # of that kind, so a link the pod made is never deleted.
+    created: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PodNetState:
@@ -177,9 +188,11 @@ class DriverState:
         """The pod network state part (``pods.json``); version-3 device fields only where set."""
         pods = {k: _plain(v) for k, v in self.pods.items()}
         for pod in pods.values():
+            if not pod.get("created"):
+                pod.pop("created", None)
             for device in pod["devices"]:
-                for name in _V3_POD_FIELDS:
-                    if not device.get(name):
+                for name in (*_V3_POD_FIELDS, *_V4_POD_FIELDS):
+                    if device.get(name) is None or (name in _V3_POD_FIELDS and not device[name]):
                         device.pop(name, None)
         return {"pods": pods}
 
@@ -212,11 +225,14 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
 
 
 def pods_version(body: dict[str, Any]) -> int:
-    """The version ``pods.json`` is written as: 3 when a pod device carries a field version 2 does
-    not know (only those set are written, see :meth:`DriverState.pods_json`), else 2."""
+    """The version ``pods.json`` is written as: 4 when a pod or a pod device carries a field version
+    3 does not know, else 3 when a device carries one version 2 does not know (only those set are
+    written, see :meth:`DriverState.pods_json`), else 2."""
     pods = body["pods"].values()
+    if any("created" in p for p in pods) or any(set(_V4_POD_FIELDS) & d.keys() for p in pods for d in p["devices"]):
+        return SCHEMA_VERSION
     needed = any(set(_V3_POD_FIELDS) & d.keys() for p in pods for d in p["devices"])
-    return SCHEMA_VERSION if needed else COMPATIBLE_VERSION
+    return CONFIG_FIELDS_VERSION if needed else COMPATIBLE_VERSION
 
 
 def _plain(obj: Any) -> Any:

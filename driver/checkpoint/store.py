@@ -36,8 +36,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
-from driver.checkpoint.files import FileOps, ReplacedNotSynced, atomic_write, move_aside, remove_leftover
-from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION, data_version, encode, migrate
+from driver.checkpoint.files import (
+    FileOps,
+    NotAStateFile,
+    ReplacedNotSynced,
+    atomic_write,
+    move_aside,
+    read_state,
+    remove_leftover,
+)
+from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
 
 log = logging.getLogger(__name__)
@@ -54,7 +62,7 @@ def _stamp_of(st: os.stat_result) -> _Stamp:
 
 def _stamp(path: Path) -> _Stamp | None:
     try:
-        return _stamp_of(os.stat(path))
+        return _stamp_of(os.lstat(path))  # the name's own entry: a planted link is a change
     except FileNotFoundError:
         return None
 
@@ -106,6 +114,7 @@ class CheckpointStore:
         self.ops = ops or FileOps()
         self.quarantined: list[QuarantinedFile] = []
         self.write_error: CheckpointWriteError | None = None
+        self.write_failures: dict[str, int] = {}  # failed writes per file name (the metric)
         self._lock = threading.RLock()
         self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file: what is on disk
         # (inode, mtime, size) of each file as last read or written by us (None: absent); a
@@ -128,15 +137,29 @@ class CheckpointStore:
         self._lock_depth += 1
         try:
             if self._lock_depth == 1:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._lock_fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                self._take_lock()
             yield
         finally:
             self._lock_depth -= 1
             if self._lock_depth == 0 and self._lock_fd >= 0:
                 os.close(self._lock_fd)  # closing releases the flock
                 self._lock_fd = -1
+
+    def _take_lock(self) -> None:
+        """Open and flock ``checkpoint.lock``; a disk that refuses it is a failed write (reported,
+        counted; :class:`CheckpointWriteError`), never a raw ``OSError``."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            # Read-only is enough for flock: on a read-only disk the store still loads and reports
+            # its failing writes.
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._lock_fd = os.open(self._lock_path, flags, 0o600)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+            raise self._failed(self._lock_path, exc) from exc
 
     def _load(self, cleanup: bool = False) -> DriverState:
         claims = self._load_part(self.path, "claims", cleanup)
@@ -149,10 +172,11 @@ class CheckpointStore:
         if cleanup:
             remove_leftover(path)
         try:
-            with open(path, "rb") as f:
-                # The stamp of the very inode we read (a rename after the read gives a new one).
-                stamp = _stamp_of(os.fstat(f.fileno()))
-                raw = f.read()
+            # The stamp of the very inode we read (a rename after the read gives a new one).
+            raw, st = read_state(path)
+            stamp = _stamp_of(st)
+        except NotAStateFile as exc:
+            return self._quarantine(path, part, str(exc))
         except FileNotFoundError:
             # A missing file is an empty part: no need to write it until something goes in.
             self._written[path] = encode({part: {}})
@@ -238,8 +262,10 @@ class CheckpointStore:
             failed = self.write_error
             if failed is None:
                 return True
+            path = failed.path if failed.path in self._written else self.path
             try:
-                self._atomic_write(failed.path, self._written[failed.path])
+                with self._cross_process():
+                    self._atomic_write(path, self._written[path])
             except CheckpointWriteError:
                 return False
             log.info("state writes work again", extra={"kv": {"path": str(failed.path)}})
@@ -270,12 +296,29 @@ class CheckpointStore:
         try:
             atomic_write(path, data, self.ops)
         except OSError as exc:
-            error = CheckpointWriteError(path, exc, replaced=isinstance(exc, ReplacedNotSynced))
-            if self.write_error is None or str(self.write_error) != str(error):
-                log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
-            self.write_error = error
-            raise error from exc
+            raise self._failed(path, exc, replaced=isinstance(exc, ReplacedNotSynced)) from exc
         self.write_error = None
+
+    def _failed(self, path: Path, exc: OSError, replaced: bool = False) -> CheckpointWriteError:
+        """Record a failed write of ``path`` (logged once per distinct error, counted each time)."""
+        error = CheckpointWriteError(path, exc, replaced=replaced)
+        if self.write_error is None or str(self.write_error) != str(error):
+            log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
+        self.write_error = error
+        self.write_failures[path.name] = self.write_failures.get(path.name, 0) + 1
+        return error
+
+    def writable_problem(self) -> str | None:
+        """Why a state file could not be written now (None: both directories take a new file); for
+        a clear refusal at start rather than a failure at the first claim."""
+        for path in (self.path, self.pods_path):
+            probe = path.with_name(f".{path.name}.probe-{os.getpid()}")
+            try:
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+                os.unlink(probe)
+            except OSError as exc:
+                return str(CheckpointWriteError(path, exc)).split(";", 1)[0]
+        return None
 
     def _encode_claims(self) -> bytes:
         """The claims file, byte for byte what ``encode(claims_json(), version)`` gives, from cached
@@ -293,7 +336,7 @@ class CheckpointStore:
                 )
                 self._encoded[uid] = cached
             pieces.append(json.dumps(uid).encode() + b":" + cached[1])
-            version = max(version, SCHEMA_VERSION if cached[2] else COMPATIBLE_VERSION)
+            version = max(version, CONFIG_FIELDS_VERSION if cached[2] else COMPATIBLE_VERSION)
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"

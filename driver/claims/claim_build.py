@@ -24,6 +24,7 @@ from driver.claims.prepare_results import ClaimError
 from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
+from driver.netlink import mtu_limits
 from driver.netlink.ethtool import check_features
 from driver.netlink.offload_sizes import check_host_nic
 
@@ -48,17 +49,19 @@ class ClaimBuilder:
         config_decoder: ConfigDecoder = configs_for_request,
         cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
         profiles: ProfileResolver | None = None,
+        sysfs_root: str = "/sys",
     ) -> None:
         """``devices`` returns the current inventory by device name; ``config_decoder`` turns
         the allocation's config entries into the per-device config (decoded once, here);
         ``cloud_config`` gives the cloud provider's config of a device, merged under the claim's
         (the Go driver's order); ``profiles`` resolves a config's ``profile``
-        (``--profile-provider webhook``; None: refused)."""
+        (``--profile-provider webhook``; None: refused); ``sysfs_root``: where a VF's PF is found."""
         self.devices = devices
         self.driver_name, self.node_name = driver_name, node_name
         self.config_decoder = config_decoder
         self.cloud_config = cloud_config
         self.profiles = profiles
+        self.sysfs_root = sysfs_root
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
         """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
@@ -116,6 +119,7 @@ class ClaimBuilder:
                 profiled.append((device, config))
             _check_ethtool(where, base, device, config)
             _check_dhcp(where, base, device, config)
+            _check_mtu(where, base, device, config, self.sysfs_root)
             shared = result.get("adminAccess") is True or bool(result.get("shareID"))
             prepared.append(
                 PreparedDevice(
@@ -184,6 +188,17 @@ def _check_ethtool(where: str, request: str, device: Device, config: NetworkConf
     problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
     if problems:
         raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
+
+
+def _check_mtu(where: str, request: str, device: Device, config: NetworkConfig, sysfs_root: str) -> None:
+    """An MTU the NIC cannot take (its driver's limits; a VF above its PF's MTU): refused now, the
+    kernel would refuse it only with the NIC already in the pod. Only configs that set one pay."""
+    mtu = config.interface.mtu if config.interface else None
+    if mtu is None or not device.host.ifname:
+        return
+    problem = mtu_limits.check_host_nic(device.host.ifname, mtu, sysfs_root)
+    if problem:
+        raise ClaimError(f"{where}: config for request {request!r}: {problem}")
 
 
 def _check_dhcp(where: str, request: str, device: Device, config: NetworkConfig) -> None:

@@ -57,6 +57,7 @@ class Preparer(ClaimBuilder):
         cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
         on_error: Callable[[ClaimRef, str], None] | None = None,
         profiles: ProfileResolver | None = None,
+        sysfs_root: str = "/sys",
     ) -> None:
         """``devices``, ``config_decoder``, ``cloud_config`` and ``profiles`` build each claim's
         record (:class:`ClaimBuilder`); ``after_commit`` is called with the claim UIDs just persisted
@@ -64,7 +65,7 @@ class Preparer(ClaimBuilder):
         ``on_unprepare`` gets each claim that unprepare removed (the claim status writer drops our
         entries); ``on_error`` gets each claim answered with an error (the status writer posts an
         event on it)."""
-        super().__init__(devices, driver_name, node_name, config_decoder, cloud_config, profiles)
+        super().__init__(devices, driver_name, node_name, config_decoder, cloud_config, profiles, sysfs_root)
         self.kube, self.store = kube, store
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.on_error = on_error

@@ -32,6 +32,10 @@ async def _main(config: DriverConfig) -> int:
     except CheckpointError as exc:
         log.error("cannot load checkpoint; refusing to start without it", extra={"kv": {"error": str(exc)}})
         return 1
+    problem = store.writable_problem()
+    if problem:  # every claim would fail at its first write: say so once, now
+        log.error("cannot save driver state; refusing to start", extra={"kv": {"error": problem}})
+        return 1
     try:
         kube = KubeClient.from_kubeconfig(config.kubeconfig)
     except Exception as exc:  # noqa: BLE001 - any client setup failure stops the daemon with its reason

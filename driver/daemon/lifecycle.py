@@ -84,6 +84,7 @@ class Daemon:
         self.store = store
         self.metrics = metrics or Metrics()
         self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
+        self.metrics.watch_state_writes(lambda: store.write_failures)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
@@ -118,6 +119,7 @@ class Daemon:
             cloud_config=self.device_sync.cloud.device_config,
             on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
             profiles=profile_resolver(config),
+            sysfs_root=config.sysfs_root,
         )
         self.hooks: Any = None  # the NRIHooks, once the NRI task built them
         # The kubelet plugin, the ResourceSlices and device health, from the DRA kit.

@@ -29,6 +29,18 @@ ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 APPLY_PATCH = "application/apply-patch+yaml"
 
 
+def segment(value: str) -> str:
+    """``value`` as one path segment, quoted with nothing left unescaped but unreserved characters.
+
+    A name the API server would never give an object (the rule of its path segment names: not
+    ``.`` or ``..``, no ``/`` or ``%``; nor empty) raises ``ValueError``: such a name (``../x``, from a
+    caller's request) could otherwise steer the request to another path.
+    """
+    if value in ("", ".", "..") or "/" in value or "%" in value:
+        raise ValueError(f"{value[:100]!r} is not an object name")
+    return quote(value, safe="")
+
+
 class KubeClient:
     """JSON-in, JSON-out access to the API server: one method per call the driver makes."""
 
@@ -71,7 +83,7 @@ class KubeClient:
 
     @staticmethod
     def _claim_path(namespace: str, name: str) -> str:
-        return f"{RESOURCE_API}/namespaces/{quote(namespace)}/resourceclaims/{quote(name)}"
+        return f"{RESOURCE_API}/namespaces/{segment(namespace)}/resourceclaims/{segment(name)}"
 
     def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """GET a ResourceClaim."""
@@ -127,12 +139,12 @@ class KubeClient:
 
     def replace_resource_slice(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         """PUT a ResourceSlice (its resourceVersion guards against races)."""
-        return self.request("PUT", f"{RESOURCE_API}/resourceslices/{quote(name)}", body)
+        return self.request("PUT", f"{RESOURCE_API}/resourceslices/{segment(name)}", body)
 
     def delete_resource_slice(self, name: str, uid: str, resource_version: str) -> dict[str, Any]:
         """DELETE a ResourceSlice, only if it is still the object (UID, resourceVersion) we listed."""
         body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
-        return self.request("DELETE", f"{RESOURCE_API}/resourceslices/{quote(name)}", body)
+        return self.request("DELETE", f"{RESOURCE_API}/resourceslices/{segment(name)}", body)
 
     def list_namespaced_resource_claim(self, namespace: str) -> dict[str, Any]:
         """LIST the ResourceClaims of one namespace."""
@@ -174,17 +186,17 @@ class KubeClient:
 
     def read_node(self, name: str) -> dict[str, Any]:
         """GET a Node."""
-        return self.request("GET", f"/api/v1/nodes/{quote(name)}")
+        return self.request("GET", f"/api/v1/nodes/{segment(name)}")
 
     def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a core/v1 Event."""
-        return self.request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body)
+        return self.request("POST", f"/api/v1/namespaces/{segment(namespace)}/events", body)
 
     def apply_validating_webhook_configuration(
         self, name: str, body: dict[str, Any], field_manager: str
     ) -> dict[str, Any]:
         """Server-side apply of a ValidatingWebhookConfiguration (forced)."""
-        return self._apply(f"{ADMISSION_API}/validatingwebhookconfigurations/{quote(name)}", body, field_manager)
+        return self._apply(f"{ADMISSION_API}/validatingwebhookconfigurations/{segment(name)}", body, field_manager)
 
     def _apply(self, path: str, body: dict[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply: the fields in ``body`` become ``field_manager``'s, taken over if needed."""

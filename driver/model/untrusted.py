@@ -12,7 +12,10 @@ hostile input gets the same clear error, and none can crash the parser:
   decoder then reports it at its field path, like any out-of-range value;
 - an object with a key given twice becomes a :class:`DuplicateKeys` (a ``dict`` holding the last
   value, as JSON parsers do, that remembers which keys were repeated), which the decoder refuses
-  at its field path instead of silently keeping one of the values.
+  at its field path instead of silently keeping one of the values;
+- a YAML document whose aliases repeat what they name into more than :data:`MAX_VALUES` values
+  (a few hundred bytes can stand for billions: "billion laughs") is refused before anything walks
+  or prints it; a JSON text is bounded by its own size.
 """
 
 from __future__ import annotations
@@ -27,8 +30,14 @@ MAX_DEPTH = 64
 INT64_DIGITS = 19
 """Digits of the largest int64 (9223372036854775807): more can never fit."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_VALUES = 100_000
+"""Values (scalars and collections, aliases counted each time they are used) in one YAML document;
+a claim has a few hundred."""
 
-_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A string, or an unterminated one to the end of the text: every '"' that opens a string is consumed
+# with it in one possessive pass (never retried from the next quote), so the scan is linear in the
+# text whatever it holds: '"' followed by thousands of '\"' costs what any text of that size costs.
+_STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
 _DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
@@ -68,7 +77,8 @@ def nesting_error(limit: int = MAX_DEPTH) -> str:
 
 
 def json_depth(data: bytes | str) -> int:
-    """The deepest nesting of arrays and objects in a JSON text (strings skipped), in C-speed passes."""
+    """The deepest nesting of arrays and objects in a JSON text (strings skipped), in C-speed passes,
+    each linear in the text."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     brackets = _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
     return max(accumulate(_DEPTH_STEP[b] for b in brackets), default=0)
@@ -166,7 +176,28 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
         raise InputError(f"invalid YAML value: {exc}") from None
     if _has_cycle(docs):
         raise InputError("invalid YAML: an alias (*name) refers to a node that contains it")
+    for doc in docs:
+        if _expands_beyond(doc, MAX_VALUES):
+            raise InputError(f"a document expands to more than {MAX_VALUES} values (aliases repeat what they name)")
     return docs
+
+
+def _expands_beyond(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds more than ``limit`` values when every alias is expanded; stops counting
+    at the limit (acyclic input: :func:`_has_cycle` ran first)."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _has_cycle(value: Any) -> bool:

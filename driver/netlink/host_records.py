@@ -7,7 +7,6 @@ them and gives them back from this record.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import struct
@@ -15,20 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.netlink import pod_rules
+from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.namespaces import Namespaces
 from driver.netlink.pod_rules import Neighbor, Rule
-from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Route, restorable_route
-from driver.netlink_channel import (
-    IFA_ADDRESS,
-    IFA_LOCAL,
-    IFADDRMSG,
-    RTA_OIF,
-    RTM_GETADDR,
-    RTM_GETROUTE,
-    RTMSG,
-    attr,
-    parse_attrs,
-)
+from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Route, dumped_address, restorable_route
+from driver.netlink_channel import IFADDRMSG, RTA_OIF, RTM_GETADDR, RTM_GETROUTE, RTMSG, attr
 
 
 @dataclass
@@ -44,7 +34,10 @@ class LinkState:
     neighbors: list[Neighbor] = field(default_factory=list)  # its permanent neighbor entries
     permanent_mac: str | None = None
     pci_address: str | None = None
-    index: int | None = None  # host ifindex when recorded (not persisted)
+    index: int | None = None  # host ifindex when recorded
+    identity: LinkIdentity | None = None  # what tells it from other links (from netlink, when recorded)
+    max_mtu: int | None = None  # the MTU limits its driver reports (None: not reported)
+    min_mtu: int | None = None
 
 
 def pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
@@ -80,13 +73,18 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
             permanent_mac=link.permanent_mac,
             pci_address=pci_address(ifname, sysfs_root),
             index=link.index,
+            identity=LinkIdentity.of(link),
+            max_mtu=link.max_mtu,
+            min_mtu=link.min_mtu,
         )
         by_index[link.index] = state
         states[ifname] = state
     # Addresses: one dump of all (a few per link). Routes: the kernel filters by interface, so
     # a host with a large routing table (BGP) costs no more than one with ten routes.
     for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        _record_address(payload, by_index)
+        address = dumped_address(payload, RT_SCOPE_UNIVERSE)
+        if address is not None and address[0] in by_index:
+            by_index[address[0]].addresses.append(address[1])
     for index in list(by_index) if rtnl.strict() else [0]:
         oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
         for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
@@ -98,14 +96,3 @@ def record_host(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") ->
         state.rules = pod_rules.rules_of(rules, state.ifname, state.addresses)
         state.neighbors = pod_rules.permanent_neighbors(rtnl, index)
     return states
-
-
-def _record_address(payload: bytes, by_index: dict[int, LinkState]) -> None:
-    _family, prefixlen, _flags, scope, index = IFADDRMSG.unpack_from(payload)
-    owner = by_index.get(index)
-    if owner is None or scope != RT_SCOPE_UNIVERSE:
-        return
-    attrs = parse_attrs(payload, IFADDRMSG.size)
-    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
-    if raw:
-        owner.addresses.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")

@@ -20,6 +20,7 @@ from collections.abc import Container
 from dataclasses import dataclass, fields
 from typing import Any
 
+from driver.netlink.link_info import IFLA_NEW_IFINDEX, LinkInfo, link_info
 from driver.netlink_channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
@@ -30,7 +31,6 @@ from driver.netlink_channel import (
     IFLA_MASTER,
     IFLA_MTU,
     IFLA_NET_NS_FD,
-    IFLA_PERM_ADDRESS,
     NETLINK_GET_STRICT_CHK,
     NLM_F_ACK,
     NLM_F_CREATE,
@@ -43,6 +43,7 @@ from driver.netlink_channel import (
     RTA_PREFSRC,
     RTA_PRIORITY,
     RTA_TABLE,
+    RTM_GETADDR,
     RTM_GETLINK,
     RTM_NEWADDR,
     RTM_NEWLINK,
@@ -52,7 +53,6 @@ from driver.netlink_channel import (
     SOL_NETLINK,
     NetlinkChannel,
     attr,
-    mac_str,
     parse_attrs,
     pick_attrs,
 )
@@ -116,17 +116,6 @@ def mac_bytes(mac: str) -> bytes:
 
 
 @dataclass
-class LinkInfo:
-    """The few link facts the hot path needs (from one RTM_GETLINK)."""
-
-    index: int
-    ifname: str
-    mtu: int
-    mac: str
-    permanent_mac: str | None = None
-
-
-@dataclass
 class Request:
     """One rtnetlink request and how to name it in an error (device, step, what)."""
 
@@ -139,20 +128,7 @@ class Request:
     ignore: tuple[int, ...] = ()
 
 
-_LINK_INFO_ATTRS = frozenset({IFLA_IFNAME, IFLA_MTU, IFLA_ADDRESS, IFLA_PERM_ADDRESS})
-
-
-def _link_info(payload: bytes) -> LinkInfo:
-    _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
-    attrs = pick_attrs(payload, IFINFOMSG.size, _LINK_INFO_ATTRS)
-    perm = attrs.get(IFLA_PERM_ADDRESS)
-    return LinkInfo(
-        index=index,
-        ifname=os.fsdecode(attrs[IFLA_IFNAME].split(b"\0", 1)[0]),  # any bytes: as os.listdir decodes
-        mtu=struct.unpack("=I", attrs[IFLA_MTU])[0],
-        mac=mac_str(attrs.get(IFLA_ADDRESS, b"")),
-        permanent_mac=mac_str(perm) if perm and any(perm) else None,
-    )
+_IFNAME = frozenset({IFLA_IFNAME})
 
 
 class Rtnl(NetlinkChannel):
@@ -179,6 +155,10 @@ class Rtnl(NetlinkChannel):
         """RTM_GETLINK for each name, pipelined in one send; None where there is no such link."""
         return self._links([(0, name) for name in ifnames])
 
+    def links_by_index(self, indexes: list[int]) -> list[LinkInfo | None]:
+        """RTM_GETLINK for each ifindex, pipelined in one send; None where there is no such link."""
+        return self._links([(index, None) for index in indexes])
+
     def _links(self, keys: list[tuple[int, str | None]]) -> list[LinkInfo | None]:
         if not keys:
             return []
@@ -196,12 +176,21 @@ class Rtnl(NetlinkChannel):
             elif err:
                 raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
             else:
-                out.append(_link_info(reply.payloads[0]))
+                out.append(link_info(reply.payloads[0]))
         return out
 
     def links(self) -> list[LinkInfo]:
         """Every link of this netns (one RTM_GETLINK dump)."""
-        return [_link_info(p) for p in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))]
+        return [link_info(p) for p in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))]
+
+    def link_names(self) -> dict[int, str]:
+        """ifindex -> name of every link of this netns (one dump; only the name is read of each)."""
+        out = {}
+        for payload in self.dump(RTM_GETLINK, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + SKIP_STATS):
+            index = IFINFOMSG.unpack_from(payload)[2]
+            name = pick_attrs(payload, IFINFOMSG.size, _IFNAME).get(IFLA_IFNAME, b"")
+            out[index] = os.fsdecode(name.split(b"\0", 1)[0])
+        return out
 
     def run(self, reqs: list[Request]) -> None:
         """Pipeline ``reqs`` (processed in order by the kernel); raise for the first failure."""
@@ -236,16 +225,24 @@ def newlink(
     mac: str | None = None,
     up: bool | None = None,
     master: int | None = None,
+    new_index: int | None = None,
     extra: bytes = b"",
     step: str = "link",
 ) -> Request:
-    """RTM_NEWLINK on ``index``: move (``ns_fd``), rename, MTU, MAC, master (0: none) and/or up/down in
-    one request; ``extra``: more attributes, already encoded (offload sizes)."""
+    """RTM_NEWLINK on ``index``: move (``ns_fd``, to ifindex ``new_index`` there), rename, MTU, MAC,
+    master (0: none) and/or up/down in one request; ``extra``: more attributes, already encoded
+    (offload sizes).
+
+    With ``new_index`` the kernel refuses the move (EBUSY) before anything happens when the index
+    is taken in the target, and otherwise the link is at that index there even when the rest of
+    the request fails after the move (a rename to a name in use): it can always be found again."""
     flags = IFF_UP if up else 0
     change = IFF_UP if up is not None else 0
     body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, flags, change)
     if ns_fd is not None:
         body += attr(IFLA_NET_NS_FD, struct.pack("=I", ns_fd))
+        if new_index is not None:
+            body += attr(IFLA_NEW_IFINDEX, struct.pack("=i", new_index))
     if ifname is not None:
         body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
     if mtu is not None:
@@ -289,6 +286,31 @@ def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Reques
 
 
 RTM_DELADDR = 21
+
+
+def canonical_cidr(cidr: str) -> str:
+    """``cidr`` as the kernel's address dump gives it back (``fd00::1/64``, ``10.0.0.1/24``)."""
+    return _interface(cidr).with_prefixlen
+
+
+def link_addresses(rtnl: Rtnl, indexes: Container[int]) -> dict[int, set[str]]:
+    """The addresses (every scope) on the links ``indexes`` of ``rtnl``'s netns, from one dump."""
+    out: dict[int, set[str]] = {}
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        found = dumped_address(payload)
+        if found is not None and found[0] in indexes:
+            out.setdefault(found[0], set()).add(found[1])
+    return out
+
+
+def dumped_address(payload: bytes, scope: int | None = None) -> tuple[int, str] | None:
+    """An address dump entry as ``(ifindex, CIDR)``; None for another ``scope`` (when given)."""
+    _family, prefixlen, _flags, got_scope, index = IFADDRMSG.unpack_from(payload)
+    if scope is not None and got_scope != scope:
+        return None
+    attrs = parse_attrs(payload, IFADDRMSG.size)
+    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
+    return (index, f"{ipaddress.ip_address(raw)}/{prefixlen}") if raw else None
 
 
 def deladdr(device: str, index: int, cidr: str, step: str = "address") -> Request:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import socket
 import struct
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
 from driver.netlink_channel import (
@@ -51,27 +53,47 @@ def dellink(device: str, index: int, name: str) -> Request:
     return Request(RTM_DELLINK, 0, body, device, "vrf delete", f"vrf {name}", (errno.ENODEV,))
 
 
-def create(rtnl: Rtnl, vrfs: dict[str, tuple[str, int]]) -> dict[str, int]:
+def create(
+    rtnl: Rtnl, vrfs: dict[str, tuple[str, int]], record: Callable[[dict[str, object]], None] | None = None
+) -> dict[str, int]:
     """Create and set up ``{name: (device, table)}`` in ``rtnl``'s netns; their ifindexes by name.
 
-    Raises :class:`NetnsOpError` naming the device whose VRF failed (:data:`NO_VRF` when the
-    kernel has no VRF support).
+    Each VRF created is looked up at once and handed to ``record`` as ``{"kind": "vrf", "index",
+    "name"}`` (the pod state keeps it: only a link recorded so is ever deleted, see
+    :func:`delete_created`), before anything else can fail. Raises :class:`NetnsOpError` naming the
+    device whose VRF failed (:data:`NO_VRF` when the kernel has no VRF support); a VRF refused
+    because its name is taken was not created, and nothing is recorded for it.
     """
     if not vrfs:
         return {}
-    for (name, (device, table)), err in zip(
-        vrfs.items(), rtnl.run_each([newvrf(dev, name, table) for name, (dev, table) in vrfs.items()]), strict=True
-    ):
-        if err is not None:
-            reason = NO_VRF if "Operation not supported" in err.reason else err.reason
-            raise NetnsOpError(device, "vrf create", f"vrf {name} table {table}: {reason}")
+    errors = rtnl.run_each([newvrf(dev, name, table) for name, (dev, table) in vrfs.items()])
+    made = [name for name, err in zip(vrfs, errors, strict=True) if err is None]
     indexes = {}
-    for (name, (device, _)), link in zip(vrfs.items(), rtnl.links_by_name(list(vrfs)), strict=True):
-        if link is None:
-            raise NetnsOpError(device, "vrf create", f"vrf {name} was created but is not there")
+    for name, link in zip(made, rtnl.links_by_name(made), strict=True):
+        if link is None or link.kind != "vrf":
+            raise NetnsOpError(vrfs[name][0], "vrf create", f"vrf {name} was created but is not there")
         indexes[name] = link.index
+        if record is not None:
+            record({"kind": "vrf", "index": link.index, "name": name})
+    for (name, (device, table)), err in zip(vrfs.items(), errors, strict=True):
+        if err is not None:  # its reason already names the VRF and its table
+            unsupported = "Operation not supported" in err.reason
+            raise NetnsOpError(
+                device, "vrf create", f"vrf {name} table {table}: {NO_VRF}" if unsupported else err.reason
+            )
     rtnl.run([newlink(vrfs[name][0], index, up=True, step="vrf up") for name, index in indexes.items()])
     return indexes
+
+
+def delete_created(rtnl: Rtnl, device: str, created: Sequence[dict[str, Any]]) -> list[Request]:
+    """The deletions of the links recorded in ``created`` that are still what was created (same ifindex,
+    same kind); a link at that index of another kind (the pod's own) is left alone."""
+    records = [c for c in created if isinstance(c.get("index"), int) and c.get("kind")]
+    reqs = []
+    for c, link in zip(records, rtnl.links_by_index([c["index"] for c in records]), strict=True):
+        if link is not None and link.kind == c["kind"]:
+            reqs.append(dellink(device, link.index, link.ifname))
+    return reqs
 
 
 def release(device: str, index: int) -> Request:

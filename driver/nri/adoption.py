@@ -6,10 +6,12 @@ namespace until the namespace dies (a physical NIC then comes back as ``ethN``, 
 name and addresses; a veth is destroyed). At Synchronize the runtime lists every running pod
 with its network namespace; for each pod with prepared claims but no recorded state, the NICs
 of those claims are looked up in the pod's namespace, by the name the pod gets and the MAC it
-has (configured, current or permanent), and those found are recorded as ``in-pod`` with the
-host name, MTU, MAC and addresses the device had when it was prepared (its snapshot), so the
-normal return restores them. Host routes were only recorded in the lost file: they are not
-restored.
+has (configured, current or permanent), and only a link the pod cannot have made is taken: a
+physical one (on the bus address the device was prepared with, when it had one) or a virtual one
+whose peer is outside the pod (a link a pod makes has its peer in the pod). Those found are
+recorded as ``in-pod``, with their ifindex and identity in the pod and the host name, MTU, MAC and
+addresses the device had when it was prepared (its snapshot), so the normal return restores them.
+Host routes were only recorded in the lost file: they are not restored.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import logging
 
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.model.device import ATTRIBUTE_DOMAIN
+from driver.netlink.link_identity import LinkIdentity
+from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.rtnl import LinkInfo, Rtnl
+from driver.netlink.rtnl import Rtnl
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,16 @@ def _find(rtnl: Rtnl, device: PreparedDevice) -> LinkInfo | None:
         if link is None:
             continue
         if not macs or link.mac.lower() in macs or (link.permanent_mac or "").lower() in macs:
-            return link
+            return link if _not_the_pods(link, host.pci_address) else None
     return None
+
+
+def _not_the_pods(link: LinkInfo, pci_address: str | None) -> bool:
+    """Whether ``link`` can be a NIC the driver moved, not one the pod made: a physical link (on the
+    device's bus address when that is known) or a virtual one whose peer is in another namespace."""
+    if link.parent is not None or link.permanent_mac is not None:
+        return pci_address is None or link.parent is None or link.parent == pci_address
+    return link.peer_netnsid is not None
 
 
 def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
@@ -65,6 +77,8 @@ def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
         rdma_device=host.rdma_device,
         pod_mac=link.mac,
         step=IN_POD,
+        pod_index=link.index,
+        identity=LinkIdentity.of(link, in_pod=True).to_dict(),
     )
 
 

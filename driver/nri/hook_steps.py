@@ -17,7 +17,7 @@ from collections.abc import Iterator
 log = logging.getLogger(__name__)
 
 FAULT_ENV = "DRANET_FAULT_AFTER"
-RUN_STEPS = ["run:planned", "run:moved-{i}", "run:ethtool", "run:configured", "run:committed"]
+RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:ethtool", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
 
 # A NIC's step in its pod's PodNetState (MovedDevice.step): written ahead of the netlink work.

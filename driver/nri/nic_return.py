@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 
 from driver.checkpoint.state import DriverState, MovedDevice
-from driver.netlink import nic_moves
+from driver.netlink import nic_home
+from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.pod_rules import Neighbor, Rule
 from driver.netlink.rtnl import NetnsOpError, Route
@@ -34,6 +35,19 @@ def _link_state(moved: MovedDevice) -> LinkState:
         neighbors=[Neighbor.from_dict(n) for n in moved.host_neighbors],
         permanent_mac=moved.permanent_mac,
         pci_address=moved.pci_address,
+        index=moved.host_index,
+    )
+
+
+def _return_item(m: MovedDevice) -> nic_home.ReturnItem:
+    """How to find ``m`` and what to give it back. Its pod MAC only helps records without an identity."""
+    return nic_home.ReturnItem(
+        m.device,
+        m.pod_ifname,
+        _link_state(m),
+        pod_index=m.pod_index,
+        identity=LinkIdentity.from_dict(m.identity) if m.identity is not None else None,
+        extra_macs=(m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else (),
     )
 
 
@@ -42,7 +56,10 @@ def return_all(ctx: HookContext, pod_uid: str, netns: str = "") -> str:
     state = ctx.pod_state(pod_uid)
     if state is None:
         return ""
-    ctx.own.expect(names=[m.host_ifname for m in state.devices if m.step != RETURNED])
+    ctx.own.expect(
+        names=[m.host_ifname for m in state.devices if m.step != RETURNED],
+        indexes=[m.host_index for m in state.devices if m.step != RETURNED and m.host_index],
+    )
 
     def plan(s: DriverState) -> None:
         for m in s.pods[pod_uid].devices:
@@ -58,18 +75,11 @@ def return_all(ctx: HookContext, pod_uid: str, netns: str = "") -> str:
     for m in pending:
         if ctx.rdma_exclusive and m.rdma_device:  # RDMA devices first, as the Go driver (#180)
             return_rdma(ctx.ns, m, netns)
-    ctx.extras.before_return(netns, pending)  # out of their VRFs (only NICs that have one)
-    items = [
-        # The MAC it has in the pod: how to recognise it there (or renamed on the host).
-        nic_moves.ReturnItem(
-            m.device, m.pod_ifname, _link_state(m), (m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else ()
-        )
-        for m in pending
-    ]
+    ctx.extras.before_return(netns, pending, state.created)  # out of their VRFs, which go (only those made here)
     # Coming home, a NIC shows up in the host under its pod name before the rename.
     ctx.own.expect(names=[m.pod_ifname for m in pending])
-    results = nic_moves.return_links(
-        ctx.ns, netns, items, ctx.sysfs_root, announce=lambda indexes: ctx.own.expect(indexes=indexes)
+    results = nic_home.return_links(
+        ctx.ns, netns, [_return_item(m) for m in pending], announce=lambda indexes: ctx.own.expect(indexes=indexes)
     )
     ctx.steps.mark("stop:moved-and-restored")
     errors, done = [], []

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from google.protobuf.message import DecodeError
+
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
 from driver.metrics import FAILED, SUCCESS, Metrics
 from driver.nri import ttrpc
+from driver.nri.hook_context import HookError
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 
 log = logging.getLogger(__name__)
@@ -168,7 +171,11 @@ class NRIPlugin:
         def unary(req_type: Any, fn: Callable[[Any], Any]) -> ttrpc.Handler:
             async def call(payload: bytes) -> bytes:
                 req = req_type()
-                req.ParseFromString(payload)
+                try:
+                    req.ParseFromString(payload)
+                except DecodeError as exc:
+                    name = req_type.DESCRIPTOR.name
+                    raise ttrpc.RPCError(ttrpc.INVALID_ARGUMENT, f"payload is not a {name}: {exc}") from None
                 resp = await fn(req)
                 return resp.SerializeToString()
 
@@ -193,6 +200,8 @@ class NRIPlugin:
             result = await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
             status = SUCCESS
             return result
+        except HookError as exc:  # reported by the hook with its pod, device and step: no traceback
+            raise ttrpc.RPCError(ttrpc.UNKNOWN, str(exc)) from None
         finally:
             seconds = time.perf_counter() - start
             if self.metrics is not None:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.checkpoint.state import MovedDevice, PreparedDevice
@@ -116,15 +117,17 @@ class PodExtras:
         pod_fd: int,
         nics: Sequence[tuple[PreparedDevice, LinkState]],
         configs: dict[str, PodLinkConfig],
+        record: Callable[[dict[str, object]], None] | None = None,
     ) -> dict[str, list[dict[str, object]]]:
         """Detach eBPF programs and create VRFs (setting ``configs[...].master``) in the pod, before the
-        NICs are configured; the programs detached, per device. Raises :class:`NetnsOpError`."""
+        NICs are configured; the programs detached, per device. ``record`` gets each VRF created, at
+        once (see :func:`driver.netlink.vrf.create`). Raises :class:`NetnsOpError`."""
         detached: dict[str, list[dict[str, object]]] = {}
         for device, _ in nics:
             if _iface(device).disable_ebpf_programs:
                 detached[device.device] = self._detach(pod_rtnl, pod_fd, device.device, configs[device.device].ifname)
         vrfs = pod_vrfs(nics)
-        indexes = vrf.create(pod_rtnl, vrfs)
+        indexes = vrf.create(pod_rtnl, vrfs, record)
         for device, _ in nics:
             wanted = _iface(device).vrf
             if wanted is not None and wanted.name in indexes:
@@ -175,18 +178,20 @@ class PodExtras:
                 except (sysctls.SysctlError, OSError) as exc:
                     raise NetnsOpError(device.device, "sysctl", str(exc)) from exc
 
-    def before_return(self, netns: str, pending: Sequence[MovedDevice]) -> None:
-        """Take the NICs out of their VRFs and delete the VRFs in the pod (best effort: a pod namespace
-        that is gone took its VRFs with it)."""
-        names = {m.vrf for m in pending if m.vrf}
-        if not names:
+    def before_return(self, netns: str, pending: Sequence[MovedDevice], created: Sequence[dict[str, Any]] = ()) -> None:
+        """Take the NICs out of their VRFs and delete the VRFs the hooks created in the pod (``created``,
+        the pod state's record; best effort: a pod namespace that is gone took its VRFs with it). A NIC
+        is found by its pod ifindex (a record without one: by its pod name), a VRF only by its record."""
+        enslaved = [m for m in pending if m.vrf]
+        if not enslaved and not created:
             return
         with contextlib.suppress(NetnsGone, OSError), self.ns.pod(netns) as (rtnl, _):
-            enslaved = [m for m in pending if m.vrf]
-            links = rtnl.links_by_name([m.pod_ifname for m in enslaved])
-            reqs = [vrf.release(m.device, link.index) for m, link in zip(enslaved, links, strict=True) if link]
-            found = rtnl.links_by_name(sorted(names))
-            reqs += [vrf.dellink("vrf", link.index, link.ifname) for link in found if link is not None]
+            indexed = [m for m in enslaved if m.pod_index]
+            links = rtnl.links_by_index([m.pod_index or 0 for m in indexed])
+            links += rtnl.links_by_name([m.pod_ifname for m in enslaved if not m.pod_index])
+            ordered = indexed + [m for m in enslaved if not m.pod_index]
+            reqs = [vrf.release(m.device, link.index) for m, link in zip(ordered, links, strict=True) if link]
+            reqs += vrf.delete_created(rtnl, "vrf", created)
             for err in rtnl.run_each(reqs):
                 if err is not None:
                     log.warning("VRF cleanup", extra={"kv": {"error": str(err)}})

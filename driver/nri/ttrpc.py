@@ -9,6 +9,7 @@ unary calls are implemented: NRI uses nothing else.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
@@ -69,13 +70,20 @@ def encode_frame(stream_id: int, msg_type: int, data: bytes, flags: int = 0) -> 
     return HEADER.pack(len(data), stream_id, msg_type, flags) + data
 
 
+DISCARD_CHUNK = 64 << 10
+
+
 async def read_frame(stream: ByteStream) -> Frame:
-    """Read one message; an oversized one is consumed and raised as RESOURCE_EXHAUSTED."""
+    """Read one message. One announcing more than :data:`MESSAGE_LENGTH_MAX` is refused before its
+    data is read: the data is skipped in small pieces (never held, as the Go channel discards it)
+    and the message raised as RESOURCE_EXHAUSTED."""
     length, stream_id, msg_type, flags = HEADER.unpack(await stream.readexactly(HEADER.size))
-    data = await stream.readexactly(length)
     if length > MESSAGE_LENGTH_MAX:
+        left = length
+        while left:
+            left -= len(await stream.readexactly(min(left, DISCARD_CHUNK)))
         raise _Oversized(stream_id, length)
-    return Frame(stream_id, msg_type, flags, data)
+    return Frame(stream_id, msg_type, flags, await stream.readexactly(length))
 
 
 class _Oversized(Exception):
@@ -91,23 +99,31 @@ def _response(code: int, message: str, payload: bytes = b"") -> bytes:
     return resp.SerializeToString()
 
 
+MAX_PENDING_BYTES = 2 * MESSAGE_LENGTH_MAX
+"""Request bytes a server holds in calls not answered yet; past that it reads no more until some are."""
+
+
 class Server:
     """Serves unary methods, keyed by (fully qualified service, method), on one stream.
 
-    Each request runs in its own task so a slow hook never blocks reading; an
-    unknown method answers UNIMPLEMENTED and a handler exception answers an error
-    status for that call only.
+    Each request runs in its own task so a slow hook never blocks reading, up to
+    :data:`MAX_PENDING_BYTES` of requests in flight; an unknown method answers UNIMPLEMENTED and a
+    handler exception answers an error status for that call only.
     """
 
     def __init__(self, stream: ByteStream, methods: dict[tuple[str, str], Handler]) -> None:
         self._stream = stream
         self._methods = methods
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pending = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
 
     async def serve(self) -> None:
         """Answer requests until the stream ends."""
         try:
             while True:
+                await self._drained.wait()
                 try:
                     frame = await read_frame(self._stream)
                 except _Oversized as exc:
@@ -121,12 +137,25 @@ class Server:
                     continue
                 task = asyncio.create_task(self._handle(frame))
                 self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                size = len(frame.data)
+                self._hold(size)
+                task.add_done_callback(functools.partial(self._release, size))
         except (asyncio.IncompleteReadError, ConnectionError):
             return
         finally:
             for task in list(self._tasks):
                 task.cancel()
+
+    def _hold(self, n: int) -> None:
+        self._pending += n
+        if self._pending >= MAX_PENDING_BYTES:
+            self._drained.clear()
+
+    def _release(self, n: int, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._pending -= n
+        if self._pending < MAX_PENDING_BYTES:
+            self._drained.set()
 
     async def _handle(self, frame: Frame) -> None:
         req = ttrpc_pb2.Request()
@@ -143,6 +172,8 @@ class Server:
             payload = await method(req.payload)
             body = _response(OK, "", payload)
         except RPCError as exc:
+            if exc.code == INVALID_ARGUMENT:  # the caller's mistake: no traceback
+                log.warning("ttrpc: invalid request", extra={"kv": {"method": req.method, "error": exc.message}})
             body = _response(exc.code, exc.message)
         except Exception as exc:
             log.exception("ttrpc: handler failed", extra={"kv": {"method": req.method}})

@@ -8,6 +8,7 @@ body (bounded) before kopf sees it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,6 +25,10 @@ log = logging.getLogger(__name__)
 GROUP, VERSION = "resource.k8s.io", "v1"
 HANDLER_ID = "validate"  # also the URL path of the managed configuration
 MALFORMED_PREFIX = "invalid admission review: "
+READ_TIMEOUT = 10.0
+"""Seconds a request body may take to arrive (the API server sends it at once; it waits 30 s at most)."""
+REQUEST_TIMEOUT = 10.0
+"""Seconds a review may take to be judged once read."""
 # plural -> where the claim spec sits in the object (the path used in error messages)
 SPEC_PATHS = {"resourceclaims": ("spec",), "resourceclaimtemplates": ("spec", "spec")}
 
@@ -97,15 +102,22 @@ class AnyPathWebhookServer(kopf.WebhookServer):
     chart's ``/validate-resourceclaims``) would silently validate nothing. Dropping the path
     hint makes kopf pick handlers by resource alone. Relies on kopf's ``_serve`` (kopf 1.x).
 
-    The body is parsed here, bounded (:func:`driver.admission.parse_review`), before kopf sees
-    it: a body that is not an AdmissionReview gets HTTP 400 with the reason, a review that
-    cannot be judged (no object, nested too deep) a 200 ``allowed: false``; a failure inside
-    kopf is denied the same way. Never a 500, never a stack trace in a response.
+    The body is parsed here, bounded (:func:`driver.admission.parse_review`: its size first, then
+    its nesting in linear time), before kopf sees it: a body that is not an AdmissionReview gets
+    HTTP 400 with the reason, a review that cannot be judged (no object, nested too deep) a 200
+    ``allowed: false``; a failure inside kopf is denied the same way. Never a 500, never a stack
+    trace in a response. A body that does not arrive within :data:`READ_TIMEOUT` gets 408, a
+    review not judged within :data:`REQUEST_TIMEOUT` a denial: no request holds the server.
     """
 
     @staticmethod
     async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
-        parsed = parse_review(await request.read())
+        try:
+            data = await asyncio.wait_for(request.read(), READ_TIMEOUT)
+        except TimeoutError:
+            log.info("admission request body too slow", extra={"kv": {"timeout_s": READ_TIMEOUT}})
+            return aiohttp.web.Response(status=408, text=f"request body not received within {READ_TIMEOUT} s\n")
+        parsed = parse_review(data)
         if isinstance(parsed, Malformed):
             log.info("malformed admission request", extra={"kv": {"reason": parsed.message}})
             return aiohttp.web.Response(status=400, text=parsed.message + "\n")
@@ -116,9 +128,15 @@ class AnyPathWebhookServer(kopf.WebhookServer):
         sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
         try:
             # webhook=None: handlers are picked by resource, whatever the URL path.
-            response = await fn(parsed.body, webhook=None, headers=headers, sslpeer=sslpeer or {})  # type: ignore[arg-type]
+            response = await asyncio.wait_for(
+                fn(parsed.body, webhook=None, headers=headers, sslpeer=sslpeer or {}),  # type: ignore[arg-type]
+                REQUEST_TIMEOUT,
+            )
         except WebhookError as exc:  # no handler for this resource: kopf's own 400, as stock kopf
             return aiohttp.web.Response(status=400, text=f"{exc}\n")
+        except TimeoutError:
+            log.warning("admission request not judged in time", extra={"kv": {"uid": parsed.uid}})
+            return aiohttp.web.json_response(denial(parsed, f"not judged within {REQUEST_TIMEOUT} s", code=504))
         except Exception as exc:
             log.exception("admission request failed", extra={"kv": {"uid": parsed.uid}})
             return aiohttp.web.json_response(denial(parsed, f"admission webhook internal error: {exc}", code=500))

@@ -21,6 +21,7 @@ class WebhookOptions:
     manage_configuration: bool = False
     failure_policy: str = "Fail"
     driver_name: str = DRIVER_NAME  # whose opaque configs are judged (the node plugin's --driver-name)
+    health_port: int = 0  # GET /healthz over plain HTTP, answered by the event loop (0: not served)
 
 
 def options_from_args(args: argparse.Namespace) -> WebhookOptions:

@@ -132,8 +132,18 @@ def cli_webhook(args: argparse.Namespace) -> int:
                     "managed": options.manage_configuration,
                     "failurePolicy": options.failure_policy,
                     "driverName": options.driver_name,
+                    "healthPort": options.health_port,
                 }
             },
         )
-        kopf.run(registry=registry, standalone=True, clusterwide=True, identity=Identity(operator_identity()))
+        # /healthz is answered by the loop that serves the reviews: a probe of it fails when that
+        # loop is stuck, where a TCP probe (the kernel accepts the connection) would not.
+        health = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
+        kopf.run(
+            registry=registry,
+            standalone=True,
+            clusterwide=True,
+            identity=Identity(operator_identity()),
+            liveness_endpoint=health,
+        )
     return 0

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*files: str) -> subprocess.CompletedProcess[str]:
+def run(*files: str, preexec_fn: Callable[[], None] | None = None) -> subprocess.CompletedProcess[str]:
+    """``dranet validate FILE...`` in a child process (``preexec_fn``: run in the child first)."""
     return subprocess.run(
-        [sys.executable, "-m", "driver.cli", "validate", *files], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "driver.cli", "validate", *files],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -83,3 +90,46 @@ def test_unreadable_and_invalid_yaml_are_errors(tmp_path: Path):
     assert len(lines) == 2
     assert lines[0].startswith(f"{broken}: invalid YAML")
     assert lines[1] == f"{tmp_path / 'missing.yaml'}: cannot read: No such file or directory"
+
+
+BOMB = """\
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: c, namespace: ns}
+spec:
+  devices:
+    requests: [{name: nic, exactly: {deviceClassName: dranet.net}}]
+    config:
+    - opaque:
+        driver: dra.net
+        parameters:
+          a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+          b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+          c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+          d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+          e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+          f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+          g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+          h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+          apiVersion: *h
+          interface: {addresses: *h, name: *h}
+"""
+
+
+def test_an_alias_bomb_is_one_line_in_bounded_time_and_memory(tmp_path: Path) -> None:
+    """Under 1 KB of YAML whose aliases stand for 43 million strings: refused as one line, without
+    expanding it (the child may use 512 MiB of address space)."""
+    import resource
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BOMB)
+    assert len(BOMB) < 1024
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+
+    out = run(str(bomb), preexec_fn=limit)
+    assert out.returncode == 1 and out.stderr == "", out.stderr[-2000:]
+    assert out.stdout.splitlines() == [
+        f"{bomb}: a document expands to more than 100000 values (aliases repeat what they name)"
+    ]

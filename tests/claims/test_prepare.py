@@ -308,3 +308,15 @@ async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(
     assert "ResourceClaim ns/bad" in out["uid-bad"].error and "no-such-offload" in out["uid-bad"].error
     assert host in out["uid-bad"].error
     assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-good"]
+
+
+@pytest.mark.parametrize("name", ["../../../api/v1/nodes/node-a", "..", "c%2F..%2Fx", "ok/../c"])
+async def test_a_claim_name_never_steers_the_request_to_another_path(
+    api: FakeAPIServer, preparer: Preparer, name: str
+) -> None:
+    """A name the kubelet passes on is a path segment or nothing: a name no object can have is this
+    claim's error, and no request leaves for another path."""
+    before = list(api.requests)
+    out = await preparer.prepare([ClaimRef("ns", name, "uid-steer")])
+    assert "is not an object name" in out["uid-steer"].error
+    assert api.requests == before, api.requests[len(before) :]

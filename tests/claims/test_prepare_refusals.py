@@ -6,9 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 
+import pytest
+
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
+from driver.kube.client import KubeClient
+from driver.model.device import Device, HostFacts
 from tests.claims.conftest import NODE
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
@@ -112,3 +118,29 @@ async def test_hostile_configs_get_the_errors_dranet_validate_gives(api: FakeAPI
     assert out["uid-fine"].error == ""
     for uid in ("uid-big", "uid-deep", "uid-dup"):
         assert "Traceback" not in out[uid].error and len(out[uid].error) < 400
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(
+    ("mtu", "reason"),
+    [(65000, "interface.mtu: 65000 is above the MTU 9000 of its PF pf0"), (65536, "above the NIC's maximum MTU 65535")],
+    ids=["vf-above-its-pf", "above-the-nic-maximum"],
+)
+async def test_an_mtu_the_nic_cannot_take_is_refused_at_prepare(
+    api: FakeAPIServer, tmp_path: Path, netns_factory, mtu: int, reason: str
+) -> None:
+    """As docs/configuration.md promises: a VF's MTU above its PF's (the VF found by its sysfs
+    ``physfn``), or any NIC's above its driver's maximum (a real veth's, 65535), is this claim's error."""
+    from tests.nri.test_hostile_tenant import _vf_sysfs
+
+    nic, _ = netns_factory.veth()
+    sysfs = _vf_sysfs(tmp_path / "sys", nic, 9000)
+    devices = {"vf0": Device(name="vf0", attributes={"dra.net/ifName": nic}, host=HostFacts(ifname=nic))}
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: devices, "dra.net", NODE, sysfs_root=sysfs)
+    api.add_claim(make_claim("ns", "c", "uid-c", [result("vf0", NODE)], configs=[_config({"interface": {"mtu": mtu}})]))
+    out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
+    assert reason in out["uid-c"].error and f"device {nic}" in out["uid-c"].error, out["uid-c"].error
+    ok = make_claim("ns", "ok", "uid-ok", [result("vf0", NODE)], configs=[_config({"interface": {"mtu": 9000}})])
+    api.add_claim(ok)
+    assert (await preparer.prepare([ClaimRef("ns", "ok", "uid-ok")]))["uid-ok"].error == ""

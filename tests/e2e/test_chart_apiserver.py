@@ -40,6 +40,8 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
     "ValidatingWebhookConfiguration": ("validatingwebhookconfigurations", False),
+    "NetworkPolicy": ("networkpolicies", True),
+    "Endpoints": ("endpoints", True),
 }
 
 
@@ -110,8 +112,9 @@ def dry_run_create(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
         (),
         ("nri.enabled=false", "securityContext.privileged=true", "webhook.failurePolicy=Ignore"),
         ("kubeletRootDir=/data/kubelet", "driverName=net.example.com", "webhook.enabled=false"),
+        ("webhook.networkPolicy.apiServerCIDRs={10.0.0.1/32,fd00::1/128}",),
     ],
-    ids=["defaults", "no-nri-privileged", "custom-driver-no-webhook"],
+    ids=["defaults", "no-nri-privileged", "custom-driver-no-webhook", "network-policy"],
 )
 def test_every_rendered_object_passes_server_side_dry_run(
     helm: str, kube: KubeClient, namespace: str, sets: tuple[str, ...]
@@ -145,7 +148,7 @@ def test_dry_run_rejects_what_the_apiserver_would(helm: str, kube: KubeClient, n
 
 
 def test_helm_install_upgrade_uninstall_keeps_webhook_ca(
-    helm: str, kube: KubeClient, control_plane: Any, namespace: str
+    helm: str, kube: KubeClient, control_plane: Any, namespace: str, created: Created
 ) -> None:
     """A real `helm install` into the test apiserver; on upgrade the generated webhook CA (and
     so the caBundle the apiserver trusts) is reused; uninstall removes every object."""
@@ -169,11 +172,25 @@ def test_helm_install_upgrade_uninstall_keeps_webhook_ca(
     try:
         notes = run("install", release, chart, "--set", f"deviceClass.name={device_class}")
         assert "kubectl get resourceslices --field-selector spec.driver=dra.net" in notes
+        # The webhook's NetworkPolicy is made from the API server's own endpoints, looked up at install
+        # (this control plane publishes none, so the test publishes them as an API server would).
+        policies = f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"
+        assert kube.request("GET", policies)["items"] == [], "no API server address known: no policy"
+        created.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Endpoints",
+                "metadata": {"name": "kubernetes", "namespace": "default"},
+                "subsets": [{"addresses": [{"ip": "192.0.2.10"}], "ports": [{"name": "https", "port": 6443}]}],
+            }
+        )
         ca = vwc_ca()
         secret = kube.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{release}-webhook-tls")
         assert secret["data"]["ca.crt"] == ca
         run("upgrade", release, chart, "--set", f"deviceClass.name={device_class}", "--set", "logLevel=debug")
         assert vwc_ca() == ca
+        [policy] = kube.request("GET", policies)["items"]
+        assert policy["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "192.0.2.10/32"}}]
         ds = kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{release}")
         assert "--log-level=debug" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
     finally:

@@ -16,7 +16,14 @@ without quarantining anything: the state file is valid) and ``NRIHooks.synchroni
 still running (the runtime lists it), and checks where every NIC is: all in the pod fully
 configured (the hook had finished) or all back on the host exactly as before; then
 ``StopPodSandbox`` must bring every NIC back exactly as before (name, MTU, MAC, addresses,
-routes, ethtool features). A NIC anywhere else is *stranded*. For prepare, every claim the
+routes, ethtool features). A NIC anywhere else is *stranded*. Links the driver does not own (an
+uplink with the default route on the host, the pod's own ``eth0``) must be exactly as they were
+after every fault (else *foreign links touched*).
+
+Two scenarios make the kernel refuse a move half-way, as a name or MTU appearing between the
+hook's checks and the move would (the checks are bypassed in the child): a rename to a name the
+pod has (refused after the namespace change) and an MTU above the NIC's maximum (refused in the
+second step). Killed anywhere in them, every NIC must end on the host. For prepare, every claim the
 kubelet was answered "prepared" before the kill must still be in the checkpoint (else *lost*),
 and the kubelet's retry must then prepare every claim. The summary is one JSON object on stdout.
 """
@@ -43,6 +50,8 @@ from driver.checkpoint.store import CheckpointStore
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
+from driver.nri import pod_checks
+from driver.nri.hook_context import HookError
 from driver.nri.hooks import NRIHooks
 from tests.claims.conftest import inventory
 from tests.netlink.test_ethtool import ioctl_features
@@ -75,6 +84,7 @@ class Tally:
     stranded: int = 0
     lost_claims: int = 0
     invalid_state: int = 0
+    foreign_touched: int = 0
     by_scenario: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -263,14 +273,42 @@ def fresh_state(root: Path) -> Iterator[Path]:
     yield state
 
 
+REFUSED = {
+    "rename-refused": {"opaque": [{"interface": {"name": "eth0", "addresses": ["192.168.51.2/24"]}}]},
+    "mtu-refused": {"opaque": [{"interface": {"name": "net1", "mtu": 65536}}]},
+}
+"""Configs the kernel refuses half-way through a move (the pod has an ``eth0``; a veth's maximum MTU
+is 65535), once the hook's own checks are out of the way."""
+
+
+def foreign(pod_netns: str) -> dict[str, Any]:
+    """The links the driver does not own, as they are: the host's uplink and routes, the pod's eth0."""
+    routes = _ipj("route", "show", "table", "all")
+    return {
+        "up0": facts("up0"),
+        "default": [r for r in routes or [] if r.get("dst") == "default"],
+        "pod eth0": facts("eth0", pod_netns),
+    }
+
+
 def nri_scenario(
-    tally: Tally, name: str, hook: str, nics: list[Nic], full: bool, netns: tuple[str, str], root: Path
+    tally: Tally,
+    name: str,
+    hook: str,
+    nics: list[Nic],
+    full: bool | str,
+    netns: tuple[str, str],
+    root: Path,
 ) -> None:
     """Every kill point of RunPodSandbox (``hook="run"``) or StopPodSandbox (``"stop"``);
-    ``netns``: (the pod's, the host's) names."""
+    ``netns``: (the pod's, the host's) names; ``full``: NIC 0 gets FULL_CONFIG, or a key of
+    :data:`REFUSED` (a RunPodSandbox that fails half-way and rolls back)."""
     pod_netns, host_netns = netns
-    devices = [{"ifname": n.name, **({"config": FULL_CONFIG} if full and i == 0 else {})} for i, n in enumerate(nics)]
-    configured = {nics[0].name: "net1"} if full else {}
+    config = REFUSED[full] if isinstance(full, str) else FULL_CONFIG
+    devices = [{"ifname": n.name, **({"config": config} if full and i == 0 else {})} for i, n in enumerate(nics)]
+    configured = {nics[0].name: "net1"} if full is True else {}
+    refused = isinstance(full, str)
+    outside = foreign(pod_netns)
 
     def setup(state: Path) -> tuple[str, api.PodSandbox]:
         uid = f"uid-{secrets.token_hex(4)}"
@@ -284,8 +322,14 @@ def nri_scenario(
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
+            if refused:  # the kernel, not the hook's checks, refuses: a name or MTU that changed since
+                pod_checks.check = lambda *args, **kwargs: None  # type: ignore[assignment]
             hooks = NRIHooks(CheckpointStore(state, ops=ops))
-            (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
+            try:
+                (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
+            except HookError:
+                if not refused:
+                    raise
 
         return work
 
@@ -294,6 +338,8 @@ def nri_scenario(
         code, points = in_child(child_work(state, pod), None)
         if code != 0:
             raise RuntimeError(f"{name}: the hook fails without a fault")
+        if refused and snapshot([n.name for n in nics]) != {n.name: n.before for n in nics}:
+            raise RuntimeError(f"{name}: the refused move did not roll back without a fault")
         NRIHooks(CheckpointStore(state)).stop_pod_sandbox(pod)  # back to the start
     for k in range(1, points + 1):
         with fresh_state(root) as state:
@@ -313,7 +359,7 @@ def nri_scenario(
             # "pod" is right for both hooks: a RunPodSandbox killed after its commit, a
             # StopPodSandbox killed before its plan was durable (the runtime retries the stop).
             place = where(nics, pod_netns, configured)
-            if place == "stranded":
+            if place == "stranded" or (refused and place != "host"):
                 tally.stranded += len(nics)
                 tally.problem(f"{name} k={k} (exit {code}): NICs {place} after restart")
             hooks.stop_pod_sandbox(pod)
@@ -328,6 +374,9 @@ def nri_scenario(
             if store.read(lambda s, uid=pod.uid: uid in s.pods):
                 tally.invalid_state += 1
                 tally.problem(f"{name} k={k}: pod state left after stop")
+            if foreign(pod_netns) != outside:
+                tally.foreign_touched += 1
+                tally.problem(f"{name} k={k}: a link the driver does not own changed: {foreign(pod_netns)}")
 
 
 def restore(nic: Nic, pod_netns: str, host_netns: str, configured: dict[str, str]) -> None:
@@ -414,6 +463,17 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
                 tally.problem(f"{name} k={k}: after the retries the checkpoint holds {sorted(final)}")
 
 
+def links_we_do_not_own(pod_netns: str) -> None:
+    """The host's uplink (holding the default route) and the pod's CNI eth0, peers in the pod."""
+    ip("link", "add", "up0", "type", "veth", "peer", "name", "up0p")
+    ip("link", "set", "up0", "up")
+    ip("link", "set", "up0p", "up")
+    ip("addr", "add", "10.254.0.2/24", "dev", "up0")
+    ip("route", "add", "default", "via", "10.254.0.1", "dev", "up0")
+    ip("-n", pod_netns, "link", "add", "eth0", "type", "veth", "peer", "name", "cni0")
+    ip("-n", pod_netns, "link", "set", "eth0", "up")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pod-netns", required=True)
@@ -422,6 +482,14 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     tally = Tally()
+    links_we_do_not_own(args.pod_netns)
+    for count in (1, 2):
+        for refused in REFUSED:
+            nics = make_nics(count)
+            label = f"RunPodSandbox {count} NIC(s) {refused}"
+            nri_scenario(tally, label, "run", nics, refused, (args.pod_netns, args.host_netns), args.work)
+            for nic in nics:
+                subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
     for count in (1, 2, 3):
         for full in (True, False):
             nics = make_nics(count)

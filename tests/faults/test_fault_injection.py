@@ -1,7 +1,8 @@
 """kill -9 after every netlink operation and every state-file step of prepare, RunPodSandbox and
-StopPodSandbox (1, 2 and 3 NICs, with and without a full config): no NIC stranded, no claim lost,
-the state file valid at every restart. The engine is tests/faults/runner.py; it runs in a
-throwaway "host" namespace so its veths, addresses and routes never touch the node's."""
+StopPodSandbox (1, 2 and 3 NICs, with and without a full config; and moves the kernel refuses
+half-way): no NIC stranded, no claim lost, the state file valid at every restart, no link the
+driver does not own touched. The engine is tests/faults/runner.py; it runs in a throwaway "host"
+namespace so its veths, addresses and routes never touch the node's."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -
         print(
             f"\nfault injection: {summary['faults']} faults injected, {summary['stranded']} NICs stranded, "
             f"{summary['lost_claims']} claims lost, {summary['invalid_state']} invalid state files, "
-            f"{summary['seconds']} s"
+            f"{summary['foreign_touched']} foreign links touched, {summary['seconds']} s"
         )
     assert summary["problems"] == [], summary["problems"]
     assert summary["faults"] >= MIN_FAULTS
     assert (summary["stranded"], summary["lost_claims"], summary["invalid_state"]) == (0, 0, 0)
+    assert summary["foreign_touched"] == 0
+    assert any("refused" in name for name in summary["by_scenario"]), summary["by_scenario"]
     assert all(n > 0 for n in summary["by_scenario"].values()), summary["by_scenario"]

@@ -105,3 +105,25 @@ def test_reviews_with_parts_removed_or_retyped(post: Any, edits: list, value: st
             node[path[-1]] = marker
     body = json.dumps(review).replace(json.dumps(marker), value)
     _check(*post(body.encode()))
+
+
+LINEAR_BOUND = 0.5
+"""Seconds a body of at most 1 MiB may take to be parsed: the webhook has one event loop."""
+
+
+@FUZZ
+@given(
+    st.lists(st.sampled_from([b'"', b"\\", b'\\"', b"[", b"]", b"{", b"}", b":", b",", b"a"]), min_size=1, max_size=8),
+    st.integers(1, 1 << 17),
+    st.binary(max_size=16),
+)
+def test_review_parsing_is_linear_in_the_body(pattern: list[bytes], repeat: int, prefix: bytes) -> None:
+    """Any body up to the size limit, however its quotes, escapes and brackets repeat, is parsed
+    within a fixed bound (the depth pre-scan cannot go back over what it read)."""
+    import time
+
+    body = (prefix + b"".join(pattern) * repeat)[: 1 << 20]
+    started = time.perf_counter()
+    parsed = parse_review(body)
+    assert isinstance(parsed, (Malformed, Review))
+    assert time.perf_counter() - started < LINEAR_BOUND, (pattern, repeat, len(body))

@@ -33,7 +33,7 @@ METHODS = [
 
 
 class BytesStream:
-    """A ttrpc ByteStream over fixed input; collects what is written."""
+    """A ttrpc ByteStream over fixed input; collects what is written and the largest read asked for."""
 
     def __init__(self, data: bytes, eof: bool = True) -> None:
         self.reader = asyncio.StreamReader()
@@ -41,12 +41,24 @@ class BytesStream:
         if eof:
             self.reader.feed_eof()
         self.written: list[bytes] = []
+        self.largest_read = 0
 
     async def readexactly(self, n: int) -> bytes:
+        self.largest_read = max(self.largest_read, n)
         return await self.reader.readexactly(n)
 
     async def write(self, data: bytes) -> None:
         self.written.append(data)
+
+
+class Sink:
+    """A trunk writer that drops what is written."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _responses(written: list[bytes]) -> list[ttrpc_pb2.Response]:
@@ -62,16 +74,21 @@ def _responses(written: list[bytes]) -> list[ttrpc_pb2.Response]:
 
 
 @FUZZ
-@given(st.binary(max_size=200))
-def test_random_bytes_as_ttrpc_frames(data: bytes) -> None:
+@given(st.binary(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=3))
+def test_random_bytes_as_ttrpc_frames(data: bytes, lengths: list[int]) -> None:
+    """Random bytes, and headers announcing any length: no read is ever larger than a message may be
+    (an oversized one is refused before its data is read)."""
+
     async def run() -> None:
-        stream = BytesStream(data)
+        wire = b"".join(ttrpc.HEADER.pack(n, 1, ttrpc.TYPE_REQUEST, 0) for n in lengths) + data
+        stream = BytesStream(wire)
         try:
             while True:
                 frame = await ttrpc.read_frame(stream)
                 assert len(frame.data) <= ttrpc.MESSAGE_LENGTH_MAX
         except (asyncio.IncompleteReadError, ttrpc._Oversized):
-            return
+            pass
+        assert stream.largest_read <= ttrpc.MESSAGE_LENGTH_MAX
 
     asyncio.run(run())
 
@@ -146,18 +163,49 @@ def test_random_mux_frames(chunks: list[tuple[int, bytes]]) -> None:
         reader.feed_data(wire)
         reader.feed_eof()
 
-        class Sink:
-            def write(self, data: bytes) -> None: ...
-
-            async def drain(self) -> None: ...
-
-            def close(self) -> None: ...
-
         mux = Mux(reader, Sink())  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(mux.run(), 5)
         except MuxError:
             pass
         assert mux.closed.is_set()
+
+    asyncio.run(run())
+
+
+@FUZZ
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.binary(max_size=300)), max_size=30),
+    st.integers(1, 64),
+)
+def test_mux_buffers_stay_bounded(frames: list[tuple[int, bytes]], bound: int) -> None:
+    """Frames on random connection ids against a reader that never reads: data for ids never opened
+    is dropped, an opened one holds at most its bound plus one frame, and the trunk then waits."""
+    import driver.nri.mux as mux_module
+
+    async def run() -> None:
+        wire = b"".join(struct.pack(">II", conn, len(raw)) + raw for conn, raw in frames)
+        reader = asyncio.StreamReader()
+        reader.feed_data(wire)
+        reader.feed_eof()
+
+        old, mux_module.MAX_BUFFERED = mux_module.MAX_BUFFERED, bound
+        try:
+            mux = Mux(reader, Sink())  # type: ignore[arg-type]
+            opened = {1: mux.conn(1), 2: mux.conn(2)}
+            pump = asyncio.create_task(mux.run())
+            await asyncio.sleep(0)
+            for _ in range(len(frames) + 2):
+                await asyncio.sleep(0)
+            largest = max((len(raw) for _, raw in frames), default=0)
+            for conn in opened.values():
+                assert conn.buffered <= bound + largest
+            unknown = sum(len(raw) for conn, raw in frames if conn not in opened)
+            if pump.done():
+                assert mux.dropped == unknown
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+        finally:
+            mux_module.MAX_BUFFERED = old
 
     asyncio.run(run())

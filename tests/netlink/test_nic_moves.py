@@ -1,4 +1,4 @@
-"""driver.netlink.nic_moves on real veth NICs and namespaces (netlink through pyroute2).
+"""driver.netlink.nic_moves and nic_home on real veth NICs and namespaces.
 
 The "pod netns gone" path: a veth is destroyed with its namespace (only physical NICs are
 handed back to init_net), so the tests simulate what the kernel does for a physical NIC:
@@ -12,12 +12,15 @@ import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from driver.netlink import nic_moves
+from driver.netlink import nic_home, nic_moves
+from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.nic_home import ReturnItem
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError, Route
 from tests.plugins.nri import configure_host_nic, ip, link_facts
@@ -72,11 +75,24 @@ def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, net
         nic_moves.record_host(ns, [f"nosuch{secrets.token_hex(2)}"])
 
 
+def _move(ns: Namespaces, state: LinkState, pod_path: str, cfg: PodLinkConfig) -> tuple[ReturnItem, list]:
+    """Move the recorded NIC into the pod as the hook does (to its host ifindex there), configure it;
+    its return item and the per-step errors of the move."""
+    move = nic_moves.Move("nic-a", state.index or 0, cfg.ifname, state.index or 0, cfg.mtu, cfg.mac)
+    item = ReturnItem("nic-a", cfg.ifname, state, pod_index=move.pod_index, identity=state.identity)
+    with ns.pod(pod_path) as (pod_rtnl, pod_fd):
+        errors = nic_moves.move_links(ns.host_rtnl(), [move], pod_fd)
+        if errors == [None]:
+            errors += nic_moves.set_links(pod_rtnl, [move])
+    return item, errors
+
+
 def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
     state = nic_moves.record_host(ns, [a])[a]
+    assert state.identity is not None and state.identity.kind == "veth" and state.max_mtu
     cfg = PodLinkConfig(
         ifname="eth7",
         mtu=1280,
@@ -84,9 +100,13 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
         addresses=["192.168.7.2/24"],
         routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")],
     )
-    with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, pod_fd):
-        nic_moves.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, cfg.ifname, cfg.mtu, cfg.mac)
-        res = nic_moves.configure_pod_links(pod_rtnl, {"nic-a": cfg})
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", cfg)
+    assert errors == [None, None]
+    move = nic_moves.Move("nic-a", state.index or 0, "eth7", state.index or 0, 1280, "02:00:00:00:07:07")
+    with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
+        links = nic_moves.check_moved(pod_rtnl, [move], {"nic-a": state.identity})
+        assert links["nic-a"].index == state.index, "the NIC keeps its host ifindex in the pod"
+        res = nic_moves.configure_pod_links(pod_rtnl, {"nic-a": cfg}, links)
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
     inside = link_facts("eth7", netns=pod_ns)
     assert (inside["mtu"], inside["mac"], inside["up"], inside["addresses"]) == (
@@ -98,22 +118,89 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
     assert ("172.16.0.0/12", "192.168.7.1", "main", None) in inside["routes"]
     assert link_facts(a) is None
 
-    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state, extra_macs=("02:00:00:00:07:07",))
-    assert how == "pod"
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
     assert link_facts(a) == before
-    # Idempotent: a second return finds it on the host and changes nothing.
-    assert nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "eth7", state) == "host"
+    # Idempotent: a second return finds it on the host (at its ifindex) and changes nothing.
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "host"
     assert link_facts(a) == before
 
 
-def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, netns_factory) -> None:
+def test_a_rename_refused_after_the_move_leaves_the_nic_at_its_planned_index(ns: Namespaces, netns_factory) -> None:
+    """The kernel applies the namespace change before the rename: a name taken in the pod fails the
+    request with the NIC already in the pod under its host name. It is at the ifindex the move asked
+    for, and the return finds it there and brings it home whole."""
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    netns_factory.veth("eth0", netns=pod_ns, peer_netns=netns_factory.netns())  # the pod's CNI interface
+    before = link_facts(a)
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="eth0"))
+    assert errors[0] is not None and "File exists" in errors[0].reason
+    assert link_facts(a) is None and link_facts(a, netns=pod_ns) is not None, "moved, not renamed"
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
+    assert link_facts(a) == before
+    assert link_facts("eth0", netns=pod_ns) is not None, "the pod's own eth0 is untouched"
+
+
+def test_an_mtu_refused_after_the_move_is_a_second_step(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
     state = nic_moves.record_host(ns, [a])[a]
-    with ns.pod(f"/run/netns/{pod_ns}") as (_, pod_fd):
-        nic_moves.move_link(ns.host_rtnl(), "nic-a", a, pod_fd, "net1", 1300)
-    # What the kernel does to a physical NIC when its netns dies: back to init_net as devN.
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=(state.max_mtu or 0) + 1))
+    assert errors[0] is None and errors[1] is not None and errors[1].step == "set link"
+    assert link_facts("net1", netns=pod_ns) is not None
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
+    assert link_facts(a) == before
+
+
+def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, netns_factory) -> None:
+    """A pod with NET_ADMIN deletes the NIC (a veth) and makes its own link at the same ifindex, with the
+    NIC's pod name and MAC: the return finds it is not the NIC (its peer is in the pod) and touches
+    nothing; the NIC is reported missing."""
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:11:11"))
+    assert errors == [None, None]
+    with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
+        link = pod_rtnl.link("net1")
+        assert link is not None
+        item.identity = LinkIdentity.of(link, in_pod=True)  # as the hook records it once the NIC is in
+    ip("-n", pod_ns, "link", "del", "net1")
+    ip(
+        "-n",
+        pod_ns,
+        "link",
+        "add",
+        "net1",
+        "index",
+        str(item.pod_index),
+        "address",
+        "02:00:00:00:11:11",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "own1",
+    )
+    with pytest.raises(NetnsOpError) as err:
+        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+    assert err.value.step == "find"
+    impostor = link_facts("net1", netns=pod_ns)
+    assert impostor is not None and impostor["mac"] == "02:00:00:00:11:11", "the pod's link stays where it is"
+    assert link_facts(a) is None
+
+
+def test_return_when_pod_netns_is_gone_finds_the_nic_the_kernel_gave_back(ns: Namespaces, netns_factory) -> None:
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    before = link_facts(a)
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=1300))
+    assert errors == [None, None]
+    # What the kernel does to a physical NIC when its netns dies: back to init_net as devN, at
+    # the ifindex it had in the pod.
     dev = f"dev{secrets.randbelow(10**6)}"
     netns_factory.host_links.append(dev)  # cleanup if the test fails before the rename back
     subprocess.run(
@@ -122,7 +209,7 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
     subprocess.run(["ip", "netns", "del", pod_ns], check=True)
     assert link_facts(dev) is not None
 
-    how = nic_moves.return_link(ns, "nic-a", f"/run/netns/{pod_ns}", "net1", state)
+    how = nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
     assert how == "netns-gone"
     assert link_facts(a) == before
     assert link_facts(dev) is None
@@ -130,10 +217,28 @@ def test_return_when_pod_netns_is_gone_finds_renamed_nic_by_mac(ns: Namespaces, 
 
 def test_missing_everywhere_is_a_clear_error(ns: Namespaces, netns_factory) -> None:
     pod_ns = netns_factory.netns()
-    state = LinkState(ifname=f"gone{secrets.token_hex(2)}", mtu=1500, mac="02:de:ad:00:00:01")
+    state = LinkState(ifname=f"gone{secrets.token_hex(2)}", mtu=1500, mac="02:de:ad:00:00:01", index=1 << 29)
+    item = ReturnItem("nic-x", "net1", state, pod_index=1 << 29, identity=LinkIdentity(kind="veth"))
     with pytest.raises(NetnsOpError) as err:
-        nic_moves.return_link(ns, "nic-x", f"/run/netns/{pod_ns}", "net1", state)
+        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
     assert err.value.device == "nic-x" and err.value.step == "find" and state.ifname in str(err.value)
+
+
+def test_a_lost_virtual_nic_is_never_looked_for_by_its_mac(ns: Namespaces, netns_factory) -> None:
+    """A claim MAC (or the host MAC) equal to another host link's: that link is never taken for the NIC."""
+    a, _ = _nic(netns_factory)
+    other, _ = netns_factory.veth()
+    other_before = link_facts(other)
+    pod_ns = netns_factory.netns()
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac=other_before["mac"]))
+    assert errors == [None, None]
+    ip("-n", pod_ns, "link", "del", "net1")  # the NIC is gone (its peer deleted, a VF removed)
+    item.extra_macs = (other_before["mac"],)
+    with pytest.raises(NetnsOpError) as err:
+        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+    assert err.value.step == "find"
+    assert link_facts(other) == other_before, "a host link with the NIC's MAC is not touched"
 
 
 def test_regular_file_is_not_a_netns(ns: Namespaces, tmp_path: Path) -> None:
@@ -143,21 +248,39 @@ def test_regular_file_is_not_a_netns(ns: Namespaces, tmp_path: Path) -> None:
         pass
 
 
-def test_find_host_link_by_pci_address(ns: Namespaces, netns_factory, tmp_path: Path) -> None:
-    a, _ = netns_factory.veth()
-    pci = "0000:3b:00.1"
-    dev_dir = tmp_path / "devices" / "pci0000:3a" / pci
-    dev_dir.mkdir(parents=True)
-    (tmp_path / "class" / "net" / a).mkdir(parents=True)
-    os.symlink(f"../../../devices/pci0000:3a/{pci}", tmp_path / "class" / "net" / a / "device")
-    # Neither the name nor any MAC matches: only the PCI address identifies it.
-    state = LinkState(ifname="renamed0", mtu=1500, mac="02:00:00:00:00:99", pci_address=pci)
-    found = nic_moves.find_host_link(ns.host_rtnl(), state, sysfs_root=str(tmp_path))
-    assert found is not None and found.ifname == a
-
-
 def test_move_of_missing_link_names_device_and_step(ns: Namespaces, netns_factory) -> None:
     pod_ns = netns_factory.netns()
     with ns.pod(f"/run/netns/{pod_ns}") as (_, fd):
-        with pytest.raises(NetnsOpError, match="device nic-z: move failed"):
-            nic_moves.move_link(ns.host_rtnl(), "nic-z", f"nx{secrets.token_hex(3)}", fd, "net1")
+        [err] = nic_moves.move_links(ns.host_rtnl(), [nic_moves.Move("nic-z", 1 << 29, "net1", 1 << 29)], fd)
+    assert err is not None and str(err).startswith("device nic-z: move failed")
+
+
+@pytest.mark.parametrize("addresses", [["0.0.0.0/0"], ["fd00::5/64", "fd00::5/80"]], ids=["unspecified", "v6-twice"])
+def test_an_address_the_kernel_acks_but_does_not_keep_is_an_error_never_a_result(
+    ns: Namespaces, netns_factory, addresses: list[str]
+) -> None:
+    """Addresses are read back after the configure batch: one the kernel acknowledged without keeping
+    (0.0.0.0, an IPv6 address already there at another prefix length) fails the step, so a status
+    never lists an address the NIC does not have."""
+    pod_ns = netns_factory.netns()
+    nic, _ = netns_factory.veth(netns=pod_ns, peer_netns=pod_ns)
+    with ns.pod(f"/run/netns/{pod_ns}") as (rtnl, _):
+        with pytest.raises(NetnsOpError) as err:
+            nic_moves.configure_pod_links(rtnl, {"nic-a": PodLinkConfig(nic, addresses=addresses)})
+    assert err.value.step == "configure" and "did not keep" in err.value.reason
+    assert addresses[-1] in err.value.reason
+
+
+def test_a_record_from_before_identities_is_found_as_it_was_then(ns: Namespaces, netns_factory) -> None:
+    """A NIC recorded by an older driver (no ifindexes, no identity; pods.json version 3) is found in
+    the pod by its pod name and MAC, as then, and comes home whole."""
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    before = link_facts(a)
+    state = nic_moves.record_host(ns, [a])[a]
+    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:22:22"))
+    assert errors == [None, None]
+    old = ReturnItem("nic-a", "net1", replace(state, index=None, identity=None), extra_macs=("02:00:00:00:22:22",))
+    assert old.legacy
+    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", old) == "pod"
+    assert link_facts(a) == before

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from driver.netlink import offload_sizes, vrf
-from driver.netlink.rtnl import Rtnl
+from driver.netlink.rtnl import NetnsOpError, Rtnl
 from driver.netlink_channel import netlink_socket, open_netns
 from driver.nri.hook_context import HookError
 from tests.nri.test_pod_rules import Node, sh
@@ -160,7 +160,9 @@ def test_vrf_messages_byte_by_byte() -> None:
 
 def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: NetnsFactory) -> None:
     """The VRF enslave and teardown paths on a real master device: a bridge stands in for the VRF this
-    kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind)."""
+    kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind).
+    Only what the hooks recorded as created (ifindex and kind) is deleted: a record whose index now
+    holds a link of another kind (the pod's own) deletes nothing."""
     from driver.checkpoint.state import MovedDevice
     from driver.netlink import nic_moves
     from driver.netlink.namespaces import Namespaces
@@ -174,8 +176,8 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
     ns = Namespaces("/proc/self/ns/net")
     try:
         with ns.pod(f"/run/netns/{pod}") as (rtnl, _):  # enslaved as configure_pod_links does for a VRF
-            master = rtnl.link("vrf-a")
-            assert master is not None
+            master, own = rtnl.link("vrf-a"), rtnl.link(nic)
+            assert master is not None and own is not None
             nic_moves.configure_pod_links(rtnl, {"d0": PodLinkConfig(nic, master=master.index)})
         assert (
             json.loads(
@@ -183,7 +185,12 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
             )[0]["master"]
             == "vrf-a"
         )
-        PodExtras(ns).before_return(f"/run/netns/{pod}", [MovedDevice("d0", "eth0", nic, vrf="vrf-a")])
+        created = [
+            {"kind": "bridge", "index": master.index, "name": "vrf-a"},
+            {"kind": "vrf", "index": own.index, "name": nic},  # the index holds a veth now: kept
+        ]
+        moved = MovedDevice("d0", "eth0", nic, vrf="vrf-a", pod_index=own.index)
+        PodExtras(ns).before_return(f"/run/netns/{pod}", [moved], created)
     finally:
         ns.close()
     link = json.loads(
@@ -191,6 +198,7 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
     )
     assert "master" not in link[0]
     assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode != 0
+    assert subprocess.run(["ip", "-n", pod, "link", "show", nic], capture_output=True).returncode == 0
 
 
 def test_a_program_held_by_a_bpf_link_is_left_attached_and_recorded(
@@ -207,3 +215,22 @@ def test_a_program_held_by_a_bpf_link_is_left_attached_and_recorded(
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def test_a_vrf_refused_by_the_kernel_is_named_once_and_nothing_is_recorded(netns_factory: NetnsFactory) -> None:
+    """A VRF whose name is taken (here by the pod's own link): one clear message naming the VRF and its
+    table once, nothing recorded as created, the pod's link untouched."""
+    from driver.netlink.namespaces import Namespaces
+
+    pod = netns_factory.netns()
+    netns_factory.veth("vrf-a", netns=pod, peer_netns=pod)
+    recorded: list[dict[str, object]] = []
+    ns = Namespaces("/proc/self/ns/net")
+    try:
+        with ns.pod(f"/run/netns/{pod}") as (rtnl, _), pytest.raises(NetnsOpError) as info:
+            vrf.create(rtnl, {"vrf-a": ("d0", 10)}, recorded.append)
+    finally:
+        ns.close()
+    assert str(info.value) == "device d0: vrf create failed: vrf vrf-a table 10: File exists"
+    assert recorded == []
+    assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode == 0

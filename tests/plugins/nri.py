@@ -157,8 +157,10 @@ class DriverProcess:
         fault_after: str | None = None,
         log_path: str | None = None,
         sysfs_root: str = "/sys",
+        host_netns: str | None = None,
     ) -> DriverProcess:
-        """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER; ``sysfs_root`` feeds NUMA cpusets."""
+        """Launch it; ``fault_after`` sets DRANET_FAULT_AFTER; ``sysfs_root`` feeds NUMA cpusets and
+        VF facts; ``host_netns``: the namespace that plays the node's (default: this process's)."""
         env = dict(os.environ)
         env.pop("DRANET_FAULT_AFTER", None)
         if fault_after:
@@ -175,6 +177,7 @@ class DriverProcess:
                 state_dir,
                 "--sysfs-root",
                 sysfs_root,
+                *(["--host-netns", host_netns] if host_netns else []),
             ],
             cwd=ROOT,
             env=env,

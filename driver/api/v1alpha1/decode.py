@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from driver.api.v1alpha1.decode_interface import decode_interface
+from driver.api.v1alpha1.decode_interface import decode_interface, ipv6_mtu_error
 from driver.api.v1alpha1.decode_routing import decode_neighbors, decode_routes, decode_rules
 from driver.api.v1alpha1.fields import (
     ConfigError,
@@ -25,6 +25,7 @@ from driver.api.v1alpha1.fields import (
     read_bool_map,
     read_object,
     read_str,
+    shown,
 )
 from driver.api.v1alpha1.network_config import (
     API_VERSION,
@@ -73,10 +74,10 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
         raise ConfigError.of(errs.items)
     version = obj.get("apiVersion")
     if version is not None and version != API_VERSION:
-        errs.add(f"{path}.apiVersion", f"unsupported version {version!r} (supported: {API_VERSION})")
+        errs.add(f"{path}.apiVersion", f"unsupported version {shown(version)} (supported: {API_VERSION})")
     kind = obj.get("kind")
     if kind is not None and kind != KIND:
-        errs.add(f"{path}.kind", f"unsupported kind {kind!r} (supported: {KIND})")
+        errs.add(f"{path}.kind", f"unsupported kind {shown(kind)} (supported: {KIND})")
 
     interface = None
     if obj.get("interface") is not None:
@@ -123,6 +124,9 @@ def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
     if iface is not None and iface.dhcp and iface.addresses:
         reason = "dhcp and addresses are mutually exclusive (DHCP assigns the addresses)"
         out.append(FieldError(f"{path}.interface.dhcp", reason))
+    mtu_error = ipv6_mtu_error(iface)
+    if mtu_error:
+        out.append(FieldError(f"{path}.interface.mtu", mtu_error))
     if iface is not None and iface.vrf is not None and iface.vrf.name is not None:
         if iface.vrf.name == iface.name:
             reason = f"{iface.name!r} is the interface's own name; the VRF device needs another"

@@ -105,9 +105,49 @@ def _decode_addresses(raw: Any, path: str, errs: FieldErrors) -> tuple[str, ...]
         if canonical in seen:
             errs.add(ipath, f"{text!r} is listed twice")
             continue
+        refused = _unassignable(iface) or _ipv6_again(iface, out)
+        if refused:
+            errs.add(ipath, f"{text!r} {refused}")
+            continue
         seen.add(canonical)
         out.append(canonical)
     return tuple(out)
+
+
+def _unassignable(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> str | None:
+    """Why the kernel refuses (or, for 0.0.0.0, acknowledges and keeps nothing of) ``iface`` as a
+    NIC's address, if it does."""
+    ip = iface.ip
+    if ip.is_unspecified:
+        return "is the unspecified address; a NIC cannot hold it"
+    if ip.version == 6 and ip.is_loopback:
+        return "is IPv6's loopback address; the kernel allows it on lo only"
+    if ip.version == 6 and ip.is_multicast:
+        return "is an IPv6 multicast address; a NIC's address must be unicast"
+    return None
+
+
+def _ipv6_again(iface: ipaddress.IPv4Interface | ipaddress.IPv6Interface, earlier: list[str]) -> str | None:
+    """The same IPv6 address at another prefix length: the kernel keeps an IPv6 address once."""
+    if iface.version != 6:
+        return None
+    for other in earlier:
+        if ":" in other and ipaddress.ip_interface(other).ip == iface.ip:
+            return f"is {other} again at another prefix length; a NIC holds an IPv6 address only once"
+    return None
+
+
+IPV6_MIN_MTU = 1280  # RFC 8200: the kernel turns IPv6 off on a link below it
+
+
+def ipv6_mtu_error(iface: InterfaceConfig | None) -> str | None:
+    """An MTU below IPv6's minimum with IPv6 addresses to assign: the kernel refuses every one."""
+    if iface is None or iface.mtu is None or iface.mtu >= IPV6_MIN_MTU:
+        return None
+    v6 = [a for a in iface.addresses or () if ":" in a]
+    if not v6:
+        return None
+    return f"{iface.mtu} is below {IPV6_MIN_MTU}, the IPv6 minimum: the kernel would refuse {v6[0]}"
 
 
 MAX_OFFLOAD_SIZE = 2**31 - 1  # dranet's int32; the NIC's own limit is checked at prepare and in the hook

@@ -97,6 +97,14 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def shown(value: Any, limit: int = 64) -> str:
+    """``value`` for a message: a short string quoted, anything else by its JSON type (a value from a
+    hostile document can be arbitrarily large)."""
+    if isinstance(value, str) and len(value) <= limit:
+        return repr(value)
+    return f"a {json_type_name(value)}" if not isinstance(value, str) else f"a string of {len(value)} characters"
+
+
 def read_object(raw: Any, path: str, allowed: Iterable[str], errs: FieldErrors) -> dict[str, Any] | None:
     """``raw`` as an object with only ``allowed`` keys (unknown keys reported, then dropped)."""
     if not isinstance(raw, dict):

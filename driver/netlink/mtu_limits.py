@@ -1,0 +1,58 @@
+"""The MTU a NIC can take: its driver's limits (``IFLA_MIN_MTU``/``IFLA_MAX_MTU``) and, for an SR-IOV
+VF, its PF's MTU (a VF cannot carry frames its PF drops).
+
+Checked at prepare (:func:`check_host_nic`, the NIC on the host) and again in RunPodSandbox before
+the NIC moves (:func:`problem`, from the record the hook takes anyway): the kernel refuses such an
+MTU only once the NIC is already in the pod.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from driver.netlink.rtnl import Rtnl
+from driver.netlink_channel import netlink_socket
+
+
+def pf_mtu(ifname: str, sysfs_root: str = "/sys") -> tuple[str, int] | None:
+    """``(PF name, its MTU)`` for the VF netdev ``ifname`` (``device/physfn/net/*/mtu``); None when
+    ``ifname`` is not a VF or its PF has no netdev."""
+    base = f"{sysfs_root}/class/net/{ifname}/device/physfn/net"
+    try:
+        names = sorted(os.listdir(base))
+    except OSError:
+        return None
+    for name in names:
+        try:
+            with open(f"{base}/{name}/mtu", "rb") as f:
+                return name, int(f.read(32).strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def problem(mtu: int, min_mtu: int | None, max_mtu: int | None, pf: tuple[str, int] | None) -> str | None:
+    """Why the NIC cannot take ``mtu`` (None: it can); the message names the field."""
+    if max_mtu and mtu > max_mtu:
+        return f"interface.mtu: {mtu} is above the NIC's maximum MTU {max_mtu}"
+    if min_mtu and mtu < min_mtu:
+        return f"interface.mtu: {mtu} is below the NIC's minimum MTU {min_mtu}"
+    if pf is not None and mtu > pf[1]:
+        return f"interface.mtu: {mtu} is above the MTU {pf[1]} of its PF {pf[0]} (a VF cannot exceed its PF)"
+    return None
+
+
+def check_host_nic(ifname: str, mtu: int, sysfs_root: str = "/sys") -> str | None:
+    """Prepare-time check in the driver's own netns: why ``ifname`` cannot take ``mtu`` (None: it can,
+    or it is not there to ask: the hook checks again before the move)."""
+    rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+    try:
+        link = rtnl.link(ifname)
+    except OSError:
+        link = None
+    finally:
+        rtnl.close()
+    limits = (link.min_mtu, link.max_mtu) if link is not None else (None, None)
+    found = problem(mtu, *limits, pf_mtu(ifname, sysfs_root))
+    return f"device {ifname}: {found}" if found else None
