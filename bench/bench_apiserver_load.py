@@ -39,7 +39,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlparse
 
 from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
@@ -197,7 +196,9 @@ class Bench:
             self.cp.stop()
 
 
-def allocated_claim(kube: KubeClient, ns: str, name: str, node: str, nics: list[str], gpus: list[str]) -> tuple[str, str, str]:
+def allocated_claim(
+    kube: KubeClient, ns: str, name: str, node: str, nics: list[str], gpus: list[str]
+) -> tuple[str, str, str]:
     """A claim of ``nics`` and ``gpus`` on ``node``, allocated the way the scheduler writes it."""
     body = {
         "apiVersion": "resource.k8s.io/v1",
@@ -262,7 +263,10 @@ def main(argv: list[str]) -> int:
         for n in fleet.nodes:  # 2 claims per simulated node: what a driver's start lists
             for k in range(2):
                 allocated_claim(kube, CLAIM_NS, f"{n.name}-{k}", n.name, [], ND_GPUS[4 * k : 4 * k + 4])
-        say(f"cluster: {args.extra_nodes} simulated GPU nodes, {2 * args.extra_nodes} allocated claims, + the drivers' nodes")
+        say(
+            f"cluster: {args.extra_nodes} simulated GPU nodes, {2 * args.extra_nodes} allocated claims, "
+            "+ the drivers' nodes"
+        )
 
         # -- start ---------------------------------------------------------------------------
         starts: list[list[Req]] = []
@@ -274,10 +278,16 @@ def main(argv: list[str]) -> int:
             time.sleep(args.quiet_after_start)
             starts.append([r for r in audit.since_mark() if r.user == node.name])
         first = starts[0]
-        say(f"start of one driver (first start: empty checkpoint, no slices yet): {len(first)} requests: {summarize(first)}")
+        say(
+            f"start of one driver (first start: empty checkpoint, no slices yet): {len(first)} requests: "
+            f"{summarize(first)}"
+        )
         later = [r for s in starts[1:] for r in s]
         if later:
-            say(f"start, mean of the next {len(starts) - 1}: {len(later) / (len(starts) - 1):g} requests: {summarize(later, len(starts) - 1)}")
+            say(
+                f"start, mean of the next {len(starts) - 1}: {len(later) / (len(starts) - 1):g} requests: "
+                f"{summarize(later, len(starts) - 1)}"
+            )
 
         # -- steady --------------------------------------------------------------------------
         audit.mark()
@@ -288,7 +298,8 @@ def main(argv: list[str]) -> int:
         writes = [r for r in steady if r.write]
         say(
             f"steady state, {args.drivers} drivers, {minutes:.1f} min: {len(steady) / args.drivers / minutes:.2f} "
-            f"requests/min per driver, writes {len(writes)}: {summarize(steady, args.drivers)} (per driver, whole window)"
+            f"requests/min per driver, writes {len(writes)}: {summarize(steady, args.drivers)} "
+            "(per driver, whole window)"
         )
 
         # -- per claim -----------------------------------------------------------------------
@@ -312,7 +323,10 @@ def main(argv: list[str]) -> int:
         asyncio.run(cycle())
         time.sleep(3)
         per_claim = [r for r in audit.since_mark() if r.user == node.name]
-        say(f"per claim (prepare + unprepare, 4 NICs + 4 GPUs): {len(per_claim) / len(claims):g} requests: {summarize(per_claim, len(claims))}")
+        say(
+            f"per claim (prepare + unprepare, 4 NICs + 4 GPUs): {len(per_claim) / len(claims):g} requests: "
+            f"{summarize(per_claim, len(claims))}"
+        )
 
         # -- rolling update ------------------------------------------------------------------
         audit.mark()
@@ -370,11 +384,13 @@ def storm(b: Bench, kube: KubeClient, audit: Audit, seconds: float, log_level: s
             log_level=log_level,
         ).start(timeout=120)
         wait_for(
-            lambda: sum(
-                len(s["spec"].get("devices") or [])
-                for s in kube.list_resource_slice(f"spec.driver=dra.net,spec.nodeName={node}")["items"]
-            )
-            == len(names),
+            lambda: (
+                sum(
+                    len(s["spec"].get("devices") or [])
+                    for s in kube.list_resource_slice(f"spec.driver=dra.net,spec.nodeName={node}")["items"]
+                )
+                == len(names)
+            ),
             60,
             what="the storm driver's 50 veths published",
         )
@@ -394,7 +410,8 @@ def storm(b: Bench, kube: KubeClient, audit: Audit, seconds: float, log_level: s
         writes = [r for r in reqs if r.write]
         return (
             f"link storm: {result['changes']} link changes in {result['seconds']:.0f} s -> {len(writes)} writes "
-            f"({100 * len(writes) / max(1, result['changes']):.2f} per 100 changes), {len(reqs)} requests: {summarize(reqs)}"
+            f"({100 * len(writes) / max(1, result['changes']):.2f} per 100 changes), {len(reqs)} requests: "
+            f"{summarize(reqs)}"
         )
     finally:
         if proc is not None:

@@ -35,12 +35,12 @@ import copy
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import ssl
 import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -238,8 +238,14 @@ def _count(kube: KubeClient, path: str) -> int:
 
 
 def run_round(
-    kube: KubeClient, fleet: Fleet, tmpls: dict[tuple[str, str], dict[str, Any]], kind: str, variant: str, args: Any,
-    port: int, profile_dir: Path | None,
+    kube: KubeClient,
+    fleet: Fleet,
+    tmpls: dict[tuple[str, str], dict[str, Any]],
+    kind: str,
+    variant: str,
+    args: Any,
+    port: int,
+    profile_dir: Path | None,
 ) -> Round:
     names: list[tuple[str, str]] = []
     for n in fleet.nodes:
@@ -374,7 +380,8 @@ def _attempts(sched: dict[str, float]) -> str:
 
 def report(rounds: list[Round], sizes: dict[int, dict[str, dict[str, dict[str, float]]]]) -> str:
     lines = [
-        "| nodes | claim | slices | pods | allocated | pods/s | p50 to allocation | p99 to allocation | release spread | load |",
+        "| nodes | claim | slices | pods | allocated | pods/s | p50 to allocation | p99 to allocation "
+        "| release spread | load |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rounds:
@@ -384,7 +391,8 @@ def report(rounds: list[Round], sizes: dict[int, dict[str, dict[str, dict[str, f
         )
     lines += ["", "ABBA means (A = this driver's attributes, B = the Go driver's attribute set):", ""]
     lines += [
-        "| nodes | claim | pods/s A | pods/s B | A/B | p50 A | p50 B | p99 A | p99 B | slice JSON bytes/node A | B | protobuf A | B |",
+        "| nodes | claim | pods/s A | pods/s B | A/B | p50 A | p50 B | p99 A | p99 B "
+        "| slice JSON bytes/node A | B | protobuf A | B |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for nodes in sorted({r.nodes for r in rounds}):
@@ -401,7 +409,8 @@ def report(rounds: list[Round], sizes: dict[int, dict[str, dict[str, dict[str, f
                 f"| {mean('rate', 'dranet') / mean('rate', 'go'):.3f} "
                 f"| {mean('p50_ms', 'dranet') / 1e3:.2f} s | {mean('p50_ms', 'go') / 1e3:.2f} s "
                 f"| {mean('p99_ms', 'dranet') / 1e3:.2f} s | {mean('p99_ms', 'go') / 1e3:.2f} s "
-                f"| {a.get('json', 0):.0f} | {b.get('json', 0):.0f} | {a.get('protobuf', 0):.0f} | {b.get('protobuf', 0):.0f} |"
+                f"| {a.get('json', 0):.0f} | {b.get('json', 0):.0f} "
+                f"| {a.get('protobuf', 0):.0f} | {b.get('protobuf', 0):.0f} |"
             )
     lines += ["", "Scheduler time per pod (its /metrics, first round of each kind and size):", ""]
     seen = set()

@@ -190,7 +190,9 @@ class Floor:
         in ``dst`` all addresses, link-ups and routes in one batch; ms (the moves alone in :attr:`moves_ms`)."""
         t0 = time.perf_counter()
         moves = [
-            newlink("f", n.index, ns_fd=dst_fd, ifname=n.ifname if home else n.pod_name, mtu=HOST_MTU if home else POD_MTU)
+            newlink(
+                "f", n.index, ns_fd=dst_fd, ifname=n.ifname if home else n.pod_name, mtu=HOST_MTU if home else POD_MTU
+            )
             for n in self.nics
         ]
         downs = [newlink("f", n.index, up=False) for n in self.nics]
@@ -355,10 +357,14 @@ class Bench:
         configs = []
         for i, _ in enumerate(ifnames):
             nic = self.hook_nics[i]
-            params = heavy_params(nic, i, self.args) if heavy else {
-                "interface": {"name": nic.pod_name, "mtu": POD_MTU, "addresses": [nic.pod_cidr]},
-                "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
-            }
+            params = (
+                heavy_params(nic, i, self.args)
+                if heavy
+                else {
+                    "interface": {"name": nic.pod_name, "mtu": POD_MTU, "addresses": [nic.pod_cidr]},
+                    "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
+                }
+            )
             configs.append(
                 {"source": "FromClaim", "requests": [f"nic{i}"], "opaque": {"driver": "dra.net", "parameters": params}}
             )
@@ -608,17 +614,24 @@ class Bench:
         out = []
         full = self.args
         for scale in self.args.heavy_scales:
-            self.args = argparse.Namespace(**{
-                **vars(full),
-                "heavy_routes": int(full.heavy_routes * scale),
-                "heavy_rules": int(full.heavy_rules * scale),
-                "heavy_neighbors": int(full.heavy_neighbors * scale),
-            })
+            self.args = argparse.Namespace(
+                **{
+                    **vars(full),
+                    "heavy_routes": int(full.heavy_routes * scale),
+                    "heavy_rules": int(full.heavy_rules * scale),
+                    "heavy_neighbors": int(full.heavy_neighbors * scale),
+                }
+            )
             name = f"hooks-heavy-{int(scale * 100)}"
             params = heavy_params(self.hook_nics[0], 0, self.args)
             res: dict[str, Any] = {
-                "routes": len(params["routes"]), "rules": len(params["rules"]), "neighbors": len(params["neighbors"]),
-                "bytes": len(json.dumps(params)), "run": [], "stop": [], "error": "",
+                "routes": len(params["routes"]),
+                "rules": len(params["rules"]),
+                "neighbors": len(params["neighbors"]),
+                "bytes": len(json.dumps(params)),
+                "run": [],
+                "stop": [],
+                "error": "",
             }
             try:
                 pod = self.make_pod_claim(name, heavy=True)
@@ -783,7 +796,8 @@ def main(argv: list[str]) -> int:
     for label, res in (("quiet", quiet), ("storm", storm)):
         for f, samples in res.floors.items():
             print(
-                f"floor candidate {f} ({label}): run median {median(samples['run']):.2f} p99 {pct(samples['run'], 99):.2f} ms"
+                f"floor candidate {f} ({label}): run median {median(samples['run']):.2f} "
+                f"p99 {pct(samples['run'], 99):.2f} ms"
                 f" (moves alone median {median(samples['moves']):.2f}), stop median {median(samples['stop']):.2f}"
                 f" p99 {pct(samples['stop'], 99):.2f} ms"
             )
@@ -791,7 +805,8 @@ def main(argv: list[str]) -> int:
             print(f"floor used ({label}): run {res.floor_choice['run']}, stop {res.floor_choice['stop']}")
     for h in heavy or []:
         what = (
-            f"heavy config, 4 NICs x ({h['routes']} routes, {h['rules']} rules, {h['neighbors']} neighbors, 2 addresses,"
+            f"heavy config, 4 NICs x ({h['routes']} routes, {h['rules']} rules, {h['neighbors']} neighbors, "
+            "2 addresses,"
             f" 3 sysctls, 2 ethtool features; {h['bytes']} B of parameters each)"
         )
         if h["run"]:

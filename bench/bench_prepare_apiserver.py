@@ -22,14 +22,14 @@ import argparse
 import asyncio
 import shutil
 import signal
-import subprocess
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from devcluster.binaries import ensure_control_plane
 from bench.prepare_profile import prepare_breakdown
+from devcluster.binaries import ensure_control_plane
 from devcluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo import DriverProcess, build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
@@ -125,8 +125,20 @@ async def profiled(drv: DriverProcess, rounds: list[list[tuple[str, str, str]]],
         await kubelet.register()
         for i, claims in enumerate(rounds):
             spy = subprocess.Popen(
-                ["py-spy", "record", "--pid", str(drv.popen.pid), "--rate", "1000", "--idle", "--threads",
-                 "--format", "raw", "--output", str(out / f"round{i}.txt")],
+                [
+                    "py-spy",
+                    "record",
+                    "--pid",
+                    str(drv.popen.pid),
+                    "--rate",
+                    "1000",
+                    "--idle",
+                    "--threads",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(out / f"round{i}.txt"),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
@@ -191,13 +203,11 @@ def main() -> int:
                 try:
                     need = 4 * a.concurrent
                     names = wait_for(
-                        lambda: (n := published_names(kube, BIG_NODE)) if len(n) >= need else None,
+                        lambda: n if len(n := published_names(kube, BIG_NODE)) >= need else None,
                         60,
                         what=f"{need} devices published on the sriov-520 node",
                     )
-                    conc = [
-                        make_claim(kube, f"p{i}", names[4 * i : 4 * i + 4], BIG_NODE) for i in range(a.concurrent)
-                    ]
+                    conc = [make_claim(kube, f"p{i}", names[4 * i : 4 * i + 4], BIG_NODE) for i in range(a.concurrent)]
                     asyncio.run(concurrent(big, conc))
                 finally:
                     big.stop()

@@ -105,7 +105,10 @@ class Gpu:
     device_id: str
 
 
-_GPU_MODELS = {"0x2330": ("NVIDIA H100 80GB HBM3", "Hopper", "9.0", "80Gi"), "0x2941": ("NVIDIA GB200", "Blackwell", "10.0", "186Gi")}
+_GPU_MODELS = {
+    "0x2330": ("NVIDIA H100 80GB HBM3", "Hopper", "9.0", "80Gi"),
+    "0x2941": ("NVIDIA GB200", "Blackwell", "10.0", "186Gi"),
+}
 
 
 def fixture_gpus(root: Path) -> list[Gpu]:
@@ -219,7 +222,7 @@ class Fleet:
             self.shapes = {name: scan_shape(s, Path(tmp)) for name, s in SHAPES.items()}
         try:
             self.kube.request("POST", f"{RESOURCE_API}/deviceclasses", device_class())
-        except Exception as exc:  # noqa: BLE001 - 409: already there
+        except Exception as exc:
             if getattr(exc, "status", None) != 409:
                 raise
 
