@@ -193,6 +193,7 @@ class Round:
     sched: dict[str, float] = field(default_factory=dict)
     load: str = ""
     profile_top: str = ""
+    warmup: bool = False
 
 
 class ClaimWatch:
@@ -302,8 +303,8 @@ def run_round(
         if "path" in prof:
             r.profile_top = pprof_top(prof["path"])
     # Clean up: pods (no kubelet: removed at once), their claims; the scheduler frees the devices.
-    kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods", query={"gracePeriodSeconds": 0})
-    kube.request("DELETE", claims_path)
+    kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods", query={"gracePeriodSeconds": 0}, timeout=300)
+    kube.request("DELETE", claims_path, timeout=300)
     wait_for(lambda: _count(kube, f"/api/v1/namespaces/{NS}/pods") == 0, 300, 0.5, what="pods deleted")
     wait_for(lambda: _count(kube, claims_path) == 0, 300, 0.5, what="claims deleted")
     time.sleep(args.settle)
@@ -433,7 +434,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", type=int, default=8, help="client threads creating and releasing pods")
     ap.add_argument("--stall", type=float, default=60.0, help="seconds without an allocation that end a round")
     ap.add_argument("--settle", type=float, default=3.0, help="seconds after cleanup before the next round")
-    ap.add_argument("--profile", type=int, default=0, help="seconds of Go CPU profile of kube-scheduler (first round)")
+    ap.add_argument(
+        "--profile", type=int, default=0, help="seconds of Go CPU profile of kube-scheduler (warm-up round)"
+    )
     ap.add_argument("--json", help="write the rounds and sizes here")
     args = ap.parse_args(argv)
     sizes_wanted = [int(x) for x in args.nodes.split(",")]
@@ -452,6 +455,7 @@ def main(argv: list[str]) -> int:
         controller_manager_args=(f"--kube-api-qps={QPS}", f"--kube-api-burst={QPS}"),
     )
     rounds: list[Round] = []
+    warmups: list[Round] = []
     sizes: dict[int, dict[str, dict[str, dict[str, float]]]] = {}
     try:
         with ControlPlane(ensure_control_plane(), opts) as cp:
@@ -472,26 +476,34 @@ def main(argv: list[str]) -> int:
                     fleet.publish(v)
                     sizes[size][v] = slice_bytes(cp, fleet)
                 for kind in kinds:
-                    for i, v in enumerate(order):
+                    # A warm-up round first (not in the means): the first round of a kind pays for cold
+                    # caches, and it carries the CPU profile so no measured round does.
+                    for i, v in enumerate([order[0], *order]):
                         if fleet.variant != v:
                             writes = fleet.publish(v)
                             time.sleep(args.settle)  # the scheduler's informer takes the new slices
                             print(f"  published {v} ({writes} slice writes)", flush=True)
                         prof = work if args.profile and i == 0 else None
                         r = run_round(kube, fleet, tmpls, kind, v, args, port, prof)
-                        rounds.append(r)
+                        r.warmup = i == 0
+                        (warmups if r.warmup else rounds).append(r)
                         print(
-                            f"  {size} nodes {kind} {v}: {r.allocated}/{r.pods} pods, {r.rate:.1f} pods/s, "
+                            f"  {size} nodes {kind} {v}{' (warm-up, profiled)' if r.warmup else ''}: "
+                            f"{r.allocated}/{r.pods} pods, {r.rate:.1f} pods/s, "
                             f"p50 {r.p50_ms / 1e3:.2f} s, p99 {r.p99_ms / 1e3:.2f} s (load {r.load})",
                             flush=True,
                         )
                         if r.profile_top:
                             print(r.profile_top, flush=True)
+                print(report([r for r in rounds if r.nodes == size], {size: sizes[size]}), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmachine: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; started {started}")
     print(f"command: python -m bench.bench_cluster_scale {' '.join(argv)}")
     print(report(rounds, sizes))
+    print("\nwarm-up rounds (not in the means; the CPU profile runs during them):")
+    for r in warmups:
+        print(f"  {r.nodes} nodes {r.kind} {r.variant}: {r.rate:.1f} pods/s, p50 {r.p50_ms / 1e3:.2f} s")
     print("\nslice bytes per node by shape (this driver's slices; dranet | go):")
     for size, by_v in sizes.items():
         for shape in [*SHAPES, "mean"]:
@@ -502,7 +514,9 @@ def main(argv: list[str]) -> int:
             )
         break
     if args.json:
-        Path(args.json).write_text(json.dumps({"rounds": [asdict(r) for r in rounds], "sizes": sizes}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"rounds": [asdict(r) for r in rounds + warmups], "sizes": sizes}, indent=1)
+        )
     return 0
 
 
