@@ -160,11 +160,9 @@ async def measure(devices: int, idle: float, work: Path, nri: bool, heap: Path |
         }
         if heap is not None:
             daemon.send_signal(signal.SIGUSR2)
-            for _ in range(200):
-                await asyncio.sleep(0.1)
-                if heap.exists() and heap.stat().st_size:
-                    await asyncio.sleep(0.5)
-                    break
+            deadline = time.monotonic() + 300  # a snapshot of a 10k-device heap takes a while
+            while not heap.exists() and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
             out["heap"] = json.loads(heap.read_text())
         return out
     finally:

@@ -9,7 +9,8 @@ claim at a time), on a second node whose driver runs on the sriov-520 fixture: 1
 calls, and the same claims in one call.
 
 ``--profile N``: N more rounds of 2 sequential prepares (all 8 NICs of the node) with ``py-spy``
-sampling the driver (all threads, idle ones too), then the wall time per prepare split by where
+sampling the driver (all threads, idle ones too, without pausing it), then the wall time per
+prepare split by where
 its threads were: the claim GET, JSON decoding, the checkpoint's encode/write and fsyncs, gRPC,
 the rest of the Python.
 
@@ -134,6 +135,9 @@ async def profiled(drv: DriverProcess, rounds: list[list[tuple[str, str, str]]],
                     "1000",
                     "--idle",
                     "--threads",
+                    # Sample without pausing the driver: a paused driver (py-spy's default) is several
+                    # times slower at 1000 samples/s and the shares shift with it.
+                    "--nonblocking",
                     "--format",
                     "raw",
                     "--output",

@@ -9,6 +9,7 @@ files and lines), then runs ``python -m driver`` with the remaining arguments. U
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import signal
 import sys
@@ -29,8 +30,9 @@ def _report(path: str) -> None:
         "lines": [(f"{s.traceback[0].filename}:{s.traceback[0].lineno}", s.size, s.count) for s in by_line[:40]],
         "modules": _modules_by_package(),
     }
-    with open(path, "w") as f:
+    with open(path + ".tmp", "w") as f:
         json.dump(out, f)
+    os.replace(path + ".tmp", path)  # the reader polls for the name: it appears complete
 
 
 def _modules_by_package() -> dict[str, int]:

@@ -48,6 +48,12 @@ def bucket(thread: str, stack: str) -> str | None:
             return "event loop: claim decode, checks, results"
         if "grpc" in stack or "dra_service" in stack or "kubelet/" in stack:
             return "event loop: gRPC handler"
+        if leaf.startswith("_run (") and "events.py" in leaf:
+            # A callback running C code with no Python frame of its own: grpc.aio's completions
+            # (cython) and futures' done callbacks.
+            return "event loop: C callbacks (grpc.aio completions, futures)"
+        if "_yield_probe_port" in stack or "node_lease" in stack:
+            return "event loop: probe-port and lease polling (every 0.2 s)"
         if "select" in leaf or "epoll" in leaf:
             return None
         return "event loop: other (callbacks, logging)"
