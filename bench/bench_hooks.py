@@ -292,6 +292,9 @@ class Bench:
         self.storm_links = [f"{p}s{i:02d}" for i in range(STORM_LINKS)]
         for name in self.storm_links:
             self.factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
+            # Peer up too: each flip then changes the published operstate (up/down), so the storm
+            # also makes the daemon write slices (a down peer leaves it "down" either way).
+            _ip("-n", peer_ns, "link", "set", f"p{name[1:]}", "up")
             _ip("link", "set", name, "up")
         # One NIC per claim of the concurrent prepare arm: a NIC is prepared for one claim at a time.
         self.conc_links = [f"{p}c{i:03d}" for i in range(self.args.concurrent)]
