@@ -488,7 +488,7 @@ def main(argv: list[str]) -> int:
                         r.warmup = i == 0
                         (warmups if r.warmup else rounds).append(r)
                         print(
-                            f"  {size} nodes {kind} {v}{' (warm-up, profiled)' if r.warmup else ''}: "
+                            f"  {size} nodes {kind} {v}{' (warm-up)' if r.warmup else ''}: "
                             f"{r.allocated}/{r.pods} pods, {r.rate:.1f} pods/s, "
                             f"p50 {r.p50_ms / 1e3:.2f} s, p99 {r.p99_ms / 1e3:.2f} s (load {r.load})",
                             flush=True,
