@@ -167,6 +167,9 @@ def main() -> int:
     ap.add_argument("--profile", type=int, default=0, help="rounds of 2 prepares sampled by py-spy")
     ap.add_argument("--keep-profile", help="copy py-spy's raw stacks into this directory")
     a = ap.parse_args()
+    if a.profile and shutil.which("py-spy") is None:
+        print("--profile needs py-spy (a sampling profiler; not a dependency of the driver): pip install 'py-spy>=0.4'")
+        return 2
     work = Path(tempfile.mkdtemp(prefix="dn-bench-"))
     try:
         with ControlPlane(ensure_control_plane()) as cp:
