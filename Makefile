@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos schema bench bench-hooks binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-torch protos schema bench bench-hooks bench-scale binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -57,3 +57,7 @@ image: deps  ## the driver image from the Dockerfile (buildah, no Docker engine)
 bench-hooks: binaries  ## pod start/stop through the whole daemon vs the bare kernel work (root; docs/performance.md)
 	$(PY) -m bench.bench_hooks
 	$(PY) -m bench.bench_discovery --cli-runs 3
+
+bench-scale: binaries  ## the scheduler against 500-1000 simulated GPU nodes, and each driver's API load (minutes; root for the storm)
+	$(PY) -m bench.bench_cluster_scale --nodes 500,1000 --profile 20
+	$(PY) -m bench.bench_apiserver_load

@@ -1,4 +1,4 @@
-"""Run every benchmark in bench/ in turn: ``python -m bench [name ...]``.
+"""Run every benchmark in bench/ in turn (the cluster-scale ones only when named): ``python -m bench [name ...]``.
 
 Each ``bench/bench_*.py`` module is runnable on its own (``python -m bench.bench_discovery``)
 and prints medians, p99s and the ratio to its goal; this runner just runs them all
@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+ON_REQUEST = frozenset({"bench_cluster_scale", "bench_apiserver_load"})
+"""Cluster-scale benchmarks (minutes each): run only when named (``make bench-scale``)."""
+
 
 def main(argv: list[str]) -> int:
     """Run the named benchmarks (default: all); return non-zero if any crashed."""
-    names = argv or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
+    names = argv or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py") if p.stem not in ON_REQUEST)
     failed = []
     for name in names:
         module = name if name.startswith("bench_") else f"bench_{name}"

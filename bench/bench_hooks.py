@@ -117,6 +117,63 @@ def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int) ->
     return out
 
 
+OPAQUE_LIMIT = 10240
+"""resource.k8s.io: bytes of one opaque config's parameters (OpaqueParametersMaxLength)."""
+NRI_BUDGET_MS = 2000.0
+"""containerd's default NRI plugin request timeout: a RunPodSandbox hook must answer within it."""
+
+
+def heavy_params(nic: Nic, i: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The heaviest NetworkConfig for NIC ``i``: up to ``args.heavy_routes`` routes (half in a table
+    of its own; as many as fit the API's limit), ``args.heavy_rules`` rules, ``args.heavy_neighbors``
+    permanent neighbors, two addresses, the three sysctls and two ethtool features."""
+    routes: list[dict[str, Any]] = [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}]
+    for k in range(args.heavy_routes - 1):
+        route = {"destination": f"10.{100 + i}.{k // 16}.{(k % 16) * 16}/28", "gateway": f"192.168.{i}.1"}
+        if k % 2:
+            route["table"] = 100 + i
+        routes.append(route)
+    rules = [
+        {"priority": 1000 + 100 * i + k, "source": f"192.168.{i}.{16 + k}/32", "table": 100 + i}
+        for k in range(args.heavy_rules)
+    ]
+    neighbors = [
+        {"destination": f"192.168.{i}.{128 + k}", "hardwareAddr": f"02:00:00:{i:02x}:{k:02x}:01"}
+        for k in range(args.heavy_neighbors)
+    ]
+    params = {
+        "interface": {
+            "name": nic.pod_name,
+            "mtu": POD_MTU,
+            "addresses": [nic.pod_cidr, f"fd00:{i + 1}::2/64"],
+            "forwarding": True,
+            "arpIgnore": 1,
+            "arpAnnounce": 2,
+        },
+        "routes": routes,
+        "rules": rules,
+        "neighbors": neighbors,
+        "ethtool": {"features": {"tcp-segmentation-offload": False, "generic-receive-offload": True}},
+    }
+    # The API admits at most OPAQUE_LIMIT bytes of parameters per config: the heaviest config is
+    # the one that fills it (routes dropped from the end until it fits).
+    while len(json.dumps(params)) > OPAQUE_LIMIT:  # as our client sends it (default separators)
+        routes.pop()
+    return params
+
+
+FLOORS = ("batched", "down-first", "down-interleaved")
+"""The kernel sequences raced for the floor, each reaching the same end state:
+
+- ``batched``: one pipelined batch of 4 RTM_NEWLINK (move + rename + MTU each), then one batch of
+  address, link-up and route requests on the other side;
+- ``down-first``: one batch setting the 4 links down, then the ``batched`` sequence (a link that is
+  down when it moves skips the close the move would do);
+- ``down-interleaved``: down and move of each link in one batch of 8 requests, then the configuration.
+
+The floor of each row is the candidate with the lowest median in the same run."""
+
+
 class Floor:
     """The bare kernel work of the hooks on the twin NICs, raw netlink, sockets opened once."""
 
@@ -128,22 +185,24 @@ class Floor:
         self.pod = Rtnl(self.ns.socket_in(self.pod_fd, socket.NETLINK_ROUTE))
         self.moves_ms = 0.0
 
-    def _move_and_configure(self, src: Rtnl, dst: Rtnl, dst_fd: int, home: bool) -> float:
-        """All moves from ``src``'s netns to ``dst_fd``'s in one batch, then in ``dst`` all
-        addresses, link-ups and routes in one batch; ms (the moves alone in :attr:`moves_ms`)."""
+    def _move_and_configure(self, src: Rtnl, dst: Rtnl, dst_fd: int, home: bool, sequence: str) -> float:
+        """All moves from ``src``'s netns to ``dst_fd``'s (``sequence``: one of :data:`FLOORS`), then
+        in ``dst`` all addresses, link-ups and routes in one batch; ms (the moves alone in :attr:`moves_ms`)."""
         t0 = time.perf_counter()
-        src.run(
-            [
-                newlink(
-                    "f",
-                    n.index,
-                    ns_fd=dst_fd,
-                    ifname=n.ifname if home else n.pod_name,
-                    mtu=HOST_MTU if home else POD_MTU,
-                )
-                for n in self.nics
-            ]
-        )
+        moves = [
+            newlink(
+                "f", n.index, ns_fd=dst_fd, ifname=n.ifname if home else n.pod_name, mtu=HOST_MTU if home else POD_MTU
+            )
+            for n in self.nics
+        ]
+        downs = [newlink("f", n.index, up=False) for n in self.nics]
+        if sequence == "down-first":
+            src.run(downs)
+            src.run(moves)
+        elif sequence == "down-interleaved":
+            src.run([r for pair in zip(downs, moves, strict=True) for r in pair])
+        else:
+            src.run(moves)
         self.moves_ms = (time.perf_counter() - t0) * 1e3
         reqs: list[Request] = []
         for n in self.nics:
@@ -155,13 +214,13 @@ class Floor:
         dst.run(reqs)
         return (time.perf_counter() - t0) * 1e3
 
-    def run(self) -> float:
+    def run(self, sequence: str = "batched") -> float:
         """Moves in + configuration in the pod; ms."""
-        return self._move_and_configure(self.host, self.pod, self.pod_fd, home=False)
+        return self._move_and_configure(self.host, self.pod, self.pod_fd, home=False, sequence=sequence)
 
-    def stop(self) -> float:
+    def stop(self, sequence: str = "batched") -> float:
         """Moves back + host restore; ms."""
-        return self._move_and_configure(self.pod, self.host, self.ns.host_fd, home=True)
+        return self._move_and_configure(self.pod, self.host, self.ns.host_fd, home=True, sequence=sequence)
 
     def check(self) -> None:
         """Untimed: the ifindexes are still right (the kernel keeps a free index across moves)."""
@@ -176,6 +235,14 @@ class Floor:
         self.ns.close()
 
 
+def mirrored(n: int, kinds: list[str]) -> list[str]:
+    """``n`` cycles of every kind in mirrored blocks (A F1 F2 F2 F1 A ...): drift hits all alike."""
+    out: list[str] = []
+    for b in range(n):
+        out += kinds if b % 2 == 0 else kinds[::-1]
+    return out
+
+
 @dataclass
 class Results:
     """Samples of one scenario (ms) and the driver's CPU per cycle (s)."""
@@ -185,6 +252,8 @@ class Results:
     floor_run: list[float] = field(default_factory=list)
     floor_stop: list[float] = field(default_factory=list)
     floor_run_moves: list[float] = field(default_factory=list)  # the moves alone, of floor_run
+    floors: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # candidate -> run/stop samples
+    floor_choice: dict[str, str] = field(default_factory=dict)  # "run"/"stop" -> the fastest candidate
     cpu_a: list[float] = field(default_factory=list)
     cpu_b: list[float] = field(default_factory=list)
     rescans: int = 0
@@ -209,6 +278,9 @@ class Bench:
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="dn-bh-run-", dir="/dev/shm"))  # tmpfs, like /run
         self.health_proc: subprocess.Popen[str] | None = None
         self.empty_prepare: list[float] = []
+        self.claims: dict[str, tuple[str, str, str]] = {}
+        self.heavy_routes = 0
+        self.conc_links: list[str] = []
 
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -220,7 +292,14 @@ class Bench:
         self.storm_links = [f"{p}s{i:02d}" for i in range(STORM_LINKS)]
         for name in self.storm_links:
             self.factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
+            # Peer up too: each flip then changes the published operstate (up/down), so the storm
+            # also makes the daemon write slices (a down peer leaves it "down" either way).
+            _ip("-n", peer_ns, "link", "set", f"p{name[1:]}", "up")
             _ip("link", "set", name, "up")
+        # One NIC per claim of the concurrent prepare arm: a NIC is prepared for one claim at a time.
+        self.conc_links = [f"{p}c{i:03d}" for i in range(self.args.concurrent)]
+        for name in self.conc_links:
+            self.factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
         self.pod_ns = self.factory.netns()
         self.floor_ns = self.factory.netns()
         self.prefix = p
@@ -252,7 +331,7 @@ class Bench:
         )
         assert self.health_proc.stdout is not None
         assert json.loads(self.health_proc.stdout.readline()).get("watching"), "health stream did not start"
-        want = {n.ifname for n in self.hook_nics} | set(self.storm_links)
+        want = {n.ifname for n in self.hook_nics} | set(self.storm_links) | set(self.conc_links)
         wait_for(lambda: self.published_ifnames() == want, 60, what="slices with the benchmark's NICs")
         self.floor = Floor(self.floor_nics, f"/run/netns/{self.floor_ns}")
         self.pod = self.make_pod_claim()
@@ -265,8 +344,11 @@ class Bench:
         items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices", query=q)["items"]
         return [d for s in items for d in s["spec"].get("devices") or []]
 
-    def _claim(self, name: str, ifnames: list[str], pod: tuple[str, str] | None) -> tuple[str, str, str]:
-        """A claim allocated to ``ifnames`` (one request each, with a full NetworkConfig)."""
+    def _claim(
+        self, name: str, ifnames: list[str], pod: tuple[str, str] | None, heavy: bool = False
+    ) -> tuple[str, str, str]:
+        """A claim allocated to ``ifnames`` (one request each, with a full NetworkConfig; ``heavy``:
+        the heaviest config, :func:`heavy_params`)."""
         reqs = [{"name": f"nic{i}", "exactly": {"deviceClassName": "dranet.net"}} for i in range(len(ifnames))]
         body = {
             "apiVersion": "resource.k8s.io/v1",
@@ -278,10 +360,14 @@ class Bench:
         configs = []
         for i, _ in enumerate(ifnames):
             nic = self.hook_nics[i]
-            params = {
-                "interface": {"name": nic.pod_name, "mtu": POD_MTU, "addresses": [nic.pod_cidr]},
-                "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
-            }
+            params = (
+                heavy_params(nic, i, self.args)
+                if heavy
+                else {
+                    "interface": {"name": nic.pod_name, "mtu": POD_MTU, "addresses": [nic.pod_cidr]},
+                    "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
+                }
+            )
             configs.append(
                 {"source": "FromClaim", "requests": [f"nic{i}"], "opaque": {"driver": "dra.net", "parameters": params}}
             )
@@ -302,7 +388,7 @@ class Bench:
         self.kube.request("PUT", f"{RESOURCE_API}/namespaces/default/resourceclaims/{name}/status", claim)
         return ("default", name, claim["metadata"]["uid"])
 
-    def make_pod_claim(self) -> dict[str, Any]:
+    def make_pod_claim(self, name: str = "hooks", heavy: bool = False) -> dict[str, Any]:
         """The pod (a real Pod object bound to the node, so its reservation stays) and its prepared claim."""
         pod_obj = self.kube.request(
             "POST",
@@ -310,19 +396,20 @@ class Bench:
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": "hooks"},
+                "metadata": {"name": name},
                 "spec": {
                     "nodeName": self.node,
-                    "resourceClaims": [{"name": "nics", "resourceClaimName": "hooks"}],
+                    "resourceClaims": [{"name": "nics", "resourceClaimName": name}],
                     "containers": [{"name": "c", "image": "pause", "resources": {"claims": [{"name": "nics"}]}}],
                 },
             },
         )
         uid = pod_obj["metadata"]["uid"]
-        claim = self._claim("hooks", [n.ifname for n in self.hook_nics], ("hooks", uid))
+        claim = self._claim(name, [n.ifname for n in self.hook_nics], (name, uid), heavy)
         resp = asyncio.run(self._kubelet(lambda k: k.prepare([claim])))
         assert resp.claims[claim[2]].error == "", resp.claims[claim[2]].error
-        return pod_json(uid, f"/run/netns/{self.pod_ns}", name="hooks")
+        self.claims[name] = claim
+        return pod_json(uid, f"/run/netns/{self.pod_ns}", name=name)
 
     async def _kubelet(self, fn: Any) -> Any:
         assert self.driver is not None
@@ -337,28 +424,45 @@ class Bench:
         return float(res["seconds"]) * 1e3
 
     def cycles(self, n: int, out: Results) -> None:
+        """``n`` pod cycles of the driver and of each floor candidate, interleaved; the floor columns
+        get the fastest candidate (by median), run and stop separately."""
         assert self.driver is not None and self.driver.popen is not None and self.floor is not None
         pid, gap = self.driver.popen.pid, self.args.gap
         scans0, metrics0 = self.scan_count(), self.metrics()
-        for kind in ["A", "B"] * 2 + abba(2 * n):  # 4 warm-up cycles, not recorded
+        floors = {f: {"run": [], "stop": [], "moves": []} for f in self.args.floors}
+        kinds = ["A", *self.args.floors]
+        warm = len(kinds)  # one warm-up block, not recorded
+        for i, kind in enumerate(mirrored(1, kinds) + mirrored(n, kinds)):
             cpu0 = process_cpu_seconds(pid)
             if kind == "A":
                 run = self._nri("run")
                 time.sleep(gap)
                 stop = self._nri("stop")
             else:
-                run = self.floor.run()
-                out.floor_run_moves.append(self.floor.moves_ms)
+                run = self.floor.run(kind)
+                moves = self.floor.moves_ms
                 time.sleep(gap)
-                stop = self.floor.stop()
+                stop = self.floor.stop(kind)
                 self.floor.check()
             time.sleep(gap)
             cpu = process_cpu_seconds(pid) - cpu0
-            (out.run if kind == "A" else out.floor_run).append(run)
-            (out.stop if kind == "A" else out.floor_stop).append(stop)
-            (out.cpu_a if kind == "A" else out.cpu_b).append(cpu)
-        for lst in (out.run, out.stop, out.cpu_a, out.floor_run, out.floor_stop, out.floor_run_moves, out.cpu_b):
-            del lst[:2]  # the warm-up cycles
+            if i < warm:
+                continue
+            if kind == "A":
+                out.run.append(run)
+                out.stop.append(stop)
+                out.cpu_a.append(cpu)
+            else:
+                floors[kind]["run"].append(run)
+                floors[kind]["stop"].append(stop)
+                floors[kind]["moves"].append(moves)
+                out.cpu_b.append(cpu)
+        out.floors = floors
+        for op in ("run", "stop"):
+            out.floor_choice[op] = min(floors, key=lambda f, op=op: median(floors[f][op]))
+        out.floor_run = floors[out.floor_choice["run"]]["run"]
+        out.floor_run_moves = floors[out.floor_choice["run"]]["moves"]
+        out.floor_stop = floors[out.floor_choice["stop"]]["stop"]
         out.rescans = self.scan_count() - scans0
         metrics1 = self.metrics()
         out.counters = {
@@ -452,7 +556,7 @@ class Bench:
         """One claim prepared + unprepared n times (ABBA with a bare GET of it), then ``concurrent`` at once."""
         names = self.storm_links[:4]
         one = self._claim(f"prep-{self.tok}", names, None)
-        many = [self._claim(f"conc-{self.tok}-{i}", names, None) for i in range(concurrent)]
+        many = [self._claim(f"conc-{self.tok}-{i}", [self.conc_links[i]], None) for i in range(concurrent)]
         getter = self.cp.kube() if self.cp else self.kube
 
         async def go(k: KubeletClient) -> tuple[list[float], list[float], float, list[float]]:
@@ -503,6 +607,55 @@ class Bench:
         time.sleep(seconds)
         return rss_mb(pid), process_cpu_seconds(pid) - cpu0, self.scan_count() - scans0
 
+    # -- the heaviest config ------------------------------------------------------------------
+    def heavy(self, n: int) -> list[dict[str, Any]]:
+        """RunPodSandbox/StopPodSandbox of pods whose claim gives each of the 4 NICs the heaviest
+        config (:func:`heavy_params`) scaled by each of ``--heavy-scales``; ``n`` cycles each (ms), or
+        the error the hook answered. The quiet claim is unprepared first (the NICs are exclusive)."""
+        asyncio.run(self._kubelet(lambda k: k.unprepare([self.claims["hooks"]])))
+        self.pod = {}  # nothing left to stop at close
+        out = []
+        full = self.args
+        for scale in self.args.heavy_scales:
+            self.args = argparse.Namespace(
+                **{
+                    **vars(full),
+                    "heavy_routes": int(full.heavy_routes * scale),
+                    "heavy_rules": int(full.heavy_rules * scale),
+                    "heavy_neighbors": int(full.heavy_neighbors * scale),
+                }
+            )
+            name = f"hooks-heavy-{int(scale * 100)}"
+            params = heavy_params(self.hook_nics[0], 0, self.args)
+            res: dict[str, Any] = {
+                "routes": len(params["routes"]),
+                "rules": len(params["rules"]),
+                "neighbors": len(params["neighbors"]),
+                "bytes": len(json.dumps(params)),
+                "run": [],
+                "stop": [],
+                "error": "",
+            }
+            try:
+                pod = self.make_pod_claim(name, heavy=True)
+            finally:
+                self.args = full
+            assert self.harness is not None
+            for i in range(n + 2):
+                r = self.harness.cmd("run", pod=pod)
+                time.sleep(self.args.gap)
+                t = self.harness.cmd("stop", pod=pod)
+                time.sleep(self.args.gap)
+                if not r["ok"] or not t["ok"]:
+                    res["error"] = str(r.get("error") or t.get("error"))[:300]
+                    break
+                if i >= 2:  # warm-up
+                    res["run"].append(float(r["seconds"]) * 1e3)
+                    res["stop"].append(float(t["seconds"]) * 1e3)
+            asyncio.run(self._kubelet(lambda k, c=self.claims[name]: k.unprepare([c])))
+            out.append(res)
+        return out
+
     # -- teardown ----------------------------------------------------------------------------
     def close(self) -> None:
         for proc in (self.storm_proc, self.health_proc):
@@ -546,6 +699,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measurement")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between pod operations")
     parser.add_argument("--noop", type=int, default=200, help="NRI round trips of a pod without claims")
+    parser.add_argument("--floors", type=lambda v: v.split(","), default=list(FLOORS), help="floor candidates raced")
+    parser.add_argument("--heavy", type=int, default=0, help="pod cycles with the heaviest config (after the rest)")
+    parser.add_argument("--heavy-routes", type=int, default=300, help="routes per NIC of the heavy config")
+    parser.add_argument("--heavy-rules", type=int, default=32)
+    parser.add_argument("--heavy-neighbors", type=int, default=32)
+    parser.add_argument(
+        "--heavy-scales",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=[1.0, 0.5, 0.25, 0.15, 0.1],
+        help="fractions of the heavy config's routes, rules and neighbors, one pod each",
+    )
     parser.add_argument("--json", help="also write the raw samples here")
     parser.add_argument("--driver-log-level", default="info", help="the daemon's --log-level")
     parser.add_argument("--keep-log", help="copy the daemon's log here at the end")
@@ -579,6 +743,8 @@ def main(argv: list[str]) -> int:
         prep = b.prepare_bench(args.prepare, args.concurrent) if args.prepare else None
         loads.append(_load())
         rss, idle_cpu, idle_scans = b.idle(args.idle)
+        loads.append(_load())
+        heavy = b.heavy(args.heavy) if args.heavy else None
         loads.append(_load())
     finally:
         b.close()
@@ -630,6 +796,31 @@ def main(argv: list[str]) -> int:
             f"{median(b.empty_prepare):.2f} ms p99 {pct(b.empty_prepare, 99):.2f} ms"
         )
     print(f"idle ({args.idle:.0f} s): RSS {rss:.1f} MB, CPU {idle_cpu:.3f} s, full rescans {idle_scans}")
+    for label, res in (("quiet", quiet), ("storm", storm)):
+        for f, samples in res.floors.items():
+            print(
+                f"floor candidate {f} ({label}): run median {median(samples['run']):.2f} "
+                f"p99 {pct(samples['run'], 99):.2f} ms"
+                f" (moves alone median {median(samples['moves']):.2f}), stop median {median(samples['stop']):.2f}"
+                f" p99 {pct(samples['stop'], 99):.2f} ms"
+            )
+        if res.floor_choice:
+            print(f"floor used ({label}): run {res.floor_choice['run']}, stop {res.floor_choice['stop']}")
+    for h in heavy or []:
+        what = (
+            f"heavy config, 4 NICs x ({h['routes']} routes, {h['rules']} rules, {h['neighbors']} neighbors, "
+            "2 addresses,"
+            f" 3 sysctls, 2 ethtool features; {h['bytes']} B of parameters each)"
+        )
+        if h["run"]:
+            hr, hs = h["run"], h["stop"]
+            print(
+                f"{what}, {len(hr)} cycles: RunPodSandbox median {median(hr):.1f} ms p99 {pct(hr, 99):.1f} ms max"
+                f" {max(hr):.1f} ms ({pct(hr, 99) / NRI_BUDGET_MS:.0%} of the {NRI_BUDGET_MS:.0f} ms NRI budget);"
+                f" StopPodSandbox median {median(hs):.1f} ms p99 {pct(hs, 99):.1f} ms"
+            )
+        if h["error"]:
+            print(f"{what}: FAILED after {len(h['run'])} cycles: {h['error']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"quiet": quiet.__dict__, "storm": storm.__dict__}))
     return 0

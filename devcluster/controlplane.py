@@ -85,6 +85,7 @@ class ControlPlaneOptions:
     disable_admission_plugins: tuple[str, ...] = ("ServiceAccount", "TaintNodesByCondition")
     apiserver_args: tuple[str, ...] = ()
     controller_manager_args: tuple[str, ...] = ()
+    scheduler_args: tuple[str, ...] = ()
     # Where the apiserver listens (and its serving certificate's extra SAN). A real node uses
     # its CNI bridge address, so pods reach the apiserver without a service proxy.
     bind_address: str = "127.0.0.1"
@@ -216,6 +217,7 @@ class ControlPlane:
                     "--bind-address=127.0.0.1",
                     f"--secure-port={port}",
                     *self._gate_args(),
+                    *self.options.scheduler_args,
                 ],
             )
             waits.append(("kube-scheduler", f"https://127.0.0.1:{port}/healthz"))

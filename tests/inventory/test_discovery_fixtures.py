@@ -268,7 +268,9 @@ def test_pci_ids_names(single_socket_sysfs: Path, tmp_path: Path) -> None:
     assert devs["pci-0000-17-00-0"].attributes[D + "pciDevice"] == "159b"  # unknown device: hex
 
 
-@pytest.mark.parametrize("topology", ["nd-h100-v5", "sriov-roce", "single-socket", "vm-no-numa", "many-devices"])
+@pytest.mark.parametrize(
+    "topology", ["nd-h100-v5", "sriov-roce", "single-socket", "vm-no-numa", "many-devices", "dgx-h100", "gb200"]
+)
 def test_fixture_shape(sysfs_trees, topology: str) -> None:
     """The trees look like the kernel's: relative links, bus/pci/devices into devices/pci<dom>:<bus>."""
     root = sysfs_trees.get(topology)
