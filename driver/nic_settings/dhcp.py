@@ -1,5 +1,7 @@
 """``interface.dhcp: true`` on a pod's NICs: a lease taken in the pod once the NIC is up, released before it returns.
 
+At prepare an InfiniBand (IPoIB) NIC is refused: DHCP here speaks Ethernet.
+
 RunPodSandbox: after the NICs are moved, renamed and up in the pod's namespace, every NIC that
 asks for DHCP runs its exchange there (all of them at once, one thread each, so a pod with
 several DHCP NICs waits for the slowest, not the sum), within :data:`driver.config.DHCP_TIMEOUT`;
@@ -17,19 +19,20 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
-from driver.checkpoint.state import PreparedDevice
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.checkpoint.state import MovedDevice
 from driver.config import DHCP_TIMEOUT
 from driver.dhcp import client
 from driver.dhcp.client import DhcpError, Exchange
 from driver.dhcp.wire import Lease
-from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.nic_moves import LinkState, PodLinkResult
+from driver.model.device import Device
+from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError, Request, Route, Rtnl, deladdr, newaddr, newroute
-from driver.nri.pod_config import vrf_table
+from driver.nic_settings.setting import Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)
 RT_SCOPE_LINK = 253
@@ -140,38 +143,47 @@ def release_all(pod_rtnl: Rtnl, pod_fd: int, items: list[tuple[str, str, Lease]]
     return problems
 
 
-def take_leases(
-    pod_rtnl: Rtnl, pod_fd: int, devices: list[tuple[PreparedDevice, LinkState]], results: dict[str, PodLinkResult]
-) -> dict[str, Lease]:
-    """The leases of the devices (with their host state) whose config asks for DHCP, configured and up in
-    the pod (``results``); each leased address is added to its result. :class:`NetnsOpError` as
-    :func:`acquire_all`."""
-    nics = []
-    for d, host in devices:
-        iface = d.config.interface
-        if iface is not None and iface.dhcp:
-            result = results[d.device]
-            nics.append(DhcpNic(d.device, result.ifname, result.mac, vrf_table(iface, host)))
-    leases = acquire_all(pod_rtnl, pod_fd, nics, DHCP_TIMEOUT)
-    for device, lease in leases.items():
-        results[device].addresses.append(lease.address)
-    return leases
+class Dhcp(NicSetting):
+    """``interface.dhcp``: the NIC's address (and routes) from a DHCP server, in the pod."""
 
+    name = "dhcp"
 
-def release_in(ns: Namespaces, netns: str, items: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Release the stored leases ``(device, pod ifname, lease dict)`` from the pod's namespace ``netns``.
+    def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
+        if config.interface is None or not config.interface.dhcp:
+            return []
+        if device.attributes.get("dra.net/encapsulation") == "infiniband":
+            return [
+                f"interface.dhcp: device {device.name} is an InfiniBand (IPoIB) interface; DHCP works on "
+                "Ethernet interfaces only"
+            ]
+        return []
 
-    A namespace already gone took the NICs' addresses with it: the leases expire at the server.
-    """
-    if not items:
-        return
-    try:
-        with ns.pod(netns) as (pod_rtnl, pod_fd):
-            release_all(pod_rtnl, pod_fd, [(dev, ifname, Lease.from_dict(lease)) for dev, ifname, lease in items])
-    except (KeyError, TypeError, ValueError) as exc:  # a damaged pods.json: never keep the NICs from returning
-        log.warning("DHCP leases not released: unreadable lease record", extra={"kv": {"error": str(exc)}})
-    except (NetnsGone, OSError) as exc:
-        log.warning(
-            "DHCP leases not released: the pod namespace is gone; they expire at the server",
-            extra={"kv": {"netns": netns, "devices": [d for d, _, _ in items], "error": str(exc)}},
-        )
+    def after_configure(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Take a lease for every NIC that asks for one (configured and up) and record it; each
+        leased address is added to the NIC's result. :class:`NetnsOpError` as :func:`acquire_all`."""
+        wanting = [nic for nic in nics if nic.interface.dhcp and nic.result is not None]
+        if not wanting:
+            return
+        dhcp_nics = [DhcpNic(n.name, n.result.ifname, n.result.mac, n.pod.table) for n in wanting if n.result]
+        leases = acquire_all(pod.rtnl, pod.fd, dhcp_nics, DHCP_TIMEOUT)
+        for nic in wanting:
+            if nic.name in leases and nic.result is not None:
+                nic.records[self.name] = leases[nic.name].to_dict()
+                nic.result.addresses.append(leases[nic.name].address)
+
+    def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
+        """Release the stored leases from the pod's namespace (a namespace already gone took the
+        NICs' addresses with it: the leases expire at the server)."""
+        items = [(m.device, m.pod_ifname, m.records[self.name]) for m in nics if m.records.get(self.name)]
+        if not items:
+            return
+        try:
+            leases = [(dev, ifname, Lease.from_dict(lease)) for dev, ifname, lease in items]
+            release_all(pod.rtnl, pod.fd, leases)
+        except (KeyError, TypeError, ValueError) as exc:  # a damaged pods.json: never keep the NICs from returning
+            log.warning("DHCP leases not released: unreadable lease record", extra={"kv": {"error": str(exc)}})
+        except (NetnsGone, OSError) as exc:
+            log.warning(
+                "DHCP leases not released: the pod namespace is gone; they expire at the server",
+                extra={"kv": {"netns": pod.path, "devices": [d for d, _, _ in items], "error": str(exc)}},
+            )

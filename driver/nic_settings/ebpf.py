@@ -1,4 +1,4 @@
-"""eBPF programs attached to a NIC: XDP, tcx and classic TC (clsact ``bpf`` filters); listed and detached.
+"""eBPF programs attached to a NIC moved into a pod: XDP, tcx and classic TC (clsact ``bpf`` filters).
 
 ``interface.disableEbpfPrograms`` detaches every program from a NIC moved into a pod (dranet does
 the same for TC and tcx). What survives a namespace move and what does not (measured on 6.18):
@@ -7,20 +7,25 @@ move. So the TC filters are listed on the host before the move (recorded as remo
 XDP and tcx programs are detached in the pod afterwards, through rtnetlink (XDP, TC) and the
 ``bpf`` system call (tcx: ``BPF_PROG_QUERY``, then ``BPF_PROG_DETACH`` or, for programs held by a
 bpf link, ``BPF_LINK_DETACH``). Programs are referenced by id only: none is pinned or kept, so
-a detached program cannot be attached again when the NIC returns (its loader owns it).
+a detached program cannot be attached again when the NIC returns (its loader owns it): the pod
+state records which programs left and how (``{"hook", "id", "how"}``), nothing is undone. A program
+that cannot be detached (an XDP program held by a bpf link, for one) is recorded as left attached
+and logged, and the pod starts (dranet too only attempts it).
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import platform
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
+from driver.netlink.rtnl import SKIP_STATS, NetnsOpError, Request, Rtnl, newlink
 from driver.netlink_channel import (
     IFINFOMSG,
     NLA_F_NESTED,
@@ -32,6 +37,9 @@ from driver.netlink_channel import (
     pick_attrs,
     text,
 )
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+
+log = logging.getLogger(__name__)
 
 IFLA_XDP = 43
 IFLA_XDP_FD, IFLA_XDP_ATTACHED, IFLA_XDP_FLAGS, IFLA_XDP_PROG_ID = 1, 2, 3, 4
@@ -170,3 +178,61 @@ def tcx_detach(ns_fd: int, index: int, program: Program) -> None:
                 os.close(fd)
         except OSError as exc:
             raise EbpfError(f"{program.hook} program {program.id}: detach: {exc.strerror}") from None
+
+
+def _program(p: Program, how: str) -> dict[str, object]:
+    return {"hook": p.hook, "id": p.id, "how": how}
+
+
+def detach_all(rtnl: Rtnl, ns_fd: int, device: str, ifname: str) -> list[dict[str, object]]:
+    """Detach every program of NIC ``ifname`` (in ``rtnl``'s and ``ns_fd``'s namespace), each on its
+    own; what was done to each. Listing them failing is a :class:`NetnsOpError`."""
+    link = rtnl.link(ifname)
+    if link is None:
+        raise NetnsOpError(device, "ebpf detach", f"{ifname} not found in the pod namespace")
+    try:
+        xdp, tc = xdp_programs(rtnl, link.index), tc_programs(rtnl, link.index)
+        tcx = tcx_programs(ns_fd, link.index)
+    except (EbpfError, OSError) as exc:
+        raise NetnsOpError(device, "ebpf detach", f"{ifname}: listing programs: {exc}") from exc
+    reqs: list[Request] = [xdp_detach(device, link.index, p) for p in xdp]
+    reqs += [tc_detach(device, link.index, p) for p in tc]
+    errors: list[str | None] = [None if e is None else e.reason for e in rtnl.run_each(reqs)]
+    for p in tcx:
+        try:
+            tcx_detach(ns_fd, link.index, p)
+            errors.append(None)
+        except EbpfError as exc:
+            errors.append(str(exc))
+    done = [
+        _program(p, "detached" if err is None else f"left attached: {err}")
+        for p, err in zip((*xdp, *tc, *tcx), errors, strict=True)
+    ]
+    if any(err is not None for err in errors):
+        log.warning("eBPF programs left attached", extra={"kv": {"device": device, "programs": done}})
+    elif done:
+        log.info("eBPF programs detached", extra={"kv": {"device": device, "programs": done}})
+    return done
+
+
+class Ebpf(NicSetting):
+    """``interface.disableEbpfPrograms``: every program off the NIC in the pod."""
+
+    name = "ebpf"
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Record the TC programs the move itself will remove (their clsact qdisc does not survive it)."""
+        for nic in nics:
+            if nic.interface.disable_ebpf_programs:
+                try:
+                    tc = tc_programs(host.rtnl(), nic.host.index or 0)
+                except OSError as exc:
+                    raise SettingRefused(nic.name, "ebpf", str(exc)) from exc
+                nic.records[self.name] = [_program(p, "removed by the namespace move") for p in tc]
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Detach what survived the move (XDP, tcx) and record it."""
+        for nic in nics:
+            if nic.interface.disable_ebpf_programs:
+                done = detach_all(pod.rtnl, pod.fd, nic.name, nic.pod.ifname)
+                nic.records[self.name] = [*nic.records.get(self.name, []), *done]

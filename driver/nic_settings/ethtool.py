@@ -1,8 +1,11 @@
 """A claim's ``ethtool`` section on a NIC: offload features and private flags by their ethtool names.
 
 What ``ethtool -k/-K`` and ``--show-priv-flags/--set-priv-flags`` do: the claim config's names
-are resolved against the NIC (:func:`plan`, :func:`check_features`), set and checked
-(:func:`apply`), over the ethtool generic-netlink client of :mod:`driver.netlink.ethtool_genl`.
+are resolved against the NIC (:func:`plan`, :func:`check_features`: at prepare and again on the
+host before the move, where the host's values are recorded), set and checked in the pod before
+the NIC is configured (:func:`apply`), and the host's values set back once it is home, over the
+ethtool generic-netlink client of :mod:`driver.netlink.ethtool_genl`. NICs without an ethtool
+section cost nothing: no generic-netlink socket is opened for them.
 
 Names: a kernel feature name (``tx-checksum-ip-generic``), or an ethtool CLI alias, short or
 long (``tx``/``tx-checksumming``), which expands to the kernel names matching its pattern and
@@ -14,10 +17,15 @@ no-op when it does not (the NIC already is as asked; ``ethtool -K`` behaves the 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.checkpoint.state import MovedDevice
+from driver.model.device import Device
 from driver.netlink.ethtool_genl import Ethtool, EthtoolError, FeatureState, describe, open_socket
 from driver.netlink.rtnl import NetnsOpError
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 # The ethtool CLI's legacy offload names (its off_flag_def table): short alias, long alias, and
 # the glob of kernel feature names both stand for.
@@ -191,3 +199,72 @@ def check_features(
         return _plan(eth, ifname, features, private_flags)[1]
     finally:
         eth.close()
+
+
+def targets(requested: dict[str, bool], resolved: Iterable[str]) -> dict[str, bool]:
+    """What :func:`plan` decided to set, from the claim's names and the kernel names they were
+    resolved to (``resolved``: the features whose host values were recorded)."""
+    names = set(resolved)
+    out: dict[str, bool] = {}
+    for name, on in requested.items():
+        if name in names:
+            out[name] = on
+        elif name.lower() in ALIASES:
+            for t in sorted(n for n in names if fnmatch.fnmatchcase(n, ALIASES[name.lower()])):
+                out[t] = on
+    return out
+
+
+class EthtoolSetting(NicSetting):
+    """The claim's ``ethtool`` features and private flags."""
+
+    name = "ethtool"
+
+    def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
+        eth = config.ethtool
+        if eth is None or eth.empty:
+            return []
+        if not device.host.ifname:
+            return [f"ethtool: device {device.name} has no netdev"]
+        return check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Resolve each configured NIC's settings on the host and record the values they replace."""
+        for nic in nics:
+            cfg = nic.config.ethtool
+            if cfg is None or cfg.empty:
+                continue
+            try:
+                found = plan(host.ethtool(), nic.host.ifname, cfg.features, cfg.private_flags)
+            except (EthtoolError, OSError) as exc:
+                raise SettingRefused(nic.name, "ethtool", str(exc)) from exc
+            nic.records[self.name] = {
+                "features": found.original_features,
+                "private_flags": found.original_private_flags,
+            }
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Set each NIC's features and private flags (before it is up)."""
+        todo = []
+        for nic in nics:
+            cfg, recorded = nic.config.ethtool, nic.records.get(self.name)
+            if cfg is None or recorded is None:
+                continue
+            features = targets(cfg.features or {}, recorded["features"])
+            if features or cfg.private_flags:
+                todo.append((nic, features, dict(cfg.private_flags or {})))
+        if not todo:
+            return
+        pod_eth = pod.ethtool()
+        try:
+            for nic, features, flags in todo:
+                apply(pod_eth, nic.name, nic.pod.ifname, features, flags)
+        finally:
+            pod_eth.close()
+
+    def after_return(self, nic: MovedDevice, host: HostNetns) -> None:
+        """The host's values again (also right when the pod's namespace is gone)."""
+        recorded = nic.records.get(self.name)
+        if recorded and (recorded.get("features") or recorded.get("private_flags")):
+            features, flags = recorded.get("features") or {}, recorded.get("private_flags") or {}
+            apply(host.ethtool(), nic.device, nic.host_ifname, features, flags, step="restore-ethtool")

@@ -1,19 +1,24 @@
-"""GSO/GRO maximum sizes of a NIC (``ip link set dev X gso_max_size N ...``, BIG TCP), raw rtnetlink.
+"""GSO/GRO maximum sizes of a NIC in the pod (``ip link set dev X gso_max_size N ...``, BIG TCP).
 
 A claim's ``interface.gsoMaxSize``, ``groMaxSize``, ``gsoIPv4MaxSize`` and ``groIPv4MaxSize`` are
 checked against what the NIC and kernel allow (``IFLA_TSO_MAX_SIZE`` for the GSO sizes, the
-kernel's ``GRO_MAX_SIZE`` for the GRO ones) before the NIC moves, travel in the move's own
-``RTM_NEWLINK`` (no extra round trip), and the host values recorded here are set back when the
-NIC returns.
+kernel's ``GRO_MAX_SIZE`` for the GRO ones) at prepare and again before the NIC moves, travel in
+the request that sets the NIC's MTU and MAC in the pod (no extra round trip), and the host values
+recorded before the move are set back in the host's restore batch when the NIC returns.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Sequence
 
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.checkpoint.state import MovedDevice
+from driver.model.device import Device
 from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
 from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, netlink_socket, pick_attrs
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 IFLA_GSO_MAX_SIZE, IFLA_GRO_MAX_SIZE, IFLA_TSO_MAX_SIZE = 41, 58, 59
 IFLA_GSO_IPV4_MAX_SIZE, IFLA_GRO_IPV4_MAX_SIZE = 63, 64
@@ -92,3 +97,31 @@ def encode(values: dict[str, int]) -> bytes:
 def restore(device: str, index: int, values: dict[str, int]) -> Request:
     """The RTM_NEWLINK that sets the recorded host ``values`` back."""
     return newlink(device, index, extra=encode(values), step="restore offload sizes")
+
+
+class OffloadSizes(NicSetting):
+    """``interface.gsoMaxSize``, ``groMaxSize``, ``gsoIPv4MaxSize`` and ``groIPv4MaxSize``."""
+
+    name = "offload_sizes"
+
+    def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
+        sizes = config.interface.offload_sizes if config.interface else {}
+        return check_host_nic(device.host.ifname, sizes) if sizes and device.host.ifname else []
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Check each NIC that sets sizes can take them and record all its current ones."""
+        for nic in nics:
+            sizes = nic.interface.offload_sizes
+            if sizes:
+                try:
+                    nic.records[self.name] = check(host.rtnl(), nic.host.index or 0, sizes)
+                except (OffloadSizeError, OSError) as exc:
+                    raise SettingRefused(nic.name, "offload sizes", str(exc)) from exc
+
+    def link_attrs(self, nic: Nic) -> bytes:
+        sizes = nic.interface.offload_sizes
+        return encode(sizes) if sizes else b""
+
+    def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
+        values = nic.records.get(self.name)
+        return [restore(nic.device, index, values)] if values else []

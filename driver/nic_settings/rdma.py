@@ -1,4 +1,4 @@
-"""RDMA devices and network namespaces over RDMA netlink (``NETLINK_RDMA``, the ``nldev`` client).
+"""RDMA devices following their netdev into the pod and back, over RDMA netlink (``NETLINK_RDMA``, ``nldev``).
 
 The kernel's RDMA subsystem runs in one of two netns modes (``rdma system set netns shared|exclusive``):
 
@@ -19,6 +19,11 @@ header; the message type is ``RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, cmd) = (5 << 10) +
 
 A kernel without RDMA netlink (no ``NETLINK_RDMA`` family, e.g. no ``ib_core``) has no exclusive
 mode to honour: the mode is reported as ``unknown`` and treated as shared.
+
+In exclusive mode (found at daemon start) a NIC's RDMA device is recorded before the move and
+moved into the pod right after its netdev; at return it comes back before the netdev leaves (as
+the Go driver does), best effort: one left behind returns to the host when the pod's namespace is
+destroyed (kernel), and the netdev is never kept hostage for it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from driver.checkpoint.state import MovedDevice
+from driver.netlink.namespaces import NetnsGone
+from driver.netlink.rtnl import NetnsOpError
 from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +143,52 @@ def move(channel: NetlinkChannel, device: str, netns_fd: int) -> None:
         if reply.error == errno.EOPNOTSUPP:
             why += " (the RDMA subsystem is in shared netns mode)"
         raise RdmaMoveError(device, f"move failed: {why}")
+
+
+def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, to_fd: int) -> None:
+    """Move ``rdma_device`` (of NIC ``device``) between namespaces; :class:`NetnsOpError` naming the
+    device if it cannot."""
+    try:
+        channel = NetlinkChannel(host.ns.socket_in(from_fd, NETLINK_RDMA))
+    except OSError as exc:  # no RDMA netlink: the device cannot follow its netdev, refuse the pod
+        raise NetnsOpError(device, "rdma move", f"RDMA device {rdma_device}: no RDMA netlink: {exc}") from exc
+    try:
+        move(channel, rdma_device, to_fd)
+    except (RdmaMoveError, OSError) as exc:
+        raise NetnsOpError(device, "rdma move", f"{exc} (exclusive RDMA netns mode)") from exc
+    finally:
+        channel.close()
+
+
+class RdmaDevice(NicSetting):
+    """A NIC's RDMA device, moved with it in exclusive RDMA netns mode."""
+
+    name = "rdma"
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        if host.rdma_exclusive:
+            for nic in nics:
+                if nic.device.snapshot.host.rdma_device:
+                    nic.records[self.name] = nic.device.snapshot.host.rdma_device
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        for nic in nics:
+            rdma_device = nic.records.get(self.name)
+            if rdma_device:
+                move_between(pod.host, nic.name, rdma_device, pod.host.fd, pod.fd)
+
+    def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
+        """Bring the RDMA devices back to the host, first (a gone pod netns returned them already)."""
+        moved = [(m.device, m.records[self.name]) for m in nics if m.records.get(self.name)]
+        if not moved or not pod.host.rdma_exclusive:
+            return
+        try:
+            pod_fd = pod.fd
+        except (NetnsGone, OSError):
+            return
+        for device, rdma_device in moved:
+            try:
+                move_between(pod.host, device, rdma_device, pod_fd, pod.host.fd)
+            except NetnsOpError as exc:
+                # "not in the source namespace" = never moved
+                log.warning("RDMA device not returned", extra={"kv": {"device": device, "error": exc.reason}})

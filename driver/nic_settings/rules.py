@@ -1,12 +1,12 @@
-"""Policy-routing rules (``ip rule``) and permanent neighbor entries (``ip neigh ... nud permanent``),
-raw rtnetlink: the requests that add them and the dumps that record a host NIC's own.
+"""Policy-routing rules (``ip rule``) of a NIC: the claim's in the pod, the host's carried along and back.
 
-A claim's ``rules`` and ``neighbors`` (and a cloud provider's rules) are added in the pod with the
-NIC's addresses and routes, in the same pipelined batch (:mod:`driver.netlink.nic_moves`). A NIC's
-host rules (source inside one of its addresses' networks, or ``iif``/``oif`` its name) and its
-permanent neighbors are recorded before the move: the neighbors are flushed by the kernel when
-the NIC leaves, the rules stay in the host; both are copied into the pod like the NIC's host
-routes and put back on the host when the NIC returns.
+A claim's ``rules`` (and a cloud provider's, merged under them at prepare) are added in the pod in
+its configuration batch. A NIC's host rules (source inside one of its addresses' networks, or
+``iif``/``oif`` its name) are recorded before the move, from one dump of the host's rules for all
+the pod's NICs; they stay in the host when the NIC leaves, and are copied into the pod (naming the
+NIC as the pod knows it) when the NIC keeps its host addresses, the claim sets no rule of its own
+and no VRF decides the lookup; they are added on the host again when the NIC returns (one still there
+is no error).
 """
 
 from __future__ import annotations
@@ -15,22 +15,22 @@ import errno
 import ipaddress
 import socket
 import struct
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from driver.netlink.rtnl import Request, Rtnl, mac_bytes
-from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, mac_str, parse_attrs, text
+from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.checkpoint.state import MovedDevice
+from driver.netlink.rtnl import Request, Rtnl
+from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, parse_attrs, text
+from driver.nic_settings.addresses import keeps_host_addresses
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
-RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30
 RTM_NEWRULE, RTM_GETRULE = 32, 34
-NLM_F_REPLACE = 0x100
 FIB_RULE_HDR = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, res1, res2, action, flags
 FRA_DST, FRA_SRC, FRA_IIFNAME, FRA_PRIORITY, FRA_TABLE, FRA_OIFNAME = 1, 2, 3, 6, 15, 17
 FRA_FWMARK, FRA_L3MDEV = 10, 19
 FR_ACT_TO_TBL = 1
-NDMSG = struct.Struct("=BxxxiHBB")  # family, ifindex, state, flags, type
-NDA_DST, NDA_LLADDR, NDA_IFINDEX = 1, 2, 8
-NUD_PERMANENT = 0x80
 DEFAULT_RULE_PRIORITIES = frozenset({0, 32766, 32767})  # lookup local, main, default: every netns has them
 
 
@@ -52,23 +52,6 @@ class Rule:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Rule:
-        """Inverse of :meth:`to_dict`."""
-        return cls(**data)
-
-
-@dataclass(frozen=True)
-class Neighbor:
-    """One permanent neighbor entry (IP -> link-layer address) on a NIC."""
-
-    dst: str
-    lladdr: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """Pod state form."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Neighbor:
         """Inverse of :meth:`to_dict`."""
         return cls(**data)
 
@@ -113,16 +96,6 @@ def newrule(device: str, rule: Rule, step: str = "rule") -> Request:
     return Request(RTM_NEWRULE, NLM_F_CREATE | NLM_F_EXCL, body, device, step, what, (errno.EEXIST,))
 
 
-def newneigh(device: str, index: int, neighbor: Neighbor, step: str = "neighbor") -> Request:
-    """RTM_NEWNEIGH: ``neighbor`` as a permanent entry on ``index`` (replacing one for the same IP)."""
-    ip = ipaddress.ip_address(neighbor.dst)
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    body = NDMSG.pack(family, index, NUD_PERMANENT, 0, 0)
-    body += attr(NDA_DST, ip.packed) + attr(NDA_LLADDR, mac_bytes(neighbor.lladdr))
-    what = f"neighbor {neighbor.dst} lladdr {neighbor.lladdr}"
-    return Request(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, body, device, step, what)
-
-
 def parse_rule(payload: bytes) -> Rule | None:
     """A rule of an RTM_GETRULE dump, or None for what a NIC never owns (other actions, fwmark,
     l3mdev, the three default rules)."""
@@ -163,16 +136,60 @@ def rules_of(rules: list[Rule], ifname: str, addresses: list[str]) -> list[Rule]
     return out
 
 
-def permanent_neighbors(rtnl: Rtnl, index: int) -> list[Neighbor]:
-    """The permanent neighbor entries on link ``index`` (one dump the kernel filters by link when
-    strict checking is on)."""
-    body = NDMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-    if rtnl.strict():
-        body += attr(NDA_IFINDEX, struct.pack("=I", index))
-    out = []
-    for payload in rtnl.dump(RTM_GETNEIGH, body):
-        _family, ifindex, state, _flags, _type = NDMSG.unpack_from(payload)
-        attrs = parse_attrs(payload, NDMSG.size)
-        if ifindex == index and state & NUD_PERMANENT and NDA_DST in attrs and NDA_LLADDR in attrs:
-            out.append(Neighbor(str(ipaddress.ip_address(attrs[NDA_DST])), mac_str(attrs[NDA_LLADDR])))
-    return out
+def _host_rule_in_pod(rule: Rule, host_name: str, pod_name: str) -> Rule:
+    """A host rule naming the NIC (iif/oif) names it as the pod knows it."""
+    return replace(
+        rule,
+        iifname=pod_name if rule.iifname == host_name else rule.iifname,
+        oifname=pod_name if rule.oifname == host_name else rule.oifname,
+    )
+
+
+def pod_rules(
+    config: NetworkConfig, cloud: NetworkConfig | None, host_name: str, pod_name: str, host: list[Rule], vrf: bool
+) -> list[Rule]:
+    """The rules added in the pod for a NIC: the claim's (with the cloud provider's), after its host
+    rules (``host``, renamed) when it keeps its host addresses, sets no rule of its own and is in
+    no VRF (the VRF's table decides the lookup)."""
+    rules = [config_rule(r.priority, r.source, r.destination, r.table) for r in config.rules or ()]
+    cloud_rules = set(cloud.rules or ()) if cloud is not None else set()
+    if keeps_host_addresses(config) and not vrf and all(r in cloud_rules for r in config.rules or ()):
+        rules = [_host_rule_in_pod(r, host_name, pod_name) for r in host if r not in rules] + rules
+    return rules
+
+
+NAME = "rules"
+
+
+def _recorded(records: dict[str, Any]) -> list[Rule]:
+    return [Rule.from_dict(r) for r in records.get(NAME) or ()]
+
+
+class Rules(NicSetting):
+    """The claim's ``rules`` in the pod; the NIC's host rules carried along and put back."""
+
+    name = NAME
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Record each NIC's host rules (one dump of the host's rules for every NIC)."""
+        if not nics:
+            return
+        rules = host_rules(host.rtnl())
+        for nic in nics:
+            mine = rules_of(rules, nic.host.ifname, nic.host.addresses)
+            if mine:
+                nic.records[self.name] = [r.to_dict() for r in mine]
+
+    def requests(self, nic: Nic) -> list[Request]:
+        found = pod_rules(
+            nic.config,
+            nic.device.cloud_config,
+            nic.host.ifname,
+            nic.pod.ifname,
+            _recorded(nic.records),
+            nic.pod.table is not None,
+        )
+        return [newrule(nic.name, r) for r in found]
+
+    def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
+        return [newrule(nic.device, r) for r in _recorded(nic.records)]

@@ -1,21 +1,29 @@
-"""VRF devices in a pod (``ip link add NAME type vrf table N``), raw rtnetlink.
+"""A NIC's VRF in the pod (``ip link add NAME type vrf table N``, ``ip link set NIC master NAME``).
 
 A claim's ``interface.vrf`` puts the NIC into a VRF device created in the pod: created and set up
-before the NIC's addresses, the NIC enslaved to it (``IFLA_MASTER``), every route of the NIC in
-the VRF's table. At return the NIC is released (master 0) and the VRF deleted before the NIC
-moves back. NICs of one pod naming the same VRF share it. A kernel built without VRF support
-(``CONFIG_NET_VRF``) answers the create with ``EOPNOTSUPP``: the pod is refused with a message
-that says so (:data:`NO_VRF`).
+before the NIC is configured, the NIC enslaved to it (``IFLA_MASTER``) first in its configuration
+(enslaving cycles the link: before its addresses), every route of the NIC in the VRF's table.
+NICs of one pod naming the same VRF share it, and its table: the one they set (two different ones
+are refused), else 100 + the first one's host ifindex (dranet's default). A VRF named like a link
+the pod has, or like one of its NICs, is refused before anything moves. Each VRF created is
+recorded in the pod state at once (``{"kind", "index", "name"}``): at return the NICs are released
+(master 0) and only the links so recorded, still of that kind at that index, are deleted, before
+the NICs move back. A kernel built without VRF support (``CONFIG_NET_VRF``) answers the create with
+``EOPNOTSUPP``: the pod is refused with a message that says so (:data:`NO_VRF`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import socket
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from driver.checkpoint.state import MovedDevice
+from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
 from driver.netlink_channel import (
     IFINFOMSG,
@@ -29,7 +37,11 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     attr,
 )
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
+log = logging.getLogger(__name__)
+
+VRF_TABLE_BASE = 100  # a VRF without a table gets 100 + the NIC's ifindex (dranet's default)
 IFLA_INFO_DATA = 2
 IFLA_VRF_TABLE = 1
 NO_VRF = (
@@ -99,3 +111,82 @@ def delete_created(rtnl: Rtnl, device: str, created: Sequence[dict[str, Any]]) -
 def release(device: str, index: int) -> Request:
     """RTM_NEWLINK taking NIC ``index`` out of its VRF (master 0)."""
     return newlink(device, index, master=0, step="vrf release")
+
+
+def pod_vrfs(nics: Sequence[Nic]) -> dict[str, tuple[str, int]]:
+    """The VRFs a pod's NICs ask for: name -> (first device, table). NICs naming one VRF share it:
+    its table is the one they set (two different ones: :class:`SettingRefused`), else the first
+    NIC's default (100 + its host ifindex)."""
+    explicit: dict[str, tuple[str, int]] = {}
+    out: dict[str, tuple[str, int]] = {}
+    for nic in nics:
+        wanted = nic.interface.vrf
+        if wanted is None or not wanted.name:
+            continue
+        if wanted.table is not None:
+            seen = explicit.setdefault(wanted.name, (nic.name, wanted.table))
+            if seen[1] != wanted.table:
+                why = f"vrf {wanted.name}: table {wanted.table} here, {seen[1]} for device {seen[0]} of the same pod"
+                raise SettingRefused(nic.name, "vrf create", why)
+        out.setdefault(wanted.name, (nic.name, wanted.table or VRF_TABLE_BASE + (nic.host.index or 0)))
+    return {name: (dev, explicit[name][1] if name in explicit else table) for name, (dev, table) in out.items()}
+
+
+class Vrf(NicSetting):
+    """``interface.vrf``: the NIC enslaved to a VRF device made in the pod."""
+
+    name = "vrf"
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Refuse a VRF named like a link of the pod or one of its NICs; plan each VRF's table."""
+        names = {nic.pod.ifname: nic.name for nic in nics}
+        for nic in nics:
+            vrf = nic.interface.vrf.name if nic.interface.vrf is not None else None
+            if vrf is None:
+                continue
+            if vrf in pod.names:
+                raise SettingRefused(nic.name, "vrf", f"interface.vrf.name: the pod already has an interface {vrf!r}")
+            if vrf in names:
+                reason = f"interface.vrf.name: {vrf!r} is the interface name of device {names[vrf]}"
+                raise SettingRefused(nic.name, "vrf", reason)
+        vrfs = pod_vrfs(nics)
+        for nic in nics:
+            wanted = nic.interface.vrf
+            if wanted is not None and wanted.name in vrfs:
+                nic.pod.table = vrfs[wanted.name][1]
+                nic.records[self.name] = wanted.name
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Create and set up the pod's VRFs (each recorded at once); each NIC's master is its VRF."""
+        vrfs = pod_vrfs([nic for nic in nics if self.name in nic.records])
+        if not vrfs:
+            return
+        indexes = create(pod.rtnl, vrfs, pod.on_created)
+        for nic in nics:
+            name = nic.records.get(self.name)
+            if name in indexes:
+                nic.pod.master = indexes[name]
+
+    def requests(self, nic: Nic) -> list[Request]:
+        if nic.pod.master is None:
+            return []
+        return [newlink(nic.name, nic.index, master=nic.pod.master, step="vrf enslave")]
+
+    def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
+        """Take the NICs out of their VRFs and delete the VRFs the hooks created (the pod state's
+        record; best effort: a pod namespace that is gone took its VRFs with it). A NIC is found by
+        its pod ifindex (a record without one: by its pod name), a VRF only by its record."""
+        enslaved = [m for m in nics if m.records.get(self.name)]
+        if not enslaved and not pod.created:
+            return
+        with contextlib.suppress(NetnsGone, OSError):
+            rtnl = pod.rtnl
+            indexed = [m for m in enslaved if m.pod_index]
+            links = rtnl.links_by_index([m.pod_index or 0 for m in indexed])
+            links += rtnl.links_by_name([m.pod_ifname for m in enslaved if not m.pod_index])
+            ordered = indexed + [m for m in enslaved if not m.pod_index]
+            reqs = [release(m.device, link.index) for m, link in zip(ordered, links, strict=True) if link]
+            reqs += delete_created(rtnl, "vrf", pod.created)
+            for err in rtnl.run_each(reqs):
+                if err is not None:
+                    log.warning("VRF cleanup", extra={"kv": {"error": str(err)}})

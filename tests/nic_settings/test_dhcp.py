@@ -1,4 +1,5 @@
-"""``interface.dhcp: true`` through the NRI hooks, against a real DHCP server (busybox udhcpd).
+"""``interface.dhcp: true``: a lease's routes (main table or the VRF's), and the lease through the NRI
+hooks against a real DHCP server (busybox udhcpd).
 
 The NIC is a veth whose far end sits in a namespace of the test's own, where udhcpd serves; the
 hook moves the NIC into the pod's namespace, takes a lease there, and releases it at stop.
@@ -7,6 +8,7 @@ hook moves the NIC into the pod's namespace, takes a lease there, and releases i
 from __future__ import annotations
 
 import secrets
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -20,14 +22,29 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.config import DHCP_TIMEOUT
-from driver.nri.hook_context import HookError, pod_netns_path
-from driver.nri.hooks import NRIHooks
+from driver.dhcp.wire import Lease
+from driver.netlink.rtnl import Route
+from driver.nic_settings.dhcp import lease_routes
+from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
 
-pytestmark = pytest.mark.root
 DHCP = {"opaque": [{"interface": {"name": "net1", "dhcp": True}}]}
+LEASE = Lease(
+    address="10.77.4.11/24",
+    server_id="10.77.4.1",
+    client_mac="02:00:00:00:00:01",
+    routes=(("10.204.0.0/16", "10.77.4.1"), ("10.205.0.9/32", None)),
+)
+
+
+def test_lease_routes_go_to_the_main_table_or_the_vrfs() -> None:
+    assert lease_routes(LEASE) == [
+        Route(dst="10.204.0.0/16", gateway="10.77.4.1", table=254, family=socket.AF_INET),
+        Route(dst="10.205.0.9/32", gateway=None, scope=253, table=254, family=socket.AF_INET),
+    ]
+    assert {r.table for r in lease_routes(LEASE, 107)} == {107}
 
 
 class Status:
@@ -82,6 +99,7 @@ def served_nic(netns_factory: NetnsFactory, tmp_path: Path) -> Iterator[tuple[st
         server.stop()
 
 
+@pytest.mark.root
 def test_the_pod_gets_a_lease_and_stop_releases_it(
     served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
@@ -100,8 +118,9 @@ def test_the_pod_gets_a_lease_and_stop_releases_it(
     assert not [r for r in inside["routes"] if r[0] == "default"], "the router option makes no default route"
     assert took < 1.0, f"RunPodSandbox with a DHCP exchange took {took:.3f}s"
     [moved] = t.store.read(lambda s: s.pods[t.pod.uid].devices)
-    assert moved.dhcp_lease is not None and moved.dhcp_lease["address"] == address
-    assert moved.dhcp_lease["serverID"] == server.address
+    lease = moved.records.get("dhcp")
+    assert lease is not None and lease["address"] == address
+    assert lease["serverID"] == server.address
     assert [(r.interface_name, r.ips) for r in t.status.ready] == [("net1", [address])], (
         "the claim status shows the lease"
     )
@@ -114,6 +133,7 @@ def test_the_pod_gets_a_lease_and_stop_releases_it(
     assert t.store.read(lambda s: s.pods) == {}
 
 
+@pytest.mark.root
 def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
     served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
@@ -133,6 +153,7 @@ def test_no_lease_fails_the_pod_naming_the_nic_and_gives_the_nic_back(
     assert t.store.read(lambda s: s.pods) == {}
 
 
+@pytest.mark.root
 def test_unprepare_without_stop_releases_the_lease_too(
     served_nic: tuple[str, UdhcpdServer], netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
@@ -145,6 +166,7 @@ def test_unprepare_without_stop_releases_the_lease_too(
     assert link_facts(nic) is not None and link_facts(nic)["addresses"] == []  # type: ignore[index]
 
 
+@pytest.mark.root
 def test_two_dhcp_nics_lease_at_once_and_one_failure_releases_the_other(
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
@@ -192,6 +214,7 @@ def test_two_dhcp_nics_lease_at_once_and_one_failure_releases_the_other(
 
 
 @pytest.mark.slow
+@pytest.mark.root
 def test_over_nri_the_lease_survives_a_driver_restart_and_stop_releases_it(
     served_nic: tuple[str, UdhcpdServer],
     netns_factory: NetnsFactory,
@@ -224,6 +247,7 @@ def test_over_nri_the_lease_survives_a_driver_restart_and_stop_releases_it(
 
 
 @pytest.mark.slow
+@pytest.mark.root
 def test_over_nri_no_lease_is_an_error_within_the_runtimes_timeout(
     served_nic: tuple[str, UdhcpdServer],
     netns_factory: NetnsFactory,

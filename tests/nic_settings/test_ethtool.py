@@ -18,9 +18,10 @@ from collections.abc import Iterator
 import pytest
 from pyroute2.ethtool.ioctl import IoctlEthtool
 
-from driver.netlink import ethtool, ethtool_genl
+from driver.netlink import ethtool_genl
 from driver.netlink.ethtool_genl import Ethtool, EthtoolError
 from driver.netlink.rtnl import NetnsOpError
+from driver.nic_settings import ethtool
 
 pytestmark = pytest.mark.root
 

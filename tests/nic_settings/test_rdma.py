@@ -15,10 +15,9 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
-from driver.netlink import rdma_netns
 from driver.netlink_channel import NLMSGHDR, NetlinkChannel
-from driver.nri.hook_context import HookError
-from driver.nri.hooks import NRIHooks
+from driver.nic_settings import rdma
+from driver.nri.hooks import HookError, NRIHooks
 from tests.plugins.nri import pod_json, prepare_claim
 
 # include/uapi/rdma/rdma_netlink.h
@@ -36,12 +35,12 @@ UAPI = {
 
 def test_constants_are_the_uapi_ones() -> None:
     for name, value in UAPI.items():
-        assert getattr(rdma_netns, name) == value, name
-    assert rdma_netns.NETLINK_RDMA == 20  # include/uapi/linux/netlink.h
+        assert getattr(rdma, name) == value, name
+    assert rdma.NETLINK_RDMA == 20  # include/uapi/linux/netlink.h
 
 
 def test_set_netns_message_byte_for_byte() -> None:
-    kind, flags, body = rdma_netns.set_netns_request(3, 7)
+    kind, flags, body = rdma.set_netns_request(3, 7)
     assert kind == (5 << 10) + 2 == 0x1402
     assert flags == 0x1 | 0x4  # NLM_F_REQUEST | NLM_F_ACK
     assert body == bytes.fromhex("0800 0100 03000000 0800 4400 07000000".replace(" ", ""))
@@ -50,7 +49,7 @@ def test_set_netns_message_byte_for_byte() -> None:
 
 
 def test_sys_get_message_byte_for_byte() -> None:
-    assert rdma_netns.sys_get_request() == (0x1406, 0x1, b"")
+    assert rdma.sys_get_request() == (0x1406, 0x1, b"")
 
 
 def _attr(kind: int, data: bytes) -> bytes:
@@ -59,14 +58,14 @@ def _attr(kind: int, data: bytes) -> bytes:
 
 
 def test_answers_are_parsed() -> None:
-    assert rdma_netns.parse_netns_mode(_attr(66, b"\x00")) == "exclusive"
-    assert rdma_netns.parse_netns_mode(_attr(66, b"\x01") + _attr(67, b"\x01")) == "shared"
-    assert rdma_netns.parse_netns_mode(b"") == "unknown"
+    assert rdma.parse_netns_mode(_attr(66, b"\x00")) == "exclusive"
+    assert rdma.parse_netns_mode(_attr(66, b"\x01") + _attr(67, b"\x01")) == "shared"
+    assert rdma.parse_netns_mode(b"") == "unknown"
     dump = [
         _attr(1, struct.pack("=I", 0)) + _attr(2, b"mlx5_0\0") + _attr(3, struct.pack("=I", 1)),
         _attr(1, struct.pack("=I", 5)) + _attr(2, b"mlx5_1\0"),
     ]
-    assert rdma_netns.parse_devices(dump) == {"mlx5_0": 0, "mlx5_1": 5}
+    assert rdma.parse_devices(dump) == {"mlx5_0": 0, "mlx5_1": 5}
 
 
 class FakeRdmaSocket:
@@ -101,21 +100,21 @@ class FakeRdmaSocket:
 
 def test_move_sends_the_set_for_the_named_device() -> None:
     sock = FakeRdmaSocket()
-    rdma_netns.move(NetlinkChannel(sock), "mlx5_3", 9)  # type: ignore[arg-type]
+    rdma.move(NetlinkChannel(sock), "mlx5_3", 9)  # type: ignore[arg-type]
     set_msg = sock.sent[-1]
-    assert set_msg[16:] == rdma_netns.set_netns_request(4, 9)[2]
-    with pytest.raises(rdma_netns.RdmaMoveError, match="RDMA device mlx5_9: not in the source network namespace"):
-        rdma_netns.move(NetlinkChannel(FakeRdmaSocket()), "mlx5_9", 9)  # type: ignore[arg-type]
-    with pytest.raises(rdma_netns.RdmaMoveError, match="shared netns mode"):
-        rdma_netns.move(NetlinkChannel(FakeRdmaSocket(errno.EOPNOTSUPP)), "mlx5_3", 9)  # type: ignore[arg-type]
+    assert set_msg[16:] == rdma.set_netns_request(4, 9)[2]
+    with pytest.raises(rdma.RdmaMoveError, match="RDMA device mlx5_9: not in the source network namespace"):
+        rdma.move(NetlinkChannel(FakeRdmaSocket()), "mlx5_9", 9)  # type: ignore[arg-type]
+    with pytest.raises(rdma.RdmaMoveError, match="shared netns mode"):
+        rdma.move(NetlinkChannel(FakeRdmaSocket(errno.EOPNOTSUPP)), "mlx5_3", 9)  # type: ignore[arg-type]
 
 
 def test_mode_on_this_kernel_and_without_rdma_netlink() -> None:
     def missing() -> socket.socket:
         raise OSError(errno.EPROTONOSUPPORT, "Protocol not supported")
 
-    assert rdma_netns.netns_mode(missing) == "unknown"
-    assert rdma_netns.netns_mode() in ("unknown", "shared", "exclusive")  # here: no NETLINK_RDMA -> unknown
+    assert rdma.netns_mode(missing) == "unknown"
+    assert rdma.netns_mode() in ("unknown", "shared", "exclusive")  # here: no NETLINK_RDMA -> unknown
 
 
 @pytest.mark.root
@@ -126,7 +125,7 @@ def test_exclusive_mode_refuses_the_pod_naming_the_device_and_rolls_back(netns_f
     prepare_claim(store, "pod-rdma", [{"ifname": host, "rdma_device": "mlx5_0", "device": "pci-0000-8a-00-0"}])
     hooks = NRIHooks(store, rdma_exclusive=True)
     pod = json_format.Parse(json.dumps(pod_json("pod-rdma", f"/run/netns/{ns}")), api.PodSandbox())
-    if rdma_netns.netns_mode() != "unknown":
+    if rdma.netns_mode() != "unknown":
         pytest.skip("this kernel has RDMA netlink: the refusal path needs a device that cannot move")
     with pytest.raises(HookError) as err:
         hooks.run_pod_sandbox(pod)

@@ -1,4 +1,5 @@
-"""Rules and permanent neighbors through the real hooks (real namespaces and veths; issue 16 part B).
+"""Policy-routing rules: what a config and the host's rules become in the pod (pure), and rules (with
+neighbors, which go in the same batch) through the real hooks (real namespaces and veths).
 
 The "host" is a throwaway network namespace (``NRIHooks(host_netns=...)``), so the host rules the
 tests add never touch the machine's own rule table.
@@ -6,71 +7,42 @@ tests add never touch the machine's own rule table.
 
 from __future__ import annotations
 
-import json
-import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf import json_format
 
-from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.api.v1alpha1.decode import decode_config
 from driver.api.v1alpha1.merge import merge_under_cloud
 from driver.checkpoint.state import DriverState
-from driver.checkpoint.store import CheckpointStore
-from driver.nri.hooks import NRIHooks
+from driver.nic_settings.rules import Rule, pod_rules
 from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts, pod_json, prepare_claim
+from tests.plugins.nri import link_facts, prepare_claim
+from tests.support.hook_node import Node, ipj, neighbors, rules, sh
 
-pytestmark = pytest.mark.root
-
-
-def ipj(netns: str, *args: str) -> Any:
-    out = subprocess.run(["ip", "-j", "-n", netns, *args], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout or "[]")
+HOST_RULES = [Rule(priority=150, src="10.5.0.0/24", table=150), Rule(priority=151, iifname="eth5", table=151)]
 
 
-def sh(netns: str, *args: str) -> None:
-    subprocess.run(["ip", "-n", netns, *args], check=True, capture_output=True, text=True)
+def _pod_rules(params: dict[str, object], vrf: bool = False) -> list[Rule]:
+    return pod_rules(decode_config(params, "p"), None, "eth5", "net1", HOST_RULES, vrf)
 
 
-def rules(netns: str, family: str = "-4") -> list[tuple[Any, ...]]:
-    """(priority, src, dst, iif, oif, table) of the rules beyond the three defaults."""
-    out = []
-    for r in ipj(netns, family, "rule", "show"):
-        if r.get("priority") in (0, 32766, 32767) and r.get("src") == "all":
-            continue
-        src, dst = (
-            None if r.get(k) in (None, "all") else f"{r[k]}/{r[k + 'len']}" if k + "len" in r else r[k]
-            for k in ("src", "dst")
-        )
-        out.append((r.get("priority"), src, dst, r.get("iif"), r.get("oif"), str(r.get("table"))))
-    return sorted(out, key=str)
+def test_host_rules_follow_the_renamed_nic() -> None:
+    assert _pod_rules({"interface": {"name": "net1"}}) == [HOST_RULES[0], Rule(priority=151, iifname="net1", table=151)]
 
 
-def neighbors(netns: str, dev: str) -> list[tuple[str, str, list[str]]]:
-    return sorted((n["dst"], n.get("lladdr", ""), n.get("state", [])) for n in ipj(netns, "neigh", "show", "dev", dev))
+def test_claim_rules_replace_the_hosts() -> None:
+    assert _pod_rules({"rules": [{"source": "10.5.0.0/24", "table": 9}]}) == [Rule(src="10.5.0.0/24", table=9)]
 
 
-class Node:
-    """A host namespace with one veth NIC (peer in a fabric namespace), a store and the hooks."""
-
-    def __init__(self, factory: NetnsFactory, tmp: Path) -> None:
-        self.host = factory.netns()
-        fabric = factory.netns()
-        self.nic, peer = factory.veth(netns=self.host, peer_netns=fabric)
-        sh(self.host, "addr", "add", "10.61.0.2/24", "dev", self.nic)
-        sh(self.host, "link", "set", self.nic, "up")
-        sh(fabric, "link", "set", peer, "up")
-        self.pod_ns = factory.netns()
-        self.store = CheckpointStore(str(tmp / "state"), str(tmp / "run"))
-        self.hooks = NRIHooks(self.store, host_netns=f"/run/netns/{self.host}")
-        self.uid = secrets.token_hex(8)
-        self.pod = json_format.ParseDict(pod_json(self.uid, f"/run/netns/{self.pod_ns}"), api.PodSandbox())
+def test_no_host_rule_with_a_vrf_dhcp_or_claim_addresses() -> None:
+    assert _pod_rules({"interface": {"vrf": {"name": "blue"}}}, vrf=True) == []
+    assert _pod_rules({"interface": {"dhcp": True}}) == []
+    assert _pod_rules({"interface": {"addresses": ["192.0.2.5/24"]}}) == []
 
 
+@pytest.mark.root
 def test_claim_rules_and_neighbors_are_added_in_the_pod(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     node = Node(netns_factory, tmp_path)
     params = {
@@ -101,6 +73,7 @@ def test_claim_rules_and_neighbors_are_added_in_the_pod(netns_factory: NetnsFact
     assert rules(node.host) == [], "claim rules live in the pod only"
 
 
+@pytest.mark.root
 def test_host_rules_and_neighbors_of_the_nic_go_along_and_come_back(
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
@@ -120,10 +93,8 @@ def test_host_rules_and_neighbors_of_the_nic_go_along_and_come_back(
     ]
     assert neighbors(node.pod_ns, "eth9") == [("10.61.0.9", "02:00:00:00:61:09", ["PERMANENT"])]
     assert ipj(node.pod_ns, "route", "show", "table", "180")[0]["dst"] == "10.80.0.0/16"
-    stored = node.store.read(lambda s: s.pods[node.uid].devices[0])
-    assert len(stored.host_rules) == 2 and stored.host_neighbors == [
-        {"dst": "10.61.0.9", "lladdr": "02:00:00:00:61:09"}
-    ]
+    assert len(node.record("rules")) == 2
+    assert node.record("neighbors") == [{"dst": "10.61.0.9", "lladdr": "02:00:00:00:61:09"}]
     sh(node.host, "rule", "del", "priority", "180")  # something removed it meanwhile: the return puts it back
     node.hooks.stop_pod_sandbox(node.pod)
     assert rules(node.host) == host_rules
@@ -131,6 +102,7 @@ def test_host_rules_and_neighbors_of_the_nic_go_along_and_come_back(
     assert link_facts(node.nic, node.host) == before
 
 
+@pytest.mark.root
 def test_cloud_provider_rules_are_applied(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     """Azure's per-NIC rule (``from <subnet> lookup 100+i``) and table route, stored at prepare."""
     node = Node(netns_factory, tmp_path)
@@ -156,6 +128,7 @@ def test_cloud_provider_rules_are_applied(netns_factory: NetnsFactory, tmp_path:
     node.hooks.stop_pod_sandbox(node.pod)
 
 
+@pytest.mark.root
 def test_the_multi_rail_example_applied(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     """examples/claim-config/multi-rail-policy-routing.yaml on two veths (the configs merged per
     request as prepare merges them)."""

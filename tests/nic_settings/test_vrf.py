@@ -1,134 +1,75 @@
-"""GSO/GRO sizes, per-interface sysctls, eBPF detachment and VRF through the real hooks (real
-namespaces and veths; the "host" is a throwaway namespace). Issue 16 part B."""
+"""A NIC's VRF: the tables a pod's NICs share, the names refused up front, the messages byte by byte,
+the refusal where the kernel has no VRF (real hooks, real namespaces and veths) and the teardown of
+only what the hooks created (a bridge stands in for the VRF this kernel lacks)."""
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from driver.netlink import offload_sizes, vrf
-from driver.netlink.rtnl import NetnsOpError, Rtnl
-from driver.netlink_channel import netlink_socket, open_netns
-from driver.nri.hook_context import HookError
-from tests.nri.test_pod_rules import Node, sh
+from driver.api.v1alpha1.decode import decode_config
+from driver.checkpoint.state import MovedDevice, PreparedClaim, PreparedDevice
+from driver.model.device import Device
+from driver.netlink.namespaces import Namespaces
+from driver.netlink.nic_moves import LinkState, PodLinkConfig
+from driver.netlink.rtnl import NetnsOpError
+from driver.nic_settings import vrf
+from driver.nic_settings.setting import HostNetns, Nic, PodNetns, SettingRefused
+from driver.nri.hooks import HookError
 from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts, prepare_claim
-from tests.support import bpf_progs
+from tests.plugins.nri import link_facts
+from tests.support.hook_node import Node, NoKernel
 
-pytestmark = pytest.mark.root
-
-
-def sysctl(netns: str, path: str) -> int:
-    out = subprocess.run(["ip", "netns", "exec", netns, "cat", f"/proc/sys/net/{path}"], capture_output=True, text=True)
-    return int(out.stdout)
+HOST = LinkState(ifname="eth5", mtu=1500, mac="02:00:00:00:00:05", index=7)
 
 
-def sizes(netns: str, ifname: str) -> dict[str, int]:
-    fd = open_netns(netns)
-    rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE, fd))
-    try:
-        link = rtnl.link(ifname)
-        assert link is not None
-        return offload_sizes.read(rtnl, link.index)[0]
-    finally:
-        rtnl.close()
-        os.close(fd)
+def nic(params: dict[str, object], name: str = "d0", host: LinkState = HOST, ifname: str = "net1") -> Nic:
+    device = PreparedDevice("nic", "node", name, Device(name), decode_config(params, "p"))
+    return Nic(PreparedClaim("c", "ns", "c"), device, host, PodLinkConfig(ifname))
 
 
-def run(node: Node, interface: dict[str, object]) -> None:
-    prepare_claim(node.store, node.uid, [{"ifname": node.nic, "config": {"opaque": [{"interface": interface}]}}])
-    node.hooks.run_pod_sandbox(node.pod)
+def test_nics_sharing_a_vrf_share_its_table() -> None:
+    other = LinkState("eth6", 1500, "02:00:00:00:00:06", index=9)
+    first = nic({"interface": {"name": "a", "vrf": {"name": "v"}}})
+    second = nic({"interface": {"vrf": {"name": "v"}}}, "d1", other)
+    assert vrf.pod_vrfs([first, second]) == {"v": ("d0", 107)}  # 100 + the first NIC's ifindex
+    pinned = nic({"interface": {"vrf": {"name": "v", "table": 30}}}, "d2", other)
+    assert vrf.pod_vrfs([first, pinned]) == {"v": ("d0", 30)}
 
 
-def test_sysctls_are_set_in_the_pod_and_the_hosts_come_back(netns_factory: NetnsFactory, tmp_path: Path) -> None:
-    node = Node(netns_factory, tmp_path)
-    sh(node.host, "link", "set", node.nic, "mtu", "1500")
-    subprocess.run(["ip", "netns", "exec", node.host, "sysctl", "-qw", f"net.ipv4.conf.{node.nic}.arp_ignore=2"])
-    host_forwarding = sysctl(node.host, f"ipv4/conf/{node.nic}/forwarding")
-    run(node, {"name": "net1", "forwarding": not host_forwarding, "arpIgnore": 1, "arpAnnounce": 2})
-    assert sysctl(node.pod_ns, "ipv4/conf/net1/forwarding") == int(not host_forwarding)
-    assert sysctl(node.pod_ns, "ipv6/conf/net1/forwarding") == int(not host_forwarding)
-    assert sysctl(node.pod_ns, "ipv4/conf/net1/arp_ignore") == 1
-    assert sysctl(node.pod_ns, "ipv4/conf/net1/arp_announce") == 2
-    stored = node.store.read(lambda s: s.pods[node.uid].devices[0].host_sysctls)
-    assert stored["ipv4/arp_ignore"] == 2 and stored["ipv4/forwarding"] == host_forwarding
-    node.hooks.stop_pod_sandbox(node.pod)
-    # The kernel gave the NIC the host's defaults on its way back; the recorded values are set again.
-    assert sysctl(node.host, f"ipv4/conf/{node.nic}/arp_ignore") == 2
-    assert sysctl(node.host, f"ipv4/conf/{node.nic}/forwarding") == host_forwarding
+def test_one_vrf_two_tables_in_a_pod_is_refused_before_anything_moves() -> None:
+    a = nic({"interface": {"name": "a", "vrf": {"name": "v", "table": 10}}})
+    b = nic({"interface": {"vrf": {"name": "v", "table": 11}}}, "d1", ifname="b")
+    with pytest.raises(SettingRefused) as info:
+        vrf.Vrf().plan([a, b], NoKernel(), NoKernel())  # type: ignore[arg-type]
+    assert info.value.step == "vrf create" and "table 11 here, 10 for device d0" in info.value.reason
 
 
-def test_offload_sizes_travel_with_the_move_and_the_hosts_come_back(
-    netns_factory: NetnsFactory, tmp_path: Path
-) -> None:
-    node = Node(netns_factory, tmp_path)
-    before = sizes(node.host, node.nic)
-    want = {"gsoMaxSize": 131072, "groMaxSize": 196608, "gsoIPv4MaxSize": 98304, "groIPv4MaxSize": 98304}
-    run(node, {"name": "net1", **want})
-    assert sizes(node.pod_ns, "net1") == want
-    node.hooks.stop_pod_sandbox(node.pod)
-    assert sizes(node.host, node.nic) == before
+def test_the_plan_puts_every_route_in_the_vrfs_table() -> None:
+    a = nic({"interface": {"name": "a", "vrf": {"name": "blue"}}})
+    plain = nic({"interface": {"name": "b"}}, "d1", ifname="b")
+    vrf.Vrf().plan([a, plain], NoKernel(), NoKernel(("eth0",)))  # type: ignore[arg-type]
+    assert (a.pod.table, a.records) == (107, {"vrf": "blue"})
+    assert (plain.pod.table, plain.records) == (None, {})
 
 
-def test_offload_sizes_above_the_nic_maximum_are_refused_before_the_move(
-    netns_factory: NetnsFactory, tmp_path: Path
-) -> None:
-    node = Node(netns_factory, tmp_path)
-    before = link_facts(node.nic, node.host)
-    with pytest.raises(HookError) as info:
-        run(node, {"gsoMaxSize": 600000, "groMaxSize": 600000})
-    msg = str(info.value)
-    assert "offload sizes failed" in msg and "gsoMaxSize: 600000 is above the NIC's maximum TSO size 524280" in msg
-    assert "groMaxSize: 600000 is above the kernel's maximum GRO size 524280" in msg
-    assert link_facts(node.nic, node.host) == before, "nothing moved"
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("eth0", "the pod already has an interface 'eth0'"), ("b", "'b' is the interface name of device d1")],
+)
+def test_a_vrf_named_like_a_link_of_the_pod_is_refused(name: str, why: str) -> None:
+    a = nic({"interface": {"name": "a", "vrf": {"name": name}}})
+    b = nic({"interface": {"name": "b"}}, "d1", ifname="b")
+    with pytest.raises(SettingRefused) as info:
+        vrf.Vrf().plan([a, b], NoKernel(), NoKernel(("eth0", "lo")))  # type: ignore[arg-type]
+    assert info.value.step == "vrf" and why in info.value.reason
 
 
-def test_ebpf_programs_are_detached_and_recorded(netns_factory: NetnsFactory, tmp_path: Path) -> None:
-    node = Node(netns_factory, tmp_path)
-    fds = bpf_progs.attach_all(node.host, node.nic)
-    try:
-        run(node, {"name": "net1", "disableEbpfPrograms": True})
-        link = json.loads(
-            subprocess.run(
-                ["ip", "-j", "-n", node.pod_ns, "-d", "link", "show", "net1"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-        )[0]
-        assert "xdp" not in link, link
-        assert bpf_progs.tcx_count(node.pod_ns, "net1") == 0
-        record = node.store.read(lambda s: s.pods[node.uid].devices[0].ebpf_detached)
-        assert sorted((r["hook"], r["how"]) for r in record) == [
-            ("tc-ingress", "removed by the namespace move"),
-            ("tcx-ingress", "detached"),
-            ("xdp-generic", "detached"),
-        ]
-        assert all(isinstance(r["id"], int) and r["id"] > 0 for r in record)
-        node.hooks.stop_pod_sandbox(node.pod)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def test_without_the_setting_programs_stay(netns_factory: NetnsFactory, tmp_path: Path) -> None:
-    node = Node(netns_factory, tmp_path)
-    fds = bpf_progs.attach_all(node.host, node.nic)
-    try:
-        run(node, {"name": "net1"})
-        assert bpf_progs.tcx_count(node.pod_ns, "net1") == 1
-        node.hooks.stop_pod_sandbox(node.pod)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
+@pytest.mark.root
 def test_vrf_is_refused_clearly_where_the_kernel_has_none(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     probe = netns_factory.netns()
     has_vrf = subprocess.run(["ip", "-n", probe, "link", "add", "v0", "type", "vrf", "table", "10"]).returncode == 0
@@ -137,7 +78,7 @@ def test_vrf_is_refused_clearly_where_the_kernel_has_none(netns_factory: NetnsFa
     node = Node(netns_factory, tmp_path)
     before = link_facts(node.nic, node.host)
     with pytest.raises(HookError) as info:
-        run(node, {"name": "net1", "addresses": ["10.63.0.5/24"], "vrf": {"name": "vrf-a", "table": 10}})
+        node.run({"name": "net1", "addresses": ["10.63.0.5/24"], "vrf": {"name": "vrf-a", "table": 10}})
     assert "vrf create failed: vrf vrf-a table 10: this kernel cannot create VRF devices" in str(info.value)
     assert link_facts(node.nic, node.host) == before, "rolled back: the NIC is home as it was"
     assert node.store.read(lambda s: s.pods) == {}
@@ -158,70 +99,59 @@ def test_vrf_messages_byte_by_byte() -> None:
     assert (delete.kind, delete.body) == (17, struct.pack("=BxHiII", 0, 0, 9, 0, 0))
 
 
+@pytest.mark.root
 def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: NetnsFactory) -> None:
     """The VRF enslave and teardown paths on a real master device: a bridge stands in for the VRF this
     kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind).
     Only what the hooks recorded as created (ifindex and kind) is deleted: a record whose index now
     holds a link of another kind (the pod's own) deletes nothing."""
-    from driver.checkpoint.state import MovedDevice
-    from driver.netlink import nic_moves
-    from driver.netlink.namespaces import Namespaces
-    from driver.netlink.nic_moves import PodLinkConfig
-    from driver.nri.pod_extras import PodExtras
-
     pod = netns_factory.netns()
-    nic, _ = netns_factory.veth(netns=pod, peer_netns=netns_factory.netns())
+    link, _ = netns_factory.veth(netns=pod, peer_netns=netns_factory.netns())
     if subprocess.run(["ip", "-n", pod, "link", "add", "vrf-a", "type", "bridge"]).returncode != 0:
         pytest.skip("no bridge devices in this kernel")
-    ns = Namespaces("/proc/self/ns/net")
+    host = HostNetns(Namespaces("/proc/self/ns/net"))
     try:
-        with ns.pod(f"/run/netns/{pod}") as (rtnl, _):  # enslaved as configure_pod_links does for a VRF
-            master, own = rtnl.link("vrf-a"), rtnl.link(nic)
+        with host.ns.pod(f"/run/netns/{pod}") as (rtnl, _):  # enslaved as the configuration batch does
+            master, own = rtnl.link("vrf-a"), rtnl.link(link)
             assert master is not None and own is not None
-            nic_moves.configure_pod_links(rtnl, {"d0": PodLinkConfig(nic, master=master.index)})
+            planned = Nic(
+                PreparedClaim("c", "ns", "c"),
+                PreparedDevice("nic", "node", "d0", Device("d0")),
+                HOST,
+                PodLinkConfig(link, master=master.index),
+                link=own,
+            )
+            rtnl.run(vrf.Vrf().requests(planned))
         assert (
             json.loads(
-                subprocess.run(["ip", "-j", "-n", pod, "link", "show", nic], capture_output=True, text=True).stdout
+                subprocess.run(["ip", "-j", "-n", pod, "link", "show", link], capture_output=True, text=True).stdout
             )[0]["master"]
             == "vrf-a"
         )
         created = [
             {"kind": "bridge", "index": master.index, "name": "vrf-a"},
-            {"kind": "vrf", "index": own.index, "name": nic},  # the index holds a veth now: kept
+            {"kind": "vrf", "index": own.index, "name": link},  # the index holds a veth now: kept
         ]
-        moved = MovedDevice("d0", "eth0", nic, vrf="vrf-a", pod_index=own.index)
-        PodExtras(ns).before_return(f"/run/netns/{pod}", [moved], created)
+        moved = MovedDevice("d0", "eth0", link, pod_index=own.index, records={"vrf": "vrf-a"})
+        source = PodNetns(host, f"/run/netns/{pod}", created=created)
+        try:
+            vrf.Vrf().before_return([moved], source)
+        finally:
+            source.close()
     finally:
-        ns.close()
-    link = json.loads(
-        subprocess.run(["ip", "-j", "-n", pod, "link", "show", nic], capture_output=True, text=True).stdout
+        host.ns.close()
+    facts = json.loads(
+        subprocess.run(["ip", "-j", "-n", pod, "link", "show", link], capture_output=True, text=True).stdout
     )
-    assert "master" not in link[0]
+    assert "master" not in facts[0]
     assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode != 0
-    assert subprocess.run(["ip", "-n", pod, "link", "show", nic], capture_output=True).returncode == 0
+    assert subprocess.run(["ip", "-n", pod, "link", "show", link], capture_output=True).returncode == 0
 
 
-def test_a_program_held_by_a_bpf_link_is_left_attached_and_recorded(
-    netns_factory: NetnsFactory, tmp_path: Path
-) -> None:
-    node = Node(netns_factory, tmp_path)
-    fds = bpf_progs.attach_xdp_link(node.host, node.nic)
-    try:
-        run(node, {"name": "net1", "disableEbpfPrograms": True})  # the pod starts
-        (record,) = node.store.read(lambda s: s.pods[node.uid].devices[0].ebpf_detached)
-        assert record["hook"] == "xdp-generic" and str(record["how"]).startswith("left attached: ")
-        assert "Device or resource busy" in str(record["how"])
-        node.hooks.stop_pod_sandbox(node.pod)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
+@pytest.mark.root
 def test_a_vrf_refused_by_the_kernel_is_named_once_and_nothing_is_recorded(netns_factory: NetnsFactory) -> None:
     """A VRF whose name is taken (here by the pod's own link): one clear message naming the VRF and its
     table once, nothing recorded as created, the pod's link untouched."""
-    from driver.netlink.namespaces import Namespaces
-
     pod = netns_factory.netns()
     netns_factory.veth("vrf-a", netns=pod, peer_netns=pod)
     recorded: list[dict[str, object]] = []
