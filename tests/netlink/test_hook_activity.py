@@ -1,4 +1,4 @@
-"""OwnChanges: which link events are the hooks' own, and when background work may run."""
+"""HookActivity: which link events are the hooks' own, and when background work may run."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from driver.netlink.own_changes import OwnChanges
+from driver.netlink.hook_activity import HookActivity
 
 
 class Clock:
@@ -21,7 +21,7 @@ class Clock:
 
 def test_expectations_last_the_hook_plus_grace() -> None:
     clock = Clock()
-    own = OwnChanges(grace=2.0, clock=clock, settle=0.0)
+    own = HookActivity(grace=2.0, clock=clock, settle=0.0)
     assert not own.is_own(7, "eth1")
     with own.hook():
         own.expect(names=["eth1"], indexes=[7, None])
@@ -36,11 +36,11 @@ def test_expectations_last_the_hook_plus_grace() -> None:
 
 def test_expect_outside_a_hook_is_a_bug() -> None:
     with pytest.raises(RuntimeError):
-        OwnChanges().expect(names=["x"])
+        HookActivity().expect(names=["x"])
 
 
 def test_busy_while_a_hook_runs_and_waiters_resume_after_it() -> None:
-    own = OwnChanges(settle=0.05)
+    own = HookActivity(settle=0.05)
     entered, release = threading.Event(), threading.Event()
 
     def hook() -> None:
@@ -70,7 +70,7 @@ def test_busy_while_a_hook_runs_and_waiters_resume_after_it() -> None:
 
 
 def test_nested_and_concurrent_hooks_keep_it_busy() -> None:
-    own = OwnChanges(settle=0.0)
+    own = HookActivity(settle=0.0)
     with own.hook():
         with own.hook():
             assert own.busy

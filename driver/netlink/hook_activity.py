@@ -1,8 +1,8 @@
 """The driver's own link changes, announced by the hooks before they make them.
 
 An NRI hook knows, before its first netlink request, which host links it will move, rename and
-reconfigure. It opens :meth:`OwnChanges.hook` for its whole duration and calls
-:meth:`OwnChanges.expect` with those links; the link events they cause in the host netns
+reconfigure. It opens :meth:`HookActivity.hook` for its whole duration and calls
+:meth:`HookActivity.expect` with those links; the link events they cause in the host netns
 (the NIC leaving, coming back, going up, its MTU) are then recognised by :meth:`is_own` and
 dropped by the consumer: they describe a state the hook already has (in the pod, a device is
 published from its prepare-time snapshot; back home, it is restored exactly as recorded), so
@@ -31,7 +31,7 @@ SETTLE = 0.01  # s background work keeps waiting after a hook: its answer is sti
 POLL = 0.005  # s between two looks of a waiting background task
 
 
-class OwnChanges:
+class HookActivity:
     """Links hooks are changing (and just changed), and whether a hook is running."""
 
     def __init__(
@@ -75,7 +75,7 @@ class OwnChanges:
         """Events of these host links (by name or ifindex) are ours until the enclosing hook ends + grace."""
         with self._lock:
             if not self._open:
-                raise RuntimeError("OwnChanges.expect outside a hook")
+                raise RuntimeError("HookActivity.expect outside a hook")
             mine = self._open[-1]
             for name in names:
                 if name:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.profiles.webhook import Capabilities, DeviceIdentifiers, WebhookClient, WebhookError
+from driver.profiles.provider_client import Capabilities, DeviceIdentifiers, ProviderClient, ProviderError
 from tests.support.profile_webhook import ProfileWebhook
 
 DEVICE = DeviceIdentifiers(name="eth1", mac_address="02:00:00:00:00:01", pci_address="0000:8a:00.0")
@@ -29,7 +29,7 @@ def hook() -> Iterator[ProfileWebhook]:
 
 
 def test_capabilities_and_a_profile_round_trip_with_dranets_bodies(hook: ProfileWebhook) -> None:
-    client = WebhookClient(hook.url, timeout=2)
+    client = ProviderClient(hook.url, timeout=2)
     assert client.capabilities() == Capabilities(profile_provider=True)
     answer = client.get_profile_config(DEVICE, CLAIM, {"profile": "acme/ipam"})
     assert answer == {"interface": {"addresses": ["10.9.0.5/24"]}}
@@ -47,29 +47,29 @@ def test_capabilities_and_a_profile_round_trip_with_dranets_bodies(hook: Profile
 
 
 def test_a_refusal_carries_the_status_and_the_providers_message(hook: ProfileWebhook) -> None:
-    client = WebhookClient(hook.url, timeout=2)
-    with pytest.raises(WebhookError, match=r"/GetProfileConfig returned HTTP 404: profile 'nope' not found") as e:
+    client = ProviderClient(hook.url, timeout=2)
+    with pytest.raises(ProviderError, match=r"/GetProfileConfig returned HTTP 404: profile 'nope' not found") as e:
         client.get_profile_config(DEVICE, CLAIM, {"profile": "nope"})
     assert e.value.status == 404
     hook.status["/GetProfileConfig"] = (200, "{not json")
-    with pytest.raises(WebhookError, match="answer is not JSON"):
+    with pytest.raises(ProviderError, match="answer is not JSON"):
         client.get_profile_config(DEVICE, CLAIM, {"profile": "acme/ipam"})
 
 
 def test_endpoint_down_and_endpoint_slow_are_one_line_errors(hook: ProfileWebhook) -> None:
     hook.delay = 1.0
-    with pytest.raises(WebhookError, match=r"/GetProfileConfig: no answer within 0.2s"):
-        WebhookClient(hook.url, timeout=0.2).get_profile_config(DEVICE, CLAIM, {"profile": "acme/ipam"})
+    with pytest.raises(ProviderError, match=r"/GetProfileConfig: no answer within 0.2s"):
+        ProviderClient(hook.url, timeout=0.2).get_profile_config(DEVICE, CLAIM, {"profile": "acme/ipam"})
     url = hook.url
     hook.stop()
-    with pytest.raises(WebhookError, match=r"/health: Connection refused"):
-        WebhookClient(url, timeout=1).capabilities()
+    with pytest.raises(ProviderError, match=r"/health: Connection refused"):
+        ProviderClient(url, timeout=1).capabilities()
 
 
 def test_capabilities_must_be_booleans(hook: ProfileWebhook) -> None:
     hook.status["/health"] = (200, json.dumps({"profileProvider": "yes"}))
-    with pytest.raises(WebhookError, match="not an object of booleans"):
-        WebhookClient(hook.url, timeout=1).capabilities()
+    with pytest.raises(ProviderError, match="not an object of booleans"):
+        ProviderClient(hook.url, timeout=1).capabilities()
 
 
 def test_unix_socket_urls_as_dranet(tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_unix_socket_urls_as_dranet(tmp_path: Path) -> None:
     server = UnixServer(path, Handler)  # type: ignore[arg-type]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        caps = WebhookClient(f"unix://{path}", timeout=2).capabilities()
+        caps = ProviderClient(f"unix://{path}", timeout=2).capabilities()
         assert caps == Capabilities(profile_provider=True, runtime_hook=True)
     finally:
         server.shutdown()
@@ -107,4 +107,4 @@ def test_unix_socket_urls_as_dranet(tmp_path: Path) -> None:
 @pytest.mark.parametrize("url", ["ftp://x", "unix://", "http://", "localhost:8080"])
 def test_bad_urls_are_refused_naming_the_flag(url: str) -> None:
     with pytest.raises(ValueError, match="--webhook-url"):
-        WebhookClient(url, timeout=1)
+        ProviderClient(url, timeout=1)

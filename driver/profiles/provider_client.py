@@ -1,4 +1,4 @@
-"""dranet's webhook profile provider, spoken over HTTP, HTTPS or a unix socket.
+"""The client of dranet's webhook profile provider, spoken over HTTP, HTTPS or a unix socket.
 
 The wire format is dranet's (``pkg/cloudprovider/webhook``):
 
@@ -10,7 +10,7 @@ The wire format is dranet's (``pkg/cloudprovider/webhook``):
 * ``POST /ReleaseProfileConfig`` with ``{"device": ..., "claim_uid": "<uid>", "config": ...}``
   (NodeUnprepareResources has no ResourceClaim) frees what GetProfileConfig allocated; 200.
 
-Every failure is a :class:`WebhookError` with a one-line reason (the endpoint, the status and
+Every failure is a :class:`ProviderError` with a one-line reason (the endpoint, the status and
 the start of the body, or the connection error): it becomes the claim's error, never a traceback.
 """
 
@@ -33,7 +33,7 @@ MAX_RESPONSE_BYTES = 1 << 20
 """A profile's config is a few hundred bytes; anything past 1 MiB is not one."""
 
 
-class WebhookError(Exception):
+class ProviderError(Exception):
     """The endpoint could not be asked, or refused: ``reason`` names the endpoint and why."""
 
     def __init__(self, reason: str, status: int | None = None) -> None:
@@ -87,7 +87,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-class WebhookClient:
+class ProviderClient:
     """One provider endpoint (``--webhook-url``); each call opens its own connection (thread-safe).
 
     ``timeout`` bounds each call (connect, send, and every read): prepare must answer the kubelet.
@@ -116,7 +116,7 @@ class WebhookClient:
         return http.client.HTTPConnection(p.hostname or "", p.port, timeout=self.timeout)
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
-        """Send one request; the decoded JSON answer (None for an empty one) or :class:`WebhookError`."""
+        """Send one request; the decoded JSON answer (None for an empty one) or :class:`ProviderError`."""
         where = f"{self.url}{path}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
@@ -126,28 +126,28 @@ class WebhookClient:
             response = conn.getresponse()
             raw = response.read(MAX_RESPONSE_BYTES + 1)
         except TimeoutError:
-            raise WebhookError(f"{where}: no answer within {self.timeout:g}s") from None
+            raise ProviderError(f"{where}: no answer within {self.timeout:g}s") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise WebhookError(f"{where}: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}") from None
+            raise ProviderError(f"{where}: {getattr(exc, 'strerror', None) or exc or type(exc).__name__}") from None
         finally:
             conn.close()
         if response.status != 200:
             text = raw[:300].decode("utf-8", "replace").strip().replace("\n", " ")
-            raise WebhookError(f"{where} returned HTTP {response.status}: {text or response.reason}", response.status)
+            raise ProviderError(f"{where} returned HTTP {response.status}: {text or response.reason}", response.status)
         if len(raw) > MAX_RESPONSE_BYTES:
-            raise WebhookError(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes")
+            raise ProviderError(f"{where}: answer larger than {MAX_RESPONSE_BYTES} bytes")
         if not raw.strip():
             return None
         try:
             return load_json(raw)
         except InputError as exc:
-            raise WebhookError(f"{where}: answer is not JSON: {exc}") from None
+            raise ProviderError(f"{where}: answer is not JSON: {exc}") from None
 
     def capabilities(self) -> Capabilities:
-        """``GET /health``: what the provider implements (a non-object or wrong types: :class:`WebhookError`)."""
+        """``GET /health``: what the provider implements (a non-object or wrong types: :class:`ProviderError`)."""
         answer = self._call("GET", PATH_HEALTH, None)
         if not isinstance(answer, dict) or any(not isinstance(v, bool) for v in answer.values()):
-            raise WebhookError(f"{self.url}{PATH_HEALTH}: capabilities are not an object of booleans: {answer!r}")
+            raise ProviderError(f"{self.url}{PATH_HEALTH}: capabilities are not an object of booleans: {answer!r}")
         return Capabilities(
             cloud_provider=answer.get("cloudProvider", False),
             profile_provider=answer.get("profileProvider", False),
