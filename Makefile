@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos schema bench bench-hooks bench-scale binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-torch protos schema module-table bench bench-hooks bench-scale binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -41,6 +41,9 @@ protos:  ## regenerate dranet_proto stubs after editing a .proto
 
 schema:  ## regenerate the claim config JSON Schema (charts/dranet/files/) after editing driver/api
 	$(PY) hack/gen_schema.py
+
+module-table:  ## regenerate docs/architecture.md's module table from the driver's docstrings
+	$(PY) hack/gen_module_table.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)
 	$(PY) -m bench

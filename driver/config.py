@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field, fields
 
 DRIVER_NAME = "dra.net"
-"""Driver name; the seed DeviceClass selects ``device.driver == "dra.net"``."""
+"""Driver name; the DeviceClass ``dranet.net`` selects ``device.driver == "dra.net"``."""
 
 DEVICE_CLASS = "dranet.net"
 """The DeviceClass the chart creates (``deviceClass.name``) and claims name: every device of the driver."""
@@ -35,7 +35,7 @@ FEATURE_GATES: dict[str, bool] = {
 """``--feature-gates`` this driver knows, with their defaults (the Go driver's gates, same names).
 
 ``DRAListTypeAttributes``: publish ``resource.kubernetes.io/numaNode`` as an int list (KEP-5491;
-the apiserver must have the gate too: checked at start, see ``dra.api_probe.list_attributes_accepted``).
+the apiserver must have the gate too: checked at start, see ``dra.field_support.list_attributes_accepted``).
 ``PersistentResourceSliceAttributes``: accepted for compatibility; this driver always keeps
 allocated devices published with their last attributes."""
 

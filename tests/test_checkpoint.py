@@ -14,7 +14,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
-from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, IDENTITY_VERSION, SCHEMA_VERSION
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
@@ -52,14 +52,22 @@ def test_round_trip(tmp_path: Path) -> None:
             PodNetState(
                 "p1",
                 netns_path="/var/run/netns/x",
-                devices=[MovedDevice("pci-0000-8a-00-0", "ib0", "net1", host_addresses=["10.0.0.2/24"], step="in-pod")],
+                devices=[
+                    MovedDevice(
+                        "pci-0000-8a-00-0",
+                        "ib0",
+                        "net1",
+                        step="in-pod",
+                        records={"addresses": {"addresses": ["10.0.0.2/24"]}},
+                    )
+                ],
             ),
         )
     )
     again = CheckpointStore(tmp_path)
     assert again.read(lambda s: s.claims["u1"]) == _claim("u1")
     pod = again.read(lambda s: s.pods["p1"])
-    assert pod.devices[0].step == "in-pod" and pod.devices[0].host_addresses == ["10.0.0.2/24"]
+    assert pod.devices[0].step == "in-pod" and pod.devices[0].records == {"addresses": {"addresses": ["10.0.0.2/24"]}}
     assert again.read(lambda s: [c.uid for c in s.claims_for_pod("p1")]) == ["u1"]
     assert not (tmp_path / "checkpoint.tmp").exists()
     assert oct(os.stat(tmp_path / "checkpoint.json").st_mode & 0o777) == "0o600"
@@ -140,14 +148,14 @@ def test_failed_write_rolls_memory_back_to_disk(tmp_path: Path) -> None:
 def test_serialisation_matches_asdict() -> None:
     from dataclasses import asdict
 
-    from driver.checkpoint.state import _V3_POD_FIELDS, _V4_POD_FIELDS, DriverState
+    from driver.checkpoint.state import _V4_POD_FIELDS, DriverState
 
     state = DriverState(
         claims={"u1": _claim("u1")},
         pods={
             "p1": PodNetState(
                 "p1",
-                devices=[MovedDevice("d", "eth0", "net1", host_routes=[{"dst": "10.0.0.0/8", "gateway": "10.0.0.1"}])],
+                devices=[MovedDevice("d", "eth0", "net1", records={"rules": [{"dst": "10.0.0.0/8", "table": 10}]})],
             )
         },
     )
@@ -158,11 +166,12 @@ def test_serialisation_matches_asdict() -> None:
         assert stored.pop("shared") is False  # written only when true (adminAccess)
     pod = asdict(state.pods["p1"])
     assert pod.pop("created") == []  # written only when the hooks created a link
-    for device in pod["devices"]:  # the version-3 and -4 device fields are written only when set
-        for name in (*_V3_POD_FIELDS, *_V4_POD_FIELDS):
+    for device in pod["devices"]:  # the version-4 device fields are written only when set
+        for name in _V4_POD_FIELDS:
             assert not device.pop(name)
     expected = {"version": SCHEMA_VERSION, "claims": {"u1": claim}, "pods": {"p1": pod}}
-    encoded = {"version": SCHEMA_VERSION, **state.claims_json(), **state.pods_json()}
+    claims = {"claims": {k: v.to_dict() for k, v in state.claims.items()}}
+    encoded = {"version": SCHEMA_VERSION, **claims, **state.pods_json()}
     assert json.dumps(encoded, sort_keys=True) == json.dumps(expected, sort_keys=True)
     assert DriverState.from_json(json.loads(json.dumps(encoded))) == state
 
@@ -215,7 +224,7 @@ def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path
         store.update(lambda s, i=i: s.claims.__setitem__(f"u{i}", _claim(f"u{i}")))
     store.update(lambda s: s.claims.pop("u2"))
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1-replaced")))  # a new object: re-encoded
-    expected = store.read(lambda s: encode(s.claims_json()))
+    expected = store.read(lambda s: encode({"claims": {k: v.to_dict() for k, v in s.claims.items()}}))
     assert (tmp_path / "checkpoint.json").read_bytes() == expected
     assert sorted(json.loads(expected)["claims"]) == ["u0", "u1", "u3", "u4"]
     assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
@@ -299,12 +308,14 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     )
     assert second.config == NetworkConfig()
     pod = store.read(lambda s: s.pods["p1"])
-    assert pod.devices[0].step == "in-pod" and pod.devices[0].host_routes == [{"dst": None, "gateway": "10.0.0.1"}]
-    # The next write stores version 2 (nothing needs 3); reading it back gives the same state.
+    assert pod.devices[0].step == "in-pod"
+    assert pod.devices[0].records == {"addresses": {"routes": [{"dst": None, "gateway": "10.0.0.1"}]}}
+    # The next write stores the claims as version 2 (nothing needs 3) and the pods as version 5 (the
+    # host route is a setting's record now); reading them back gives the same state.
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("step", "returning"))
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
     assert json.loads((state / "checkpoint.json").read_text())["version"] == COMPATIBLE_VERSION
-    assert json.loads((run / "pods.json").read_text())["version"] == COMPATIBLE_VERSION
+    assert json.loads((run / "pods.json").read_text())["version"] == SCHEMA_VERSION
     assert "rdma_moved" not in (run / "pods.json").read_text()
     again = CheckpointStore(state, run)
     assert again.read(lambda s: s.claims["u1"].devices[0].config) == first.config
@@ -320,7 +331,7 @@ def test_a_newer_version_is_refused_with_a_clear_message(tmp_path: Path, name: s
 
 
 def test_version_2_files_are_read_as_version_3(tmp_path: Path) -> None:
-    """Version 3 only adds optional fields (dranet's part B config fields, the pod state they need)."""
+    """Version 3 only adds optional fields (dranet's remaining config fields, the pod state they need)."""
     store = CheckpointStore(tmp_path)
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
     data = json.loads((tmp_path / "checkpoint.json").read_text())
@@ -400,9 +411,10 @@ def test_concurrent_updates_of_two_processes_lose_nothing(tmp_path: Path) -> Non
     assert pods == {f"{w}-{i}" for w in "ab" for i in range(60)}
 
 
-def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> None:
+def test_a_newer_version_is_written_only_when_the_content_needs_it(tmp_path: Path) -> None:
     """A version-2 driver (the old instance of a rolling update, a downgrade) keeps reading our files
-    until a claim uses one of dranet's part-B fields; then it refuses them instead of misreading."""
+    until a claim uses one of dranet's later config fields or a NIC carries a setting's record; then
+    it refuses them instead of misreading."""
     from dataclasses import replace
 
     from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RuleConfig
@@ -415,9 +427,7 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     store.update(lambda s: s.claims.__setitem__("u1", plain))
     store.update(lambda s: s.pods.__setitem__("p1", PodNetState("p1", devices=[MovedDevice("d", "eth0", "net1")])))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
-    assert not {"host_rules", "dhcp_lease"} & set(
-        json.loads((tmp_path / "pods.json").read_text())["pods"]["p1"]["devices"][0]
-    )
+    assert "records" not in json.loads((tmp_path / "pods.json").read_text())["pods"]["p1"]["devices"][0]
     # A cloud provider's rules were stored in version 2 already: still version 2.
     cloud = NetworkConfig(rules=(RuleConfig(source="10.0.0.0/24", table=101),))
     device = replace(plain.devices[0], config=cloud, cloud_config=cloud)
@@ -426,18 +436,17 @@ def test_version_3_is_written_only_when_the_content_needs_it(tmp_path: Path) -> 
     arp = NetworkConfig(interface=InterfaceConfig(arp_ignore=1))
     store.update(lambda s: s.claims.__setitem__("u2", replace(_claim("u2"), devices=[replace(device, config=arp)])))
     assert versions()[0] == CONFIG_FIELDS_VERSION
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {"ipv4/arp_ignore": 0}))
-    assert versions() == (CONFIG_FIELDS_VERSION, CONFIG_FIELDS_VERSION)
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("host_sysctls", {}))
-    assert versions()[1] == COMPATIBLE_VERSION
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("dhcp_lease", {"address": "10.0.0.5/24"}))
-    assert versions()[1] == CONFIG_FIELDS_VERSION  # a DHCP lease is a version-3 field too
     # How a NIC is found again (its indexes and identity) is version 4: a version-3 driver refuses it.
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", 7))
-    assert versions()[1] == SCHEMA_VERSION
+    assert versions()[1] == IDENTITY_VERSION
     store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", None))
     store.update(lambda s: s.pods["p1"].created.append({"kind": "vrf", "index": 9, "name": "vrf-a"}))
-    assert versions()[1] == SCHEMA_VERSION
+    assert versions()[1] == IDENTITY_VERSION
+    # A setting's record is version 5: a version-4 driver refuses it (it would not undo the setting).
+    store.update(lambda s: s.pods["p1"].devices[0].records.__setitem__("sysctls", {"ipv4/arp_ignore": 0}))
+    assert versions() == (CONFIG_FIELDS_VERSION, SCHEMA_VERSION)
+    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("records", {}))
+    assert versions()[1] == IDENTITY_VERSION
     store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
     again = CheckpointStore(tmp_path)

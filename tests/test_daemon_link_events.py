@@ -29,7 +29,7 @@ from driver.daemon.lifecycle import Daemon
 from driver.inventory.incremental import LinkChange
 from driver.inventory.names import netdev_device_name
 from driver.kube.client import KubeClient
-from driver.netlink.own_changes import GRACE
+from driver.netlink.hook_activity import GRACE
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import Harness, ip, link_facts, pod_json, prepare_claim
 from tests.support.fake_apiserver import FakeAPIServer
@@ -118,7 +118,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         await asyncio.sleep(0.3)  # let the test's own setup events drain
         handed.clear()
         scans = daemon.metrics.inventory_update_count("full_scan")
-        own = daemon.own_changes.own_events
+        own = daemon.hook_activity.own_events
         pod_names = {"net1", "net2", *nics}
 
         for _ in range(CYCLES):
@@ -131,7 +131,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         assert daemon.metrics.inventory_update_count("full_scan") == scans, "a full scan ran during the pod cycles"
         assert _mentions(handed, pod_names, indexes) == [], "the hooks' own link events reached the updater"
         # Each cycle: every NIC leaves the host (new + del) and comes back (new, under both names).
-        assert daemon.own_changes.own_events - own >= CYCLES * len(nics) * 3
+        assert daemon.hook_activity.own_events - own >= CYCLES * len(nics) * 3
 
         # Somebody else's change to one of them is seen: one link, one device, no full scan.
         await asyncio.sleep(GRACE)  # our expectations for these NICs have expired

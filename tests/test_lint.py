@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,15 +32,24 @@ def test_ruff(command: list[str]) -> None:
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
 
 
-MAX_MODULE_LINES = 400
+COMPLEXITY_RULES = ("C901", "PLR0912", "PLR0915")
 
 
-def test_no_driver_module_is_over_400_lines() -> None:
-    """A module does one job (docs/architecture.md): past 400 lines it is doing several; split it
-    by what each part does (the generated protobuf stubs live outside driver/)."""
-    long = {
-        str(p.relative_to(ROOT)): n
+def test_complexity_limits_hold_in_the_driver_without_exceptions() -> None:
+    """A function a reader follows in one go (docs/architecture.md "Conventions"): ruff's McCabe
+    complexity (C901) at most 12, branches (PLR0912) at most 12, statements (PLR0915) at most 50,
+    in force for driver/ with no per-file ignore and no ``noqa`` for them. Modules are sized by
+    feature, not by line count."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert set(COMPLEXITY_RULES) <= set(config["select"])
+    assert config["mccabe"]["max-complexity"] == 12
+    assert (config["pylint"]["max-branches"], config["pylint"]["max-statements"]) == (12, 50)
+    for pattern, ignored in config["per-file-ignores"].items():
+        assert not (pattern.startswith("driver") and set(COMPLEXITY_RULES) & set(ignored)), pattern
+    waived = [
+        f"{p.relative_to(ROOT)}:{n}"
         for p in sorted((ROOT / "driver").rglob("*.py"))
-        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
-    }
-    assert not long, long
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "noqa" in line and any(rule in line for rule in COMPLEXITY_RULES)
+    ]
+    assert not waived, waived

@@ -7,6 +7,9 @@ replaced a file, changed under an ``flock``, every change saved before it return
 (checked durable writes through ``FileOps``, leftover temporary files removed, corrupt files moved
 aside); ``errors`` (``CheckpointError``, ``CheckpointWriteError``) is below them all.
 
-May import: ``driver.model``. Never the claims, kubelet, NRI or netlink packages: they all build
-on this state.
+The NICs of a pod keep what each NIC setting recorded to undo itself under the setting's name
+(``MovedDevice.records``): the settings own the records' content, the state only keeps them.
+
+May import: ``driver.api`` (the typed config prepared claims carry) and ``driver.model``. Never the
+claims, NRI, netlink or NIC settings packages: they all build on this state.
 """

@@ -14,28 +14,33 @@ from typing import Any
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.errors import CheckpointError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
 pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
 may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
 profile) and pods what the hooks changed for them; 4: pods record how each NIC is found again
-(its host and pod ifindex and its identity) and the links the hooks created. An older driver would
-ignore those fields (moving a NIC without its VRF) or fail on them, so it must refuse the file.
+(its host and pod ifindex and its identity) and the links the hooks created; 5: what each NIC
+setting recorded to undo itself is kept per setting, by its name (``MovedDevice.records``), in
+place of one field per setting. An older driver would ignore those fields (moving a NIC without
+its VRF, without its host addresses) or fail on them, so it must refuse the file.
 
 A file is written with the oldest version its content needs (:data:`COMPATIBLE_VERSION`,
-:data:`CONFIG_FIELDS_VERSION`): until a claim uses one of those fields, an older driver (the old
-instance of a rolling update with surge, a downgrade) keeps reading the files this one writes."""
+:data:`CONFIG_FIELDS_VERSION`, :data:`IDENTITY_VERSION`): until a claim uses a newer field, an
+older driver (the old instance of a rolling update with surge, a downgrade) keeps reading the
+files this one writes."""
+IDENTITY_VERSION = 4
+"""The version a pods file is written as when it needs only version 4's fields (no setting records)."""
 CONFIG_FIELDS_VERSION = 3
-"""The version a file is written as when it needs only version 3's fields."""
+"""The version a claims file is written as when a config holds version 3's fields."""
 COMPATIBLE_VERSION = 2
 """The version written while nothing in a file needs a newer one."""
 
 
 def check_version(data: dict[str, Any]) -> None:
-    """Raise :class:`CheckpointError` unless ``data`` is a document of a version read as is."""
+    """Raise :class:`CheckpointError` unless ``data`` is a document of :data:`SCHEMA_VERSION` (what
+    :func:`migrate` gives for any version this driver knows)."""
     version = data.get("version")
-    # Versions 3 and 4 only add optional fields: an older file is a valid newer one (see COMPATIBLE_VERSION).
-    if version not in (COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION) or isinstance(version, bool):
+    if version != SCHEMA_VERSION or isinstance(version, bool):
         raise CheckpointError(f"checkpoint schema version {version!r} is not {SCHEMA_VERSION}")
 
 
@@ -79,7 +84,55 @@ def _v3_to_v4(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "version": 4}
 
 
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+_V4_RECORDS: dict[str, tuple[str, str | None]] = {
+    "host_addresses": ("addresses", "addresses"),
+    "host_routes": ("addresses", "routes"),
+    "host_rules": ("rules", None),
+    "host_neighbors": ("neighbors", None),
+    "host_features": ("ethtool", "features"),
+    "host_private_flags": ("ethtool", "private_flags"),
+    "host_offload_sizes": ("offload_sizes", None),
+    "host_sysctls": ("sysctls", None),
+    "vrf": ("vrf", None),
+    "ebpf_detached": ("ebpf", None),
+    "dhcp_lease": ("dhcp", None),
+    "rdma_device": ("rdma", None),
+}
+"""A version-4 NIC's field -> (the setting whose record it is, its key in that record; None: the
+whole record). The names are the settings' (driver.nic_settings); empty values are no record."""
+
+
+def _v4_records(device: dict[str, Any]) -> dict[str, Any]:
+    """A version-4 NIC with its settings' fields moved into ``records``."""
+    out = {k: v for k, v in device.items() if k not in _V4_RECORDS}
+    records: dict[str, Any] = {}
+    for name, (setting, key) in _V4_RECORDS.items():
+        value = device.get(name)
+        if value in (None, "", [], {}):
+            continue
+        if key is None:
+            records[setting] = value
+        else:
+            records.setdefault(setting, {})[key] = value
+    if records:
+        out["records"] = records
+    return out
+
+
+def _v4_to_v5(data: dict[str, Any]) -> dict[str, Any]:
+    """Each NIC's per-setting fields become its ``records``, by setting name; claims are unchanged."""
+    if "pods" not in data:
+        return {**data, "version": 5}
+    pods = {uid: {**p, "devices": [_v4_records(d) for d in p.get("devices", [])]} for uid, p in data["pods"].items()}
+    return {**data, "version": 5, "pods": pods}
+
+
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+    3: _v3_to_v4,
+    4: _v4_to_v5,
+}
 """Version N -> the function that turns a version-N file into version N + 1."""
 
 

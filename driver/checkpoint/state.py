@@ -3,8 +3,8 @@
 :class:`PreparedClaim` (with its :class:`PreparedDevice` s) is written by NodePrepareResources;
 :class:`PodNetState` (with its :class:`MovedDevice` s) by the NRI hooks, before each netlink step.
 :class:`DriverState` holds both and gives the two files' bodies; which version each body needs
-(version 3 only when a field a version-2 driver does not know is used) is decided here, next to
-the fields, against the versions :mod:`driver.checkpoint.schema` defines.
+(the oldest whose readers know every field it holds) is decided here, next to the fields, against
+the versions :mod:`driver.checkpoint.schema` defines.
 """
 
 from __future__ import annotations
@@ -13,22 +13,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
-from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, SCHEMA_VERSION, check_version
+from driver.checkpoint.schema import COMPATIBLE_VERSION, IDENTITY_VERSION, SCHEMA_VERSION, check_version
 from driver.model.device import Device
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
-_V3_POD_FIELDS = (
-    "host_rules",
-    "host_neighbors",
-    "host_offload_sizes",
-    "host_sysctls",
-    "vrf",
-    "ebpf_detached",
-    "dhcp_lease",
-)
-"""MovedDevice fields a version-2 reader does not know: written only when set."""
 _V4_POD_FIELDS = ("host_index", "pod_index", "identity")
 """MovedDevice fields a version-3 reader does not know (how the NIC is found again): written when set."""
+
+# A NIC's step in its pod's PodNetState (MovedDevice.step), written ahead of the netlink work:
+# pending -> moving -> in-pod -> returning -> returned.
+PENDING = "pending"
+MOVING = "moving"
+IN_POD = "in-pod"
+RETURNING = "returning"
+RETURNED = "returned"
 
 
 @dataclass
@@ -121,31 +119,16 @@ class MovedDevice:
     pci_address: str | None = None
     host_mtu: int | None = None
     host_mac: str | None = None
-    host_addresses: list[str] = field(default_factory=list)  # CIDRs on the host side
-    host_routes: list[dict[str, Any]] = field(default_factory=list)  # route dicts, see netns module
-    # Its host rules and permanent neighbors (driver.netlink.pod_rules dicts), put back on return.
-    host_rules: list[dict[str, Any]] = field(default_factory=list)
-    host_neighbors: list[dict[str, Any]] = field(default_factory=list)
-    rdma_device: str | None = None
     pod_mac: str | None = None  # MAC in the pod (configured or host MAC), to find it again
-    # ethtool settings changed in the pod: their host values (kernel names), restored on return.
-    host_features: dict[str, bool] = field(default_factory=dict)
-    host_private_flags: dict[str, bool] = field(default_factory=dict)
-    # Part B settings (see driver/nri/pod_extras.py): the host's GSO/GRO sizes and sysctls, set
-    # back on return; the VRF it is enslaved to in the pod; the eBPF programs taken off it
-    # ({"hook", "id", "how"}: ids only, a program is not kept and cannot be reattached).
-    host_offload_sizes: dict[str, int] = field(default_factory=dict)
-    host_sysctls: dict[str, int] = field(default_factory=dict)
-    vrf: str | None = None
-    ebpf_detached: list[dict[str, Any]] = field(default_factory=list)
-    step: str = "pending"  # pending -> moving -> in-pod -> returning -> returned
-    # interface.dhcp: the lease taken in the pod (``driver.dhcp.wire.Lease`` form), released on return.
-    dhcp_lease: dict[str, Any] | None = None
+    step: str = PENDING
     # How the NIC is found again wherever it is (driver.netlink.link_identity): its host ifindex, the
     # ifindex the move gives it in the pod, and what a pod cannot forge (``LinkIdentity.to_dict``).
     host_index: int | None = None
     pod_index: int | None = None
     identity: dict[str, Any] | None = None
+    # Per NIC setting (driver.nic_settings), under its name: what undoing it needs, as the setting
+    # wrote it (the host's values, what it did in the pod). Only settings the claim uses have one.
+    records: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,20 +163,18 @@ class DriverState:
         """Prepared claims reserved for ``pod_uid``, in stable (UID) order."""
         return [c for _, c in sorted(self.claims.items()) if pod_uid in c.pod_uids]
 
-    def claims_json(self) -> dict[str, Any]:
-        """The prepared claims part (``checkpoint.json``)."""
-        return {"claims": {k: v.to_dict() for k, v in self.claims.items()}}
-
     def pods_json(self) -> dict[str, Any]:
-        """The pod network state part (``pods.json``); version-3 device fields only where set."""
+        """The pod network state part (``pods.json``); fields of newer versions only where set."""
         pods = {k: _plain(v) for k, v in self.pods.items()}
         for pod in pods.values():
             if not pod.get("created"):
                 pod.pop("created", None)
             for device in pod["devices"]:
-                for name in (*_V3_POD_FIELDS, *_V4_POD_FIELDS):
-                    if device.get(name) is None or (name in _V3_POD_FIELDS and not device[name]):
+                for name in _V4_POD_FIELDS:
+                    if device.get(name) is None:
                         device.pop(name, None)
+                if not device.get("records"):
+                    device.pop("records", None)
         return {"pods": pods}
 
     @classmethod
@@ -217,7 +198,7 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
     for claim in state.claims.values():
         for pod_uid in claim.pod_uids:
             pod = state.pods.get(pod_uid)
-            in_pod = {m.device for m in pod.devices if m.step == "in-pod"} if pod else set()
+            in_pod = {m.device for m in pod.devices if m.step == IN_POD} if pod else set()
             for d in claim.devices:
                 allocated += 1
                 ready += not d.snapshot.host.ifname or d.device in in_pod
@@ -225,14 +206,15 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
 
 
 def pods_version(body: dict[str, Any]) -> int:
-    """The version ``pods.json`` is written as: 4 when a pod or a pod device carries a field version
-    3 does not know, else 3 when a device carries one version 2 does not know (only those set are
-    written, see :meth:`DriverState.pods_json`), else 2."""
+    """The version ``pods.json`` is written as: 5 when a NIC carries a setting's record, else 4 when a
+    pod or a NIC carries a field version 3 does not know, else 2 (only fields that are set are
+    written, see :meth:`DriverState.pods_json`)."""
     pods = body["pods"].values()
-    if any("created" in p for p in pods) or any(set(_V4_POD_FIELDS) & d.keys() for p in pods for d in p["devices"]):
+    if any("records" in d for p in pods for d in p["devices"]):
         return SCHEMA_VERSION
-    needed = any(set(_V3_POD_FIELDS) & d.keys() for p in pods for d in p["devices"])
-    return CONFIG_FIELDS_VERSION if needed else COMPATIBLE_VERSION
+    if any("created" in p for p in pods) or any(set(_V4_POD_FIELDS) & d.keys() for p in pods for d in p["devices"]):
+        return IDENTITY_VERSION
+    return COMPATIBLE_VERSION
 
 
 def _plain(obj: Any) -> Any:

@@ -273,8 +273,8 @@ class CheckpointStore:
 
     def _on_disk(self) -> DriverState:
         """The state from the bytes last written or read (no I/O: it cannot fail like the disk)."""
-        claims = DriverState.from_json(json.loads(self._written[self.path]))
-        pods = DriverState.from_json(json.loads(self._written[self.pods_path]))
+        claims = DriverState.from_json(migrate(json.loads(self._written[self.path])))
+        pods = DriverState.from_json(migrate(json.loads(self._written[self.pods_path])))
         return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
     def _write(self) -> None:
@@ -321,8 +321,8 @@ class CheckpointStore:
         return None
 
     def _encode_claims(self) -> bytes:
-        """The claims file, byte for byte what ``encode(claims_json(), version)`` gives, from cached
-        pieces; ``version`` is 3 only when a claim needs it."""
+        """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}}, version)``
+        gives, from cached pieces; ``version`` is 3 only when a claim needs it."""
         claims = self._state.claims
         pieces = []
         version = COMPATIBLE_VERSION

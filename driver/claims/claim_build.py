@@ -4,14 +4,14 @@ A ResourceClaim becomes a :class:`~driver.checkpoint.state.PreparedClaim` when i
 kubelet asked for (same UID), allocated, and every result of our driver names a device of this
 node's pool and inventory. Each device's config is decoded, validated and merged (the cloud
 provider's under the claim's, a ``profile`` under both), then checked against what the NIC can
-do (ethtool features, offload sizes, DHCP) and against the claim's other NICs (names,
-addresses, NUMA pinning). Anything wrong is a :class:`~driver.claims.prepare_results.ClaimError`
-for this claim only: refused at prepare, rather than fail every start of the pod.
+do (its MTU limits, and each NIC setting's own check: ethtool features, offload sizes, DHCP) and
+against the claim's other NICs (names, addresses, NUMA pinning). Anything wrong is a
+:class:`ClaimError` for this claim only: refused at prepare, rather than fail every start of the pod.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
@@ -20,17 +20,16 @@ from driver.api.v1alpha1.merge import configs_for_request, merge_under_cloud
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
-from driver.claims.prepare_results import ClaimError
 from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
 from driver.netlink import mtu_limits
-from driver.netlink.ethtool import check_features
-from driver.netlink.offload_sizes import check_host_nic
+from driver.nic_settings.registry import SETTINGS
+from driver.nic_settings.setting import NicSetting
 
-ConfigDecoder = Callable[[list[dict[str, Any]], str, str], NetworkConfig]
-"""``(allocation_configs, request, driver) -> NetworkConfig``: the decoded, validated config of one
-allocated device (:func:`~driver.api.v1alpha1.merge.configs_for_request`); stored typed per device."""
+
+class ClaimError(Exception):
+    """A claim cannot be prepared; the message is returned to the kubelet for that claim only."""
 
 
 def base_request(request: str) -> str:
@@ -46,22 +45,23 @@ class ClaimBuilder:
         devices: Callable[[], dict[str, Device]],
         driver_name: str,
         node_name: str,
-        config_decoder: ConfigDecoder = configs_for_request,
         cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
         profiles: ProfileResolver | None = None,
         sysfs_root: str = "/sys",
+        settings: Sequence[NicSetting] = SETTINGS,
     ) -> None:
-        """``devices`` returns the current inventory by device name; ``config_decoder`` turns
-        the allocation's config entries into the per-device config (decoded once, here);
+        """``devices`` returns the current inventory by device name (each device's config is decoded
+        from the allocation's config entries once, here: :func:`~driver.api.v1alpha1.merge.configs_for_request`);
         ``cloud_config`` gives the cloud provider's config of a device, merged under the claim's
         (the Go driver's order); ``profiles`` resolves a config's ``profile``
-        (``--profile-provider webhook``; None: refused); ``sysfs_root``: where a VF's PF is found."""
+        (``--profile-provider webhook``; None: refused); ``sysfs_root``: where a VF's PF is found;
+        ``settings``: the NIC settings whose checks a device's config must pass."""
         self.devices = devices
         self.driver_name, self.node_name = driver_name, node_name
-        self.config_decoder = config_decoder
         self.cloud_config = cloud_config
         self.profiles = profiles
         self.sysfs_root = sysfs_root
+        self.settings = tuple(settings)
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
         """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
@@ -107,9 +107,7 @@ class ClaimBuilder:
                 raise ClaimError(f"{where}: {path}.device {name!r} is not a device of this node")
             base = base_request(request)
             try:
-                config = self.config_decoder(configs, request or base, self.driver_name)
-            except ClaimError:
-                raise
+                config = configs_for_request(configs, request or base, self.driver_name)
             except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
                 raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
             cloud = self.cloud_config(device) if self.cloud_config is not None else None
@@ -117,9 +115,7 @@ class ClaimBuilder:
             config = self._with_profile(where, base, claim, device, config)
             if config.profile:
                 profiled.append((device, config))
-            _check_ethtool(where, base, device, config)
-            _check_dhcp(where, base, device, config)
-            _check_mtu(where, base, device, config, self.sysfs_root)
+            self._check_nic(f"{where}: config for request {base!r}: ", device, config)
             shared = result.get("adminAccess") is True or bool(result.get("shareID"))
             prepared.append(
                 PreparedDevice(
@@ -171,43 +167,16 @@ class ClaimBuilder:
         except ProfileError as exc:
             raise ClaimError(problem + str(exc)) from None
 
-
-def _check_ethtool(where: str, request: str, device: Device, config: NetworkConfig) -> None:
-    """Refuse, at prepare, ethtool settings and offload sizes the NIC cannot take (like the Go driver
-    for ethtool), rather than fail at pod start. Only devices whose config sets them pay the netlink call."""
-    sizes = config.interface.offload_sizes if config.interface else {}
-    if sizes and device.host.ifname:  # GSO/GRO sizes above the NIC's or kernel's maximum: refused now too
-        problems = check_host_nic(device.host.ifname, sizes)
-        if problems:
-            raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
-    eth = config.ethtool
-    if eth is None or eth.empty:
-        return
-    if not device.host.ifname:
-        raise ClaimError(f"{where}: config for request {request!r}: ethtool: device {device.name} has no netdev")
-    problems = check_features(device.host.ifname, eth.features, private_flags=eth.private_flags)
-    if problems:
-        raise ClaimError(f"{where}: config for request {request!r}: {'; '.join(problems)}")
-
-
-def _check_mtu(where: str, request: str, device: Device, config: NetworkConfig, sysfs_root: str) -> None:
-    """An MTU the NIC cannot take (its driver's limits; a VF above its PF's MTU): refused now, the
-    kernel would refuse it only with the NIC already in the pod. Only configs that set one pay."""
-    mtu = config.interface.mtu if config.interface else None
-    if mtu is None or not device.host.ifname:
-        return
-    problem = mtu_limits.check_host_nic(device.host.ifname, mtu, sysfs_root)
-    if problem:
-        raise ClaimError(f"{where}: config for request {request!r}: {problem}")
-
-
-def _check_dhcp(where: str, request: str, device: Device, config: NetworkConfig) -> None:
-    """``interface.dhcp`` needs an Ethernet NIC (:mod:`driver.dhcp`): refuse an IPoIB one at prepare
-    rather than fail every start of the pod."""
-    if config.interface is None or not config.interface.dhcp:
-        return
-    if device.attributes.get("dra.net/encapsulation") == "infiniband":
-        raise ClaimError(
-            f"{where}: config for request {request!r}: interface.dhcp: device {device.name} is an InfiniBand "
-            "(IPoIB) interface; DHCP works on Ethernet interfaces only"
-        )
+    def _check_nic(self, problem: str, device: Device, config: NetworkConfig) -> None:
+        """Refuse, at prepare, what the NIC cannot take (like the Go driver for ethtool), rather than
+        fail at every start of the pod: an MTU outside its driver's limits or above a VF's PF, then
+        each setting's own check. Only devices whose config asks for something pay a system call."""
+        mtu = config.interface.mtu if config.interface else None
+        if mtu is not None and device.host.ifname:
+            found = mtu_limits.check_host_nic(device.host.ifname, mtu, self.sysfs_root)
+            if found:
+                raise ClaimError(problem + found)
+        for setting in self.settings:
+            problems = setting.prepare_problems(device, config)
+            if problems:
+                raise ClaimError(problem + "; ".join(problems))

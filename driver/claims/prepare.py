@@ -9,8 +9,11 @@ That record is all the NRI hooks need at pod start, and it is what makes a retri
 prepare (also after a crash and restart) return the same answer without asking the API
 server again.
 
-Checkpoint mutations go through a group commit (:mod:`driver.claims.group_commit`), where
-a claim wanting a device another claim holds is refused (:mod:`driver.claims.device_holders`).
+Checkpoint mutations go through a group commit (:class:`GroupCommit`): concurrent prepares and
+unprepares are applied in arrival order, with one fsynced write per batch. That queue is the
+serialization point (the Go helper's mutex): decisions that depend on the stored state are made
+inside the mutation, under the store's lock; there a claim wanting a device another claim holds
+is refused (:func:`record_claims`: one NIC, one claim).
 """
 
 from __future__ import annotations
@@ -19,54 +22,132 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
-from driver.api.v1alpha1.merge import configs_for_request
-from driver.api.v1alpha1.network_config import NetworkConfig
-from driver.checkpoint.state import PreparedClaim
+from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
-from driver.claims.claim_build import ClaimBuilder, ConfigDecoder
-from driver.claims.device_holders import record_claims
-from driver.claims.group_commit import GroupCommit
-from driver.claims.prepare_results import ClaimError, result_of
-from driver.claims.profile import ProfileResolver
-from driver.dra.protocol import ClaimRef, PrepareResult
+from driver.claims.claim_build import ClaimBuilder, ClaimError
+from driver.dra.protocol import ClaimRef, PrepareResult, ResultDevice
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
-from driver.model.device import Device
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLAIM_LOOKUP_THREADS = 16
 """Concurrent claim lookups (checkpoint read + GET); matches the API client's connection pool."""
 
 
-class Preparer(ClaimBuilder):
+def result_of(record: PreparedClaim) -> PrepareResult:
+    """The kubelet's answer for a prepared claim: one result per device, under its request."""
+    return PrepareResult(
+        devices=[ResultDevice(request_names=[d.request], pool=d.pool, device=d.device) for d in record.devices]
+    )
+
+
+def record_claims(state: DriverState, records: list[PreparedClaim]) -> list[PreparedClaim | ClaimError]:
+    """Store new claims (under the store's lock: decided against every claim stored so far).
+
+    A claim a concurrent call stored first keeps its original record. A claim that wants a device
+    another stored claim holds is refused with the holder's name, unless one of the two holds
+    it shared (adminAccess or a shareID): a NIC moves into one pod, it cannot be in two.
+    """
+    holders: dict[tuple[str, str], PreparedClaim] = {
+        (d.pool, d.device): c for c in state.claims.values() for d in c.devices if not d.shared
+    }
+    out: list[PreparedClaim | ClaimError] = []
+    for record in records:
+        existing = state.claims.get(record.uid)
+        if existing is not None:
+            out.append(existing)
+            continue
+        taken = [
+            (d.device, holders[(d.pool, d.device)])
+            for d in record.devices
+            if not d.shared and (d.pool, d.device) in holders
+        ]
+        if taken:
+            device, holder = taken[0]
+            out.append(
+                ClaimError(
+                    f"ResourceClaim {record.namespace}/{record.name}: device {device} is already held by "
+                    f"ResourceClaim {holder.namespace}/{holder.name} (uid {holder.uid}); a device can be in "
+                    "one claim at a time unless allocated with adminAccess"
+                )
+            )
+            continue
+        state.claims[record.uid] = record
+        holders.update({(d.pool, d.device): record for d in record.devices if not d.shared})
+        out.append(record)
+    return out
+
+
+class GroupCommit:
+    """Applies checkpoint mutations in arrival order, batching concurrent ones into one write."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self._store = store
+        self._pending: list[tuple[Callable[[DriverState], Any], asyncio.Future[Any]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def apply(self, fn: Callable[[DriverState], T]) -> T:
+        """Run ``fn`` on the state and return its result once the state is on disk."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending.append((fn, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await asyncio.shield(future)
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            outcomes: list[tuple[bool, Any]] = []
+
+            def run_batch(state: DriverState, batch: list[Any] = batch, outcomes: list[Any] = outcomes) -> None:
+                for fn, _ in batch:
+                    try:
+                        outcomes.append((True, fn(state)))
+                    except Exception as exc:  # noqa: BLE001 - one bad mutation must not sink the batch
+                        outcomes.append((False, exc))
+
+            try:
+                # fsync blocks for milliseconds: keep it off the event loop.
+                await asyncio.to_thread(self._store.update, run_batch)
+            except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
+                # The store logged the failure (path, errno) once; each waiter answers with it.
+                log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(ClaimError(str(exc)))
+                continue
+            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+                if not future.done():
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+
+
+class Preparer:
     """Prepares and unprepares claims for the kubelet; all state lives in the checkpoint."""
 
     def __init__(
         self,
         kube: KubeClient,
         store: CheckpointStore,
-        devices: Callable[[], dict[str, Device]],
-        driver_name: str,
-        node_name: str,
-        config_decoder: ConfigDecoder = configs_for_request,
+        builder: ClaimBuilder,
+        *,
         after_commit: Callable[[list[str]], None] | None = None,
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
-        cloud_config: Callable[[Device], NetworkConfig | None] | None = None,
         on_error: Callable[[ClaimRef, str], None] | None = None,
-        profiles: ProfileResolver | None = None,
-        sysfs_root: str = "/sys",
     ) -> None:
-        """``devices``, ``config_decoder``, ``cloud_config`` and ``profiles`` build each claim's
-        record (:class:`ClaimBuilder`); ``after_commit`` is called with the claim UIDs just persisted
-        (tests use it to crash the process between the checkpoint write and the response);
-        ``on_unprepare`` gets each claim that unprepare removed (the claim status writer drops our
-        entries); ``on_error`` gets each claim answered with an error (the status writer posts an
-        event on it)."""
-        super().__init__(devices, driver_name, node_name, config_decoder, cloud_config, profiles, sysfs_root)
-        self.kube, self.store = kube, store
+        """``builder`` builds each claim's record (and resolves its profiles); ``after_commit`` is
+        called with the claim UIDs just persisted (tests use it to crash the process between the
+        checkpoint write and the response); ``on_unprepare`` gets each claim that unprepare removed
+        (the claim status writer drops our entries); ``on_error`` gets each claim answered with an
+        error (the status writer posts an event on it)."""
+        self.kube, self.store, self.builder = kube, store, builder
+        self.profiles = builder.profiles
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.on_error = on_error
         self._commit = GroupCommit(store)
@@ -81,11 +162,9 @@ class Preparer(ClaimBuilder):
         # store's lock is held by the writer thread during an fsync (never wait for it on the
         # event loop), and each thread hop costs a loop round trip.
         loop = asyncio.get_running_loop()
-        pool = self._io_pool()
         found = await asyncio.gather(
-            *(loop.run_in_executor(pool, self._lookup, c) for c in claims), return_exceptions=True
+            *(loop.run_in_executor(self._io_pool(), self._lookup, c) for c in claims), return_exceptions=True
         )
-
         records: list[PreparedClaim] = []
         for ref, claim in zip(claims, found, strict=True):
             if isinstance(claim, BaseException) and not isinstance(claim, ClaimError):
@@ -93,49 +172,11 @@ class Preparer(ClaimBuilder):
             if isinstance(claim, PreparedClaim):
                 results[ref.uid] = result_of(claim)  # the kubelet's retry: answered from the checkpoint
                 continue
-            try:
-                if isinstance(claim, BaseException):
-                    raise claim
-                # A profile is an HTTP call: keep it off the event loop.
-                record = (
-                    await loop.run_in_executor(pool, self.build, ref, claim)
-                    if self.profiles
-                    else self.build(ref, claim)
-                )
-                if not record.devices:
-                    # The kubelet asks a driver only about claims with devices of that driver;
-                    # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
-                    log.debug(
-                        "claim has no devices of this driver: nothing prepared",
-                        extra={"kv": {"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid}},
-                    )
-                    results[ref.uid] = PrepareResult()
-                    continue
+            record = await self._build(ref, claim, results)
+            if record is not None:
                 records.append(record)
-            except ClaimError as exc:
-                results[ref.uid] = PrepareResult(error=str(exc))
-            except Exception as exc:  # a bug for one claim must not fail the others
-                log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
-                results[ref.uid] = PrepareResult(
-                    error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}"
-                )
         if records:
-            try:
-                outcomes = await self._commit.apply(lambda state: record_claims(state, records))
-            except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
-                for record in records:
-                    results[record.uid] = PrepareResult(error=f"not prepared: {exc}")
-            else:
-                stored = [o for o in outcomes if isinstance(o, PreparedClaim)]
-                if self.after_commit is not None:
-                    self.after_commit([r.uid for r in stored])
-                for record, outcome in zip(records, outcomes, strict=True):
-                    if isinstance(outcome, ClaimError) and self.profiles:  # refused: free what it resolved
-                        profiled = [(d.snapshot, d.config) for d in record.devices]
-                        await loop.run_in_executor(pool, self.profiles.release_devices, record.uid, profiled)
-                    results[record.uid] = (
-                        PrepareResult(error=str(outcome)) if isinstance(outcome, ClaimError) else result_of(outcome)
-                    )
+            await self._store(records, results)
         for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
             results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
             if results[ref.uid].error and self.on_error is not None:
@@ -150,6 +191,59 @@ class Preparer(ClaimBuilder):
             },
         )
         return results
+
+    async def _build(
+        self, ref: ClaimRef, claim: dict[str, Any] | ClaimError, results: dict[str, PrepareResult]
+    ) -> PreparedClaim | None:
+        """The record of a claim not prepared yet (None: answered in ``results`` instead: its error, or
+        nothing to prepare)."""
+        try:
+            if isinstance(claim, ClaimError):
+                raise claim
+            # A profile is an HTTP call: keep it off the event loop.
+            record = (
+                await asyncio.get_running_loop().run_in_executor(self._io_pool(), self.builder.build, ref, claim)
+                if self.profiles
+                else self.builder.build(ref, claim)
+            )
+        except ClaimError as exc:
+            results[ref.uid] = PrepareResult(error=str(exc))
+            return None
+        except Exception as exc:  # a bug for one claim must not fail the others
+            log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
+            results[ref.uid] = PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
+            return None
+        if not record.devices:
+            # The kubelet asks a driver only about claims with devices of that driver;
+            # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
+            log.debug(
+                "claim has no devices of this driver: nothing prepared",
+                extra={"kv": {"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid}},
+            )
+            results[ref.uid] = PrepareResult()
+            return None
+        return record
+
+    async def _store(self, records: list[PreparedClaim], results: dict[str, PrepareResult]) -> None:
+        """Store new records in one group commit; each claim's answer in ``results``."""
+        try:
+            outcomes = await self._commit.apply(lambda state: record_claims(state, records))
+        except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
+            for record in records:
+                results[record.uid] = PrepareResult(error=f"not prepared: {exc}")
+            return
+        if self.after_commit is not None:
+            self.after_commit([o.uid for o in outcomes if isinstance(o, PreparedClaim)])
+        for record, outcome in zip(records, outcomes, strict=True):
+            if isinstance(outcome, ClaimError):
+                if self.profiles:  # refused: free what it resolved
+                    profiled = [(d.snapshot, d.config) for d in record.devices]
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._io_pool(), self.profiles.release_devices, record.uid, profiled
+                    )
+                results[record.uid] = PrepareResult(error=str(outcome))
+            else:
+                results[record.uid] = result_of(outcome)
 
     def _io_pool(self) -> Executor:
         """The threads for claim lookups, created on first use.

@@ -28,7 +28,7 @@ from driver.api.v1alpha1.merge import merge_under_cloud
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.config import DRIVER_NAME, PROFILE_WEBHOOK_TIMEOUT, DriverConfig
 from driver.model.device import Device
-from driver.profiles.webhook import PATH_GET_PROFILE_CONFIG, DeviceIdentifiers, WebhookClient, WebhookError
+from driver.profiles.provider_client import PATH_GET_PROFILE_CONFIG, DeviceIdentifiers, ProviderClient, ProviderError
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,12 @@ def wire_config(config: NetworkConfig) -> dict[str, Any]:
 class ProfileResolver:
     """Resolves and releases profiles through one webhook provider (``--webhook-url``)."""
 
-    client: WebhookClient
+    client: ProviderClient
     _capable: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def check(self) -> None:
-        """Ask ``/health`` once until it answers: :class:`WebhookError` when it cannot be asked, and
+        """Ask ``/health`` once until it answers: :class:`ProviderError` when it cannot be asked, and
         :class:`ProfileError` when the provider says it is no profile provider (dranet refuses both
         at start; here a provider down at start only fails the prepares that need it, until it is up)."""
         with self._lock:
@@ -95,7 +95,7 @@ class ProfileResolver:
         try:
             self.check()
             answer = self.client.get_profile_config(identifiers(device), claim, wire_config(config))
-        except (WebhookError, ProfileError) as exc:
+        except (ProviderError, ProfileError) as exc:
             raise ProfileError(f"profile {name!r}: {exc}") from None
         try:
             profile = decode_config({} if answer is None else answer, f"{source}: answer")
@@ -119,7 +119,7 @@ class ProfileResolver:
             return ""
         try:
             self.client.release_profile_config(identifiers(device), claim_uid, wire_config(config))
-        except WebhookError as exc:
+        except ProviderError as exc:
             log.warning(
                 "profile not released: the provider must reclaim it itself",
                 extra={"kv": {"profile": config.profile, "claim": claim_uid, "device": device.name, "error": str(exc)}},
@@ -144,7 +144,7 @@ def profile_resolver(config: DriverConfig) -> ProfileResolver | None:
         return None
     if not config.webhook_url:
         raise ValueError("--profile-provider=webhook: --webhook-url is required")
-    return ProfileResolver(WebhookClient(config.webhook_url, PROFILE_WEBHOOK_TIMEOUT))
+    return ProfileResolver(ProviderClient(config.webhook_url, PROFILE_WEBHOOK_TIMEOUT))
 
 
 def check_at_start(resolver: ProfileResolver) -> str:
@@ -155,6 +155,6 @@ def check_at_start(resolver: ProfileResolver) -> str:
         resolver.check()
     except ProfileError as exc:
         return str(exc)
-    except WebhookError as exc:
+    except ProviderError as exc:
         log.warning("profile provider not reachable yet", extra={"kv": {"error": exc.reason}})
     return ""

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from driver.checkpoint.state import DriverState, PreparedClaim
+from driver.claims.claim_build import ClaimError
 from driver.claims.prepare import Preparer
-from driver.claims.prepare_results import ClaimError
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
@@ -115,7 +115,8 @@ async def rebuild_prepared_claims(preparer: Preparer, kube: KubeClient) -> Recov
     API errors are logged and leave the rebuild partial (never fatal): the driver still serves,
     and the kubelet's next prepare of a claim records it as usual.
     """
-    driver, node = preparer.driver_name, preparer.node_name
+    builder = preparer.builder
+    driver, node = builder.driver_name, builder.node_name
     report = RecoveryReport()
     try:
         claims = await asyncio.to_thread(_claims_here, kube, driver, node)
@@ -126,14 +127,14 @@ async def rebuild_prepared_claims(preparer: Preparer, kube: KubeClient) -> Recov
             extra={"kv": {"error": str(exc)}},
         )
         return report
-    inventory = complete_inventory(preparer.devices(), published)
+    inventory = complete_inventory(builder.devices(), published)
     records: list[PreparedClaim] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         ref = ClaimRef(namespace=meta.get("namespace", ""), name=meta.get("name", ""), uid=meta.get("uid", ""))
         where = f"{ref.namespace}/{ref.name}"
         try:
-            records.append(preparer.build(ref, claim, inventory))
+            records.append(builder.build(ref, claim, inventory))
         except ClaimError as exc:
             report.failed[where] = str(exc)
     if records:

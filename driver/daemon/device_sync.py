@@ -1,13 +1,13 @@
 """The node's device inventory, kept current: full scans, link events -> device updates, the rescan loop.
 
 Link events keep the inventory current one device at a time (:mod:`driver.inventory.incremental`):
-an event the NRI hooks caused themselves (announced in :class:`OwnChanges`) is dropped, one for
+an event the NRI hooks caused themselves (announced in :class:`HookActivity`) is dropped, one for
 an excluded interface too, the rest are coalesced per link and each rebuilds the one device it
 feeds. A full scan runs at start, on the resync timer, when events were lost and when the cloud
 metadata changed. Every device list passes the cloud attributes, the admin ``--filter`` and the
 allocated devices' snapshots before it is handed on (to the publisher and the health monitor).
 
-Scans and link updates wait while an NRI hook runs (:meth:`OwnChanges.idle`) and do their
+Scans and link updates wait while an NRI hook runs (:meth:`HookActivity.idle`) and do their
 blocking work (sysfs walks, netlink dumps) in a worker thread, so gRPC calls are answered meanwhile.
 """
 
@@ -29,8 +29,8 @@ from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.metrics import Metrics
 from driver.model.device import Device, rdma_count
+from driver.netlink.hook_activity import HookActivity
 from driver.netlink.link_watch import LinkEvent
-from driver.netlink.own_changes import OwnChanges
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class DeviceSync:
         config: DriverConfig,
         store: CheckpointStore,
         metrics: Metrics,
-        own_changes: OwnChanges,
+        hook_activity: HookActivity,
         on_inventory: Callable[[], None],
     ) -> None:
         self.config = config
@@ -61,7 +61,7 @@ class DeviceSync:
         self.scanned = False
         self.store = store
         self.metrics = metrics
-        self.own_changes = own_changes
+        self.hook_activity = hook_activity
         self._on_inventory = on_inventory
         self._rescan = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,7 +116,7 @@ class DeviceSync:
 
         Blocking (a worker thread); between two links it waits while an NRI hook runs.
         """
-        delta = self.updater.apply(changes, pause=self.own_changes.wait_idle)
+        delta = self.updater.apply(changes, pause=self.hook_activity.wait_idle)
         if delta.full_scan:
             return None
         names = set(delta.updated) | delta.removed
@@ -138,7 +138,7 @@ class DeviceSync:
 
     async def rescan(self) -> None:
         """One full scan in a worker thread, then hand the inventory on."""
-        await self.own_changes.idle()
+        await self.hook_activity.idle()
         async with self._inventory_lock:
             started = time.perf_counter()
             self._pending.clear()  # the scan sees what those events announced
@@ -185,7 +185,7 @@ class DeviceSync:
         state = self.scanner.state
         own = ignored = queued = 0
         for ev in events:
-            if self.own_changes.is_own(ev.index, ev.ifname):
+            if self.hook_activity.is_own(ev.index, ev.ifname):
                 own += 1
             elif ev.ifname in self.config.exclude_interfaces or (state is not None and ev.ifname in state.roots):
                 ignored += 1
@@ -203,7 +203,7 @@ class DeviceSync:
         while True:
             await self._link_wake.wait()
             await asyncio.sleep(LINK_COALESCE)
-            await self.own_changes.idle()
+            await self.hook_activity.idle()
             self._link_wake.clear()
             if not self._pending:
                 continue

@@ -7,7 +7,7 @@ background loops (:mod:`driver.daemon.supervisor`): ResourceSlice publisher (onc
 holds the node lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health
 checks, NRI plugin. :meth:`Daemon.shutdown` stops them in the order a rolling update needs.
 
-While an NRI hook runs, background work waits (:meth:`OwnChanges.idle`): link updates, rescans,
+While an NRI hook runs, background work waits (:meth:`HookActivity.idle`): link updates, rescans,
 ResourceSlice writes and claim status writes start only when no hook is running, so a hook never
 competes with them for the interpreter lock.
 """
@@ -18,10 +18,11 @@ import asyncio
 import gc
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from driver.checkpoint.state import claim_device_counts
+from driver.checkpoint.state import PreparedClaim, claim_device_counts
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
@@ -29,18 +30,22 @@ from driver.claims.status import ClaimStatusWriter
 from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
-from driver.dra.api_probe import list_attributes_accepted
+from driver.dra.field_support import list_attributes_accepted
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
 from driver.health.monitor import HealthMonitor
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
-from driver.netlink import rdma_netns
+from driver.netlink.hook_activity import HookActivity
 from driver.netlink.link_watch import LinkWatcher
-from driver.netlink.own_changes import OwnChanges
+from driver.nic_settings import rdma
 from driver.node_lease import POLL_INTERVAL, NodeLease
 from driver.probe_server import ProbeServer
+
+if TYPE_CHECKING:  # imported when NRI starts: `dranet run --no-nri` loads no NRI code
+    from driver.nri.handover import HandoverHooks
+    from driver.nri.plugin import NRIPlugin
 
 log = logging.getLogger(__name__)
 
@@ -87,18 +92,18 @@ class Daemon:
         self.metrics.watch_state_writes(lambda: store.write_failures)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
-        self.rdma_mode = rdma_netns.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
+        self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
         # The NRI hooks announce themselves and the links they change here (shared with them).
-        self.own_changes = OwnChanges()
+        self.hook_activity = HookActivity()
         self.device_sync = DeviceSync(
-            config, store, self.metrics, self.own_changes, on_inventory=self._inventory_changed
+            config, store, self.metrics, self.hook_activity, on_inventory=self._inventory_changed
         )
         self.status_writer = ClaimStatusWriter(
             kube,
             config.node_name,
             driver_name=config.driver_name,
             sysfs_root=config.sysfs_root,
-            quiet=self.own_changes.wait_idle,
+            quiet=self.hook_activity.wait_idle,
         )
         # Several instances on one node (rolling update): only the lease holder moves NICs and
         # writes slices (driver/node_lease.py); both serve the kubelet.
@@ -106,22 +111,25 @@ class Daemon:
         health = HealthMonitor(
             store, lambda: self.device_sync.inventory, config.node_name, config.sysfs_root, config.host_netns
         )
-        self.nri: Any = None  # the NRIPlugin, once the NRI task built it
+        self.nri: NRIPlugin | None = None  # once the NRI task built it
         # The preparer decodes claim configs strictly, once: a bad config is a per-claim error
         # naming the field, at prepare time, not a pod that fails to start.
-        self.preparer = Preparer(
-            kube,
-            store,
+        builder = ClaimBuilder(
             lambda: self.device_sync.inventory,
             config.driver_name,
             config.node_name,
-            on_unprepare=self._claim_unprepared,
             cloud_config=self.device_sync.cloud.device_config,
-            on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
             profiles=profile_resolver(config),
             sysfs_root=config.sysfs_root,
         )
-        self.hooks: Any = None  # the NRIHooks, once the NRI task built them
+        self.preparer = Preparer(
+            kube,
+            store,
+            builder,
+            on_unprepare=self._claim_unprepared,
+            on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
+        )
+        self.hooks: HandoverHooks | None = None  # the NRI hooks, once the NRI task built them
         # The kubelet plugin, the ResourceSlices and device health, from the DRA kit.
         self.dra: Helper[Device] = Helper(
             NetworkDriver(self.preparer, self.device_sync, health),
@@ -137,7 +145,7 @@ class Daemon:
             metrics=self.metrics,
             on_published=self._published,
             on_health=self._health_changed,
-            quiet=self.own_changes.idle,
+            quiet=self.hook_activity.idle,
         )
         self.probes = ProbeServer(
             config.bind_address,
@@ -148,7 +156,7 @@ class Daemon:
             claim_port=self.lease.request_port,
         )
 
-    def _claim_unprepared(self, claim: Any) -> None:
+    def _claim_unprepared(self, claim: PreparedClaim) -> None:
         # NICs the runtime never asked back (no StopPodSandbox) go home first, then the status.
         if self.hooks is not None:
             self.hooks.claim_unprepared(claim)
@@ -207,7 +215,7 @@ class Daemon:
             await self._check_list_attributes()
         await self.dra.check_taints()
         if self.config.host_sysfs and self.config.nri_enabled:
-            self.rdma_mode = await asyncio.to_thread(rdma_netns.netns_mode)
+            self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
         self.device_sync.cloud.start()
         await asyncio.to_thread(self.device_sync.cloud.wait, CLOUD_STARTUP_WAIT)
@@ -293,8 +301,8 @@ class Daemon:
             status=self.status_writer,
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
-            rdma_exclusive=self.rdma_mode == rdma_netns.EXCLUSIVE,
-            own_changes=self.own_changes,
+            rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
+            hook_activity=self.hook_activity,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
 
-async def guard(name: str, coro_fn: Callable[[], Any]) -> None:
+async def guard(name: str, coro_fn: Callable[[], Awaitable[object]]) -> None:
     """Run a background component; restart it after a crash (backoff 1 s .. 30 s) instead of
     taking the daemon, and with it the kubelet's DRA socket, down."""
     delay = 1.0
@@ -35,9 +34,9 @@ class Supervisor:
     """The guarded background tasks of one daemon: started by name, all cancelled at shutdown."""
 
     def __init__(self) -> None:
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
-    def spawn(self, name: str, fn: Callable[[], Any]) -> None:
+    def spawn(self, name: str, fn: Callable[[], Awaitable[object]]) -> None:
         """Start ``fn()`` as a task under :func:`guard` (from the event loop)."""
         self._tasks.append(asyncio.create_task(guard(name, fn), name=name))
 

@@ -63,6 +63,42 @@ def _socket(ns_fd: int, ifname: str, address: str = "0.0.0.0") -> socket.socket:
     return sock
 
 
+class _Transaction:
+    """One DISCOVER-OFFER-REQUEST-ACK transaction: what to send now, and what a reply does to it."""
+
+    def __init__(self, mac: str) -> None:
+        self.mac = mac
+        self.xid = secrets.randbits(32)
+        self.packet, self.waiting_for = wire.discover(self.xid, mac), wire.OFFER
+        self.server_id = ""
+
+    def waiting(self) -> str:
+        """What it waits for, for an error message."""
+        return "DHCPOFFER" if self.waiting_for == wire.OFFER else f"DHCPACK from server {self.server_id}"
+
+    def answer(self, reply: wire.Message) -> Lease | None:
+        """Take ``reply`` (ours: this transaction, this MAC): the lease on an ACK, else None (an OFFER
+        turns the transaction into a REQUEST; anything else is ignored). :class:`DhcpError` on a NAK or
+        an unusable ACK. OFFERs without a server identifier are ignored."""
+        if self.waiting_for == wire.OFFER and reply.kind == wire.OFFER:
+            offered_by = reply.ip_option(wire.OPT_SERVER_ID)
+            if offered_by is not None and reply.yiaddr != "0.0.0.0":
+                self.server_id = offered_by
+                self.packet, self.waiting_for = wire.request(self.xid, self.mac, reply.yiaddr, offered_by), wire.ACK
+            return None
+        if self.waiting_for != wire.ACK or reply.ip_option(wire.OPT_SERVER_ID) not in (self.server_id, None):
+            return None
+        if reply.kind == wire.NAK:
+            text = reply.options.get(wire.OPT_MESSAGE, b"").decode("utf-8", "replace")
+            raise DhcpError(f"server {self.server_id} refused the address (DHCPNAK{': ' + text if text else ''})")
+        if reply.kind != wire.ACK:
+            return None
+        try:
+            return wire.lease_from_ack(reply)
+        except MessageError as exc:
+            raise DhcpError(f"unusable DHCPACK from {self.server_id}: {exc}") from None
+
+
 def acquire(ns_fd: int, ifname: str, mac: str, timeout: float, retransmit: float = RETRANSMIT) -> Exchange:
     """DISCOVER, OFFER, REQUEST, ACK on ``ifname`` (up, in ``ns_fd``'s netns) as ``mac``, within ``timeout`` s.
 
@@ -77,10 +113,8 @@ def acquire(ns_fd: int, ifname: str, mac: str, timeout: float, retransmit: float
         )
     start = time.monotonic()
     deadline = start + timeout
-    xid = secrets.randbits(32)
-    packet, waiting_for = wire.discover(xid, mac), wire.OFFER
-    server_id = ""
-    sent, next_send = 0, start
+    tx = _Transaction(mac)
+    sent, next_send, sending = 0, start, tx.packet
     try:
         sock = _socket(ns_fd, ifname)
     except OSError as exc:
@@ -89,42 +123,33 @@ def acquire(ns_fd: int, ifname: str, mac: str, timeout: float, retransmit: float
         while True:
             now = time.monotonic()
             if now >= deadline:
-                what = "DHCPOFFER" if waiting_for == wire.OFFER else f"DHCPACK from server {server_id}"
-                raise DhcpError(f"no {what} within {timeout:g}s ({sent} messages sent)")
-            if now >= next_send:
+                raise DhcpError(f"no {tx.waiting()} within {timeout:g}s ({sent} messages sent)")
+            if now >= next_send or sending is not tx.packet:  # a new message goes out at once
                 try:
-                    sock.sendto(packet, ("255.255.255.255", wire.SERVER_PORT))
+                    sock.sendto(tx.packet, ("255.255.255.255", wire.SERVER_PORT))
                 except OSError as exc:
                     raise DhcpError(f"cannot send a DHCP message: {exc.strerror or exc}") from None
-                sent, next_send = sent + 1, now + retransmit
+                sent, next_send, sending = sent + 1, now + retransmit, tx.packet
             sock.settimeout(max(0.001, min(next_send, deadline) - now))
-            try:
-                data = sock.recv(4096)
-            except TimeoutError:
+            reply = _receive(sock, ifname)
+            if reply is None or reply.op != wire.BOOTREPLY or reply.xid != tx.xid or reply.chaddr != mac.lower():
                 continue
-            try:
-                reply = wire.parse(data)
-            except MessageError as exc:
-                log.debug("DHCP: unreadable datagram ignored", extra={"kv": {"ifname": ifname, "reason": str(exc)}})
-                continue
-            if reply.op != wire.BOOTREPLY or reply.xid != xid or reply.chaddr != mac.lower():
-                continue
-            if waiting_for == wire.OFFER and reply.kind == wire.OFFER:
-                offered_by = reply.ip_option(wire.OPT_SERVER_ID)
-                if offered_by is None or reply.yiaddr == "0.0.0.0":
-                    continue
-                server_id = offered_by
-                packet, waiting_for, next_send = wire.request(xid, mac, reply.yiaddr, server_id), wire.ACK, now
-            elif waiting_for == wire.ACK and reply.ip_option(wire.OPT_SERVER_ID) in (server_id, None):
-                if reply.kind == wire.NAK:
-                    text = reply.options.get(wire.OPT_MESSAGE, b"").decode("utf-8", "replace")
-                    raise DhcpError(f"server {server_id} refused the address (DHCPNAK{': ' + text if text else ''})")
-                if reply.kind == wire.ACK:
-                    try:
-                        lease = wire.lease_from_ack(reply)
-                    except MessageError as exc:
-                        raise DhcpError(f"unusable DHCPACK from {server_id}: {exc}") from None
-                    return Exchange(lease=lease, seconds=time.monotonic() - start, sent=sent)
+            lease = tx.answer(reply)
+            if lease is not None:
+                return Exchange(lease=lease, seconds=time.monotonic() - start, sent=sent)
+
+
+def _receive(sock: socket.socket, ifname: str) -> wire.Message | None:
+    """The next datagram as a DHCP message; None on the socket's timeout or for one that does not parse."""
+    try:
+        data = sock.recv(4096)
+    except TimeoutError:
+        return None
+    try:
+        return wire.parse(data)
+    except MessageError as exc:
+        log.debug("DHCP: unreadable datagram ignored", extra={"kv": {"ifname": ifname, "reason": str(exc)}})
+        return None
 
 
 def release(ns_fd: int, ifname: str, lease: Lease) -> None:

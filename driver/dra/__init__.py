@@ -7,7 +7,7 @@ sockets, rolling-update names, stale socket removal), ``registration``, ``dra_se
 gRPC service, v1 and v1beta1), ``health`` (the periodic check, the ``DRAResourceHealth``
 stream), ``slices`` (pool bodies split at the per-slice device limit, the write plan),
 ``publisher`` (coalesced, only-changed writes, watch, resync), ``taints`` (unhealthy devices'
-taints), ``api_probe`` (which device fields the apiserver keeps).
+taints), ``field_support`` (which device fields the apiserver keeps).
 
 May import: ``driver.kube`` (the API client) and ``dranet_proto`` (the kubelet's protos); nothing
 else of ``driver`` (a contract in pyproject.toml).

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from driver.dra.api_probe import stored_device
+from driver.dra.field_support import stored_device
 from driver.kube.client import KubeClient
 
 log = logging.getLogger(__name__)

@@ -227,18 +227,10 @@ class Scanner:
                 rdma_by_pci.setdefault(rdma.pci_address, rdma)
 
         devices: list[Device] = []
-        network_pci: set[str] = set()
         listed = sysfs.listdir("bus/pci/devices")
         identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}") for bdf in listed}
-        for bdf in listed:
-            cls = sysfs.read(f"bus/pci/devices/{bdf}/class")
-            if cls is None and f"bus/pci/devices/{bdf}/class" in sysfs.problems:
-                reason = sysfs.problems.pop(f"bus/pci/devices/{bdf}/class")  # warned about here, once
-                report.skip(f"PCI function {bdf}", f"its class cannot be read: {reason}")
-                continue
-            if not (cls or "").lower().startswith("0x02"):
-                continue
-            network_pci.add(bdf)
+        network_pci = self._network_functions(sysfs, listed, report)
+        for bdf in network_pci:
             if bdf in excluded_pci or bdf in report.skipped_pci or not self.bound_to_kernel(sysfs, bdf):
                 continue
             self._add(
@@ -252,9 +244,10 @@ class Scanner:
                 rdma_by_pci.get(bdf),
             )
 
+        network = set(network_pci)
         for rdma in rdma_devices.values():
             pci = rdma.pci_address
-            if pci is None or pci in network_pci or pci in excluded_pci or pci in report.skipped_pci:
+            if pci is None or pci in network or pci in excluded_pci or pci in report.skipped_pci:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
             self._add(devices, report, f"PCI function {pci}", self.builder.pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
@@ -272,6 +265,20 @@ class Scanner:
         # Skipped netdevs stay out of the state too: an event for one is handled like a new link.
         self.state = ScanState(netdevs, excluded, roots, rdma_by_pci, facts.names_by_index() if facts else {})
         return devices
+
+    @staticmethod
+    def _network_functions(sysfs: SysfsReader, listed: list[str], report: ScanReport) -> list[str]:
+        """The PCI functions of class network (0x02...), in listing order; one whose class cannot be
+        read is skipped (reported once)."""
+        out = []
+        for bdf in listed:
+            cls = sysfs.read(f"bus/pci/devices/{bdf}/class")
+            if cls is None and f"bus/pci/devices/{bdf}/class" in sysfs.problems:
+                reason = sysfs.problems.pop(f"bus/pci/devices/{bdf}/class")  # warned about here, once
+                report.skip(f"PCI function {bdf}", f"its class cannot be read: {reason}")
+            elif (cls or "").lower().startswith("0x02"):
+                out.append(bdf)
+        return out
 
     @staticmethod
     def _add(devices: list[Device], report: ScanReport, what: str, build: Callable[..., Device], *args: Any) -> None:

@@ -110,46 +110,67 @@ class LinkUpdater:
 
     def _one(self, sysfs: SysfsReader, state: ScanState, change: LinkChange, delta: InventoryDelta) -> None:
         name, dev = self._current(sysfs, change)
-        old_names = {n for n in (state.by_index.get(change.index), change.ifname) if n and n != name}
+        pci = self._forget_old(state, change, name, delta)
+        if pci is None:
+            return  # delta.full_scan
+        if change.index and name is None:
+            state.by_index.pop(change.index, None)
+        if name is not None and dev is not None:
+            found = self._record(sysfs, state, change, name, dev, delta)
+            if found is None:
+                return  # delta.full_scan
+            pci |= found
+        for bdf in pci:
+            self._pci(sysfs, state, bdf, delta)
+
+    def _forget_old(
+        self, state: ScanState, change: LinkChange, name: str | None, delta: InventoryDelta
+    ) -> set[str] | None:
+        """Forget the link's old names (renamed away or gone): the PCI functions whose netdev went,
+        or None when only a full scan can tell (``delta.full_scan`` set)."""
         pci: set[str] = set()
-        for old in old_names:  # renamed away or gone
+        for old in {n for n in (state.by_index.get(change.index), change.ifname) if n and n != name}:
             gone = state.netdevs.pop(old, None)
             if gone is None:
                 continue
             if self._has_slaves(state, old) and old in state.excluded:
                 delta.full_scan = True  # its slaves were excluded through it
-                return
+                return None
             if gone.pci_address:
                 pci.add(gone.pci_address)
             elif old not in state.excluded:
                 delta.removed.add(netdev_device_name(old))
             state.excluded.discard(old)
-        if change.index and name is None:
-            state.by_index.pop(change.index, None)
-        if name is not None and dev is not None:
-            previous = state.netdevs.get(name)
-            excluded = (
-                name in state.roots
-                or (dev.master is not None and dev.master in state.excluded)
-                or self.scanner.excluded_by_itself(sysfs, dev)
-            )
-            if excluded != (name in state.excluded) and self._has_slaves(state, name):
-                delta.full_scan = True  # the exclusion of its slaves changes with it
-                return
-            state.netdevs[name] = dev
-            if change.index:
-                state.by_index[change.index] = name
-            (state.excluded.add if excluded else state.excluded.discard)(name)
-            if previous is not None and previous.pci_address and previous.pci_address != dev.pci_address:
-                pci.add(previous.pci_address)
-            if dev.pci_address:
-                pci.add(dev.pci_address)
-            elif excluded:
-                delta.removed.add(netdev_device_name(name))
-            else:
-                self._build(delta, netdev_device_name(name), self.scanner.builder.netdev_device, sysfs, dev)
-        for bdf in pci:
-            self._pci(sysfs, state, bdf, delta)
+        return pci
+
+    def _record(
+        self, sysfs: SysfsReader, state: ScanState, change: LinkChange, name: str, dev: Netdev, delta: InventoryDelta
+    ) -> set[str] | None:
+        """Record the link as it is now: the PCI functions to rebuild for it (a netdev without one is
+        built here), or None when only a full scan can tell (``delta.full_scan`` set)."""
+        previous = state.netdevs.get(name)
+        excluded = (
+            name in state.roots
+            or (dev.master is not None and dev.master in state.excluded)
+            or self.scanner.excluded_by_itself(sysfs, dev)
+        )
+        if excluded != (name in state.excluded) and self._has_slaves(state, name):
+            delta.full_scan = True  # the exclusion of its slaves changes with it
+            return None
+        state.netdevs[name] = dev
+        if change.index:
+            state.by_index[change.index] = name
+        (state.excluded.add if excluded else state.excluded.discard)(name)
+        pci: set[str] = set()
+        if previous is not None and previous.pci_address and previous.pci_address != dev.pci_address:
+            pci.add(previous.pci_address)
+        if dev.pci_address:
+            pci.add(dev.pci_address)
+        elif excluded:
+            delta.removed.add(netdev_device_name(name))
+        else:
+            self._build(delta, netdev_device_name(name), self.scanner.builder.netdev_device, sysfs, dev)
+        return pci
 
     @staticmethod
     def _has_slaves(state: ScanState, name: str) -> bool:

@@ -2,7 +2,7 @@
 
 ``topology`` prints a matrix in the spirit of ``nvidia-smi topo -m`` over the node's GPUs and
 the NICs this driver publishes, plus each NUMA node's CPU list. ``templates`` turns the same
-facts into NUMA-aligned ResourceClaimTemplates in the seed's form (GPUs by ``pciBusID``, RDMA
+facts into NUMA-aligned ResourceClaimTemplates in the examples' form (GPUs by ``pciBusID``, RDMA
 NICs by ``dra.net/numaNode``), one per NUMA node that can hold the request.
 
 NICs come from :class:`driver.inventory.discovery.Scanner`, so the tool shows exactly the devices (and
@@ -256,7 +256,7 @@ def aligned_choices(topo: Topology, gpus: int) -> list[AlignedChoice]:
 
 
 def render_template(choice: AlignedChoice, gpus: int, nic_class: str = DEVICE_CLASS, gpu_class: str = "") -> str:
-    """One ResourceClaimTemplate in the seed's form (folded CEL, bus IDs in a list); the GPU
+    """One ResourceClaimTemplate in the examples' form (folded CEL, bus IDs in a list); the GPU
     request names ``gpu_class``, else the class of the GPUs' vendor."""
     ids = ", ".join(f'"{b}"' for b in choice.gpu_bus_ids)
     return f"""apiVersion: resource.k8s.io/v1

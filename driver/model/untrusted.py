@@ -23,7 +23,10 @@ from __future__ import annotations
 import json
 import re
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import yaml
 
 MAX_DEPTH = 64
 """Deepest nesting of objects and arrays accepted in a document (a claim needs about 10)."""
@@ -132,6 +135,30 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
     """
     import yaml  # imported here: only `dranet validate` reads YAML
 
+    loader = _bounded_loader(max_depth)
+    try:
+        docs = list(yaml.load_all(text, Loader=loader))
+    except InputError:
+        raise
+    except yaml.YAMLError as exc:
+        raise InputError(f"invalid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise InputError(nesting_error(max_depth)) from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a constructor's own error: 2001-02-30, !!float x
+        raise InputError(f"invalid YAML value: {exc}") from None
+    if _has_cycle(docs):
+        raise InputError("invalid YAML: an alias (*name) refers to a node that contains it")
+    for doc in docs:
+        if _expands_beyond(doc, MAX_VALUES):
+            raise InputError(f"a document expands to more than {MAX_VALUES} values (aliases repeat what they name)")
+    return docs
+
+
+def _bounded_loader(max_depth: int) -> type[yaml.SafeLoader]:
+    """A SafeLoader class counting nesting while it composes, with :class:`OversizedInt` and
+    :class:`DuplicateKeys` for integers and mappings."""
+    import yaml  # imported here: only `dranet validate` reads YAML
+
     class BoundedLoader(yaml.SafeLoader):
         depth = 0
 
@@ -164,22 +191,8 @@ def load_yaml_documents(text: str, max_depth: int = MAX_DEPTH) -> list[Any]:
 
     BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
     BoundedLoader.add_constructor("tag:yaml.org,2002:map", _yaml_map)
-    try:
-        docs = list(yaml.load_all(text, Loader=BoundedLoader))
-    except InputError:
-        raise
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {' '.join(str(exc).split())}") from None
-    except RecursionError:
-        raise InputError(nesting_error(max_depth)) from None
-    except (ValueError, TypeError, OverflowError) as exc:  # a constructor's own error: 2001-02-30, !!float x
-        raise InputError(f"invalid YAML value: {exc}") from None
-    if _has_cycle(docs):
-        raise InputError("invalid YAML: an alias (*name) refers to a node that contains it")
-    for doc in docs:
-        if _expands_beyond(doc, MAX_VALUES):
-            raise InputError(f"a document expands to more than {MAX_VALUES} values (aliases repeat what they name)")
-    return docs
+    loader: type[yaml.SafeLoader] = BoundedLoader
+    return loader
 
 
 def _expands_beyond(value: Any, limit: int) -> bool:

@@ -1,11 +1,13 @@
-"""The kernel's netlink: NICs moved between namespaces, configured, watched.
+"""The kernel's netlink: NICs moved between namespaces and back, found by what they are, watched.
 
 Two raw clients on the socket layer of :mod:`driver.netlink_channel`: ``rtnl`` (NETLINK_ROUTE)
-and ``ethtool_genl`` (generic netlink, ethtool family; ``ethtool`` resolves and applies a claim's
-``ethtool`` section with it); ``namespaces`` opens their sockets inside a network namespace;
-``nic_moves`` records, moves, configures and restores NICs; ``link_watch`` turns link events into
-batches of (kind, ifindex, name); ``own_changes`` is how the NRI hooks announce the links they
-change (and that they are running), so their own events cost nothing.
+and ``ethtool_genl`` (generic netlink, ethtool family); ``namespaces`` opens their sockets inside
+a network namespace; ``link_info`` and ``link_identity`` tell a NIC from every other link;
+``nic_moves`` records a NIC's link, moves it in two checked steps and runs the pod's configuration
+batch, ``nic_home`` finds it again and brings it home; ``mtu_limits`` is what MTU it can take;
+``link_watch`` turns link events into batches of (kind, ifindex, name); ``hook_activity`` is how
+the NRI hooks announce the links they change (and that they are running), so their own events cost
+nothing. What a claim sets on a NIC (addresses, rules, sysctls, ...) is ``driver.nic_settings``'.
 
 May import: ``driver.netlink_channel`` (the socket layer and rtnetlink vocabulary) and ``driver.config``.
 """

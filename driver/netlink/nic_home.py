@@ -11,20 +11,20 @@ kept are found as they were then (name in the pod, MAC-checked), but never by a 
 The way home is the mirror of the way in: one ``RTM_NEWLINK`` per NIC from the pod (namespace,
 the host ifindex, the host name; a taken name or index fails before the move, a failed rename
 after it leaves the NIC at that index on the host), then the host record restored by ifindex:
-name, MTU, MAC, addresses, routes, rules and neighbors.
+name, MTU and MAC, and what each setting recorded (addresses, routes, rules, neighbors...: the
+requests :attr:`ReturnItem.restores` gives), all NICs in one pipelined batch.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from driver.netlink.host_records import LinkState
 from driver.netlink.link_identity import LinkIdentity, find_by_identity, free_indexes
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.nic_moves import config_requests
+from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ class ReturnItem:
     """One NIC to bring home: its device, where it is in the pod, the host state to restore.
 
     ``state.index`` is its host ifindex; ``pod_index`` and ``identity`` come from the move (None:
-    a record from before they were kept, found the old way).
+    a record from before they were kept, found the old way). ``restores`` gives, for the ifindex
+    it has once home, the requests that give it back what the settings recorded.
     """
 
     device: str
@@ -44,6 +45,7 @@ class ReturnItem:
     pod_index: int | None = None
     identity: LinkIdentity | None = None
     extra_macs: tuple[str, ...] = ()  # MACs it may have in the pod (old records: how to recognise it there)
+    restores: Callable[[int], list[Request]] = field(default=lambda _index: [])
 
     @property
     def legacy(self) -> bool:
@@ -52,7 +54,7 @@ class ReturnItem:
 
 
 def _restore_reqs(device: str, link: LinkInfo, state: LinkState) -> list[Request]:
-    """What gives a NIC back in the host netns its name, MTU, MAC, addresses and routes."""
+    """What gives a NIC back in the host netns its name, MTU and MAC."""
     reqs: list[Request] = []
     rename = link.ifname != state.ifname
     remac = bool(state.mac) and link.mac.lower() != state.mac.lower()
@@ -69,8 +71,7 @@ def _restore_reqs(device: str, link: LinkInfo, state: LinkState) -> list[Request
                 step="restore-link",
             )
         )
-    # Routes need the link up; the Go driver also sets it up on return.
-    return reqs + config_requests(device, link.index, state.addresses, state.routes, True, state.rules, state.neighbors)
+    return reqs
 
 
 def _mac_matches(link: LinkInfo, it: ReturnItem) -> bool:
@@ -178,9 +179,9 @@ def return_links(
     """Bring NICs back to the host and restore them, in few round trips; idempotent.
 
     One pipelined lookup in the pod (by pod ifindex), one pipelined batch of moves home; then on the
-    host one pipelined lookup of those not known home, and all NICs' restores (addresses, link up,
-    routes) in one pipelined batch. ``announce`` is told the pod-side ifindexes just before the
-    moves (their link events are ours).
+    host one pipelined lookup of those not known home, and all NICs' restores (name, MTU, MAC and
+    what :attr:`ReturnItem.restores` adds) in one pipelined batch. ``announce`` is told the pod-side
+    ifindexes just before the moves (their link events are ours).
 
     Returns, per device, how it was found (``pod``, ``host``, ``netns-gone``) or the
     :class:`NetnsOpError` that stopped it (step ``find``: it is nowhere, e.g. a virtual NIC
@@ -221,18 +222,10 @@ def return_links(
             log.warning(
                 "NIC home under another name", extra={"kv": {"device": it.device, "error": str(failed[it.device])}}
             )
-        restores += _restore_reqs(it.device, link, it.state)
+        restores += _restore_reqs(it.device, link, it.state) + it.restores(link.index)
     for req, err in zip(restores, rtnl.run_each(restores), strict=True):
         if err is not None and req.device not in out:
             out[req.device] = err  # the first failure of each device
     for it in items:
         out.setdefault(it.device, how[it.device])
     return out
-
-
-def return_link(ns: Namespaces, netns_path: str, item: ReturnItem) -> str:
-    """:func:`return_links` for one NIC; returns how it was found, raises its :class:`NetnsOpError`."""
-    result = return_links(ns, netns_path, [item])[item.device]
-    if isinstance(result, NetnsOpError):
-        raise result
-    return result

@@ -1,14 +1,15 @@
 """Netlink operations on NICs moving into a pod (raw rtnetlink): record, move, set, verify, configure.
 
-A NIC goes into a pod in two requests, each of which leaves it somewhere known whatever the
-kernel answers: :func:`move_links` (``IFLA_NET_NS_FD`` + ``IFLA_NEW_IFINDEX`` + ``IFLA_IFNAME``:
-the namespace, the ifindex it gets there and its name; a taken index or name fails before the
-move, a rename the kernel refuses after the move leaves it at the planned index), then
-:func:`set_links` in the pod (MTU, MAC, offload sizes, by that index). :func:`check_moved` reads
-each back by its index and checks it is that NIC (:mod:`driver.netlink.link_identity`) with the
-planned name, MTU and MAC. Then, inside the pod: addresses, link up, routes
-(:func:`configure_pod_links`), and the addresses read back. Coming home is
-:mod:`driver.netlink.nic_home`.
+:func:`record_links` takes what the host has of each NIC (name, ifindex, MTU, MAC, what identifies
+it, its MTU limits) with one pipelined lookup. A NIC goes into a pod in two requests, each of which
+leaves it somewhere known whatever the kernel answers: :func:`move_links` (``IFLA_NET_NS_FD`` +
+``IFLA_NEW_IFINDEX`` + ``IFLA_IFNAME``: the namespace, the ifindex it gets there and its name; a
+taken index or name fails before the move, a rename the kernel refuses after the move leaves it at
+the planned index), then :func:`set_links` in the pod (MTU, MAC and the settings' link attributes,
+by that index). :func:`check_moved` reads each back by its index and checks it is that NIC
+(:mod:`driver.netlink.link_identity`) with the planned name, MTU and MAC. Then, inside the pod, the
+settings' configuration requests of every NIC go in one pipelined batch and the addresses are read
+back (:func:`configure_pod_links`). Coming home is :mod:`driver.netlink.nic_home`.
 
 The hot path speaks raw rtnetlink (:class:`driver.netlink.rtnl.Rtnl`): pyroute2's sync API
 costs about 1 ms of Python per request, more than the kernel work of an address or a
@@ -19,41 +20,51 @@ in one ``send``). The sockets of each namespace come from :class:`driver.netlink
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from driver.netlink.host_records import LinkState as LinkState  # re-exported: the hooks' one netlink module
-from driver.netlink.host_records import record_host as record_host
 from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.link_info import LinkInfo
-from driver.netlink.pod_rules import Neighbor, Rule, newneigh, newrule
-from driver.netlink.rtnl import (
-    NetnsOpError,
-    Request,
-    Route,
-    Rtnl,
-    canonical_cidr,
-    link_addresses,
-    newaddr,
-    newlink,
-    newroute,
-)
+from driver.netlink.namespaces import Namespaces
+from driver.netlink.rtnl import NetnsOpError, Request, Route, Rtnl, canonical_cidr, link_addresses, newlink
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
+class LinkState:
+    """A NIC exactly as the host had it: what a return must restore.
+
+    :func:`record_links` fills in the link itself; its addresses and routes are recorded by the
+    addresses setting (:mod:`driver.nic_settings.addresses`), which other settings read.
+    """
+
+    ifname: str
+    mtu: int
+    mac: str
+    addresses: list[str] = field(default_factory=list)  # CIDRs, global scope only
+    routes: list[Route] = field(default_factory=list)
+    permanent_mac: str | None = None
+    pci_address: str | None = None
+    index: int | None = None  # host ifindex when recorded
+    identity: LinkIdentity | None = None  # what tells it from other links (from netlink, when recorded)
+    max_mtu: int | None = None  # the MTU limits its driver reports (None: not reported)
+    min_mtu: int | None = None
+
+
+@dataclass
 class PodLinkConfig:
-    """What a NIC should look like inside the pod."""
+    """What a NIC should look like inside the pod: its name, MTU and MAC, and what the settings
+    that everyone reads planned (its addresses and routes, the VRF it is enslaved to)."""
 
     ifname: str
     mtu: int | None = None
     mac: str | None = None
     addresses: list[str] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
-    rules: list[Rule] = field(default_factory=list)
-    neighbors: list[Neighbor] = field(default_factory=list)
-    master: int | None = None  # ifindex of the VRF device the NIC is enslaved to (before addresses)
+    table: int | None = None  # the routing table of its VRF (every route goes there); None: no VRF
+    master: int | None = None  # ifindex of the VRF device it is enslaved to, once created in the pod
 
 
 @dataclass
@@ -65,22 +76,34 @@ class PodLinkResult:
     addresses: list[str]
 
 
-def config_requests(
-    device: str,
-    index: int,
-    addresses: list[str],
-    routes: list[Route],
-    up: bool,
-    rules: Sequence[Rule] = (),
-    neighbors: Sequence[Neighbor] = (),
-) -> list[Request]:
-    """Addresses, then link up, then routes (link-scope first so gateways resolve), neighbors, rules."""
-    reqs = [newaddr(device, index, a) for a in addresses]
-    if up:
-        reqs.append(newlink(device, index, up=True, step="link-up"))
-    reqs += [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
-    reqs += [newneigh(device, index, n) for n in neighbors]
-    return reqs + [newrule(device, r) for r in rules]
+def pci_address(ifname: str, sysfs_root: str = "/sys") -> str | None:
+    """The PCI address of ``ifname`` from sysfs (``device`` link), or None for a virtual NIC."""
+    try:
+        target = os.readlink(f"{sysfs_root}/class/net/{ifname}/device")
+    except OSError:
+        return None
+    return Path(target).name
+
+
+def record_links(ns: Namespaces, ifnames: list[str], sysfs_root: str = "/sys") -> dict[str, LinkState]:
+    """Name, ifindex, MTU, MAC, identity and MTU limits of ``ifnames`` in the host namespace, with one
+    pipelined RTM_GETLINK for all of them. Raises ``KeyError`` naming a missing link."""
+    states: dict[str, LinkState] = {}
+    for ifname, link in zip(ifnames, ns.host_rtnl().links_by_name(ifnames), strict=True):
+        if link is None:
+            raise KeyError(f"link {ifname} not found in the host namespace")
+        states[ifname] = LinkState(
+            ifname=ifname,
+            mtu=link.mtu,
+            mac=link.mac,
+            permanent_mac=link.permanent_mac,
+            pci_address=pci_address(ifname, sysfs_root),
+            index=link.index,
+            identity=LinkIdentity.of(link),
+            max_mtu=link.max_mtu,
+            min_mtu=link.min_mtu,
+        )
+    return states
 
 
 @dataclass
@@ -93,7 +116,7 @@ class Move:
     pod_index: int
     mtu: int | None = None
     mac: str | None = None
-    extra: bytes = b""  # more link attributes set in the pod (offload sizes)
+    extra: bytes = b""  # more link attributes set in the pod (the settings' link attributes)
 
     @property
     def settings(self) -> bool:
@@ -156,31 +179,17 @@ def check_moved(pod: Rtnl, moves: list[Move], identities: dict[str, LinkIdentity
 
 
 def configure_pod_links(
-    rtnl: Rtnl, configs: dict[str, PodLinkConfig], links: dict[str, LinkInfo] | None = None
+    rtnl: Rtnl, requests: list[Request], configs: dict[str, tuple[PodLinkConfig, LinkInfo]]
 ) -> dict[str, PodLinkResult]:
-    """Addresses, link up and routes for moved NICs (keyed by device name), in the pod netns.
-
-    ``links``: the NICs as :func:`check_moved` found them (else one pipelined lookup by name). All
-    NICs' requests go in one pipelined batch; then one address dump: a result lists the addresses
-    the NIC really has, never one the kernel did not keep.
+    """Run the pod's configuration batch (every NIC's ``requests``, in one pipelined send) and read
+    the addresses back: a result lists the addresses the NIC really has, never one the kernel did
+    not keep. ``configs``: per device, what it should have and the NIC as :func:`check_moved` found it.
     """
-    reqs: list[Request] = []
-    if links is None:
-        found = rtnl.links_by_name([cfg.ifname for cfg in configs.values()])
-        links = {device: link for device, link in zip(configs, found, strict=True) if link is not None}
-    for device, cfg in configs.items():
-        link = links.get(device)
-        if link is None:
-            raise NetnsOpError(device, "configure", f"{cfg.ifname} not found in the pod namespace")
-        if cfg.master is not None:  # enslaving cycles the link: before its addresses
-            reqs.append(newlink(device, link.index, master=cfg.master, step="vrf enslave"))
-        reqs += config_requests(device, link.index, cfg.addresses, cfg.routes, True, cfg.rules, cfg.neighbors)
-    rtnl.run(reqs)
-    wanted = any(cfg.addresses for cfg in configs.values())
-    present = link_addresses(rtnl, {link.index for link in links.values()}) if wanted else {}
+    rtnl.run(requests)
+    wanted = any(cfg.addresses for cfg, _ in configs.values())
+    present = link_addresses(rtnl, {link.index for _, link in configs.values()}) if wanted else {}
     results = {}
-    for device, cfg in configs.items():
-        link = links[device]
+    for device, (cfg, link) in configs.items():
         have = present.get(link.index, set())
         kept = [a for a in cfg.addresses if canonical_cidr(a) in have]
         missing = [a for a in cfg.addresses if a not in kept]

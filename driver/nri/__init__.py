@@ -1,9 +1,12 @@
-"""The container runtime's side: an NRI plugin (``mux`` and ``ttrpc`` framing, ``plugin``
-lifecycle) whose ``hooks`` move a pod's NICs in at RunPodSandbox (``nic_attach``) and back at Stop/Remove
-(``nic_return``), and
-whose ``container_adjustment`` gives each container its RDMA devices, environment and cpuset;
-``pod_dhcp`` takes the DHCP leases of ``interface.dhcp`` NICs in the pod and releases them.
+"""The container runtime's side: an NRI plugin whose hooks move a pod's NICs in and back.
 
-May import: ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``, ``driver.dhcp``, ``driver.model``,
-``dranet_proto``, ``driver.config``.
+``mux`` and ``ttrpc`` (the framing, bounded) under ``plugin`` (register, dispatch, reconnect);
+``handover`` (acts only while this instance holds the node lease) over ``hooks`` (``NRIHooks``:
+RunPodSandbox moves and configures a pod's NICs over a plan per NIC, running every NIC setting of
+``driver.nic_settings``; Stop/Remove, every rollback and Synchronize give them back as recorded;
+CreateContainer), over ``adoption`` (NICs found in a pod's namespace when ``pods.json`` was lost)
+and ``container_adjustment`` (each container's RDMA devices, environment and cpuset).
+
+May import: ``driver.nic_settings``, ``driver.claims``, ``driver.checkpoint``, ``driver.netlink``,
+``driver.model``, ``dranet_proto``, ``driver.config``.
 """

@@ -17,17 +17,18 @@ Host routes were only recorded in the lost file: they are not restored.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
-from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.checkpoint.state import IN_POD, MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.model.device import ATTRIBUTE_DOMAIN
 from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.link_info import LinkInfo
-from driver.netlink.namespaces import Namespaces, NetnsGone
+from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import Rtnl
+from driver.nic_settings import addresses, rdma
+from driver.nic_settings.setting import HostNetns
 
 log = logging.getLogger(__name__)
-
-IN_POD = "in-pod"
 
 
 def _snapshot_text(device: PreparedDevice, name: str) -> str | None:
@@ -61,10 +62,16 @@ def _not_the_pods(link: LinkInfo, pci_address: str | None) -> bool:
     return link.peer_netnsid is not None
 
 
-def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
+def _moved(device: PreparedDevice, link: LinkInfo, rdma_exclusive: bool) -> MovedDevice:
     host = device.snapshot.host
     mtu = device.snapshot.attributes.get(f"{ATTRIBUTE_DOMAIN}/mtu")
-    addresses = [cidr for key in ("ipv4", "ipv6") for cidr in (_snapshot_text(device, key) or "").split(",") if cidr]
+    cidrs = [cidr for key in ("ipv4", "ipv6") for cidr in (_snapshot_text(device, key) or "").split(",") if cidr]
+    records: dict[str, Any] = {}
+    found = addresses.record(cidrs)
+    if found is not None:
+        records[addresses.Addresses.name] = found
+    if rdma_exclusive and host.rdma_device:
+        records[rdma.RdmaDevice.name] = host.rdma_device
     return MovedDevice(
         device=device.device,
         host_ifname=host.ifname or link.ifname,
@@ -73,17 +80,16 @@ def _moved(device: PreparedDevice, link: LinkInfo) -> MovedDevice:
         pci_address=host.pci_address,
         host_mtu=mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else None,
         host_mac=_snapshot_text(device, "mac"),
-        host_addresses=addresses,
-        rdma_device=host.rdma_device,
         pod_mac=link.mac,
         step=IN_POD,
         pod_index=link.index,
         identity=LinkIdentity.of(link, in_pod=True).to_dict(),
+        records=records,
     )
 
 
 def adopt(
-    ns: Namespaces,
+    host: HostNetns,
     pod_uid: str,
     netns_path: str,
     netdevs: list[tuple[PreparedClaim, PreparedDevice]],
@@ -95,11 +101,11 @@ def adopt(
     """The state of the pod's NICs found in ``netns_path``, or None when none is there."""
     found: list[MovedDevice] = []
     try:
-        with ns.pod(netns_path) as (rtnl, _):
+        with host.ns.pod(netns_path) as (rtnl, _):
             for _claim, device in netdevs:
                 link = _find(rtnl, device)
                 if link is not None:
-                    found.append(_moved(device, link))
+                    found.append(_moved(device, link, host.rdma_exclusive))
     except (NetnsGone, OSError) as exc:
         log.debug("adoption: pod namespace unusable", extra={"kv": {"pod": pod_uid, "error": str(exc)}})
         return None

@@ -7,44 +7,190 @@ the host. A driver killed at any point therefore finds, on restart, each NIC tha
 may have left the host and puts it back (Synchronize). One checkpoint write before
 and one after the netlink work keep the fsync cost off the per-NIC path.
 
-This module decides which hook does what, under one lock; the NICs move in
-:mod:`driver.nri.nic_attach` and come back in :mod:`driver.nri.nic_return`, and
-:mod:`driver.nri.hook_steps` names the steps faults can be injected after.
+RunPodSandbox works on a plan per NIC (:class:`~driver.nic_settings.setting.Nic`): the host's
+record of it, what it gets in the pod, what each setting recorded to undo itself. All or nothing:
+what can be known before a move is checked first, against the pod's namespace (names the pod has
+or its NICs share, MTUs, and every setting's own checks): a refused pod has every NIC on the host,
+untouched. Once the write-ahead record is on disk (with the ifindex each NIC gets in the pod and
+what identifies it), the NICs move in steps that each leave them somewhere known
+(:mod:`driver.netlink.nic_moves`), each checked; then the settings work in the pod
+(:mod:`driver.nic_settings`), every NIC's configuration going to the kernel in one pipelined batch.
+Any failure returns every NIC and the hook fails naming the device and the step.
+
+The return (StopPodSandbox, RemovePodSandbox, every rollback, a restarted driver's Synchronize, the
+kubelet's unprepare) is write-ahead like the move in: the NICs are marked ``returning`` before the
+first netlink call, and only those found home (or found nowhere: a virtual NIC destroyed with its
+namespace) are marked ``returned``; the pod's state is dropped once all are. Idempotent.
+
+Fault injection (tests only): ``DRANET_FAULT_AFTER=<step>`` makes the process ``os._exit(137)``
+right after that step; :data:`RUN_STEPS` and :data:`STOP_STEPS` list them (``{i}`` is the NIC's
+position in the pod).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import os
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn, Protocol
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint.state import PreparedClaim
+from driver.checkpoint.state import (
+    IN_POD,
+    MOVING,
+    RETURNED,
+    RETURNING,
+    DriverState,
+    MovedDevice,
+    PodNetState,
+    PreparedClaim,
+    PreparedDevice,
+)
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.container_settings import settings_for_container
+from driver.claims.status_entries import DeviceResult
 from driver.config import HOST_NETNS
-from driver.netlink.namespaces import Namespaces
-from driver.netlink.own_changes import OwnChanges
+from driver.netlink import mtu_limits, nic_home
+from driver.netlink.hook_activity import HookActivity
+from driver.netlink.link_identity import LinkIdentity, free_indexes
+from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
+from driver.netlink.nic_moves import (
+    LinkState,
+    Move,
+    PodLinkConfig,
+    check_moved,
+    configure_pod_links,
+    move_links,
+    record_links,
+    set_links,
+)
+from driver.netlink.rtnl import NetnsOpError, Request
+from driver.nic_settings.registry import SETTINGS
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
-from driver.nri.hook_context import HookContext, HookError, pod_netns_path
-from driver.nri.hook_reports import HookReports, StatusSink
-from driver.nri.hook_steps import IN_POD, StepClock
-from driver.nri.netns_pins import NetnsPins
-from driver.nri.nic_attach import attach
-from driver.nri.nic_return import return_all
-from driver.nri.pod_ethtool import PodEthtool
-from driver.nri.pod_extras import PodExtras
 
 log = logging.getLogger(__name__)
 
+Netdev = tuple[PreparedClaim, PreparedDevice]
+"""A pod's prepared device with a netdev, and its claim."""
+FAULT_ENV = "DRANET_FAULT_AFTER"
+RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
+STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
+
+
+class HookError(Exception):
+    """A hook failed; the message names the pod, the device and the step."""
+
+
+class StatusSink(Protocol):
+    """Receives hook outcomes to publish (claim status, events). Must not block."""
+
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
+        """Every NIC of ``claim`` is configured in the pod."""
+
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
+        """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
+
+
+def pod_netns_path(pod: api.PodSandbox) -> str:
+    """The pod's network namespace path, or "" for a hostNetwork pod."""
+    for ns in pod.linux.namespaces:
+        if ns.type == "network":
+            return ns.path
+    return ""
+
+
+class StepClock:
+    """The steps of the running hook: exits after the injected fault's step, logs each phase's time."""
+
+    def __init__(self, fault_after: str | None = None) -> None:
+        self.fault_after = fault_after if fault_after is not None else os.environ.get(FAULT_ENV)
+        self._marks: list[tuple[str, float]] = []  # (step, time) of the running hook
+
+    def step(self, name: str) -> None:
+        """A step is done: timed, and the process exits here if the fault is injected after it."""
+        self.mark(name)
+        if self.fault_after and self.fault_after == name:
+            log.warning("fault injection: exiting", extra={"kv": {"after": name}})
+            os._exit(137)
+
+    def mark(self, name: str) -> None:
+        """A phase is done: timed only (no fault can be injected after it)."""
+        self._marks.append((name, time.perf_counter()))
+
+    @contextlib.contextmanager
+    def timing(self, hook: str, pod_uid: str) -> Iterator[None]:
+        """One hook: its steps' times logged at debug level when it ends."""
+        self._marks = [("start", time.perf_counter())]
+        try:
+            yield
+        finally:
+            if log.isEnabledFor(logging.DEBUG) and len(self._marks) > 1:
+                marks = [*self._marks, ("end", time.perf_counter())]
+                ms = {b[0]: round((b[1] - a[1]) * 1e3, 3) for a, b in itertools.pairwise(marks)}
+                log.debug("hook steps", extra={"kv": {"hook": hook, "pod": pod_uid, "ms": ms}})
+
+
+class NetnsPins:
+    """Pod UID -> an open fd of the pod's network namespace, while the pod holds our NICs.
+
+    An open fd keeps the namespace (and the NICs in it) alive after the runtime unmounts it, so
+    NICs can still be given back when no StopPodSandbox reaches us: containerd (up to 2.3 at least)
+    forgets its pods' NRI state on restart and then never relays Stop/Remove for pods created
+    before it (containerd#8426); a destroyed namespace destroys a veth and drops a physical NIC on
+    the host unconfigured. The kubelet's NodeUnprepareResources then returns them
+    (:meth:`NRIHooks.claim_unprepared`).
+    """
+
+    def __init__(self) -> None:
+        self.fds: dict[str, int] = {}
+
+    def pin(self, pod_uid: str, netns: str) -> None:
+        """Hold the pod's network namespace open (idempotent; a gone namespace is not pinned)."""
+        if pod_uid in self.fds or not netns:
+            return
+        try:
+            fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        if is_netns_fd(fd):
+            self.fds[pod_uid] = fd
+        else:
+            os.close(fd)
+
+    def unpin(self, pod_uid: str) -> None:
+        """Let the pod's namespace go (its NICs are home)."""
+        fd = self.fds.pop(pod_uid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def path(self, pod_uid: str, netns: str) -> str:
+        """The pinned namespace (as a /proc/self/fd path) when we hold one, else ``netns``."""
+        fd = self.fds.get(pod_uid)
+        return f"/proc/self/fd/{fd}" if fd is not None else netns
+
+
+def _raise_first(errors: list[NetnsOpError | None]) -> None:
+    for err in errors:
+        if err is not None:
+            raise err
+
 
 class NRIHooks:
-    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint and nic_moves.
+    """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint, the NIC moves and
+    the NIC settings.
 
     The NRI plugin calls the hooks from its single worker thread; `claim_unprepared` comes from
-    the kubelet plugin, so the hooks that move NICs take one lock.
+    the kubelet plugin, so the hooks that move NICs take one lock. ``hook_activity`` announces each
+    hook and the host links it changes, so their link events cost no scan and background work
+    steps aside while the hook runs (the daemon shares it with them); ``rdma_exclusive``: RDMA
+    devices move with their netdev (detected at daemon start); ``status`` gets each RunPodSandbox's
+    outcome per claim (a sink that raises never fails the hook).
     """
 
     def __init__(
@@ -56,35 +202,42 @@ class NRIHooks:
         fault_after: str | None = None,
         sysfs_root: str = "/sys",
         rdma_exclusive: bool = False,
-        own_changes: OwnChanges | None = None,
+        hook_activity: HookActivity | None = None,
+        settings: Sequence[NicSetting] = SETTINGS,
     ) -> None:
-        ns = Namespaces(host_netns)
-        self.ctx = HookContext(
-            store=store,
-            ns=ns,
-            own=own_changes or OwnChanges(),
-            sysfs_root=sysfs_root,
-            rdma_exclusive=rdma_exclusive,
-            ethtool=PodEthtool(ns),
-            extras=PodExtras(ns),
-            reports=HookReports(status),
-            steps=StepClock(fault_after),
-            # Held while a pod has NICs: `claim_unprepared` returns them when no Stop comes.
-            pins=NetnsPins(),
-        )
+        self.store = store
+        self.status = status
+        self.host = HostNetns(Namespaces(host_netns), sysfs_root, rdma_exclusive)
+        self.own = hook_activity or HookActivity()
+        self.steps = StepClock(fault_after)
+        self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
+        self.settings = tuple(settings)
         self._lock = threading.RLock()
+
+    def close(self) -> None:
+        """Close the host's sockets (the pinned namespaces stay: their NICs are still out)."""
+        self.host.ns.close()
+
+    def _netdevs(self, pod_uid: str) -> list[Netdev]:
+        """The pod's prepared devices that have a netdev (the ones that move)."""
+        claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
+        return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
+
+    def _pod_state(self, pod_uid: str) -> PodNetState | None:
+        """The pod's NIC state in the checkpoint, None when it holds none of ours."""
+        return self.store.read(lambda s: s.pods.get(pod_uid))
 
     def claim_unprepared(self, claim: PreparedClaim) -> None:
         """The kubelet unprepared ``claim``: its pods are gone, so give back NICs still out.
 
         Normally StopPodSandbox returned them already (nothing to do). Without it (see
-        :mod:`driver.nri.netns_pins`), they are still in the pod's pinned namespace.
+        :class:`NetnsPins`), they are still in the pod's pinned namespace.
         """
-        with self._lock, self.ctx.own.hook():
+        with self._lock, self.own.hook():
             for uid in claim.pod_uids:
-                if self.ctx.pod_state(uid) is None:
+                if self._pod_state(uid) is None:
                     continue
-                errors = return_all(self.ctx, uid)
+                errors = self._return_all(uid)
                 log.warning(
                     "NICs returned at unprepare: the runtime sent no StopPodSandbox",
                     extra={"kv": {"pod": uid, "claim": claim.uid, "errors": errors}},
@@ -92,38 +245,228 @@ class NRIHooks:
 
     @contextlib.contextmanager
     def _hook(self, name: str, pod: api.PodSandbox) -> Iterator[None]:
-        """One hook: announced to :class:`OwnChanges`; its steps' times logged at debug level."""
-        with self.ctx.steps.timing(name, pod.uid), self.ctx.own.hook():
+        """One hook: announced to :class:`HookActivity`; its steps' times logged at debug level."""
+        with self.steps.timing(name, pod.uid), self.own.hook():
             yield
 
     # -- RunPodSandbox ----------------------------------------------------------------------
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
         with self._lock, self._hook("RunPodSandbox", pod):
-            self._run_pod_sandbox(pod)
+            netdevs = self._netdevs(pod.uid)
+            if not netdevs:
+                return
+            existing = self._pod_state(pod.uid)
+            if existing is not None and existing.devices and all(d.step == IN_POD for d in existing.devices):
+                return  # a retried call: already done
+            if existing is not None:
+                self._return_all(pod.uid)  # leftovers of an interrupted attempt: start clean
+            netns = pod_netns_path(pod)
+            if not netns:
+                raise HookError(
+                    f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
+                    "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)"
+                )
+            self._attach(pod, netns, netdevs)
 
-    def _run_pod_sandbox(self, pod: api.PodSandbox) -> None:
-        netdevs = self.ctx.netdevs(pod.uid)
-        if not netdevs:
+    def _attach(self, pod: api.PodSandbox, netns: str, netdevs: list[Netdev]) -> None:
+        """Plan every NIC against the host and the pod, then move them in; :class:`HookError` if any
+        cannot go (nothing touched) or fails on the way (all returned)."""
+        ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # _netdevs: all have one
+        self.own.expect(names=ifnames)
+        try:
+            hosts = record_links(self.host.ns, ifnames, self.host.sysfs_root)
+        except KeyError as exc:
+            self._failed(pod, netdevs, netdevs[0][1].device, "record", str(exc))
+            raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
+        self.own.expect(indexes=[h.index for h in hosts.values()])
+        self.steps.mark("run:recorded")
+        nics = [
+            Nic(c, d, hosts[name], _pod_link(d, hosts[name])) for (c, d), name in zip(netdevs, ifnames, strict=True)
+        ]
+        target = PodNetns(self.host, netns, on_created=self._recorder(pod.uid))
+        try:
+            self._plan(pod, target, nics)
+            self._move_in(pod, target, nics)
+        finally:
+            target.close()
+
+    def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
+        """What can be known before a move, against the pod's namespace: every refusal is here, and
+        each NIC's ifindex in the pod (its host one when free there)."""
+        try:
+            links = target.rtnl.link_names()
+        except (NetnsGone, OSError) as exc:
+            reason = f"pod network namespace {target.path} is unusable: {exc}"
+            self._refuse(pod, nics, nics[0].name, "netns", reason)
+        target.names = set(links.values())
+        try:
+            self._check_names_and_mtus(nics, target.names)
+            for setting in self.settings:
+                setting.plan(nics, self.host, target)
+            indexes = free_indexes(target.rtnl, [nic.host.index or 0 for nic in nics], set(links))
+        except SettingRefused as exc:
+            self._refuse(pod, nics, exc.device, exc.step, exc.reason)
+        except OSError as exc:
+            self._refuse(pod, nics, nics[0].name, "record", str(exc))
+        for nic, index in zip(nics, indexes, strict=True):
+            nic.pod_index = index
+
+    def _check_names_and_mtus(self, nics: Sequence[Nic], pod_names: set[str]) -> None:
+        """Refuse a name the pod already has or that two of its NICs (of any of its claims) would
+        get, and an MTU the NIC (or a VF's PF) cannot take: the kernel refuses them only once the
+        NIC is in the pod."""
+        names: dict[str, str] = {}
+        for nic in nics:
+            name = nic.pod.ifname
+            if name in pod_names:
+                reason = f"the pod already has an interface {name!r}; set interface.name to another name"
+                raise SettingRefused(nic.name, "name", reason)
+            if name in names:
+                reason = f"{name!r} is also the name of device {names[name]} of this pod (another claim)"
+                raise SettingRefused(nic.name, "name", reason)
+            names[name] = nic.name
+        for nic in nics:
+            if nic.pod.mtu is not None:
+                pf = mtu_limits.pf_mtu(nic.host.ifname, self.host.sysfs_root)
+                problem = mtu_limits.problem(nic.pod.mtu, nic.host.min_mtu, nic.host.max_mtu, pf)
+                if problem:
+                    raise SettingRefused(nic.name, "mtu", problem)
+
+    def _move_in(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
+        """From the write-ahead record on: move, set, check, the settings in the pod, configure;
+        any failure returns every NIC."""
+        state = PodNetState(
+            pod_uid=pod.uid,
+            sandbox_id=pod.id,
+            namespace=pod.namespace,
+            name=pod.name,
+            netns_path=target.path,
+            devices=[_moved_device(nic) for nic in nics],
+        )
+
+        def plan(s: DriverState) -> None:
+            s.pods[pod.uid] = state
+
+        self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
+        self.steps.step("run:planned")
+        moves = [self._move(nic) for nic in nics]
+        device, step = "", "move"
+        try:
+            # All moves in one pipelined send (the kernel still does them one by one); the
+            # write-ahead state above already covers every NIC.
+            _raise_first(move_links(self.host.rtnl(), moves, target.fd))
+            for i in range(len(nics)):
+                self.steps.step(f"run:moved-{i}")
+            step = "set link"
+            _raise_first(set_links(target.rtnl, moves))
+            self.steps.step("run:set")
+            step = "verify"
+            links = check_moved(target.rtnl, moves, {nic.name: nic.host.identity or LinkIdentity() for nic in nics})
+            for nic in nics:
+                nic.link = links[nic.name]
+            step = "in pod"
+            for setting in self.settings:
+                setting.in_pod(nics, target)
+            self.steps.step("run:in-pod")
+            step = "configure"
+            reqs: list[Request] = [r for nic in nics for s in self.settings for r in s.requests(nic)]
+            results = configure_pod_links(target.rtnl, reqs, {nic.name: (nic.pod, links[nic.name]) for nic in nics})
+            for nic in nics:
+                nic.result = results[nic.name]
+            for setting in self.settings:
+                setting.after_configure(nics, target)
+            self.steps.step("run:configured")
+        except (NetnsOpError, NetnsGone, OSError) as exc:
+            if isinstance(exc, NetnsOpError):
+                device, step, reason = exc.device, exc.step, exc.reason
+            else:
+                reason = f"pod network namespace {target.path} is unusable: {exc}"
+            target.close()
+            rollback = self._return_all(pod.uid, target.path)
+            msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
+            if rollback:
+                msg += f"; rollback: {rollback}"
+            self._failed(pod, [(nic.claim, nic.device) for nic in nics], device, step, msg)
+            raise HookError(msg) from exc
+        by_name = {nic.name: nic for nic in nics}
+
+        def commit(s: DriverState) -> None:
+            for m in s.pods[pod.uid].devices:
+                nic = by_name[m.device]
+                m.step = IN_POD
+                m.records = dict(nic.records)
+                # The pod's view of a veth's peer, now that it is in the pod: a link the pod makes
+                # itself cannot have its peer outside the pod.
+                m.identity = LinkIdentity.of(links[m.device], in_pod=True).to_dict()
+
+        self.store.update(commit)
+        self.pins.pin(pod.uid, target.path)
+        self.steps.step("run:committed")
+        self._ready(pod, nics)
+
+    def _move(self, nic: Nic) -> Move:
+        """The NIC's two requests: into the pod at its planned ifindex and name, then its MTU, MAC and
+        the settings' link attributes there."""
+        attrs = b"".join(setting.link_attrs(nic) for setting in self.settings)
+        return Move(nic.name, nic.host.index or 0, nic.pod.ifname, nic.pod_index, nic.pod.mtu, nic.pod.mac, attrs)
+
+    def _recorder(self, pod_uid: str) -> Callable[[dict[str, object]], None]:
+        """Records a link the hook just created in the pod (kind, ifindex, name), before anything else."""
+
+        def record(created: dict[str, object]) -> None:
+            self.store.update(lambda s: s.pods[pod_uid].created.append(created))
+
+        return record
+
+    def _refuse(self, pod: api.PodSandbox, nics: list[Nic], device: str, step: str, reason: str) -> NoReturn:
+        """Fail the hook before anything moved: reported, nothing to roll back."""
+        msg = f"pod {pod.namespace}/{pod.name}: device {device}: {step} failed: {reason}"
+        self._failed(pod, [(nic.claim, nic.device) for nic in nics], device, step, msg)
+        raise HookError(msg)
+
+    def _ready(self, pod: api.PodSandbox, nics: list[Nic]) -> None:
+        """Every NIC of the pod is configured: one report per claim."""
+        if self.status is None:
             return
-        existing = self.ctx.pod_state(pod.uid)
-        if existing is not None and existing.devices and all(d.step == IN_POD for d in existing.devices):
-            return  # a retried call: already done
-        if existing is not None:
-            return_all(self.ctx, pod.uid)  # leftovers of an interrupted attempt: start clean
-        netns = pod_netns_path(pod)
-        if not netns:
-            raise HookError(
-                f"pod {pod.namespace}/{pod.name}: device {netdevs[0][1].device}: netns "
-                "failed: pod has no network namespace (hostNetwork pods cannot get a NIC)"
-            )
-        attach(self.ctx, pod, netns, netdevs)
+        for claim in {nic.claim.uid: nic.claim for nic in nics}.values():
+            out = [
+                DeviceResult(nic.name, nic.result.ifname, nic.result.addresses, nic.result.mac)
+                for nic in nics
+                if nic.claim.uid == claim.uid and nic.result is not None
+            ]
+            try:
+                self.status.pod_network_ready(pod.uid, claim, out)
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+
+    def _failed(
+        self,
+        pod: api.PodSandbox,
+        netdevs: list[Netdev],
+        device: str,
+        step: str,
+        message: str,
+    ) -> None:
+        """Attaching ``device`` (or, when "", the pod's NICs) failed at ``step``; all was rolled back."""
+        log.error(
+            "RunPodSandbox failed", extra={"kv": {"pod": pod.uid, "device": device, "step": step, "error": message}}
+        )
+        if self.status is None:
+            return
+        for claim, d in netdevs:
+            if d.device == device or not device:
+                try:
+                    self.status.pod_network_failed(pod.uid, claim, device, step, message)
+                except Exception:
+                    log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+                break
 
     # -- Stop / Remove ----------------------------------------------------------------------
     def stop_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Return every NIC of the pod (original name, MTU, MAC, addresses, routes)."""
         with self._lock, self._hook("StopPodSandbox", pod):
-            errors = return_all(self.ctx, pod.uid, pod_netns_path(pod))
+            errors = self._return_all(pod.uid, pod_netns_path(pod))
         if errors:
             raise HookError(f"pod {pod.namespace}/{pod.name}: {errors}")
 
@@ -131,26 +474,126 @@ class NRIHooks:
         """Same as stop (idempotent): the last chance to get NICs back."""
         self.stop_pod_sandbox(pod)
 
+    def _return_all(self, pod_uid: str, netns: str = "") -> str:
+        """Return every NIC of the pod to the host as recorded; idempotent. Returns "" or the errors."""
+        state = self._pod_state(pod_uid)
+        if state is None:
+            return ""
+        self.own.expect(
+            names=[m.host_ifname for m in state.devices if m.step != RETURNED],
+            indexes=[m.host_index for m in state.devices if m.step != RETURNED and m.host_index],
+        )
+
+        def plan(s: DriverState) -> None:
+            for m in s.pods[pod_uid].devices:
+                if m.step != RETURNED:
+                    m.step = RETURNING
+
+        self.store.update(plan)
+        self.steps.step("stop:planned")
+        netns = self.pins.path(pod_uid, netns or state.netns_path)
+        pending = [m for m in state.devices if m.step != RETURNED]
+        source = PodNetns(self.host, netns, created=state.created)
+        try:
+            for setting in reversed(self.settings):  # DHCP leases released, out of the VRFs, RDMA devices home
+                setting.before_return(pending, source)
+        finally:
+            source.close()
+        # Coming home, a NIC shows up in the host under its pod name before the rename.
+        self.own.expect(names=[m.pod_ifname for m in pending])
+        results = nic_home.return_links(
+            self.host.ns,
+            netns,
+            [self._return_item(m) for m in pending],
+            announce=lambda indexes: self.own.expect(indexes=indexes),
+        )
+        self.steps.mark("stop:moved-and-restored")
+        errors, done = self._after_return(pod_uid, state, results)
+
+        def commit(s: DriverState) -> None:
+            pod = s.pods.get(pod_uid)
+            if pod is None:
+                return
+            for m in pod.devices:
+                if m.device in done:
+                    m.step = RETURNED
+            if all(m.step == RETURNED for m in pod.devices):
+                del s.pods[pod_uid]
+
+        self.store.update(commit)
+        if self._pod_state(pod_uid) is None:
+            self.pins.unpin(pod_uid)
+        self.steps.step("stop:committed")
+        return "; ".join(errors)
+
+    def _return_item(self, m: MovedDevice) -> nic_home.ReturnItem:
+        """How to find ``m`` and what to give it back. Its pod MAC only helps records without an identity."""
+        host = LinkState(
+            ifname=m.host_ifname,
+            mtu=m.host_mtu or 0,
+            mac=m.host_mac or "",
+            permanent_mac=m.permanent_mac,
+            pci_address=m.pci_address,
+            index=m.host_index,
+        )
+        return nic_home.ReturnItem(
+            m.device,
+            m.pod_ifname,
+            host,
+            pod_index=m.pod_index,
+            identity=LinkIdentity.from_dict(m.identity) if m.identity is not None else None,
+            extra_macs=(m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else (),
+            # In the settings' order, as the pod's configuration was built.
+            restores=lambda index: [r for s in self.settings for r in s.restore_requests(m, index)],
+        )
+
+    def _after_return(
+        self, pod_uid: str, state: PodNetState, results: dict[str, str | NetnsOpError]
+    ) -> tuple[list[str], list[str]]:
+        """Each NIC's settings undone on the host once it is home; (errors, devices done)."""
+        errors: list[str] = []
+        done: list[str] = []
+        returned: dict[str, str] = {}
+        for i, m in enumerate(state.devices):
+            if m.step == RETURNED:
+                continue
+            result = results[m.device]
+            try:
+                if isinstance(result, NetnsOpError):
+                    raise result
+                done.append(m.device)
+                for setting in reversed(self.settings):  # also right when the pod netns is gone
+                    setting.after_return(m, self.host)
+                returned[m.device] = f"{m.host_ifname} (found in {result})"
+            except (NetnsOpError, OSError) as exc:
+                errors.append(str(exc))
+                if isinstance(exc, NetnsOpError) and exc.step == "find":
+                    # Nowhere to be found: a virtual NIC (veth, ...) destroyed with its netns.
+                    # Retrying forever cannot bring it back; forget it (loudly).
+                    done.append(m.device)
+                log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device, "error": str(exc)}})
+            self.steps.step(f"stop:returned-{i}")
+        if returned:
+            log.info("NICs returned", extra={"kv": {"pod": pod_uid, "devices": returned}})
+        return errors, done
+
     # -- CreateContainer --------------------------------------------------------------------
     def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         """RDMA char devices, NCCL HCA env and the NUMA cpuset of the pod's claims."""
-        with self.ctx.own.hook():
-            return self._create_container(pod, container)
-
-    def _create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
-        claims = self.ctx.store.read(lambda s: s.claims_for_pod(pod.uid))
-        devices = [d for c in claims for d in c.devices]
-        if not devices:
-            return None
-        # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
-        requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
-        settings = settings_for_container(devices, self.ctx.sysfs_root, requested or None)
-        if settings.skipped_pin:
-            log.warning(
-                "numa.pin not applied",
-                extra={"kv": {"pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}},
-            )
-        return container_adjustment(devices, settings)
+        with self.own.hook():
+            claims = self.store.read(lambda s: s.claims_for_pod(pod.uid))
+            devices = [d for c in claims for d in c.devices]
+            if not devices:
+                return None
+            # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
+            requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
+            settings = settings_for_container(devices, self.host.sysfs_root, requested or None)
+            if settings.skipped_pin:
+                log.warning(
+                    "numa.pin not applied",
+                    extra={"kv": {"pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}},
+                )
+            return container_adjustment(devices, settings)
 
     # -- Synchronize / Shutdown -------------------------------------------------------------
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:
@@ -162,37 +605,62 @@ class NRIHooks:
         sandboxes too, so that could put NICs into a dead pod); but NICs of theirs already
         in their netns (the pod state file was lost) are recorded again (:mod:`driver.nri.adoption`).
         """
-        with self._lock, self.ctx.own.hook():
-            self._synchronize(pods)
-
-    def _synchronize(self, pods: Sequence[api.PodSandbox]) -> None:
-        self.ctx.ns.host_rtnl()  # warm up the socket here, not in the first RunPodSandbox
-        alive = {p.uid: p for p in pods}
-        known = self.ctx.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
-        for uid, steps in known.items():
-            pod = alive.get(uid)
-            if pod is not None and steps and all(s == IN_POD for s in steps):
-                # Held NICs of a live pod: pin its namespace again (a restarted driver).
-                state = self.ctx.pod_state(uid)
-                self.ctx.pins.pin(uid, state.netns_path if state is not None else "")
-                continue
-            why = "gone" if pod is None else "interrupted"
-            errors = return_all(self.ctx, uid, pod_netns_path(pod) if pod is not None else "")
-            log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
-        for pod in pods:
-            if pod.uid not in known:
-                self._adopt(pod)
+        with self._lock, self.own.hook():
+            self.host.rtnl()  # warm up the socket here, not in the first RunPodSandbox
+            alive = {p.uid: p for p in pods}
+            known = self.store.read(lambda s: {uid: [m.step for m in p.devices] for uid, p in s.pods.items()})
+            for uid, steps in known.items():
+                pod = alive.get(uid)
+                if pod is not None and steps and all(s == IN_POD for s in steps):
+                    # Held NICs of a live pod: pin its namespace again (a restarted driver).
+                    state = self._pod_state(uid)
+                    self.pins.pin(uid, state.netns_path if state is not None else "")
+                    continue
+                why = "gone" if pod is None else "interrupted"
+                errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
+                log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
+            for pod in pods:
+                if pod.uid not in known:
+                    self._adopt(pod)
 
     def _adopt(self, pod: api.PodSandbox) -> None:
         """Record the NICs of a pod without state found in its netns (``pods.json`` was lost)."""
-        netns, netdevs = pod_netns_path(pod), self.ctx.netdevs(pod.uid)
+        netns, netdevs = pod_netns_path(pod), self._netdevs(pod.uid)
         if not netns or not netdevs:
             return
-        state = adopt(self.ctx.ns, pod.uid, netns, netdevs, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name)
+        state = adopt(self.host, pod.uid, netns, netdevs, sandbox_id=pod.id, namespace=pod.namespace, name=pod.name)
         if state is not None:
-            self.ctx.store.update(lambda s: s.pods.setdefault(state.pod_uid, state))
-            self.ctx.pins.pin(pod.uid, netns)  # held like any pod with NICs
+            self.store.update(lambda s: s.pods.setdefault(state.pod_uid, state))
+            self.pins.pin(pod.uid, netns)  # held like any pod with NICs
 
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""
         log.info("NRI shutdown received")
+
+
+def _pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
+    """The NIC's name, MTU and MAC in the pod (the settings plan the rest)."""
+    iface = device.config.interface
+    if iface is None:
+        return PodLinkConfig(ifname=host.ifname)
+    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr)
+
+
+def _moved_device(nic: Nic) -> MovedDevice:
+    """The write-ahead record of one NIC about to move: how to find it and what undoes the pod's settings."""
+    snapshot = nic.device.snapshot.host
+    return MovedDevice(
+        device=nic.name,
+        host_ifname=nic.host.ifname,
+        pod_ifname=nic.pod.ifname,
+        permanent_mac=snapshot.permanent_mac or nic.host.permanent_mac,
+        pci_address=snapshot.pci_address or nic.host.pci_address,
+        host_mtu=nic.host.mtu,
+        host_mac=nic.host.mac,
+        pod_mac=nic.pod.mac or nic.host.mac,
+        step=MOVING,
+        host_index=nic.host.index,
+        pod_index=nic.pod_index,
+        identity=(nic.host.identity or LinkIdentity()).to_dict(),
+        records=dict(nic.records),
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
@@ -40,4 +41,4 @@ def api() -> Iterator[FakeAPIServer]:
 def preparer(api: FakeAPIServer, tmp_path: Path) -> Preparer:
     """A Preparer for node ``NODE`` over :func:`inventory` (4 NICs)."""
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    return Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+    return Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(inventory, "dra.net", NODE))

@@ -10,13 +10,14 @@ from driver.api.v1alpha1.merge import merge_under_cloud
 from driver.api.v1alpha1.network_config import EthtoolConfig, InterfaceConfig, NetworkConfig, RouteConfig, RuleConfig
 from driver.checkpoint.state import PreparedDevice
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import Route
-from driver.nri.pod_config import pod_link_config
+from driver.nic_settings.addresses import pod_addresses
 from tests.claims.test_prepare import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
@@ -72,9 +73,10 @@ def _device(config: NetworkConfig, cloud: NetworkConfig | None) -> PreparedDevic
 
 
 def test_hooks_keep_host_routes_and_add_the_clouds_when_the_claim_sets_none() -> None:
-    link = pod_link_config(_device(NetworkConfig(), AZURE), _host())
-    assert link.addresses == ["10.225.4.9/24"]
-    assert [(r.dst, r.gateway, r.table) for r in link.routes] == [
+    device = _device(NetworkConfig(), AZURE)
+    addresses, routes = pod_addresses(device.config, device.cloud_config, _host())
+    assert addresses == ["10.225.4.9/24"]
+    assert [(r.dst, r.gateway, r.table) for r in routes] == [
         ("10.30.0.0/16", "10.225.4.254", 254),
         ("0.0.0.0/0", "10.225.4.1", 101),
     ]
@@ -82,8 +84,9 @@ def test_hooks_keep_host_routes_and_add_the_clouds_when_the_claim_sets_none() ->
 
 def test_hooks_use_only_configured_routes_when_the_claim_sets_some() -> None:
     claim = NetworkConfig(routes=(RouteConfig("10.40.0.0/16", "10.225.4.254"),))
-    link = pod_link_config(_device(claim, AZURE), _host())
-    assert [(r.dst, r.table) for r in link.routes] == [("0.0.0.0/0", 101), ("10.40.0.0/16", 254)]
+    device = _device(claim, AZURE)
+    _, routes = pod_addresses(device.config, device.cloud_config, _host())
+    assert [(r.dst, r.table) for r in routes] == [("0.0.0.0/0", 101), ("10.40.0.0/16", 254)]
 
 
 async def test_prepare_stores_the_merged_config_and_the_clouds(tmp_path: Path) -> None:
@@ -96,7 +99,9 @@ async def test_prepare_stores_the_merged_config_and_the_clouds(tmp_path: Path) -
             return AZURE if device.name == "pci-0000-8a-00-0" else None
 
         preparer = Preparer(
-            kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE, cloud_config=cloud_config
+            kube,
+            CheckpointStore(tmp_path / "state"),
+            ClaimBuilder(inventory, "dra.net", NODE, cloud_config=cloud_config),
         )
         configs = [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 4000}}}}]
         api.add_claim(

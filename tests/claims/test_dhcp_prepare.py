@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
@@ -25,7 +26,7 @@ def _inventory() -> dict[str, Device]:
 async def test_dhcp_is_stored_on_ethernet_and_refused_on_ipoib(tmp_path: Path) -> None:
     with FakeAPIServer() as api:
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _inventory, "dra.net", NODE)
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(_inventory, "dra.net", NODE))
         for uid, device in (("uid-eth", "pci-0000-8a-00-0"), ("uid-ib", "pci-0000-8a-00-1")):
             api.add_claim(make_claim("ns", uid, uid, [result(device, NODE)], configs=DHCP, pods=["p"]))
         out = await preparer.prepare([ClaimRef("ns", "uid-eth", "uid-eth"), ClaimRef("ns", "uid-ib", "uid-ib")])

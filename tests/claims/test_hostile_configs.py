@@ -16,6 +16,7 @@ from driver.api.v1alpha1.decode import decode_config
 from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.validation import validate_claim_spec
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
@@ -163,7 +164,7 @@ async def test_the_webhook_and_prepare_give_the_same_error(case: str, tmp_path: 
         raw = json.dumps(claim).replace('"@@"', '{"driver": "dra.net", "parameters": ' + _as_json(case) + "}")
         api.raw_claims[("ns", "c")] = raw.encode()
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(inventory, "dra.net", NODE))
         out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
     assert reason in out["uid-c"].error and "Traceback" not in out["uid-c"].error
 
@@ -195,7 +196,7 @@ async def test_the_nesting_limit_is_the_same_everywhere(depth: int, refused: boo
     with FakeAPIServer() as api:
         api.raw_claims[("ns", "c")] = text.encode()
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(inventory, "dra.net", NODE))
         error = (await preparer.prepare([ClaimRef("ns", "c", "uid-c")]))["uid-c"].error
         try:  # the same claim inside a LIST, as the rebuild after a corrupt checkpoint reads it
             listed = len(kube.list_resource_claim_for_all_namespaces()["items"])

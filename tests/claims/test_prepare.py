@@ -12,7 +12,7 @@ from driver.api.v1alpha1.merge import configs_for_request
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
-from driver.claims.claim_build import base_request
+from driver.claims.claim_build import ClaimBuilder, base_request
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
@@ -121,18 +121,12 @@ async def test_per_claim_errors_do_not_fail_others(api: FakeAPIServer, preparer:
     assert preparer.store.read(lambda s: sorted(s.claims)) == ["uid-good"]
 
 
-async def test_decoder_exception_is_per_claim(api: FakeAPIServer, preparer: Preparer) -> None:
-    def strict(configs: list[dict[str, Any]], request: str, driver: str) -> NetworkConfig:
-        if configs:
-            raise ValueError("interface.mtu: must be >= 68")
-        return NetworkConfig()
-
-    preparer.config_decoder = strict
+async def test_a_config_the_decoder_refuses_is_that_claims_error(api: FakeAPIServer, preparer: Preparer) -> None:
     bad = [{"requests": [], "opaque": {"driver": "dra.net", "parameters": {"interface": {"mtu": 1}}}}]
     api.add_claim(make_claim("ns", "bad", "uid-bad", [result("pci-0000-8a-00-0", NODE)], configs=bad))
     api.add_claim(make_claim("ns", "ok", "uid-ok", [result("pci-0000-8a-00-1", NODE)]))
     out = await preparer.prepare([ClaimRef("ns", "bad", "uid-bad"), ClaimRef("ns", "ok", "uid-ok")])
-    assert "interface.mtu: must be >= 68" in out["uid-bad"].error
+    assert "config for request" in out["uid-bad"].error and "interface.mtu" in out["uid-bad"].error
     assert out["uid-ok"].error == ""
 
 
@@ -140,7 +134,7 @@ async def test_inventory_crash_is_contained(api: FakeAPIServer, preparer: Prepar
     def broken() -> dict[str, Device]:
         raise RuntimeError("scan exploded")
 
-    preparer.devices = broken
+    preparer.builder.devices = broken
     api.add_claim(make_claim("ns", "c", "uid-c", [result("pci-0000-8a-00-0", NODE)]))
     out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
     assert "scan exploded" in out["uid-c"].error
@@ -156,7 +150,7 @@ async def test_unprepare_removes_and_unknown_succeeds(api: FakeAPIServer, prepar
 
 
 async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Preparer) -> None:
-    preparer.devices = lambda: inventory(40)
+    preparer.builder.devices = lambda: inventory(40)
     for i in range(40):
         api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", NODE)]))
     outs = await asyncio.gather(*(preparer.prepare([ClaimRef("ns", f"c{i}", f"uid-{i}")]) for i in range(40)))
@@ -232,7 +226,7 @@ def _numa_inventory() -> dict[str, Device]:
 async def test_numa_pin_across_numa_nodes_is_a_per_claim_error(api: FakeAPIServer, tmp_path: Path) -> None:
 
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), _numa_inventory, "dra.net", NODE)
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(_numa_inventory, "dra.net", NODE))
     pin = [
         {"source": "FromClaim", "requests": [], "opaque": {"driver": "dra.net", "parameters": {"numa": {"pin": True}}}}
     ]
@@ -269,9 +263,7 @@ async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer
     preparer = Preparer(
         kube,
         CheckpointStore(tmp_path / "state"),
-        inventory,
-        "dra.net",
-        NODE,
+        ClaimBuilder(inventory, "dra.net", NODE),
         on_unprepare=lambda claim: seen.append(claim.uid),
     )
     api.add_claim(make_claim("ns", "c1", "uid-1", [result("pci-0000-8a-00-0", NODE)]))
@@ -289,7 +281,9 @@ async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(
     host, _peer = netns_factory.veth()
     dev = Device(name="veth-nic", host=HostFacts(ifname=host))
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: {dev.name: dev}, "dra.net", NODE)
+    preparer = Preparer(
+        kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(lambda: {dev.name: dev}, "dra.net", NODE)
+    )
 
     def claim(name: str, uid: str, features: dict[str, bool]) -> None:
         cfg = [

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
@@ -137,7 +138,9 @@ async def test_an_mtu_the_nic_cannot_take_is_refused_at_prepare(
     sysfs = _vf_sysfs(tmp_path / "sys", nic, 9000)
     devices = {"vf0": Device(name="vf0", attributes={"dra.net/ifName": nic}, host=HostFacts(ifname=nic))}
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), lambda: devices, "dra.net", NODE, sysfs_root=sysfs)
+    preparer = Preparer(
+        kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(lambda: devices, "dra.net", NODE, sysfs_root=sysfs)
+    )
     api.add_claim(make_claim("ns", "c", "uid-c", [result("vf0", NODE)], configs=[_config({"interface": {"mtu": mtu}})]))
     out = await preparer.prepare([ClaimRef("ns", "c", "uid-c")])
     assert reason in out["uid-c"].error and f"device {nic}" in out["uid-c"].error, out["uid-c"].error

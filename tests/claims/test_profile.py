@@ -12,6 +12,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, RouteConfig
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.claims.profile import ProfileResolver, check_at_start, profile_resolver
 from driver.config import DriverConfig
@@ -19,7 +20,7 @@ from driver.dra.health import DeviceHealthFeed
 from driver.dra.plugin import KubeletPlugin
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
-from driver.profiles.webhook import WebhookClient
+from driver.profiles.provider_client import ProviderClient
 from tests.claims.conftest import NODE, inventory
 from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.support.kubelet_client import KubeletClient
@@ -55,7 +56,9 @@ async def kubelet_plugin(hook: ProfileWebhook) -> AsyncIterator[tuple[KubeletPlu
         assert isinstance(resolver, ProfileResolver) and check_at_start(resolver) == ""
         resolver.client.timeout = 1.0  # the slow-provider test waits this long, not PROFILE_WEBHOOK_TIMEOUT
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE, profiles=resolver)
+        preparer = Preparer(
+            kube, CheckpointStore(config.state_dir), ClaimBuilder(inventory, "dra.net", NODE, profiles=resolver)
+        )
         sockets = (config.dra_socket, config.registration_socket)
         plugin = KubeletPlugin(preparer, config.driver_name, *sockets, health=DeviceHealthFeed(), metrics=Metrics())
         await plugin.start()
@@ -153,7 +156,7 @@ async def test_an_invalid_profile_answer_names_the_field_and_the_profile_and_is_
 async def test_a_profile_without_a_provider_is_refused(tmp_path: Path) -> None:
     with FakeAPIServer() as api:
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), inventory, "dra.net", NODE)
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(inventory, "dra.net", NODE))
         _claim(api, {"profile": "acme.com/ipam"})
         from driver.dra.protocol import ClaimRef
 
@@ -165,10 +168,10 @@ async def test_a_profile_without_a_provider_is_refused(tmp_path: Path) -> None:
 
 def test_a_provider_that_serves_no_profiles_stops_the_daemon(hook: ProfileWebhook) -> None:
     hook.capabilities = {"cloudProvider": True, "profileProvider": False}
-    problem = check_at_start(ProfileResolver(WebhookClient(hook.url, timeout=1)))
+    problem = check_at_start(ProfileResolver(ProviderClient(hook.url, timeout=1)))
     assert "is not a profile provider (profileProvider: false)" in problem
     hook.stop()
-    assert check_at_start(ProfileResolver(WebhookClient(hook.url, timeout=1))) == "", "down at start: not fatal"
+    assert check_at_start(ProfileResolver(ProviderClient(hook.url, timeout=1))) == "", "down at start: not fatal"
 
 
 def test_the_merge_is_the_cloud_merge_user_wins() -> None:

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.dra.health import DeviceHealthFeed
@@ -55,7 +56,7 @@ def api() -> Iterator[FakeAPIServer]:
 async def plugin(api: FakeAPIServer, short_tmp: Path) -> AsyncIterator[KubeletPlugin]:
     config = DriverConfig(node_name=NODE, kubelet_root=str(short_tmp / "kubelet"), state_dir=str(short_tmp / "state"))
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kubeconfig")))
-    preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE)
+    preparer = Preparer(kube, CheckpointStore(config.state_dir), ClaimBuilder(inventory, "dra.net", NODE))
     p = KubeletPlugin(
         preparer,
         config.driver_name,
@@ -145,7 +146,7 @@ async def test_stop_removes_sockets_and_stale_socket_is_replaced(api: FakeAPISer
     Path(config.registration_socket).parent.mkdir(parents=True)
     Path(config.registration_socket).write_text("stale")  # left by a killed driver
     kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(short_tmp / "kc2")))
-    p = plugin_of(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+    p = plugin_of(config, Preparer(kube, CheckpointStore(config.state_dir), ClaimBuilder(inventory, "dra.net", NODE)))
     await p.start()
     try:
         async with KubeletClient(p.registration_socket) as kubelet:
@@ -173,7 +174,9 @@ async def test_two_instances_register_side_by_side_and_a_dead_ones_sockets_go(
             state_dir=str(short_tmp / "state"),
             instance_id=instance,
         )
-        return plugin_of(config, Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE))
+        return plugin_of(
+            config, Preparer(kube, CheckpointStore(config.state_dir), ClaimBuilder(inventory, "dra.net", NODE))
+        )
 
     old, new = plugin("0ld0ld00-aaaa"), plugin("0new0new-bbbb")
     registry, plugins = short_tmp / "kubelet/plugins_registry", short_tmp / "kubelet/plugins/dra.net"

@@ -330,7 +330,7 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
                         "arpIgnore": 1,
                     },
                     "routes": [{"destination": "172.30.0.0/16", "gateway": gw}],
-                    # dranet's part B fields, through the apiserver, prepare's checkpoint and the hooks
+                    # dranet's remaining fields, through the apiserver, prepare's checkpoint and the hooks
                     "rules": [{"priority": 300, "destination": "172.31.0.0/16", "table": 300}],
                     "neighbors": [{"destination": gw, "hardwareAddr": "02:00:00:00:00:01"}],
                 },

@@ -47,14 +47,13 @@ from typing import Any
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.files import FileOps
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
-from driver.nri import pod_checks
-from driver.nri.hook_context import HookError
-from driver.nri.hooks import NRIHooks
+from driver.nri.hooks import HookError, NRIHooks
 from tests.claims.conftest import inventory
-from tests.netlink.test_ethtool import ioctl_features
+from tests.nic_settings.test_ethtool import ioctl_features
 from tests.nri.test_crash import POD_CONFIG
 from tests.plugins.nri import prepare_claim
 from tests.support.fake_apiserver import make_claim, result
@@ -65,7 +64,7 @@ FULL_CONFIG = {
         {
             **POD_CONFIG["opaque"][0],
             "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}],
-            # dranet's part-B fields: their host values (sysctl, GSO size, neighbors) must come back too
+            # dranet's later config fields: their host values (sysctl, GSO size, neighbors) must come back too
             "rules": [{"priority": 400, "destination": "10.201.0.0/16", "table": 400}],
             "neighbors": [{"destination": "192.168.50.1", "hardwareAddr": "02:00:00:00:50:01"}],
         },
@@ -194,7 +193,7 @@ def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, 
 
 
 def _sysctls(name: str) -> dict[str, str]:
-    """The per-interface sysctls the part-B config sets, read in this (the "host") namespace."""
+    """The per-interface sysctls the full config sets, read in this (the "host") namespace."""
     out = {}
     for key in ("ipv4/conf/{}/arp_ignore", "ipv4/conf/{}/forwarding"):
         try:
@@ -317,13 +316,13 @@ def nri_scenario(
         if hook == "stop":
             hooks = NRIHooks(CheckpointStore(state))
             hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
-            hooks.ctx.ns.close()
+            hooks.close()
         return claim, pod
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
             if refused:  # the kernel, not the hook's checks, refuses: a name or MTU that changed since
-                pod_checks.check = lambda *args, **kwargs: None  # type: ignore[assignment]
+                NRIHooks._check_names_and_mtus = lambda *args, **kwargs: None  # type: ignore[method-assign]
             hooks = NRIHooks(CheckpointStore(state, ops=ops))
             try:
                 (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
@@ -363,7 +362,7 @@ def nri_scenario(
                 tally.stranded += len(nics)
                 tally.problem(f"{name} k={k} (exit {code}): NICs {place} after restart")
             hooks.stop_pod_sandbox(pod)
-            hooks.ctx.ns.close()
+            hooks.close()
             after = snapshot([n.name for n in nics])
             for nic in nics:
                 now = after[nic.name]
@@ -406,7 +405,9 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
     refs = {n: ClaimRef("ns", n, f"uid-{n[1:]}") for n in claims}
 
     def kubelet(state: Path, ops: FileOps, acked: int | None) -> None:
-        preparer = Preparer(StubKube(claims), CheckpointStore(state, ops=ops), lambda: inventory(4), "dra.net", node)
+        preparer = Preparer(
+            StubKube(claims), CheckpointStore(state, ops=ops), ClaimBuilder(lambda: inventory(4), "dra.net", node)
+        )
         for verb, names in steps:
             call = preparer.prepare if verb == "prepare" else preparer.unprepare
             out = asyncio.run(call([refs[n] for n in names]))
@@ -450,7 +451,7 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
             if lost:
                 tally.problem(f"{name} k={k}: {sorted(lost)} answered prepared, missing after restart")
             # The kubelet retries the call it got no answer to, and goes on.
-            preparer = Preparer(StubKube(claims), store, lambda: inventory(4), "dra.net", node)
+            preparer = Preparer(StubKube(claims), store, ClaimBuilder(lambda: inventory(4), "dra.net", node))
             for verb, names in steps[len(told) :]:
                 call = preparer.prepare if verb == "prepare" else preparer.unprepare
                 out = asyncio.run(call([refs[n] for n in names]))

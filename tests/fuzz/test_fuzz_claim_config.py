@@ -37,7 +37,7 @@ KEYS = [
     "injectEnv",
     "numa",
     "pin",
-    # dranet's remaining NetworkConfig fields (issue 16 part B)
+    # dranet's remaining NetworkConfig fields
     "dhcp",
     "gsoMaxSize",
     "groIPv4MaxSize",

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dranet_proto import dra_v1_pb2 as v1_pb
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.config import DriverConfig
 from driver.dra.plugin import KubeletPlugin
@@ -37,7 +38,7 @@ def dra_channel() -> Iterator[grpc.Channel]:
         api.add_claim(make_claim("ns", "real", "uid-real", [result("pci-0000-8a-00-0", NODE)]))
         config = DriverConfig(node_name=NODE, kubelet_root=str(root / "kubelet"), state_dir=str(root / "state"))
         kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(root / "kubeconfig")))
-        preparer = Preparer(kube, CheckpointStore(config.state_dir), inventory, "dra.net", NODE)
+        preparer = Preparer(kube, CheckpointStore(config.state_dir), ClaimBuilder(inventory, "dra.net", NODE))
         loop = LoopThread()
 
         async def make() -> KubeletPlugin:  # grpc.aio objects belong to the loop they are made on

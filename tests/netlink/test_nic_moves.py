@@ -1,4 +1,5 @@
-"""driver.netlink.nic_moves and nic_home on real veth NICs and namespaces.
+"""driver.netlink.nic_moves and nic_home on real veth NICs and namespaces (the NIC's addresses and
+routes recorded and restored as the hooks do, by the addresses setting).
 
 The "pod netns gone" path: a veth is destroyed with its namespace (only physical NICs are
 handed back to init_net), so the tests simulate what the kernel does for a physical NIC:
@@ -17,12 +18,15 @@ from pathlib import Path
 
 import pytest
 
+from driver.checkpoint.state import MovedDevice
 from driver.netlink import nic_home, nic_moves
 from driver.netlink.link_identity import LinkIdentity
+from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_home import ReturnItem
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
-from driver.netlink.rtnl import NetnsOpError, Route
+from driver.netlink.rtnl import NetnsOpError, Route, Rtnl
+from driver.nic_settings import addresses
 from tests.plugins.nri import configure_host_nic, ip, link_facts
 
 pytestmark = pytest.mark.root
@@ -57,9 +61,39 @@ def _nic(netns_factory) -> tuple[str, str]:
     return a, pa
 
 
+def record(ns: Namespaces, ifname: str) -> LinkState:
+    """The NIC as the hooks record it: the link, then its addresses and routes."""
+    state = nic_moves.record_links(ns, [ifname])[ifname]
+    addresses.record_host(ns.host_rtnl(), [state])
+    return state
+
+
+def item(state: LinkState, pod_ifname: str, **kwargs: object) -> ReturnItem:
+    """The return of a recorded NIC, its addresses and routes restored as the hooks do."""
+    moved = MovedDevice(
+        "nic-a", state.ifname, pod_ifname, records={"addresses": addresses.record(state.addresses, state.routes)}
+    )
+    restores = lambda index: addresses.Addresses().restore_requests(moved, index)
+    return ReturnItem("nic-a", pod_ifname, state, restores=restores, **kwargs)  # type: ignore[arg-type]
+
+
+def return_one(ns: Namespaces, netns_path: str, returned: ReturnItem) -> str:
+    """``return_links`` for one NIC: how it was found; its :class:`NetnsOpError` raised."""
+    result = nic_home.return_links(ns, netns_path, [returned])[returned.device]
+    if isinstance(result, NetnsOpError):
+        raise result
+    return result
+
+
+def configure(rtnl: Rtnl, cfg: PodLinkConfig, link: LinkInfo) -> dict[str, nic_moves.PodLinkResult]:
+    """The pod's configuration batch of one NIC (addresses, link up, routes), addresses read back."""
+    reqs = addresses.config_requests("nic-a", link.index, cfg.addresses, cfg.routes)
+    return nic_moves.configure_pod_links(rtnl, reqs, {"nic-a": (cfg, link)})
+
+
 def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
-    state = nic_moves.record_host(ns, [a])[a]
+    state = record(ns, a)
     assert (state.ifname, state.mtu) == (a, 1450)
     assert state.mac == link_facts(a)["mac"]
     assert sorted(state.addresses) == ["10.41.0.1/24", "fd41::1/64"]  # no fe80:: (link scope)
@@ -72,26 +106,26 @@ def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, net
     v6 = [r for r in state.routes if r.family == socket.AF_INET6]
     assert [(r.dst, r.gateway) for r in v6] == [("fd42::/64", "fd41::fe")]  # no proto-kernel prefix routes
     with pytest.raises(KeyError, match="nosuch"):
-        nic_moves.record_host(ns, [f"nosuch{secrets.token_hex(2)}"])
+        nic_moves.record_links(ns, [f"nosuch{secrets.token_hex(2)}"])
 
 
 def _move(ns: Namespaces, state: LinkState, pod_path: str, cfg: PodLinkConfig) -> tuple[ReturnItem, list]:
     """Move the recorded NIC into the pod as the hook does (to its host ifindex there), configure it;
     its return item and the per-step errors of the move."""
     move = nic_moves.Move("nic-a", state.index or 0, cfg.ifname, state.index or 0, cfg.mtu, cfg.mac)
-    item = ReturnItem("nic-a", cfg.ifname, state, pod_index=move.pod_index, identity=state.identity)
+    returned = item(state, cfg.ifname, pod_index=move.pod_index, identity=state.identity)
     with ns.pod(pod_path) as (pod_rtnl, pod_fd):
         errors = nic_moves.move_links(ns.host_rtnl(), [move], pod_fd)
         if errors == [None]:
             errors += nic_moves.set_links(pod_rtnl, [move])
-    return item, errors
+    return returned, errors
 
 
 def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = nic_moves.record_host(ns, [a])[a]
+    state = record(ns, a)
     assert state.identity is not None and state.identity.kind == "veth" and state.max_mtu
     cfg = PodLinkConfig(
         ifname="eth7",
@@ -100,13 +134,13 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
         addresses=["192.168.7.2/24"],
         routes=[Route(dst="172.16.0.0/12", gateway="192.168.7.1")],
     )
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", cfg)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", cfg)
     assert errors == [None, None]
     move = nic_moves.Move("nic-a", state.index or 0, "eth7", state.index or 0, 1280, "02:00:00:00:07:07")
     with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
         links = nic_moves.check_moved(pod_rtnl, [move], {"nic-a": state.identity})
         assert links["nic-a"].index == state.index, "the NIC keeps its host ifindex in the pod"
-        res = nic_moves.configure_pod_links(pod_rtnl, {"nic-a": cfg}, links)
+        res = configure(pod_rtnl, cfg, links["nic-a"])
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
     inside = link_facts("eth7", netns=pod_ns)
     assert (inside["mtu"], inside["mac"], inside["up"], inside["addresses"]) == (
@@ -118,10 +152,10 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
     assert ("172.16.0.0/12", "192.168.7.1", "main", None) in inside["routes"]
     assert link_facts(a) is None
 
-    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
+    assert return_one(ns, f"/run/netns/{pod_ns}", returned) == "pod"
     assert link_facts(a) == before
     # Idempotent: a second return finds it on the host (at its ifindex) and changes nothing.
-    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "host"
+    assert return_one(ns, f"/run/netns/{pod_ns}", returned) == "host"
     assert link_facts(a) == before
 
 
@@ -133,11 +167,11 @@ def test_a_rename_refused_after_the_move_leaves_the_nic_at_its_planned_index(ns:
     pod_ns = netns_factory.netns()
     netns_factory.veth("eth0", netns=pod_ns, peer_netns=netns_factory.netns())  # the pod's CNI interface
     before = link_facts(a)
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="eth0"))
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="eth0"))
     assert errors[0] is not None and "File exists" in errors[0].reason
     assert link_facts(a) is None and link_facts(a, netns=pod_ns) is not None, "moved, not renamed"
-    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
+    assert return_one(ns, f"/run/netns/{pod_ns}", returned) == "pod"
     assert link_facts(a) == before
     assert link_facts("eth0", netns=pod_ns) is not None, "the pod's own eth0 is untouched"
 
@@ -146,11 +180,13 @@ def test_an_mtu_refused_after_the_move_is_a_second_step(ns: Namespaces, netns_fa
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=(state.max_mtu or 0) + 1))
+    state = record(ns, a)
+    returned, errors = _move(
+        ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=(state.max_mtu or 0) + 1)
+    )
     assert errors[0] is None and errors[1] is not None and errors[1].step == "set link"
     assert link_facts("net1", netns=pod_ns) is not None
-    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", item) == "pod"
+    assert return_one(ns, f"/run/netns/{pod_ns}", returned) == "pod"
     assert link_facts(a) == before
 
 
@@ -160,13 +196,13 @@ def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, n
     nothing; the NIC is reported missing."""
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:11:11"))
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:11:11"))
     assert errors == [None, None]
     with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
         link = pod_rtnl.link("net1")
         assert link is not None
-        item.identity = LinkIdentity.of(link, in_pod=True)  # as the hook records it once the NIC is in
+        returned.identity = LinkIdentity.of(link, in_pod=True)  # as the hook records it once the NIC is in
     ip("-n", pod_ns, "link", "del", "net1")
     ip(
         "-n",
@@ -175,7 +211,7 @@ def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, n
         "add",
         "net1",
         "index",
-        str(item.pod_index),
+        str(returned.pod_index),
         "address",
         "02:00:00:00:11:11",
         "type",
@@ -185,7 +221,7 @@ def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, n
         "own1",
     )
     with pytest.raises(NetnsOpError) as err:
-        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+        return_one(ns, f"/run/netns/{pod_ns}", returned)
     assert err.value.step == "find"
     impostor = link_facts("net1", netns=pod_ns)
     assert impostor is not None and impostor["mac"] == "02:00:00:00:11:11", "the pod's link stays where it is"
@@ -196,8 +232,8 @@ def test_return_when_pod_netns_is_gone_finds_the_nic_the_kernel_gave_back(ns: Na
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=1300))
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=1300))
     assert errors == [None, None]
     # What the kernel does to a physical NIC when its netns dies: back to init_net as devN, at
     # the ifindex it had in the pod.
@@ -209,7 +245,7 @@ def test_return_when_pod_netns_is_gone_finds_the_nic_the_kernel_gave_back(ns: Na
     subprocess.run(["ip", "netns", "del", pod_ns], check=True)
     assert link_facts(dev) is not None
 
-    how = nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+    how = return_one(ns, f"/run/netns/{pod_ns}", returned)
     assert how == "netns-gone"
     assert link_facts(a) == before
     assert link_facts(dev) is None
@@ -218,9 +254,9 @@ def test_return_when_pod_netns_is_gone_finds_the_nic_the_kernel_gave_back(ns: Na
 def test_missing_everywhere_is_a_clear_error(ns: Namespaces, netns_factory) -> None:
     pod_ns = netns_factory.netns()
     state = LinkState(ifname=f"gone{secrets.token_hex(2)}", mtu=1500, mac="02:de:ad:00:00:01", index=1 << 29)
-    item = ReturnItem("nic-x", "net1", state, pod_index=1 << 29, identity=LinkIdentity(kind="veth"))
+    returned = ReturnItem("nic-x", "net1", state, pod_index=1 << 29, identity=LinkIdentity(kind="veth"))
     with pytest.raises(NetnsOpError) as err:
-        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+        return_one(ns, f"/run/netns/{pod_ns}", returned)
     assert err.value.device == "nic-x" and err.value.step == "find" and state.ifname in str(err.value)
 
 
@@ -230,13 +266,13 @@ def test_a_lost_virtual_nic_is_never_looked_for_by_its_mac(ns: Namespaces, netns
     other, _ = netns_factory.veth()
     other_before = link_facts(other)
     pod_ns = netns_factory.netns()
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac=other_before["mac"]))
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac=other_before["mac"]))
     assert errors == [None, None]
     ip("-n", pod_ns, "link", "del", "net1")  # the NIC is gone (its peer deleted, a VF removed)
-    item.extra_macs = (other_before["mac"],)
+    returned.extra_macs = (other_before["mac"],)
     with pytest.raises(NetnsOpError) as err:
-        nic_home.return_link(ns, f"/run/netns/{pod_ns}", item)
+        return_one(ns, f"/run/netns/{pod_ns}", returned)
     assert err.value.step == "find"
     assert link_facts(other) == other_before, "a host link with the NIC's MAC is not touched"
 
@@ -255,9 +291,9 @@ def test_move_of_missing_link_names_device_and_step(ns: Namespaces, netns_factor
     assert err is not None and str(err).startswith("device nic-z: move failed")
 
 
-@pytest.mark.parametrize("addresses", [["0.0.0.0/0"], ["fd00::5/64", "fd00::5/80"]], ids=["unspecified", "v6-twice"])
+@pytest.mark.parametrize("cidrs", [["0.0.0.0/0"], ["fd00::5/64", "fd00::5/80"]], ids=["unspecified", "v6-twice"])
 def test_an_address_the_kernel_acks_but_does_not_keep_is_an_error_never_a_result(
-    ns: Namespaces, netns_factory, addresses: list[str]
+    ns: Namespaces, netns_factory, cidrs: list[str]
 ) -> None:
     """Addresses are read back after the configure batch: one the kernel acknowledged without keeping
     (0.0.0.0, an IPv6 address already there at another prefix length) fails the step, so a status
@@ -266,9 +302,11 @@ def test_an_address_the_kernel_acks_but_does_not_keep_is_an_error_never_a_result
     nic, _ = netns_factory.veth(netns=pod_ns, peer_netns=pod_ns)
     with ns.pod(f"/run/netns/{pod_ns}") as (rtnl, _):
         with pytest.raises(NetnsOpError) as err:
-            nic_moves.configure_pod_links(rtnl, {"nic-a": PodLinkConfig(nic, addresses=addresses)})
+            link = rtnl.link(nic)
+            assert link is not None
+            configure(rtnl, PodLinkConfig(nic, addresses=cidrs), link)
     assert err.value.step == "configure" and "did not keep" in err.value.reason
-    assert addresses[-1] in err.value.reason
+    assert cidrs[-1] in err.value.reason
 
 
 def test_a_record_from_before_identities_is_found_as_it_was_then(ns: Namespaces, netns_factory) -> None:
@@ -277,10 +315,10 @@ def test_a_record_from_before_identities_is_found_as_it_was_then(ns: Namespaces,
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()
     before = link_facts(a)
-    state = nic_moves.record_host(ns, [a])[a]
-    item, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:22:22"))
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mac="02:00:00:00:22:22"))
     assert errors == [None, None]
-    old = ReturnItem("nic-a", "net1", replace(state, index=None, identity=None), extra_macs=("02:00:00:00:22:22",))
+    old = item(replace(state, index=None, identity=None), "net1", extra_macs=("02:00:00:00:22:22",))
     assert old.legacy
-    assert nic_home.return_link(ns, f"/run/netns/{pod_ns}", old) == "pod"
+    assert return_one(ns, f"/run/netns/{pod_ns}", old) == "pod"
     assert link_facts(a) == before

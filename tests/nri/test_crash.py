@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from driver.nri.hook_steps import RUN_STEPS, STOP_STEPS
-from tests.netlink.test_ethtool import ioctl_features
+from driver.nri.hooks import RUN_STEPS, STOP_STEPS
+from tests.nic_settings.test_ethtool import ioctl_features
 from tests.plugins.nri import (
     DriverProcess,
     Harness,

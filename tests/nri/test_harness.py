@@ -286,7 +286,7 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(
     nri_harness: Harness, netns_factory, driver_procs, tmp_path: Path
 ) -> None:
     """claim config ethtool.features: applied inside the pod, host values back after StopPodSandbox."""
-    from tests.netlink.test_ethtool import (
+    from tests.nic_settings.test_ethtool import (
         ioctl_features,  # SIOCETHTOOL: not the genetlink code under test
     )
 
@@ -315,7 +315,7 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(
     assert not inside["tx-checksum-ip-generic"] and inside["rx-gro"]
     assert link_facts("net1", netns=pod_ns)["up"]
     moved = CheckpointStore(tmp_path).read(lambda s: s.pods[pod_uid].devices[0])
-    assert moved.host_features == {"tx-checksum-ip-generic": True, "rx-gro": False}  # write-ahead record
+    assert moved.records["ethtool"]["features"] == {"tx-checksum-ip-generic": True, "rx-gro": False}  # write-ahead
 
     assert nri_harness.cmd("stop", pod=pod)["ok"]
     assert ioctl_features(a) == before

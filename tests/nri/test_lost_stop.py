@@ -52,7 +52,7 @@ def test_unprepare_returns_nics_the_runtime_never_asked_back(netns_factory: Netn
     hooks.claim_unprepared(claim)
     assert link_facts(nic) == before, "the NIC must come back with its name, MTU, MAC, addresses, routes"
     assert store.read(lambda s: s.pods) == {}
-    assert hooks.ctx.pins.fds == {}, "the namespace is released once its NICs are home"
+    assert hooks.pins.fds == {}, "the namespace is released once its NICs are home"
 
 
 def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFactory, tmp_path: Path) -> None:
@@ -67,6 +67,6 @@ def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFacto
     hooks.run_pod_sandbox(pod)
     hooks.stop_pod_sandbox(pod)
     before = link_facts(nic)
-    assert before is not None and hooks.ctx.pins.fds == {}
+    assert before is not None and hooks.pins.fds == {}
     hooks.claim_unprepared(store.read(lambda s: s.claims[claim_uid]))
     assert link_facts(nic) == before

@@ -10,7 +10,6 @@ import socket
 import struct
 import subprocess
 
-from driver.netlink.ebpf import BPF_PROG_QUERY, TC_PARENTS, TCMSG, TCX_ATTACH, _bpf
 from driver.netlink_channel import (
     IFINFOMSG,
     NLA_F_NESTED,
@@ -24,6 +23,7 @@ from driver.netlink_channel import (
     netlink_socket,
     open_netns,
 )
+from driver.nic_settings.ebpf import BPF_PROG_QUERY, TC_PARENTS, TCMSG, TCX_ATTACH, _bpf
 
 BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
 PROG_TYPE_SCHED_CLS, PROG_TYPE_XDP = 3, 6

@@ -35,35 +35,46 @@ def _decode_list(
     return [(i, v) for i, v in decoded if v is not None]
 
 
+def _route_destination(raw: Any, path: str, errs: FieldErrors) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """A route's ``destination``: a network CIDR (no host bits), required."""
+    text = read_str(raw, path, errs)
+    if raw is None:
+        errs.add(path, "is required (a CIDR, e.g. 10.0.0.0/8 or 0.0.0.0/0)")
+    elif text is not None and "%" in text:
+        errs.add(path, f"{text!r} has a zone (%...): a route's destination has none")
+    elif text is not None:
+        try:
+            return ipaddress.ip_network(text, strict=True)
+        except ValueError as exc:
+            errs.add(path, f"{text!r} is not a network CIDR ({exc})")
+    return None
+
+
+def _route_scope(raw: Any, path: str, errs: FieldErrors) -> int | None:
+    """A route's ``scope``: universe (0, the default) or link (253), by name or number."""
+    if raw is None:
+        return 0
+    if isinstance(raw, str):
+        scope = ROUTE_SCOPES.get(raw)
+        if scope is None:
+            errs.add(path, f"{raw!r} is not a supported scope (universe, link, 0, 253)")
+        return scope
+    number = read_int(raw, path, errs, 0, 255)
+    if number is not None and number not in ROUTE_SCOPES.values():
+        errs.add(path, f"{number} is not a supported scope (0 universe or 253 link)")
+        return None
+    return number
+
+
 def _decode_route(raw: Any, path: str, errs: FieldErrors) -> RouteConfig | None:
     obj = read_object(raw, path, ["destination", "gateway", "source", "scope", "table"], errs)
     if obj is None:
         return None
     before = len(errs.items)
-    dest_text = read_str(obj.get("destination"), f"{path}.destination", errs)
-    dest = None
-    if obj.get("destination") is None:
-        errs.add(f"{path}.destination", "is required (a CIDR, e.g. 10.0.0.0/8 or 0.0.0.0/0)")
-    elif dest_text is not None and "%" in dest_text:
-        errs.add(f"{path}.destination", f"{dest_text!r} has a zone (%...): a route's destination has none")
-    elif dest_text is not None:
-        try:
-            dest = ipaddress.ip_network(dest_text, strict=True)
-        except ValueError as exc:
-            errs.add(f"{path}.destination", f"{dest_text!r} is not a network CIDR ({exc})")
+    dest = _route_destination(obj.get("destination"), f"{path}.destination", errs)
     gateway = read_ip(obj.get("gateway"), f"{path}.gateway", errs)
     source = read_ip(obj.get("source"), f"{path}.source", errs)
-    scope_raw = obj.get("scope")
-    scope: int | None = 0
-    if isinstance(scope_raw, str):
-        scope = ROUTE_SCOPES.get(scope_raw)
-        if scope is None:
-            errs.add(f"{path}.scope", f"{scope_raw!r} is not a supported scope (universe, link, 0, 253)")
-    elif scope_raw is not None:
-        scope = read_int(scope_raw, f"{path}.scope", errs, 0, 255)
-        if scope is not None and scope not in ROUTE_SCOPES.values():
-            errs.add(f"{path}.scope", f"{scope} is not a supported scope (0 universe or 253 link)")
-            scope = None
+    scope = _route_scope(obj.get("scope"), f"{path}.scope", errs)
     table = read_int(obj.get("table"), f"{path}.table", errs, 0, MAX_TABLE)
     if scope == 0 and gateway is None and obj.get("gateway") is None:
         errs.add(f"{path}.gateway", "is required for a universe-scope route (or set scope: link)")

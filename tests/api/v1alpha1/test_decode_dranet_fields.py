@@ -1,4 +1,4 @@
-"""The fields dranet's ``NetworkConfig`` has beyond name/addresses/MTU/MAC/routes/ethtool (issue 16 part B):
+"""The fields dranet's ``NetworkConfig`` has beyond name/addresses/MTU/MAC/routes/ethtool:
 decoded strictly, errors naming the field path, stored in the typed model, canonical form round-trips."""
 
 from __future__ import annotations

@@ -10,17 +10,23 @@ first. Counted as failures: a loop pod not Ready in time or without its NIC, and
 the kubelet's log about a failed NodePrepareResources/NodeUnprepareResources, every error of
 containerd's log about NRI, every FailedPrepareDynamicResources event, during the whole window.
 
-Also: a state file from a newer schema is refused with a clear error by the running driver's own
-binary (never misread).
+Also: the pod state an older driver wrote (``pods.json`` versions 4 and 2, each NIC's host
+addresses and routes in that version's fields) is read by the new instance of a rolling update,
+which gives the NICs back exactly as they were; and a state file from a newer schema is refused with
+a clear error by the running driver's own binary (never misread).
 """
 
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
+import os
+import random
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,13 +37,14 @@ from devcluster import cluster
 from devcluster.controlplane import wait_for
 from devcluster.demo import ALIGNED
 from devcluster.pods import pod_view
-from driver.checkpoint.schema import COMPATIBLE_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import _V4_RECORDS, COMPATIBLE_VERSION, SCHEMA_VERSION
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     NUMA1_RDMA,
     create_template,
     delete_pod,
     dra_conditions,
+    host_ip,
     nic_snapshot,
     nic_template,
     pod_claim,
@@ -289,3 +296,98 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     assert f"checkpoint schema version {SCHEMA_VERSION + 1} was written by a newer driver" in out
     assert "refusing to start" in out
     delete_pod(node, ns, "writer")
+
+
+V2_DEVICE_FIELDS = frozenset(
+    {
+        "device", "host_ifname", "pod_ifname", "permanent_mac", "pci_address", "host_mtu", "host_mac",
+        "host_addresses", "host_routes", "rdma_device", "pod_mac", "host_features", "host_private_flags", "step",
+    }
+)  # fmt: skip
+"""What a version-2 driver recorded of a NIC in a pod."""
+
+
+def _as_written_by(body: dict[str, Any], version: int) -> dict[str, Any]:
+    """``pods.json`` as a driver of ``version`` (4 or 2) wrote it: each setting's record back in the
+    fields of that version; version 2 has none of the later fields, nor the links the hooks created."""
+    pods = {}
+    for uid, pod in body["pods"].items():
+        devices = []
+        for device in pod["devices"]:
+            records = device.get("records") or {}
+            out = {k: v for k, v in device.items() if k != "records"}
+            for name, (setting, key) in _V4_RECORDS.items():
+                value = records.get(setting) if key is None else (records.get(setting) or {}).get(key)
+                if value is not None:
+                    out[name] = value
+            devices.append({k: v for k, v in out.items() if version > 2 or k in V2_DEVICE_FIELDS})
+        pods[uid] = {**{k: v for k, v in pod.items() if version > 2 or k != "created"}, "devices": devices}
+    return {"version": version, "pods": pods}
+
+
+def _plant(node: RealNode, version: int) -> None:
+    """Rewrite the driver's ``pods.json`` as a driver of ``version`` would have written it, under the
+    state files' lock (the running instance reloads it at its next read)."""
+    path = node.layout.driver_runtime_dir / "pods.json"
+    lock = os.open(node.layout.driver_state_dir / "checkpoint.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = _as_written_by(json.loads(path.read_text()), version)
+        tmp = path.with_name(f".pods.json.planted-{version}")
+        tmp.write_text(json.dumps(old, sort_keys=True, separators=(",", ":")))
+        os.replace(tmp, path)
+    finally:
+        os.close(lock)
+
+
+@pytest.fixture
+def addressed_nics(real_node: RealNode) -> Iterator[list[str]]:
+    """NUMA 0's four NICs (the aligned template's), each with a host address and a route through it
+    (removed again afterwards)."""
+    nics = list(real_node.layout.nics[NUMA0])
+    base = random.randint(100, 200)
+    for i, nic in enumerate(nics):
+        host_ip("addr", "add", f"192.168.{base + i}.1/24", "dev", nic)
+        host_ip("route", "add", f"10.{base + i}.0.0/16", "via", f"192.168.{base + i}.254", "dev", nic)
+    try:
+        yield nics
+    finally:
+        for nic in nics:
+            if nic in real_node.host_nics():
+                host_ip("addr", "flush", "dev", nic)  # its routes go with the address
+
+
+def test_an_upgrade_reads_the_pod_state_older_drivers_wrote(
+    real_node: RealNode, ns: str, addressed_nics: list[str]
+) -> None:
+    """A pod holds 4 NICs whose host addresses and routes the driver recorded. Its ``pods.json`` is
+    rewritten as the previous drivers wrote it (version 4, then version 2: found by name and MAC),
+    each followed by a rolling update: the new instance reads the old file (a file it could not
+    read would stop it, a damaged one would be moved aside), and when the pod is deleted its NICs
+    come home with every address and route, which only the migrated records hold."""
+    node = real_node
+    first = node.state.driver_image
+    second = cluster.tag_image(node.layout, first, first + "-next")
+    home = nic_snapshot(node)
+    assert all(home[n]["addresses"] and home[n]["routes"] for n in addressed_nics), home
+    start_pod(node, ns, "holder", ALIGNED)
+    wait_running(node, ns, "holder")
+    claim_uid = pod_claim(node, ns, "holder")["metadata"]["uid"]
+    recorded = node.pod_states()
+    assert recorded["version"] == SCHEMA_VERSION
+    (pod,) = recorded["pods"].values()
+    assert all(d["records"]["addresses"]["routes"] for d in pod["devices"]), pod["devices"]
+    for version, image in ((4, second), (2, first)):
+        _plant(node, version)
+        assert node.pod_states()["version"] == version
+        print(
+            f"\n[upgrade] over a version-{version} pods.json: {_roll(node, image, f'upgrade over version {version}')}"
+        )
+        _holder_intact(node, ns, "holder", addressed_nics, claim_uid)
+        moved_aside = sorted(p.name for p in node.layout.driver_runtime_dir.glob("pods.json.corrupt-*"))
+        assert not moved_aside, f"the version-{version} file was taken for a damaged one: {moved_aside}"
+        (now,) = node.pod_states()["pods"].values()
+        assert {d["device"] for d in now["devices"]} == {d["device"] for d in pod["devices"]}
+    delete_pod(node, ns, "holder")
+    wait_nics_home(node, home)
+    assert not node.pod_states().get("pods")

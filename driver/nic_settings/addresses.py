@@ -1,0 +1,152 @@
+"""Addresses, the link up, and routes: the NIC's IP configuration in the pod, and the host's back.
+
+A claim's ``interface.addresses`` and ``routes`` (a cloud provider's routes merged under them at
+prepare). Without addresses (and without DHCP, whose lease decides) the NIC keeps what the host
+had: its global addresses are copied into the pod, and, when the claim sets no route of its own,
+its host routes too (as the Go driver does); a cloud provider's routes are added either way. With
+a VRF every route goes into the VRF's table (:mod:`driver.nic_settings.vrf` plans it first).
+
+On the host before the move, every NIC's global addresses (one dump for all of them) and routes
+(one dump per NIC, which the kernel filters to it: a host with a large routing table costs no more)
+are recorded; routes the kernel makes by itself, non-unicast, multipath and local-table routes are
+not. In the pod's configuration batch the NIC gets its addresses, then the link up, then its routes
+(link-scope first, so gateways resolve); the hook reads the addresses back, so the claim's status
+never lists one the kernel did not keep. Every NIC comes up, in the pod and back home (the Go
+driver sets it up on return too), where its host addresses and routes are added again.
+
+The MTU a NIC gets must carry IPv6 when it gets an IPv6 address (1280 at least): a pod asking for
+less is refused here, before anything moves.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from driver.api.v1alpha1.decode_interface import IPV6_MIN_MTU
+from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig
+from driver.checkpoint.state import MovedDevice
+from driver.netlink.nic_moves import LinkState
+from driver.netlink.rtnl import (
+    RT_SCOPE_UNIVERSE,
+    Request,
+    Route,
+    Rtnl,
+    dumped_address,
+    newaddr,
+    newlink,
+    newroute,
+    restorable_route,
+)
+from driver.netlink_channel import IFADDRMSG, RTA_OIF, RTM_GETADDR, RTM_GETROUTE, RTMSG, attr
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+
+MAIN_TABLE = 254  # claim config table 0 means the main table
+
+
+def config_route(cfg: RouteConfig) -> Route:
+    """A validated claim-config route as the netlink layer's :class:`Route`."""
+    # Validated at prepare: a ':' is enough to tell the family (no parse on the pod's path).
+    version = 6 if ":" in cfg.destination else 4
+    return Route(
+        dst=cfg.destination,
+        gateway=cfg.gateway,
+        prefsrc=cfg.source,
+        table=cfg.table or MAIN_TABLE,
+        scope=cfg.scope,
+        family=socket.AF_INET6 if version == 6 else socket.AF_INET,
+    )
+
+
+def keeps_host_addresses(config: NetworkConfig) -> bool:
+    """Whether the NIC keeps its host addresses in the pod: the claim sets none and no DHCP."""
+    iface = config.interface
+    return iface is None or (not iface.addresses and not iface.dhcp)
+
+
+def record(addresses: Sequence[str], routes: Sequence[Route] = ()) -> dict[str, Any] | None:
+    """The record of a NIC's host addresses and routes (None: nothing to give back)."""
+    if not addresses and not routes:
+        return None
+    return {"addresses": list(addresses), "routes": [r.to_dict() for r in routes]}
+
+
+def record_host(rtnl: Rtnl, hosts: Sequence[LinkState]) -> None:
+    """Fill in each NIC's host addresses (global scope) and restorable routes: one address dump,
+    then per NIC one route dump the kernel filters to it (one full dump without strict checking,
+    kernels < 4.20)."""
+    by_index = {h.index: h for h in hosts if h.index}
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        address = dumped_address(payload, RT_SCOPE_UNIVERSE)
+        if address is not None and address[0] in by_index:
+            by_index[address[0]].addresses.append(address[1])
+    for index in list(by_index) if rtnl.strict() else [0]:
+        oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
+        for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):
+            found = restorable_route(payload, by_index)
+            if found is not None:
+                by_index[found[0]].routes.append(found[1])
+
+
+def pod_addresses(config: NetworkConfig, cloud: NetworkConfig | None, host: LinkState) -> tuple[list[str], list[Route]]:
+    """The addresses and routes the NIC gets in the pod (before a VRF's table is applied).
+
+    ``cloud``: the cloud provider's part of ``config`` (its routes are added either way; the host's
+    routes are copied only when the claim set none of its own)."""
+    iface = config.interface
+    addresses = list(iface.addresses or ()) if iface is not None else []
+    routes = [config_route(r) for r in config.routes or ()]
+    if keeps_host_addresses(config):
+        addresses = list(host.addresses)
+        cloud_routes = set(cloud.routes or ()) if cloud is not None else set()
+        if all(r in cloud_routes for r in config.routes or ()):  # the claim set no route: keep the host's
+            keys = {(r.dst, r.table) for r in routes}
+            routes = [r for r in host.routes if (r.dst, r.table) not in keys] + routes
+    return addresses, routes
+
+
+def config_requests(device: str, index: int, addresses: Sequence[str], routes: Sequence[Route]) -> list[Request]:
+    """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
+    reqs = [newaddr(device, index, a) for a in addresses]
+    reqs.append(newlink(device, index, up=True, step="link-up"))
+    return reqs + [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
+
+
+def plan_pod(nic: Nic) -> None:
+    """The NIC's addresses and routes in the pod (every route in its VRF's table, when it has one) and
+    its record; :class:`SettingRefused` for an MTU that cannot carry the IPv6 addresses it gets."""
+    addresses, routes = pod_addresses(nic.config, nic.device.cloud_config, nic.host)
+    if nic.pod.table is not None:
+        routes = [replace(r, table=nic.pod.table) for r in routes]
+    nic.pod.addresses, nic.pod.routes = addresses, routes
+    mtu = nic.pod.mtu
+    v6 = [a for a in addresses if ":" in a]
+    if mtu is not None and v6 and mtu < IPV6_MIN_MTU:  # the host's addresses, copied
+        reason = f"interface.mtu: {mtu} is below {IPV6_MIN_MTU}, the IPv6 minimum, and it gets {v6[0]}"
+        raise SettingRefused(nic.name, "mtu", reason)
+    found = record(nic.host.addresses, nic.host.routes)
+    if found is not None:
+        nic.records[Addresses.name] = found
+
+
+class Addresses(NicSetting):
+    """``interface.addresses`` and ``routes`` (or the host's), and the link up."""
+
+    name = "addresses"
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        """Record every NIC's host addresses and routes (from the kernel), then plan its pod ones."""
+        record_host(host.rtnl(), [nic.host for nic in nics])
+        for nic in nics:
+            plan_pod(nic)
+
+    def requests(self, nic: Nic) -> list[Request]:
+        return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes)
+
+    def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
+        kept = nic.records.get(self.name) or {}
+        routes = [Route.from_dict(r) for r in kept.get("routes") or ()]
+        return config_requests(nic.device, index, kept.get("addresses") or (), routes)

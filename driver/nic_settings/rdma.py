@@ -1,0 +1,194 @@
+"""RDMA devices following their netdev into the pod and back, over RDMA netlink (``NETLINK_RDMA``, ``nldev``).
+
+The kernel's RDMA subsystem runs in one of two netns modes (``rdma system set netns shared|exclusive``):
+
+- ``shared`` (the default): every RDMA device is visible in every network namespace; moving a NIC's
+  netdev into a pod is enough, the pod reaches the RDMA device through its char devices;
+- ``exclusive``: an RDMA device belongs to one namespace and must move with its netdev, or the pod
+  sees no RDMA device at all (``ibv_devices`` empty).
+
+Messages, from the kernel's uapi ``include/uapi/rdma/rdma_netlink.h`` (raw netlink, no genetlink
+header; the message type is ``RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, cmd) = (5 << 10) + cmd``):
+
+- mode: ``RDMA_NLDEV_CMD_SYS_GET``; the answer's ``RDMA_NLDEV_SYS_ATTR_NETNS_MODE`` (u8) is
+  ``ib_devices_shared_netns``: 1 shared, 0 exclusive;
+- index of a device: a ``RDMA_NLDEV_CMD_GET`` dump, each answer carrying ``RDMA_NLDEV_ATTR_DEV_INDEX``
+  (u32) and ``RDMA_NLDEV_ATTR_DEV_NAME`` (string) of a device visible in the socket's namespace;
+- move: ``RDMA_NLDEV_CMD_SET`` with ``RDMA_NLDEV_ATTR_DEV_INDEX`` and ``RDMA_NLDEV_NET_NS_FD`` (u32, an
+  fd of the target namespace), sent from the namespace the device is in (``rdma dev set <dev> netns <ns>``).
+
+A kernel without RDMA netlink (no ``NETLINK_RDMA`` family, e.g. no ``ib_core``) has no exclusive
+mode to honour: the mode is reported as ``unknown`` and treated as shared.
+
+In exclusive mode (found at daemon start) a NIC's RDMA device is recorded before the move and
+moved into the pod right after its netdev; at return it comes back before the netdev leaves (as
+the Go driver does), best effort: one left behind returns to the host when the pod's namespace is
+destroyed (kernel), and the netdev is never kept hostage for it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable, Sequence
+
+from driver.checkpoint.state import MovedDevice
+from driver.netlink.namespaces import NetnsGone
+from driver.netlink.rtnl import NetnsOpError
+from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
+from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
+
+log = logging.getLogger(__name__)
+
+NETLINK_RDMA = 20
+RDMA_NL_NLDEV = 5
+RDMA_NLDEV_CMD_GET = 1
+RDMA_NLDEV_CMD_SET = 2
+RDMA_NLDEV_CMD_SYS_GET = 6
+RDMA_NLDEV_ATTR_DEV_INDEX = 1
+RDMA_NLDEV_ATTR_DEV_NAME = 2
+RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
+RDMA_NLDEV_NET_NS_FD = 68
+SHARED, EXCLUSIVE, UNKNOWN = "shared", "exclusive", "unknown"
+
+
+class RdmaMoveError(Exception):
+    """An RDMA device could not be moved; names the device and the reason."""
+
+    def __init__(self, device: str, reason: str) -> None:
+        super().__init__(f"RDMA device {device}: {reason}")
+        self.device, self.reason = device, reason
+
+
+def nldev_type(cmd: int) -> int:
+    """``RDMA_NL_GET_TYPE(RDMA_NL_NLDEV, cmd)``."""
+    return (RDMA_NL_NLDEV << 10) + cmd
+
+
+def sys_get_request() -> tuple[int, int, bytes]:
+    """(type, flags, body) of the netns-mode query."""
+    return nldev_type(RDMA_NLDEV_CMD_SYS_GET), NLM_F_REQUEST, b""
+
+
+def set_netns_request(index: int, netns_fd: int) -> tuple[int, int, bytes]:
+    """(type, flags, body) moving device ``index`` into the namespace of ``netns_fd``."""
+    body = attr(RDMA_NLDEV_ATTR_DEV_INDEX, struct.pack("=I", index)) + attr(
+        RDMA_NLDEV_NET_NS_FD, struct.pack("=I", netns_fd)
+    )
+    return nldev_type(RDMA_NLDEV_CMD_SET), NLM_F_REQUEST | NLM_F_ACK, body
+
+
+def parse_netns_mode(payload: bytes) -> str:
+    """The mode in a ``RDMA_NLDEV_CMD_SYS_GET`` answer."""
+    raw = parse_attrs(payload, 0).get(RDMA_NLDEV_SYS_ATTR_NETNS_MODE)
+    if raw is None or len(raw) < 1:
+        return UNKNOWN
+    return SHARED if raw[0] == 1 else EXCLUSIVE if raw[0] == 0 else UNKNOWN
+
+
+def parse_devices(payloads: list[bytes]) -> dict[str, int]:
+    """Device name -> index from ``RDMA_NLDEV_CMD_GET`` dump answers."""
+    out = {}
+    for payload in payloads:
+        attrs = parse_attrs(payload, 0)
+        if RDMA_NLDEV_ATTR_DEV_INDEX in attrs and RDMA_NLDEV_ATTR_DEV_NAME in attrs:
+            out[text(attrs[RDMA_NLDEV_ATTR_DEV_NAME])] = struct.unpack_from("=I", attrs[RDMA_NLDEV_ATTR_DEV_INDEX])[0]
+    return out
+
+
+def open_rdma_socket() -> socket.socket:
+    """A ``NETLINK_RDMA`` socket in the calling thread's namespace (``OSError`` when the kernel has none)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_RDMA)
+    sock.bind((0, 0))
+    return sock
+
+
+def netns_mode(open_socket: Callable[[], socket.socket] = open_rdma_socket) -> str:
+    """``shared``, ``exclusive``, or ``unknown`` (no RDMA netlink in this kernel, or no answer)."""
+    try:
+        sock = open_socket()
+    except OSError as exc:
+        log.info(
+            "no RDMA netlink in this kernel; RDMA netns mode unknown (treated as shared)",
+            extra={"kv": {"error": str(exc)}},
+        )
+        return UNKNOWN
+    channel = NetlinkChannel(sock)
+    try:
+        (reply,) = channel.exchange([sys_get_request()])
+    except OSError as exc:
+        log.info("RDMA netns mode query failed (treated as shared)", extra={"kv": {"error": str(exc)}})
+        return UNKNOWN
+    finally:
+        channel.close()
+    if reply.error or not reply.payloads:
+        return UNKNOWN
+    return parse_netns_mode(reply.payloads[0])
+
+
+def move(channel: NetlinkChannel, device: str, netns_fd: int) -> None:
+    """Move RDMA ``device`` (visible in ``channel``'s namespace) into ``netns_fd``'s, or :class:`RdmaMoveError`."""
+    try:
+        indexes = parse_devices(channel.dump(nldev_type(RDMA_NLDEV_CMD_GET), b""))
+    except OSError as exc:
+        raise RdmaMoveError(device, f"cannot list RDMA devices: {exc}") from None
+    if device not in indexes:
+        raise RdmaMoveError(device, "not in the source network namespace (exclusive RDMA netns mode)")
+    (reply,) = channel.exchange([set_netns_request(indexes[device], netns_fd)])
+    if reply.error:
+        why = reply.message or os.strerror(reply.error)
+        if reply.error == errno.EOPNOTSUPP:
+            why += " (the RDMA subsystem is in shared netns mode)"
+        raise RdmaMoveError(device, f"move failed: {why}")
+
+
+def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, to_fd: int) -> None:
+    """Move ``rdma_device`` (of NIC ``device``) between namespaces; :class:`NetnsOpError` naming the
+    device if it cannot."""
+    try:
+        channel = NetlinkChannel(host.ns.socket_in(from_fd, NETLINK_RDMA))
+    except OSError as exc:  # no RDMA netlink: the device cannot follow its netdev, refuse the pod
+        raise NetnsOpError(device, "rdma move", f"RDMA device {rdma_device}: no RDMA netlink: {exc}") from exc
+    try:
+        move(channel, rdma_device, to_fd)
+    except (RdmaMoveError, OSError) as exc:
+        raise NetnsOpError(device, "rdma move", f"{exc} (exclusive RDMA netns mode)") from exc
+    finally:
+        channel.close()
+
+
+class RdmaDevice(NicSetting):
+    """A NIC's RDMA device, moved with it in exclusive RDMA netns mode."""
+
+    name = "rdma"
+
+    def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
+        if host.rdma_exclusive:
+            for nic in nics:
+                if nic.device.snapshot.host.rdma_device:
+                    nic.records[self.name] = nic.device.snapshot.host.rdma_device
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        for nic in nics:
+            rdma_device = nic.records.get(self.name)
+            if rdma_device:
+                move_between(pod.host, nic.name, rdma_device, pod.host.fd, pod.fd)
+
+    def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
+        """Bring the RDMA devices back to the host, first (a gone pod netns returned them already)."""
+        moved = [(m.device, m.records[self.name]) for m in nics if m.records.get(self.name)]
+        if not moved or not pod.host.rdma_exclusive:
+            return
+        try:
+            pod_fd = pod.fd
+        except (NetnsGone, OSError):
+            return
+        for device, rdma_device in moved:
+            try:
+                move_between(pod.host, device, rdma_device, pod_fd, pod.host.fd)
+            except NetnsOpError as exc:
+                # "not in the source namespace" = never moved
+                log.warning("RDMA device not returned", extra={"kv": {"device": device, "error": exc.reason}})
