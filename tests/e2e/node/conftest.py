@@ -1,8 +1,8 @@
-"""The real node for end-to-end tests: ``devcluster.cluster.up`` once per session.
+"""The real nodes for end-to-end tests: ``devcluster.cluster.up`` (two nodes) once per package.
 
-A cluster of its own (random name, NIC prefix and pod subnet), so it never collides with a
-person's ``python -m devcluster up`` on the same machine; removed with ``cluster.down`` at the
-end, after which nothing of it may be left on the host (`realnode.leftovers`).
+A cluster of its own (random name and address range), so it never collides with a person's
+``python -m devcluster up`` or another run on the same machine; removed with ``cluster.down`` at
+the end, after which nothing of it may be left on the host (`realnode.leftovers`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import cluster
+from devcluster import cluster, mpijobs
+from devcluster.demo import EXAMPLE_DIR
 from devcluster.pods import Kubectl
 from driver.kube.client import KubeClient
 from tests.e2e.node.realnode import RealNode, leftovers, random_layout
@@ -26,7 +27,7 @@ from tests.plugins.least_privilege import forbidden_lines
 # the whole run, so it does not load the 2 cores during the other suites.
 @pytest.fixture(scope="package")
 def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
-    """One real node for tests/e2e (``devcluster up``), removed and checked at the end."""
+    """Two real nodes for tests/e2e (``devcluster up``), removed and checked at the end."""
     if os.geteuid() != 0:
         pytest.skip("the real node needs root")
     layout = random_layout()
@@ -37,7 +38,7 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
             st = cluster.up(layout)
     else:
         st = cluster.up(layout)
-    print(f"\n[real node] {layout.name} up in {time.monotonic() - t0:.1f}s ({st.timings})")
+    print(f"\n[real nodes] {layout.name} ({layout.nodes} nodes) up in {time.monotonic() - t0:.1f}s ({st.timings})")
     kube = KubeClient.from_kubeconfig(st.kubeconfig)
     node = RealNode(layout, st, kube, Kubectl(Path(st.kubectl), Path(st.kubeconfig)))
     denials: list[str] = []
@@ -45,7 +46,7 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         yield node
         # A 403 anywhere in the session (the driver's own logs, current and previous
         # container) fails the run.
-        denials = forbidden_lines(node.driver_logs())
+        denials = [line for s in layout.all_nodes for line in forbidden_lines(node.driver_logs(s.index))]
     finally:
         report = cluster.down(layout, progress=lambda _m: None)
         left = leftovers(layout)
@@ -58,3 +59,14 @@ def seed_ns(real_node: RealNode) -> Iterator[str]:
     """A fresh namespace with the seed's two ResourceClaimTemplates (per test)."""
     with seed_namespace(real_node) as name:
         yield name
+
+
+@pytest.fixture(scope="module")
+def seed_mpi_ns(real_node: RealNode) -> Iterator[str]:
+    """A namespace with ``kubectl apply -k examples/distributed_training`` done (per module)."""
+    name = real_node.namespace()
+    try:
+        real_node.kubectl.run("apply", "-n", name, "-k", str(EXAMPLE_DIR), timeout=60)
+        yield name
+    finally:
+        mpijobs.delete_namespace(real_node.kube, name)
