@@ -42,7 +42,9 @@ NO_NIC_TEMPLATE = "h100-4gpu-no-nic"
 
 def no_nic_template() -> dict[str, Any]:
     """The seed's aligned template without its NIC request: the same 4 GPUs, nothing from dra.net."""
-    tmpl = next(d for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") if d["metadata"]["name"] == ALIGNED)
+    tmpl = next(
+        d for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") if d["metadata"]["name"] == ALIGNED
+    )
     tmpl = copy.deepcopy(tmpl)
     tmpl["metadata"] = {"name": NO_NIC_TEMPLATE, "namespace": NAMESPACE}
     reqs = tmpl["spec"]["spec"]["devices"]["requests"]
@@ -85,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.monotonic()
         st = cluster.up(layout, progress=lambda m: print(m, file=sys.stderr, flush=True))
-        print(f"devcluster up ({layout.nodes} nodes): {time.monotonic() - t0:.1f}s "
-              f"({'started' if own else 'already running'}; {st.timings})")
+        print(
+            f"devcluster up ({layout.nodes} nodes): {time.monotonic() - t0:.1f}s "
+            f"({'started' if own else 'already running'}; {st.timings})"
+        )
         for k, v in cold_setup_seconds().items():
             print(f"cold build recorded: {k:<34} {v:7.0f} s")
         kube = KubeClient.from_kubeconfig(st.kubeconfig)

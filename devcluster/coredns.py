@@ -73,7 +73,13 @@ def build(version: str = VERSION, progress: Progress = _print_progress) -> Path:
     """Build (or reuse) the binary; returns its path."""
     b = GoBuild(packages=(".",), output="coredns")
     bin_dir = build_go_tool(
-        "coredns", version, gomod(version), [b], expect=("coredns",), progress=progress, extra_files={"main.go": main_go()}
+        "coredns",
+        version,
+        gomod(version),
+        [b],
+        expect=("coredns",),
+        progress=progress,
+        extra_files={"main.go": main_go()},
     )
     return bin_dir / "coredns"
 

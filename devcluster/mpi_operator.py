@@ -139,9 +139,7 @@ def load_manifests(built: OperatorBuild) -> list[dict[str, Any]]:
     return docs
 
 
-def operator_objects(
-    built: OperatorBuild, api_env: list[dict[str, str]], node: str
-) -> list[dict[str, Any]]:
+def operator_objects(built: OperatorBuild, api_env: list[dict[str, str]], node: str) -> list[dict[str, Any]]:
     """Upstream's standalone overlay (``manifests/overlays/standalone``) done in Python: namespace
     ``mpi-operator``, ``--lock-namespace=mpi-operator``; plus what this cluster needs: the local
     image (never pulled), the apiserver address (no service proxy), the real node."""
@@ -229,7 +227,6 @@ def uninstall(kube: KubeClient) -> None:
     for path in paths:
         with contextlib.suppress(NotFound):
             kube.request("DELETE", path)
-
 
 
 def main() -> int:

@@ -65,12 +65,12 @@ def _conditions(kube: KubeClient, ns: str, job: str) -> dict[str, str]:
 
 def _workers_ready(kube: KubeClient, ns: str, job: str, workers: int) -> bool:
     pods = [
-        p
-        for p in mpijobs.job_pods(kube, ns, job)
-        if p["metadata"]["labels"].get(mpijobs.JOB_ROLE_LABEL) == "worker"
+        p for p in mpijobs.job_pods(kube, ns, job) if p["metadata"]["labels"].get(mpijobs.JOB_ROLE_LABEL) == "worker"
     ]
     ready = [
-        p for p in pods if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        p
+        for p in pods
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
     ]
     return len(pods) == workers and len(ready) == workers
 
@@ -100,9 +100,9 @@ def _timestamped(kubectl: Kubectl, ns: str, pod: str) -> list[tuple[float, str]]
     return lines
 
 
-def rail_bytes(before: dict[tuple[int, str], tuple[int, int]], after: dict[tuple[int, str], tuple[int, int]]) -> dict[
-    tuple[int, str], int
-]:
+def rail_bytes(
+    before: dict[tuple[int, str], tuple[int, int]], after: dict[tuple[int, str], tuple[int, int]]
+) -> dict[tuple[int, str], int]:
     """Bytes sent plus received per (node, NIC) between two `fabric.rail_counters` readings."""
     return {k: (after[k][0] - before[k][0]) + (after[k][1] - before[k][1]) for k in after if k in before}
 

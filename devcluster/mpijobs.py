@@ -68,21 +68,14 @@ def worker_image(progress: Progress = _print_progress) -> ImageArchive:
 
     def build() -> ImageArchive:
         base = build_base(progress)
-        progress(f"[mpi worker image] buildah bud {WORKER_DOCKERFILE.name} -> {ref} (apt: python3-torch, openmpi-bin, openssh-server, numactl)")
+        progress(
+            f"[mpi worker image] buildah bud {WORKER_DOCKERFILE.name} -> {ref} "
+            "(apt: python3-torch, openmpi-bin, openssh-server, numactl)"
+        )
         with tempfile.TemporaryDirectory(prefix="dn-mpiw-") as context:
             return bud(WORKER_DOCKERFILE, Path(context), ref, out, progress, "mpi worker image", {"DEBIAN_IMAGE": base})
 
     return build_once(ref, out, build, WORKER_REPO, "mpi-worker-*.tar")
-
-
-def seed_images() -> list[str]:
-    """Every container image the seed's MPIJobs name (read from the files, not assumed)."""
-    images = set()
-    for path in MPIJOB_FILES.values():
-        job = yaml.safe_load(path.read_text())
-        for spec in job["spec"]["mpiReplicaSpecs"].values():
-            images |= {c["image"] for c in spec["template"]["spec"]["containers"]}
-    return sorted(images)
 
 
 def seed_images() -> list[str]:

@@ -152,7 +152,11 @@ def node_indexes(layout: NodeLayout) -> list[int]:
     prefix = f"dn-{layout.name}-n"
     found = set(range(layout.nodes))
     try:
-        found |= {int(n[len(prefix) :]) for n in os.listdir("/run/netns") if n.startswith(prefix) and n[len(prefix) :].isdigit()}
+        found |= {
+            int(n[len(prefix) :])
+            for n in os.listdir("/run/netns")
+            if n.startswith(prefix) and n[len(prefix) :].isdigit()
+        }
     except FileNotFoundError:
         pass
     nodes_dir = layout.base / "nodes"

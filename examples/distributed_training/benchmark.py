@@ -70,11 +70,9 @@ class RankEnv:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the benchmark."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=None, help="H: model width (8192; 256 on CPU)")
+    p.add_argument("--hidden", type=int, default=None, help="H: model width (8192; 128 on CPU)")
     p.add_argument("--layers", type=int, default=None, help="L: number of Linear(H, H) layers (6; 2 on CPU)")
-    p.add_argument(
-        "--batch-tokens", type=int, default=None, help="B: token rows per rank per step (8192; 256 on CPU)"
-    )
+    p.add_argument("--batch-tokens", type=int, default=None, help="B: token rows per rank per step (8192; 256 on CPU)")
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     p.add_argument(
@@ -107,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # The seed's model on GPUs; on a CPU the same shape a few hundred times smaller, so a CI run of
 # 8 ranks on 2 cores takes seconds per 100 steps.
 GPU_SIZE = {"hidden": 8192, "layers": 6, "batch_tokens": 8192}
-CPU_SIZE = {"hidden": 256, "layers": 2, "batch_tokens": 256}
+CPU_SIZE = {"hidden": 128, "layers": 2, "batch_tokens": 256}
 
 
 def resolve_mode(args: argparse.Namespace, gpu_visible: bool) -> list[str]:

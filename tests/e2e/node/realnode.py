@@ -14,7 +14,6 @@ import json
 import random
 import secrets
 import string
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

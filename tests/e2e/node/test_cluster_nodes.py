@@ -83,7 +83,9 @@ def _nic_claim(ns: str, name: str, nic: str, address: str) -> dict[str, Any]:
                         "name": "nic",
                         "exactly": {
                             "deviceClassName": "dranet.net",
-                            "selectors": [{"cel": {"expression": f'device.attributes["dra.net"]["ifName"] == "{nic}"'}}],
+                            "selectors": [
+                                {"cel": {"expression": f'device.attributes["dra.net"]["ifName"] == "{nic}"'}}
+                            ],
                         },
                     }
                 ],

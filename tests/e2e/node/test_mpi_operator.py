@@ -13,6 +13,8 @@ nodes. Deleting the MPIJob returns every NIC intact. See devcluster/mpijobs.py f
 
 from __future__ import annotations
 
+import pytest
+
 from devcluster import mpi_run, mpijobs
 from devcluster.components import ensure_node_binaries
 from devcluster.controlplane import wait_for
@@ -20,8 +22,6 @@ from devcluster.images import image_present
 from devcluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
-
-import pytest
 
 pytestmark = E2E_MARKS
 EXPECTED_NIC_NUMA = {"aligned": 0, "unaligned": 1}  # the templates' NIC numaNode selectors
