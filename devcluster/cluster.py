@@ -27,6 +27,7 @@ made, from the layout alone (`devcluster.node_host.sweep`), so it also works aft
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import shutil
 import subprocess
@@ -191,7 +192,9 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
     bins = prepare(progress)
     t_prep = time.monotonic() - t0
     node_host.sweep(layout)  # leftovers of a crashed `up` of the same name
-    st = ClusterState(name=layout.name, nodes=layout.nodes, k8s_version=K8S_RELEASE.version)
+    st = ClusterState(
+        name=layout.name, nodes=layout.nodes, cluster_cidr=layout.cluster_cidr, k8s_version=K8S_RELEASE.version
+    )
     try:
         _up(layout, bins, st, progress)
     except BaseException:
@@ -265,7 +268,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     st.save(layout)
     for node in layout.all_nodes:
         k = node_daemons.key(node, "kubelet")
-        wait_pid(layout, st, k, lambda n=node.name: _kubelet_ready(kube, n), 120, f"node {node.name} Ready")
+        wait_pid(layout, st, k, functools.partial(_kubelet_ready, kube, node.name), 120, f"node {node.name} Ready")
     wait_pid(layout, st, "coredns", lambda: coredns.ready(st.dns_ready_port), 60, "the cluster DNS synced")
 
     progress(f"[up] helm install {RELEASE} charts/dranet (image {bins.driver.ref}) and the MPI Operator")
@@ -290,7 +293,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     )
     for node in layout.all_nodes:
         k = node_daemons.key(node, "gpu-plugin")
-        wait_pid(layout, st, k, lambda n=node.name: dra_slices(kube, n), 60, f"{node.name}: both drivers' slices")
+        slices = functools.partial(dra_slices, kube, node.name)
+        wait_pid(layout, st, k, slices, 60, f"{node.name}: both drivers' slices")
     wait_pid(layout, st, "n0/kubelet", lambda: mpi_operator.available(kube), 180, "the MPI Operator available")
 
 

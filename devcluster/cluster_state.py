@@ -32,6 +32,7 @@ class ClusterState:
 
     name: str
     nodes: int = 1
+    cluster_cidr: str = ""
     k8s_version: str = ""
     server: str = ""
     kubeconfig: str = ""

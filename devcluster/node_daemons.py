@@ -46,14 +46,22 @@ class NodeImages:
 
 
 def build_fixture(node: NodeSpec) -> Path:
-    """The node's ND H100 v5 sysfs tree with the layout's NIC names (``ib0``.. or ``<prefix>0``..)."""
+    """The node's ND H100 v5 sysfs tree with the layout's NIC names (``ib0``.. or ``<prefix>0``..)
+    and GUIDs of its own (node 0 keeps the topology's): every machine's NICs have unique port
+    and node GUIDs, so each node's slices name NICs no other node has."""
     topo = sysfs_fixture.load_topology(node.layout.topology)
     prefix = node.layout.nic_prefix
-    if prefix != "ib":
-        for dev in topo.get("pci", []):
-            for net in dev.get("net", []):
-                if net["name"].startswith("ib"):
-                    net["name"] = prefix + net["name"][2:]
+    guid = f"{0x33 + node.index:02x}"
+    for dev in topo.get("pci", []):
+        for net in dev.get("net", []):
+            if net["name"].startswith("ib"):
+                net["name"] = prefix + net["name"][2:]
+            if "address" in net:
+                net["address"] = net["address"].replace(":fd:33:", f":fd:{guid}:")
+        rdma = dev.get("rdma")
+        for r in rdma if isinstance(rdma, list) else [rdma] if rdma else []:
+            if "node_guid" in r:
+                r["node_guid"] = r["node_guid"].replace("fd33", f"fd{guid}")
     shutil.rmtree(node.sysfs, ignore_errors=True)
     return sysfs_fixture.build(topo, node.sysfs)
 

@@ -280,6 +280,11 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
             numa_bind=binding.summary,
             nccl_ib_hca=hca or "",
         ).to_line()
+    # Every rank is past the last collective before any tears the group down, and DDP (whose
+    # reducer holds the group) goes first: without both, a gloo rank of PyTorch 1.13 hung at exit
+    # in the process group's destructor about every other run of 8 ranks on 2 cores.
+    dist.barrier()
+    del ddp, opt, model, batches
     dist.destroy_process_group()
     return line
 

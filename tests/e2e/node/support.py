@@ -149,7 +149,8 @@ def wait_nics_home(node: RealNode, expected: dict[str, dict[str, Any]], timeout:
         if now == expected:
             return
         time.sleep(0.2)
-    raise AssertionError(f"NICs not back intact after {timeout}s:\nexpected {expected}\nnow      {now}")
+    diff = {n: (expected[n], now.get(n, "absent")) for n in expected if now.get(n) != expected[n]}
+    raise AssertionError(f"NICs not back intact after {timeout}s (expected, now): {diff}")
 
 
 def host_ip(node: RealNode, *args: str, index: int = 0) -> None:

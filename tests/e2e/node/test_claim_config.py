@@ -79,7 +79,14 @@ def test_static_address_mtu_and_route_inside_the_pod(real_node: RealNode, ns: st
         assert "192.168.61.5/24" in net1.addresses
         assert any(r.startswith("10.61.0.0/16 via 192.168.61.1 dev net1") for r in view.routes), view.routes
         assert host_nic not in view.interfaces
-        claim = pod_claim(real_node, ns, pod)
+
+        # The driver writes the claim's status once the pod's NICs are configured (not before the
+        # kubelet reports the pod Running).
+        def with_status() -> dict | None:
+            c = pod_claim(real_node, ns, pod)
+            return c if c["status"].get("devices") else None
+
+        claim = wait_for(with_status, 30, 0.2, "the claim's status.devices")
         (entry,) = [d for d in claim["status"]["devices"] if d["driver"] == "dra.net"]
         assert entry["networkData"]["interfaceName"] == "net1"
         assert "192.168.61.5/24" in entry["networkData"]["ips"]

@@ -36,6 +36,7 @@ def test_every_node_ready_with_the_driver_and_its_own_nics(real_node: RealNode) 
     assert layout.nodes >= 2
     ds = kube.request("GET", f"/apis/apps/v1/namespaces/{cluster.NAMESPACE}/daemonsets/{cluster.RELEASE}")
     assert ds["status"]["desiredNumberScheduled"] == ds["status"]["numberReady"] == layout.nodes
+    published: dict[str, set[str]] = {}
     for spec in layout.all_nodes:
         node = kube.read_node(spec.name)
         conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
@@ -59,15 +60,18 @@ def test_every_node_ready_with_the_driver_and_its_own_nics(real_node: RealNode) 
             if "dra.net/ifName" in d.get("attributes", {})
         ]
         assert sorted(ifnames) == sorted(layout.nics), (spec.name, ifnames)
-        # The NICs the driver publishes are this node's: same MACs as the links in its namespace.
+        # The NICs are this node's own: their hardware addresses (unique per machine, as IPoIB
+        # GUIDs are) are the ones in this node's sysfs, and no other node publishes them.
         macs = {
             d["attributes"]["dra.net/ifName"]["string"]: d["attributes"]["dra.net/mac"]["string"]
             for s in slices
             for d in s["spec"].get("devices") or []
             if "dra.net/mac" in d.get("attributes", {})
         }
-        here = real_node.host_nics(spec.index)
-        assert macs == {n: here[n]["address"] for n in layout.nics if n in macs}, spec.name
+        assert macs == {n: (spec.sysfs / "class/net" / n / "address").read_text().strip() for n in layout.nics}
+        published[spec.name] = set(macs.values())
+    names = list(published)
+    assert not published[names[0]] & published[names[1]], "two nodes publish the same NICs"
 
 
 def _nic_claim(ns: str, name: str, nic: str, address: str) -> dict[str, Any]:
