@@ -252,9 +252,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     spawn(layout, "coredns", [str(bins.coredns), "-conf", str(layout.corefile)], None, st)
 
     node_images = NodeImages(
-        archives=(bins.pause, bins.workload, bins.driver, bins.worker),
+        archives=(bins.pause, bins.workload, bins.driver, bins.worker, bins.operator),
         tags=tuple((bins.worker.ref, name) for name in mpijobs.seed_images()),
-        first_node_only=(bins.operator,),
     )
     progress(f"[up] nodes {', '.join(n.name for n in layout.all_nodes)}: namespaces, NICs, containerd, images, kubelet")
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.nodes) as pool:
@@ -282,7 +281,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         "the kube-system service accounts",
     )
     helm(layout, "install", helm_binary=bins.helm)
-    mpi_operator.install(kube, api_env(st.server), layout.node_name)
+    mpi_operator.install(kube, api_env(st.server), {NODE_LABEL: layout.name}, min(2, layout.nodes))
     wait_pid(
         layout,
         st,

@@ -139,10 +139,14 @@ def load_manifests(built: OperatorBuild) -> list[dict[str, Any]]:
     return docs
 
 
-def operator_objects(built: OperatorBuild, api_env: list[dict[str, str]], node: str) -> list[dict[str, Any]]:
+def operator_objects(
+    built: OperatorBuild, api_env: list[dict[str, str]], node_selector: dict[str, str], replicas: int
+) -> list[dict[str, Any]]:
     """Upstream's standalone overlay (``manifests/overlays/standalone``) done in Python: namespace
     ``mpi-operator``, ``--lock-namespace=mpi-operator``; plus what this cluster needs: the local
-    image (never pulled), the apiserver address (no service proxy), the real node."""
+    image (never pulled), the apiserver address (no service proxy), the cluster's nodes. With
+    ``replicas`` > 1, one replica per node: the operator always elects a leader (15 s lease), so
+    a lost node's MPIJobs are still followed by the replica on another node."""
     ns = NAMESPACE
     docs = load_manifests(built)
     for d in docs:
@@ -152,12 +156,16 @@ def operator_objects(built: OperatorBuild, api_env: list[dict[str, str]], node: 
             for s in d["subjects"]:
                 s["namespace"] = ns
         if d["kind"] == "Deployment":
+            d["spec"]["replicas"] = replicas
+            labels = d["spec"]["template"]["metadata"]["labels"]
             pod = d["spec"]["template"]["spec"]
             c = pod["containers"][0]
             c["args"] = [*c.get("args", []), f"--lock-namespace={ns}"]
             c["image"], c["imagePullPolicy"] = IMAGE, "Never"
             c["env"] = [*c.get("env", []), *api_env]
-            pod["nodeSelector"] = {"kubernetes.io/hostname": node}
+            pod["nodeSelector"] = dict(node_selector)
+            term = {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": "kubernetes.io/hostname"}
+            pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *docs]
 
 
@@ -191,11 +199,13 @@ def apply(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
         return kube.request("PUT", f"{path}/{name}", body)
 
 
-def install(kube: KubeClient, api_env: list[dict[str, str]], node: str) -> OperatorBuild:
-    """Apply the CRD, RBAC and Deployment (image already in ``node``'s containerd); returns once
+def install(
+    kube: KubeClient, api_env: list[dict[str, str]], node_selector: dict[str, str], replicas: int
+) -> OperatorBuild:
+    """Apply the CRD, RBAC and Deployment (image already in the nodes' containerd); returns once
     the CRD is established (`available` says when the operator runs)."""
     built = build(progress=lambda _m: None)
-    for obj in operator_objects(built, api_env, node):
+    for obj in operator_objects(built, api_env, node_selector, replicas):
         apply(kube, obj)
     crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org"
 
@@ -208,9 +218,9 @@ def install(kube: KubeClient, api_env: list[dict[str, str]], node: str) -> Opera
 
 
 def available(kube: KubeClient) -> bool:
-    """The operator's Deployment has an available replica."""
+    """Every replica of the operator's Deployment is available."""
     dep = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mpi-operator")
-    return bool(dep.get("status", {}).get("availableReplicas"))
+    return dep.get("status", {}).get("availableReplicas", 0) >= dep["spec"].get("replicas", 1)
 
 
 def uninstall(kube: KubeClient) -> None:

@@ -42,7 +42,6 @@ class NodeImages:
 
     archives: tuple[images.ImageArchive, ...]
     tags: tuple[tuple[str, str], ...] = ()  # (source ref, extra name)
-    first_node_only: tuple[images.ImageArchive, ...] = ()  # e.g. the MPI Operator's image
 
 
 def build_fixture(node: NodeSpec) -> Path:
@@ -99,8 +98,7 @@ def boot(
     wait_pid(layout, st, k, node.containerd_socket.is_socket, 60, f"{node.name}: containerd's socket")
     address = str(node.containerd_socket)
     present = set(images.image_list(binaries.ctr, address))
-    wanted = list(node_images.archives) + (list(node_images.first_node_only) if node.index == 0 else [])
-    for img in wanted:
+    for img in node_images.archives:
         if img.ref not in present:
             progress(f"[up] {node.name}: importing {img.ref}")
             images.import_image(binaries.ctr, address, img)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from devcluster import mpi_run, mpijobs
 from devcluster.controlplane import wait_for
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
@@ -24,6 +26,7 @@ CYCLES = int(os.environ.get("DRANET_MPI_CHURN_CYCLES", "4"))
 RSS_GROWTH_KIB = 8 * 1024  # allocator noise of a Python daemon over a few hundred claims
 
 
+@pytest.mark.timeout(3600)
 def test_mpijob_churn_strands_nothing_and_keeps_the_drivers_flat(real_node: RealNode, seed_mpi_ns: str) -> None:
     layout, kube, ns = real_node.layout, real_node.kube, seed_mpi_ns
     nodes = [s.index for s in layout.all_nodes]

@@ -28,6 +28,7 @@ EXPECTED_NIC_NUMA = {"aligned": 0, "unaligned": 1}  # the templates' NIC numaNod
 GPUS = ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]  # the templates' pciBusID list: the NUMA 0 GPUs
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("which", ["aligned", "unaligned"])
 def test_seed_mpijob_runs_to_the_end_over_its_claimed_nics(real_node: RealNode, seed_mpi_ns: str, which: str) -> None:
     layout, kube, ns = real_node.layout, real_node.kube, seed_mpi_ns
@@ -58,7 +59,7 @@ def test_seed_mpijob_runs_to_the_end_over_its_claimed_nics(real_node: RealNode, 
             assert len([n for n in view.rdma_nodes if "uverbs" in n]) == 4
         seen["nodes"] = sorted(p.node for p in workers)
 
-    res = mpi_run.run(kube, real_node.kubectl, layout, ns, which, timeout=900, on_workers_ready=while_running)
+    res = mpi_run.run(kube, real_node.kubectl, layout, ns, which, timeout=420, on_workers_ready=while_running)
     tail = "\n".join(res.launcher_log.splitlines()[-40:])
     assert res.outcome == "Succeeded", f"MPIJob {res.outcome or 'still running'}:\n{tail}"
     assert res.mfu_line, f"no MFU_RESULT:\n{tail}"
