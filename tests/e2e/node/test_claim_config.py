@@ -47,13 +47,16 @@ def host_nic(real_node: RealNode) -> Iterator[str]:
     """The node's last NIC, with a host address and a route (removed again afterwards)."""
     nic = real_node.layout.nics[-1]
     net = f"192.168.{random.randint(100, 200)}"
+    route = f"10.{random.randint(100, 200)}.0.0/16"
     host_ip(real_node, "addr", "add", f"{net}.1/24", "dev", nic)
-    host_ip(real_node, "route", "add", f"10.{random.randint(100, 200)}.0.0/16", "via", f"{net}.254", "dev", nic)
+    host_ip(real_node, "route", "add", route, "via", f"{net}.254", "dev", nic)
     try:
         yield nic
     finally:
-        if nic in real_node.host_nics():
-            host_ip(real_node, "addr", "del", f"{net}.1/24", "dev", nic)  # its route goes with the address
+        # Once the NIC is home (a failed test may leave its pod terminating), remove what we added.
+        wait_for(lambda: nic in real_node.host_nics(), 60, 0.2, f"{nic} back on the node")
+        host_ip(real_node, "route", "del", route, "dev", nic)
+        host_ip(real_node, "addr", "del", f"{net}.1/24", "dev", nic)
 
 
 def _select(nic: str) -> str:
