@@ -82,9 +82,12 @@ def documented_role(name: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None, out: Path) -> Iterator[Path]:
+def service_account_kubeconfig(
+    control_plane, kube: KubeClient, role: str | None, out: Path, node: str | None = None
+) -> Iterator[Path]:
     """A kubeconfig for a fresh ServiceAccount bound to the documented ClusterRole ``role``
-    (None: no permissions at all); everything is deleted afterwards."""
+    (None: no permissions at all); everything is deleted afterwards. ``node``: the token is
+    bound to that Node, as a pod's token names its node (a node-local driver's identity)."""
     suffix = uuid.uuid4().hex[:6]
     sa = f"dranet-test-{suffix}"
     cleanup = [f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}"]
@@ -115,10 +118,14 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
                 },
             )
             cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}-{suffix}")
+        spec: dict[str, Any] = {"expirationSeconds": 3600}
+        if node is not None:
+            uid = kube.read_node(node)["metadata"]["uid"]
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
         token = kube.request(
             "POST",
             f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
         )["status"]["token"]
         out.write_text(certs.kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
         yield out
