@@ -2,14 +2,15 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-torch protos schema module-table bench bench-hooks bench-scale binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-oldest-k8s soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
-binaries: deps  ## build or reuse the control plane, the real node (kubelet, containerd), the MPI Operator and the images
+binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd), CoreDNS, the MPI Operator and the images
 	$(PY) -m devcluster.binaries --all
 	$(PY) -m devcluster.components
+	$(PY) -m devcluster.coredns
 	$(PY) -m devcluster.helm
 	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
 	$(PY) -m devcluster.images
@@ -17,13 +18,13 @@ binaries: deps  ## build or reuse the control plane, the real node (kubelet, con
 	$(PY) -m devcluster.mpi_operator
 	$(PY) -m devcluster.mpijobs
 
-demo: binaries  ## a real cluster with one real node: the seed's pods started with their NICs
+demo: binaries  ## two real nodes: the seed's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
 
 demo-fast: binaries  ## allocation only (no kubelet): which NICs and GPUs each claim gets
 	$(PY) -m devcluster.demo --allocation-only
 
-up: binaries  ## a local cluster with one real node, left running (prints KUBECONFIG= and KUBECTL=)
+up: binaries  ## a local cluster with two real nodes, left running (prints KUBECONFIG= and KUBECTL=)
 	$(PY) -m devcluster up
 
 down:  ## remove everything `make up` started
@@ -31,6 +32,13 @@ down:  ## remove everything `make up` started
 
 test: binaries  ## every test (torch-only tests deselected: they need the 5 GB [example] extra)
 	$(PY) -m pytest -q -p no:cacheprovider -m "not torch"
+
+test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes (v1.34)
+	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(MAKE) binaries
+	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(PY) -m pytest -q -p no:cacheprovider -m "not torch" tests/e2e/node
+
+soak: binaries  ## long churn: 20 create/delete cycles of the seed's two-worker MPIJob (and 200 pod cycles)
+	DRANET_MPI_CHURN_CYCLES=20 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_mpi_churn.py tests/e2e/node/test_churn.py
 
 test-torch: deps  ## the CPU benchmark tests that need torch (installs the [example] extra)
 	$(PY) -m pip install -q --root-user-action=ignore -e '.[example]'
@@ -56,6 +64,9 @@ chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image
 
 image: deps  ## the driver image from the Dockerfile (buildah, no Docker engine) as an OCI image layout: build/image-oci/
 	$(PY) -m devcluster.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
+
+bench-mpijob: binaries  ## MPIJob apply -> workers Ready / first rank, with NIC claims vs without (two real nodes)
+	$(PY) -m bench.bench_mpijob_start
 
 bench-hooks: binaries  ## pod start/stop through the whole daemon vs the bare kernel work (root; docs/performance.md)
 	$(PY) -m bench.bench_hooks

@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     dev = NodeLayout()
     own = cluster.running(dev) is None
-    layout = NodeLayout(name="bench", pod_subnet="10.86.0.0/24", nic_prefix="bib") if own else dev
+    layout = NodeLayout(name="bench", nodes=1, cluster_cidr="10.86.0.0/20") if own else dev
     try:
         t0 = time.monotonic()
         st = cluster.up(layout, progress=lambda m: print(m, file=sys.stderr, flush=True))

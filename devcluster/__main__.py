@@ -1,11 +1,14 @@
-"""``python -m devcluster up|down|status``: a local cluster with one real node (see cluster.py).
+"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster.py).
 
-    python -m devcluster up        # prints KUBECONFIG=... and KUBECTL=..., leaves it running
+    python -m devcluster up        # 2 nodes; prints KUBECONFIG=... and KUBECTL=..., leaves it running
+    python -m devcluster up --nodes 1
     python -m devcluster status    # the same lines if it runs, exit 1 if not
     python -m devcluster down      # removes everything (also after a crashed `up`)
 
-``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster;
-``--nic-prefix`` names its NICs (``ib`` gives ib0..ib7).
+``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
+``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
+names every node's NICs (``ib`` gives ib0..ib7). ``DRANET_K8S_VERSION`` picks the Kubernetes
+release (default the newest supported; see devcluster/versions.py).
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from devcluster.node_layout import DEFAULT_BASE, DEFAULT_NAME, LayoutError, NodeLayout
+from devcluster.node_layout import DEFAULT_BASE, DEFAULT_CIDR, DEFAULT_NAME, DEFAULT_NODES, LayoutError, NodeLayout
 
 
 def _layout(a: argparse.Namespace) -> NodeLayout:
-    return NodeLayout(name=a.name, root=Path(a.root), nic_prefix=a.nic_prefix)
+    return NodeLayout(name=a.name, root=Path(a.root), nodes=a.nodes, cluster_cidr=a.cidr, nic_prefix=a.nic_prefix)
 
 
 def _print_env(kubeconfig: str, kubectl: str) -> None:
@@ -35,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["up", "down", "status"])
     ap.add_argument("--name", default=os.environ.get("DRANET_DEVCLUSTER_NAME", DEFAULT_NAME))
     ap.add_argument("--root", default=os.environ.get("DRANET_DEVCLUSTER_ROOT", str(DEFAULT_BASE)))
+    ap.add_argument("--nodes", type=int, default=int(os.environ.get("DRANET_DEVCLUSTER_NODES", DEFAULT_NODES)))
+    ap.add_argument("--cidr", default=os.environ.get("DRANET_DEVCLUSTER_CIDR", DEFAULT_CIDR))
     ap.add_argument("--nic-prefix", default="ib")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -77,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"cluster {layout.name!r} up in {time.monotonic() - t0:.1f}s "
-        f"(node {layout.node_name}, driver image {st.driver_image})",
+        f"(Kubernetes {st.k8s_version}; nodes {', '.join(n.name for n in layout.all_nodes)}; "
+        f"driver image {st.driver_image})",
         file=sys.stderr,
     )
     _print_env(st.kubeconfig, st.kubectl)

@@ -24,51 +24,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devcluster import versions
+
 log = logging.getLogger(__name__)
 
-K8S_VERSION = "v1.34.10"  # latest v1.34.x the proxy serves AND sum.golang.org verifies (v1.34.11/12: sumdb 404)
 ETCD_VERSION = "v3.6.16"  # latest etcd 3.6.x
-K8S_MINOR = "1.34"
+# The release this process runs (DRANET_K8S_VERSION, default the newest; devcluster/versions.py).
+K8S_RELEASE = versions.selected()
+K8S_VERSION = K8S_RELEASE.version
+K8S_MINOR = K8S_RELEASE.minor
 K8S_COMPONENTS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
 # The real node's binaries, built from the same wrapper module in the same `go build` (shared
 # packages compile once; one cache entry per Kubernetes version).
 K8S_NODE_COMPONENTS = ("kubelet", "kubectl")
 K8S_ALL = K8S_COMPONENTS + K8S_NODE_COMPONENTS
-
-# Every staging module k8s.io/kubernetes v1.34 requires at v0.0.0 (real-cluster.md §1.3).
-K8S_STAGING = (
-    "api",
-    "apiextensions-apiserver",
-    "apimachinery",
-    "apiserver",
-    "cli-runtime",
-    "client-go",
-    "cloud-provider",
-    "cluster-bootstrap",
-    "code-generator",
-    "component-base",
-    "component-helpers",
-    "controller-manager",
-    "cri-api",
-    "cri-client",
-    "csi-translation-lib",
-    "dynamic-resource-allocation",
-    "endpointslice",
-    "externaljwt",
-    "kms",
-    "kube-aggregator",
-    "kube-controller-manager",
-    "kube-proxy",
-    "kube-scheduler",
-    "kubectl",
-    "kubelet",
-    "metrics",
-    "mount-utils",
-    "pod-security-admission",
-    "sample-apiserver",
-    "sample-cli-plugin",
-    "sample-controller",
-)
 
 Progress = Callable[[str], None]
 
@@ -217,17 +186,16 @@ def build_go_tool(
         return bin_dir
 
 
-def k8s_gomod(version: str = K8S_VERSION, go_line: str = "1.24.0") -> str:
-    """Wrapper go.mod for the control plane binaries (real-cluster.md §1.4)."""
-    staging = "v0." + version[len("v1.") :]
-    replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} {staging}" for m in K8S_STAGING)
+def k8s_gomod(release: versions.K8sRelease = K8S_RELEASE) -> str:
+    """Wrapper go.mod for the Kubernetes binaries (real-cluster.md §1.4): upstream's go and
+    godebug lines, and every staging module pinned to the release's staging tag."""
+    replaces = "\n".join(f"\tk8s.io/{m} => k8s.io/{m} {release.staging_version}" for m in release.staging)
     tools = "\n".join(f"\tk8s.io/kubernetes/cmd/{c}" for c in K8S_ALL)
-    minor = go_line.rsplit(".", 1)[0]
     return (
-        f"module example.invalid/k8sbins\n\ngo {go_line}\n\n"
+        f"module example.invalid/k8sbins\n\ngo {release.go_line}\n\n"
         f"// upstream's own GODEBUG defaults, not those of our newer toolchain\n"
-        f"godebug default=go{minor}\n\ntool (\n{tools}\n)\n\n"
-        f"require k8s.io/kubernetes {version}\n\nreplace (\n{replaces}\n)\n"
+        f"godebug default={release.godebug}\n\ntool (\n{tools}\n)\n\n"
+        f"require k8s.io/kubernetes {release.version}\n\nreplace (\n{replaces}\n)\n"
     )
 
 
@@ -254,14 +222,14 @@ def etcd_gomod(version: str = ETCD_VERSION) -> str:
     )
 
 
-def build_k8s(version: str = K8S_VERSION, progress: Progress = _print_progress) -> Path:
+def build_k8s(release: versions.K8sRelease = K8S_RELEASE, progress: Progress = _print_progress) -> Path:
     """Build (or reuse cached) the control plane binaries plus kubelet and kubectl."""
     b = GoBuild(
         packages=tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_ALL),
         tags=("selinux", "notest", "grpcnotrace"),
-        ldflags=k8s_ldflags(version),
+        ldflags=k8s_ldflags(release.version),
     )
-    return build_go_tool("k8s", version, k8s_gomod(version), [b], expect=K8S_ALL, progress=progress)
+    return build_go_tool("k8s", release.version, k8s_gomod(release), [b], expect=K8S_ALL, progress=progress)
 
 
 def build_etcd(version: str = ETCD_VERSION, progress: Progress = _print_progress) -> Path:

@@ -1,60 +1,66 @@
-"""``python -m devcluster up`` / ``down``: a local Kubernetes with one REAL node.
+"""``python -m devcluster up`` / ``down``: a local Kubernetes with N REAL nodes (default 2).
 
-``up`` starts, in this order, and leaves running (every process in its own session, so it
+``up`` starts, in this order, and leaves running (every daemon in its own session, so it
 outlives the command):
 
-1. the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager with the
-   controllers a DaemonSet, a Deployment and service accounts need), listening on the node IP;
-2. the node: its 8 NICs (veths named like an ND H100 v5's, with the fixture sysfs tree for PCI,
-   NUMA and RDMA), containerd 2.2 (NRI + CDI) with runc and the bridge CNI, the images imported,
-   and the kubelet;
-3. the GPU driver test double as a real kubelet plugin (`devcluster.gpu_plugin`);
+1. the fabric (`devcluster.fabric`): the cluster network every node and the host are on, and one
+   rail per NIC index (ND H100 v5: 8 rails);
+2. the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager with the
+   controllers a DaemonSet, a Deployment, a Job, EndpointSlices and DRA need), listening on
+   the host's address on the cluster network; and the cluster DNS (`devcluster.coredns`);
+3. every node (`devcluster.node_daemons`), in parallel: its network and mount namespaces, its
+   NICs cabled to the rails, the fixture sysfs, containerd 2.x (NRI) with runc and the bridge
+   CNI, the images, the kubelet, the GPU driver test double (`devcluster.gpu_plugin`);
 4. the driver, installed WITH THE CHART (``helm install charts/dranet``) from the locally built
-   image, with a dev-only values file (fixture sysfs mount, the node's paths).
+   image, with a dev-only values file (the fixture sysfs, the apiserver address): a DaemonSet pod
+   on every node;
+5. the MPI Operator (`devcluster.mpi_operator`), and the seed's training image under the name
+   its MPIJobs use, so ``kubectl apply -k examples/distributed_training`` and the MPIJob
+   manifests work as the README says.
 
 It prints ``KUBECONFIG=<path>`` and ``KUBECTL=<path>``. A second ``up`` while one runs says so
-and exits 0. ``down`` removes every process, mount, namespace, veth, cgroup and file the cluster
+and exits 0. ``down`` removes every process, mount, namespace, link, cgroup and file the cluster
 made, from the layout alone (`devcluster.node_host.sweep`), so it also works after a crashed
-``up``. Every path and name derives from `NodeLayout`, so several clusters never collide.
+``up``. Every name and address derives from `NodeLayout`, so several clusters never collide.
 """
 
 from __future__ import annotations
 
-import json
+import concurrent.futures
+import functools
 import logging
-import os
 import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from devcluster import coredns, fabric, images, mpi_operator, mpijobs, node_daemons, node_host
 from devcluster import helm as helm_mod
-from devcluster import images, node_host, sysfs_fixture
-from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane
+from devcluster.binaries import K8S_RELEASE, ControlPlaneBinaries, ensure_control_plane
+from devcluster.cluster_state import ClusterState, running, spawn, wait_pid
 from devcluster.components import NodeBinaries, ensure_node_binaries
 from devcluster.controlplane import ControlPlane, ControlPlaneOptions, free_port
 from devcluster.driver_image import build_driver_image
-from devcluster.node_config import write_node_configs
-from devcluster.node_layout import NodeLayout
+from devcluster.node_daemons import NODE_LABEL, NodeImages
+from devcluster.node_layout import IN_NODE, NodeLayout
 from driver.kube.client import RESOURCE_API, KubeClient
-from driver.kube.errors import KubeError
 
 log = logging.getLogger(__name__)
+
+__all__ = ["NODE_LABEL", "ClusterState", "running", "up", "down", "restart"]
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "dranet"
 RELEASE = "dranet"
-DEV_INFINIBAND = Path("/dev/infiniband")
 NAMESPACE = "kube-system"
-NODE_LABEL = "dranet.dev/cluster"  # on the real node (kubelet --node-labels): <cluster name>
-# What a DaemonSet, a Deployment, service-account tokens, webhook endpoints and DRA need.
+# What a DaemonSet, a Deployment, a Job, service-account tokens, Service endpoints and DRA need.
 CONTROLLERS = (
     "resourceclaim-controller",
     "garbage-collector-controller",
@@ -64,6 +70,7 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
     "endpoints-controller",
+    # The cluster DNS answers headless-Service names (the MPI hostfile) from EndpointSlices.
     "endpointslice-controller",
     "namespace-controller",
     # The MPI Operator's launcher is a batch/v1 Job.
@@ -71,75 +78,12 @@ CONTROLLERS = (
     # Evicts pods whose claims hold a device with a NoExecute taint (DRADeviceTaints).
     "device-taint-eviction-controller",
 )
-FEATURE_GATES = {
-    # Device taints in ResourceSlices (dra.net/unhealthy) and the scheduler honouring them.
-    "DRADeviceTaints": True,
-    # The kubelet's per-device health (DRAResourceHealth stream -> the pod's
-    # status.containerStatuses[].allocatedResourcesStatus).
-    "ResourceHealthStatus": True,
-}
-"""Alpha gates of Kubernetes 1.34 the node's tests need; on in every component (and the kubelet)."""
-RUNTIME_CONFIG = {
-    # With DRADeviceTaints the scheduler waits for its DeviceTaintRule informer (v1alpha3) to sync
-    # before it schedules anything: the API must be served.
-    "resource.k8s.io/v1alpha3": "true",
-}
 Progress = Callable[[str], None]
+restart = node_daemons.restart
 
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-@dataclass
-class ClusterState:
-    """What ``up`` recorded (JSON in ``layout.state_file``), written as it goes."""
-
-    name: str
-    server: str = ""
-    kubeconfig: str = ""
-    kubectl: str = ""
-    pids: dict[str, int] = field(default_factory=dict)
-    driver_image: str = ""
-    metrics_port: int = 0
-    kubelet_port: int = 0
-    ready: bool = False
-    timings: dict[str, float] = field(default_factory=dict)
-    # /dev/infiniband did not exist before `up` (the chart's DirectoryOrCreate makes it): `down`
-    # removes it again when empty.
-    created_dev_infiniband: bool = False
-    # How each node daemon was started, so `restart` can start it again the same way.
-    commands: dict[str, list[str]] = field(default_factory=dict)
-    path_env: str = ""
-
-    def save(self, layout: NodeLayout) -> None:
-        layout.base.mkdir(parents=True, exist_ok=True)
-        tmp = layout.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, layout.state_file)
-
-    @classmethod
-    def load(cls, layout: NodeLayout) -> ClusterState | None:
-        try:
-            return cls(**json.loads(layout.state_file.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists()
-
-
-def running(layout: NodeLayout) -> ClusterState | None:
-    """The state of a fully started, still running cluster of this layout, else None."""
-    st = ClusterState.load(layout)
-    if not st or not st.ready or not st.pids or not all(_pid_alive(p) for p in st.pids.values()):
-        return None
-    return st
 
 
 @dataclass
@@ -149,9 +93,12 @@ class Binaries:
     control_plane: ControlPlaneBinaries
     node: NodeBinaries
     helm: str
+    coredns: Path
     pause: images.ImageArchive
     workload: images.ImageArchive
     driver: images.ImageArchive
+    operator: images.ImageArchive
+    worker: images.ImageArchive
 
 
 def prepare(progress: Progress = _say) -> Binaries:
@@ -159,116 +106,49 @@ def prepare(progress: Progress = _say) -> Binaries:
     cp = ensure_control_plane(progress)
     node = ensure_node_binaries(progress)
     helm = helm_mod.ensure()
-    return Binaries(cp, node, helm, images.pause_image(), images.workload_image(), build_driver_image(progress))
+    dns = coredns.build(progress=progress)
+    operator = mpi_operator.operator_image(mpi_operator.build(progress=progress))
+    return Binaries(
+        cp,
+        node,
+        helm,
+        dns,
+        images.pause_image(),
+        images.workload_image(),
+        build_driver_image(progress),
+        operator,
+        mpijobs.worker_image(progress),
+    )
 
 
-def _spawn(
-    layout: NodeLayout, name: str, args: list[str], env: dict[str, str] | None = None, st: ClusterState | None = None
-) -> int:
-    """Start a detached daemon (own session, output to ``logs/<name>.log``); returns its pid.
-
-    With ``st``, records the command (for `restart`) and the pid, and saves the state first.
-    """
-    if st is not None:
-        st.commands[name] = list(args)
-    layout.logs.mkdir(parents=True, exist_ok=True)
-    with open(layout.logs / f"{name}.log", "ab") as out:
-        p = subprocess.Popen(
-            args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-            cwd=REPO,
-        )
-    if st is not None:
-        st.pids[name] = p.pid
-        st.save(layout)
-    return p.pid
-
-
-def restart(layout: NodeLayout, name: str, timeout: float = 30.0) -> int:
-    """Stop one node daemon (``kubelet``, ``containerd``, ``gpu-plugin``) with SIGTERM and start
-    it again with the same command; returns the new pid. Pods keep running (shims stay)."""
-    st = ClusterState.load(layout)
-    if st is None or name not in st.commands:
-        raise RuntimeError(f"cluster {layout.name!r}: no recorded command for {name!r}")
-    node_host.kill_pids([st.pids[name]], grace=timeout)
-    env = dict(os.environ, PATH=st.path_env or os.environ.get("PATH", ""))
-    return _spawn(layout, name, st.commands[name], env, st)
-
-
-def _log_tail(layout: NodeLayout, name: str, n: int = 25) -> str:
-    try:
-        return "\n".join((layout.logs / f"{name}.log").read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return ""
-
-
-def _wait_pid(
-    layout: NodeLayout, st: ClusterState, name: str, predicate: Callable[[], Any], timeout: float, what: str
-) -> Any:
-    """Wait for ``predicate``; fail early with the log tail if the process ``name`` died."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not _pid_alive(st.pids[name]):
-            raise RuntimeError(f"{name} exited while waiting for {what}:\n{_log_tail(layout, name)}")
-        try:
-            v = predicate()
-            if v:
-                return v
-        except (OSError, KubeError, KeyError, IndexError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}:\n{_log_tail(layout, name)}")
-
-
-def build_fixture(layout: NodeLayout) -> Path:
-    """The ND H100 v5 sysfs tree with the layout's NIC names (``ib0``.. or ``<prefix>0``..)."""
-    topo = sysfs_fixture.load_topology(layout.topology)
-    if layout.nic_prefix != "ib":
-        for dev in topo.get("pci", []):
-            for net in dev.get("net", []):
-                if net["name"].startswith("ib"):
-                    net["name"] = layout.nic_prefix + net["name"][2:]
-    shutil.rmtree(layout.sysfs, ignore_errors=True)
-    return sysfs_fixture.build(topo, layout.sysfs)
+def api_env(server: str) -> list[dict[str, str]]:
+    """The apiserver's address for pods (there is no Service VIP: no kube-proxy)."""
+    host, port = server.removeprefix("https://").rsplit(":", 1)
+    return [{"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": port}]
 
 
 def dev_values(layout: NodeLayout, st: ClusterState, image_ref: str) -> dict[str, Any]:
-    """The DEV-ONLY Helm values: this node's paths, the fixture sysfs, the apiserver address.
+    """The DEV-ONLY Helm values: the fixture sysfs, the apiserver address, the cluster's nodes.
 
-    Everything else (DaemonSet, security context, RBAC, node policy, DeviceClass, webhook) is
-    the chart's default.
+    Every node path is the chart's default (each node's mount namespace puts its own there);
+    everything else (DaemonSet, security context, RBAC, node policy, DeviceClass, webhook) too.
     """
     repo, _, tag = image_ref.rpartition(":")
-    api_host, api_port = st.server.removeprefix("https://").rsplit(":", 1)
-    api_env = [
-        {"name": "KUBERNETES_SERVICE_HOST", "value": api_host},
-        {"name": "KUBERNETES_SERVICE_PORT", "value": api_port},
-    ]
+    env = api_env(st.server)
+    fixture = IN_NODE.fixture_sysfs
     return {
         "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        "kubeletRootDir": str(layout.kubelet_root),
-        "nri": {"enabled": True, "socket": str(layout.nri_socket)},
-        "netnsDir": str(layout.netns_dir),
-        "stateDir": str(layout.driver_state_dir),
-        "runtimeDir": str(layout.driver_runtime_dir),
-        "metricsPort": st.metrics_port,
-        # The fixture's uplink (the host's own uplink is excluded as the default-route link).
+        "nri": {"enabled": True},
+        # The fixture's uplink.
         "excludeInterfaces": ["eth0"],
         # The fixture sysfs describes the machine (PCI, NUMA, RDMA); the veths named like its
-        # NICs are what the driver moves.
-        "extraArgs": [f"--sysfs-root={layout.sysfs}"],
-        "extraVolumes": [{"name": "fixture-sysfs", "hostPath": {"path": str(layout.sysfs), "type": "Directory"}}],
-        "extraVolumeMounts": [{"name": "fixture-sysfs", "mountPath": str(layout.sysfs), "readOnly": True}],
-        # No kube-proxy here: pods reach the apiserver at the node IP directly.
-        "extraEnv": api_env,
-        # Only the real node: tests add Node objects without a kubelet (a second MPI worker's
-        # node), where a driver pod would wait forever.
+        # NICs in the node's network namespace are what the driver moves.
+        "extraArgs": [f"--sysfs-root={fixture}"],
+        "extraVolumes": [{"name": "fixture-sysfs", "hostPath": {"path": fixture, "type": "Directory"}}],
+        "extraVolumeMounts": [{"name": "fixture-sysfs", "mountPath": fixture, "readOnly": True}],
+        "extraEnv": env,
         "nodeSelector": {NODE_LABEL: layout.name},
-        "webhook": {"replicas": 1, "extraEnv": api_env, "nodeSelector": {NODE_LABEL: layout.name}},
+        "webhook": {"replicas": 1, "extraEnv": env, "nodeSelector": {NODE_LABEL: layout.name}},
     }
 
 
@@ -284,16 +164,17 @@ def _release_items(kube: KubeClient, path: str, selector: str = "") -> list[dict
     return items
 
 
-def _rollout_done(kube: KubeClient) -> bool:
+def _rollout_done(kube: KubeClient, nodes: int) -> bool:
     ds = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets/{RELEASE}")
     s = ds.get("status", {})
-    if not (s.get("desiredNumberScheduled", 0) >= 1 and s.get("numberReady", 0) == s["desiredNumberScheduled"]):
+    if not (s.get("desiredNumberScheduled", 0) >= nodes and s.get("numberReady", 0) == s["desiredNumberScheduled"]):
         return False
     deps = _release_items(kube, f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments")
     return all(d.get("status", {}).get("readyReplicas", 0) >= d["spec"].get("replicas", 1) for d in deps)
 
 
-def _dra_slices(kube: KubeClient, node: str) -> bool:
+def dra_slices(kube: KubeClient, node: str) -> bool:
+    """Both drivers (dra.net and the GPU double) publish devices on ``node``."""
     items = kube.request("GET", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={node}"})[
         "items"
     ]
@@ -311,17 +192,20 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
     bins = prepare(progress)
     t_prep = time.monotonic() - t0
     node_host.sweep(layout)  # leftovers of a crashed `up` of the same name
-    st = ClusterState(name=layout.name, metrics_port=free_port())
+    st = ClusterState(
+        name=layout.name, nodes=layout.nodes, cluster_cidr=layout.cluster_cidr, k8s_version=K8S_RELEASE.version
+    )
     try:
         _up(layout, bins, st, progress)
     except BaseException:
-        progress(
-            f"up failed; logs in {layout.logs} are removed by the cleanup, copying them to "
-            f"/tmp/dranet-{layout.name}-failed-logs"
-        )
-        shutil.rmtree(f"/tmp/dranet-{layout.name}-failed-logs", ignore_errors=True)
+        failed_logs = Path(f"/tmp/dranet-{layout.name}-failed-logs")
+        progress(f"up failed; copying the logs to {failed_logs} before the cleanup removes them")
+        shutil.rmtree(failed_logs, ignore_errors=True)
         if layout.logs.is_dir():
-            shutil.copytree(layout.logs, f"/tmp/dranet-{layout.name}-failed-logs")
+            shutil.copytree(layout.logs, failed_logs)
+        for node in layout.all_nodes:  # the pods' container logs
+            if (node.log_dir / "pods").is_dir():
+                shutil.copytree(node.log_dir / "pods", failed_logs / f"n{node.index}-pods", symlinks=True)
         down(layout, progress=lambda _m: None)
         raise
     st.timings = {"prepare_s": round(t_prep, 1), "start_s": round(time.monotonic() - t0 - t_prep, 1)}
@@ -331,32 +215,24 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
 
 
 def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress) -> None:
-    node = layout.node_name
     layout.base.mkdir(parents=True, exist_ok=True)
     st.save(layout)
-    node_host.share_base(layout)
-    if node_host.make_shared(Path("/dev")):
-        progress("[up] /dev made a shared mount (as on systemd hosts) for the chart's HostToContainer mount")
-    st.created_dev_infiniband = not DEV_INFINIBAND.exists()
-    st.save(layout)
     progress(
-        f"[up] node {node}: fixture sysfs ({layout.topology}), NICs {', '.join(layout.nics)}, "
-        f"CNI bridge {layout.cni_bridge} at {layout.node_ip}"
+        f"[up] fabric: cluster network {layout.node_network} (host {layout.gateway}), "
+        f"{len(layout.nics)} rails; Kubernetes {K8S_RELEASE.version}, {layout.nodes} node(s)"
     )
-    build_fixture(layout)
-    node_host.create_nics(layout)
-    node_host.create_bridge(layout)
+    fabric.create(layout)
     progress("[up] control plane")
     opts = ControlPlaneOptions(
         controllers=CONTROLLERS,
-        feature_gates=dict(FEATURE_GATES),
-        runtime_config=dict(RUNTIME_CONFIG),
-        bind_address=layout.node_ip,
+        feature_gates=dict(K8S_RELEASE.feature_gates),
+        runtime_config=dict(K8S_RELEASE.runtime_config),
+        bind_address=layout.gateway,
         detached=True,
         keep_dir=True,
         disable_admission_plugins=("TaintNodesByCondition",),
-        # Webhook calls go to the endpoint (pod IP on the bridge): there is no service proxy.
-        # The kubelet (logs, exec) by its InternalIP, the node IP: no name lookups.
+        # Webhook calls go to the endpoint (a pod IP): there is no service proxy.
+        # The kubelets (logs, exec) by their InternalIP: no name lookups.
         apiserver_args=("--enable-aggregator-routing=true", "--kubelet-preferred-address-types=InternalIP"),
         start_timeout=120,
     )
@@ -370,64 +246,33 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     st.save(layout)
     kube = KubeClient.from_kubeconfig(str(layout.kubeconfig))
 
-    progress("[up] containerd (NRI, CDI, runc, bridge CNI) and images")
-    node_host.create_cgroup_root(layout)
-    st.kubelet_port = free_port()
-    write_node_configs(
-        layout, bins.node, kubelet_port=st.kubelet_port, healthz_port=free_port(), feature_gates=FEATURE_GATES
+    progress(f"[up] cluster DNS (CoreDNS {coredns.VERSION}) at {layout.gateway}:53")
+    st.dns_ready_port = free_port()
+    layout.corefile.write_text(coredns.corefile(layout, st.dns_ready_port))
+    spawn(layout, "coredns", [str(bins.coredns), "-conf", str(layout.corefile)], None, st)
+
+    node_images = NodeImages(
+        archives=(bins.pause, bins.workload, bins.driver, bins.worker, bins.operator),
+        tags=tuple((bins.worker.ref, name) for name in mpijobs.seed_images()),
     )
-    env = dict(os.environ, PATH=":".join([*bins.node.path_dirs, os.environ.get("PATH", "")]))
-    st.path_env = env["PATH"]
-    _spawn(layout, "containerd", [str(bins.node.containerd), "--config", str(layout.containerd_config)], env, st)
-    _wait_pid(layout, st, "containerd", lambda: layout.containerd_socket.is_socket(), 60, "containerd's socket")
-    address = str(layout.containerd_socket)
-    for img in (bins.pause, bins.workload, bins.driver):
-        images.import_image(bins.node.ctr, address, img)
+    progress(f"[up] nodes {', '.join(n.name for n in layout.all_nodes)}: namespaces, NICs, containerd, images, kubelet")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=layout.nodes) as pool:
+        futures = [
+            pool.submit(node_daemons.boot, node, st, bins.node, K8S_RELEASE, node_images, progress)
+            for node in layout.all_nodes
+        ]
+        for f in futures:
+            f.result()
     st.driver_image = bins.driver.ref
+    st.save(layout)
+    for node in layout.all_nodes:
+        k = node_daemons.key(node, "kubelet")
+        wait_pid(layout, st, k, functools.partial(_kubelet_ready, kube, node.name), 120, f"node {node.name} Ready")
+    wait_pid(layout, st, "coredns", lambda: coredns.ready(st.dns_ready_port), 60, "the cluster DNS synced")
 
-    progress("[up] kubelet")
-    _spawn(
-        layout,
-        "kubelet",
-        [
-            str(bins.node.kubelet),
-            f"--config={layout.kubelet_config}",
-            f"--kubeconfig={layout.kubeconfig}",
-            f"--hostname-override={node}",
-            f"--node-ip={layout.node_ip}",
-            f"--root-dir={layout.kubelet_root}",
-            f"--node-labels={NODE_LABEL}={layout.name}",
-            "--v=2",
-        ],
-        env,
-        st,
-    )
-    _wait_pid(layout, st, "kubelet", lambda: _kubelet_ready(kube, node), 120, f"node {node} Ready")
-
-    progress("[up] GPU driver test double (kubelet plugin gpu.nvidia.com)")
-    _spawn(
-        layout,
-        "gpu-plugin",
-        [
-            sys.executable,
-            "-m",
-            "devcluster.gpu_plugin",
-            "--kubeconfig",
-            str(layout.kubeconfig),
-            "--node-name",
-            node,
-            "--kubelet-root",
-            str(layout.kubelet_root),
-            "--cdi-dir",
-            str(layout.cdi_dir),
-        ],
-        None,
-        st,
-    )
-
-    progress(f"[up] helm install {RELEASE} charts/dranet (image {bins.driver.ref})")
+    progress(f"[up] helm install {RELEASE} charts/dranet (image {bins.driver.ref}) and the MPI Operator")
     layout.values_file.write_text(yaml.safe_dump(dev_values(layout, st, bins.driver.ref), sort_keys=False))
-    _wait_pid(
+    wait_pid(
         layout,
         st,
         "kube-controller-manager",
@@ -436,17 +281,29 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         "the kube-system service accounts",
     )
     helm(layout, "install", helm_binary=bins.helm)
-    _wait_pid(layout, st, "kubelet", lambda: _rollout_done(kube), 180, "the dranet DaemonSet and webhook to be ready")
-    _wait_pid(
-        layout, st, "gpu-plugin", lambda: _dra_slices(kube, node), 60, "dra.net and gpu.nvidia.com ResourceSlices"
+    mpi_operator.install(kube, api_env(st.server), {NODE_LABEL: layout.name}, min(2, layout.nodes))
+    wait_pid(
+        layout,
+        st,
+        "n0/kubelet",
+        lambda: _rollout_done(kube, layout.nodes),
+        180,
+        f"the dranet DaemonSet on {layout.nodes} node(s) and the webhook Ready",
     )
+    for node in layout.all_nodes:
+        k = node_daemons.key(node, "gpu-plugin")
+        slices = functools.partial(dra_slices, kube, node.name)
+        wait_pid(layout, st, k, slices, 60, f"{node.name}: both drivers' slices")
+    wait_pid(layout, st, "n0/kubelet", lambda: mpi_operator.available(kube), 180, "the MPI Operator available")
 
 
 def tag_image(layout: NodeLayout, source: str, target: str) -> str:
-    """A second name for an image in the node's containerd (``ctr images tag``), e.g. the driver
-    image under a new tag for an upgrade test: the same image, as a registry would serve it."""
+    """A second name for an image in every node's containerd (``ctr images tag``), e.g. the
+    driver image under a new tag for an upgrade test: the same image, as a registry would serve it."""
     ctr = ensure_node_binaries(lambda _m: None).ctr
-    return images.tag_image(ctr, str(layout.containerd_socket), source, target)
+    for node in layout.all_nodes:
+        images.tag_image(ctr, str(node.containerd_socket), source, target)
+    return target
 
 
 def helm(layout: NodeLayout, verb: str, *args: str, helm_binary: str | None = None, timeout: float = 300) -> str:
@@ -494,16 +351,9 @@ def down(layout: NodeLayout, progress: Progress = _say) -> node_host.SweepReport
     st = ClusterState.load(layout)
     first = []
     if st:
-        # The kubelet first, so it does not restart what we stop.
-        first = [st.pids[k] for k in ("kubelet",) if k in st.pids]
+        # The kubelets first, so they do not restart what we stop.
+        first = [p for k, p in st.pids.items() if k.endswith("/kubelet")]
     report = node_host.sweep(layout, first=first)
-    if st and st.created_dev_infiniband:
-        try:
-            DEV_INFINIBAND.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            report.problems.append(f"{DEV_INFINIBAND} kept: {exc}")
     for p in report.problems:
         progress(f"[down] {p}")
     progress(f"[down] cluster {layout.name!r} removed" + (" (with problems above)" if report.problems else ""))

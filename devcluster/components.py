@@ -1,4 +1,4 @@
-"""The real node's components: kubelet and kubectl, containerd 2.2, runc and the CNI plugins.
+"""The real node's components: kubelet and kubectl, containerd 2.x, runc and the CNI plugins.
 
 kubelet and kubectl come from the same wrapper module as the control plane
 (`devcluster.binaries.build_k8s`); containerd, ``containerd-shim-runc-v2`` and ``ctr`` are
@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool, build_k8s
+from devcluster.binaries import K8S_RELEASE, GoBuild, Progress, _print_progress, build_go_tool, build_k8s
 
-# Latest v2.2.x the module proxy lists and the checksum database verifies (`go mod download`
-# checks sum.golang.org through the proxy). It vendors NRI v0.11 (pod events arrive through
-# StateChange) and CDI 1.1.
-CONTAINERD_VERSION = "v2.2.9"
+# The containerd paired with the Kubernetes release (devcluster/versions.py): the newest 2.x the
+# module proxy lists and the checksum database verifies (`go mod download` checks sum.golang.org).
+CONTAINERD_VERSION = K8S_RELEASE.containerd
+# containerd's own go.mod ``go`` line per minor (the wrapper keeps upstream's GODEBUG defaults).
+CONTAINERD_GO_LINE = {"v2.2": "1.25.0", "v2.4": "1.26.6"}
 CONTAINERD_MODULE = "github.com/containerd/containerd/v2"
 CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 
@@ -42,14 +43,14 @@ class ComponentError(RuntimeError):
 
 
 def containerd_gomod(version: str = CONTAINERD_VERSION) -> str:
-    """Wrapper go.mod: containerd v2.2's own go.mod has no replace/exclude, so a plain require works.
-
-    ``go 1.25.0`` and ``godebug default=go1.25`` as containerd's go.mod (upstream's GODEBUG
-    defaults, not those of the newer local toolchain).
-    """
+    """Wrapper go.mod: containerd 2.2+'s own go.mod has no replace/exclude, so a plain require
+    works; ``go`` and ``godebug`` as containerd's go.mod (upstream's GODEBUG defaults, not
+    those of the newer local toolchain)."""
+    go_line = CONTAINERD_GO_LINE[".".join(version.split(".")[:2])]
+    godebug = "go" + ".".join(go_line.split(".")[:2])
     tools = "\n".join(f"\t{CONTAINERD_MODULE}/cmd/{b}" for b in CONTAINERD_BINARIES)
     return (
-        f"module example.invalid/containerdbins\n\ngo 1.25.0\n\ngodebug default=go1.25\n\n"
+        f"module example.invalid/containerdbins\n\ngo {go_line}\n\ngodebug default={godebug}\n\n"
         f"tool (\n{tools}\n)\n\nrequire {CONTAINERD_MODULE} {version}\n"
     )
 

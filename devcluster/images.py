@@ -150,15 +150,20 @@ def tag_image(ctr: Path, address: str, source: str, target: str) -> str:
     return target
 
 
-def image_present(ctr: Path, address: str, ref: str) -> bool:
-    """True if containerd's ``k8s.io`` namespace has an image named ``ref``."""
+def image_list(ctr: Path, address: str) -> list[str]:
+    """Every image name in containerd's ``k8s.io`` namespace (empty if containerd does not answer)."""
     out = subprocess.run(
         [str(ctr), "--address", address, "-n", CONTAINERD_NAMESPACE, "images", "ls", "-q"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    return out.returncode == 0 and ref in out.stdout.split()
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def image_present(ctr: Path, address: str, ref: str) -> bool:
+    """True if containerd's ``k8s.io`` namespace has an image named ``ref``."""
+    return ref in image_list(ctr, address)
 
 
 def main() -> int:

@@ -11,13 +11,15 @@
   own network namespace, never a port of the host).
 * ``install()``: the CRD, the upstream ServiceAccount / ClusterRole / ClusterRoleBinding, and the
   upstream Deployment with the image swapped for the local one (the API server address is passed
-  in the environment: the cluster has no service proxy).
+  in the environment: the cluster has no service proxy); ``devcluster up`` installs it on the
+  first node.
 
     python -m devcluster.mpi_operator     # build (or reuse) and print the binary and the CRD
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
@@ -32,7 +34,10 @@ from typing import Any
 import yaml
 
 from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.controlplane import wait_for
 from devcluster.images import ImageArchive, _tarinfo, docker_archive, images_dir
+from driver.kube.client import KubeClient
+from driver.kube.errors import Conflict, NotFound
 
 MODULE = "github.com/kubeflow/mpi-operator"
 VERSION = "v0.8.2"
@@ -132,6 +137,106 @@ def load_manifests(built: OperatorBuild) -> list[dict[str, Any]]:
     for m in MANIFESTS:
         docs += [d for d in yaml.safe_load_all((built.manifests / m).read_text()) if d]
     return docs
+
+
+def operator_objects(
+    built: OperatorBuild, api_env: list[dict[str, str]], node_selector: dict[str, str], replicas: int
+) -> list[dict[str, Any]]:
+    """Upstream's standalone overlay (``manifests/overlays/standalone``) done in Python: namespace
+    ``mpi-operator``, ``--lock-namespace=mpi-operator``; plus what this cluster needs: the local
+    image (never pulled), the apiserver address (no service proxy), the cluster's nodes. With
+    ``replicas`` > 1, one replica per node: the operator always elects a leader (15 s lease), so
+    a lost node's MPIJobs are still followed by the replica on another node."""
+    ns = NAMESPACE
+    docs = load_manifests(built)
+    for d in docs:
+        if d["kind"] in ("ServiceAccount", "Deployment"):
+            d["metadata"]["namespace"] = ns
+        if d["kind"] == "ClusterRoleBinding":
+            for s in d["subjects"]:
+                s["namespace"] = ns
+        if d["kind"] == "Deployment":
+            d["spec"]["replicas"] = replicas
+            labels = d["spec"]["template"]["metadata"]["labels"]
+            pod = d["spec"]["template"]["spec"]
+            c = pod["containers"][0]
+            c["args"] = [*c.get("args", []), f"--lock-namespace={ns}"]
+            c["image"], c["imagePullPolicy"] = IMAGE, "Never"
+            c["env"] = [*c.get("env", []), *api_env]
+            pod["nodeSelector"] = dict(node_selector)
+            term = {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": "kubernetes.io/hostname"}
+            pod["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *docs]
+
+
+def _plural_path(obj: dict[str, Any]) -> str:
+    kind, api = obj["kind"], obj["apiVersion"]
+    prefix = "/api/v1" if api == "v1" else f"/apis/{api}"
+    plural = {
+        "Namespace": "namespaces",
+        "ServiceAccount": "serviceaccounts",
+        "ClusterRole": "clusterroles",
+        "ClusterRoleBinding": "clusterrolebindings",
+        "CustomResourceDefinition": "customresourcedefinitions",
+        "Deployment": "deployments",
+        "ConfigMap": "configmaps",
+        "MPIJob": "mpijobs",
+        "ResourceClaimTemplate": "resourceclaimtemplates",
+    }[kind]
+    ns = obj["metadata"].get("namespace")
+    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
+
+
+def apply(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create ``obj``, or replace it if it exists (``kubectl apply`` for these few kinds)."""
+    path = _plural_path(obj)
+    try:
+        return kube.request("POST", path, obj)
+    except Conflict:
+        name = obj["metadata"]["name"]
+        current = kube.request("GET", f"{path}/{name}")
+        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        return kube.request("PUT", f"{path}/{name}", body)
+
+
+def install(
+    kube: KubeClient, api_env: list[dict[str, str]], node_selector: dict[str, str], replicas: int
+) -> OperatorBuild:
+    """Apply the CRD, RBAC and Deployment (image already in the nodes' containerd); returns once
+    the CRD is established (`available` says when the operator runs)."""
+    built = build(progress=lambda _m: None)
+    for obj in operator_objects(built, api_env, node_selector, replicas):
+        apply(kube, obj)
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org"
+
+    def established() -> bool:
+        conds = kube.request("GET", crd).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 60, 0.2, "the MPIJob CRD established")
+    return built
+
+
+def available(kube: KubeClient) -> bool:
+    """Every replica of the operator's Deployment is available."""
+    dep = kube.request("GET", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/mpi-operator")
+    return dep.get("status", {}).get("availableReplicas", 0) >= dep["spec"].get("replicas", 1)
+
+
+def uninstall(kube: KubeClient) -> None:
+    """Remove the operator, its RBAC and the CRD (with every MPIJob)."""
+    paths = [
+        f"/api/v1/namespaces/{NAMESPACE}",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/mpi-operator",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/mpi-operator",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-admin",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-edit",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-view",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org",
+    ]
+    for path in paths:
+        with contextlib.suppress(NotFound):
+            kube.request("DELETE", path)
 
 
 def main() -> int:

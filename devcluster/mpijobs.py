@@ -1,24 +1,19 @@
 """The seed's MPIJobs (``examples/distributed_training/mpi-job-4gpu-4nic-numa-*.yaml``), unchanged,
-under the real MPI Operator, on the real node plus one Node object without a kubelet.
+under the real MPI Operator on the cluster's real nodes: images, the seed's objects, reports.
 
-What is real and what is not:
+What is real and what stands in:
 
 * the MPI Operator ``v0.8.2`` (``devcluster.mpi_operator``), built from its Go module, runs as
-  upstream's standalone overlay deploys it: a Deployment in namespace ``mpi-operator`` with its
-  own ServiceAccount and ClusterRole, here from a local image and on the real node;
-* the seed's MPIJob and ResourceClaimTemplate files are applied exactly as they are (only the
-  namespace is chosen), and the ConfigMap ``ddp-benchmark-scripts`` is made from the seed's
-  ``kustomization.yaml`` ``configMapGenerator`` (the same files, the same name);
-* the image: the seed's ``registry.example.com/dranet/pytorch-mpi:25.09`` cannot be pulled here.
-  :func:`map_seed_images` tags a stand-in (``devcluster/mpi-worker.Dockerfile``: Debian with bash
-  and OpenSSH's sshd, what the seed's ``worker.sh`` runs) under that very name in the node's
-  containerd (namespace ``k8s.io``), so the unchanged manifests start it (``IfNotPresent``);
-* the seed asks for 2 workers with required anti-affinity on ``kubernetes.io/hostname``; there is
-  one real node, so :class:`KubeletlessNode` adds a second Node object with the same GPUs and
-  NICs published (the dra.net slice made by the driver's own discovery from the same ND H100 v5
-  sysfs fixture, the GPU double's slice) and NO kubelet: the scheduler allocates the second
-  worker's claim there and binds it, but nothing ever starts it. It stays Pending, so with the
-  seed's ``launcherCreationPolicy: WaitForWorkersReady`` the operator never creates the launcher.
+  upstream's standalone overlay deploys it (``devcluster up`` installs it);
+* the seed's MPIJob, ResourceClaimTemplate and DeviceClass files are applied exactly as they are
+  (``kubectl apply -k examples/distributed_training``, ``kubectl apply -f mpi-job-*.yaml``); the
+  ConfigMap ``ddp-benchmark-scripts`` comes from the seed's ``kustomization.yaml``;
+* the image: the seed's ``registry.example.com/dranet/pytorch-mpi:25.09`` (NGC PyTorch, CUDA)
+  cannot be pulled here. :func:`worker_image` builds the same tools from Debian packages
+  (``devcluster/mpi-worker.Dockerfile``: PyTorch's CPU build, Open MPI, OpenSSH, numactl), and
+  ``devcluster up`` tags it under the seed's name in every node's containerd, so the unchanged
+  manifests start it (``IfNotPresent``). Without a GPU the benchmark runs on the CPU over gloo and
+  says so; the GPUs the claims allocate come from the GPU driver test double.
 """
 
 from __future__ import annotations
@@ -39,12 +34,9 @@ from devcluster import gpu_double, mpi_operator
 from devcluster.binaries import Progress, _print_progress
 from devcluster.controlplane import load_yaml_docs, wait_for
 from devcluster.driver_image import base_key, bud, build_base, build_once
-from devcluster.images import ImageArchive, images_dir, import_image, tag_image
-from devcluster.node_layout import NodeLayout
-from driver.config import DEFAULT_FILTER, DRIVER_NAME
-from driver.dra.slices import build_slices
-from driver.inventory.device_filter import DeviceFilter
-from driver.inventory.discovery import Scanner
+from devcluster.images import ImageArchive, images_dir
+from devcluster.mpi_operator import apply
+from driver.config import DRIVER_NAME
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, NotFound
 
@@ -67,15 +59,19 @@ JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 
 
 def worker_image(progress: Progress = _print_progress) -> ImageArchive:
-    """The stand-in for the seed's image (``mpi-worker.Dockerfile`` on the driver image's Debian
-    base), built with buildah on first use and cached by content hash."""
+    """The seed's image for this machine (``mpi-worker.Dockerfile`` on the driver image's Debian
+    base), built with buildah on first use (apt inside: ~160 MB of packages) and cached by
+    content hash."""
     key = hashlib.sha256(base_key().encode() + WORKER_DOCKERFILE.read_bytes()).hexdigest()[:16]
     ref = f"{WORKER_REPO}:{key}"
     out = images_dir() / f"mpi-worker-{key}.tar"
 
     def build() -> ImageArchive:
         base = build_base(progress)
-        progress(f"[mpi worker image] buildah bud {WORKER_DOCKERFILE.name} -> {ref} (apt inside)")
+        progress(
+            f"[mpi worker image] buildah bud {WORKER_DOCKERFILE.name} -> {ref} "
+            "(apt: python3-torch, openmpi-bin, openssh-server, numactl)"
+        )
         with tempfile.TemporaryDirectory(prefix="dn-mpiw-") as context:
             return bud(WORKER_DOCKERFILE, Path(context), ref, out, progress, "mpi worker image", {"DEBIAN_IMAGE": base})
 
@@ -90,192 +86,6 @@ def seed_images() -> list[str]:
         for spec in job["spec"]["mpiReplicaSpecs"].values():
             images |= {c["image"] for c in spec["template"]["spec"]["containers"]}
     return sorted(images)
-
-
-def map_seed_images(ctr: Path, address: str, stand_in: ImageArchive) -> list[str]:
-    """Import the stand-in and tag it under each seed image name in the node's containerd."""
-    import_image(ctr, address, stand_in)
-    names = seed_images()
-    for name in names:
-        tag_image(ctr, address, stand_in.ref, name)
-    return names
-
-
-# -- the operator ---------------------------------------------------------------------------------
-
-
-def operator_objects(
-    built: mpi_operator.OperatorBuild, api_env: list[dict[str, str]], node: str
-) -> list[dict[str, Any]]:
-    """Upstream's standalone overlay (``manifests/overlays/standalone``) done in Python: namespace
-    ``mpi-operator``, ``--lock-namespace=mpi-operator``; plus what this cluster needs: the local
-    image (never pulled), the apiserver address (no service proxy), the real node."""
-    ns = mpi_operator.NAMESPACE
-    docs = mpi_operator.load_manifests(built)
-    for d in docs:
-        if d["kind"] in ("ServiceAccount", "Deployment"):
-            d["metadata"]["namespace"] = ns
-        if d["kind"] == "ClusterRoleBinding":
-            for s in d["subjects"]:
-                s["namespace"] = ns
-        if d["kind"] == "Deployment":
-            pod = d["spec"]["template"]["spec"]
-            c = pod["containers"][0]
-            c["args"] = [*c.get("args", []), f"--lock-namespace={ns}"]
-            c["image"], c["imagePullPolicy"] = mpi_operator.IMAGE, "Never"
-            c["env"] = [*c.get("env", []), *api_env]
-            pod["nodeSelector"] = {"kubernetes.io/hostname": node}
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, *docs]
-
-
-def _plural_path(obj: dict[str, Any]) -> str:
-    kind, api = obj["kind"], obj["apiVersion"]
-    prefix = "/api/v1" if api == "v1" else f"/apis/{api}"
-    plural = {
-        "Namespace": "namespaces",
-        "ServiceAccount": "serviceaccounts",
-        "ClusterRole": "clusterroles",
-        "ClusterRoleBinding": "clusterrolebindings",
-        "CustomResourceDefinition": "customresourcedefinitions",
-        "Deployment": "deployments",
-        "ConfigMap": "configmaps",
-        "MPIJob": "mpijobs",
-        "ResourceClaimTemplate": "resourceclaimtemplates",
-    }[kind]
-    ns = obj["metadata"].get("namespace")
-    return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
-
-
-def apply(kube: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
-    """Create ``obj``, or replace it if it exists (``kubectl apply`` for these few kinds)."""
-    path = _plural_path(obj)
-    try:
-        return kube.request("POST", path, obj)
-    except Conflict:
-        name = obj["metadata"]["name"]
-        current = kube.request("GET", f"{path}/{name}")
-        body = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
-        return kube.request("PUT", f"{path}/{name}", body)
-
-
-def install_operator(
-    kube: KubeClient, ctr: Path, address: str, api_env: list[dict[str, str]], node: str, progress: Progress
-) -> mpi_operator.OperatorBuild:
-    """Build (or reuse) and run the MPI Operator; returns once its Deployment is available."""
-    built = mpi_operator.build(progress=progress)
-    import_image(ctr, address, mpi_operator.operator_image(built))
-    for obj in operator_objects(built, api_env, node):
-        apply(kube, obj)
-    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org"
-
-    def established() -> bool:
-        conds = kube.request("GET", crd).get("status", {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    wait_for(established, 60, 0.2, "the MPIJob CRD established")
-    dep = f"/apis/apps/v1/namespaces/{mpi_operator.NAMESPACE}/deployments/mpi-operator"
-    wait_for(lambda: kube.request("GET", dep).get("status", {}).get("availableReplicas"), 180, 0.5, "the MPI Operator")
-    return built
-
-
-def uninstall_operator(kube: KubeClient) -> None:
-    """Remove the operator, its RBAC and the CRD (with every MPIJob)."""
-    paths = [
-        f"/api/v1/namespaces/{mpi_operator.NAMESPACE}",
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/mpi-operator",
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles/mpi-operator",
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-admin",
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-edit",
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles/kubeflow-mpijobs-view",
-        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/mpijobs.kubeflow.org",
-    ]
-    for path in paths:
-        with contextlib.suppress(NotFound):
-            kube.request("DELETE", path)
-
-
-# -- the second node ------------------------------------------------------------------------------
-
-
-class KubeletlessNode:
-    """A Node object with no kubelet, publishing the same GPUs and NICs as the real node."""
-
-    def __init__(self, kube: KubeClient, layout: NodeLayout, name: str = "nd-h100-v5-1") -> None:
-        self.kube = kube
-        self.layout = layout
-        self.name = name
-
-    def create(self) -> None:
-        """The Node (status set as a kubelet would: allocatable pods), then its two slices."""
-        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
-        res = {"pods": "110", "cpu": "96", "memory": "1800Gi"}
-        status = {
-            "capacity": res,
-            "allocatable": res,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "Unknown",
-                    "reason": "NoKubelet",
-                    "message": "a Node object without a kubelet: pods bound here are never started",
-                }
-            ],
-        }
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}}
-        node = self.kube.request("POST", "/api/v1/nodes", body)
-        self.kube.request(
-            "PATCH",
-            f"/api/v1/nodes/{self.name}/status",
-            {"status": status},
-            content_type="application/merge-patch+json",
-        )
-        uid = node["metadata"]["uid"]
-        # What dranet publishes for an ND H100 v5 (the same fixture the real node's driver reads),
-        # made by the driver's own discovery and slice code; and the GPU double's slice.
-        scanner = Scanner(str(self.layout.sysfs), netlink=False, exclude_interfaces=["eth0"])
-        devices = DeviceFilter(DEFAULT_FILTER).apply(scanner.scan())
-        for body in build_slices(devices, DRIVER_NAME, self.name, uid):
-            self.kube.create_resource_slice(body)
-        self.kube.request("POST", f"{RESOURCE_API}/resourceslices", gpu_double.gpu_slice(self.name, uid))
-
-    def pods(self) -> list[dict[str, Any]]:
-        """Every pod bound to this node."""
-        items: list[dict[str, Any]] = self.kube.request(
-            "GET", "/api/v1/pods", query={"fieldSelector": f"spec.nodeName={self.name}"}
-        )["items"]
-        return items
-
-    def reap(self) -> int:
-        """Do the one thing a kubelet does for a deleted pod: confirm it is gone (grace 0).
-        Returns how many terminating pods were removed."""
-        n = 0
-        for pod in self.pods():
-            meta = pod["metadata"]
-            if meta.get("deletionTimestamp"):
-                with contextlib.suppress(NotFound):
-                    self.kube.request(
-                        "DELETE",
-                        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-                    )
-                    n += 1
-        return n
-
-    def delete(self) -> None:
-        """Remove its pods (grace 0), slices and the Node."""
-        for pod in self.pods():
-            meta = pod["metadata"]
-            with contextlib.suppress(NotFound):
-                self.kube.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-                )
-        self.kube.request(
-            "DELETE", f"{RESOURCE_API}/resourceslices", query={"fieldSelector": f"spec.nodeName={self.name}"}
-        )
-        with contextlib.suppress(NotFound):
-            self.kube.request("DELETE", f"/api/v1/nodes/{self.name}")
 
 
 # -- the seed's objects ---------------------------------------------------------------------------
@@ -307,9 +117,6 @@ def load_mpijob(which: str, namespace: str) -> dict[str, Any]:
     job: dict[str, Any] = yaml.safe_load(MPIJOB_FILES[which].read_text())
     job["metadata"]["namespace"] = namespace
     return job
-
-
-# -- what happens ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -429,10 +236,46 @@ def wait_scheduled(kube: KubeClient, namespace: str, job: str, workers: int, tim
     wait_for(bound, timeout, 0.5, f"{workers} worker pods of MPIJob {job} bound to nodes")
 
 
-def delete_job(kube: KubeClient, namespace: str, job: str, reaper: KubeletlessNode, timeout: float = 180) -> float:
+@contextlib.contextmanager
+def seed_namespace(kube: KubeClient, namespace: str) -> Iterator[str]:
+    """``namespace`` with the seed's templates and scripts; deleted (and emptied) on exit."""
+    with contextlib.suppress(Conflict):
+        kube.request(
+            "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
+    wait_for(
+        lambda: kube.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
+        30,
+        0.2,
+        f"namespace {namespace} service account",
+    )
+    apply_seed(kube, namespace)
+    try:
+        yield namespace
+    finally:
+        delete_namespace(kube, namespace)
+
+
+def delete_namespace(kube: KubeClient, namespace: str, timeout: float = 180) -> None:
+    """Delete ``namespace`` (its MPIJobs first) and wait until no pod or claim of it is left."""
+    with contextlib.suppress(NotFound):
+        kube.request(
+            "DELETE", f"{MPIJOBS_API}/namespaces/{namespace}/mpijobs", query={"propagationPolicy": "Background"}
+        )
+    with contextlib.suppress(NotFound):
+        kube.request("DELETE", f"/api/v1/namespaces/{namespace}")
+
+    def emptied() -> bool:
+        pods = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
+        claims = kube.request("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["items"]
+        return not pods and not claims
+
+    wait_for(emptied, timeout, 0.5, f"namespace {namespace} emptied")
+
+
+def delete_job(kube: KubeClient, namespace: str, job: str, timeout: float = 180) -> float:
     """Delete the MPIJob; the garbage collector deletes its pods, the resourceclaim controller
-    their claims; the real node's kubelet unprepares. Returns seconds until no pod or claim is
-    left (the kubelet-less node's pod confirmed gone by :meth:`KubeletlessNode.reap`)."""
+    their claims, the kubelets unprepare them. Returns seconds until no pod or claim is left."""
     t0 = time.monotonic()
     with contextlib.suppress(NotFound):
         kube.request(
@@ -442,7 +285,6 @@ def delete_job(kube: KubeClient, namespace: str, job: str, reaper: KubeletlessNo
         )
 
     def gone() -> bool:
-        reaper.reap()
         pods = job_pods(kube, namespace, job)
         claims = kube.request("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["items"]
         try:
@@ -477,75 +319,10 @@ def format_report(r: JobReport) -> list[str]:
     return lines
 
 
-@dataclass
-class MPISetup:
-    """Everything the seed's MPIJobs need on a running real-node cluster (see :func:`mpi_setup`)."""
-
-    kube: KubeClient
-    namespace: str
-    second_node: KubeletlessNode
-    operator: mpi_operator.OperatorBuild
-    seed_images: list[str]
-
-
-@contextlib.contextmanager
-def mpi_setup(
-    kube: KubeClient,
-    layout: NodeLayout,
-    ctr: Path,
-    api_env: list[dict[str, str]],
-    namespace: str,
-    progress: Progress = _print_progress,
-) -> Iterator[MPISetup]:
-    """The operator running, the seed's image mapped, the kubelet-less node, the namespace with the
-    seed's templates and scripts; everything removed again on exit (also on failure)."""
-    address = str(layout.containerd_socket)
-    second = KubeletlessNode(kube, layout)
-    try:
-        images = map_seed_images(ctr, address, worker_image(progress))
-        built = install_operator(kube, ctr, address, api_env, layout.node_name, progress)
-        second.create()
-        with contextlib.suppress(Conflict):
-            kube.request(
-                "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
-            )
-        wait_for(
-            lambda: kube.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default"),
-            30,
-            0.2,
-            f"namespace {namespace} service account",
-        )
-        apply_seed(kube, namespace)
-        yield MPISetup(kube, namespace, second, built, images)
-    finally:
-        _teardown(kube, namespace, second)
-
-
-def _teardown(kube: KubeClient, namespace: str, second: KubeletlessNode) -> None:
-    with contextlib.suppress(NotFound):
-        kube.request(
-            "DELETE", f"{MPIJOBS_API}/namespaces/{namespace}/mpijobs", query={"propagationPolicy": "Background"}
-        )
-    with contextlib.suppress(NotFound):
-        kube.request("DELETE", f"/api/v1/namespaces/{namespace}")
-
-    def emptied() -> bool:
-        second.reap()
-        pods = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods")["items"]
-        claims = kube.request("GET", f"{RESOURCE_API}/namespaces/{namespace}/resourceclaims")["items"]
-        return not pods and not claims
-
-    try:
-        wait_for(emptied, 180, 0.5, f"namespace {namespace} emptied")
-    finally:
-        second.delete()
-        uninstall_operator(kube)
-
-
 def main() -> int:
-    """CLI: build (or reuse) the seed image's stand-in and print it."""
+    """CLI: build (or reuse) the seed's image for this machine and print it."""
     img = worker_image()
-    print(f"{img.ref} {img.path} (tagged as {', '.join(seed_images())} on the node)")
+    print(f"{img.ref} {img.path} (tagged as {', '.join(seed_images())} on every node)")
     return 0
 
 

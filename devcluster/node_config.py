@@ -1,16 +1,16 @@
-"""Configuration files of the real node: containerd (config v3), kubelet, CNI (pure functions).
+"""Configuration files of a real node: containerd (config v3), kubelet, CNI (pure functions).
 
 Facts from /work/shared/reference/real-cluster.md §4 as verified on this VM: cgroupfs driver
-(PID 1 is not systemd), containerd 2.x config version 3 with NRI and CDI on, the sandbox image
-pinned to a locally imported name, a bridge + host-local CNI network without IP masquerading
-(no iptables rules on the host). The node IP is the CNI bridge's gateway address (the cluster
-creates the bridge before anything starts): the kubelet serves there, the apiserver listens
-there, and pods reach the apiserver there, without kube-proxy and without the host's uplink.
+(PID 1 is not systemd), containerd 2.x config version 3 with NRI on (CDI is always on), the
+sandbox image pinned to a locally imported name, a bridge + host-local CNI network without IP
+masquerading (no iptables rules anywhere). Every path inside a node is the standard one
+(`devcluster.node_layout.InNode`): the node's mount namespace maps them to its own directory.
+The kubelet serves on the node IP (``eth0``); pods resolve names through the cluster DNS at the
+cluster network's gateway.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,25 +19,29 @@ import yaml
 
 from devcluster.components import NodeBinaries
 from devcluster.images import PAUSE_IMAGE
-from devcluster.node_layout import NodeLayout
+from devcluster.node_layout import IN_NODE, NodeSpec
+
+CLUSTER_DOMAIN = "cluster.local"
+KUBELET_PORT = 10250  # inside the node's network namespace: no other kubelet there
+KUBELET_HEALTHZ_PORT = 10248
 
 
 def _toml_str(value: str | Path) -> str:
     return json.dumps(str(value))  # TOML basic strings share JSON's escaping
 
 
-def containerd_config(layout: NodeLayout, binaries: NodeBinaries) -> str:
-    """containerd 2.2 config (version 3): every path under the layout, NRI and CDI enabled."""
+def containerd_config(node: NodeSpec, binaries: NodeBinaries) -> str:
+    """containerd 2.x config (version 3): standard in-node paths, NRI on, runc, the node's CNI."""
     q = _toml_str
     return f"""version = 3
-root = {q(layout.containerd_root)}
-state = {q(layout.containerd_state)}
+root = {q(node.containerd_root / "root")}
+state = {q(IN_NODE.containerd_state)}
 
 [grpc]
-  address = {q(layout.containerd_socket)}
+  address = {q(IN_NODE.containerd_socket)}
 
 [ttrpc]
-  address = {q(str(layout.containerd_socket) + ".ttrpc")}
+  address = {q(IN_NODE.containerd_socket + ".ttrpc")}
 
 [debug]
   address = ""
@@ -47,15 +51,15 @@ state = {q(layout.containerd_state)}
 
 [plugins]
   [plugins.'io.containerd.internal.v1.opt']
-    path = {q(layout.base / "containerd" / "opt")}
+    path = {q(node.containerd_root / "opt")}
 
-  # NRI is on by default in containerd 2.x; the socket is the layout's, not /var/run/nri.
+  # NRI is on by default in containerd 2.x; its socket at the standard path (the chart's default).
   [plugins.'io.containerd.nri.v1.nri']
     disable = false
     disable_connections = false
-    socket_path = {q(layout.nri_socket)}
-    plugin_path = {q(layout.base / "nri" / "plugins")}
-    plugin_config_path = {q(layout.base / "nri" / "conf.d")}
+    socket_path = {q(IN_NODE.nri_socket)}
+    plugin_path = {q(node.containerd_root / "nri" / "plugins")}
+    plugin_config_path = {q(node.containerd_root / "nri" / "conf.d")}
     plugin_registration_timeout = "5s"
     plugin_request_timeout = "2s"
 
@@ -65,10 +69,7 @@ state = {q(layout.containerd_state)}
       sandbox = {q(PAUSE_IMAGE)}
 
   [plugins.'io.containerd.cri.v1.runtime']
-    enable_cdi = true
-    cdi_spec_dirs = [{q(layout.cdi_dir)}]
-    # Pod network namespaces below this cluster's state dir, not the host-wide /var/run/netns.
-    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = [{q(IN_NODE.cdi_dir)}]
     # This VM's root lacks CAP_SYS_RESOURCE, so nobody may lower an oom_score_adj (the kubelet
     # asks -998 for sandboxes, -997 for critical pods): clamp at containerd's own value (0).
     restrict_oom_score_adj = true
@@ -78,13 +79,12 @@ state = {q(layout.containerd_state)}
         runtime_type = "io.containerd.runc.v2"
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = {q(binaries.runc)}
-          Root = {q(layout.runc_root)}
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = [{q(binaries.cni_bin_dir)}]
-      conf_dir = {q(layout.cni_conf_dir)}
+      conf_dir = {q(node.cni_conf_dir)}
       max_conf_num = 1
-      # lo is brought up by containerd itself: no loopback plugin, no host-wide CNI cache entry.
+      # lo is brought up by containerd itself: no loopback plugin.
       use_internal_loopback = true
 
   [plugins.'io.containerd.grpc.v1.cri']
@@ -93,24 +93,23 @@ state = {q(layout.containerd_state)}
 """
 
 
-def cni_conflist(layout: NodeLayout) -> str:
-    """bridge + host-local (+ loopback inside containerd): no masquerade, so no iptables rules."""
-    net = ipaddress.ip_network(layout.pod_subnet)
-    gateway = layout.node_ip
+def cni_conflist(node: NodeSpec) -> str:
+    """bridge + host-local on the node's pod /24: no masquerade, so no iptables rules."""
     conf = {
         "cniVersion": "1.0.0",
-        "name": layout.cni_network,
+        "name": "dranet",
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": layout.cni_bridge,
+                "bridge": "cni0",
                 "isGateway": True,
+                # Pods reach other nodes' pods, the apiserver and the cluster DNS through the node.
+                "isDefaultGateway": True,
                 "ipMasq": False,
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "dataDir": str(layout.cni_ipam_dir),
-                    "ranges": [[{"subnet": str(net), "gateway": gateway}]],
+                    "ranges": [[{"subnet": node.pod_subnet, "gateway": node.pod_gateway}]],
                 },
             },
         ],
@@ -118,28 +117,34 @@ def cni_conflist(layout: NodeLayout) -> str:
     return json.dumps(conf, indent=2) + "\n"
 
 
+def resolv_conf(node: NodeSpec) -> str:
+    """The node's resolver: the cluster DNS (pods with ``dnsPolicy: Default`` get it too)."""
+    return f"nameserver {node.layout.gateway}\n"
+
+
 def kubelet_config(
-    layout: NodeLayout, port: int, healthz_port: int, feature_gates: Mapping[str, bool] | None = None
+    node: NodeSpec, fail_cgroup_v1: bool | None = None, feature_gates: Mapping[str, bool] | None = None
 ) -> str:
-    """KubeletConfiguration for a single dev node on this VM (cgroupfs, cgroup v1, loopback)."""
+    """KubeletConfiguration of one dev node on this VM (cgroupfs, cgroup v1, its own netns)."""
     cfg: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "containerRuntimeEndpoint": f"unix://{IN_NODE.containerd_socket}",
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": layout.cgroup_root,
+        "cgroupRoot": node.cgroup_root,
         "failSwapOn": False,
         # No CAP_SYS_RESOURCE here: the kubelet cannot lower its own score to -999.
         "oomScoreAdj": 0,
-        # The node IP: the CNI bridge's gateway address, which this cluster owns.
-        "address": layout.node_ip,
-        "port": port,
+        "address": node.ip,
+        "port": KUBELET_PORT,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": healthz_port,
+        "healthzPort": KUBELET_HEALTHZ_PORT,
         "readOnlyPort": 0,
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
-        "resolvConf": "/etc/resolv.conf",
+        "clusterDNS": [node.layout.gateway],
+        "clusterDomain": CLUSTER_DOMAIN,
+        "resolvConf": str(node.resolv_conf),
         "evictionHard": {
             "memory.available": "100Mi",
             "nodefs.available": "1%",
@@ -149,7 +154,7 @@ def kubelet_config(
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "serializeImagePulls": False,
-        # Host firewall stays untouched: no KUBE-* chains.
+        # No KUBE-* chains, not even in the node's own network namespace.
         "makeIPTablesUtilChains": False,
         # The kubelet reacts to pod changes quickly (benchmarks and churn).
         "syncFrequency": "10s",
@@ -158,32 +163,24 @@ def kubelet_config(
         "maxPods": 110,
         "containerLogMaxSize": "1Mi",
         "containerLogMaxFiles": 2,
-        # Container logs below the cluster's base, not the host-wide /var/log/pods.
-        "podLogsDir": str(layout.base / "pod-logs"),
     }
+    if fail_cgroup_v1 is not None:
+        # From 1.35 the kubelet refuses cgroup v1 unless told otherwise; this machine has no v2.
+        cfg["failCgroupV1"] = fail_cgroup_v1
     if feature_gates:
         cfg["featureGates"] = dict(feature_gates)
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
 def write_node_configs(
-    layout: NodeLayout,
+    node: NodeSpec,
     binaries: NodeBinaries,
-    kubelet_port: int,
-    healthz_port: int,
+    fail_cgroup_v1: bool | None = None,
     feature_gates: Mapping[str, bool] | None = None,
 ) -> None:
-    """Write containerd's config, the CNI conflist and the kubelet config into the layout."""
-    for d in (
-        layout.containerd_config.parent,
-        layout.cni_conf_dir,
-        layout.cni_ipam_dir,
-        layout.cdi_dir,
-        layout.nri_socket.parent,
-        layout.runc_root,
-        layout.kubelet_root,
-    ):
-        d.mkdir(parents=True, exist_ok=True)
-    layout.containerd_config.write_text(containerd_config(layout, binaries))
-    (layout.cni_conf_dir / "10-dranet.conflist").write_text(cni_conflist(layout))
-    layout.kubelet_config.write_text(kubelet_config(layout, kubelet_port, healthz_port, feature_gates))
+    """Write containerd's config, the CNI conflist, the resolver and the kubelet config."""
+    node.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+    node.containerd_config.write_text(containerd_config(node, binaries))
+    (node.cni_conf_dir / "10-dranet.conflist").write_text(cni_conflist(node))
+    node.resolv_conf.write_text(resolv_conf(node))
+    node.kubelet_config.write_text(kubelet_config(node, fail_cgroup_v1, feature_gates))

@@ -4,7 +4,9 @@ Two things, both derived from the typed claim configs and the device snapshots t
 stored in the checkpoint:
 
 - environment: ``NCCL_IB_HCA`` / ``DRANET_RDMA_DEVICES`` naming the allocated RDMA devices
-  (:func:`container_env`, unless ``rdma.injectEnv: false``);
+  (:func:`container_env`, unless ``rdma.injectEnv: false``), and ``DRANET_INTERFACES`` naming
+  the NICs' interfaces inside the pod (:func:`interfaces_env`), for socket transports that
+  choose interfaces by name (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``);
 - a cpuset on the NICs' NUMA node when ``numa.pin`` asks for it
   (:mod:`driver.claims.numa_pinning`), narrowed to the CPUs the kubelet gave the container and
   never widened.
@@ -42,6 +44,20 @@ def container_env(devices: Iterable[tuple[NetworkConfig, str | None]]) -> dict[s
     return {"NCCL_IB_HCA": "=" + ",".join(hcas), "DRANET_RDMA_DEVICES": ",".join(hcas)}
 
 
+def interfaces_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
+    """``DRANET_INTERFACES="ib0,ib1"``: the pod-side names of the devices' netdevs, sorted (so
+    every worker of a job lists its NICs in the same order); empty without netdevs."""
+    names = sorted(
+        {
+            (d.config.interface.name if d.config.interface and d.config.interface.name else None)
+            or d.snapshot.host.ifname
+            for d in devices
+            if d.snapshot.host.ifname
+        }
+    )
+    return {"DRANET_INTERFACES": ",".join(names)} if names else {}
+
+
 @dataclass(frozen=True)
 class ContainerSettings:
     """What the NRI CreateContainer adjustment adds for a container's dra.net devices."""
@@ -62,7 +78,7 @@ def settings_for_container(
     intersection with the kubelet's exclusive CPUs, a missing cpulist) is reported in
     ``skipped_pin`` and the container runs unpinned.
     """
-    env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices)
+    env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices) | interfaces_env(devices)
     cpuset, skipped = None, None
     try:
         node = numa_pin_node(((d.config, device_numa_node(d), d.device) for d in devices), "numa.pin")

@@ -57,8 +57,14 @@ class ClaimReplaced(Exception):
 
 
 def _raw_parameters_refused(exc: KubeError) -> bool:
-    """The apiserver's 422 for a status write that re-encoded the allocation's raw parameters."""
-    return exc.status == 422 and "status.allocation" in exc.message and "immutable" in exc.message
+    """The apiserver's 422 for a status write that re-encoded the allocation's raw parameters:
+    "field is immutable" up to 1.35; from 1.36 "field cannot be modified once set" (next to a
+    refusal to change the allocation without ``resourceclaims/binding``, which we never ask)."""
+    return (
+        exc.status == 422
+        and "status.allocation" in exc.message
+        and ("immutable" in exc.message or "cannot be modified once set" in exc.message)
+    )
 
 
 class ClaimStatusWriter:

@@ -7,6 +7,10 @@ workers are re-pinned to the same node.
 
 CPU mode (CI): ``python benchmark.py --cpu --nprocs 2 --hidden 64 --layers 2 --batch-tokens 64``
 spawns the ranks itself and uses gloo; the MFU is against ``PEAK_TFLOPS`` or a nominal CPU peak.
+Without a visible GPU the benchmark switches to CPU mode by itself and says so (an MPIJob on
+CPU-only nodes runs unchanged): gloo, fp32 (gloo on CPU reduces no bf16 in PyTorch 1.13), and a
+CPU-sized model unless ``--hidden``/``--layers``/``--batch-tokens`` are given; gloo then sends over
+the claim's NICs (``GLOO_SOCKET_IFNAME`` from the driver's ``DRANET_INTERFACES``).
 
 The model is ``L`` x (``Linear(H, H, bias=False)`` + GELU); each rank pushes ``B`` token rows
 per step (``--batch-tokens``), so FLOPs per step per GPU = 6*B*H^2*L (see ``mfu.py``). The
@@ -66,9 +70,9 @@ class RankEnv:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line of the benchmark."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hidden", type=int, default=8192, help="H: model width")
-    p.add_argument("--layers", type=int, default=6, help="L: number of Linear(H, H) layers")
-    p.add_argument("--batch-tokens", type=int, default=8192, help="B: token rows per rank per step")
+    p.add_argument("--hidden", type=int, default=None, help="H: model width (8192; 128 on CPU)")
+    p.add_argument("--layers", type=int, default=None, help="L: number of Linear(H, H) layers (6; 2 on CPU)")
+    p.add_argument("--batch-tokens", type=int, default=None, help="B: token rows per rank per step (8192; 256 on CPU)")
     p.add_argument("--steps", type=int, default=50, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     p.add_argument(
@@ -94,8 +98,45 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--cpu", action="store_true", help="gloo on CPU (CI), no GPU needed")
     p.add_argument("--nprocs", type=int, default=0, help="CPU mode: spawn this many local ranks")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="bf16 (fp32 on CPU)")
     return p.parse_args(argv)
+
+
+# The seed's model on GPUs; on a CPU the same shape a few hundred times smaller, so a CI run of
+# 8 ranks on 2 cores takes seconds per 100 steps.
+GPU_SIZE = {"hidden": 8192, "layers": 6, "batch_tokens": 8192}
+CPU_SIZE = {"hidden": 128, "layers": 2, "batch_tokens": 256}
+
+
+def resolve_mode(args: argparse.Namespace, gpu_visible: bool) -> list[str]:
+    """Fill in device, dtype and model size; returns what was chosen for the user (to print)."""
+    notes = []
+    if not args.cpu and not gpu_visible:
+        args.cpu = True
+        notes.append("no GPU visible (torch.cuda.is_available() is False): running on the CPU, gloo backend")
+    size = CPU_SIZE if args.cpu else GPU_SIZE
+    defaulted = [k for k in size if getattr(args, k) is None]
+    for k in defaulted:
+        setattr(args, k, size[k])
+    if args.cpu and defaulted:
+        notes.append(
+            f"CPU-sized model: hidden={args.hidden} layers={args.layers} batch_tokens={args.batch_tokens} "
+            f"(the GPU default is hidden={GPU_SIZE['hidden']} layers={GPU_SIZE['layers']} "
+            f"batch_tokens={GPU_SIZE['batch_tokens']})"
+        )
+    if args.dtype is None:
+        args.dtype = "fp32" if args.cpu else "bf16"
+        if args.cpu:
+            notes.append("dtype fp32: gloo on CPU does not reduce bf16 tensors in every PyTorch")
+    return notes
+
+
+def local_world_size(env: Mapping[str, str], default: int = 1) -> int:
+    """How many ranks share this host (Open MPI's or torchrun's variable)."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"):
+        if env.get(name, "").isdigit():
+            return int(env[name])
+    return default
 
 
 class HostBatches(torch.utils.data.IterableDataset):
@@ -147,8 +188,16 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     hca, hca_source = placement.nccl_ib_hca(os.environ)
     if hca and backend == "nccl":
         os.environ["NCCL_IB_HCA"] = hca
+    gloo_if, gloo_source = placement.gloo_socket_ifname(os.environ)
+    if gloo_if and backend == "gloo":
+        os.environ["GLOO_SOCKET_IFNAME"] = gloo_if  # read when the process group is made
+    if args.cpu:
+        # Ranks sharing a host share its cores: one intra-op thread pool each, not one per core.
+        cores = len(binding.cpus) or len(os.sched_getaffinity(0))
+        torch.set_num_threads(max(1, cores // local_world_size(os.environ, args.nprocs or 1)))
     log.info(
-        "rank %d/%d local %d device %s bus %s: numa %s (%s, memory %s, %d CPUs); NCCL_IB_HCA=%s (%s)",
+        "rank %d/%d local %d device %s bus %s: numa %s (%s, memory %s, %d CPUs); NCCL_IB_HCA=%s (%s); "
+        "gloo interfaces %s (%s)",
         rank_env.rank,
         rank_env.world_size,
         rank_env.local_rank,
@@ -160,6 +209,8 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
         len(binding.cpus),
         hca or "-",
         hca_source,
+        gloo_if or "-",
+        gloo_source,
     )
 
     dist.init_process_group(backend=backend, rank=rank_env.rank, world_size=rank_env.world_size)
@@ -229,8 +280,20 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
             numa_bind=binding.summary,
             nccl_ib_hca=hca or "",
         ).to_line()
+    # Every rank is past the last collective before any tears the group down, and DDP (whose
+    # reducer holds the group) goes first: without both, a gloo rank of PyTorch 1.13 hung at exit
+    # in the process group's destructor about every other run of 8 ranks on 2 cores.
+    dist.barrier()
+    # (Rebinding clears the cells step() closes over, so the reducer really goes.)
+    ddp = opt = model = batches = None  # type: ignore[assignment]
     dist.destroy_process_group()
     return line
+
+
+def _print_notes(notes: list[str], rank: int) -> None:
+    if rank == 0:
+        for note in notes:
+            print(f"benchmark: {note}", flush=True)
 
 
 def _spawned(local_rank: int, args: argparse.Namespace, world_size: int) -> None:
@@ -255,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: spawn local CPU ranks (``--nprocs``) or run as one rank of a launched job."""
     args = parse_args(argv)
     _configure_logging()
+    notes = resolve_mode(args, torch.cuda.is_available())
     if args.nprocs:
         if not args.cpu:
             raise SystemExit("--nprocs spawns local ranks for CPU mode only; use mpirun/torchrun on GPUs")
@@ -262,9 +326,12 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        _print_notes(notes, 0)
         mp.spawn(_spawned, args=(args, args.nprocs), nprocs=args.nprocs, join=True)
         return 0
-    line = run_rank(args, RankEnv.from_env(os.environ))
+    rank_env = RankEnv.from_env(os.environ)
+    _print_notes(notes, rank_env.rank)
+    line = run_rank(args, rank_env)
     if line:
         print(line, flush=True)
     return 0

@@ -184,3 +184,20 @@ def nccl_ib_hca(env: Mapping[str, str]) -> tuple[str | None, str]:
     if devices:
         return "=" + ",".join(devices), "DRANET_RDMA_DEVICES"
     return None, "unset: NCCL picks HCAs itself"
+
+
+def gloo_socket_ifname(env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The ``GLOO_SOCKET_IFNAME`` this rank should use and where it came from.
+
+    ``GLOO_SOCKET_IFNAME`` (set by the user) wins as is. Otherwise the driver's
+    ``DRANET_INTERFACES`` (the pod's interfaces from dra.net claims, comma-separated, in the same
+    order on every worker): gloo opens one device per interface and spreads collectives over
+    them, each talking to the same-numbered interface of its peers, i.e. rail to rail.
+    """
+    current = env.get("GLOO_SOCKET_IFNAME", "").strip()
+    if current:
+        return current, "GLOO_SOCKET_IFNAME"
+    names = [n.strip() for n in env.get("DRANET_INTERFACES", "").split(",") if n.strip()]
+    if names:
+        return ",".join(names), "DRANET_INTERFACES"
+    return None, "unset: gloo uses the interface of the host name"

@@ -10,7 +10,7 @@ from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.merge import configs_for_request
 from driver.api.v1alpha1.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from driver.checkpoint.state import PreparedDevice
-from driver.claims.container_settings import container_env, settings_for_container
+from driver.claims.container_settings import container_env, interfaces_env, settings_for_container
 from driver.claims.numa_pinning import cpuset_for, format_cpulist, numa_pin_node, parse_cpulist
 from driver.model.device import Device, HostFacts
 from tests.support.claims import allocation_config
@@ -97,3 +97,17 @@ def test_container_settings_env_and_cpuset(tmp_path: Path):
     # No pin asked: no cpuset, no complaint.
     out = settings_for_container([_prepared("a", 0, None, NetworkConfig())], str(tmp_path))
     assert out == type(out)()
+
+
+def test_interfaces_env_names_the_pod_side_interfaces_sorted():
+    renamed = configs_for_request([allocation_config({"interface": {"name": "net1"}})], "nic", "dra.net")
+
+    def nic(name: str, ifname: str | None, config: NetworkConfig) -> PreparedDevice:
+        return PreparedDevice("nic", "node-a", name, Device(name, {}, HostFacts(ifname=ifname)), config)
+
+    devs = [nic("d", "ib3", NetworkConfig()), nic("a", "ib0", NetworkConfig()), nic("r", "ib5", renamed)]
+    assert interfaces_env(devs) == {"DRANET_INTERFACES": "ib0,ib3,net1"}
+    # An RDMA-only device (no netdev) adds nothing; no netdev at all: no variable.
+    assert interfaces_env([nic("x", None, NetworkConfig())]) == {}
+    env = settings_for_container(devs[:2]).env
+    assert env == {"DRANET_INTERFACES": "ib0,ib3"}

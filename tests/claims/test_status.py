@@ -239,3 +239,19 @@ def test_prepare_failure_posts_a_claim_event(tmp_path):
         "uid": "claim-uid",
     }
     assert "interface.mtu" in event["message"]
+
+
+def test_the_raw_parameters_refusal_is_recognized_in_every_supported_release():
+    from driver.claims.status import _raw_parameters_refused
+    from driver.kube.errors import KubeError
+
+    old = 'ResourceClaim "c" is invalid: status.allocation: Invalid value: ...: field is immutable'
+    new = (
+        'ResourceClaim "c" is invalid: [status.allocation: Forbidden: changing status.allocation or '
+        'status.reservedFor requires resource="resourceclaims/binding", verb="patch" permission, '
+        "status.allocation: Invalid value: null: field cannot be modified once set]"
+    )
+    assert _raw_parameters_refused(KubeError(422, "Unprocessable Entity", old))  # 1.34, 1.35
+    assert _raw_parameters_refused(KubeError(422, "Unprocessable Entity", new))  # 1.36, 1.37
+    assert not _raw_parameters_refused(KubeError(422, "Unprocessable Entity", "status.devices[0]: Invalid value"))
+    assert not _raw_parameters_refused(KubeError(403, "Forbidden", new))

@@ -273,13 +273,17 @@ def test_failure_sets_ready_false_keeps_others_and_posts_event(nd_node: Node, sc
 def test_documented_rbac_is_enough_and_needed(
     control_plane: ControlPlane, nd_node: Node, scheduled, tmp_path: Path, role: str | None, allowed: bool
 ):
-    """The status writer with a ServiceAccount bound to docs/rbac.md's role (or to nothing)."""
+    """The status writer with a ServiceAccount bound to docs/rbac.md's role (or to nothing), its
+    token bound to the node as a driver pod's is (1.36+ authorizes status.devices per node)."""
     from tests.e2e.test_webhook_apiserver import service_account_kubeconfig
 
     pod, claim = scheduled("h100-4gpu-4nic-numa-aligned")
     prepared = prepared_claim(nd_node, claim)
     pod_uid = pod["metadata"]["uid"]
-    with service_account_kubeconfig(control_plane, nd_node.kube, role, tmp_path / "sa.kubeconfig") as kubeconfig:
+    sa_kubeconfig = service_account_kubeconfig(
+        control_plane, nd_node.kube, role, tmp_path / "sa.kubeconfig", node=nd_node.name
+    )
+    with sa_kubeconfig as kubeconfig:
         sa_kube = KubeClient.from_kubeconfig(str(kubeconfig))
         writer = ClaimStatusWriter(
             sa_kube, nd_node.name, sysfs_root=str(nd_node.sysfs), max_attempts=2, sleep=lambda s: None

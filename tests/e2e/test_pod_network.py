@@ -376,11 +376,13 @@ async def test_claimed_nic_moves_into_pod_configured_and_comes_back(chain: Chain
         assert in_pod_b["routes"] == before[b.ifname]["routes"]
         assert link_facts(a.ifname) is None and link_facts(b.ifname) is None
 
-        # CreateContainer: veths have no RDMA char devices, so nothing to add (no env, no cpuset).
+        # CreateContainer: veths have no RDMA char devices (no NCCL_IB_HCA, no device nodes, no
+        # cpuset); the only addition names the claim's interfaces as the pod sees them.
         res = c.harness.cmd("create", pod=nri_pod, container={"id": f"c-{pod_uid[:8]}", "name": "main"})
         assert res["ok"], res
         # (The runtime adaptation itself fills in empty hooks/resources messages.)
-        assert _non_empty(res.get("adjust")) is None, res
+        names = ",".join(sorted([b.ifname, "net1"]))
+        assert _non_empty(res.get("adjust")) == {"env": [{"key": "DRANET_INTERFACES", "value": names}]}, res
 
         # Claim status, written by the driver with its own token.
         def ready() -> dict[str, dict[str, Any]] | None:

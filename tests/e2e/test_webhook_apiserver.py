@@ -82,9 +82,12 @@ def documented_role(name: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None, out: Path) -> Iterator[Path]:
+def service_account_kubeconfig(
+    control_plane, kube: KubeClient, role: str | None, out: Path, node: str | None = None
+) -> Iterator[Path]:
     """A kubeconfig for a fresh ServiceAccount bound to the documented ClusterRole ``role``
-    (None: no permissions at all); everything is deleted afterwards."""
+    (None: no permissions at all); everything is deleted afterwards. ``node``: the token is
+    bound to that Node, as a pod's token names its node (a node-local driver's identity)."""
     suffix = uuid.uuid4().hex[:6]
     sa = f"dranet-test-{suffix}"
     cleanup = [f"/api/v1/namespaces/{NS}/serviceaccounts/{sa}"]
@@ -115,7 +118,7 @@ def service_account_kubeconfig(control_plane, kube: KubeClient, role: str | None
                 },
             )
             cleanup.append(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{role}-{suffix}")
-        yield write_service_account_kubeconfig(control_plane, kube, NS, sa, out)
+        yield write_service_account_kubeconfig(control_plane, kube, NS, sa, out, node=node)
     finally:
         for path in reversed(cleanup):
             delete_if_present(kube, path)

@@ -142,13 +142,19 @@ def request_pod_token(kube: KubeClient, namespace: str, sa: str, pod: dict[str, 
 
 
 def write_service_account_kubeconfig(
-    control_plane: ControlPlane, kube: KubeClient, namespace: str, sa: str, out: Path
+    control_plane: ControlPlane, kube: KubeClient, namespace: str, sa: str, out: Path, node: str | None = None
 ) -> Path:
-    """A kubeconfig at ``out`` with a TokenRequest token of ServiceAccount ``sa`` (bound to no pod)."""
+    """A kubeconfig at ``out`` with a TokenRequest token of ServiceAccount ``sa``, bound to no pod.
+    ``node``: the token is bound to that Node, as a node-local driver pod's token names its node
+    (1.36+ authorizes a claim's status.devices per node)."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if node is not None:
+        uid = kube.read_node(node)["metadata"]["uid"]
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
     token = kube.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
     )["status"]["token"]
     out.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
     return out

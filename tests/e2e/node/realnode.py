@@ -1,10 +1,11 @@
-"""The real node the end-to-end tests share (see conftest.py for the session fixture).
+"""The real nodes the end-to-end tests share (see conftest.py for the package fixture).
 
-A cluster of its own (random name, NIC prefix and pod subnet), so it never collides with a
-person's ``python -m devcluster up`` on the same machine. Torn down with
-``devcluster.cluster.down`` at the end of the session, after which the fixture checks that
-nothing is left on the host: no process naming its directory, no veth or bridge, no mount,
-no cgroup, no network namespace.
+A cluster of its own (random name and address range), so it never collides with a person's
+``python -m devcluster up`` or another test run on the same machine. Tests that need one node
+use node 0 (``RealNode.node``); the others name a node by index. Torn down with
+``devcluster.cluster.down`` at the end, after which the fixture checks that nothing is left on
+the host: no process naming its directory, no host link, no mount, no cgroup, no network
+namespace.
 """
 
 from __future__ import annotations
@@ -13,16 +14,15 @@ import json
 import random
 import secrets
 import string
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devcluster import cluster, node_host
+from devcluster import cluster, fabric, node_host, node_ns
 from devcluster.controlplane import wait_for
-from devcluster.node_layout import DEFAULT_BASE, NodeLayout
+from devcluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
 from devcluster.pods import Kubectl
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
@@ -32,7 +32,7 @@ E2E_MARKS = [pytest.mark.node, pytest.mark.root, pytest.mark.slow]
 
 @dataclass
 class RealNode:
-    """A running cluster with one real node, and helpers the tests share."""
+    """A running cluster of real nodes, and helpers the tests share (``node``: node 0's name)."""
 
     layout: NodeLayout
     state: cluster.ClusterState
@@ -43,22 +43,28 @@ class RealNode:
     def node(self) -> str:
         return self.layout.node_name
 
-    def driver_pod(self) -> dict[str, Any]:
-        """The (one) running dranet DaemonSet pod."""
+    def spec(self, node: int = 0) -> NodeSpec:
+        return self.layout.node(node)
+
+    def driver_pod(self, node: int = 0) -> dict[str, Any]:
+        """The running dranet DaemonSet pod of ``node``."""
         pods = self.kube.request(
             "GET",
             f"/api/v1/namespaces/{cluster.NAMESPACE}/pods",
-            query={"labelSelector": "app.kubernetes.io/component=driver"},
+            query={
+                "labelSelector": "app.kubernetes.io/component=driver",
+                "fieldSelector": f"spec.nodeName={self.spec(node).name}",
+            },
         )["items"]
         running = [
             p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
         ]
-        assert running, f"no running driver pod: {[p['metadata']['name'] for p in pods]}"
+        assert running, f"no running driver pod on {self.spec(node).name}: {[p['metadata']['name'] for p in pods]}"
         return running[0]
 
-    def driver_logs(self) -> str:
-        """Logs of every driver container that ran so far (current and previous)."""
-        pod = self.driver_pod()["metadata"]["name"]
+    def driver_logs(self, node: int = 0) -> str:
+        """Logs of every driver container that ran so far on ``node`` (current and previous)."""
+        pod = self.driver_pod(node)["metadata"]["name"]
         out = self.kubectl.run("logs", "-n", cluster.NAMESPACE, pod, "--tail=-1")
         try:
             out = self.kubectl.run("logs", "-n", cluster.NAMESPACE, pod, "--previous", "--tail=-1") + out
@@ -66,23 +72,23 @@ class RealNode:
             pass
         return out
 
-    def wait_driver_ready(self, timeout: float = 120) -> dict[str, Any]:
-        """Wait until the DaemonSet's pod is Ready (after a restart)."""
+    def wait_driver_ready(self, timeout: float = 120, node: int = 0) -> dict[str, Any]:
+        """Wait until the DaemonSet's pod on ``node`` is Ready (after a restart)."""
 
         def ready() -> dict[str, Any] | None:
             try:
-                pod = self.driver_pod()
+                pod = self.driver_pod(node)
             except AssertionError:
                 return None
             conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
             return pod if conds.get("Ready") == "True" else None
 
-        return wait_for(ready, timeout, 0.5, "the driver pod Ready")
+        return wait_for(ready, timeout, 0.5, f"the driver pod on {self.spec(node).name} Ready")
 
-    def driver_pids(self) -> list[int]:
-        """Host PIDs of the running ``dranet run`` processes (inside the node's cgroup root)."""
+    def driver_pids(self, node: int = 0) -> list[int]:
+        """Host PIDs of the running ``dranet run`` processes of ``node`` (in its cgroup tree)."""
         out = []
-        for pid in node_host.cgroup_pids(self.layout):
+        for pid in node_host.cgroup_pids(self.spec(node).cgroup_root):
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
@@ -95,9 +101,9 @@ class RealNode:
                 out.append(pid)
         return out
 
-    def driver_usage(self) -> tuple[int, int]:
-        """(RSS in KiB, open fds) of the one running driver process."""
-        (pid,) = self.driver_pids()
+    def driver_usage(self, node: int = 0) -> tuple[int, int]:
+        """(RSS in KiB, open fds) of the one running driver process of ``node``."""
+        (pid,) = self.driver_pids(node)
         rss = next(
             int(line.split()[1])
             for line in Path(f"/proc/{pid}/status").read_text().splitlines()
@@ -105,22 +111,19 @@ class RealNode:
         )
         return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The driver's prepared-claims checkpoint (host side of its stateDir)."""
-        path = self.layout.driver_state_dir / "checkpoint.json"
+    def checkpoint(self, node: int = 0) -> dict[str, Any]:
+        """The driver's prepared-claims checkpoint (host side of the node's stateDir)."""
+        path = self.spec(node).driver_state_dir / "checkpoint.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def pod_states(self) -> dict[str, Any]:
-        """The driver's pod network state (host side of its runtimeDir)."""
-        path = self.layout.driver_runtime_dir / "pods.json"
+    def pod_states(self, node: int = 0) -> dict[str, Any]:
+        """The driver's pod network state (host side of the node's runtimeDir)."""
+        path = self.spec(node).driver_runtime_dir / "pods.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def host_nics(self) -> dict[str, dict[str, Any]]:
-        """The node's NICs currently in the host namespace: name -> ``ip -j`` facts."""
-        links = json.loads(
-            subprocess.run(["ip", "-j", "-d", "addr", "show"], capture_output=True, text=True, check=True).stdout
-        )
-        return {link["ifname"]: link for link in links if link["ifname"] in self.layout.nics}
+    def host_nics(self, node: int = 0) -> dict[str, dict[str, Any]]:
+        """The node's NICs currently in its own network namespace: name -> ``ip -j`` facts."""
+        return fabric.node_nics(self.spec(node))
 
     def namespace(self) -> str:
         """A fresh namespace with its default service account; deleted by the caller."""
@@ -152,14 +155,16 @@ class RealNode:
         wait_for(gone, timeout, 0.5, f"namespace {ns} emptied")
 
 
-def random_layout() -> NodeLayout:
-    letters = "".join(random.choice(string.ascii_lowercase) for _ in range(3))
-    return NodeLayout(
-        name="e" + letters + secrets.token_hex(2),
-        root=DEFAULT_BASE,
-        nic_prefix=f"t{letters}ib",
-        pod_subnet=f"10.{random.randint(90, 99)}.{random.randint(0, 255)}.0/24",
-    )
+def random_layout(nodes: int = 2) -> NodeLayout:
+    """A cluster name and a /20 no other cluster on this host uses (random, checked against the
+    host's routes)."""
+    for _ in range(50):
+        name = "e" + "".join(random.choice(string.ascii_lowercase) for _ in range(3)) + secrets.token_hex(2)
+        cidr = f"10.{random.randint(64, 127)}.{16 * random.randint(0, 15)}.0/20"
+        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr)
+        if not fabric.overlapping_routes(layout) and not layout.base.exists():
+            return layout
+    raise RuntimeError("no free address range for a test cluster (50 random /20s overlap host routes)")
 
 
 def leftovers(layout: NodeLayout) -> list[str]:
@@ -169,8 +174,9 @@ def leftovers(layout: NodeLayout) -> list[str]:
     found += [
         f"process {p}: {Path(f'/proc/{p}/cmdline').read_bytes()[:120]!r}" for p in pids if Path(f"/proc/{p}").exists()
     ]
-    found += [f"link {n}" for n in (*layout.nics, layout.cni_bridge) if node_host.link_exists(n)]
-    found += [f"netns {layout.fabric_netns}"] if Path(f"/run/netns/{layout.fabric_netns}").exists() else []
+    found += [f"link {layout.host_link}"] if node_host.link_exists(layout.host_link) else []
+    netns = [layout.fabric_netns, *(layout.node(i).netns for i in node_ns.node_indexes(layout))]
+    found += [f"netns {n}" for n in netns if Path(f"/run/netns/{n}").exists()]
     found += [
         f"mount {line.split()[4]}"
         for line in Path("/proc/self/mountinfo").read_text().splitlines()

@@ -107,9 +107,10 @@ def events_for(node: RealNode, ns: str, name: str) -> list[str]:
     return [f"{e.get('reason')}: {e.get('message')}" for e in items]
 
 
-def nic_snapshot(node: RealNode, nics: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """name -> (mtu, mac, state, addresses, routes) of the node's NICs in the host namespace."""
-    facts = node.host_nics()
+def nic_snapshot(node: RealNode, nics: list[str] | None = None, index: int = 0) -> dict[str, dict[str, Any]]:
+    """name -> (mtu, mac, state, addresses, routes) of node ``index``'s NICs in its own namespace."""
+    facts = node.host_nics(index)
+    netns = node.spec(index).netns
     out = {}
     for name in nics or list(node.layout.nics):
         if name not in facts:
@@ -117,7 +118,10 @@ def nic_snapshot(node: RealNode, nics: list[str] | None = None) -> dict[str, dic
         link = facts[name]
         routes = json.loads(
             subprocess.run(
-                ["ip", "-j", "route", "show", "table", "all", "dev", name], capture_output=True, text=True, check=True
+                ["ip", "-n", netns, "-j", "route", "show", "table", "all", "dev", name],
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout
         )
         out[name] = {
@@ -136,21 +140,22 @@ def nic_snapshot(node: RealNode, nics: list[str] | None = None) -> dict[str, dic
     return out
 
 
-def wait_nics_home(node: RealNode, expected: dict[str, dict[str, Any]], timeout: float = 30) -> None:
-    """Wait until every NIC in ``expected`` is back in the host namespace exactly as recorded."""
+def wait_nics_home(node: RealNode, expected: dict[str, dict[str, Any]], timeout: float = 30, index: int = 0) -> None:
+    """Wait until every NIC in ``expected`` is back in node ``index``'s namespace exactly as recorded."""
     deadline = time.monotonic() + timeout
     now: dict[str, dict[str, Any]] = {}
     while time.monotonic() < deadline:
-        now = nic_snapshot(node, list(expected))
+        now = nic_snapshot(node, list(expected), index)
         if now == expected:
             return
         time.sleep(0.2)
-    raise AssertionError(f"NICs not back intact after {timeout}s:\nexpected {expected}\nnow      {now}")
+    diff = {n: (expected[n], now.get(n, "absent")) for n in expected if now.get(n) != expected[n]}
+    raise AssertionError(f"NICs not back intact after {timeout}s (expected, now): {diff}")
 
 
-def host_ip(*args: str) -> None:
-    """``ip <args>`` on the host, checked."""
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+def host_ip(node: RealNode, *args: str, index: int = 0) -> None:
+    """``ip <args>`` in node ``index``'s own network namespace (where its NICs live), checked."""
+    subprocess.run(["ip", "-n", node.spec(index).netns, *args], check=True, capture_output=True, text=True)
 
 
 NUMA1_RDMA = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 1'

@@ -47,13 +47,16 @@ def host_nic(real_node: RealNode) -> Iterator[str]:
     """The node's last NIC, with a host address and a route (removed again afterwards)."""
     nic = real_node.layout.nics[-1]
     net = f"192.168.{random.randint(100, 200)}"
-    host_ip("addr", "add", f"{net}.1/24", "dev", nic)
-    host_ip("route", "add", f"10.{random.randint(100, 200)}.0.0/16", "via", f"{net}.254", "dev", nic)
+    route = f"10.{random.randint(100, 200)}.0.0/16"
+    host_ip(real_node, "addr", "add", f"{net}.1/24", "dev", nic)
+    host_ip(real_node, "route", "add", route, "via", f"{net}.254", "dev", nic)
     try:
         yield nic
     finally:
-        if nic in real_node.host_nics():
-            host_ip("addr", "flush", "dev", nic)  # its routes go with the address
+        # Once the NIC is home (a failed test may leave its pod terminating), remove what we added.
+        wait_for(lambda: nic in real_node.host_nics(), 60, 0.2, f"{nic} back on the node")
+        host_ip(real_node, "route", "del", route, "dev", nic)
+        host_ip(real_node, "addr", "del", f"{net}.1/24", "dev", nic)
 
 
 def _select(nic: str) -> str:
@@ -79,7 +82,14 @@ def test_static_address_mtu_and_route_inside_the_pod(real_node: RealNode, ns: st
         assert "192.168.61.5/24" in net1.addresses
         assert any(r.startswith("10.61.0.0/16 via 192.168.61.1 dev net1") for r in view.routes), view.routes
         assert host_nic not in view.interfaces
-        claim = pod_claim(real_node, ns, pod)
+
+        # The driver writes the claim's status once the pod's NICs are configured (not before the
+        # kubelet reports the pod Running).
+        def with_status() -> dict | None:
+            c = pod_claim(real_node, ns, pod)
+            return c if c["status"].get("devices") else None
+
+        claim = wait_for(with_status, 30, 0.2, "the claim's status.devices")
         (entry,) = [d for d in claim["status"]["devices"] if d["driver"] == "dra.net"]
         assert entry["networkData"]["interfaceName"] == "net1"
         assert "192.168.61.5/24" in entry["networkData"]["ips"]

@@ -69,7 +69,7 @@ FAULTS = {
     ),
     "containerd-restart": lambda n: (
         cluster.restart(n.layout, "containerd"),
-        wait_for(lambda: n.layout.containerd_socket.is_socket(), 30, 0.1, "socket"),
+        wait_for(lambda: n.spec().containerd_socket.is_socket(), 30, 0.1, "socket"),
     ),
     "driver-kill-9": _kill_driver,
 }

@@ -19,14 +19,13 @@ end down takes the carrier away, as a pulled cable or a switch port going down w
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from devcluster import cluster
+from devcluster import cluster, fabric
 from devcluster.controlplane import load_yaml_docs, wait_for
 from devcluster.demo import ALIGNED, EXAMPLE_DIR
 from devcluster.pods import pod_view
@@ -54,12 +53,8 @@ SLICE_DEADLINE = 10.0  # s: taint on/off in the slice, Healthy again (coalesced 
 
 
 def _peer(node: RealNode, nic: str, up: bool) -> float:
-    """Set the far end of ``nic`` up or down (in the fabric namespace); returns when it was done."""
-    subprocess.run(
-        ["ip", "-n", node.layout.fabric_netns, "link", "set", node.layout.peer(nic), "up" if up else "down"],
-        check=True,
-        capture_output=True,
-    )
+    """Set the far end of node 0's ``nic`` up or down (its rail's switch port); returns when it was done."""
+    fabric.set_link(node.spec(), nic, up)
     return time.monotonic()
 
 

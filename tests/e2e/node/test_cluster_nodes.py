@@ -1,0 +1,171 @@
+"""Two real nodes: both Ready with a real kubelet, the driver's DaemonSet pod Ready on each, each
+node publishing exactly its own NICs; and two pods on two nodes talking over the NICs their
+claims got (a static address by claim config), not over the pod network.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from devcluster import cluster, fabric
+from devcluster.controlplane import wait_for
+from devcluster.pods import workload_pod
+from driver.kube.client import RESOURCE_API
+from tests.e2e.node.realnode import E2E_MARKS, RealNode
+from tests.e2e.node.support import delete_pod, pod_claim, wait_running
+
+pytestmark = E2E_MARKS
+
+
+@pytest.fixture
+def ns(real_node: RealNode) -> Iterator[str]:
+    name = real_node.namespace()
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)
+
+
+def test_every_node_ready_with_the_driver_and_its_own_nics(real_node: RealNode) -> None:
+    layout, kube = real_node.layout, real_node.kube
+    assert layout.nodes >= 2
+    ds = kube.request("GET", f"/apis/apps/v1/namespaces/{cluster.NAMESPACE}/daemonsets/{cluster.RELEASE}")
+    assert ds["status"]["desiredNumberScheduled"] == ds["status"]["numberReady"] == layout.nodes
+    published: dict[str, set[str]] = {}
+    for spec in layout.all_nodes:
+        node = kube.read_node(spec.name)
+        conds = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conds["Ready"] == "True", (spec.name, conds)
+        # A real kubelet of the release under test reported this, from the node's own address.
+        assert node["status"]["nodeInfo"]["kubeletVersion"] == real_node.state.k8s_version
+        assert {"type": "InternalIP", "address": spec.ip} in node["status"]["addresses"]
+        pod = real_node.wait_driver_ready(node=spec.index)
+        assert pod["spec"]["nodeName"] == spec.name
+        # Its slices: every NIC of this node, as the driver on this node found them.
+        slices = kube.request(
+            "GET",
+            f"{RESOURCE_API}/resourceslices",
+            query={"fieldSelector": f"spec.driver=dra.net,spec.nodeName={spec.name}"},
+        )["items"]
+        assert slices and all(s["spec"]["nodeName"] == spec.name for s in slices)
+        ifnames = [
+            d["attributes"]["dra.net/ifName"]["string"]
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if "dra.net/ifName" in d.get("attributes", {})
+        ]
+        assert sorted(ifnames) == sorted(layout.nics), (spec.name, ifnames)
+        # The NICs are this node's own: their hardware addresses (unique per machine, as IPoIB
+        # GUIDs are) are the ones in this node's sysfs, and no other node publishes them.
+        macs = {
+            d["attributes"]["dra.net/ifName"]["string"]: d["attributes"]["dra.net/mac"]["string"]
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if "dra.net/mac" in d.get("attributes", {})
+        }
+        assert macs == {n: (spec.sysfs / "class/net" / n / "address").read_text().strip() for n in layout.nics}
+        published[spec.name] = set(macs.values())
+    names = list(published)
+    assert not published[names[0]] & published[names[1]], "two nodes publish the same NICs"
+
+
+def _nic_claim(ns: str, name: str, nic: str, address: str) -> dict[str, Any]:
+    """A ResourceClaim for the NIC named ``nic`` (on whichever node), with a static address."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "nic",
+                        "exactly": {
+                            "deviceClassName": "dranet.net",
+                            "selectors": [
+                                {"cel": {"expression": f'device.attributes["dra.net"]["ifName"] == "{nic}"'}}
+                            ],
+                        },
+                    }
+                ],
+                "config": [
+                    {
+                        "requests": ["nic"],
+                        "opaque": {
+                            "driver": "dra.net",
+                            "parameters": {
+                                "apiVersion": "dra.net/v1alpha1",
+                                "kind": "NetworkConfig",
+                                "interface": {"addresses": [address]},
+                            },
+                        },
+                    }
+                ],
+            }
+        },
+    }
+
+
+def _spread_pod(ns: str, name: str, claim: str, group: str) -> dict[str, Any]:
+    """A workload pod with ``claim``, kept off any node another pod of ``group`` runs on."""
+    pod = workload_pod(name, "-", claim=claim, namespace=ns, labels={"pair": group})
+    del pod["spec"]["nodeSelector"]
+    pod["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"pair": group}}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    return pod
+
+
+def test_pods_on_two_nodes_ping_each_other_over_their_claimed_nics(real_node: RealNode, ns: str) -> None:
+    layout, kube = real_node.layout, real_node.kube
+    rail = 2
+    nic = layout.nics[rail]
+    addrs = {"a": "192.168.77.1", "b": "192.168.77.2"}
+    group = secrets.token_hex(3)
+    for who, ip in addrs.items():
+        kube.request(
+            "POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims", _nic_claim(ns, f"nic-{who}", nic, f"{ip}/24")
+        )
+        kube.request("POST", f"/api/v1/namespaces/{ns}/pods", _spread_pod(ns, f"pod-{who}", f"nic-{who}", group))
+    pods = {who: wait_running(real_node, ns, f"pod-{who}") for who in addrs}
+    nodes = {who: p["spec"]["nodeName"] for who, p in pods.items()}
+    assert nodes["a"] != nodes["b"], f"required anti-affinity: {nodes}"
+    index = {s.name: s.index for s in layout.all_nodes}
+    for who in addrs:
+        claim = pod_claim(real_node, ns, f"pod-{who}")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["pool"] == nodes[who], "the claim's NIC is on the pod's own node"
+        # The NIC left its node for the pod.
+        assert nic not in real_node.host_nics(index[nodes[who]])
+        out = real_node.kubectl.exec(ns, f"pod-{who}", "ip", "-o", "addr", "show", "dev", nic)
+        assert f"inet {addrs[who]}/24" in out, out
+    before = fabric.rail_counters(layout)
+    out = real_node.kubectl.exec(ns, "pod-a", "ping", "-c", "5", "-W", "2", "-I", nic, addrs["b"], timeout=60)
+    assert re.search(r"5 packets transmitted, 5 (packets )?received", out), out
+    route = real_node.kubectl.exec(ns, "pod-a", "ip", "route", "get", addrs["b"])
+    assert f"dev {nic}" in route and "eth0" not in route, route
+    back = real_node.kubectl.exec(ns, "pod-b", "ping", "-c", "3", "-W", "2", addrs["a"], timeout=60)
+    assert re.search(r"3 packets transmitted, 3 (packets )?received", back), back
+    after = fabric.rail_counters(layout)
+    # Eight echo requests and replies (98 bytes on the wire each) crossed the rail's switch
+    # ports of both nodes; the other rails carried none of it.
+    for who in addrs:
+        i = index[nodes[who]]
+        sent = sum(after[(i, nic)]) - sum(before[(i, nic)])
+        assert sent >= 16 * 98, (nodes[who], sent)
+        for other in layout.nics:
+            if other != nic:
+                assert sum(after[(i, other)]) - sum(before[(i, other)]) < 16 * 98, (nodes[who], other)
+    for who in addrs:
+        delete_pod(real_node, ns, f"pod-{who}")
+    for who in addrs:
+        wait_for(lambda i=index[nodes[who]]: nic in real_node.host_nics(i), 60, 0.2, f"{nic} back on {nodes[who]}")
