@@ -85,8 +85,7 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path) -> None:
     assert store.compact()
     assert store.journal_size == 0 and not store.compact()  # nothing left to fold
     assert sorted(json.loads((tmp_path / "checkpoint.json").read_text())["claims"]) == ["u2"]
-    # The old records stay in the file until the next append starts the journal again; they name
-    # the old snapshot, so they are never replayed over the new one.
+    assert (tmp_path / "checkpoint.journal").stat().st_size == 0  # the folded records are cut
     assert _claims(tmp_path) == ["u2"]
     _put(store, "u3")
     raw = (tmp_path / "checkpoint.journal").read_bytes()

@@ -147,6 +147,18 @@ class Journal:
         """The snapshot now holds every record: the next append starts the journal again."""
         self._tail = None
 
+    def empty(self) -> None:
+        """After :meth:`forget`, cut the stale records off the file (not synced: stale records are never
+        replayed, whether or not the cut survives a crash), so the next append has nothing to cut."""
+        if self._tail is not None or not self._seen or not self._seen[1]:
+            return
+        try:
+            fd = self._open()
+            self.ops.ftruncate(fd, 0)
+            self._seen = (os.fstat(fd).st_ino, 0)
+        except OSError as exc:
+            log.info("journal: cannot cut stale records (the next append does)", extra={"kv": {"error": str(exc)}})
+
     def changed(self) -> bool:
         """Whether another process wrote the journal since we last read or wrote it (one ``lstat``:
         every append grows the file, a restart of the journal follows a new snapshot)."""

@@ -346,6 +346,7 @@ class CheckpointStore:
             if not self._journal.size and not self._rewrite:
                 return False
             self._write_snapshot()
+            self._journal.empty()
             return True
 
     @property
