@@ -4,8 +4,13 @@
 at most once per ``interval``: the first change after a quiet period is written at once, a
 burst that follows is folded into one write at the end of the interval. A watch on our own
 slices (field selector ``spec.driver,spec.nodeName``) notices deletions by others (the kubelet
-wipes a node's slices when it starts) and edits, and triggers a re-publish; a periodic re-list
-covers a broken watch. Conflicts re-list and re-plan.
+wipes a node's slices when it starts) and edits, and triggers a re-publish. The watch starts at
+the resourceVersion of the LIST a sync made (no LIST of its own), and again after each error (the
+error marks the pool dirty: the sync's LIST then checks it). Our own writes come back as watch
+events: they are told apart by the resourceVersions the writes returned, and an event that arrives
+while a write is still waiting for its answer is judged once that answer is in, so an echo never
+costs a re-list. Conflicts re-list and re-plan; a re-list every ``resync_interval`` (30 min) is
+the last resort should a watch ever miss an event.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class SlicePublisher(Generic[D]):
         node_name: str,
         interval: float = 2.0,
         on_published: Callable[[list[D], bool], None] | None = None,
-        resync_interval: float = 60.0,
+        resync_interval: float = 1800.0,
         quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
@@ -71,6 +76,11 @@ class SlicePublisher(Generic[D]):
         self._own_rvs: set[str] = set()  # resourceVersions our writes produced (watch echo)
         self._own_deletes: set[str] = set()  # names of slices we deleted (watch echo)
         self._watch_resp: Any = None
+        # Writes waiting for their answer (their resourceVersion is not known yet), and the
+        # resourceVersion of each sync's LIST (the watch starts there), under one condition.
+        self._cond = threading.Condition()
+        self._writing = 0
+        self._listed: tuple[int, str] = (0, "")  # (LISTs so far, the last one's resourceVersion)
 
     # -- producer side -----------------------------------------------------------------------
 
@@ -157,6 +167,8 @@ class SlicePublisher(Generic[D]):
     def stop(self) -> None:
         """Ask `run()` to return (thread-safe)."""
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
         self._close_watch()
         self._poke()
 
@@ -177,7 +189,12 @@ class SlicePublisher(Generic[D]):
 
     def list_slices(self) -> list[dict[str, Any]]:
         """Our driver's slices for this node, as the API has them."""
-        items: list[dict[str, Any]] = self.kube.list_resource_slice(self.selector).get("items") or []
+        listed = self.kube.list_resource_slice(self.selector)
+        rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        with self._cond:
+            self._listed = (self._listed[0] + 1, rv or self._listed[1])
+            self._cond.notify_all()
+        items: list[dict[str, Any]] = listed.get("items") or []
         return items
 
     def sync(self, attempts: int = 3) -> SlicePlan:
@@ -210,6 +227,16 @@ class SlicePublisher(Generic[D]):
             return
         self.stats.write_rounds += 1
         self.stats.last_write = time.monotonic()
+        with self._cond:
+            self._writing += 1
+        try:
+            self._write(plan)
+        finally:
+            with self._cond:
+                self._writing -= 1
+                self._cond.notify_all()
+
+    def _write(self, plan: SlicePlan) -> None:
         for s in plan.delete:
             meta = s["metadata"]
             self.stats.writes += 1
@@ -249,19 +276,43 @@ class SlicePublisher(Generic[D]):
     def _watch_loop(self) -> None:
         """Watch our slices; any change we did not make marks the pool dirty."""
         rv = ""
+        after = 0  # a LIST later than this many: the first sync's, or the one after an error
         while not self._stop.is_set():
             try:
                 if not rv:
-                    lst = self.kube.list_resource_slice(self.selector, limit=1)
-                    rv = lst["metadata"]["resourceVersion"]
+                    rv = self._next_list_rv(after)
+                    if not rv:
+                        return  # stopped
                 rv = self._watch_once(rv)
             except Exception as exc:  # noqa: BLE001 - a broken watch just restarts
                 if self._stop.is_set():
                     return
                 log.debug("slice watch restarting", extra={"kv": {"error": str(exc)}})
                 rv = ""
-                self._dirty()  # we may have missed events: re-check the pool
+                with self._cond:
+                    after = self._listed[0]
+                self._dirty()  # we may have missed events: the sync's LIST re-checks the pool
                 self._stop.wait(1.0)
+
+    def _next_list_rv(self, after: int) -> str:
+        """The resourceVersion of the first sync's LIST after the ``after``-th ("" once stopped)."""
+        with self._cond:
+            while not self._stop.is_set():
+                count, rv = self._listed
+                if count > after and rv:
+                    return rv
+                self._cond.wait(1.0)
+        return ""
+
+    def _own_write(self, kind: str, rv: str, name: str) -> bool:
+        """Whether an event is the echo of our own write (forgetting it then)."""
+        if kind in ("ADDED", "MODIFIED") and rv in self._own_rvs:
+            self._own_rvs.discard(rv)
+            return True
+        if kind == "DELETED" and name in self._own_deletes:
+            self._own_deletes.discard(name)
+            return True
+        return False
 
     def _watch_once(self, rv: str) -> str:
         resp = self.kube.watch_resource_slice(self.selector, rv)
@@ -289,13 +340,14 @@ class SlicePublisher(Generic[D]):
         new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
         if kind == "BOOKMARK":
             return new_rv
-        if kind in ("ADDED", "MODIFIED") and new_rv in self._own_rvs:
-            self._own_rvs.discard(new_rv)  # echo of our own write
-            return new_rv
         name = obj.get("metadata", {}).get("name", "")
-        if kind == "DELETED" and name in self._own_deletes:
-            self._own_deletes.discard(name)
+        if self._own_write(str(kind), new_rv, name):
             return new_rv
+        with self._cond:
+            # The echo can come before the write's answer: judge it once the writes in flight are answered.
+            if self._writing and self._cond.wait_for(lambda: not self._writing, timeout=60.0):
+                if self._own_write(str(kind), new_rv, name):
+                    return new_rv
         if len(self._own_rvs) > 1000:  # echoes lost across a watch restart: don't grow forever
             self._own_rvs.clear()
         log.info(
