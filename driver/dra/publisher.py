@@ -85,9 +85,13 @@ class SlicePublisher(Generic[D]):
     # -- producer side -----------------------------------------------------------------------
 
     def update(self, devices: list[D]) -> None:
-        """Record the desired device set; the next write picks it up. Callable from any thread."""
+        """Record the desired device set; the next write picks it up. Callable from any thread.
+        The same set again (a periodic rescan that found nothing new) costs nothing: no LIST."""
+        devices = list(devices)
         with self._lock:
-            self._desired = list(devices)
+            if devices == self._desired:
+                return
+            self._desired = devices
             self._version += 1
         self._poke()
 
