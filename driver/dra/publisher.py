@@ -6,7 +6,10 @@ burst that follows is folded into one write at the end of the interval. A watch 
 slices (field selector ``spec.driver,spec.nodeName``) notices deletions by others (the kubelet
 wipes a node's slices when it starts) and edits, and triggers a re-publish. The watch starts at
 the resourceVersion of the LIST a sync made (no LIST of its own), and again after each error (the
-error marks the pool dirty: the sync's LIST then checks it). Our own writes come back as watch
+error marks the pool dirty: the sync's LIST then checks it). While the watch runs, the slices as
+that LIST, our writes' answers and the watch's events left them are what the next sync plans
+against: a write round is its writes alone, no LIST (a write based on a stale copy fails its
+resourceVersion check, and the sync lists and plans again). Our own writes come back as watch
 events: they are told apart by the resourceVersions the writes returned, and an event that arrives
 while a write is still waiting for its answer is judged once that answer is in, so an echo never
 costs a re-list. Conflicts re-list and re-plan; a re-list every ``resync_interval`` (30 min) is
@@ -81,6 +84,10 @@ class SlicePublisher(Generic[D]):
         self._cond = threading.Condition()
         self._writing = 0
         self._listed: tuple[int, str] = (0, "")  # (LISTs so far, the last one's resourceVersion)
+        # Our slices by name as the apiserver has them, kept by the watch (None: not known, LIST),
+        # and whether a watch runs that started at or after the LIST they came from.
+        self._known: dict[str, dict[str, Any]] | None = None
+        self._watched = False
 
     # -- producer side -----------------------------------------------------------------------
 
@@ -144,6 +151,7 @@ class SlicePublisher(Generic[D]):
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=self.resync_interval)
                     except TimeoutError:
+                        self._forget_slices()
                         self._dirty()  # periodic re-list: repairs anything a broken watch missed
                     continue
                 # Rate limit: at most one write round per interval; what arrives meanwhile is
@@ -195,11 +203,31 @@ class SlicePublisher(Generic[D]):
         """Our driver's slices for this node, as the API has them."""
         listed = self.kube.list_resource_slice(self.selector)
         rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        items: list[dict[str, Any]] = listed.get("items") or []
         with self._cond:
             self._listed = (self._listed[0] + 1, rv or self._listed[1])
+            self._known = {s["metadata"]["name"]: s for s in items}
             self._cond.notify_all()
-        items: list[dict[str, Any]] = listed.get("items") or []
         return items
+
+    def _slices(self, fresh: bool) -> list[dict[str, Any]]:
+        """Our slices: as the watch keeps them, or (``fresh``, or not known) from a LIST."""
+        with self._cond:
+            known = None if fresh or self._known is None or not self._watched else list(self._known.values())
+        return self.list_slices() if known is None else known
+
+    def _forget_slices(self) -> None:
+        with self._cond:
+            self._known, self._watched = None, False
+
+    def _keep(self, obj: dict[str, Any] | None, name: str) -> None:
+        """Record a slice as the apiserver has it now (None: deleted)."""
+        with self._cond:
+            if self._known is not None:
+                if obj is None:
+                    self._known.pop(name, None)
+                else:
+                    self._known[name] = obj
 
     def sync(self, attempts: int = 3) -> SlicePlan:
         """List, plan and apply once; re-list and re-plan on a conflict."""
@@ -209,7 +237,7 @@ class SlicePublisher(Generic[D]):
                 devices = list(self._desired or [])
                 taints = dict(self._taints)
                 version = self._version
-            existing = self.list_slices()
+            existing = self._slices(fresh=attempt > 0)
             names = {d.name for d in devices}
             taints = {k: v for k, v in taints.items() if k in names}
             plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid, taints=taints)
@@ -250,14 +278,17 @@ class SlicePublisher(Generic[D]):
                 self.kube.delete_resource_slice(meta["name"], meta["uid"], meta["resourceVersion"])
             except NotFound:
                 pass  # already gone: what we wanted
+            self._keep(None, meta["name"])
         for s in plan.update:
             self.stats.writes += 1
             out = self.kube.replace_resource_slice(s["metadata"]["name"], s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
+            self._keep(out, out["metadata"]["name"])
         for s in plan.create:
             self.stats.writes += 1
             out = self.kube.create_resource_slice(s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
+            self._keep(out, out["metadata"]["name"])
         log.info(
             "published ResourceSlices",
             extra={
@@ -295,6 +326,7 @@ class SlicePublisher(Generic[D]):
                 rv = ""
                 with self._cond:
                     after = self._listed[0]
+                    self._known, self._watched = None, False  # events may be lost: the next sync lists
                 self._dirty()  # we may have missed events: the sync's LIST re-checks the pool
                 self._stop.wait(1.0)
 
@@ -321,6 +353,8 @@ class SlicePublisher(Generic[D]):
     def _watch_once(self, rv: str) -> str:
         resp = self.kube.watch_resource_slice(self.selector, rv)
         self._watch_resp = resp
+        with self._cond:
+            self._watched = True  # from here the watch keeps the slices of the LIST it started at
         try:
             buf = b""
             for chunk in resp.stream(4096, decode_content=True):
@@ -332,6 +366,8 @@ class SlicePublisher(Generic[D]):
                 if self._stop.is_set():
                     break
         finally:
+            with self._cond:
+                self._watched = False
             self._watch_resp = None
             resp.release_conn()
         return rv
@@ -358,6 +394,7 @@ class SlicePublisher(Generic[D]):
             "ResourceSlice changed by someone else, re-publishing",
             extra={"kv": {"event": kind, "slice": obj.get("metadata", {}).get("name")}},
         )
+        self._keep(obj if kind in ("ADDED", "MODIFIED") else None, name)
         self._dirty()
         return new_rv
 
