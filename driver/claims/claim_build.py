@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
+from driver.api.v1alpha1.decode import MAX_POD_REQUESTS, configure_requests
 from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.merge import configs_for_request, merge_under_cloud
 from driver.api.v1alpha1.network_config import NetworkConfig
@@ -149,6 +150,14 @@ class ClaimBuilder:
             )
         except ConfigError as exc:
             raise ClaimError(f"{where}: {exc}") from None
+        # Every device known now (also allocationMode All, the cloud provider's routes and rules).
+        requests_needed = sum(configure_requests(d.config) for d in prepared if not d.shared)
+        if requests_needed > MAX_POD_REQUESTS:
+            raise ClaimError(
+                f"{where}: status.allocation.devices.config: the claim's {len(prepared)} NIC(s) take "
+                f"{requests_needed} netlink requests to configure (one per address, route, rule and neighbor, one per "
+                f"NIC, one per VRF); a pod's NICs may take at most {MAX_POD_REQUESTS} (they are sent in one batch)"
+            )
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 
     def _with_profile(

@@ -100,6 +100,12 @@ def test_fixture_gpus_reads_only_nvidia_3d_controllers(shapes: dict, tmp_path: P
     assert len(fixture_gpus(root)) == 8  # not the 4 NVSwitches (class 0x0680), not the NICs
 
 
+def _line_of(module: str, text: str) -> int:
+    """The line of ``driver/checkpoint/<module>`` that holds ``text`` (the profile reads the source)."""
+    lines = (Path(__file__).resolve().parents[2] / "driver/checkpoint" / module).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 @pytest.mark.parametrize(
     ("thread", "stack", "expected"),
     [
@@ -108,8 +114,21 @@ def test_fixture_gpus_reads_only_nvidia_3d_controllers(shapes: dict, tmp_path: P
         ("claim-lookup_1", "_worker (thread.py:9);get (queue.py:1)", None),
         (
             "asyncio_0",
-            "update (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:94)",
-            "fsync of the file",
+            f"update (/w/driver/checkpoint/store.py:1);append (/w/driver/checkpoint/journal.py:"
+            f"{_line_of('journal.py', 'ops.fdatasync(fd)')})",
+            "checkpoint: append: fdatasync",
+        ),
+        (
+            "asyncio_0",
+            f"compact (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:"
+            f"{_line_of('files.py', 'ops.fsync(fd)')})",
+            "compaction",
+        ),
+        (
+            "asyncio_0",
+            f"update (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:"
+            f"{_line_of('files.py', 'ops.fsync(dir_fd)')})",
+            "atomic_write: fsync the directory",
         ),
         ("MainThread", "run_forever (b.py:1);_run_once (b.py:2);select (selectors.py:468)", None),
     ],
