@@ -42,10 +42,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
-from devcluster import certs
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
-from devcluster.demo import DriverProcess, build_fixture, seed_docs
+from devcluster.build.binaries import ensure_control_plane
+from devcluster.cluster import certs
+from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
+from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
 from tests.support.kubelet_client import KubeletClient
 

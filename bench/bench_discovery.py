@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
 from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.inventory.sysfs import IdentityCache

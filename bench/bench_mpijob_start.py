@@ -29,11 +29,12 @@ from typing import Any
 
 from bench.bench_pod_start import cold_setup_seconds
 from bench.stats import abba, pct
-from devcluster import cluster, fabric, mpi_run, mpijobs
-from devcluster.controlplane import load_yaml_docs
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import Kubectl
+from devcluster.cluster import fabric, mpi_run, mpijobs
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import load_yaml_docs
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import Kubectl
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API, KubeClient
 
 NAMESPACE = "bench-mpi"

@@ -26,12 +26,12 @@ import time
 from typing import Any
 
 from bench.bench_nri import pct
-from devcluster import cluster
-from devcluster.binaries import cache_root
-from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import workload_pod
+from devcluster.build.binaries import cache_root
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import create_objects, load_yaml_docs, wait_for
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import workload_pod
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 

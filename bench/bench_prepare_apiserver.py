@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from bench.prepare_profile import prepare_breakdown
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import DriverProcess, build_fixture, seed_docs
+from devcluster.build.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
 from tests.support.kubelet_client import KubeletClient
 

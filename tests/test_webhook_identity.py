@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from devcluster.controlplane import free_port
+from devcluster.cluster.controlplane import free_port
 from driver.webhook.certificates import self_signed
 from driver.webhook.options import WebhookOptions
 from driver.webhook.server import ServingCertificate, serve

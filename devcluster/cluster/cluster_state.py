@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster import node_host
-from devcluster.node_layout import NodeLayout
+from devcluster.cluster import node_host
+from devcluster.cluster.node_layout import NodeLayout
 from driver.kube.errors import KubeError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 _LOCK = threading.Lock()  # node set-ups run in threads and record into one state
 
 

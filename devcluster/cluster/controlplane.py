@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster import certs
-from devcluster.binaries import ControlPlaneBinaries, ensure_control_plane
+from devcluster.build.binaries import ControlPlaneBinaries, ensure_control_plane
+from devcluster.cluster import certs
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
 
@@ -426,7 +426,7 @@ def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1, what:
 
 
 def main() -> int:
-    """``python -m devcluster.controlplane``: start, print the kubeconfig path, run until Ctrl-C."""
+    """``python -m devcluster.cluster.controlplane``: start, print the kubeconfig path, run until Ctrl-C."""
     logging.basicConfig(level=logging.INFO)
     # SIGTERM behaves like Ctrl-C, so the context manager stops every process and removes files.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

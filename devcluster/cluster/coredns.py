@@ -12,7 +12,7 @@ The binary holds only the plugins that Corefile uses: a ``main`` package in the 
 that calls ``dnsserver.SetDirectives`` and imports those plugins (CoreDNS's documented way to
 build a custom server), so the cold build compiles neither the cloud DNS providers nor etcd.
 
-    python -m devcluster.coredns     # build (or reuse) and print the binary
+    python -m devcluster.cluster.coredns     # build (or reuse) and print the binary
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool
-from devcluster.node_config import CLUSTER_DOMAIN
-from devcluster.node_layout import NodeLayout
+from devcluster.build.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.cluster.node_config import CLUSTER_DOMAIN
+from devcluster.cluster.node_layout import NodeLayout
 
 MODULE = "github.com/coredns/coredns"
 VERSION = "v1.15.0"

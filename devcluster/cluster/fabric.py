@@ -23,7 +23,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from devcluster.node_layout import NodeLayout, NodeSpec
+from devcluster.cluster.node_layout import NodeLayout, NodeSpec
 
 NIC_MTU = 4092  # the IPoIB datagram MTU family; a veth takes any MTU up to 65535
 CLUSTER_BRIDGE = "cluster"

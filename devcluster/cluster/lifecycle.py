@@ -3,24 +3,24 @@
 ``up`` starts, in this order, and leaves running (every daemon in its own session, so it
 outlives the command):
 
-1. the fabric (`devcluster.fabric`): the cluster network every node and the host are on, and one
+1. the fabric (`devcluster.cluster.fabric`): the cluster network every node and the host are on, and one
    rail per NIC index (ND H100 v5: 8 rails);
 2. the control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager with the
    controllers a DaemonSet, a Deployment, a Job, EndpointSlices and DRA need), listening on
-   the host's address on the cluster network; and the cluster DNS (`devcluster.coredns`);
-3. every node (`devcluster.node_daemons`), in parallel: its network and mount namespaces, its
+   the host's address on the cluster network; and the cluster DNS (`devcluster.cluster.coredns`);
+3. every node (`devcluster.cluster.node_daemons`), in parallel: its network and mount namespaces, its
    NICs cabled to the rails, the fixture sysfs, containerd 2.x (NRI) with runc and the bridge
-   CNI, the images, the kubelet, the GPU driver test double (`devcluster.gpu_plugin`);
+   CNI, the images, the kubelet, the GPU driver test double (`devcluster.doubles.gpu_plugin`);
 4. the driver, installed WITH THE CHART (``helm install charts/dranet``) from the locally built
    image, with a dev-only values file (the fixture sysfs, the apiserver address): a DaemonSet pod
    on every node;
-5. the MPI Operator (`devcluster.mpi_operator`), and the seed's training image under the name
+5. the MPI Operator (`devcluster.cluster.mpi_operator`), and the seed's training image under the name
    its MPIJobs use, so ``kubectl apply -k examples/distributed_training`` and the MPIJob
    manifests work as the README says.
 
 It prints ``KUBECONFIG=<path>`` and ``KUBECTL=<path>``. A second ``up`` while one runs says so
 and exits 0. ``down`` removes every process, mount, namespace, link, cgroup and file the cluster
-made, from the layout alone (`devcluster.node_host.sweep`), so it also works after a crashed
+made, from the layout alone (`devcluster.cluster.node_host.sweep`), so it also works after a crashed
 ``up``. Every name and address derives from `NodeLayout`, so several clusters never collide.
 """
 
@@ -41,22 +41,23 @@ from typing import Any
 
 import yaml
 
-from devcluster import coredns, fabric, images, mpi_operator, mpijobs, node_daemons, node_host
-from devcluster import helm as helm_mod
-from devcluster.binaries import K8S_RELEASE, ControlPlaneBinaries, ensure_control_plane
-from devcluster.cluster_state import ClusterState, running, spawn, wait_pid
-from devcluster.components import NodeBinaries, ensure_node_binaries
-from devcluster.controlplane import ControlPlane, ControlPlaneOptions, free_port
-from devcluster.driver_image import build_driver_image
-from devcluster.node_daemons import NODE_LABEL, NodeImages
-from devcluster.node_layout import IN_NODE, NodeLayout
+from devcluster.build import helm as helm_mod
+from devcluster.build import images
+from devcluster.build.binaries import K8S_RELEASE, ControlPlaneBinaries, ensure_control_plane
+from devcluster.build.components import NodeBinaries, ensure_node_binaries
+from devcluster.build.driver_image import build_driver_image
+from devcluster.cluster import coredns, fabric, mpi_operator, mpijobs, node_daemons, node_host
+from devcluster.cluster.cluster_state import ClusterState, running, spawn, wait_pid
+from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, free_port
+from devcluster.cluster.node_daemons import NODE_LABEL, NodeImages
+from devcluster.cluster.node_layout import IN_NODE, NodeLayout
 from driver.kube.client import RESOURCE_API, KubeClient
 
 log = logging.getLogger(__name__)
 
 __all__ = ["NODE_LABEL", "ClusterState", "running", "up", "down", "restart"]
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dranet"
 RELEASE = "dranet"
 NAMESPACE = "kube-system"

@@ -14,7 +14,7 @@
   in the environment: the cluster has no service proxy); ``devcluster up`` installs it on the
   first node.
 
-    python -m devcluster.mpi_operator     # build (or reuse) and print the binary and the CRD
+    python -m devcluster.cluster.mpi_operator     # build (or reuse) and print the binary and the CRD
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_tool
-from devcluster.controlplane import wait_for
-from devcluster.images import ImageArchive, _tarinfo, docker_archive, images_dir
+from devcluster.build.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.build.images import ImageArchive, _tarinfo, docker_archive, images_dir
+from devcluster.cluster.controlplane import wait_for
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, NotFound
 

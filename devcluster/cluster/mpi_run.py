@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from devcluster import fabric, mpijobs
-from devcluster.controlplane import wait_for
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import Kubectl, KubectlError
+from devcluster.cluster import fabric, mpijobs
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import Kubectl, KubectlError
 from driver.kube.client import KubeClient
 from driver.kube.errors import NotFound
 

@@ -3,14 +3,14 @@ under the real MPI Operator on the cluster's real nodes: images, the seed's obje
 
 What is real and what stands in:
 
-* the MPI Operator ``v0.8.2`` (``devcluster.mpi_operator``), built from its Go module, runs as
+* the MPI Operator ``v0.8.2`` (``devcluster.cluster.mpi_operator``), built from its Go module, runs as
   upstream's standalone overlay deploys it (``devcluster up`` installs it);
 * the seed's MPIJob, ResourceClaimTemplate and DeviceClass files are applied exactly as they are
   (``kubectl apply -k examples/distributed_training``, ``kubectl apply -f mpi-job-*.yaml``); the
   ConfigMap ``ddp-benchmark-scripts`` comes from the seed's ``kustomization.yaml``;
 * the image: the seed's ``registry.example.com/dranet/pytorch-mpi:25.09`` (NGC PyTorch, CUDA)
   cannot be pulled here. :func:`worker_image` builds the same tools from Debian packages
-  (``devcluster/mpi-worker.Dockerfile``: PyTorch's CPU build, Open MPI, OpenSSH, numactl), and
+  (``devcluster/cluster/mpi-worker.Dockerfile``: PyTorch's CPU build, Open MPI, OpenSSH, numactl), and
   ``devcluster up`` tags it under the seed's name in every node's containerd, so the unchanged
   manifests start it (``IfNotPresent``). Without a GPU the benchmark runs on the CPU over gloo and
   says so; the GPUs the claims allocate come from the GPU driver test double.
@@ -30,19 +30,20 @@ from typing import Any
 
 import yaml
 
-from devcluster import gpu_double, mpi_operator
-from devcluster.binaries import Progress, _print_progress
-from devcluster.controlplane import load_yaml_docs, wait_for
-from devcluster.driver_image import base_key, bud, build_base, build_once
-from devcluster.images import ImageArchive, images_dir
-from devcluster.mpi_operator import apply
+from devcluster.build.binaries import Progress, _print_progress
+from devcluster.build.driver_image import base_key, bud, build_base, build_once
+from devcluster.build.images import ImageArchive, images_dir
+from devcluster.cluster import mpi_operator
+from devcluster.cluster.controlplane import load_yaml_docs, wait_for
+from devcluster.cluster.mpi_operator import apply
+from devcluster.doubles import gpu_double
 from driver.config import DRIVER_NAME
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = REPO / "examples" / "distributed_training"
 MPIJOB_FILES = {
     "aligned": EXAMPLE_DIR / "mpi-job-4gpu-4nic-numa-aligned.yaml",

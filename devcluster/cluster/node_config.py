@@ -4,7 +4,7 @@ Facts from /work/shared/reference/real-cluster.md §4 as verified on this VM: cg
 (PID 1 is not systemd), containerd 2.x config version 3 with NRI on (CDI is always on), the
 sandbox image pinned to a locally imported name, a bridge + host-local CNI network without IP
 masquerading (no iptables rules anywhere). Every path inside a node is the standard one
-(`devcluster.node_layout.InNode`): the node's mount namespace maps them to its own directory.
+(`devcluster.cluster.node_layout.InNode`): the node's mount namespace maps them to its own directory.
 The kubelet serves on the node IP (``eth0``); pods resolve names through the cluster DNS at the
 cluster network's gateway.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
-from devcluster.components import NodeBinaries
-from devcluster.images import PAUSE_IMAGE
-from devcluster.node_layout import IN_NODE, NodeSpec
+from devcluster.build.components import NodeBinaries
+from devcluster.build.images import PAUSE_IMAGE
+from devcluster.cluster.node_layout import IN_NODE, NodeSpec
 
 CLUSTER_DOMAIN = "cluster.local"
 KUBELET_PORT = 10250  # inside the node's network namespace: no other kubelet there

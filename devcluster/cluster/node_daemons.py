@@ -1,7 +1,7 @@
 """A node's daemons and its power: containerd, the kubelet and the GPU driver double, each
 started inside the node's namespaces and ``system`` cgroup; power off and on.
 
-* `boot`: the node's namespaces, its cables (`devcluster.fabric`), its configs, containerd (and
+* `boot`: the node's namespaces, its cables (`devcluster.cluster.fabric`), its configs, containerd (and
   the images, imported once: containerd's root survives a reboot), the kubelet, the GPU double.
 * `power_off`: every process of the node killed at once (daemons, shims, pods), then its
   namespaces dropped (its pods' network namespaces and its NICs with them) and ``/run`` wiped,
@@ -19,12 +19,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster import fabric, images, node_host, node_ns, sysfs_fixture
-from devcluster.cluster_state import REPO, ClusterState, spawn, wait_pid
-from devcluster.components import NodeBinaries
-from devcluster.node_config import write_node_configs
-from devcluster.node_layout import IN_NODE, NodeLayout, NodeSpec
-from devcluster.versions import K8sRelease
+from devcluster.build import images
+from devcluster.build.components import NodeBinaries
+from devcluster.build.versions import K8sRelease
+from devcluster.cluster import fabric, node_host, node_ns
+from devcluster.cluster.cluster_state import REPO, ClusterState, spawn, wait_pid
+from devcluster.cluster.node_config import write_node_configs
+from devcluster.cluster.node_layout import IN_NODE, NodeLayout, NodeSpec
+from devcluster.doubles import sysfs_fixture
 
 NODE_LABEL = "dranet.dev/cluster"  # on every real node (kubelet --node-labels): <cluster name>
 DAEMONS = ("containerd", "kubelet", "gpu-plugin")
@@ -128,7 +130,7 @@ def start_gpu_plugin(node: NodeSpec, st: ClusterState) -> int:
     args = [
         sys.executable,
         "-m",
-        "devcluster.gpu_plugin",
+        "devcluster.doubles.gpu_plugin",
         "--kubeconfig",
         str(node.layout.kubeconfig),
         "--node-name",

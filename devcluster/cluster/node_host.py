@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devcluster import fabric, node_ns
-from devcluster.node_layout import NodeLayout
+from devcluster.cluster import fabric, node_ns
+from devcluster.cluster.node_layout import NodeLayout
 
 log = logging.getLogger(__name__)
 

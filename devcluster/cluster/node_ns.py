@@ -25,7 +25,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from devcluster.node_layout import IN_NODE, NodeLayout, NodeSpec
+from devcluster.cluster.node_layout import IN_NODE, NodeLayout, NodeSpec
 
 SYSTEM_CGROUP = "system"  # the node's daemons, next to the kubelet's kubepods
 

@@ -1,6 +1,6 @@
 """``make demo-fast`` (``--allocation-only``): the seed example allocated on a simulated node.
 
-(``make demo`` without the flag starts the pods for real: `devcluster.demo_node`.)
+(``make demo`` without the flag starts the pods for real: `devcluster.demo.nodes`.)
 
 Builds or reuses the binaries, starts a real control plane, builds the ND H100 v5 sysfs
 fixture, runs ``dranet run`` on it as a separate process, installs the GPU driver TEST DOUBLE,
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster import gpu_double
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
+from devcluster.build.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, create_objects, free_port, load_yaml_docs, wait_for
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = REPO / "examples" / "distributed_training"
 ALIGNED, UNALIGNED = "h100-4gpu-4nic-numa-aligned", "h100-4gpu-4nic-numa-unaligned"
 
@@ -160,9 +160,9 @@ class DriverProcess:
 
 
 def build_fixture(topology: str, out: Path) -> Path:
-    """Run the sysfs fixture builder (``python -m devcluster.sysfs_fixture``) into ``out``."""
+    """Run the sysfs fixture builder (``python -m devcluster.doubles.sysfs_fixture``) into ``out``."""
     subprocess.run(
-        [sys.executable, "-m", "devcluster.sysfs_fixture", "--topology", topology, "--out", str(out)],
+        [sys.executable, "-m", "devcluster.doubles.sysfs_fixture", "--topology", topology, "--out", str(out)],
         check=True,
         cwd=REPO,
         capture_output=True,
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     if a.allocation_only:
         return run_demo()
-    from devcluster import demo_node
+    from devcluster.demo import nodes as demo_node
 
     return demo_node.run()
 

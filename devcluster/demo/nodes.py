@@ -23,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from devcluster import cluster, fabric, mpi_run, mpijobs
-from devcluster.demo import EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import Kubectl, format_view, pod_view
+from devcluster.cluster import fabric, mpi_run, mpijobs
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import Kubectl, format_view, pod_view
+from devcluster.demo.allocation import EXAMPLE_DIR
 from driver.kube.client import KubeClient
 
 NAMESPACE = "demo"

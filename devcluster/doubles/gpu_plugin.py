@@ -7,10 +7,10 @@ sockets, the driver's own generated stubs) that prepares nothing physical: for e
 writes a CDI spec (``<cdi dir>/gpu.nvidia.com-<claim uid>.json``) whose devices set
 environment variables in the container (``NVIDIA_VISIBLE_DEVICES`` with the GPUs' UUIDs and
 one ``DRA_GPU_<index>`` per GPU with its UUID and PCI address), so a pod shows which GPUs it
-got. It also keeps the node's GPU ResourceSlice published (`devcluster.gpu_double`): the
+got. It also keeps the node's GPU ResourceSlice published (`devcluster.doubles.gpu_double`): the
 kubelet wipes a node's slices when it starts.
 
-    python -m devcluster.gpu_plugin --kubeconfig K --node-name N --kubelet-root R --cdi-dir D
+    python -m devcluster.doubles.gpu_plugin --kubeconfig K --node-name N --kubelet-root R --cdi-dir D
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import grpc
 
-from devcluster import gpu_double
+from devcluster.doubles import gpu_double
 from dranet_proto import dra_v1_pb2 as v1_pb
 from dranet_proto import dra_v1_pb2_grpc as v1_grpc
 from dranet_proto import pluginregistration_pb2 as reg_pb
@@ -188,7 +188,7 @@ def serve(cfg: GpuPluginConfig, kube: KubeClient, stop: threading.Event, republi
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: serve until SIGTERM/SIGINT."""
-    ap = argparse.ArgumentParser(prog="python -m devcluster.gpu_plugin", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m devcluster.doubles.gpu_plugin", description=__doc__.splitlines()[0])
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--node-name", required=True)
     ap.add_argument("--kubelet-root", required=True, type=Path)

@@ -1,11 +1,11 @@
 """Build fixture sysfs trees shaped exactly like the kernel's, from a topology description.
 
-``python -m devcluster.sysfs_fixture --topology nd-h100-v5 --out DIR`` writes DIR with
+``python -m devcluster.doubles.sysfs_fixture --topology nd-h100-v5 --out DIR`` writes DIR with
 ``devices/pci<dom>:<bus>/.../<BDF>`` real directories, ``bus/pci/devices/<BDF>`` links,
 ``class/net``, ``class/infiniband``, ``class/infiniband_verbs``, ``class/infiniband_mad``,
 ``class/misc/rdma_cm`` and ``devices/system/node``. Every symlink is relative, as in the
 kernel, so the tree can be moved or read through any root. Topologies live in
-``devcluster/topologies/<name>.yaml`` (see ``nd-h100-v5.yaml`` for the full schema).
+``devcluster/doubles/topologies/<name>.yaml`` (see ``nd-h100-v5.yaml`` for the full schema).
 """
 
 from __future__ import annotations

@@ -25,15 +25,14 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import gpu_double
-from devcluster.controlplane import (
+from devcluster.cluster.controlplane import (
     ControlPlane,
     create_objects,
     load_yaml_docs,
     object_path,
     wait_for,
 )
-from devcluster.demo import (
+from devcluster.demo.allocation import (
     DriverProcess,
     allocated_claim,
     build_fixture,
@@ -41,6 +40,7 @@ from devcluster.demo import (
     pod_for_template,
     slice_devices,
 )
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 from tests.plugins.cluster import delete_node_and_slices, list_slices

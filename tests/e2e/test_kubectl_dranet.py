@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import gpu_double
-from devcluster.binaries import ControlPlaneBinaries
-from devcluster.controlplane import ControlPlane, create_objects, free_port, wait_for
-from devcluster.demo import allocated_claim, build_fixture, pod_for_template, seed_docs
+from devcluster.build.binaries import ControlPlaneBinaries
+from devcluster.cluster.controlplane import ControlPlane, create_objects, free_port, wait_for
+from devcluster.demo.allocation import allocated_claim, build_fixture, pod_for_template, seed_docs
+from devcluster.doubles import gpu_double
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status import ClaimStatusWriter
 from driver.claims.status_entries import DeviceResult, StatusUpdate

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import ControlPlane, wait_for
-from devcluster.demo import DriverProcess
+from devcluster.cluster.controlplane import ControlPlane, wait_for
+from devcluster.demo.allocation import DriverProcess
 from driver.claims import numa_report
 from driver.kube.client import RESOURCE_API, KubeClient
 from tests.plugins.cluster import list_slices

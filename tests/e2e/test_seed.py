@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from devcluster import gpu_double
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import (
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import (
     ALIGNED,
     UNALIGNED,
     DriverProcess,
@@ -31,6 +30,7 @@ from devcluster.demo import (
     seed_docs,
     slice_devices,
 )
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
 from tests.support.kubelet_client import KubeletClient, devices_of

@@ -30,7 +30,7 @@ ND_H100_V5 = [
 class TreeBuilder:
     """Writes a minimal kernel-shaped sysfs tree (real dirs under devices/, symlinks elsewhere).
 
-    Only for PCIe switch hierarchies, which none of devcluster/topologies/ has; real node
+    Only for PCIe switch hierarchies, which none of devcluster/doubles/topologies/ has; real node
     shapes come from the shared fixtures (tests/plugins/sysfs.py).
     """
 

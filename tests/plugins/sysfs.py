@@ -1,4 +1,4 @@
-"""pytest fixtures: fixture sysfs trees built from devcluster/topologies/*.yaml.
+"""pytest fixtures: fixture sysfs trees built from devcluster/doubles/topologies/*.yaml.
 
 Trees are built once per session into a pytest temp dir (removed by pytest) and must be treated
 as read-only; tests that modify a tree build their own with :func:`build_topology`.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 
 
 class SysfsTrees:

@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
-from devcluster.demo import EXAMPLE_DIR
-from devcluster.pods import workload_pod
+from devcluster.cluster.controlplane import create_objects, load_yaml_docs, wait_for
+from devcluster.cluster.pods import workload_pod
+from devcluster.demo.allocation import EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import KubeError, NotFound
 from tests.e2e.node.realnode import RealNode

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from devcluster import mpi_run, mpijobs
-from devcluster.controlplane import wait_for
+from devcluster.cluster import mpi_run, mpijobs
+from devcluster.cluster.controlplane import wait_for
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
 

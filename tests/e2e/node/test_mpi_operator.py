@@ -8,18 +8,18 @@ worker.sh with its 4 NICs, their RDMA device nodes, NCCL_IB_HCA and DRANET_INTER
 the launcher's mpirun reaches both workers over ssh by the names in its hostfile (cluster DNS),
 8 ranks train over gloo on the CPU across the claimed NICs, the launcher prints MFU_RESULT, the
 MPIJob Succeeds. The rails' byte counters show the traffic on exactly the claimed NICs of both
-nodes. Deleting the MPIJob returns every NIC intact. See devcluster/mpijobs.py for what stands in.
+nodes. Deleting the MPIJob returns every NIC intact. See devcluster/cluster/mpijobs.py for what stands in.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devcluster import mpi_run, mpijobs
-from devcluster.components import ensure_node_binaries
-from devcluster.controlplane import wait_for
-from devcluster.images import image_present
-from devcluster.pods import pod_view
+from devcluster.build.components import ensure_node_binaries
+from devcluster.build.images import image_present
+from devcluster.cluster import mpi_run, mpijobs
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
 

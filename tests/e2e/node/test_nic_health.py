@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster, fabric
-from devcluster.controlplane import load_yaml_docs, wait_for
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.pods import pod_view
+from devcluster.cluster import fabric
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import load_yaml_docs, wait_for
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.config import UNHEALTHY_TAINT_KEY
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import NotFound

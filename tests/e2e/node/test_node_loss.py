@@ -1,6 +1,6 @@
 """A seed MPIJob losing a node, and deleted mid-run: nothing stranded on either node.
 
-Node loss is a power cut (`devcluster.node_daemons.power_off`): every process of the node
+Node loss is a power cut (`devcluster.cluster.node_daemons.power_off`): every process of the node
 (kubelet, containerd, shims, the driver, the job's worker) killed at once, its namespaces gone
 (the NICs in its pods with them) and its ``/run`` wiped; its disks (``/var/lib/kubelet``,
 ``/var/lib/dranet``, containerd's root) stay. mpirun loses the dead worker, the launcher fails
@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from devcluster import mpi_run, mpijobs, node_daemons
-from devcluster.binaries import K8S_RELEASE
-from devcluster.components import ensure_node_binaries
-from devcluster.controlplane import wait_for
+from devcluster.build.binaries import K8S_RELEASE
+from devcluster.build.components import ensure_node_binaries
+from devcluster.cluster import mpi_run, mpijobs, node_daemons
+from devcluster.cluster.controlplane import wait_for
 from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home

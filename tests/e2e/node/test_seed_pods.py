@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from devcluster.demo import ALIGNED, UNALIGNED
-from devcluster.pods import pod_view
-from devcluster.sysfs_fixture import UVERBS_MAJOR
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED, UNALIGNED
+from devcluster.doubles.sysfs_fixture import UVERBS_MAJOR
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     delete_pod,
