@@ -12,7 +12,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.build.components
 	$(PY) -m devcluster.cluster.coredns
 	$(PY) -m devcluster.build.helm
-	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
+	$(PY) -c "from harness.nri import harness_binary; print('nri harness:', harness_binary())"
 	$(PY) -m devcluster.build.images
 	$(PY) -m devcluster.build.driver_image
 	$(PY) -m devcluster.cluster.mpi_operator

@@ -47,7 +47,7 @@ from devcluster.cluster import certs
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
 from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
-from tests.support.kubelet_client import KubeletClient
+from harness.kubelet_client import KubeletClient
 
 SA_NS = "dranet-bench"
 CLAIM_NS = "workloads"
@@ -358,7 +358,7 @@ def main(argv: list[str]) -> int:
 
 def storm(b: Bench, kube: KubeClient, audit: Audit, seconds: float, log_level: str = "warning") -> str:
     """One driver on the host's /sys publishing 50 veths that a storm flips: its writes per 100 changes."""
-    from tests.plugins.netns import NetnsFactory
+    from harness.netns import NetnsFactory
 
     factory = NetnsFactory()
     prefix = f"dl{secrets.token_hex(2)}"

@@ -4,7 +4,7 @@
 bench-hooks``). One run starts a real control plane, ``dranet run`` as its own process on the
 host's ``/sys`` with everything a node runs (NRI plugin, kubelet plugin with a connected health
 stream, /metrics and /healthz, the link watch, the publisher, the claim status writer), and the
-containerd/nri runtime adaptation (the Go harness, ``tests/nri_harness``) on a private socket.
+containerd/nri runtime adaptation (the Go harness, ``harness/nri_harness``) on a private socket.
 
 Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 veth NICs:
 
@@ -59,9 +59,9 @@ from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API
 from driver.netlink.rtnl import Route
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import Harness, harness_binary, link_facts, pod_json
-from tests.support.kubelet_client import KubeletClient
+from harness.kubelet_client import KubeletClient
+from harness.netns import NetnsFactory
+from harness.nri import Harness, harness_binary, link_facts, pod_json
 
 STORM_LINKS = 50
 GOALS = {  # overhead over the floor, ms (issue 14)

@@ -86,7 +86,7 @@ class Fixture:
 
 
 def _prepare(store: CheckpointStore, pod_uid: str, links: list[str], ethtool: bool = False) -> None:
-    from tests.plugins.nri import prepare_claim
+    from harness.nri import prepare_claim
 
     devices = []
     for i, link in enumerate(links):
@@ -208,7 +208,7 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
 def bench_round_trip(runs: int) -> list[float] | None:
     """NRI RunPodSandbox round trip (no-op hook) through containerd/nri's adaptation, ms."""
     try:
-        from tests.plugins.nri import DriverProcess, Harness, harness_binary
+        from harness.nri import DriverProcess, Harness, harness_binary
 
         binary = harness_binary()
     except Exception as exc:  # noqa: BLE001 - no Go toolchain: skip this part, say why

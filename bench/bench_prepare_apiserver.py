@@ -34,7 +34,7 @@ from devcluster.build.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
-from tests.support.kubelet_client import KubeletClient
+from harness.kubelet_client import KubeletClient
 
 NODE, NS = "bench-node", "default"
 BIG_NODE = "bench-node-520"

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "distributed_training"
+EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "distributed_training"
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -44,7 +44,7 @@ def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8
     Shaped like the kernel's sysfs (``bus/pci/devices`` and ``class/net`` are symlinks into
     ``devices/``, a bound ``driver`` link), enough for discovery to publish them. Returns the
     device names discovery gives them (``pci-0000-8a-00-0``...). For full topologies use the
-    fixture builder in tests/plugins/sysfs.py.
+    fixture builder in harness/sysfs.py.
     """
     root = Path(root)
     names = []

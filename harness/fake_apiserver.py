@@ -353,7 +353,7 @@ def _field(obj: dict[str, Any], dotted: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the stub as its own process: ``python -m tests.support.fake_apiserver --kubeconfig F``.
+    """Run the stub as its own process: ``python -m harness.fake_apiserver --kubeconfig F``.
 
     Claims are read from ``--claims`` (a JSON list) at start; prints ``ready <url>`` on stdout
     and serves until SIGTERM/SIGINT. Benchmarks use this so the stub does not share a GIL

@@ -1,9 +1,9 @@
 """NRI test plumbing: the Go runtime-side harness, our plugin as a real process, checkpoint/pod helpers.
 
-- :func:`harness_binary` builds ``tests/nri_harness`` (containerd/nri's runtime adaptation)
+- :func:`harness_binary` builds ``harness/nri_harness`` (containerd/nri's runtime adaptation)
   once, cached under ``~/.cache/dranet/nri-harness/<nri version>+<source hash>/``.
 - :class:`Harness` runs it on a private socket and sends it JSON commands.
-- :class:`DriverProcess` runs ``python -m tests.plugins.nri`` = our NRIPlugin + NRIHooks in
+- :class:`DriverProcess` runs ``python -m harness.nri`` = our NRIPlugin + NRIHooks in
   a separate process (so tests can SIGKILL it, or make it ``os._exit`` via DRANET_FAULT_AFTER).
 - :func:`link_facts` reads a link's state with ``ip -j`` (independent of the code under test).
 
@@ -32,8 +32,8 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-HARNESS_SRC = ROOT / "tests" / "nri_harness"
+ROOT = Path(__file__).resolve().parents[1]
+HARNESS_SRC = ROOT / "harness" / "nri_harness"
 NRI_VERSION = "v0.12.5"
 
 
@@ -170,7 +170,7 @@ class DriverProcess:
             [
                 sys.executable,
                 "-m",
-                "tests.plugins.nri",
+                "harness.nri",
                 "--socket",
                 socket,
                 "--state-dir",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import load_example_module
+from harness import load_example_module
 
 mfu = load_example_module("mfu")
 

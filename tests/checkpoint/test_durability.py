@@ -21,10 +21,10 @@ from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
 from driver.checkpoint.files import FileOps
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
+from tests.checkpoint.test_store import _claim
 from tests.plugins.tmpfs import TmpfsFactory, fill
-from tests.test_checkpoint import _claim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _add(store: CheckpointStore, *uids: str) -> None:
@@ -137,7 +137,7 @@ EACCES_WRITER = """
 import json, sys
 from driver.checkpoint.errors import CheckpointWriteError
 from driver.checkpoint.store import CheckpointStore
-from tests.test_checkpoint import _claim
+from tests.checkpoint.test_store import _claim
 store = CheckpointStore(sys.argv[1], sys.argv[2])
 try:
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))

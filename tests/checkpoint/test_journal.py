@@ -22,8 +22,8 @@ from driver.checkpoint.journal import base_of, parse, record
 from driver.checkpoint.schema import SCHEMA_VERSION
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
+from tests.checkpoint.test_store import _claim
 from tests.plugins.tmpfs import TmpfsFactory, fill
-from tests.test_checkpoint import _claim
 
 
 def _put(store: CheckpointStore, *uids: str) -> None:

@@ -19,7 +19,7 @@ from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, Pre
 from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _claim(uid: str) -> PreparedClaim:
@@ -97,7 +97,7 @@ def test_failed_mutation_is_not_persisted_as_partial_write(tmp_path: Path) -> No
 WRITER = """
 import sys
 from driver.checkpoint.store import CheckpointStore
-from tests.test_checkpoint import _claim
+from tests.checkpoint.test_store import _claim
 store = CheckpointStore(sys.argv[1])
 i = 0
 print("ready", flush=True)

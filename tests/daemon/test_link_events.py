@@ -30,9 +30,9 @@ from driver.inventory.incremental import LinkChange
 from driver.inventory.names import netdev_device_name
 from driver.kube.client import KubeClient
 from driver.netlink.hook_activity import GRACE
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import Harness, ip, link_facts, pod_json, prepare_claim
-from tests.support.fake_apiserver import FakeAPIServer
+from harness.fake_apiserver import FakeAPIServer
+from harness.netns import NetnsFactory
+from harness.nri import Harness, ip, link_facts, pod_json, prepare_claim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Real `dranet run` processes, killed with SIGKILL mid-prepare and restarted; SIGTERM cleanup.
 
-The kubelet is played by tests.support.kubelet_client over the real unix sockets; the
-API server by tests.support.fake_apiserver (the real one is exercised in the control-plane
+The kubelet is played by harness.kubelet_client over the real unix sockets; the
+API server by harness.fake_apiserver (the real one is exercised in the control-plane
 tests). State must survive only through the checkpoint file.
 """
 
@@ -26,11 +26,11 @@ import grpc
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from tests.support import write_nic_sysfs
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
-from tests.support.kubelet_client import KubeletClient, devices_of, wait_for_socket
+from harness import write_nic_sysfs
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from harness.kubelet_client import KubeletClient, devices_of, wait_for_socket
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NODE = "node-r"
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/"
 
@@ -269,7 +269,7 @@ async def test_kill9_after_checkpoint_write_before_response(env: Env) -> None:
 
 async def test_a_checkpoint_from_a_newer_driver_refuses_to_start(env: Env) -> None:
     """A downgrade: the file is valid, only not ours to read. Kept, and the driver says why.
-    (A corrupt file is moved aside instead: tests/test_daemon_state_faults.py.)"""
+    (A corrupt file is moved aside instead: tests/daemon/test_state_faults.py.)"""
     (env.dir / "state").mkdir()
     (env.dir / "state/checkpoint.json").write_text('{"version": 99, "claims": {}}')
     proc = env.start()

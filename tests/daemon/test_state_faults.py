@@ -1,8 +1,8 @@
 """The real `dranet run` with its state directory on a full disk, and started on a corrupt state.
 
 A real tmpfs (a few hundred KB, filled to the last page) holds the state directory; the kubelet
-is played over the real gRPC sockets (tests.support.kubelet_client), the API server by
-tests.support.fake_apiserver. What is checked is what a user would meet: the answers to the
+is played over the real gRPC sockets (harness.kubelet_client), the API server by
+harness.fake_apiserver. What is checked is what a user would meet: the answers to the
 kubelet, the state file, the log, ``/healthz``, and the next start.
 """
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
+from harness.fake_apiserver import make_claim, result
+from harness.kubelet_client import KubeletClient, devices_of
+from tests.daemon.test_restart import NODE, Env, _healthz_port, _ready, _wait_exit, make_env
 from tests.plugins.tmpfs import TmpfsFactory, fill
-from tests.support.fake_apiserver import make_claim, result
-from tests.support.kubelet_client import KubeletClient, devices_of
-from tests.test_daemon_restart import NODE, Env, _healthz_port, _ready, _wait_exit, make_env
 
 CLAIMS = 40
 pytestmark = [pytest.mark.root, pytest.mark.slow]

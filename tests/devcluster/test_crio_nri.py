@@ -23,10 +23,10 @@ import pytest
 
 from devcluster.build import crio
 from devcluster.build.binaries import cache_root
-from tests.support.fake_apiserver import FakeAPIServer
+from harness.fake_apiserver import FakeAPIServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _wait(pred: object, timeout: float, what: str) -> None:

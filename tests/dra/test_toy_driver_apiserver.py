@@ -18,9 +18,9 @@ from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult, ResultDevice
 from driver.dra.slices import MAX_DEVICES_PER_SLICE
 from driver.kube.client import KubeClient
+from harness.kubelet_client import KubeletClient, devices_of
 from tests.dra.test_publisher_apiserver import eventually
 from tests.plugins.cluster import list_slices
-from tests.support.kubelet_client import KubeletClient, devices_of
 
 pytestmark = [pytest.mark.cluster]
 DRIVER = "gadget.example.com"

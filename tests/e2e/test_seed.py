@@ -32,8 +32,8 @@ from devcluster.demo.allocation import (
 )
 from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.kubelet_client import KubeletClient, devices_of
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
-from tests.support.kubelet_client import KubeletClient, devices_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SEED_GPUS = {"0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"}

@@ -31,7 +31,7 @@ class TreeBuilder:
     """Writes a minimal kernel-shaped sysfs tree (real dirs under devices/, symlinks elsewhere).
 
     Only for PCIe switch hierarchies, which none of devcluster/doubles/topologies/ has; real node
-    shapes come from the shared fixtures (tests/plugins/sysfs.py).
+    shapes come from the shared fixtures (harness/sysfs.py).
     """
 
     root: Path
