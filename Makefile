@@ -50,7 +50,7 @@ protos:  ## regenerate dranet_proto stubs after editing a .proto
 schema:  ## regenerate the claim config JSON Schema (charts/dranet/files/) after editing driver/api
 	$(PY) hack/gen_schema.py
 
-module-table:  ## regenerate docs/architecture.md's module table from the driver's docstrings
+module-table:  ## regenerate docs/architecture.md's module tables (driver, tooling) from the docstrings
 	$(PY) hack/gen_module_table.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)

@@ -45,8 +45,9 @@ from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
 from devcluster.build.binaries import ensure_control_plane
 from devcluster.cluster import certs
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
-from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
+from devcluster.demo.allocation import build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
 from harness.kubelet_client import KubeletClient
 
 SA_NS = "dranet-bench"

@@ -54,11 +54,12 @@ from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic, Pyroute2Floor, o
 from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
 from devcluster.build.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo.allocation import DriverProcess, seed_docs
+from devcluster.demo.allocation import seed_docs
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API
 from driver.netlink.rtnl import Route
+from harness.driver_process import DriverProcess
 from harness.kubelet_client import KubeletClient
 from harness.netns import NetnsFactory
 from harness.nri import Harness, harness_binary, link_facts, pod_json

@@ -32,8 +32,9 @@ from pathlib import Path
 from bench.prepare_profile import prepare_breakdown
 from devcluster.build.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo.allocation import DriverProcess, build_fixture, seed_docs
+from devcluster.demo.allocation import build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
 from harness.kubelet_client import KubeletClient
 
 NODE, NS = "bench-node", "default"

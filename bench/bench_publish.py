@@ -150,7 +150,7 @@ def link_bench(cp: ControlPlane, samples: int, interval: float) -> None:
     """Real link changes through `dranet run` (host /sys, veth pair dnb0/dnb1 created here)."""
     from pyroute2 import IPRoute
 
-    from devcluster.demo.allocation import DriverProcess
+    from harness.driver_process import DriverProcess
 
     kube = cp.kube()
     cp.create_node(LINK_NODE)

@@ -1,4 +1,7 @@
-"""Reusable test helpers: a fake kube-apiserver, a client that plays the kubelet, a tiny sysfs tree."""
+"""The harness tests and benchmarks share: the driver as a process (`driver_process`, and the NRI plugin
+alone in `nri`), the NRI runtime side (`nri`, a Go program in ``nri_harness/``), throwaway namespaces and
+veths (`netns`), sysfs fixture trees (`sysfs`), a client that plays the kubelet (`kubelet_client`), a
+stand-in kube-apiserver (`fake_apiserver`); here, a tiny sysfs tree and process clean-up."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared pytest configuration: fixtures live in tests/plugins/, one module per area."""
+"""Shared pytest configuration: fixtures live in harness/ (shared with bench/) and tests/plugins/, by area."""
 
 pytest_plugins = [
     "harness.sysfs",  # fixture sysfs trees (ND H100 v5, SR-IOV, ...)

@@ -33,7 +33,6 @@ from devcluster.cluster.controlplane import (
     wait_for,
 )
 from devcluster.demo.allocation import (
-    DriverProcess,
     allocated_claim,
     build_fixture,
     delete_pod,
@@ -43,6 +42,7 @@ from devcluster.demo.allocation import (
 from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
+from harness.driver_process import DriverProcess
 from tests.plugins.cluster import delete_node_and_slices, list_slices
 
 pytestmark = [pytest.mark.cluster]

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 
 from devcluster.cluster.controlplane import ControlPlane, wait_for
-from devcluster.demo.allocation import DriverProcess
 from driver.claims import numa_report
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
 from harness.kubelet_client import KubeletClient, devices_of
 from harness.netns import NetnsFactory
 from harness.nri import Harness, configure_host_nic, link_facts, pod_json

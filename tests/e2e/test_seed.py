@@ -22,7 +22,6 @@ from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_f
 from devcluster.demo.allocation import (
     ALIGNED,
     UNALIGNED,
-    DriverProcess,
     allocated_claim,
     build_fixture,
     delete_pod,
@@ -32,6 +31,7 @@ from devcluster.demo.allocation import (
 )
 from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
 from harness.kubelet_client import KubeletClient, devices_of
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
 
