@@ -1,4 +1,4 @@
-"""Pod start and stop through the whole node daemon, side by side with the bare kernel work (issue 14).
+"""Pod start and stop through the whole node daemon, side by side with the bare kernel work.
 
 ``python -m bench.bench_hooks [--cycles 100] [--storm-cycles 100] [--idle 30]`` (root; ``make
 bench-hooks``). One run starts a real control plane, ``dranet run`` as its own process on the
@@ -65,7 +65,7 @@ from harness.netns import NetnsFactory
 from harness.nri import Harness, harness_binary, link_facts, pod_json
 
 STORM_LINKS = 50
-GOALS = {  # overhead over the floor, ms (issue 14)
+GOALS = {  # overhead over the floor, ms
     "run": (3.0, 10.0),
     "stop": (5.0, 15.0),
     "run_storm": (None, 15.0),

@@ -8,7 +8,7 @@ fsync), and is unprepared untimed afterwards so the checkpoint stays at steady-s
 
     python -m bench.bench_prepare [--calls 300] [--concurrent 100]
 
-Goal (issue 2): p99 <= 20 ms for one 4-device claim.
+Goal: p99 <= 20 ms for one 4-device claim.
 """
 
 from __future__ import annotations

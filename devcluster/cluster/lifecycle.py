@@ -14,7 +14,7 @@ outlives the command):
 4. the driver, installed WITH THE CHART (``helm install charts/dranet``) from the locally built
    image, with a dev-only values file (the fixture sysfs, the apiserver address): a DaemonSet pod
    on every node;
-5. the MPI Operator (`devcluster.cluster.mpi_operator`), and the seed's training image under the name
+5. the MPI Operator (`devcluster.cluster.mpi_operator`), and the training example's image under the name
    its MPIJobs use, so ``kubectl apply -k examples/distributed_training`` and the MPIJob
    manifests work as the README says.
 

@@ -1,4 +1,4 @@
-"""One seed MPIJob run from ``kubectl apply`` to its end, measured: when both workers were Ready,
+"""One MPIJob of the training example run from ``kubectl apply`` to its end, measured: when both workers were Ready,
 when the first rank started, when the launcher printed ``MFU_RESULT``, how the job ended, and
 how many bytes each NIC of each node moved on its rail meanwhile.
 
@@ -108,7 +108,7 @@ def rail_bytes(
 
 
 def apply_job(kubectl: Kubectl, ns: str, which: str) -> float:
-    """``kubectl apply -f`` the seed's MPIJob file, unchanged; returns the wall-clock time of the apply."""
+    """``kubectl apply -f`` the training example's MPIJob file, unchanged; returns the wall-clock time of the apply."""
     t0 = time.time()
     kubectl.run("apply", "-n", ns, "-f", str(mpijobs.MPIJOB_FILES[which]), timeout=60)
     return t0
@@ -124,7 +124,7 @@ def run(
     until: str = "end",
     on_workers_ready: Callable[[RunResult], None] | None = None,
 ) -> RunResult:
-    """``kubectl apply -f`` the seed's MPIJob ``which`` and follow it (see `follow`)."""
+    """``kubectl apply -f`` the training example's MPIJob ``which`` and follow it (see `follow`)."""
     before = fabric.rail_counters(layout)
     t0 = apply_job(kubectl, ns, which)
     job = mpijobs.load_mpijob(which, ns)

@@ -1,17 +1,17 @@
-"""The seed's MPIJobs (``examples/distributed_training/mpi-job-4gpu-4nic-numa-*.yaml``), unchanged,
-under the real MPI Operator on the cluster's real nodes: images, the seed's objects, reports.
+"""The training example's MPIJobs (``examples/distributed_training/mpi-job-4gpu-4nic-numa-*.yaml``), unchanged,
+under the real MPI Operator on the cluster's real nodes: images, the training example's objects, reports.
 
 What is real and what stands in:
 
 * the MPI Operator ``v0.8.2`` (``devcluster.cluster.mpi_operator``), built from its Go module, runs as
   upstream's standalone overlay deploys it (``devcluster up`` installs it);
-* the seed's MPIJob, ResourceClaimTemplate and DeviceClass files are applied exactly as they are
+* the training example's MPIJob, ResourceClaimTemplate and DeviceClass files are applied exactly as they are
   (``kubectl apply -k examples/distributed_training``, ``kubectl apply -f mpi-job-*.yaml``); the
-  ConfigMap ``ddp-benchmark-scripts`` comes from the seed's ``kustomization.yaml``;
-* the image: the seed's ``registry.example.com/dranet/pytorch-mpi:25.09`` (NGC PyTorch, CUDA)
+  ConfigMap ``ddp-benchmark-scripts`` comes from the training example's ``kustomization.yaml``;
+* the image: the training example's ``registry.example.com/dranet/pytorch-mpi:25.09`` (NGC PyTorch, CUDA)
   cannot be pulled here. :func:`worker_image` builds the same tools from Debian packages
   (``devcluster/cluster/mpi-worker.Dockerfile``: PyTorch's CPU build, Open MPI, OpenSSH, numactl), and
-  ``devcluster up`` tags it under the seed's name in every node's containerd, so the unchanged
+  ``devcluster up`` tags it under the training example's name in every node's containerd, so the unchanged
   manifests start it (``IfNotPresent``). Without a GPU the benchmark runs on the CPU over gloo and
   says so; the GPUs the claims allocate come from the GPU driver test double.
 """
@@ -60,7 +60,7 @@ JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 
 
 def worker_image(progress: Progress = _print_progress) -> ImageArchive:
-    """The seed's image for this machine (``mpi-worker.Dockerfile`` on the driver image's Debian
+    """The training example's image for this machine (``mpi-worker.Dockerfile`` on the driver image's Debian
     base), built with buildah on first use (apt inside: ~160 MB of packages) and cached by
     content hash."""
     key = hashlib.sha256(base_key().encode() + WORKER_DOCKERFILE.read_bytes()).hexdigest()[:16]
@@ -80,7 +80,7 @@ def worker_image(progress: Progress = _print_progress) -> ImageArchive:
 
 
 def seed_images() -> list[str]:
-    """Every container image the seed's MPIJobs name (read from the files, not assumed)."""
+    """Every container image the training example's MPIJobs name (read from the files, not assumed)."""
     images = set()
     for path in MPIJOB_FILES.values():
         job = yaml.safe_load(path.read_text())
@@ -89,11 +89,11 @@ def seed_images() -> list[str]:
     return sorted(images)
 
 
-# -- the seed's objects ---------------------------------------------------------------------------
+# -- the training example's objects ------------------------------------------------------------------
 
 
 def scripts_configmap(namespace: str) -> dict[str, Any]:
-    """``ddp-benchmark-scripts`` as the seed's kustomization.yaml generates it (same name, files)."""
+    """``ddp-benchmark-scripts`` as the training example's kustomization.yaml generates it (same name, files)."""
     kustomization = yaml.safe_load((EXAMPLE_DIR / "kustomization.yaml").read_text())
     gen = next(g for g in kustomization["configMapGenerator"] if g["name"] == "ddp-benchmark-scripts")
     data = {Path(f).name: (EXAMPLE_DIR / f).read_text() for f in gen["files"]}
@@ -106,7 +106,7 @@ def scripts_configmap(namespace: str) -> dict[str, Any]:
 
 
 def apply_seed(kube: KubeClient, namespace: str) -> None:
-    """The seed's ResourceClaimTemplates (unchanged) and the scripts ConfigMap in ``namespace``."""
+    """The training example's ResourceClaimTemplates (unchanged) and the scripts ConfigMap in ``namespace``."""
     for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml"):
         d["metadata"]["namespace"] = namespace
         apply(kube, d)
@@ -114,7 +114,7 @@ def apply_seed(kube: KubeClient, namespace: str) -> None:
 
 
 def load_mpijob(which: str, namespace: str) -> dict[str, Any]:
-    """The seed's MPIJob ``which`` ("aligned" or "unaligned") as written, placed in ``namespace``."""
+    """The training example's MPIJob ``which`` ("aligned" or "unaligned") as written, placed in ``namespace``."""
     job: dict[str, Any] = yaml.safe_load(MPIJOB_FILES[which].read_text())
     job["metadata"]["namespace"] = namespace
     return job
@@ -239,7 +239,7 @@ def wait_scheduled(kube: KubeClient, namespace: str, job: str, workers: int, tim
 
 @contextlib.contextmanager
 def seed_namespace(kube: KubeClient, namespace: str) -> Iterator[str]:
-    """``namespace`` with the seed's templates and scripts; deleted (and emptied) on exit."""
+    """``namespace`` with the training example's templates and scripts; deleted (and emptied) on exit."""
     with contextlib.suppress(Conflict):
         kube.request(
             "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
@@ -321,7 +321,7 @@ def format_report(r: JobReport) -> list[str]:
 
 
 def main() -> int:
-    """CLI: build (or reuse) the seed's image for this machine and print it."""
+    """CLI: build (or reuse) the training example's image for this machine and print it."""
     img = worker_image()
     print(f"{img.ref} {img.path} (tagged as {', '.join(seed_images())} on every node)")
     return 0

@@ -1,4 +1,4 @@
-"""``python -m devcluster.demo [--allocation-only]``: the seed example's demo (``make demo``, ``make demo-fast``)."""
+"""``python -m devcluster.demo [--allocation-only]``: the training example's demos (``make demo``, ``demo-fast``)."""
 
 from __future__ import annotations
 

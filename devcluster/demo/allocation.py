@@ -1,4 +1,4 @@
-"""``make demo-fast`` (``--allocation-only``): the seed example allocated on a simulated node.
+"""``make demo-fast`` (``--allocation-only``): the training example allocated on a simulated node.
 
 (``make demo`` without the flag starts the pods for real: `devcluster.demo.nodes`.)
 
@@ -7,7 +7,7 @@ fixture, runs ``dranet run`` on it as a separate process, installs the GPU drive
 applies ``examples/distributed_training/{device-class,resource-claim-template}.yaml``, creates one
 pod per template (one after the other: both templates want the same 4 GPUs), and prints which
 NICs and GPUs each claim got with their NUMA nodes. Everything is removed at the end, also on
-Ctrl-C. The seed helpers here are reused by tests/e2e/test_seed.py.
+Ctrl-C. The training example's helpers here are reused by tests/e2e/test_seed.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def build_fixture(topology: str, out: Path) -> Path:
 
 
 def seed_docs() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The seed's DeviceClass and ResourceClaimTemplates, read from the example files."""
+    """The training example's DeviceClass and ResourceClaimTemplates, read from the example files."""
     return (
         load_yaml_docs(EXAMPLE_DIR / "device-class.yaml"),
         load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml"),

@@ -1,4 +1,4 @@
-"""``make demo``: the seed's experiment run to the end on a local cluster with two real nodes.
+"""``make demo``: the training example's experiment run to the end on a local cluster with two real nodes.
 
 Uses a running ``python -m devcluster up`` cluster if there is one (and leaves it running),
 else starts its own (``demo``) and removes it at the end, also on Ctrl-C. Then, as the example's
@@ -43,7 +43,7 @@ def _nics_line(layout: NodeLayout) -> str:
 
 
 def show_job(kube: KubeClient, kubectl: Kubectl, layout: NodeLayout, which: str) -> mpi_run.RunResult:
-    """One seed MPIJob from apply to MFU_RESULT, then deleted; prints as it goes."""
+    """One MPIJob of the training example from apply to MFU_RESULT, then deleted; prints as it goes."""
     path = mpijobs.MPIJOB_FILES[which]
     print(f"\n$ kubectl apply -n {NAMESPACE} -f {path.relative_to(EXAMPLE_DIR.parent.parent)}", flush=True)
 

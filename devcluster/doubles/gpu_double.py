@@ -1,7 +1,7 @@
 """TEST DOUBLE for the NVIDIA GPU DRA driver (gpu.nvidia.com) - not the real driver.
 
 It only publishes what the real driver would publish for an Azure ND H100 v5 node so that the
-seed ResourceClaimTemplates (which also request 4 GPUs by ``resource.kubernetes.io/pciBusID``)
+ResourceClaimTemplates of the training example (which also request 4 GPUs by ``resource.kubernetes.io/pciBusID``)
 can be allocated: one ResourceSlice with the 8 H100 GPUs, and the ``gpu.nvidia.com``
 DeviceClass. It never prepares anything: a GPU claim is only ever allocated by the scheduler.
 """

@@ -1,7 +1,7 @@
 """TEST DOUBLE of the NVIDIA GPU DRA driver as a real kubelet plugin (``gpu.nvidia.com``).
 
 On the real node the kubelet calls NodePrepareResources for every driver a pod's claim
-allocated from, so the seed's GPU requests need a plugin that answers. This one is a real
+allocated from, so the training example's GPU requests need a plugin that answers. This one is a real
 kubelet plugin (plugin registration + ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` over unix
 sockets, the driver's own generated stubs) that prepares nothing physical: for each claim it
 writes a CDI spec (``<cdi dir>/gpu.nvidia.com-<claim uid>.json``) whose devices set

@@ -1,7 +1,7 @@
 """Claim status and NUMAAligned on a real control plane, with the scheduler doing the allocation.
 
 A simulated ND H100 v5 node: our ResourceSlice comes from real discovery over the fixture sysfs,
-the GPU slice from the GPU double (devcluster/doubles/gpu_double.py). A pod uses the seed's aligned or
+the GPU slice from the GPU double (devcluster/doubles/gpu_double.py). A pod uses the training example's aligned or
 unaligned ResourceClaimTemplate (examples/distributed_training); the scheduler allocates 4 GPUs
 and 4 NICs. Then a "GPU driver" writes its own status entry with its own field manager and
 ClaimStatusWriter applies ours: both must coexist, and NUMAAligned must be True for the aligned

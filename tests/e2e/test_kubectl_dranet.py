@@ -1,7 +1,7 @@
 """`kubectl dranet` against a real control plane, with a namespace user's rights.
 
 Two simulated ND H100 v5 nodes: their NICs published by the driver's own discovery and publisher
-(the fixture sysfs), the GPU double's slices, the seed's DeviceClass and templates, and the
+(the fixture sysfs), the GPU double's slices, the training example's DeviceClass and templates, and the
 seed's two pods (both want the same four GPUs: one per node) allocated by the real scheduler.
 The aligned pod's claim gets the status the driver writes when the NRI hook has moved the NICs
 (the driver's own status writer). The plugin runs with a token of a ServiceAccount that may

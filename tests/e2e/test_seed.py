@@ -1,6 +1,6 @@
-"""The seed example end to end on a real control plane, with `dranet run` as a separate process.
+"""The training example end to end on a real control plane, with `dranet run` as a separate process.
 
-A simulated ND H100 v5 node (fixture sysfs), the GPU driver test double, the seed DeviceClass and
+A simulated ND H100 v5 node (fixture sysfs), the GPU driver test double, the training example's DeviceClass and
 ResourceClaimTemplates applied from examples/distributed_training/ (the files themselves), pods
 scheduled by the real scheduler, then this test plays the kubelet over the driver's sockets.
 Tests in this module run in file order and share one driver process.

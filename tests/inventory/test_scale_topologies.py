@@ -80,7 +80,7 @@ def test_go_cut_keeps_only_the_go_attributes(shapes: dict) -> None:
 def test_templates_per_shape(shapes: dict) -> None:
     tmpls = templates(SimpleNamespace(shapes=shapes))
     (seed,) = [t for t in seed_docs()[1] if t["metadata"]["name"].endswith("numa-aligned")]
-    assert tmpls[("aligned", "nd")] == seed  # the seed's template, unchanged
+    assert tmpls[("aligned", "nd")] == seed  # the training example's template, unchanged
     gpu, nic = tmpls[("aligned", "dgx")]["spec"]["spec"]["devices"]["requests"]
     expr = gpu["exactly"]["selectors"][0]["cel"]["expression"]
     assert all(f'"{g.bus_id}"' in expr for g in shapes["dgx"].gpus if g.numa == 0)

@@ -70,7 +70,7 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
 
 @pytest.fixture
 def seed_ns(real_node: RealNode) -> Iterator[str]:
-    """A fresh namespace with the seed's two ResourceClaimTemplates (per test)."""
+    """A fresh namespace with the training example's two ResourceClaimTemplates (per test)."""
     with seed_namespace(real_node) as name:
         yield name
 

@@ -8,7 +8,7 @@ end down takes the carrier away, as a pulled cable or a switch port going down w
    ``status.containerStatuses[].allocatedResourcesStatus`` says Unhealthy within 5 s, the device
    gets the ``dra.net/unhealthy=LinkDown:NoSchedule`` taint in the ResourceSlice; link back:
    Healthy, taint gone. The claim is a ResourceClaim named like the pod's claim entry, made from
-   the seed's aligned template's spec: the 1.34 kubelet fills ``allocatedResourcesStatus`` only
+   the training example's aligned template's spec: the 1.34 kubelet fills ``allocatedResourcesStatus`` only
    when the two names match, so never for a claim made from a template (kubernetes#134482, fixed
    in 1.35 by kubernetes#134875); the driver's health stream is the same either way.
 2. A free NIC loses its link: a new claim for "one RDMA NIC on NUMA 1", which the allocator gives

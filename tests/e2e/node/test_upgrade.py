@@ -65,7 +65,7 @@ CONTAINERD_NRI_ERRORS = re.compile(r"level=error.*(nri|NRI|plugin \"00-dra\.net\
 
 @pytest.fixture
 def ns(real_node: RealNode, seed_ns: str) -> str:
-    """The seed's templates and one for the loop pods: one RDMA NIC on NUMA 1."""
+    """The training example's templates and one for the loop pods: one RDMA NIC on NUMA 1."""
     create_template(real_node, nic_template(seed_ns, LOOP_TEMPLATE, NUMA1_RDMA))
     return seed_ns
 
