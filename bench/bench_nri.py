@@ -34,7 +34,8 @@ from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Rtnl, newlink
 from driver.nri.hooks import NRIHooks
 
-GOAL_TOTAL_P99_MS = 100.0  # 4 NICs (brief); the issue asks p99 <= 50 ms
+GOAL_TOTAL_P99_MS = 100.0  # 4 NICs
+STRICT_GOAL_TOTAL_P99_MS = 50.0  # 4 NICs, the stricter of the two goals
 GOAL_OVERHEAD_P99_MS = 10.0
 
 
@@ -270,7 +271,7 @@ def _report(nics: int, store_kind: str, r: dict[str, list[float]]) -> list[tuple
         p99 = pct(r["run"], 99)
         print(
             f"RunPodSandbox total p99 {p99:.2f} ms vs goal {GOAL_TOTAL_P99_MS} ms: ratio {p99 / GOAL_TOTAL_P99_MS:.2f}"
-            f" (issue goal 50 ms: {p99 / 50:.2f})"
+            f" (strict goal {STRICT_GOAL_TOTAL_P99_MS} ms: {p99 / STRICT_GOAL_TOTAL_P99_MS:.2f})"
         )
     return rows
 
