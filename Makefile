@@ -8,13 +8,13 @@ deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
 binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd), CoreDNS, the MPI Operator and the images
-	$(PY) -m devcluster.build.binaries --all
-	$(PY) -m devcluster.build.components
+	$(PY) -m devcluster.builders.binaries --all
+	$(PY) -m devcluster.builders.components
 	$(PY) -m devcluster.cluster.coredns
-	$(PY) -m devcluster.build.helm
+	$(PY) -m devcluster.builders.helm
 	$(PY) -c "from harness.nri import harness_binary; print('nri harness:', harness_binary())"
-	$(PY) -m devcluster.build.images
-	$(PY) -m devcluster.build.driver_image
+	$(PY) -m devcluster.builders.images
+	$(PY) -m devcluster.builders.driver_image
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 
@@ -58,12 +58,12 @@ bench: deps  ## benchmarks (prints medians, p99s, ratios)
 
 chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image layout: build/chart-oci/
 	rm -rf build/chart-oci build/chart
-	$(PY) -m devcluster.build.helm
+	$(PY) -m devcluster.builders.helm
 	"$$($(PY) -c 'from devcluster import helm; print(helm.existing())')" package charts/dranet -d build/chart
 	$(PY) hack/chart-oci.py build/chart/dranet-*.tgz build/chart-oci
 
 image: deps  ## the driver image from the Dockerfile (buildah, no Docker engine) as an OCI image layout: build/image-oci/
-	$(PY) -m devcluster.build.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
+	$(PY) -m devcluster.builders.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
 
 bench-mpijob: binaries  ## MPIJob apply -> workers Ready / first rank, with NIC claims vs without (two real nodes)
 	$(PY) -m bench.bench_mpijob_start

@@ -42,7 +42,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
-from devcluster.build.binaries import ensure_control_plane
+from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster import certs
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
 from devcluster.demo.allocation import build_fixture, seed_docs

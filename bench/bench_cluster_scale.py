@@ -52,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scale_fleet import GPU_DRIVER, MIX, SHAPES, VARIANTS, Fleet
 from bench.stats import median, pct
-from devcluster.build.binaries import ensure_control_plane
+from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, load_yaml_docs, wait_for
 from devcluster.demo.allocation import EXAMPLE_DIR, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient

@@ -52,7 +52,7 @@ from typing import Any
 
 from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic, Pyroute2Floor, open_cost_ms
 from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
-from devcluster.build.binaries import ensure_control_plane
+from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import seed_docs
 from driver.inventory.device_filter import DeviceFilter

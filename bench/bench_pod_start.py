@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from bench.bench_nri import pct
-from devcluster.build.binaries import cache_root
+from devcluster.builders.binaries import cache_root
 from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import create_objects, load_yaml_docs, wait_for
 from devcluster.cluster.node_layout import NodeLayout

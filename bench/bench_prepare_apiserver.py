@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from bench.prepare_profile import prepare_breakdown
-from devcluster.build.binaries import ensure_control_plane
+from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devcluster.build.binaries import ETCD_VERSION, K8S_VERSION, cache_root, ensure_control_plane
+from devcluster.builders.binaries import ETCD_VERSION, K8S_VERSION, cache_root, ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane
 from driver.dra.publisher import SlicePublisher
 from driver.kube.client import RESOURCE_API, KubeClient

@@ -8,7 +8,7 @@
 ``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
 names every node's NICs (``ib`` gives ib0..ib7). ``DRANET_K8S_VERSION`` picks the Kubernetes
-release (default the newest supported; see devcluster/build/versions.py).
+release (default the newest supported; see devcluster/builders/versions.py).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def harness_binary() -> Path:
     digest = hashlib.sha256((gomod + "".join(files.values())).encode()).hexdigest()[:10]
     version = f"{_nri_version()}+{digest}"  # source hash: an edited main.go never reuses a stale binary
     try:
-        from devcluster.build.binaries import GoBuild, build_go_tool
+        from devcluster.builders.binaries import GoBuild, build_go_tool
     except ImportError:  # pragma: no cover - fallback when devcluster is absent
         return _build_locally(version, gomod, files)
     bin_dir = build_go_tool(

@@ -5,7 +5,7 @@ Binaries live under ``~/.cache/dranet/<tool>/<version>/bin`` (never in the work 
 a small wrapper Go module (see docs in /work/shared/reference/real-cluster.md §1, §2.3) with the
 default GOMODCACHE/GOCACHE so a rebuild after a cache wipe of ``bin/`` is warm.
 
-Usage: ``python -m devcluster.build.binaries --all``
+Usage: ``python -m devcluster.builders.binaries --all``
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devcluster.build import versions
+from devcluster.builders import versions
 
 log = logging.getLogger(__name__)
 
 ETCD_VERSION = "v3.6.16"  # latest etcd 3.6.x
-# The release this process runs (DRANET_K8S_VERSION, default the newest; devcluster/build/versions.py).
+# The release this process runs (DRANET_K8S_VERSION, default the newest; devcluster/builders/versions.py).
 K8S_RELEASE = versions.selected()
 K8S_VERSION = K8S_RELEASE.version
 K8S_MINOR = K8S_RELEASE.minor
@@ -320,7 +320,7 @@ def go_available() -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``--all`` (control plane), ``--etcd``, ``--k8s``; prints the resulting paths."""
-    ap = argparse.ArgumentParser(prog="python -m devcluster.build.binaries", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m devcluster.builders.binaries", description=__doc__)
     ap.add_argument("--all", action="store_true", help="etcd + kube-apiserver/scheduler/controller-manager")
     ap.add_argument("--etcd", action="store_true")
     ap.add_argument("--k8s", action="store_true")

@@ -1,7 +1,7 @@
 """The real node's components: kubelet and kubectl, containerd 2.x, runc and the CNI plugins.
 
 kubelet and kubectl come from the same wrapper module as the control plane
-(`devcluster.build.binaries.build_k8s`); containerd, ``containerd-shim-runc-v2`` and ``ctr`` are
+(`devcluster.builders.binaries.build_k8s`); containerd, ``containerd-shim-runc-v2`` and ``ctr`` are
 built from the Go module proxy with `build_go_tool` (cached under
 ``~/.cache/dranet/containerd/<version>/bin``); runc and the CNI plugins are Debian's packages,
 installed by ``hack/install-deps.sh``.
@@ -12,7 +12,7 @@ time, and everything a pod here needs (namespaces, cgroup v1 with cgroupfs, devi
 devices cgroup) is runc 1.1 functionality; runc 1.3's go.mod carries an ``exclude`` block, so
 building it needs another wrapper module plus cgo and libseccomp-dev for no feature we use.
 
-    python -m devcluster.build.components      # build or find everything, print the paths
+    python -m devcluster.builders.components      # build or find everything, print the paths
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster.build.binaries import K8S_RELEASE, GoBuild, Progress, _print_progress, build_go_tool, build_k8s
+from devcluster.builders.binaries import K8S_RELEASE, GoBuild, Progress, _print_progress, build_go_tool, build_k8s
 
-# The containerd paired with the Kubernetes release (devcluster/build/versions.py): the newest 2.x the
+# The containerd paired with the Kubernetes release (devcluster/builders/versions.py): the newest 2.x the
 # module proxy lists and the checksum database verifies (`go mod download` checks sum.golang.org).
 CONTAINERD_VERSION = K8S_RELEASE.containerd
 # containerd's own go.mod ``go`` line per minor (the wrapper keeps upstream's GODEBUG defaults).

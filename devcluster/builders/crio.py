@@ -13,7 +13,7 @@ Debian's ``libseccomp-dev``), ``exclude_graphdriver_btrfs`` and ``exclude_graphd
 (no btrfs or device-mapper headers; overlay and vfs remain). cgo is on: containers/storage's
 user-namespace helper and libseccomp need it.
 
-    python -m devcluster.build.crio      # build or reuse; prints the binaries and the build time
+    python -m devcluster.builders.crio      # build or reuse; prints the binaries and the build time
 
 The module proxy serves only some CRI-O tags: ``v1.34.0`` (tagged on CRI-O's main branch when
 1.34 opened: Kubernetes 1.33 client libraries, CRI v1, NRI v0.9) is the newest one it has.
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster.build.binaries import GoBuild, Progress, _print_progress, build_go_tool, cache_root
+from devcluster.builders.binaries import GoBuild, Progress, _print_progress, build_go_tool, cache_root
 
 CRIO_VERSION = "v1.34.0"
 CRIO_MODULE = "github.com/cri-o/cri-o"

@@ -14,8 +14,8 @@
 
 buildah's storage lives under ``<cache>/images/buildah`` (not /var/lib/containers).
 
-    python -m devcluster.build.driver_image     # build (or reuse) and print the archive path
-    python -m devcluster.build.driver_image --oci-layout build/image-oci --tag 0.1.0
+    python -m devcluster.builders.driver_image     # build (or reuse) and print the archive path
+    python -m devcluster.builders.driver_image --oci-layout build/image-oci --tag 0.1.0
                                           # also an OCI image layout to push (`make image`)
 """
 
@@ -34,8 +34,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from devcluster.build.binaries import Progress, _print_progress
-from devcluster.build.images import ImageArchive, ImageError, images_dir
+from devcluster.builders.binaries import Progress, _print_progress
+from devcluster.builders.images import ImageArchive, ImageError, images_dir
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER_REPO = "localhost/dranet/dranet"
@@ -348,7 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``--oci-layout`` also write it as an OCI image layout."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m devcluster.build.driver_image", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devcluster.builders.driver_image", description=main.__doc__)
     parser.add_argument("--oci-layout", type=Path, help="also write the image as an OCI image layout here")
     parser.add_argument("--tag", default="dev", help="the tag inside the OCI layout (default: dev)")
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ ordinary `go install helm.sh/helm/v3/cmd/helm@<version>` through the module prox
 The binary is cached outside the work tree (~/.cache/dranet/helm/<version>/helm) and never
 committed. An existing `helm` v3 on PATH (or $HELM) is used as is.
 
-    python -m devcluster.build.helm            # prints the path (builds on first use, ~3-6 min)
+    python -m devcluster.builders.helm            # prints the path (builds on first use, ~3-6 min)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster.build.binaries import cache_root
+from devcluster.builders.binaries import cache_root
 
 BUSYBOX = Path("/bin/busybox")
 PAUSE_IMAGE = "localhost/dranet/pause:dev"
@@ -89,7 +89,7 @@ def docker_archive(layer: bytes, ref: str, cmd: Sequence[str], out: Path) -> Ima
         "created": "1970-01-01T00:00:00Z",
         "config": {"Entrypoint": list(cmd), "Env": ["PATH=/bin"], "WorkingDir": "/"},
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "devcluster.build.images"}],
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "devcluster.builders.images"}],
     }
     config_bytes = json.dumps(config, sort_keys=True).encode()
     config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster.build.binaries import ControlPlaneBinaries, ensure_control_plane
+from devcluster.builders.binaries import ControlPlaneBinaries, ensure_control_plane
 from devcluster.cluster import certs
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError

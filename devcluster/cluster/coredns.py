@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from devcluster.build.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.builders.binaries import GoBuild, Progress, _print_progress, build_go_tool
 from devcluster.cluster.node_config import CLUSTER_DOMAIN
 from devcluster.cluster.node_layout import NodeLayout
 

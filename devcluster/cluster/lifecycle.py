@@ -41,11 +41,11 @@ from typing import Any
 
 import yaml
 
-from devcluster.build import helm as helm_mod
-from devcluster.build import images
-from devcluster.build.binaries import K8S_RELEASE, ControlPlaneBinaries, ensure_control_plane
-from devcluster.build.components import NodeBinaries, ensure_node_binaries
-from devcluster.build.driver_image import build_driver_image
+from devcluster.builders import helm as helm_mod
+from devcluster.builders import images
+from devcluster.builders.binaries import K8S_RELEASE, ControlPlaneBinaries, ensure_control_plane
+from devcluster.builders.components import NodeBinaries, ensure_node_binaries
+from devcluster.builders.driver_image import build_driver_image
 from devcluster.cluster import coredns, fabric, mpi_operator, mpijobs, node_daemons, node_host
 from devcluster.cluster.cluster_state import ClusterState, running, spawn, wait_pid
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, free_port

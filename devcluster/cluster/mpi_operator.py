@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from devcluster.build.binaries import GoBuild, Progress, _print_progress, build_go_tool
-from devcluster.build.images import ImageArchive, _tarinfo, docker_archive, images_dir
+from devcluster.builders.binaries import GoBuild, Progress, _print_progress, build_go_tool
+from devcluster.builders.images import ImageArchive, _tarinfo, docker_archive, images_dir
 from devcluster.cluster.controlplane import wait_for
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, NotFound

@@ -30,9 +30,9 @@ from typing import Any
 
 import yaml
 
-from devcluster.build.binaries import Progress, _print_progress
-from devcluster.build.driver_image import base_key, bud, build_base, build_once
-from devcluster.build.images import ImageArchive, images_dir
+from devcluster.builders.binaries import Progress, _print_progress
+from devcluster.builders.driver_image import base_key, bud, build_base, build_once
+from devcluster.builders.images import ImageArchive, images_dir
 from devcluster.cluster import mpi_operator
 from devcluster.cluster.controlplane import load_yaml_docs, wait_for
 from devcluster.cluster.mpi_operator import apply

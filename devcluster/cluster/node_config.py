@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from devcluster.build.components import NodeBinaries
-from devcluster.build.images import PAUSE_IMAGE
+from devcluster.builders.components import NodeBinaries
+from devcluster.builders.images import PAUSE_IMAGE
 from devcluster.cluster.node_layout import IN_NODE, NodeSpec
 
 CLUSTER_DOMAIN = "cluster.local"

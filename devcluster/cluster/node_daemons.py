@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster.build import images
-from devcluster.build.components import NodeBinaries
-from devcluster.build.versions import K8sRelease
+from devcluster.builders import images
+from devcluster.builders.components import NodeBinaries
+from devcluster.builders.versions import K8sRelease
 from devcluster.cluster import fabric, node_host, node_ns
 from devcluster.cluster.cluster_state import REPO, ClusterState, spawn, wait_pid
 from devcluster.cluster.node_config import write_node_configs

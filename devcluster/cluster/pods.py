@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster.build.images import WORKLOAD_IMAGE
+from devcluster.builders.images import WORKLOAD_IMAGE
 
 
 class KubectlError(RuntimeError):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devcluster.build.binaries import ensure_control_plane
+from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, load_yaml_docs, wait_for
 from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.build.binaries import K8S_VERSION, ControlPlaneBinaries
+from devcluster.builders.binaries import K8S_VERSION, ControlPlaneBinaries
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneError, ControlPlaneOptions
 from driver.kube.client import KubeClient
 
@@ -91,7 +91,7 @@ def test_build_go_tool_builds_once_and_caches(tmp_path: Path, monkeypatch: pytes
     import shutil
     import subprocess
 
-    from devcluster.build.binaries import GoBuild, build_go_tool
+    from devcluster.builders.binaries import GoBuild, build_go_tool
 
     if shutil.which("go") is None:
         pytest.skip("no Go toolchain")
@@ -119,7 +119,7 @@ def test_build_go_tool_builds_once_and_caches(tmp_path: Path, monkeypatch: pytes
 
 
 def test_existing_binaries_are_version_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from devcluster.build.binaries import find_binary
+    from devcluster.builders.binaries import find_binary
 
     def fake(name: str, version_line: str) -> Path:
         p = tmp_path / name

@@ -1,10 +1,10 @@
-"""CRI-O built here (devcluster/build/crio.py) runs on this machine and dranet's NRI plugin registers
+"""CRI-O built here (devcluster/builders/crio.py) runs on this machine and dranet's NRI plugin registers
 with it: the real `crio` (NRI on, its own socket) and a real `dranet run` pointed at that socket.
 
 This is the first step of CRI-O as a second runtime; the real-node e2e subset on CRI-O (pods with
 their NICs, config, return on delete, driver restart) needs the dev cluster's node to run CRI-O
 instead of containerd, which is not wired yet. CRI-O is not built by `make binaries` (a cold
-build takes about 6 minutes): the test skips, saying so, until `python3 -m devcluster.build.crio` ran.
+build takes about 6 minutes): the test skips, saying so, until `python3 -m devcluster.builders.crio` ran.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.build import crio
-from devcluster.build.binaries import cache_root
+from devcluster.builders import crio
+from devcluster.builders.binaries import cache_root
 from harness.fake_apiserver import FakeAPIServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -39,7 +39,7 @@ def _wait(pred: object, timeout: float, what: str) -> None:
 def test_dranet_registers_with_crio_nri(nd_h100_sysfs: Path) -> None:
     bin_dir = cache_root() / "crio" / crio.CRIO_VERSION / "bin"
     if not (bin_dir / "crio").is_file() or not shutil.which("conmon"):
-        pytest.skip("CRI-O not built: python3 -m devcluster.build.crio (and apt-get install conmon)")
+        pytest.skip("CRI-O not built: python3 -m devcluster.builders.crio (and apt-get install conmon)")
     if os.geteuid() != 0:
         pytest.skip("CRI-O runs as root")
     base = Path(tempfile.mkdtemp(prefix="dn-crio-"))  # short: unix socket paths

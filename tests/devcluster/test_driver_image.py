@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.build import driver_image
+from devcluster.builders import driver_image
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

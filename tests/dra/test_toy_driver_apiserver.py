@@ -176,6 +176,6 @@ async def test_the_toy_drivers_health_reaches_the_kubelet(toy: tuple[ToyDriver, 
         await stream.aclose()
     # The kit asked the apiserver: where device taints are a gate left off (1.34's session
     # apiserver) it taints nothing; where they are GA (1.37) an unhealthy device is tainted.
-    from devcluster.build.versions import selected
+    from devcluster.builders.versions import selected
 
     assert helper.taints.effect == ("None" if "DRADeviceTaints" in selected().feature_gates else "NoSchedule")

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.build.binaries import ControlPlaneBinaries
+from devcluster.builders.binaries import ControlPlaneBinaries
 from devcluster.cluster.controlplane import ControlPlane, create_objects, free_port, wait_for
 from devcluster.demo.allocation import allocated_claim, build_fixture, pod_for_template, seed_docs
 from devcluster.doubles import gpu_double

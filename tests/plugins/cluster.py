@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from devcluster.build.binaries import (
+from devcluster.builders.binaries import (
     ControlPlaneBinaries,
     ensure_control_plane,
     find_control_plane,
@@ -124,7 +124,7 @@ def helm() -> str:
     """helm v3 from PATH or the build cache (built from its Go module on first use); skips if impossible."""
     import subprocess
 
-    from devcluster.build import helm as helm_mod
+    from devcluster.builders import helm as helm_mod
 
     path = helm_mod.existing()
     if path:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from devcluster.build.components import ensure_node_binaries
-from devcluster.build.images import image_present
+from devcluster.builders.components import ensure_node_binaries
+from devcluster.builders.images import image_present
 from devcluster.cluster import mpi_run, mpijobs
 from devcluster.cluster.controlplane import wait_for
 from devcluster.cluster.pods import pod_view

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from devcluster.build.binaries import K8S_RELEASE
-from devcluster.build.components import ensure_node_binaries
+from devcluster.builders.binaries import K8S_RELEASE
+from devcluster.builders.components import ensure_node_binaries
 from devcluster.cluster import mpi_run, mpijobs, node_daemons
 from devcluster.cluster.controlplane import wait_for
 from driver.kube.client import RESOURCE_API
