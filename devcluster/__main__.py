@@ -1,4 +1,4 @@
-"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster.py).
+"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster/lifecycle.py).
 
     python -m devcluster up        # 2 nodes; prints KUBECONFIG=... and KUBECTL=..., leaves it running
     python -m devcluster up --nodes 1
