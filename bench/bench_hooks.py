@@ -1,10 +1,10 @@
-"""Pod start and stop through the whole node daemon, side by side with the bare kernel work (issue 14).
+"""Pod start and stop through the whole node daemon, side by side with the bare kernel work.
 
 ``python -m bench.bench_hooks [--cycles 100] [--storm-cycles 100] [--idle 30]`` (root; ``make
 bench-hooks``). One run starts a real control plane, ``dranet run`` as its own process on the
 host's ``/sys`` with everything a node runs (NRI plugin, kubelet plugin with a connected health
 stream, /metrics and /healthz, the link watch, the publisher, the claim status writer), and the
-containerd/nri runtime adaptation (the Go harness, ``tests/nri_harness``) on a private socket.
+containerd/nri runtime adaptation (the Go harness, ``harness/nri_harness``) on a private socket.
 
 Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 veth NICs:
 
@@ -52,19 +52,20 @@ from typing import Any
 
 from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic, Pyroute2Floor, open_cost_ms
 from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import DriverProcess, seed_docs
+from devcluster.builders.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import seed_docs
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API
 from driver.netlink.rtnl import Route
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import Harness, harness_binary, link_facts, pod_json
-from tests.support.kubelet_client import KubeletClient
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient
+from harness.netns import NetnsFactory
+from harness.nri import Harness, harness_binary, link_facts, pod_json
 
 STORM_LINKS = 50
-GOALS = {  # overhead over the floor, ms (issue 14)
+GOALS = {  # overhead over the floor, ms
     "run": (3.0, 10.0),
     "stop": (5.0, 15.0),
     "run_storm": (None, 15.0),

@@ -21,9 +21,9 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.untrusted import InputError
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
 from tests.support.admission import review_of, webhook_client
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "p"

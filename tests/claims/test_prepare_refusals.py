@@ -16,8 +16,8 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 P = "status.allocation.devices.config[0].opaque.parameters"
 

@@ -1,7 +1,7 @@
 """Claim status and NUMAAligned on a real control plane, with the scheduler doing the allocation.
 
 A simulated ND H100 v5 node: our ResourceSlice comes from real discovery over the fixture sysfs,
-the GPU slice from the GPU double (devcluster/gpu_double.py). A pod uses the seed's aligned or
+the GPU slice from the GPU double (devcluster/doubles/gpu_double.py). A pod uses the training example's aligned or
 unaligned ResourceClaimTemplate (examples/distributed_training); the scheduler allocates 4 GPUs
 and 4 NICs. Then a "GPU driver" writes its own status entry with its own field manager and
 ClaimStatusWriter applies ours: both must coexist, and NUMAAligned must be True for the aligned
@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from devcluster import gpu_double
-from devcluster.controlplane import (
+from devcluster.cluster.controlplane import (
     ControlPlane,
     create_objects,
     load_yaml_docs,
     wait_for,
 )
-from devcluster.demo import allocated_claim, delete_pod, pod_for_template
-from devcluster.sysfs_fixture import build
+from devcluster.demo.allocation import allocated_claim, delete_pod, pod_for_template
+from devcluster.doubles import gpu_double
+from devcluster.doubles.sysfs_fixture import build
 from driver.api.v1alpha1.merge import configs_for_request
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter

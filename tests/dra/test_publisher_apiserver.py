@@ -256,7 +256,7 @@ def test_the_device_taints_probe_answers_what_the_apiserver_keeps(kube: KubeClie
     without DRADeviceTaints (it would drop every taint and the publisher would rewrite the slice
     forever: detected, with the gate named); from 1.37 the field is GA and kept. Nothing is stored
     either way. (With the gate on, the real node's tests see the taints: tests/e2e/node/test_nic_health.py.)"""
-    from devcluster.versions import selected
+    from devcluster.builders.versions import selected
     from driver.dra.taints import device_taints_accepted
 
     accepted, why = device_taints_accepted(kube, DRIVER, cluster_node, UNHEALTHY_TAINT_KEY)

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.controlplane import free_port
+from devcluster.cluster.controlplane import free_port
 from driver.config import DRIVER_NAME
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound

@@ -53,11 +53,11 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import HookError, NRIHooks
+from harness.fake_apiserver import make_claim, result
+from harness.nri import prepare_claim
 from tests.claims.conftest import inventory
 from tests.nic_settings.test_ethtool import ioctl_features
 from tests.nri.test_crash import POD_CONFIG
-from tests.plugins.nri import prepare_claim
-from tests.support.fake_apiserver import make_claim, result
 
 KILLED = 137
 FULL_CONFIG = {

@@ -3,7 +3,7 @@
 A cluster of its own (random name and address range), so it never collides with a person's
 ``python -m devcluster up`` or another test run on the same machine. Tests that need one node
 use node 0 (``RealNode.node``); the others name a node by index. Torn down with
-``devcluster.cluster.down`` at the end, after which the fixture checks that nothing is left on
+``devcluster.cluster.lifecycle.down`` at the end, after which the fixture checks that nothing is left on
 the host: no process naming its directory, no host link, no mount, no cgroup, no network
 namespace.
 """
@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster, fabric, node_host, node_ns
-from devcluster.controlplane import wait_for
-from devcluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
-from devcluster.pods import Kubectl
+from devcluster.cluster import fabric, node_host, node_ns
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
+from devcluster.cluster.pods import Kubectl
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 
