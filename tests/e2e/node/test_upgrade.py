@@ -348,14 +348,14 @@ def addressed_nics(real_node: RealNode) -> Iterator[list[str]]:
     nics = list(real_node.layout.nics[NUMA0])
     base = random.randint(100, 200)
     for i, nic in enumerate(nics):
-        host_ip("addr", "add", f"192.168.{base + i}.1/24", "dev", nic)
-        host_ip("route", "add", f"10.{base + i}.0.0/16", "via", f"192.168.{base + i}.254", "dev", nic)
+        host_ip(real_node, "addr", "add", f"192.168.{base + i}.1/24", "dev", nic)
+        host_ip(real_node, "route", "add", f"10.{base + i}.0.0/16", "via", f"192.168.{base + i}.254", "dev", nic)
     try:
         yield nics
     finally:
         for nic in nics:
             if nic in real_node.host_nics():
-                host_ip("addr", "flush", "dev", nic)  # its routes go with the address
+                host_ip(real_node, "addr", "flush", "dev", nic)  # its routes go with the address
 
 
 def test_an_upgrade_reads_the_pod_state_older_drivers_wrote(
