@@ -329,8 +329,8 @@ def _as_written_by(body: dict[str, Any], version: int) -> dict[str, Any]:
 def _plant(node: RealNode, version: int) -> None:
     """Rewrite the driver's ``pods.json`` as a driver of ``version`` would have written it, under the
     state files' lock (the running instance reloads it at its next read)."""
-    path = node.layout.driver_runtime_dir / "pods.json"
-    lock = os.open(node.layout.driver_state_dir / "checkpoint.lock", os.O_RDONLY)
+    path = node.spec(0).driver_runtime_dir / "pods.json"
+    lock = os.open(node.spec(0).driver_state_dir / "checkpoint.lock", os.O_RDONLY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = _as_written_by(json.loads(path.read_text()), version)
@@ -385,7 +385,7 @@ def test_an_upgrade_reads_the_pod_state_older_drivers_wrote(
             f"\n[upgrade] over a version-{version} pods.json: {_roll(node, image, f'upgrade over version {version}')}"
         )
         _holder_intact(node, ns, "holder", addressed_nics, claim_uid)
-        moved_aside = sorted(p.name for p in node.layout.driver_runtime_dir.glob("pods.json.corrupt-*"))
+        moved_aside = sorted(p.name for p in node.spec(0).driver_runtime_dir.glob("pods.json.corrupt-*"))
         assert not moved_aside, f"the version-{version} file was taken for a damaged one: {moved_aside}"
         (now,) = node.pod_states()["pods"].values()
         assert {d["device"] for d in now["devices"]} == {d["device"] for d in pod["devices"]}
