@@ -1,12 +1,10 @@
-"""The admission webhook's HTTP handler with hostile bodies: our handler in front of kopf's real
-admission function (tests/support/admission.py); the TLS server and the API server's side are in
-tests/e2e/test_webhook_apiserver.py."""
+"""The admission webhook's HTTP application with hostile bodies (tests/support/admission.py); the TLS
+server and the API server's side are in tests/e2e/test_webhook_apiserver.py."""
 
 from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,9 +65,9 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
-async def test_malformed_reviews_get_400_or_a_clear_denial_never_500(case: str, tmp_path: Path, caplog) -> None:
+async def test_malformed_reviews_get_400_or_a_clear_denial_never_500(case: str, caplog) -> None:
     body, status, reason = MALFORMED[case]
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         resp = await client.post("/validate-resourceclaims", data=body)
         text = await resp.text()
     assert resp.status == status, text
@@ -80,8 +78,8 @@ async def test_malformed_reviews_get_400_or_a_clear_denial_never_500(case: str, 
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-async def test_a_rejection_is_logged_at_info_with_the_claims_name(tmp_path: Path, caplog) -> None:
-    async with webhook_client(tmp_path) as client:
+async def test_a_rejection_is_logged_at_info_with_the_claims_name(caplog) -> None:
+    async with webhook_client() as client:
         with caplog.at_level(logging.DEBUG):
             resp = await client.post("/", json=review_of(claim({"interface": {"mtu": 10}}, name="bad-mtu")))
             answer = (await resp.json())["response"]
@@ -93,19 +91,19 @@ async def test_a_rejection_is_logged_at_info_with_the_claims_name(tmp_path: Path
     assert info.levelno == logging.INFO and (info.kv["namespace"], info.kv["name"]) == ("team-a", "bad-mtu")
 
 
-async def test_valid_and_other_drivers_claims_are_allowed(tmp_path: Path) -> None:
+async def test_valid_and_other_drivers_claims_are_allowed() -> None:
     other = claim({"anything": 1})
     other["spec"]["devices"]["config"][0]["opaque"]["driver"] = "gpu.example.com"
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         for obj in (claim({"interface": {"name": "net1"}}), other):
             resp = await client.post("/validate", json=review_of(obj))
             assert resp.status == 200 and (await resp.json())["response"]["allowed"] is True
 
 
-async def test_hostile_values_in_a_review_name_their_field(tmp_path: Path) -> None:
+async def test_hostile_values_in_a_review_name_their_field() -> None:
     body = json.dumps(review_of(claim({"interface": {"mtu": "@@", "name": "net1"}})))
     body = body.replace('"@@"', "9" * 5000).replace('"name": "net1"', '"name": "net1", "name": "net2"')
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         resp = await client.post("/", data=body.encode())
         message = (await resp.json())["response"]["status"]["message"]
     assert f"{P}.interface.mtu: must be between 68 and 65536, got an integer of 5000 digits" in message
@@ -133,11 +131,11 @@ def test_match_conditions_select_objects_with_a_dra_net_config(plural: str) -> N
     assert program.execute({"object": wrap({"devices": {"config": [{"requests": ["x"]}]}})}) is False
 
 
-async def test_a_non_default_driver_name_judges_its_own_configs_only(tmp_path: Path) -> None:
+async def test_a_non_default_driver_name_judges_its_own_configs_only() -> None:
     """``dranet webhook --driver-name`` (the chart passes its driverName): that driver's configs
     are judged and named in the rejection; ``dra.net``'s are then another driver's."""
     bad = {"interface": {"mtu": 10}}
-    async with webhook_client(tmp_path, WebhookOptions(driver_name="rdma.example.com")) as client:
+    async with webhook_client(WebhookOptions(driver_name="rdma.example.com")) as client:
         ours = await (await client.post("/", json=review_of(claim(bad, driver="rdma.example.com")))).json()
         other = await (await client.post("/", json=review_of(claim(bad)))).json()
     assert ours["response"]["allowed"] is False
@@ -145,11 +143,11 @@ async def test_a_non_default_driver_name_judges_its_own_configs_only(tmp_path: P
     assert other["response"]["allowed"] is True
 
 
-async def test_updates_are_not_judged(tmp_path: Path) -> None:
+async def test_updates_are_not_judged() -> None:
     """A claim's spec is immutable: an UPDATE (a finalizer added by the scheduler, or removed at
     deletion) is allowed even for a config this webhook would refuse at CREATE."""
     bad = claim({"interface": {"mtu": 10}})
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         created = await (await client.post("/", json=review_of(bad))).json()
         updated = await (await client.post("/", json=review_of(bad, operation="UPDATE", oldObject=bad))).json()
     assert created["response"]["allowed"] is False
