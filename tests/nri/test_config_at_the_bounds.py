@@ -41,7 +41,9 @@ def nic_params(i: int, routes: int, neighbors_: int) -> dict[str, Any]:
             | ({"table": table} if k % 2 else {})
             for k in range(routes)
         ],
-        "rules": [{"priority": 1000 + 10 * i + k, "source": f"192.168.{i}.{16 + k}/32", "table": table} for k in range(2)],
+        "rules": [
+            {"priority": 1000 + 10 * i + k, "source": f"192.168.{i}.{16 + k}/32", "table": table} for k in range(2)
+        ],
         "neighbors": [
             {"destination": f"192.168.{i}.{128 + k}", "hardwareAddr": f"02:00:00:{i:02x}:{k:02x}:01"}
             for k in range(neighbors_)
@@ -69,7 +71,7 @@ def claim_spec(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 def test_two_claims_at_the_apis_bounds_start_and_stop_a_pod(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     host, fabric, pod_ns = netns_factory.netns(), netns_factory.netns(), netns_factory.netns()
     nics = []
-    for i in range(4):
+    for _ in range(4):
         nic, peer = netns_factory.veth(netns=host, peer_netns=fabric)
         sh(host, "link", "set", nic, "up")
         sh(fabric, "link", "set", peer, "up")
