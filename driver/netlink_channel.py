@@ -59,6 +59,13 @@ RTNEXTHOP = struct.Struct("=HBBi")  # len, flags, hops, ifindex (one hop of RTA_
 RT_TABLE_MAIN = 254
 RTN_UNICAST = 1  # a route of type unicast (not local, broadcast, blackhole...)
 
+ACK_COST = 1 << 10
+"""Receive-buffer bytes an ack or error takes (832 measured on 6.18, plus the request when the
+kernel echoes it: no ``NETLINK_CAP_ACK``)."""
+REPLY_COST = 8 << 10
+"""Receive-buffer bytes a reply to a GET takes (2,304 measured for a veth's RTM_GETLINK; a NIC with
+virtual functions answers more)."""
+
 
 def mac_str(raw: bytes) -> str:
     """Raw hardware address bytes as ``aa:bb:..``."""
@@ -202,6 +209,7 @@ class NetlinkChannel:
                 except OSError:
                     pass  # older kernels: plain errno messages
         self.seq = int.from_bytes(os.urandom(2), "little") << 8
+        self._window_bytes = 0  # read from the socket at the first batch of several requests
 
     def close(self) -> None:
         """Close the socket."""
@@ -218,7 +226,7 @@ class NetlinkChannel:
             self.seq += 1
             pending[self.seq] = bool(flags & NLM_F_ACK)
             out.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, self.seq, 0) + body)
-        return self._answers(b"".join(out), pending, frames=False)
+        return self._answers(out, pending, frames=False)
 
     def exchange_messages(self, messages: Sequence[Message]) -> list[Reply]:
         """Like :meth:`exchange` for pyroute2 messages: each gets the next sequence number and is
@@ -231,12 +239,42 @@ class NetlinkChannel:
             pending[self.seq] = bool(header["flags"] & NLM_F_ACK)
             msg.encode()
             out.append(bytes(msg.data))
-        return self._answers(b"".join(out), pending, frames=True)
+        return self._answers(out, pending, frames=True)
 
-    def _answers(self, request: bytes, acked: dict[int, bool], frames: bool) -> list[Reply]:
-        self.sock.send(request)
+    @property
+    def window_bytes(self) -> int:
+        """Answers a window of pipelined requests may queue at once: half the receive buffer (the
+        rest for a reply larger than its estimate, or a multicast event on a socket in a group)."""
+        if not self._window_bytes:
+            self._window_bytes = max(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2, REPLY_COST)
+        return self._window_bytes
+
+    def _answers(self, requests: list[bytes], acked: dict[int, bool], frames: bool) -> list[Reply]:
+        """Send the encoded ``requests`` (sequence numbers: ``acked``'s keys, in order) in windows
+        whose answers fit the receive buffer, each window in one ``send``, in order.
+
+        The kernel processes a whole ``send`` before we read, queueing an answer per request; past
+        the receive buffer (about 256 acks by default) it drops them and the socket reports
+        ENOBUFS. A window's answers are read before the next window is sent.
+        """
         replies = {s: Reply() for s in acked}
-        pending = set(acked)
+        seqs = list(acked)
+        start = 0
+        while start < len(seqs):
+            end, size = start + 1, _answer_cost(requests[start], acked[seqs[start]])
+            while end < len(seqs):
+                size += _answer_cost(requests[end], acked[seqs[end]])
+                if size > self.window_bytes:
+                    break
+                end += 1
+            self.sock.send(b"".join(requests[start:end]))
+            self._collect(replies, seqs[start:end], acked, frames)
+            start = end
+        return list(replies.values())
+
+    def _collect(self, replies: dict[int, Reply], seqs: list[int], acked: dict[int, bool], frames: bool) -> None:
+        """Read until every request of ``seqs`` is answered."""
+        pending = set(seqs)
         while pending:
             data = self.sock.recv(1 << 17)
             for kind, flags, seq, off, end in _messages(data):
@@ -253,7 +291,6 @@ class NetlinkChannel:
                         reply.frames.append(data[off:end])
                     if not acked[seq]:
                         pending.discard(seq)
-        return list(replies.values())
 
     def dump(self, kind: int, body: bytes) -> list[bytes]:
         """A multipart dump request; the payload of every reply message."""
@@ -275,6 +312,11 @@ class NetlinkChannel:
                         return self.dump(kind, body)
                     raise OSError(err, f"netlink dump {kind}: {os.strerror(err)}")
                 out.append(payload)
+
+
+def _answer_cost(request: bytes, acked: bool) -> int:
+    """What the answer to one request is expected to take of the receive buffer."""
+    return (ACK_COST if acked else REPLY_COST) + len(request)
 
 
 def _messages(data: bytes) -> list[tuple[int, int, int, int, int]]:

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"DNJ1"
 _HEADER = struct.Struct("<4sIIQI16s")  # magic, payload length, crc32, epoch, sequence, base
 _CRC_FROM = 12  # the crc covers the header after its own field, then the payload
-_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def base_of(snapshot: bytes | None) -> bytes:
@@ -111,12 +111,15 @@ class Journal:
     def __init__(self, path: Path, ops: FileOps) -> None:
         self.path = path
         self.ops = ops
-        self._fd = -1  # opened for writing at the first append
         self._tail: Tail | None = None  # None: no valid record for the current snapshot
         self._seen: tuple[int, int] | None = None  # (inode, size) as last read or written by us
         # The journal's directory entry is synced by this process's first append, whoever created
-        # it: a process that crashed right after creating it may not have.
+        # it (a process that crashed right after creating it may not have), and again after
+        # an append had to create the file.
         self._entry_synced = False
+        # The file vanished under records of the current snapshot (moved aside by another process):
+        # they are no longer on disk, so the store writes the snapshot whole before journaling again.
+        self.lost = False
 
     @property
     def size(self) -> int:
@@ -127,7 +130,6 @@ class Journal:
         """The payloads to apply to snapshot ``base``, and the tail set after them. A file that is not a
         regular file raises :class:`~driver.checkpoint.files.NotAStateFile` (moved aside by the
         store); an unreadable one its ``OSError``."""
-        self.close()  # another process may have replaced the file: write to the one read here
         self._tail, self._seen = None, None
         try:
             raw, st = read_state(self.path)
@@ -146,6 +148,7 @@ class Journal:
     def forget(self) -> None:
         """The snapshot now holds every record: the next append starts the journal again."""
         self._tail = None
+        self.lost = False
 
     def empty(self) -> None:
         """After :meth:`forget`, cut the stale records off the file (not synced: stale records are never
@@ -153,11 +156,17 @@ class Journal:
         if self._tail is not None or not self._seen or not self._seen[1]:
             return
         try:
-            fd = self._open()
+            fd, _ = self._open()
+        except OSError as exc:
+            log.info("journal: cannot cut stale records (the next append does)", extra={"kv": {"error": str(exc)}})
+            return
+        try:
             self.ops.ftruncate(fd, 0)
             self._seen = (os.fstat(fd).st_ino, 0)
         except OSError as exc:
             log.info("journal: cannot cut stale records (the next append does)", extra={"kv": {"error": str(exc)}})
+        finally:
+            self.ops.close(fd)
 
     def changed(self) -> bool:
         """Whether another process wrote the journal since we last read or wrote it (one ``lstat``:
@@ -185,15 +194,20 @@ class Journal:
         end = tail.end + len(data)
         if end > MAX_STATE_BYTES:
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-        fd = self._open()
+        fd, created = self._open()
         try:
+            if created and tail.end:
+                # Appending to the new, empty file would leave a hole where our records were.
+                self.lost = True
+                raise OSError(errno.ENOENT, f"{self.path} vanished under its records")
             view, offset = memoryview(data), tail.end
             while view:
                 written = self.ops.pwrite(fd, view, offset)
                 if written <= 0:  # no progress and no error: treat as a full disk, never spin
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 view, offset = view[written:], offset + written
-            size = max(end, self._seen[1] if self._seen else 0)
+            st = os.fstat(fd)
+            inode, size = st.st_ino, max(end, st.st_size)
             if fresh and size > end:
                 self.ops.ftruncate(fd, end)  # the stale rest of an older journal goes
                 size = end
@@ -202,19 +216,29 @@ class Journal:
                 self._sync_directory()
         except OSError:
             try:
-                self.ops.ftruncate(fd, tail.end)  # the torn or unsynced record goes
-                self._seen = (os.fstat(fd).st_ino, tail.end)
+                if not created or not tail.end:
+                    self.ops.ftruncate(fd, tail.end)  # the torn or unsynced record goes
+                self._seen = (os.fstat(fd).st_ino, os.fstat(fd).st_size)
             except OSError:
                 self._seen = None  # unknown: the next refresh reloads
             self._tail = None if fresh else tail
             raise
+        finally:
+            self.ops.close(fd)
         self._tail = Tail(tail.epoch, tail.seq + 1, end)
-        self._seen = (os.fstat(fd).st_ino, size) if self._seen is None else (self._seen[0], size)
+        self._seen = (inode, size)
 
-    def _open(self) -> int:
-        if self._fd < 0:
-            self._fd = self.ops.open(str(self.path), _OPEN_FLAGS, 0o600)
-        return self._fd
+    def _open(self) -> tuple[int, bool]:
+        """The journal opened for writing, created if missing. Each write opens it and closes it
+        after: no file of the state disk stays open for writing between writes (an administrator's
+        read-only remount would fail with EBUSY), and a file another process replaced or moved
+        aside is never written through an old descriptor. Also whether it was created."""
+        try:
+            return self.ops.open(str(self.path), _OPEN_FLAGS, 0o600), False
+        except FileNotFoundError:
+            fd = self.ops.open(str(self.path), _OPEN_FLAGS | os.O_CREAT, 0o600)
+            self._entry_synced = False  # a new directory entry: the append syncs the directory
+            return fd, True
 
     def _sync_directory(self) -> None:
         dir_fd = self.ops.open(str(self.path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
@@ -225,10 +249,4 @@ class Journal:
         self._entry_synced = True
 
     def close(self) -> None:
-        """Close the journal file (reopened by the next append)."""
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        """Nothing stays open between writes (kept for the store's shutdown path)."""

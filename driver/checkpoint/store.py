@@ -106,8 +106,8 @@ class CheckpointStore:
     cannot be parsed is moved aside (``<name>.corrupt-<UTC time>``, kept) and :attr:`quarantined`
     lists it, so the daemon can rebuild what it can instead of crash-looping. A file written by a
     newer driver is still refused (:class:`CheckpointError`): it is valid, only not ours to read.
-    A failed write raises :class:`CheckpointWriteError` and leaves :attr:`write_error` set until
-    a write succeeds (``/healthz`` reports it).
+    A failed write raises :class:`CheckpointWriteError` and leaves it in :attr:`write_errors` (one
+    per file) until a write of that file succeeds (``/healthz`` reports each).
     """
 
     FILENAME = "checkpoint.json"
@@ -131,7 +131,9 @@ class CheckpointStore:
         self.ops = ops or FileOps()
         self.journaling: Callable[[], bool] = journal if callable(journal) else (lambda: bool(journal))
         self.quarantined: list[QuarantinedFile] = []
-        self.write_error: CheckpointWriteError | None = None
+        # The last failed write of each file still failing (a claim's journal append and the
+        # compaction of the snapshot fail apart): /healthz names every one.
+        self.write_errors: dict[Path, CheckpointWriteError] = {}
         self.write_failures: dict[str, int] = {}  # failed writes per file name (the metric)
         self._lock = threading.RLock()
         self._written: dict[Path, bytes] = {}  # last bytes written (or read) per file: what is on disk
@@ -180,6 +182,7 @@ class CheckpointStore:
             flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             self._lock_fd = os.open(self._lock_path, flags, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self.write_errors.pop(self._lock_path, None)
         except OSError as exc:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
@@ -354,26 +357,34 @@ class CheckpointStore:
         """Bytes of records the journal holds beyond ``checkpoint.json`` (0: nothing to compact)."""
         return self._journal.size
 
+    @property
+    def write_error(self) -> CheckpointWriteError | None:
+        """The most recent of :attr:`write_errors` (None: every write works)."""
+        return next(reversed(self.write_errors.values()), None)
+
     def retry_write(self) -> bool:
-        """After a failed write, write the current state again; True once writes work again.
+        """After failed writes, write each failing file again; True once writes work again.
 
         The state equals what is on disk (a failed update is rolled back), so this rewrites the
-        same content: it only proves the disk takes writes again and clears :attr:`write_error`.
+        same content: it only proves the disk takes writes again and clears :attr:`write_errors`.
+        A failing claims file (the journal or the snapshot) is retried by writing the snapshot,
+        which folds the journal in.
         """
         with self._lock:
-            failed = self.write_error
-            if failed is None:
+            failed = list(self.write_errors)
+            if not failed:
                 return True
             try:
                 with self._cross_process():
-                    if failed.path in (self.path, self.journal_path):
-                        self._write_snapshot()  # the whole claims file, folding the journal in
-                    else:
-                        path = failed.path if failed.path in self._written else self.pods_path
-                        self._atomic_write(path, self._written[path])
+                    if self.path in failed or self.journal_path in failed:
+                        self._write_snapshot()
+                    for path in failed:
+                        if path not in (self.path, self.journal_path) and path in self._written:
+                            self._atomic_write(path, self._written[path])
+                        self.write_errors.pop(path, None)  # the lock file: taken above
             except CheckpointWriteError:
                 return False
-            log.info("state writes work again", extra={"kv": {"path": str(failed.path)}})
+            log.info("state writes work again", extra={"kv": {"paths": [str(p) for p in failed]}})
             return True
 
     def close(self) -> None:
@@ -411,14 +422,14 @@ class CheckpointStore:
         deleted = [uid for uid in persisted if uid not in claims]
         if not (puts or deleted or self._rewrite):
             return
-        if self._rewrite or not self.journaling() or self._journal.size > JOURNAL_LIMIT:
+        if self._rewrite or self._journal.lost or not self.journaling() or self._journal.size > JOURNAL_LIMIT:
             self._write_snapshot()
             return
         try:
             self._journal.append(self._base, self._journal_record(puts, deleted))
         except OSError as exc:
             raise self._failed(self.journal_path, exc) from exc
-        self.write_error = None
+        self.write_errors.pop(self.journal_path, None)
         self._persisted = dict(claims)
 
     def _journal_record(self, puts: list[str], deleted: list[str]) -> bytes:
@@ -458,14 +469,17 @@ class CheckpointStore:
             atomic_write(path, data, self.ops)
         except OSError as exc:
             raise self._failed(path, exc, replaced=isinstance(exc, ReplacedNotSynced)) from exc
-        self.write_error = None
+        self.write_errors.pop(path, None)
+        if path == self.path:  # the snapshot holds every claim: the journal's failure is moot
+            self.write_errors.pop(self.journal_path, None)
 
     def _failed(self, path: Path, exc: OSError, replaced: bool = False) -> CheckpointWriteError:
         """Record a failed write of ``path`` (logged once per distinct error, counted each time)."""
         error = CheckpointWriteError(path, exc, replaced=replaced)
-        if self.write_error is None or str(self.write_error) != str(error):
+        previous = self.write_errors.pop(path, None)
+        if previous is None or str(previous) != str(error):
             log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
-        self.write_error = error
+        self.write_errors[path] = error  # last: the most recent
         self.write_failures[path.name] = self.write_failures.get(path.name, 0) + 1
         return error
 

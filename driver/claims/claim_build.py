@@ -156,7 +156,8 @@ class ClaimBuilder:
             raise ClaimError(
                 f"{where}: status.allocation.devices.config: the claim's {len(prepared)} NIC(s) take "
                 f"{requests_needed} netlink requests to configure (one per address, route, rule and neighbor, one per "
-                f"NIC, one per VRF); a pod's NICs may take at most {MAX_POD_REQUESTS} (they are sent in one batch)"
+                f"NIC, one per VRF); a claim's NICs may take at most {MAX_POD_REQUESTS} (they are configured inside "
+                "the NRI hook's 2-second budget)"
             )
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 

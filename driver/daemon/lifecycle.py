@@ -174,8 +174,7 @@ class Daemon:
 
     def problems(self) -> list[str]:
         """Conditions ``/healthz`` and ``/readyz`` report (503) until they clear: state that cannot be saved."""
-        error = self.store.write_error
-        return [str(error)] if error is not None else []
+        return [str(error) for error in self.store.write_errors.values()]
 
     def serving(self) -> bool:
         """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) synchronized with the
@@ -207,7 +206,7 @@ class Daemon:
         200 once the disk takes writes again even if no claim or pod changes meanwhile."""
         while True:
             await asyncio.sleep(STATE_WRITE_RETRY_S)
-            if self.store.write_error is not None:
+            if self.store.write_errors:
                 await asyncio.to_thread(self.store.retry_write)
 
     def _compact_state(self) -> None:

@@ -64,6 +64,20 @@ class CountingOps(FileOps):
         super().__init__(**{n: counted(n) for n in names})
 
 
+def _open_for_writing(directory: Path) -> list[str]:
+    """Files under ``directory`` this process holds open for writing."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            flags = int(Path(f"/proc/self/fdinfo/{fd}").read_text().split("flags:")[1].split()[0], 8)
+        except (OSError, IndexError):
+            continue
+        if target.startswith(str(directory)) and flags & (os.O_WRONLY | os.O_RDWR):
+            out.append(target)
+    return out
+
+
 def test_a_change_is_one_data_sync_and_no_rename(tmp_path: Path) -> None:
     ops = CountingOps()
     store = CheckpointStore(tmp_path, ops=ops, journal=True)
@@ -72,7 +86,9 @@ def test_a_change_is_one_data_sync_and_no_rename(tmp_path: Path) -> None:
     ops.calls.clear()
     _put(store, "u2", "u3")  # a batch of two claims
     _drop(store, "u1")
-    assert ops.calls == Counter({"pwrite": 2, "fdatasync": 2})  # one record and one sync per batch
+    # One record and one sync per batch; the journal is opened for each write and closed after it.
+    assert ops.calls == Counter({"open": 2, "pwrite": 2, "fdatasync": 2, "close": 2})
+    assert not _open_for_writing(tmp_path)  # a read-only remount of the state disk is never EBUSY
     assert not (tmp_path / "checkpoint.json").exists()  # no snapshot written yet
     assert _claims(tmp_path) == ["u2", "u3"]
 
@@ -205,6 +221,36 @@ def test_a_failed_append_is_reported_rolled_back_and_cut_from_the_file(tmp_path:
     ops.armed = False
     assert store.retry_write() and store.write_error is None  # folds the journal: the disk takes writes
     _put(store, "u2")
+    assert _claims(tmp_path) == ["u1", "u2"]
+
+
+def test_a_failing_compaction_stays_reported_while_appends_work(tmp_path: Path) -> None:
+    ops = FailingOps("fsync", errno.EIO)  # the snapshot's syncs fail; the journal's fdatasync works
+    store = CheckpointStore(tmp_path, ops=ops, journal=True)
+    _put(store, "u1")
+    ops.armed = True
+    with pytest.raises(CheckpointWriteError, match="checkpoint.json"):
+        store.compact()  # the snapshot's fsync fails; the journal still holds u1
+    assert store.journal_size and _claims(tmp_path) == ["u1"]
+    _put(store, "u2")  # the journal works (fdatasync): its append succeeds, the snapshot still fails
+    assert [p.name for p in store.write_errors] == ["checkpoint.json"]
+    assert _claims(tmp_path) == ["u1", "u2"]
+    ops.armed = False
+    assert store.retry_write() and not store.write_errors
+    assert not store.journal_size  # the retry wrote the snapshot: the journal is folded in
+    assert sorted(json.loads((tmp_path / "checkpoint.json").read_bytes())["claims"]) == ["u1", "u2"]
+
+
+def test_records_whose_journal_vanished_are_written_whole_before_journaling_again(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, journal=True)
+    _put(store, "u1")
+    # Moved aside behind the store's back (no refresh sees it: the store's own journal object).
+    os.rename(tmp_path / "checkpoint.journal", tmp_path / "aside")
+    with pytest.raises(OSError, match="vanished"):
+        store._journal.append(store._base, b"{}")
+    assert not (tmp_path / "checkpoint.journal").stat().st_size  # no record after a hole
+    _put(store, "u2")  # the store writes the snapshot, which holds u1 again
+    assert json.loads((tmp_path / "checkpoint.json").read_bytes())["claims"].keys() == {"u1", "u2"}
     assert _claims(tmp_path) == ["u1", "u2"]
 
 

@@ -3,7 +3,12 @@
 A real tmpfs (a few hundred KB, filled to the last page) holds the state directory; the kubelet
 is played over the real gRPC sockets (harness.kubelet_client), the API server by
 harness.fake_apiserver. What is checked is what a user would meet: the answers to the
-kubelet, the state file, the log, ``/healthz``, and the next start.
+kubelet, the state files, the log, ``/healthz``, and the next start.
+
+The daemon (holding the node lease) appends each batch of claim changes to ``checkpoint.journal``
+and folds it into ``checkpoint.json`` once the claims are quiet and at shutdown. What is durable is
+what a fresh :class:`CheckpointStore` loads from the directory (the snapshot and the journal's
+records on it): it must be exactly what the kubelet was told.
 """
 
 from __future__ import annotations
@@ -52,8 +57,31 @@ def _healthz(port: int) -> tuple[int, str]:
 
 
 def _stored(state: Path) -> list[str]:
+    """The claims a restarted driver loads from ``state`` (checkpoint.json and the journal)."""
+    store = CheckpointStore(state)
+    assert not store.quarantined  # nothing torn, nothing undecodable
+    return store.read(lambda s: sorted(s.claims))
+
+
+def _snapshot(state: Path) -> list[str]:
+    """The claims of checkpoint.json alone (what a driver that does not read the journal finds)."""
     data = json.loads((state / "checkpoint.json").read_bytes())  # must always be whole, valid JSON
     return sorted(data["claims"])
+
+
+def _journal_bytes(state: Path) -> int:
+    try:
+        return (state / "checkpoint.journal").stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+async def _folded(state: Path, uids: list[str], timeout: float = 15) -> None:
+    """Wait until the daemon folded its journal into checkpoint.json (a second of quiet claims)."""
+    deadline = time.monotonic() + timeout
+    while not ((state / "checkpoint.json").exists() and _snapshot(state) == uids and not _journal_bytes(state)):
+        assert time.monotonic() < deadline, "the journal was never folded into checkpoint.json"
+        await asyncio.sleep(0.1)
 
 
 async def test_a_full_state_disk_fails_the_claims_that_need_it_and_loses_nothing(
@@ -67,6 +95,8 @@ async def test_a_full_state_disk_fails_the_claims_that_need_it_and_loses_nothing
         await kubelet.register()
         first = await kubelet.prepare(_refs(range(10)))
         assert all(first.claims[f"uid-{i}"].error == "" for i in range(10))
+        assert _stored(state) == sorted(f"uid-{i}" for i in range(10))  # durable when answered
+        await _folded(state, sorted(f"uid-{i}" for i in range(10)))
         before = (state / "checkpoint.json").read_bytes()
 
         filler = fill(state)  # not one free page left
@@ -74,15 +104,17 @@ async def test_a_full_state_disk_fails_the_claims_that_need_it_and_loses_nothing
         errors = {uid: r.error for a in answers for uid, r in a.claims.items()}
         assert sorted(errors) == sorted(f"uid-{i}" for i in range(10, CLAIMS))  # an answer for each claim
         for uid, error in errors.items():
-            assert str(state / "checkpoint.json") in error and "ENOSPC" in error, (uid, error)
+            assert str(state / "checkpoint.journal") in error and "ENOSPC" in error, (uid, error)
             assert not devices_of(next(a for a in answers if uid in a.claims), uid)
         assert (state / "checkpoint.json").read_bytes() == before  # the previous file, whole
+        assert not _journal_bytes(state)  # the refused records were cut off
         assert not (state / "checkpoint.tmp").exists()
         unprepared = await kubelet.unprepare(_refs(range(1)))  # needs a write too: refused, nothing lost
+        assert str(state / "checkpoint.journal") in unprepared.claims["uid-0"].error
         assert "ENOSPC" in unprepared.claims["uid-0"].error
         assert _stored(state) == sorted(f"uid-{i}" for i in range(10))
         status, body = _healthz(port)
-        assert status == 503 and "checkpoint.json" in body and "ENOSPC" in body
+        assert status == 503 and str(state / "checkpoint.journal") in body and "ENOSPC" in body, body
         log = env40.log_of(proc)
         assert "cannot save driver state" in log and "No space left on device" in log
         assert "Traceback" not in log
@@ -111,6 +143,8 @@ async def test_a_full_state_disk_fails_the_claims_that_need_it_and_loses_nothing
     assert _stored(state) == sorted(f"uid-{i}" for i in range(CLAIMS))
     proc.send_signal(signal.SIGTERM)
     assert await _wait_exit(proc, 10) == 0
+    # Shutdown folds the journal in: checkpoint.json alone holds every claim for the next instance.
+    assert _snapshot(state) == sorted(f"uid-{i}" for i in range(CLAIMS))
 
     gets = env40.api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/")
     proc2 = env40.start()
@@ -183,17 +217,20 @@ async def test_a_read_only_state_disk_is_reported_and_refused_at_start_in_one_li
     async with KubeletClient(env40.reg_socket) as kubelet:
         await kubelet.register()
         assert all(r.error == "" for r in (await kubelet.prepare(_refs(range(2)))).claims.values())
+        await _folded(state, ["uid-0", "uid-1"])
+        # The daemon holds no state file open for writing between writes: the remount is not EBUSY.
         subprocess.run(["mount", "-o", "remount,ro", str(state)], check=True)
         try:
             answer = await kubelet.prepare(_refs(range(2, 4)))
             for uid in ("uid-2", "uid-3"):
                 error = answer.claims[uid].error
-                assert "EROFS" in error and str(state / "checkpoint.json") in error, error
+                assert "EROFS" in error and str(state / "checkpoint.journal") in error, error
             status, body = _healthz(port)
-            assert status == 503 and "checkpoint.json" in body and "EROFS" in body, body
-            assert _metric(port, "dranet_driver_state_write_failures_total").get("checkpoint.json", 0) >= 1
+            assert status == 503 and str(state / "checkpoint.journal") in body and "EROFS" in body, body
+            assert _metric(port, "dranet_driver_state_write_failures_total").get("checkpoint.journal", 0) >= 1
         finally:
             subprocess.run(["mount", "-o", "remount,rw", str(state)], check=True)
+        assert _stored(state) == ["uid-0", "uid-1"]  # the refused claims are not on disk, the others are
         deadline = time.monotonic() + 15
         while _healthz(port)[0] != 200:  # the periodic retry: no claim needed
             assert time.monotonic() < deadline, _healthz(port)

@@ -122,10 +122,10 @@ request when the pod starts. Above what the API's 10 KiB of parameters per confi
 here so a merged config (two configs for one request, a profile under it) is bounded too."""
 MAX_POD_REQUESTS = 200
 """Netlink requests that configure a pod's NICs: one per address, route, rule and neighbor, one per
-NIC to set it up, one more for a NIC in a VRF (:func:`configure_requests`). The NRI hook sends them
-in one batch, and the kernel's acknowledgements of more than 256 overflow the socket's default
-receive buffer (``net.core.rmem_default`` 212992: ENOBUFS, the pod does not start); 200 leaves room
-for kernels whose acknowledgements take more memory."""
+NIC to set it up, one more for a NIC in a VRF (:func:`configure_requests`). The NRI hook pipelines
+them in windows that fit the socket's receive buffer (:class:`~driver.netlink_channel.NetlinkChannel`),
+so any number applies; the bound keeps a pod start's configuration well inside the hook's 2-second
+budget (docs/configuration.md, Limits)."""
 
 
 def config_entries(config: NetworkConfig) -> int:

@@ -116,8 +116,8 @@ def _configure_budget(devices: dict[str, Any], configs: list[Any], path: str, dr
         return []
     reason = (
         f"the claim's NICs take {total} netlink requests to configure ({'; '.join(parts)}: one per address, "
-        f"route, rule and neighbor, one per NIC, one per VRF); a pod's NICs may take at most {MAX_POD_REQUESTS} "
-        "(they are sent in one batch, whose acknowledgements must fit the socket's receive buffer)"
+        f"route, rule and neighbor, one per NIC, one per VRF); a claim's NICs may take at most {MAX_POD_REQUESTS} "
+        "(they are configured inside the NRI hook's 2-second budget)"
     )
     return [ConfigError(f"{path}.devices.config", reason)]
 
