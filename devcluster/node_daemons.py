@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devcluster import fabric, images, node_host, node_ns, sysfs_fixture
+from devcluster import crio_node, fabric, images, node_host, node_ns, sysfs_fixture
 from devcluster.cluster_state import REPO, ClusterState, spawn, wait_pid
 from devcluster.components import NodeBinaries
 from devcluster.node_config import write_node_configs
@@ -27,7 +27,7 @@ from devcluster.node_layout import IN_NODE, NodeLayout, NodeSpec
 from devcluster.versions import K8sRelease
 
 NODE_LABEL = "dranet.dev/cluster"  # on every real node (kubelet --node-labels): <cluster name>
-DAEMONS = ("containerd", "kubelet", "gpu-plugin")
+DAEMONS = ("containerd", "crio", "kubelet", "gpu-plugin")  # containerd or crio: the layout's runtime
 Progress = Callable[[str], None]
 
 
@@ -92,10 +92,22 @@ def boot(
     write_node_configs(node, binaries, release.fail_cgroup_v1, release.feature_gates)
     env = node_env(binaries)
     st.path_env = env["PATH"]
+    if layout.runtime == "crio":
+        start_crio(node, st, binaries, node_images, progress)
+    else:
+        start_containerd(node, st, binaries, node_images, progress)
+    start_kubelet(node, st, binaries)
+    start_gpu_plugin(node, st)
+
+
+def start_containerd(
+    node: NodeSpec, st: ClusterState, binaries: NodeBinaries, node_images: NodeImages, progress: Progress
+) -> None:
+    """containerd, then the images it lacks (``ctr images import``)."""
     k = key(node, "containerd")
     cmd = node_ns.enter(node, [str(binaries.containerd), "--config", str(node.containerd_config)])
-    spawn(layout, k, cmd, env, st, _system_cgroup(node))
-    wait_pid(layout, st, k, node.containerd_socket.is_socket, 60, f"{node.name}: containerd's socket")
+    spawn(node.layout, k, cmd, node_env(binaries), st, _system_cgroup(node))
+    wait_pid(node.layout, st, k, node.containerd_socket.is_socket, 60, f"{node.name}: containerd's socket")
     address = str(node.containerd_socket)
     present = set(images.image_list(binaries.ctr, address))
     for img in node_images.archives:
@@ -105,8 +117,20 @@ def boot(
     for source, target in node_images.tags:
         if target not in present:
             images.tag_image(binaries.ctr, address, source, target)
-    start_kubelet(node, st, binaries)
-    start_gpu_plugin(node, st)
+
+
+def start_crio(
+    node: NodeSpec, st: ClusterState, binaries: NodeBinaries, node_images: NodeImages, progress: Progress
+) -> None:
+    """The images CRI-O's store lacks (copied while CRI-O is down), then CRI-O."""
+    cmd = node_ns.enter(node, crio_node.command(node, binaries))
+    crio_node.prepare(node)
+    crio_node.hide_hugepage_sizes(node)
+    crio_node.load_images(node, node_images.archives, node_images.tags, progress)
+    k = key(node, "crio")
+    spawn(node.layout, k, cmd, node_env(binaries), st, _system_cgroup(node))
+    socket = node.host_path(node.cri_socket)
+    wait_pid(node.layout, st, k, socket.is_socket, 60, f"{node.name}: CRI-O's socket")
 
 
 def start_kubelet(node: NodeSpec, st: ClusterState, binaries: NodeBinaries) -> int:

@@ -43,7 +43,7 @@ def test_dranet_registers_with_crio_nri(nd_h100_sysfs: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("CRI-O runs as root")
     base = Path(tempfile.mkdtemp(prefix="dn-crio-"))  # short: unix socket paths
-    paths = crio.CrioPaths(base)
+    paths = crio.CrioPaths.under(base)
     crio.prepare_dirs(paths)
     runtime_log = open(base / "crio.log", "wb")
     runtime = subprocess.Popen(

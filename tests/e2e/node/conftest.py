@@ -39,7 +39,7 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
         found = cluster.running(NodeLayout(name=reuse))
         if found is None:
             pytest.fail(f"{REUSE_ENV}={reuse}: no running cluster of that name")
-        layout = NodeLayout(name=reuse, nodes=found.nodes, cluster_cidr=found.cluster_cidr)
+        layout = NodeLayout(name=reuse, nodes=found.nodes, cluster_cidr=found.cluster_cidr, runtime=found.runtime)
         st = found
     else:
         layout = random_layout()
