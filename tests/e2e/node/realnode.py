@@ -24,6 +24,7 @@ from devcluster import cluster, fabric, node_host, node_ns
 from devcluster.controlplane import wait_for
 from devcluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
 from devcluster.pods import Kubectl
+from driver.checkpoint import journal
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 
@@ -112,9 +113,22 @@ class RealNode:
         return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
     def checkpoint(self, node: int = 0) -> dict[str, Any]:
-        """The driver's prepared-claims checkpoint (host side of the node's stateDir)."""
-        path = self.spec(node).driver_state_dir / "checkpoint.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        """The driver's prepared claims as saved (host side of the node's stateDir): the snapshot
+        with the journal's records for it applied, as the driver reads them at start."""
+        state_dir = self.spec(node).driver_state_dir
+        path, journal_path = state_dir / "checkpoint.json", state_dir / "checkpoint.journal"
+        snapshot = path.read_bytes() if path.exists() else None
+        data: dict[str, Any] = json.loads(snapshot) if snapshot else {}
+        if journal_path.exists():
+            claims = dict(data.get("claims", {}))
+            payloads, _ = journal.parse(journal_path.read_bytes(), journal.base_of(snapshot))
+            for payload in payloads:
+                change = json.loads(payload)
+                claims.update(change["put"])
+                for uid in change["delete"]:
+                    claims.pop(uid, None)
+            data["claims"] = claims
+        return data
 
     def pod_states(self, node: int = 0) -> dict[str, Any]:
         """The driver's pod network state (host side of the node's runtimeDir)."""
