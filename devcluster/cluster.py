@@ -265,7 +265,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         archives=(bins.pause, bins.workload, bins.driver, bins.worker, bins.operator),
         tags=tuple((bins.worker.ref, name) for name in mpijobs.seed_images()),
     )
-    progress(f"[up] nodes {', '.join(n.name for n in layout.all_nodes)}: namespaces, NICs, {layout.runtime}, images, kubelet")
+    names = ", ".join(n.name for n in layout.all_nodes)
+    progress(f"[up] nodes {names}: namespaces, NICs, {layout.runtime}, images, kubelet")
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.nodes) as pool:
         futures = [
             pool.submit(node_daemons.boot, node, st, bins.node, K8S_RELEASE, node_images, progress)

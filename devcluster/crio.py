@@ -36,8 +36,8 @@ from devcluster.binaries import GoBuild, Progress, _print_progress, build_go_too
 CRIO_VERSION = "v1.34.0"
 CRIO_MODULE = "github.com/cri-o/cri-o"
 CRIO_TAGS = ("containers_image_openpgp", "seccomp", "exclude_graphdriver_btrfs", "exclude_graphdriver_devicemapper")
-DEBIAN_PACKAGES = ("libseccomp-dev", "conmon")
-"""What the build (libseccomp headers) and a node running CRI-O (conmon) need from Debian."""
+DEBIAN_PACKAGES = ("libseccomp-dev", "conmon", "skopeo")
+"""What the build (libseccomp headers) and a node running CRI-O (conmon; skopeo loads its images) need."""
 
 
 class CrioError(RuntimeError):
@@ -102,12 +102,12 @@ def crio_go_sum(version: str = CRIO_VERSION) -> str:
 
 def build_crio(version: str = CRIO_VERSION, progress: Progress = _print_progress) -> Path:
     """Build (or reuse) ``crio`` and ``pinns``; returns their ``bin`` directory."""
-    missing = [p for p in ("/usr/include/seccomp.h",) if not Path(p).is_file()]
-    if missing:
-        raise CrioError(f"{', '.join(missing)} missing: apt-get install {' '.join(DEBIAN_PACKAGES)}")
     bin_dir = cache_root() / "crio" / version / "bin"
     if (bin_dir / "crio").is_file() and (bin_dir / "pinns").is_file():
         return bin_dir
+    missing = [p for p in ("/usr/include/seccomp.h",) if not Path(p).is_file()]
+    if missing:
+        raise CrioError(f"{', '.join(missing)} missing: apt-get install {' '.join(DEBIAN_PACKAGES)}")
     bin_dir = build_go_tool(
         "crio",
         version,

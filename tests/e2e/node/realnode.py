@@ -10,10 +10,14 @@ namespace.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import secrets
 import string
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +31,10 @@ from devcluster.pods import Kubectl
 from driver.checkpoint import journal
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
+from tests.plugins.least_privilege import forbidden_lines
 
 E2E_MARKS = [pytest.mark.node, pytest.mark.root, pytest.mark.slow]
+REUSE_ENV = "DRANET_E2E_CLUSTER"  # the name of a running `devcluster up` cluster to test instead
 
 
 @dataclass
@@ -203,3 +209,45 @@ def leftovers(layout: NodeLayout) -> list[str]:
     ]
     found += [f"dir {layout.base}"] if layout.base.exists() else []
     return found
+
+
+@contextlib.contextmanager
+def cluster_for_tests(
+    request: pytest.FixtureRequest, new_layout: Callable[[], NodeLayout], reuse: str | None = None
+) -> Iterator[RealNode]:
+    """A cluster ``devcluster up`` starts from ``new_layout()``, removed at the end, after which
+    nothing of it may be left on the host; or the running cluster named ``reuse``, left running.
+    A 403 anywhere in the drivers' logs (current and previous container) fails the run."""
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root")
+    if reuse:
+        found = cluster.running(NodeLayout(name=reuse))
+        if found is None:
+            pytest.fail(f"no running cluster named {reuse!r} to test")
+        layout = NodeLayout(name=reuse, nodes=found.nodes, cluster_cidr=found.cluster_cidr, runtime=found.runtime)
+        st = found
+    else:
+        layout = new_layout()
+        t0 = time.monotonic()
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:
+            with capman.global_and_fixture_disabled():  # progress lines of a cold build stay visible
+                st = cluster.up(layout)
+        else:
+            st = cluster.up(layout)
+        print(
+            f"\n[real nodes] {layout.name} ({layout.nodes} nodes, {layout.runtime}) up in "
+            f"{time.monotonic() - t0:.1f}s ({st.timings})"
+        )
+    kube = KubeClient.from_kubeconfig(st.kubeconfig)
+    node = RealNode(layout, st, kube, Kubectl(Path(st.kubectl), Path(st.kubeconfig)))
+    denials: list[str] = []
+    try:
+        yield node
+        denials = [line for s in layout.all_nodes for line in forbidden_lines(node.driver_logs(s.index))]
+    finally:
+        if not reuse:
+            report = cluster.down(layout, progress=lambda _m: None)
+            left = leftovers(layout)
+            assert not report.problems and not left, f"down left: {report.problems + left}"
+    assert not denials, f"the driver was refused (403): {denials[:5]}"
