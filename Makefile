@@ -7,9 +7,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
-binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd), CoreDNS, the MPI Operator and the images
+binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd, CRI-O), CoreDNS, the MPI Operator and the images
 	$(PY) -m devcluster.binaries --all
 	$(PY) -m devcluster.components
+	$(PY) -m devcluster.crio
 	$(PY) -m devcluster.coredns
 	$(PY) -m devcluster.helm
 	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
