@@ -14,8 +14,11 @@ import pytest
 
 from devcluster import mpijobs
 from devcluster.demo import EXAMPLE_DIR
+from devcluster.node_layout import DEFAULT_RUNTIME
 from tests.e2e.node.realnode import REUSE_ENV, RealNode, cluster_for_tests, random_layout
 from tests.e2e.node.support import seed_namespace
+
+RUNTIME_ENV = "DRANET_E2E_RUNTIME"
 
 
 # Package scope: the node goes away right after the last real-node test, not at the end of
@@ -23,8 +26,10 @@ from tests.e2e.node.support import seed_namespace
 @pytest.fixture(scope="package")
 def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     """Two real nodes for tests/e2e (``devcluster up``), removed and checked at the end; or, with
-    ``DRANET_E2E_CLUSTER=<name>``, a running cluster of that name (left running: quick reruns)."""
-    with cluster_for_tests(request, random_layout, os.environ.get(REUSE_ENV)) as node:
+    ``DRANET_E2E_CLUSTER=<name>``, a running cluster of that name (left running: quick reruns).
+    ``DRANET_E2E_RUNTIME=crio`` gives the nodes CRI-O instead of containerd."""
+    runtime = os.environ.get(RUNTIME_ENV, DEFAULT_RUNTIME)
+    with cluster_for_tests(request, lambda: random_layout(runtime=runtime), os.environ.get(REUSE_ENV)) as node:
         yield node
 
 

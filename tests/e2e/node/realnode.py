@@ -26,7 +26,7 @@ import pytest
 
 from devcluster import cluster, fabric, node_host, node_ns
 from devcluster.controlplane import wait_for
-from devcluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
+from devcluster.node_layout import DEFAULT_BASE, DEFAULT_RUNTIME, NodeLayout, NodeSpec
 from devcluster.pods import Kubectl
 from driver.checkpoint import journal
 from driver.kube.client import RESOURCE_API, KubeClient
@@ -175,13 +175,13 @@ class RealNode:
         wait_for(gone, timeout, 0.5, f"namespace {ns} emptied")
 
 
-def random_layout(nodes: int = 2) -> NodeLayout:
+def random_layout(nodes: int = 2, runtime: str = DEFAULT_RUNTIME) -> NodeLayout:
     """A cluster name and a /20 no other cluster on this host uses (random, checked against the
     host's routes)."""
     for _ in range(50):
         name = "e" + "".join(random.choice(string.ascii_lowercase) for _ in range(3)) + secrets.token_hex(2)
         cidr = f"10.{random.randint(64, 127)}.{16 * random.randint(0, 15)}.0/20"
-        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr)
+        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr, runtime=runtime)
         if not fabric.overlapping_routes(layout) and not layout.base.exists():
             return layout
     raise RuntimeError("no free address range for a test cluster (50 random /20s overlap host routes)")

@@ -13,7 +13,6 @@ while a pod holds NICs; a pod started while the driver is away.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterator
 
@@ -40,7 +39,7 @@ REUSE_ENV = "DRANET_E2E_CRIO_CLUSTER"
 
 
 def _crio_layout() -> NodeLayout:
-    return dataclasses.replace(random_layout(nodes=1), runtime="crio")
+    return random_layout(nodes=1, runtime="crio")
 
 
 @pytest.fixture(scope="module")
