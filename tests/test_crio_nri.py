@@ -1,10 +1,9 @@
 """CRI-O built here (devcluster/crio.py) runs on this machine and dranet's NRI plugin registers
 with it: the real `crio` (NRI on, its own socket) and a real `dranet run` pointed at that socket.
 
-This is the first step of CRI-O as a second runtime; the real-node e2e subset on CRI-O (pods with
-their NICs, config, return on delete, driver restart) needs the dev cluster's node to run CRI-O
-instead of containerd, which is not wired yet. CRI-O is not built by `make binaries` (a cold
-build takes about 6 minutes): the test skips, saying so, until `python3 -m devcluster.crio` ran.
+The quick check, without a cluster; the real-node tests on a CRI-O node are in
+tests/e2e/node/test_crio_node.py. `make binaries` builds CRI-O (about 6 minutes cold); run alone,
+the test skips, saying how, until `python3 -m devcluster.crio` ran.
 """
 
 from __future__ import annotations
