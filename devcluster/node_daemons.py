@@ -21,7 +21,7 @@ from pathlib import Path
 
 from devcluster import crio_node, fabric, images, node_host, node_ns, sysfs_fixture
 from devcluster.cluster_state import REPO, ClusterState, spawn, wait_pid
-from devcluster.components import NodeBinaries
+from devcluster.components import NodeBinaries, ensure_node_binaries
 from devcluster.node_config import write_node_configs
 from devcluster.node_layout import IN_NODE, NodeLayout, NodeSpec
 from devcluster.versions import K8sRelease
@@ -131,6 +131,13 @@ def start_crio(
     spawn(node.layout, k, cmd, node_env(binaries), st, _system_cgroup(node))
     socket = node.host_path(node.cri_socket)
     wait_pid(node.layout, st, k, socket.is_socket, 60, f"{node.name}: CRI-O's socket")
+
+
+def has_image(node: NodeSpec, ref: str) -> bool:
+    """True if the node's runtime (containerd or CRI-O) holds an image named ``ref``."""
+    if node.layout.runtime == "crio":
+        return crio_node.image_present(node, ref)
+    return images.image_present(ensure_node_binaries(lambda _m: None).ctr, str(node.containerd_socket), ref)
 
 
 def start_kubelet(node: NodeSpec, st: ClusterState, binaries: NodeBinaries) -> int:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from devcluster import mpi_run, mpijobs
-from devcluster.components import ensure_node_binaries
+from devcluster import mpi_run, mpijobs, node_daemons
 from devcluster.controlplane import wait_for
-from devcluster.images import image_present
 from devcluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
@@ -88,11 +86,10 @@ def test_seed_mpijob_runs_to_the_end_over_its_claimed_nics(real_node: RealNode, 
 
 
 def test_the_seed_image_is_mapped_not_edited(real_node: RealNode) -> None:
-    """The manifests keep the seed's image; every node's containerd has the Debian-built one under that name."""
+    """The manifests keep the seed's image; every node's runtime has the Debian-built one under that name."""
     assert mpijobs.seed_images() == ["registry.example.com/dranet/pytorch-mpi:25.09"]
-    ctr = ensure_node_binaries().ctr
     for spec in real_node.layout.all_nodes:
         for image in mpijobs.seed_images():
-            assert image_present(ctr, str(spec.containerd_socket), image), spec.name
+            assert node_daemons.has_image(spec, image), spec.name
     for path in mpijobs.MPIJOB_FILES.values():
         assert "image: registry.example.com/dranet/pytorch-mpi:25.09" in path.read_text()
