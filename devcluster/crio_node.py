@@ -7,9 +7,14 @@ from its Go module (`devcluster.crio`) in the runtime's place:
   its sockets, exit files and version file under the node's ``/run/crio`` (gone with a reboot);
 * the overlay storage driver on the node's ext4 disk, as containerd's overlayfs snapshotter;
 * NRI at the standard socket and pod network namespaces pinned under ``/var/run/netns``, the
-  chart's defaults, so the driver is installed with the same values as on a containerd node;
+  chart's defaults, so the chart's values are the containerd node's (but one: see
+  `devcluster.cluster.dev_values`);
 * the images copied from their docker archives into CRI-O's store with ``skopeo`` (CRI-O has no
-  import command), inside the node's namespaces, before CRI-O starts.
+  import command), inside the node's namespaces, before CRI-O starts;
+* no hugepage sizes for the kubelet (`hide_hugepage_sizes`).
+
+Not handled: after a power cut CRI-O finds no clean-shutdown mark and wipes its store, and
+`devcluster.node_daemons.power_on` copies no images (containerd keeps them).
 """
 
 from __future__ import annotations
