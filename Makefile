@@ -7,9 +7,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
-binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd), CoreDNS, the MPI Operator and the images
+binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd, CRI-O), CoreDNS, the MPI Operator and the images
 	$(PY) -m devcluster.builders.binaries --all
 	$(PY) -m devcluster.builders.components
+	$(PY) -m devcluster.builders.crio
 	$(PY) -m devcluster.cluster.coredns
 	$(PY) -m devcluster.builders.helm
 	$(PY) -c "from harness.nri import harness_binary; print('nri harness:', harness_binary())"
@@ -18,7 +19,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 
-demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
+demo: binaries  ## two real nodes: the seed's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
 
 demo-fast: binaries  ## allocation only (no kubelet): which NICs and GPUs each claim gets
@@ -37,7 +38,7 @@ test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes 
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(MAKE) binaries
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(PY) -m pytest -q -p no:cacheprovider -m "not torch" tests/e2e/node
 
-soak: binaries  ## long churn: 20 create/delete cycles of the training example's two-worker MPIJob (and 200 pod cycles)
+soak: binaries  ## long churn: 20 create/delete cycles of the seed's two-worker MPIJob (and 200 pod cycles)
 	DRANET_MPI_CHURN_CYCLES=20 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_mpi_churn.py tests/e2e/node/test_churn.py
 
 test-torch: deps  ## the CPU benchmark tests that need torch (installs the [example] extra)
@@ -50,7 +51,7 @@ protos:  ## regenerate dranet_proto stubs after editing a .proto
 schema:  ## regenerate the claim config JSON Schema (charts/dranet/files/) after editing driver/api
 	$(PY) hack/gen_schema.py
 
-module-table:  ## regenerate docs/architecture.md's module tables (driver, tooling) from the docstrings
+module-table:  ## regenerate docs/architecture.md's module table from the driver's docstrings
 	$(PY) hack/gen_module_table.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)

@@ -1,4 +1,4 @@
-"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster/lifecycle.py).
+"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster.py).
 
     python -m devcluster up        # 2 nodes; prints KUBECONFIG=... and KUBECTL=..., leaves it running
     python -m devcluster up --nodes 1
@@ -7,8 +7,10 @@
 
 ``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
-names every node's NICs (``ib`` gives ib0..ib7). ``DRANET_K8S_VERSION`` picks the Kubernetes
-release (default the newest supported; see devcluster/builders/versions.py).
+names every node's NICs (``ib`` gives ib0..ib7), ``--runtime`` every node's container runtime
+(``containerd``, the default, or ``crio``: CRI-O built by ``python -m devcluster.builders.crio``).
+``DRANET_K8S_VERSION`` picks the Kubernetes release (default the newest supported; see
+devcluster/builders/versions.py).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from devcluster.cluster.node_layout import (
     DEFAULT_CIDR,
     DEFAULT_NAME,
     DEFAULT_NODES,
+    DEFAULT_RUNTIME,
+    RUNTIMES,
     LayoutError,
     NodeLayout,
 )
 
 
 def _layout(a: argparse.Namespace) -> NodeLayout:
-    return NodeLayout(name=a.name, root=Path(a.root), nodes=a.nodes, cluster_cidr=a.cidr, nic_prefix=a.nic_prefix)
+    return NodeLayout(
+        name=a.name, root=Path(a.root), nodes=a.nodes, cluster_cidr=a.cidr, nic_prefix=a.nic_prefix, runtime=a.runtime
+    )
 
 
 def _print_env(kubeconfig: str, kubectl: str) -> None:
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=int(os.environ.get("DRANET_DEVCLUSTER_NODES", DEFAULT_NODES)))
     ap.add_argument("--cidr", default=os.environ.get("DRANET_DEVCLUSTER_CIDR", DEFAULT_CIDR))
     ap.add_argument("--nic-prefix", default="ib")
+    ap.add_argument("--runtime", choices=RUNTIMES, default=os.environ.get("DRANET_DEVCLUSTER_RUNTIME", DEFAULT_RUNTIME))
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -89,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         f"cluster {layout.name!r} up in {time.monotonic() - t0:.1f}s "
-        f"(Kubernetes {st.k8s_version}; nodes {', '.join(n.name for n in layout.all_nodes)}; "
+        f"(Kubernetes {st.k8s_version} on {st.runtime}; nodes {', '.join(n.name for n in layout.all_nodes)}; "
         f"driver image {st.driver_image})",
         file=sys.stderr,
     )

@@ -11,8 +11,9 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # workload and pause images, and its udhcpd is the DHCP server of the interface.dhcp tests
   # (tests/support/dhcp_server.py); buildah + mmdebstrap build the driver's image from the
   # Dockerfile without a Docker engine (the base image is made by mmdebstrap from this
-  # machine's own apt sources); util-linux gives nsenter/unshare.
-  for pkg in runc containernetworking-plugins busybox-static buildah mmdebstrap uidmap; do
+  # machine's own apt sources); util-linux gives nsenter/unshare. A CRI-O node (devcluster/builders/crio.py):
+  # libseccomp-dev to build CRI-O, conmon to run its containers, skopeo to load its images.
+  for pkg in runc containernetworking-plugins busybox-static buildah mmdebstrap uidmap libseccomp-dev conmon skopeo; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
   done
   # The Dockerfile test compares its apt pins with what Debian serves: it needs a package index.

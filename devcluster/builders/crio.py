@@ -36,8 +36,8 @@ from devcluster.builders.binaries import GoBuild, Progress, _print_progress, bui
 CRIO_VERSION = "v1.34.0"
 CRIO_MODULE = "github.com/cri-o/cri-o"
 CRIO_TAGS = ("containers_image_openpgp", "seccomp", "exclude_graphdriver_btrfs", "exclude_graphdriver_devicemapper")
-DEBIAN_PACKAGES = ("libseccomp-dev", "conmon")
-"""What the build (libseccomp headers) and a node running CRI-O (conmon) need from Debian."""
+DEBIAN_PACKAGES = ("libseccomp-dev", "conmon", "skopeo")
+"""What the build (libseccomp headers) and a node running CRI-O (conmon; skopeo loads its images) need."""
 
 
 class CrioError(RuntimeError):
@@ -102,12 +102,12 @@ def crio_go_sum(version: str = CRIO_VERSION) -> str:
 
 def build_crio(version: str = CRIO_VERSION, progress: Progress = _print_progress) -> Path:
     """Build (or reuse) ``crio`` and ``pinns``; returns their ``bin`` directory."""
-    missing = [p for p in ("/usr/include/seccomp.h",) if not Path(p).is_file()]
-    if missing:
-        raise CrioError(f"{', '.join(missing)} missing: apt-get install {' '.join(DEBIAN_PACKAGES)}")
     bin_dir = cache_root() / "crio" / version / "bin"
     if (bin_dir / "crio").is_file() and (bin_dir / "pinns").is_file():
         return bin_dir
+    missing = [p for p in ("/usr/include/seccomp.h",) if not Path(p).is_file()]
+    if missing:
+        raise CrioError(f"{', '.join(missing)} missing: apt-get install {' '.join(DEBIAN_PACKAGES)}")
     bin_dir = build_go_tool(
         "crio",
         version,
@@ -121,66 +121,107 @@ def build_crio(version: str = CRIO_VERSION, progress: Progress = _print_progress
     return bin_dir
 
 
-@dataclass
+@dataclass(frozen=True)
 class CrioPaths:
-    """Where one CRI-O instance keeps everything (all under ``base``)."""
+    """Where one CRI-O instance keeps its storage, state, sockets and configuration."""
 
-    base: Path
+    storage_root: Path  # images and container layers (containers/storage's graph root): disk
+    run: Path  # sockets, exit files, version file, containers/storage's run root: a tmpfs's place
+    state: Path  # what must survive a reboot: the persistent version file, the clean-shutdown mark
+    etc: Path  # crio.conf, crio.conf.d, the signature policy
+    namespaces_dir: Path  # pinned pod namespaces: ``<namespaces_dir>/netns/<id>``
+    cni_conf_dir: Path
+    log_dir: Path  # container logs the kubelet does not place itself
+    cdi_dir: Path
+    nri_socket: Path  # what the driver connects to (``dranet run --nri-socket``)
+
+    @classmethod
+    def under(cls, base: Path) -> CrioPaths:
+        """Everything below one directory (a CRI-O of its own, outside any node)."""
+        return cls(
+            storage_root=base / "root",
+            run=base / "run",
+            state=base / "state",
+            etc=base / "etc",
+            namespaces_dir=base / "ns",
+            cni_conf_dir=base / "cni",
+            log_dir=base / "pod-logs",
+            cdi_dir=base / "cdi",
+            nri_socket=base / "nri.sock",
+        )
 
     @property
     def socket(self) -> Path:
         """The CRI socket (the kubelet's ``--container-runtime-endpoint``)."""
-        return self.base / "crio.sock"
+        return self.run / "crio.sock"
 
     @property
-    def nri_socket(self) -> Path:
-        """The NRI socket the driver connects to (``dranet run --nri-socket``)."""
-        return self.base / "nri.sock"
+    def storage_run(self) -> Path:
+        return self.run / "storage"
+
+    def storage_ref(self, ref: str, driver: str) -> str:
+        """``ref`` in this CRI-O's image store, as skopeo names it."""
+        return f"containers-storage:[{driver}@{self.storage_root}+{self.storage_run}]{ref}"
 
 
-def crio_command(bin_dir: Path, paths: CrioPaths, cni_plugin_dir: str = "/usr/lib/cni") -> list[str]:
-    """``crio`` for this machine: everything under ``paths.base``, cgroupfs (PID 1 is not systemd),
-    vfs storage (no overlay inside overlay), Debian's runc and conmon, NRI on at its own socket."""
-    b = paths.base
+@dataclass(frozen=True)
+class CrioOptions:
+    """How a CRI-O runs: storage driver (``vfs`` works everywhere; ``overlay`` needs a
+    filesystem that takes overlay mounts, such as the ext4 a node's disk is on), the pod
+    sandbox image (``None``: CRI-O's default, pulled on demand), where the CNI plugins are."""
+
+    storage_driver: str = "vfs"
+    pause_image: str | None = None
+    cni_plugin_dir: str = "/usr/lib/cni"
+
+
+def crio_command(bin_dir: Path, paths: CrioPaths, options: CrioOptions = CrioOptions()) -> list[str]:
+    """``crio`` for this machine: cgroupfs (PID 1 is not systemd), Debian's runc and conmon, NRI
+    on at its own socket, every path from ``paths`` (none of CRI-O's system-wide defaults)."""
     conmon = shutil.which("conmon") or "/usr/bin/conmon"
     runc = shutil.which("runc") or "/usr/bin/runc"
-    return [
+    cmd = [
         str(bin_dir / "crio"),
-        "--config", str(b / "crio.conf"),
-        "--config-dir", str(b / "crio.conf.d"),
-        "--root", str(b / "root"),
-        "--runroot", str(b / "run"),
+        "--config", str(paths.etc / "crio.conf"),
+        "--config-dir", str(paths.etc / "crio.conf.d"),
+        "--root", str(paths.storage_root),
+        "--runroot", str(paths.storage_run),
         "--listen", str(paths.socket),
         "--conmon", conmon,
         "--cgroup-manager", "cgroupfs",
         "--conmon-cgroup", "pod",
         "--pinns-path", str(bin_dir / "pinns"),
         "--default-runtime", "runc",
-        "--runtimes", f"runc:{runc}:{b / 'run' / 'runc'}:oci:",
+        "--runtimes", f"runc:{runc}:{paths.run / 'runc'}:oci:",
         "--enable-nri",
         "--nri-listen", str(paths.nri_socket),
-        "--cni-config-dir", str(b / "cni"),
-        "--cni-plugin-dir", cni_plugin_dir,
-        "--storage-driver", "vfs",
-        "--log-dir", str(b / "pod-logs"),
-        "--version-file", str(b / "version"),
-        "--version-file-persist", str(b / "version-persist"),
-        "--clean-shutdown-file", str(b / "clean.shutdown"),
-        "--container-exits-dir", str(b / "exits"),
-        "--container-attach-socket-dir", str(b / "attach"),
-        "--namespaces-dir", str(b / "ns"),
-        "--signature-policy", str(b / "policy.json"),
-        "--cdi-spec-dirs", str(b / "cdi"),
+        "--cni-config-dir", str(paths.cni_conf_dir),
+        "--cni-plugin-dir", options.cni_plugin_dir,
+        "--storage-driver", options.storage_driver,
+        "--log-dir", str(paths.log_dir),
+        "--version-file", str(paths.run / "version"),
+        "--version-file-persist", str(paths.state / "version"),
+        "--clean-shutdown-file", str(paths.state / "clean.shutdown"),
+        "--container-exits-dir", str(paths.run / "exits"),
+        "--container-attach-socket-dir", str(paths.run),
+        "--namespaces-dir", str(paths.namespaces_dir),
+        "--signature-policy", str(paths.etc / "policy.json"),
+        "--cdi-spec-dirs", str(paths.cdi_dir),
     ]  # fmt: skip
+    if options.pause_image:
+        # The image's own entrypoint keeps the sandbox alive (CRI-O's default runs /pause).
+        cmd += ["--pause-image", options.pause_image, "--pause-command", ""]
+    return cmd
 
 
 def prepare_dirs(paths: CrioPaths) -> None:
     """The directories and files :func:`crio_command` points at (an empty config: flags say all)."""
-    for d in ("root", "run", "cni", "pod-logs", "exits", "attach", "ns", "cdi", "crio.conf.d"):
-        (paths.base / d).mkdir(parents=True, exist_ok=True)
-    (paths.base / "crio.conf").write_text("[crio]\n")
+    for d in (paths.storage_root, paths.run, paths.state, paths.etc / "crio.conf.d", paths.namespaces_dir,
+              paths.cni_conf_dir, paths.log_dir, paths.cdi_dir, paths.nri_socket.parent):  # fmt: skip
+        d.mkdir(parents=True, exist_ok=True)
+    (paths.etc / "crio.conf").write_text("[crio]\n")
     # Images are local here (no registry): accept any, as the containerd node does.
-    (paths.base / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
+    (paths.etc / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
 
 
 def main() -> int:

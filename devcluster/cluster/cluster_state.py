@@ -34,6 +34,7 @@ class ClusterState:
     nodes: int = 1
     cluster_cidr: str = ""
     k8s_version: str = ""
+    runtime: str = "containerd"
     server: str = ""
     kubeconfig: str = ""
     kubectl: str = ""

@@ -137,7 +137,7 @@ def dev_values(layout: NodeLayout, st: ClusterState, image_ref: str) -> dict[str
     repo, _, tag = image_ref.rpartition(":")
     env = api_env(st.server)
     fixture = IN_NODE.fixture_sysfs
-    return {
+    values: dict[str, Any] = {
         "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
         "nri": {"enabled": True},
         # The fixture's uplink.
@@ -151,6 +151,12 @@ def dev_values(layout: NodeLayout, st: ClusterState, image_ref: str) -> dict[str
         "nodeSelector": {NODE_LABEL: layout.name},
         "webhook": {"replicas": 1, "extraEnv": env, "nodeSelector": {NODE_LABEL: layout.name}},
     }
+    if layout.runtime == "crio":
+        # The kubelet gives node-critical pods oom_score_adj -997; lowering it needs
+        # CAP_SYS_RESOURCE, which this VM's root lacks, and CRI-O (unlike containerd's
+        # restrict_oom_score_adj) has no clamp: the driver runs at the default priority here.
+        values["priorityClassName"] = ""
+    return values
 
 
 def _kubelet_ready(kube: KubeClient, node: str) -> bool:
@@ -194,7 +200,11 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
     t_prep = time.monotonic() - t0
     node_host.sweep(layout)  # leftovers of a crashed `up` of the same name
     st = ClusterState(
-        name=layout.name, nodes=layout.nodes, cluster_cidr=layout.cluster_cidr, k8s_version=K8S_RELEASE.version
+        name=layout.name,
+        nodes=layout.nodes,
+        cluster_cidr=layout.cluster_cidr,
+        k8s_version=K8S_RELEASE.version,
+        runtime=layout.runtime,
     )
     try:
         _up(layout, bins, st, progress)
@@ -220,7 +230,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     st.save(layout)
     progress(
         f"[up] fabric: cluster network {layout.node_network} (host {layout.gateway}), "
-        f"{len(layout.nics)} rails; Kubernetes {K8S_RELEASE.version}, {layout.nodes} node(s)"
+        f"{len(layout.nics)} rails; Kubernetes {K8S_RELEASE.version}, {layout.nodes} node(s) on {layout.runtime}"
     )
     fabric.create(layout)
     progress("[up] control plane")
@@ -256,7 +266,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         archives=(bins.pause, bins.workload, bins.driver, bins.worker, bins.operator),
         tags=tuple((bins.worker.ref, name) for name in mpijobs.seed_images()),
     )
-    progress(f"[up] nodes {', '.join(n.name for n in layout.all_nodes)}: namespaces, NICs, containerd, images, kubelet")
+    names = ", ".join(n.name for n in layout.all_nodes)
+    progress(f"[up] nodes {names}: namespaces, NICs, {layout.runtime}, images, kubelet")
     with concurrent.futures.ThreadPoolExecutor(max_workers=layout.nodes) as pool:
         futures = [
             pool.submit(node_daemons.boot, node, st, bins.node, K8S_RELEASE, node_images, progress)

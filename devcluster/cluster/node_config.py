@@ -129,7 +129,7 @@ def kubelet_config(
     cfg: dict[str, object] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "containerRuntimeEndpoint": f"unix://{IN_NODE.containerd_socket}",
+        "containerRuntimeEndpoint": f"unix://{node.cri_socket}",
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": node.cgroup_root,
         "failSwapOn": False,

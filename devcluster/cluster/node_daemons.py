@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster.builders import images
-from devcluster.builders.components import NodeBinaries
+from devcluster.builders.components import NodeBinaries, ensure_node_binaries
 from devcluster.builders.versions import K8sRelease
-from devcluster.cluster import fabric, node_host, node_ns
+from devcluster.cluster import crio_node, fabric, node_host, node_ns
 from devcluster.cluster.cluster_state import REPO, ClusterState, spawn, wait_pid
 from devcluster.cluster.node_config import write_node_configs
 from devcluster.cluster.node_layout import IN_NODE, NodeLayout, NodeSpec
 from devcluster.doubles import sysfs_fixture
 
 NODE_LABEL = "dranet.dev/cluster"  # on every real node (kubelet --node-labels): <cluster name>
-DAEMONS = ("containerd", "kubelet", "gpu-plugin")
+DAEMONS = ("containerd", "crio", "kubelet", "gpu-plugin")  # containerd or crio: the layout's runtime
 Progress = Callable[[str], None]
 
 
@@ -94,10 +94,22 @@ def boot(
     write_node_configs(node, binaries, release.fail_cgroup_v1, release.feature_gates)
     env = node_env(binaries)
     st.path_env = env["PATH"]
+    if layout.runtime == "crio":
+        start_crio(node, st, binaries, node_images, progress)
+    else:
+        start_containerd(node, st, binaries, node_images, progress)
+    start_kubelet(node, st, binaries)
+    start_gpu_plugin(node, st)
+
+
+def start_containerd(
+    node: NodeSpec, st: ClusterState, binaries: NodeBinaries, node_images: NodeImages, progress: Progress
+) -> None:
+    """containerd, then the images it lacks (``ctr images import``)."""
     k = key(node, "containerd")
     cmd = node_ns.enter(node, [str(binaries.containerd), "--config", str(node.containerd_config)])
-    spawn(layout, k, cmd, env, st, _system_cgroup(node))
-    wait_pid(layout, st, k, node.containerd_socket.is_socket, 60, f"{node.name}: containerd's socket")
+    spawn(node.layout, k, cmd, node_env(binaries), st, _system_cgroup(node))
+    wait_pid(node.layout, st, k, node.containerd_socket.is_socket, 60, f"{node.name}: containerd's socket")
     address = str(node.containerd_socket)
     present = set(images.image_list(binaries.ctr, address))
     for img in node_images.archives:
@@ -107,8 +119,27 @@ def boot(
     for source, target in node_images.tags:
         if target not in present:
             images.tag_image(binaries.ctr, address, source, target)
-    start_kubelet(node, st, binaries)
-    start_gpu_plugin(node, st)
+
+
+def start_crio(
+    node: NodeSpec, st: ClusterState, binaries: NodeBinaries, node_images: NodeImages, progress: Progress
+) -> None:
+    """The images CRI-O's store lacks (copied while CRI-O is down), then CRI-O."""
+    cmd = node_ns.enter(node, crio_node.command(node, binaries))
+    crio_node.prepare(node)
+    crio_node.hide_hugepage_sizes(node)
+    crio_node.load_images(node, node_images.archives, node_images.tags, progress)
+    k = key(node, "crio")
+    spawn(node.layout, k, cmd, node_env(binaries), st, _system_cgroup(node))
+    socket = node.host_path(node.cri_socket)
+    wait_pid(node.layout, st, k, socket.is_socket, 60, f"{node.name}: CRI-O's socket")
+
+
+def has_image(node: NodeSpec, ref: str) -> bool:
+    """True if the node's runtime (containerd or CRI-O) holds an image named ``ref``."""
+    if node.layout.runtime == "crio":
+        return crio_node.image_present(node, ref)
+    return images.image_present(ensure_node_binaries(lambda _m: None).ctr, str(node.containerd_socket), ref)
 
 
 def start_kubelet(node: NodeSpec, st: ClusterState, binaries: NodeBinaries) -> int:

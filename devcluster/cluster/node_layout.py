@@ -23,6 +23,9 @@ from pathlib import Path
 DEFAULT_BASE = Path("/var/lib/dranet-dev")
 DEFAULT_NAME = "dev"
 DEFAULT_NODES = 2
+# The container runtime of every node: containerd 2.x, or CRI-O (OpenShift's), both with NRI.
+RUNTIMES = ("containerd", "crio")
+DEFAULT_RUNTIME = "containerd"
 DEFAULT_CIDR = "10.88.0.0/20"
 MAX_NODES = 14  # one /24 of the cluster's /20 for the node network, one per node for pods
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
@@ -50,6 +53,11 @@ class InNode:
     netns_dir: str = "/var/run/netns"
     containerd_state: str = "/run/containerd"
     containerd_socket: str = "/run/containerd/containerd.sock"
+    crio_run: str = "/run/crio"
+    crio_socket: str = "/run/crio/crio.sock"
+    # CRI-O pins pod namespaces at <namespaces_dir>/netns/<id>: the chart's netnsDir, as containerd's.
+    crio_namespaces_dir: str = "/var/run"
+    crio_log_dir: str = "/var/log/crio/pods"
     cdi_dir: str = "/var/run/cdi"
     # The node's fixture sysfs tree (PCI, NUMA, RDMA facts of an ND H100 v5), as the driver reads it.
     fixture_sysfs: str = "/run/dranet-fixture/sys"
@@ -73,8 +81,11 @@ class NodeLayout:
     cluster_cidr: str = DEFAULT_CIDR
     nic_prefix: str = "ib"
     node_prefix: str = "nd-h100-v5"
+    runtime: str = DEFAULT_RUNTIME
 
     def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise LayoutError(f"runtime: {self.runtime!r} must be one of {', '.join(RUNTIMES)}")
         if not _NAME_RE.match(self.name):
             raise LayoutError(f"name: {self.name!r} must be 1-8 lower-case letters or digits, starting with a letter")
         if not re.match(r"^[a-z]{1,8}$", self.nic_prefix):
@@ -272,6 +283,11 @@ class NodeSpec:
         return self.dir / "containerd"
 
     @property
+    def crio_dir(self) -> Path:
+        """CRI-O's disk: its image store, persistent version file, configuration."""
+        return self.dir / "crio"
+
+    @property
     def containerd_config(self) -> Path:
         return self.etc_dir / "containerd.toml"
 
@@ -292,8 +308,8 @@ class NodeSpec:
         for inside, outside in sorted(self.mounts(), key=lambda m: len(m[0]), reverse=True):
             if in_node == inside or in_node.startswith(inside.rstrip("/") + "/"):
                 return outside / in_node[len(inside) :].lstrip("/")
-        if in_node.startswith("/var/run/"):
-            return self.host_path("/run/" + in_node[len("/var/run/") :])
+        if in_node == "/var/run" or in_node.startswith("/var/run/"):
+            return self.host_path("/run" + in_node[len("/var/run") :])
         raise ValueError(f"{in_node} is not below a mount of node {self.name}")
 
     def mounts(self) -> list[tuple[str, Path]]:
@@ -310,6 +326,11 @@ class NodeSpec:
     @property
     def containerd_socket(self) -> Path:
         return self.host_path(IN_NODE.containerd_socket)
+
+    @property
+    def cri_socket(self) -> str:
+        """The CRI socket of the node's runtime, inside the node (the kubelet's endpoint)."""
+        return IN_NODE.crio_socket if self.layout.runtime == "crio" else IN_NODE.containerd_socket
 
     @property
     def driver_runtime_dir(self) -> Path:

@@ -1,10 +1,9 @@
 """CRI-O built here (devcluster/builders/crio.py) runs on this machine and dranet's NRI plugin registers
 with it: the real `crio` (NRI on, its own socket) and a real `dranet run` pointed at that socket.
 
-This is the first step of CRI-O as a second runtime; the real-node e2e subset on CRI-O (pods with
-their NICs, config, return on delete, driver restart) needs the dev cluster's node to run CRI-O
-instead of containerd, which is not wired yet. CRI-O is not built by `make binaries` (a cold
-build takes about 6 minutes): the test skips, saying so, until `python3 -m devcluster.builders.crio` ran.
+The quick check, without a cluster; the real-node tests on a CRI-O node are in
+tests/e2e/node/test_crio_node.py. `make binaries` builds CRI-O (about 6 minutes cold); run alone,
+the test skips, saying how, until `python3 -m devcluster.builders.crio` ran.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from devcluster.builders.binaries import cache_root
 from harness.fake_apiserver import FakeAPIServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _wait(pred: object, timeout: float, what: str) -> None:
@@ -43,7 +42,7 @@ def test_dranet_registers_with_crio_nri(nd_h100_sysfs: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("CRI-O runs as root")
     base = Path(tempfile.mkdtemp(prefix="dn-crio-"))  # short: unix socket paths
-    paths = crio.CrioPaths(base)
+    paths = crio.CrioPaths.under(base)
     crio.prepare_dirs(paths)
     runtime_log = open(base / "crio.log", "wb")
     runtime = subprocess.Popen(

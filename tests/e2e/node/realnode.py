@@ -3,17 +3,21 @@
 A cluster of its own (random name and address range), so it never collides with a person's
 ``python -m devcluster up`` or another test run on the same machine. Tests that need one node
 use node 0 (``RealNode.node``); the others name a node by index. Torn down with
-``devcluster.cluster.lifecycle.down`` at the end, after which the fixture checks that nothing is left on
+``devcluster.cluster.down`` at the end, after which the fixture checks that nothing is left on
 the host: no process naming its directory, no host link, no mount, no cgroup, no network
 namespace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import secrets
 import string
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +27,15 @@ import pytest
 from devcluster.cluster import fabric, node_host, node_ns
 from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
-from devcluster.cluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
+from devcluster.cluster.node_layout import DEFAULT_BASE, DEFAULT_RUNTIME, NodeLayout, NodeSpec
 from devcluster.cluster.pods import Kubectl
+from driver.checkpoint import journal
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
+from tests.plugins.least_privilege import forbidden_lines
 
 E2E_MARKS = [pytest.mark.node, pytest.mark.root, pytest.mark.slow]
+REUSE_ENV = "DRANET_E2E_CLUSTER"  # the name of a running `devcluster up` cluster to test instead
 
 
 @dataclass
@@ -113,23 +120,21 @@ class RealNode:
         return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
     def checkpoint(self, node: int = 0) -> dict[str, Any]:
-        """The driver's prepared claims as a restart would load them (host side of the node's
-        stateDir): ``checkpoint.json`` with the journal's records for it applied on top."""
-        from driver.checkpoint.journal import base_of, parse
-        from driver.checkpoint.store import CheckpointStore
-
+        """The driver's prepared claims as saved (host side of the node's stateDir): the snapshot
+        with the journal's records for it applied, as the driver reads them at start."""
         state_dir = self.spec(node).driver_state_dir
-        path, journal = state_dir / "checkpoint.json", state_dir / CheckpointStore.JOURNAL_FILENAME
+        path, journal_path = state_dir / "checkpoint.json", state_dir / "checkpoint.journal"
         snapshot = path.read_bytes() if path.exists() else None
         data: dict[str, Any] = json.loads(snapshot) if snapshot else {}
-        if journal.exists():
-            payloads, _ = parse(journal.read_bytes(), base_of(snapshot))
-            claims = data.setdefault("claims", {})
+        if journal_path.exists():
+            claims = dict(data.get("claims", {}))
+            payloads, _ = journal.parse(journal_path.read_bytes(), journal.base_of(snapshot))
             for payload in payloads:
                 change = json.loads(payload)
                 claims.update(change["put"])
                 for uid in change["delete"]:
                     claims.pop(uid, None)
+            data["claims"] = claims
         return data
 
     def pod_states(self, node: int = 0) -> dict[str, Any]:
@@ -171,13 +176,13 @@ class RealNode:
         wait_for(gone, timeout, 0.5, f"namespace {ns} emptied")
 
 
-def random_layout(nodes: int = 2) -> NodeLayout:
+def random_layout(nodes: int = 2, runtime: str = DEFAULT_RUNTIME) -> NodeLayout:
     """A cluster name and a /20 no other cluster on this host uses (random, checked against the
     host's routes)."""
     for _ in range(50):
         name = "e" + "".join(random.choice(string.ascii_lowercase) for _ in range(3)) + secrets.token_hex(2)
         cidr = f"10.{random.randint(64, 127)}.{16 * random.randint(0, 15)}.0/20"
-        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr)
+        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr, runtime=runtime)
         if not fabric.overlapping_routes(layout) and not layout.base.exists():
             return layout
     raise RuntimeError("no free address range for a test cluster (50 random /20s overlap host routes)")
@@ -205,3 +210,45 @@ def leftovers(layout: NodeLayout) -> list[str]:
     ]
     found += [f"dir {layout.base}"] if layout.base.exists() else []
     return found
+
+
+@contextlib.contextmanager
+def cluster_for_tests(
+    request: pytest.FixtureRequest, new_layout: Callable[[], NodeLayout], reuse: str | None = None
+) -> Iterator[RealNode]:
+    """A cluster ``devcluster up`` starts from ``new_layout()``, removed at the end, after which
+    nothing of it may be left on the host; or the running cluster named ``reuse``, left running.
+    A 403 anywhere in the drivers' logs (current and previous container) fails the run."""
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root")
+    if reuse:
+        found = cluster.running(NodeLayout(name=reuse))
+        if found is None:
+            pytest.fail(f"no running cluster named {reuse!r} to test")
+        layout = NodeLayout(name=reuse, nodes=found.nodes, cluster_cidr=found.cluster_cidr, runtime=found.runtime)
+        st = found
+    else:
+        layout = new_layout()
+        t0 = time.monotonic()
+        capman = request.config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:
+            with capman.global_and_fixture_disabled():  # progress lines of a cold build stay visible
+                st = cluster.up(layout)
+        else:
+            st = cluster.up(layout)
+        print(
+            f"\n[real nodes] {layout.name} ({layout.nodes} nodes, {layout.runtime}) up in "
+            f"{time.monotonic() - t0:.1f}s ({st.timings})"
+        )
+    kube = KubeClient.from_kubeconfig(st.kubeconfig)
+    node = RealNode(layout, st, kube, Kubectl(Path(st.kubectl), Path(st.kubeconfig)))
+    denials: list[str] = []
+    try:
+        yield node
+        denials = [line for s in layout.all_nodes for line in forbidden_lines(node.driver_logs(s.index))]
+    finally:
+        if not reuse:
+            report = cluster.down(layout, progress=lambda _m: None)
+            left = leftovers(layout)
+            assert not report.problems and not left, f"down left: {report.problems + left}"
+    assert not denials, f"the driver was refused (403): {denials[:5]}"

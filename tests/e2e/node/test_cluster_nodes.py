@@ -116,6 +116,8 @@ def _spread_pod(ns: str, name: str, claim: str, group: str) -> dict[str, Any]:
     """A workload pod with ``claim``, kept off any node another pod of ``group`` runs on."""
     pod = workload_pod(name, "-", claim=claim, namespace=ns, labels={"pair": group})
     del pod["spec"]["nodeSelector"]
+    # ping needs a raw socket: containerd grants NET_RAW by default, CRI-O does not.
+    pod["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["NET_RAW"]}}
     pod["spec"]["affinity"] = {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [

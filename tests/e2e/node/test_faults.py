@@ -1,6 +1,6 @@
 """Faults on the real node while a pod holds 4 NICs, and a pod started while the driver is down.
 
-Restart the kubelet, restart containerd, kill -9 the driver (its container is restarted by the
+Restart the kubelet, restart the container runtime, kill -9 the driver (its container is restarted by the
 kubelet, as the DaemonSet asks): the pod keeps its NICs, and when it is deleted afterwards every
 NIC comes back to the host intact and the claim is unprepared. A pod created while the driver
 pod is away never starts without its NICs: it waits, and starts with them once the driver is
@@ -67,9 +67,10 @@ FAULTS = {
         time.sleep(2),
         wait_for(lambda: _node_ready(n), 60, 0.5, "node Ready"),
     ),
-    "containerd-restart": lambda n: (
-        cluster.restart(n.layout, "containerd"),
-        wait_for(lambda: n.spec().containerd_socket.is_socket(), 30, 0.1, "socket"),
+    # The node's container runtime: containerd, or CRI-O on a CRI-O node.
+    "runtime-restart": lambda n: (
+        cluster.restart(n.layout, n.layout.runtime),
+        wait_for(lambda: n.spec().host_path(n.spec().cri_socket).is_socket(), 30, 0.1, "socket"),
     ),
     "driver-kill-9": _kill_driver,
 }
