@@ -19,7 +19,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 
-demo: binaries  ## two real nodes: the seed's MPIJobs run to MFU_RESULT over their claimed NICs
+demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
 
 demo-fast: binaries  ## allocation only (no kubelet): which NICs and GPUs each claim gets
