@@ -97,6 +97,9 @@ class DriverConfig:
     nri_enabled: bool = True
     kubeconfig: str | None = None  # None: in-cluster config
     filter: str = DEFAULT_FILTER  # empty string disables filtering
+    # Shared NICs: CEL in --filter's syntax; empty shares none (see driver/inventory/sharing.py).
+    sharing_filter: str = ""
+    sharing_max_interfaces: int = 16  # sub-interfaces one shared NIC carries (its dra.net/interfaces)
     # Treated like the default-route uplink: never published, nor anything enslaved to them.
     exclude_interfaces: list[str] = field(default_factory=list)
     bind_address: str = ":9177"  # /healthz and /metrics

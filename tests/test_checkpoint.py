@@ -164,6 +164,8 @@ def test_serialisation_matches_asdict() -> None:
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
         assert stored.pop("shared") is False  # written only when true (adminAccess)
+        assert stored.pop("share_id") is None  # written only for a sub-interface (a shareID)
+        assert stored["snapshot"].pop("share") is None  # re-derived at every scan, never stored
     pod = asdict(state.pods["p1"])
     assert pod.pop("created") == []  # written only when the hooks created a link
     for device in pod["devices"]:  # the version-4 device fields are written only when set

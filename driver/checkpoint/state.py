@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
-from driver.checkpoint.schema import COMPATIBLE_VERSION, IDENTITY_VERSION, SCHEMA_VERSION, check_version
+from driver.checkpoint.schema import (
+    COMPATIBLE_VERSION,
+    CONFIG_FIELDS_VERSION,
+    IDENTITY_VERSION,
+    SCHEMA_VERSION,
+    check_version,
+)
 from driver.model.device import Device
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
@@ -44,6 +50,22 @@ class PreparedDevice:
     # Allocated with adminAccess (or a shareID): other claims may hold the device at the same time.
     # Written only when true; absent (files from before, older drivers): False, the safe reading.
     shared: bool = False
+    # The allocation's shareID on a NIC allocated many times (consumable capacity): the pod gets a
+    # sub-interface of the NIC, the NIC itself stays on the host. Written only when set.
+    share_id: str | None = None
+
+    @property
+    def sub_interface(self) -> bool:
+        """Whether the pod gets a sub-interface of this NIC rather than the NIC itself."""
+        return self.share_id is not None
+
+    @property
+    def needed_version(self) -> int:
+        """The oldest claims-file version whose readers handle this device right: a share (a driver
+        before version 5 would move the shared NIC itself into the pod), else see :attr:`needs_v3`."""
+        if self.share_id is not None:
+            return SCHEMA_VERSION
+        return CONFIG_FIELDS_VERSION if self.needs_v3 else COMPATIBLE_VERSION
 
     @property
     def needs_v3(self) -> bool:
@@ -62,11 +84,16 @@ class PreparedDevice:
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
         out: dict[str, Any] = {name: getattr(self, name) for name in ("request", "pool", "device")}
-        out.update(snapshot=_plain(self.snapshot), config=self.config.to_parameters())
+        snapshot = _plain(self.snapshot)
+        if snapshot.get("share") is None:  # published capacity is re-derived at every scan
+            snapshot.pop("share", None)
+        out.update(snapshot=snapshot, config=self.config.to_parameters())
         if self.cloud_config is not None:  # absent in older files; ignored by older drivers
             out["cloudConfig"] = self.cloud_config.to_parameters()
         if self.shared:
             out["shared"] = True
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
         return out
 
     @classmethod
@@ -75,8 +102,16 @@ class PreparedDevice:
         snapshot, config = Device.from_dict(data["snapshot"]), NetworkConfig.from_parameters(data["config"])
         cloud = data.get("cloudConfig")
         cloud_config = None if cloud is None else NetworkConfig.from_parameters(cloud)
+        share_id = data.get("shareID")
         return cls(
-            data["request"], data["pool"], data["device"], snapshot, config, cloud_config, data.get("shared") is True
+            data["request"],
+            data["pool"],
+            data["device"],
+            snapshot,
+            config,
+            cloud_config,
+            data.get("shared") is True,
+            share_id if isinstance(share_id, str) and share_id else None,
         )
 
 

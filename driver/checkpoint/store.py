@@ -45,7 +45,7 @@ from driver.checkpoint.files import (
     read_state,
     remove_leftover,
 )
-from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, data_version, encode, migrate
+from driver.checkpoint.schema import COMPATIBLE_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class CheckpointStore:
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
-        self._encoded: dict[str, tuple[PreparedClaim, bytes, bool]] = {}  # (claim, JSON, needs version 3)
+        self._encoded: dict[str, tuple[PreparedClaim, bytes, int]] = {}  # (claim, JSON, the version it needs)
         with self._lock, self._cross_process():
             # Under the lock: a leftover temporary file is then never another instance's write.
             self._state = self._load(cleanup=True)
@@ -322,7 +322,7 @@ class CheckpointStore:
 
     def _encode_claims(self) -> bytes:
         """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}}, version)``
-        gives, from cached pieces; ``version`` is 3 only when a claim needs it."""
+        gives, from cached pieces; ``version`` is the newest a claim needs (see ``PreparedDevice.needed_version``)."""
         claims = self._state.claims
         pieces = []
         version = COMPATIBLE_VERSION
@@ -332,11 +332,11 @@ class CheckpointStore:
                 cached = (
                     claims[uid],
                     json.dumps(claims[uid].to_dict(), sort_keys=True, separators=(",", ":")).encode(),
-                    any(d.needs_v3 for d in claims[uid].devices),
+                    max((d.needed_version for d in claims[uid].devices), default=COMPATIBLE_VERSION),
                 )
                 self._encoded[uid] = cached
             pieces.append(json.dumps(uid).encode() + b":" + cached[1])
-            version = max(version, CONFIG_FIELDS_VERSION if cached[2] else COMPATIBLE_VERSION)
+            version = max(version, cached[2])
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"

@@ -116,7 +116,10 @@ class ClaimBuilder:
             if config.profile:
                 profiled.append((device, config))
             self._check_nic(f"{where}: config for request {base!r}: ", device, config)
-            shared = result.get("adminAccess") is True or bool(result.get("shareID"))
+            share_id = result.get("shareID") if isinstance(result.get("shareID"), str) else None
+            if share_id and not device.host.ifname:
+                raise ClaimError(f"{where}: {path}: device {name} has no netdev to make a sub-interface of")
+            shared = result.get("adminAccess") is True or bool(share_id)
             prepared.append(
                 PreparedDevice(
                     request=base,
@@ -126,6 +129,7 @@ class ClaimBuilder:
                     config=config,
                     cloud_config=cloud,
                     shared=shared,
+                    share_id=share_id or None,
                 )
             )
             requests.append(request or base)

@@ -47,7 +47,7 @@ async def _main(config: DriverConfig) -> int:
     try:
         daemon = Daemon(config, kube, store)
     except FilterError as exc:
-        log.error("invalid --filter", extra={"kv": {"error": str(exc)}})
+        log.error("invalid device filter", extra={"kv": {"error": str(exc)}})
         return 2
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,8 +1,8 @@
 """The node daemon's components, built and started in order, and stopped in order.
 
-Start order: apiserver feature checks, first discovery scan (so the first prepare finds the
-inventory), the prepared claims rebuilt from the API server if the checkpoint was corrupt, kubelet
-plugin (DRA socket, then registration), the HTTP probe server (/healthz, /metrics), then the
+Start order: apiserver feature checks (list attributes, consumable capacity for shared NICs,
+taints), first discovery scan (so the first prepare finds the inventory), the prepared claims
+rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then registration), the HTTP probe server (/healthz, /metrics), then the
 background loops (:mod:`driver.daemon.supervisor`): ResourceSlice publisher (once this instance
 holds the node lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health
 checks, NRI plugin. :meth:`Daemon.shutdown` stops them in the order a rolling update needs.
@@ -30,7 +30,7 @@ from driver.claims.status import ClaimStatusWriter
 from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
-from driver.dra.field_support import list_attributes_accepted
+from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
 from driver.health.monitor import HealthMonitor
@@ -213,6 +213,8 @@ class Daemon:
         self.device_sync.bind_loop()
         if self.device_sync.list_numa:
             await self._check_list_attributes()
+        if self.device_sync.sharing is not None:
+            await self._check_sharing()
         await self.dra.check_taints()
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
@@ -253,6 +255,20 @@ class Daemon:
         log.error(
             "--feature-gates DRAListTypeAttributes=true, but the apiserver cannot store list attributes; "
             "publishing resource.kubernetes.io/numaNode as an int (a list would make it reject every slice)",
+            extra={"kv": {"why": why}},
+        )
+
+    async def _check_sharing(self) -> None:
+        accepted, why = await asyncio.to_thread(
+            consumable_capacity_accepted, self.kube, self.config.driver_name, self.config.node_name
+        )
+        if accepted:
+            log.info("sharing NICs (consumable capacity)", extra={"kv": {"filter": self.config.sharing_filter}})
+            return
+        self.device_sync.sharing = None
+        log.error(
+            "--sharing-filter is set, but the apiserver cannot count consumable capacity (Kubernetes 1.36+, "
+            "DRAConsumableCapacity); publishing every NIC whole, for one claim at a time",
             extra={"kv": {"why": why}},
         )
 
