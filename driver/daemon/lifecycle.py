@@ -2,10 +2,11 @@
 
 Start order: apiserver feature checks (list attributes, consumable capacity for shared NICs,
 taints), first discovery scan (so the first prepare finds the inventory), the prepared claims
-rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then registration), the HTTP probe server (/healthz, /metrics), then the
-background loops (:mod:`driver.daemon.supervisor`): ResourceSlice publisher (once this instance
-holds the node lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health
-checks, NRI plugin. :meth:`Daemon.shutdown` stops them in the order a rolling update needs.
+rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then
+registration), the HTTP probe server (/healthz, /metrics), then the background loops
+(:mod:`driver.daemon.supervisor`): ResourceSlice publisher (once this instance holds the node
+lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health checks, NRI plugin.
+:meth:`Daemon.shutdown` stops them in the order a rolling update needs.
 
 While an NRI hook runs, background work waits (:meth:`HookActivity.idle`): link updates, rescans,
 ResourceSlice writes and claim status writes start only when no hook is running, so a hook never
