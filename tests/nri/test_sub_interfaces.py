@@ -1,0 +1,129 @@
+"""Shares of a NIC as sub-interfaces, on real namespaces: each pod gets its own macvlan of the NIC,
+named, addressed and routed by its claim; the NIC never moves and keeps its host configuration."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import json_format
+
+from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.checkpoint.store import CheckpointStore
+from driver.nri.hooks import SUB_INTERFACE, HookError, NRIHooks
+from tests.plugins.netns import NetnsFactory
+from tests.plugins.nri import configure_host_nic, link_facts, pod_json, prepare_claim
+
+pytestmark = pytest.mark.root
+
+
+def _pod(uid: str, netns: str) -> api.PodSandbox:
+    return json_format.ParseDict(pod_json(uid, netns), api.PodSandbox())
+
+
+def _links(netns: str) -> dict[str, dict]:
+    out = subprocess.run(["ip", "-j", "-d", "-n", netns, "addr"], capture_output=True, text=True, check=True)
+    return {link["ifname"]: link for link in json.loads(out.stdout)}
+
+
+def _udp_echo(sender_ns: str, listener_ns: str, address: str) -> bytes:
+    """One UDP datagram from one pod's namespace to another's address, as the listener got it."""
+    listen = (
+        "import socket,sys;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+        f"s.bind(('{address}',9999));s.settimeout(5);print('ready',flush=True);"
+        "sys.stdout.buffer.write(s.recvfrom(64)[0])"
+    )
+    send = (
+        "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
+        f"[s.sendto(b'hello',('{address}',9999)) for _ in range(3)]"
+    )
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", listener_ns, sys.executable, "-c", listen], stdout=subprocess.PIPE
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == b"ready\n"
+        subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", send], check=True, timeout=10)
+        out, _ = listener.communicate(timeout=10)
+        return out
+    finally:
+        listener.kill()
+        listener.wait()
+
+
+def _config(name: str, address: str, mtu: int = 1400) -> dict:
+    iface = {"name": name, "addresses": [address], "mtu": mtu}
+    return {"opaque": [{"interface": iface, "routes": [{"destination": "10.99.0.0/16", "scope": 253}]}]}
+
+
+def test_each_share_is_a_sub_interface_the_nic_stays_and_the_pods_reach_each_other(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.215.1/24", [["10.215.0.0/16", "via", "192.168.215.254"]], mtu=1500)
+    before = link_facts(nic)
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    pods = []
+    for i in range(3):
+        pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
+        device = {"ifname": nic, "device": "shared-nic", "share_id": f"share-{i}"}
+        prepare_claim(store, uid, [{**device, "config": _config("net1", f"10.77.0.{i + 1}/24")}])
+        pod = _pod(uid, f"/run/netns/{pod_ns}")
+        hooks.run_pod_sandbox(pod)
+        pods.append((pod, pod_ns))
+    assert link_facts(nic) == before, "the NIC stays on the host, untouched"
+    macs = set()
+    for i, (pod, pod_ns) in enumerate(pods):
+        sub = _links(pod_ns)["net1"]
+        assert sub["linkinfo"]["info_kind"] == "macvlan" and sub["mtu"] == 1400
+        assert [a["local"] for a in sub["addr_info"] if a["family"] == "inet"] == [f"10.77.0.{i + 1}"]
+        macs.add(sub["address"])
+        state = store.read(lambda s, u=pod.uid: s.pods[u])
+        [m] = state.devices
+        assert m.step == "in-pod" and m.records[SUB_INTERFACE]["parent"] == nic and m.pod_index == sub["ifindex"]
+    assert len(macs) == 3, "each pod has its own MAC"
+    # macvlan bridge mode: pods on one NIC reach each other through it.
+    assert _udp_echo(pods[0][1], pods[1][1], "10.77.0.2") == b"hello"
+    for pod, pod_ns in pods:
+        hooks.stop_pod_sandbox(pod)
+        assert "net1" not in _links(pod_ns)
+    assert link_facts(nic) == before and store.read(lambda s: s.pods) == {}
+
+
+def test_two_shares_of_one_nic_in_one_pod_and_a_name_the_pod_has_are_refused(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.216.1/24", [])
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
+    twice = [
+        {"ifname": nic, "device": "shared-nic", "share_id": "a", "config": _config("net1", "10.78.0.1/24")},
+        {"ifname": nic, "device": "shared-nic", "share_id": "b", "config": _config("net2", "10.78.0.2/24")},
+    ]
+    prepare_claim(store, uid, twice)
+    with pytest.raises(HookError, match="two shares of this NIC"):
+        hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+    assert set(_links(pod_ns)) == {"lo"} and store.read(lambda s: s.pods) == {}
+
+
+def test_a_gone_namespace_took_its_sub_interface_along(netns_factory: NetnsFactory, tmp_path: Path) -> None:
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.217.1/24", [])
+    before = link_facts(nic)
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
+    claim = prepare_claim(store, uid, [{"ifname": nic, "device": "shared-nic", "share_id": "x"}])
+    hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+    assert nic in _links(pod_ns), "no name in the claim: the sub-interface is named like its NIC"
+    subprocess.run(["ip", "netns", "del", pod_ns], check=True)
+    netns_factory.namespaces.remove(pod_ns)
+    hooks.claim_unprepared(store.read(lambda s: s.claims[claim]))
+    assert store.read(lambda s: s.pods) == {} and hooks.pins.fds == {}
+    assert link_facts(nic) == before
