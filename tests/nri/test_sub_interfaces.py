@@ -4,9 +4,11 @@ named, addressed and routed by its claim; the NIC never moves and keeps its host
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
-from driver.nri.hooks import SUB_INTERFACE, HookError, NRIHooks
+from driver.nri.hooks import RUN_STEPS, STOP_STEPS, SUB_INTERFACE, HookError, NRIHooks
 from tests.plugins.netns import NetnsFactory
 from tests.plugins.nri import configure_host_nic, link_facts, pod_json, prepare_claim
 
@@ -127,3 +129,50 @@ def test_a_gone_namespace_took_its_sub_interface_along(netns_factory: NetnsFacto
     hooks.claim_unprepared(store.read(lambda s: s.claims[claim]))
     assert store.read(lambda s: s.pods) == {} and hooks.pins.fds == {}
     assert link_facts(nic) == before
+
+
+def _killed_at(step: str, work: Callable[[NRIHooks], None], store: CheckpointStore) -> int:
+    """Run ``work`` in a child whose hooks ``os._exit(137)`` right after ``step`` (kill -9 there)."""
+    pid = os.fork()
+    if pid == 0:  # the child: a driver that dies at the step
+        code = 0
+        try:
+            work(NRIHooks(store, host_netns="/proc/self/ns/net", fault_after=step))
+        except BaseException:  # noqa: BLE001 - the child reports by exit code only
+            code = 1
+        os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.parametrize("step", [s.format(i=0) for s in RUN_STEPS + STOP_STEPS])
+def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouched(
+    step: str, netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.218.1/24", [["10.218.0.0/16", "via", "192.168.218.254"]])
+    before = link_facts(nic)
+    pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    device = {"ifname": nic, "device": "shared-nic", "share_id": "s", "config": _config("net1", "10.79.0.1/24")}
+    prepare_claim(store, uid, [device])
+    pod = _pod(uid, f"/run/netns/{pod_ns}")
+    if step.startswith("stop:"):
+        NRIHooks(store, host_netns="/proc/self/ns/net").run_pod_sandbox(pod)
+        code = _killed_at(
+            step, lambda h: h.stop_pod_sandbox(pod), CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+        )
+    else:
+        code = _killed_at(step, lambda h: h.run_pod_sandbox(pod), store)
+    assert code == 137, f"the driver was not killed at {step}"
+    # The restarted driver: the runtime lists the pod (alive), the hook it died in never finished.
+    restarted = NRIHooks(
+        CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run")), host_netns="/proc/self/ns/net"
+    )
+    restarted.synchronize([pod], [])
+    state = restarted.store.read(lambda s: s.pods.get(uid))
+    if step == "run:committed":  # done before the kill: the pod keeps its sub-interface, recorded
+        assert state is not None and "net1" in _links(pod_ns)
+        restarted.stop_pod_sandbox(pod)
+    assert set(_links(pod_ns)) == {"lo"}, f"killed after {step}: a sub-interface was left in the pod"
+    assert restarted.store.read(lambda s: s.pods) == {}
+    assert link_facts(nic) == before, "the NIC is never touched"
