@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,8 +182,9 @@ def dra_slices(kube: KubeClient, node: str) -> bool:
     return {"dra.net", "gpu.nvidia.com"} <= drivers
 
 
-def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
-    """Start everything (see the module docstring); on failure remove what was started."""
+def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] = ()) -> ClusterState:
+    """Start everything (see the module docstring); on failure remove what was started.
+    ``set_values``: chart values (``KEY=VALUE``, helm's ``--set``) over the dev cluster's."""
     existing = running(layout)
     if existing:
         progress(f"cluster {layout.name!r} is already running ({layout.base}); `python -m devcluster down` stops it")
@@ -280,7 +281,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         60,
         "the kube-system service accounts",
     )
-    helm(layout, "install", helm_binary=bins.helm)
+    helm(layout, "install", *[a for v in set_values for a in ("--set", v)], helm_binary=bins.helm)
     mpi_operator.install(kube, api_env(st.server), {NODE_LABEL: layout.name}, min(2, layout.nodes))
     wait_pid(
         layout,

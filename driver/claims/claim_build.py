@@ -117,8 +117,8 @@ class ClaimBuilder:
                 profiled.append((device, config))
             self._check_nic(f"{where}: config for request {base!r}: ", device, config)
             share_id = result.get("shareID") if isinstance(result.get("shareID"), str) else None
-            if share_id and not device.host.ifname:
-                raise ClaimError(f"{where}: {path}: device {name} has no netdev to make a sub-interface of")
+            if share_id:
+                _check_share(f"{where}: config for request {base!r}: ", device, config)
             shared = result.get("adminAccess") is True or bool(share_id)
             prepared.append(
                 PreparedDevice(
@@ -184,3 +184,25 @@ class ClaimBuilder:
             problems = setting.prepare_problems(device, config)
             if problems:
                 raise ClaimError(problem + "; ".join(problems))
+
+
+def _check_share(problem: str, device: Device, config: NetworkConfig) -> None:
+    """Refuse what a share of a NIC (a sub-interface in the pod) cannot take: settings that would
+    change the NIC itself, which other pods use too."""
+    if not device.host.ifname:
+        raise ClaimError(problem + f"device {device.name} has no netdev to make a sub-interface of")
+    iface = config.interface
+    fields = [
+        name
+        for name, asked in (
+            ("ethtool", config.ethtool is not None),
+            ("interface.gsoMaxSize/groMaxSize", bool(iface and iface.offload_sizes)),
+            ("interface.disableEbpfPrograms", bool(iface and iface.disable_ebpf_programs)),
+        )
+        if asked
+    ]
+    if fields:
+        raise ClaimError(
+            problem + f"{', '.join(fields)}: a share of device {device.name} is a sub-interface; "
+            "these settings would change the NIC every pod sharing it uses"
+        )
