@@ -197,7 +197,7 @@ def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] 
         name=layout.name, nodes=layout.nodes, cluster_cidr=layout.cluster_cidr, k8s_version=K8S_RELEASE.version
     )
     try:
-        _up(layout, bins, st, progress)
+        _up(layout, bins, st, progress, set_values)
     except BaseException:
         failed_logs = Path(f"/tmp/dranet-{layout.name}-failed-logs")
         progress(f"up failed; copying the logs to {failed_logs} before the cleanup removes them")
@@ -215,7 +215,7 @@ def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] 
     return st
 
 
-def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress) -> None:
+def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress, set_values: Sequence[str]) -> None:
     layout.base.mkdir(parents=True, exist_ok=True)
     st.save(layout)
     progress(
