@@ -56,14 +56,15 @@ class PreparedDevice:
 
     @property
     def sub_interface(self) -> bool:
-        """Whether the pod gets a sub-interface of this NIC rather than the NIC itself."""
-        return self.share_id is not None
+        """Whether the pod gets a sub-interface of this NIC rather than the NIC itself: a share of it,
+        or a claim asking for one (``interface.type``)."""
+        return self.share_id is not None or bool(self.config.interface and self.config.interface.type)
 
     @property
     def needed_version(self) -> int:
-        """The oldest claims-file version whose readers handle this device right: a share (a driver
-        before version 5 would move the shared NIC itself into the pod), else see :attr:`needs_v3`."""
-        if self.share_id is not None:
+        """The oldest claims-file version whose readers handle this device right: a sub-interface (a
+        driver before version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
+        if self.sub_interface:
             return SCHEMA_VERSION
         return CONFIG_FIELDS_VERSION if self.needs_v3 else COMPATIBLE_VERSION
 

@@ -11,6 +11,7 @@ against the claim's other NICs (names, addresses, NUMA pinning). Anything wrong 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
 from driver.netlink import mtu_limits
+from driver.netlink.rtnl import Rtnl
+from driver.netlink.sub_interfaces import KINDS, MACVLAN, kind_supported
+from driver.netlink_channel import netlink_socket
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting
 
@@ -62,6 +66,7 @@ class ClaimBuilder:
         self.profiles = profiles
         self.sysfs_root = sysfs_root
         self.settings = tuple(settings)
+        self._kinds: dict[str, tuple[bool, str]] = {}  # sub-interface kind -> whether this kernel has it
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
         """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
@@ -117,8 +122,8 @@ class ClaimBuilder:
                 profiled.append((device, config))
             self._check_nic(f"{where}: config for request {base!r}: ", device, config)
             share_id = result.get("shareID") if isinstance(result.get("shareID"), str) else None
-            if share_id:
-                _check_share(f"{where}: config for request {base!r}: ", device, config)
+            if share_id or (config.interface and config.interface.type):
+                self._check_sub_interface(f"{where}: config for request {base!r}: ", device, config)
             shared = result.get("adminAccess") is True or bool(share_id)
             prepared.append(
                 PreparedDevice(
@@ -185,10 +190,33 @@ class ClaimBuilder:
             if problems:
                 raise ClaimError(problem + "; ".join(problems))
 
+    def _check_sub_interface(self, problem: str, device: Device, config: NetworkConfig) -> None:
+        """Refuse a sub-interface this node cannot make: its kind unknown to the kernel (asked once
+        per kind, by a request that creates nothing), or settings that would change the NIC itself."""
+        _check_sub_interface(problem, device, config)
+        kind = sub_interface_kind(config)
+        if kind not in self._kinds:
+            rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+            try:
+                self._kinds[kind] = kind_supported(rtnl, kind)
+            finally:
+                rtnl.close()
+        supported, answer = self._kinds[kind]
+        if not supported:
+            raise ClaimError(
+                problem + f"interface.type: this node's kernel cannot make {kind} links ({answer}); "
+                f"{' or '.join(k for k in KINDS if k != kind)} may work"
+            )
 
-def _check_share(problem: str, device: Device, config: NetworkConfig) -> None:
-    """Refuse what a share of a NIC (a sub-interface in the pod) cannot take: settings that would
-    change the NIC itself, which other pods use too."""
+
+def sub_interface_kind(config: NetworkConfig) -> str:
+    """The link kind of a device's sub-interface: the claim's ``interface.type``, else macvlan."""
+    return (config.interface.type if config.interface else None) or MACVLAN
+
+
+def _check_sub_interface(problem: str, device: Device, config: NetworkConfig) -> None:
+    """Refuse what a sub-interface of a NIC cannot take: settings that would change the NIC itself,
+    which the host (and other pods sharing it) keep using."""
     if not device.host.ifname:
         raise ClaimError(problem + f"device {device.name} has no netdev to make a sub-interface of")
     iface = config.interface
@@ -198,11 +226,16 @@ def _check_share(problem: str, device: Device, config: NetworkConfig) -> None:
             ("ethtool", config.ethtool is not None),
             ("interface.gsoMaxSize/groMaxSize", bool(iface and iface.offload_sizes)),
             ("interface.disableEbpfPrograms", bool(iface and iface.disable_ebpf_programs)),
+            # An ipvlan link has its parent's MAC: the kernel refuses another.
+            (
+                "interface.hardwareAddr with interface.type ipvlan",
+                bool(iface and iface.type == "ipvlan" and iface.hardware_addr),
+            ),
         )
         if asked
     ]
     if fields:
         raise ClaimError(
-            problem + f"{', '.join(fields)}: a share of device {device.name} is a sub-interface; "
-            "these settings would change the NIC every pod sharing it uses"
+            problem + f"{', '.join(fields)}: device {device.name} gets a sub-interface in the pod; "
+            "these settings would change the NIC itself, which stays on the host"
         )

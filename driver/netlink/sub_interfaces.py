@@ -96,3 +96,22 @@ def delete_subs(pod: Rtnl, subs: list[tuple[str, int, str, str, str | None]]) ->
     for (device, _, _, _, _), err in zip(todo, errors, strict=True):
         out[device] = "deleted" if err is None else err.reason
     return out
+
+
+NO_KIND = "Operation not supported"
+"""The kernel's answer to a link kind it does not have (EOPNOTSUPP: "Unknown device type")."""
+
+
+def kind_supported(rtnl: Rtnl, kind: str) -> tuple[bool, str]:
+    """(supported, the kernel's answer): whether this kernel can make ``kind`` links, asked by a
+    request that can create nothing (no parent: every sub-interface kind refuses it, EINVAL, once it
+    knows the kind; an unknown kind is refused first, EOPNOTSUPP). Only for :data:`KINDS`: another
+    kind might need no parent and be created."""
+    if kind not in KINDS:
+        raise ValueError(f"{kind!r} is not a sub-interface kind ({', '.join(KINDS)})")
+    info = attr(IFLA_INFO_KIND, kind.encode())
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_LINKINFO | NLA_F_NESTED, info)
+    [err] = rtnl.run_each([Request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, kind, "probe", f"{kind} probe")])
+    if err is None:  # a kind that needs no parent: it exists (cannot happen for KINDS)
+        return True, "accepted"
+    return NO_KIND not in err.reason, err.reason

@@ -51,6 +51,7 @@ from driver.checkpoint.state import (
     PreparedDevice,
 )
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import sub_interface_kind
 from driver.claims.container_settings import settings_for_container
 from driver.claims.status_entries import DeviceResult
 from driver.config import HOST_NETNS
@@ -70,7 +71,7 @@ from driver.netlink.nic_moves import (
     set_links,
 )
 from driver.netlink.rtnl import NetnsOpError, Request
-from driver.netlink.sub_interfaces import MACVLAN, delete_subs, newsub
+from driver.netlink.sub_interfaces import delete_subs, newsub
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 from driver.nri.adoption import adopt
@@ -693,7 +694,8 @@ def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState) -> Nic:
         return Nic(claim, device, host, _pod_link(device, host))
     parent = LinkState(ifname=host.ifname, mtu=host.mtu, mac="")
     nic = Nic(claim, device, parent, _pod_link(device, parent))
-    nic.records[SUB_INTERFACE] = {"kind": MACVLAN, "parent": host.ifname, "parentIndex": host.index}
+    kind = sub_interface_kind(device.config)
+    nic.records[SUB_INTERFACE] = {"kind": kind, "parent": host.ifname, "parentIndex": host.index}
     return nic
 
 

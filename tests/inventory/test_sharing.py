@@ -150,10 +150,10 @@ def test_shares_of_one_nic_coexist_a_whole_claim_and_shares_do_not() -> None:
 
 def test_a_share_refuses_settings_that_would_change_the_nic_itself() -> None:
     from driver.api.v1alpha1.decode import decode_config
-    from driver.claims.claim_build import _check_share
+    from driver.claims.claim_build import _check_sub_interface as _check_share
 
     config = decode_config({"ethtool": {"features": {"tcp-segmentation-offload": False}}}, "config")
-    with pytest.raises(ClaimError, match="ethtool: a share of device ib0 is a sub-interface"):
+    with pytest.raises(ClaimError, match="ethtool: device ib0 gets a sub-interface in the pod"):
         _check_share("claim: ", nic("ib0"), config)
     _check_share("claim: ", nic("ib0"), decode_config({"interface": {"name": "net1", "mtu": 1400}}, "config"))
     with pytest.raises(ClaimError, match="no netdev"):
