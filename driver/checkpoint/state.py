@@ -20,7 +20,7 @@ from driver.checkpoint.schema import (
     SCHEMA_VERSION,
     check_version,
 )
-from driver.model.device import Device
+from driver.model.device import Device, quantity_value
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
 _V4_POD_FIELDS = ("host_index", "pod_index", "identity")
@@ -53,6 +53,9 @@ class PreparedDevice:
     # The allocation's shareID on a NIC allocated many times (consumable capacity): the pod gets a
     # sub-interface of the NIC, the NIC itself stays on the host. Written only when set.
     share_id: str | None = None
+    # What the allocation consumed of the NIC's capacity (``consumedCapacity``, quantities as the API
+    # wrote them), for the metrics of capacity used. Written only when set.
+    consumed: dict[str, str] = field(default_factory=dict)
 
     @property
     def sub_interface(self) -> bool:
@@ -95,6 +98,8 @@ class PreparedDevice:
             out["shared"] = True
         if self.share_id is not None:
             out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
         return out
 
     @classmethod
@@ -104,6 +109,7 @@ class PreparedDevice:
         cloud = data.get("cloudConfig")
         cloud_config = None if cloud is None else NetworkConfig.from_parameters(cloud)
         share_id = data.get("shareID")
+        consumed = data.get("consumedCapacity")
         return cls(
             data["request"],
             data["pool"],
@@ -113,6 +119,7 @@ class PreparedDevice:
             cloud_config,
             data.get("shared") is True,
             share_id if isinstance(share_id, str) and share_id else None,
+            {str(k): str(v) for k, v in consumed.items()} if isinstance(consumed, dict) else {},
         )
 
 
@@ -239,6 +246,24 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
                 allocated += 1
                 ready += not d.snapshot.host.ifname or d.device in in_pod
     return allocated, ready
+
+
+def share_usage(state: DriverState) -> dict[str, tuple[int, dict[str, int]]]:
+    """Per shared NIC (device name): how many prepared claims hold a share of it, and the sum of
+    each capacity they consumed (``consumedCapacity``; a quantity that is not a whole number is
+    left out)."""
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for claim in state.claims.values():
+        for d in claim.devices:
+            if d.share_id is None:
+                continue
+            shares, consumed = out.get(d.device, (0, {}))
+            for name, text in d.consumed.items():
+                value = quantity_value(text)
+                if value is not None:
+                    consumed[name] = consumed.get(name, 0) + value
+            out[d.device] = (shares + 1, consumed)
+    return out
 
 
 def pods_version(body: dict[str, Any]) -> int:

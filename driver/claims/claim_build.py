@@ -135,6 +135,7 @@ class ClaimBuilder:
                     cloud_config=cloud,
                     shared=shared,
                     share_id=share_id or None,
+                    consumed=_consumed(result),
                 )
             )
             requests.append(request or base)
@@ -207,6 +208,12 @@ class ClaimBuilder:
                 problem + f"interface.type: this node's kernel cannot make {kind} links ({answer}); "
                 f"{' or '.join(k for k in KINDS if k != kind)} may work"
             )
+
+
+def _consumed(result: dict[str, Any]) -> dict[str, str]:
+    """The allocation's ``consumedCapacity`` of a device (capacity name -> quantity), as written."""
+    raw = result.get("consumedCapacity")
+    return {str(k): str(v) for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
 
 
 def sub_interface_kind(config: NetworkConfig) -> str:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from driver.checkpoint.state import PreparedClaim, claim_device_counts
+from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
@@ -91,6 +91,7 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
         self.metrics.watch_state_writes(lambda: store.write_failures)
+        self.metrics.watch_shares(lambda: store.read(share_usage))
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs

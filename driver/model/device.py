@@ -112,6 +112,25 @@ def quantity(value: int) -> str:
     return f"{value}{SI_SUFFIXES[exponent]}"
 
 
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_value(text: str) -> int | None:
+    """A Kubernetes quantity that is a whole number (``40G``, ``16``, ``1Gi``, ``1e9``) as an int;
+    None for anything else (a fraction, ``500m``, a malformed value)."""
+    text = text.strip()
+    for suffix, factor in _BINARY_SUFFIXES.items():
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * factor
+    for exponent, suffix in enumerate(SI_SUFFIXES[1:], start=1):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * 1000**exponent
+    mantissa, e, power = text.partition("e") if "e" in text else text.partition("E")
+    if mantissa.isdigit() and (not e or power.isdigit()):
+        return int(mantissa) * 10 ** int(power or 0)
+    return None
+
+
 @dataclass(frozen=True)
 class ShareCapacity:
     """What a shared NIC offers the scheduler (``allowMultipleAllocations`` and consumable capacity).

@@ -64,6 +64,7 @@ from driver.netlink.nic_moves import (
     LinkState,
     Move,
     PodLinkConfig,
+    PodLinkResult,
     check_moved,
     configure_pod_links,
     move_links,
@@ -443,9 +444,7 @@ class NRIHooks:
             return
         for claim in {nic.claim.uid: nic.claim for nic in nics}.values():
             out = [
-                DeviceResult(nic.name, nic.result.ifname, nic.result.addresses, nic.result.mac)
-                for nic in nics
-                if nic.claim.uid == claim.uid and nic.result is not None
+                _device_result(nic, nic.result) for nic in nics if nic.claim.uid == claim.uid and nic.result is not None
             ]
             try:
                 self.status.pod_network_ready(pod.uid, claim, out)
@@ -755,3 +754,10 @@ def _mark_in_pod(state: PodNetState, nics: Sequence[Nic], links: dict[str, LinkI
         m.identity = LinkIdentity.of(links[m.device], in_pod=True).to_dict()
         if SUB_INTERFACE in m.records:  # its MAC (the kernel's when the claim set none) finds it again
             m.pod_mac = links[m.device].mac
+
+
+def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
+    """What the claim's status says of a NIC in the pod: its name, addresses, MAC, and for a
+    sub-interface its kind and the NIC it hangs from."""
+    sub = nic.records.get(SUB_INTERFACE) or {}
+    return DeviceResult(nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"))

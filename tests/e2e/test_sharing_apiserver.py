@@ -21,6 +21,10 @@ import pytest
 
 from devcluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, wait_for
 from devcluster.demo import DriverProcess, allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
+from driver.checkpoint.state import share_usage
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.status import ClaimStatusWriter
+from driver.claims.status_entries import DeviceResult
 from driver.dra.field_support import consumable_capacity_accepted
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.model.device import BANDWIDTH_CAPACITY, INTERFACES_CAPACITY
@@ -169,6 +173,34 @@ async def test_eight_tenths_share_ib0_a_whole_claim_waits_and_prepare_returns_sh
         for claim, result in zip(claims, results, strict=True):
             got = resp.claims[claim["metadata"]["uid"]]
             assert got.error == "" and [d.share_id for d in got.devices] == [result["shareID"]]
+        # The claim status of a share: its own entry (shareID), the sub-interface and its NIC named.
+        stored = CheckpointStore(str(shared.driver.state_dir), str(shared.driver.state_dir / "run"))
+        prepared = stored.read(lambda s: s.claims[claims[0]["metadata"]["uid"]])
+        assert prepared.devices[0].share_id == results[0]["shareID"]
+        assert prepared.devices[0].consumed == {BANDWIDTH_CAPACITY: TENTH, INTERFACES_CAPACITY: "1"}
+        assert stored.read(share_usage)[results[0]["device"]] == (
+            8,
+            {BANDWIDTH_CAPACITY: 8 * 40 * 10**9, INTERFACES_CAPACITY: 8},
+        )
+        writer = ClaimStatusWriter(shared.kube, shared.node, sysfs_root=str(shared.driver.sysfs_root))
+        pod_uid = shared.kube.request("GET", f"/api/v1/namespaces/{shared.namespace}/pods/tenth-0")["metadata"]["uid"]
+        result = DeviceResult(
+            prepared.devices[0].device, "net1", ["10.77.0.1/24"], "02:00:00:00:00:01", "ib0", "macvlan"
+        )
+        writer.pod_network_ready(pod_uid, prepared, [result])
+        writer.start()
+        writer.stop(timeout=30)
+        assert writer.delivered == 1 and writer.dropped == 0
+        status = shared.kube.read_namespaced_resource_claim(shared.namespace, claims[0]["metadata"]["name"])["status"]
+        [entry] = [d for d in status.get("devices") or [] if d["driver"] == "dra.net"]
+        assert entry["shareID"] == results[0]["shareID"]
+        assert entry["networkData"] == {
+            "interfaceName": "net1",
+            "ips": ["10.77.0.1/24"],
+            "hardwareAddress": "02:00:00:00:00:01",
+        }
+        [ready] = [c for c in entry["conditions"] if c["type"] == "Ready"]
+        assert "sub-interface net1 (macvlan of ib0)" in ready["message"], ready
         # Every share gone: the NIC is whole again, and the whole-NIC claims get it.
         for i in range(8):
             delete_pod(shared.kube, shared.namespace, f"tenth-{i}")

@@ -17,6 +17,7 @@ from driver.model.device import (
     HostFacts,
     ShareCapacity,
     quantity,
+    quantity_value,
 )
 
 
@@ -158,3 +159,31 @@ def test_a_share_refuses_settings_that_would_change_the_nic_itself() -> None:
     _check_share("claim: ", nic("ib0"), decode_config({"interface": {"name": "net1", "mtu": 1400}}, "config"))
     with pytest.raises(ClaimError, match="no netdev"):
         _check_share("claim: ", nic("x", ifname=""), decode_config({}, "config"))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("40G", 40 * 10**9), ("16", 16), ("1Gi", 2**30), ("1e9", 10**9), ("4k", 4000), ("500m", None), ("1.5G", None)],
+)
+def test_quantity_values(text: str, value: int | None) -> None:
+    assert quantity_value(text) == value
+
+
+def test_share_metrics_count_shares_and_capacity_per_nic() -> None:
+    from prometheus_client import generate_latest
+
+    from driver.checkpoint.state import share_usage
+    from driver.metrics import Metrics
+
+    state = DriverState()
+    for i in range(3):
+        share = PreparedDevice("nic", "node", "ib0", nic(), shared=True, share_id=f"s{i}")
+        share.consumed = {"dra.net/bandwidth": "40G", "dra.net/interfaces": "1"}
+        record_claims(state, [_claim(f"c{i}", share)])
+    record_claims(state, [_claim("w", PreparedDevice("nic", "node", "ib1", nic("ib1")))])
+    metrics = Metrics()
+    metrics.watch_shares(lambda: share_usage(state))
+    text = generate_latest(metrics.registry).decode()
+    assert 'dranet_driver_nic_shares{device="ib0"} 3.0' in text
+    assert 'dranet_driver_nic_capacity_consumed{capacity="dra.net/bandwidth",device="ib0"} 1.2e+11' in text
+    assert 'device="ib1"' not in text  # held whole: not a shared NIC
