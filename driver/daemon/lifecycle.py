@@ -28,7 +28,7 @@ from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig
+from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig, parse_sharing_pools
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
@@ -92,6 +92,7 @@ class Daemon:
         self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
         self.metrics.watch_state_writes(lambda: store.write_failures)
         self.metrics.watch_shares(lambda: store.read(share_usage))
+        self.sharing_pools = parse_sharing_pools(config.sharing_pools)  # a bad entry stops the daemon here
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
@@ -321,6 +322,7 @@ class Daemon:
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
             hook_activity=self.hook_activity,
+            pools=self.sharing_pools,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)

@@ -35,7 +35,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import NoReturn, Protocol
 
 from dranet_proto import nri_v1alpha1_pb2 as api
@@ -54,7 +55,7 @@ from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import sub_interface_kind
 from driver.claims.container_settings import settings_for_container
 from driver.claims.status_entries import DeviceResult
-from driver.config import HOST_NETNS
+from driver.config import HOST_NETNS, IPNetwork
 from driver.netlink import mtu_limits, nic_home
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.link_identity import LinkIdentity, free_indexes
@@ -73,8 +74,11 @@ from driver.netlink.nic_moves import (
 )
 from driver.netlink.rtnl import NetnsOpError, Request
 from driver.netlink.sub_interfaces import delete_subs, newsub
+from driver.nic_settings.addresses import record_host
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+from driver.nri import address_pool
+from driver.nri.address_pool import PoolError
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 
@@ -211,6 +215,7 @@ class NRIHooks:
         rdma_exclusive: bool = False,
         hook_activity: HookActivity | None = None,
         settings: Sequence[NicSetting] = SETTINGS,
+        pools: Mapping[str, IPNetwork] | None = None,
     ) -> None:
         self.store = store
         self.status = status
@@ -219,6 +224,7 @@ class NRIHooks:
         self.steps = StepClock(fault_after)
         self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
         self.settings = tuple(settings)
+        self.pools = dict(pools or {})  # shared NIC name -> the admin's address pool (--sharing-pools)
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -288,13 +294,34 @@ class NRIHooks:
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         self.own.expect(indexes=[h.index for h in hosts.values()])
         self.steps.mark("run:recorded")
-        nics = [_nic(c, d, hosts[name]) for (c, d), name in zip(netdevs, ifnames, strict=True)]
+        try:
+            leased = self._leases(netdevs, hosts)
+        except PoolError as exc:
+            self._failed(pod, netdevs, netdevs[0][1].device, "address pool", str(exc))
+            raise HookError(f"pod {pod.namespace}/{pod.name}: address pool failed: {exc}") from exc
+        nics = [_nic(c, d, hosts[name], leased.get(d.device)) for (c, d), name in zip(netdevs, ifnames, strict=True)]
         target = PodNetns(self.host, netns, on_created=self._recorder(pod.uid))
         try:
             self._plan(pod, target, nics)
             self._move_in(pod, target, nics)
         finally:
             target.close()
+
+    def _leases(self, netdevs: list[Netdev], hosts: Mapping[str, LinkState]) -> dict[str, str]:
+        """An address of its NIC's pool for each sub-interface whose claim gives none (device ->
+        CIDR), free of the NIC's addresses and of the leases the pod state records."""
+        wanting = [d for _, d in netdevs if d.sub_interface and not _addressed(d)]
+        if not wanting:
+            return {}
+        names = {d.device: d.snapshot.host.ifname or "" for d in wanting}
+        parents = {name: replace(hosts[name], addresses=[]) for name in set(names.values())}
+        record_host(self.host.rtnl(), list(parents.values()))
+        taken = self.store.read(lambda s: {name: address_pool.leases(s, name) for name in parents})
+        out: dict[str, str] = {}
+        for device, name in names.items():
+            out[device] = address_pool.lease(name, parents[name].addresses, taken[name], self.pools)
+            taken[name].add(out[device].split("/", 1)[0])
+        return out
 
     def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
         """What can be known before a move, against the pod's namespace: every refusal is here, and
@@ -686,16 +713,25 @@ def _moved_device(nic: Nic) -> MovedDevice:
     )
 
 
-def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState) -> Nic:
-    """The plan of one NIC; a share gets a sub-interface, planned against none of the host's state
-    (its addresses, routes and rules stay with the NIC on the host)."""
+def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState, lease: str | None = None) -> Nic:
+    """The plan of one NIC; a sub-interface is planned against none of the NIC's host state (its
+    addresses, routes and rules stay with the NIC on the host): what it keeps when its claim sets
+    no address is its ``lease`` from the NIC's pool, as a moved NIC keeps its host addresses."""
     if not device.sub_interface:
         return Nic(claim, device, host, _pod_link(device, host))
-    parent = LinkState(ifname=host.ifname, mtu=host.mtu, mac="")
+    parent = LinkState(ifname=host.ifname, mtu=host.mtu, mac="", addresses=[lease] if lease else [])
     nic = Nic(claim, device, parent, _pod_link(device, parent))
     kind = sub_interface_kind(device.config)
     nic.records[SUB_INTERFACE] = {"kind": kind, "parent": host.ifname, "parentIndex": host.index}
+    if lease:
+        nic.records[SUB_INTERFACE][address_pool.LEASE] = lease
     return nic
+
+
+def _addressed(device: PreparedDevice) -> bool:
+    """Whether the claim gives the NIC its addresses (``interface.addresses`` or ``dhcp``)."""
+    iface = device.config.interface
+    return bool(iface and (iface.addresses or iface.dhcp))
 
 
 def _for(setting: NicSetting, nics: Sequence[Nic]) -> list[Nic]:
