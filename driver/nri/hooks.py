@@ -634,7 +634,9 @@ class NRIHooks:
                 return None
             # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
             requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
-            settings = settings_for_container(devices, self.host.sysfs_root, requested or None)
+            state = self._pod_state(pod.uid)
+            addresses = _sub_interface_addresses(devices, state.devices if state is not None else [])
+            settings = settings_for_container(devices, self.host.sysfs_root, requested or None, addresses)
             if settings.skipped_pin:
                 log.warning(
                     "numa.pin not applied",
@@ -797,3 +799,16 @@ def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
     sub-interface its kind and the NIC it hangs from."""
     sub = nic.records.get(SUB_INTERFACE) or {}
     return DeviceResult(nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"))
+
+
+def _sub_interface_addresses(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> dict[str, list[str]]:
+    """Each sub-interface's addresses in the pod: its claim's, else its lease from the NIC's pool."""
+    leases = {m.device: (m.records.get(SUB_INTERFACE) or {}).get(address_pool.LEASE) for m in moved}
+    out: dict[str, list[str]] = {}
+    for d in devices:
+        if not d.sub_interface:
+            continue
+        iface = d.config.interface
+        lease = leases.get(d.device)
+        out[d.device] = list(iface.addresses) if iface and iface.addresses else ([lease] if lease else [])
+    return out

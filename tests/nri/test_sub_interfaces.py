@@ -176,3 +176,52 @@ def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouch
     assert set(_links(pod_ns)) == {"lo"}, f"killed after {step}: a sub-interface was left in the pod"
     assert restarted.store.read(lambda s: s.pods) == {}
     assert link_facts(nic) == before, "the NIC is never touched"
+
+
+def _roce_sysfs(root: Path, address: str) -> str:
+    """A RoCE device mlx5_0 whose port's GID table holds the host's IPv6 link-local GID (index 0, 1)
+    and the IPv4 GIDs of the given sub-interface address (index 2 RoCE v1, 3 RoCE v2)."""
+    port = root / "class/infiniband/mlx5_0/ports/1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs/types").mkdir(parents=True)
+    (port / "link_layer").write_text("Ethernet\n")
+    octets = [int(p) for p in address.split(".")]
+    mapped = f"0000:0000:0000:0000:0000:ffff:{octets[0]:02x}{octets[1]:02x}:{octets[2]:02x}{octets[3]:02x}"
+    table = ["fe80:0000:0000:0000:0000:00ff:fe00:0001"] * 2 + [mapped] * 2
+    for i, (gid, kind) in enumerate(zip(table, ["IB/RoCE v1", "RoCE v2", "IB/RoCE v1", "RoCE v2"], strict=True)):
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        (port / "gid_attrs/types" / str(i)).write_text(kind + "\n")
+    return str(root)
+
+
+def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_address(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.221.1/24", [])
+    sysfs = _roce_sysfs(tmp_path / "sys", "10.80.0.1")
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    rdma = {"rdma_device": "mlx5_0", "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192}]}
+    share = {"ifname": nic, "device": "shared", **rdma}
+    pods = []
+    for i, address in enumerate(("10.80.0.1/24", "10.80.0.2/24")):
+        uid, pod_ns = secrets.token_hex(8), netns_factory.netns()
+        prepare_claim(store, uid, [{**share, "share_id": f"s{i}", "config": _config("net1", address)}])
+        pods.append(_pod(uid, f"/run/netns/{pod_ns}"))
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", sysfs_root=sysfs)
+    envs = []
+    for pod in pods:
+        hooks.run_pod_sandbox(pod)
+        adjust = hooks.create_container(pod, api.Container(id="c", name="c"))
+        assert adjust is not None and [d.path for d in adjust.linux.devices] == ["/dev/infiniband/uverbs0"]
+        envs.append({e.key: e.value for e in adjust.env})
+    assert envs[0]["NCCL_IB_HCA"] == envs[1]["NCCL_IB_HCA"] == "=mlx5_0"
+    assert envs[0]["NCCL_IB_GID_INDEX"] == "3", "the RoCE v2 GID of the pod's own address"
+    assert "NCCL_IB_GID_INDEX" not in envs[1], "no GID for that address: NCCL chooses"
+    for pod in pods:
+        hooks.stop_pod_sandbox(pod)
+    # In exclusive RDMA mode an RDMA device is in one namespace at a time: a share is refused.
+    exclusive = NRIHooks(store, host_netns="/proc/self/ns/net", sysfs_root=sysfs, rdma_exclusive=True)
+    with pytest.raises(HookError, match="RDMA namespace mode is exclusive"):
+        exclusive.run_pod_sandbox(pods[0])
+    assert store.read(lambda s: s.pods) == {}
