@@ -144,6 +144,7 @@ class ClaimBuilder:
             for r in status.get("reservedFor") or []
             if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
         ]
+        _one_share_per_nic(where, prepared, requests)
         nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
         errors = conflict_errors(
             interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
@@ -208,6 +209,21 @@ class ClaimBuilder:
                 problem + f"interface.type: this node's kernel cannot make {kind} links ({answer}); "
                 f"{' or '.join(k for k in KINDS if k != kind)} may work"
             )
+
+
+def _one_share_per_nic(where: str, prepared: list[PreparedDevice], requests: list[str]) -> None:
+    """Refuse two shares of one NIC in one claim: its pods would need two sub-interfaces of the
+    NIC each, and the pod state keeps one per device (the scheduler allows it: it is capacity)."""
+    seen: dict[str, str] = {}
+    for d, request in zip(prepared, requests, strict=True):
+        if d.share_id is None:
+            continue
+        if d.device in seen:
+            raise ClaimError(
+                f"{where}: requests {seen[d.device]!r} and {request!r} both got a share of device {d.device}; "
+                "one share of a NIC per claim (ask for more of its capacity in one request instead)"
+            )
+        seen[d.device] = request
 
 
 def _consumed(result: dict[str, Any]) -> dict[str, str]:

@@ -34,6 +34,11 @@ from driver.netlink_channel import (
     attr,
 )
 
+RECORD = "subInterface"
+"""The key of a sub-interface's record in the pod state (``MovedDevice.records``): ``{"kind",
+"parent", "parentIndex"}`` and, from the NIC's address pool, :data:`LEASE`."""
+LEASE = "lease"
+"""The key of a sub-interface's address from its NIC's pool in its record."""
 MACVLAN = "macvlan"
 IPVLAN = "ipvlan"
 KINDS = (MACVLAN, IPVLAN)

@@ -20,9 +20,7 @@ from collections.abc import Iterable, Mapping
 
 from driver.checkpoint.state import RETURNED, DriverState
 from driver.config import IPNetwork
-
-LEASE = "lease"
-"""The key of a sub-interface's address in its record."""
+from driver.netlink.sub_interfaces import LEASE, RECORD
 
 
 class PoolError(Exception):
@@ -34,7 +32,7 @@ def leases(state: DriverState, parent: str) -> set[str]:
     out: set[str] = set()
     for pod in state.pods.values():
         for m in pod.devices:
-            sub = m.records.get("subInterface") or {}
+            sub = m.records.get(RECORD) or {}
             if m.step != RETURNED and sub.get("parent") == parent and sub.get(LEASE):
                 out.add(str(sub[LEASE]).split("/", 1)[0])
     return out

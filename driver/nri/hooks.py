@@ -56,7 +56,7 @@ from driver.claims.claim_build import sub_interface_kind
 from driver.claims.container_settings import settings_for_container
 from driver.claims.status_entries import DeviceResult
 from driver.config import HOST_NETNS, IPNetwork
-from driver.netlink import mtu_limits, nic_home
+from driver.netlink import mtu_limits, nic_home, sub_interfaces
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.link_identity import LinkIdentity, free_indexes
 from driver.netlink.link_info import LinkInfo
@@ -86,9 +86,9 @@ log = logging.getLogger(__name__)
 
 Netdev = tuple[PreparedClaim, PreparedDevice]
 """A pod's prepared device with a netdev, and its claim."""
-SUB_INTERFACE = "subInterface"
-"""The pod state's record of a share of a NIC (``MovedDevice.records``): ``{"kind", "parent",
-"parentIndex"}``; the NIC stays on the host, the pod's sub-interface is deleted at the return."""
+SUB_INTERFACE = sub_interfaces.RECORD
+"""The pod state's record of a sub-interface of a NIC: the NIC stays on the host, the pod's
+sub-interface is deleted at the return."""
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
@@ -726,7 +726,7 @@ def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState, lease: s
     kind = sub_interface_kind(device.config)
     nic.records[SUB_INTERFACE] = {"kind": kind, "parent": host.ifname, "parentIndex": host.index}
     if lease:
-        nic.records[SUB_INTERFACE][address_pool.LEASE] = lease
+        nic.records[SUB_INTERFACE][sub_interfaces.LEASE] = lease
     return nic
 
 
@@ -803,7 +803,7 @@ def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
 
 def _sub_interface_addresses(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> dict[str, list[str]]:
     """Each sub-interface's addresses in the pod: its claim's, else its lease from the NIC's pool."""
-    leases = {m.device: (m.records.get(SUB_INTERFACE) or {}).get(address_pool.LEASE) for m in moved}
+    leases = {m.device: (m.records.get(SUB_INTERFACE) or {}).get(sub_interfaces.LEASE) for m in moved}
     out: dict[str, list[str]] = {}
     for d in devices:
         if not d.sub_interface:

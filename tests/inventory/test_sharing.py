@@ -187,3 +187,22 @@ def test_share_metrics_count_shares_and_capacity_per_nic() -> None:
     assert 'dranet_driver_nic_shares{device="ib0"} 3.0' in text
     assert 'dranet_driver_nic_capacity_consumed{capacity="dra.net/bandwidth",device="ib0"} 1.2e+11' in text
     assert 'device="ib1"' not in text  # held whole: not a shared NIC
+
+
+def test_two_shares_of_one_nic_in_one_claim_are_refused_at_prepare() -> None:
+    from driver.claims.claim_build import ClaimBuilder
+    from driver.dra.protocol import ClaimRef
+
+    def result(request: str, share: str) -> dict:
+        return {"request": request, "driver": "dra.net", "pool": "node", "device": "ib0", "shareID": share}
+
+    claim = {
+        "metadata": {"uid": "u1"},
+        "status": {"allocation": {"devices": {"results": [result("a", "s1"), result("b", "s2")]}}},
+    }
+    builder = ClaimBuilder(lambda: {"ib0": nic("ib0")}, "dra.net", "node")
+    with pytest.raises(ClaimError, match="requests 'a' and 'b' both got a share of device ib0"):
+        builder.build(ClaimRef("ns", "c", "u1"), claim)
+    one = {**claim, "status": {"allocation": {"devices": {"results": [result("a", "s1")]}}}}
+    [device] = builder.build(ClaimRef("ns", "c", "u1"), one).devices
+    assert device.share_id == "s1" and device.sub_interface

@@ -144,9 +144,10 @@ def _killed_at(step: str, work: Callable[[NRIHooks], None], store: CheckpointSto
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
+@pytest.mark.parametrize("pooled", [False, True], ids=["claim-address", "pool-lease"])
 @pytest.mark.parametrize("step", [s.format(i=0) for s in RUN_STEPS + STOP_STEPS])
 def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouched(
-    step: str, netns_factory: NetnsFactory, tmp_path: Path
+    step: str, pooled: bool, netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
     configure_host_nic(nic, peer, "192.168.218.1/24", [["10.218.0.0/16", "via", "192.168.218.254"]])
@@ -154,6 +155,8 @@ def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouch
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     device = {"ifname": nic, "device": "shared-nic", "share_id": "s", "config": _config("net1", "10.79.0.1/24")}
+    if pooled:  # no address in the claim: a lease of the NIC's subnet, which must not leak either
+        device["config"] = {"opaque": [{"interface": {"name": "net1"}}]}
     prepare_claim(store, uid, [device])
     pod = _pod(uid, f"/run/netns/{pod_ns}")
     if step.startswith("stop:"):
@@ -225,3 +228,26 @@ def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_a
     with pytest.raises(HookError, match="RDMA namespace mode is exclusive"):
         exclusive.run_pod_sandbox(pods[0])
     assert store.read(lambda s: s.pods) == {}
+
+
+def test_a_lost_pod_state_finds_the_sub_interface_and_its_lease_again(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """pods.json lost: Synchronize finds the pod's sub-interface (the kind asked, its NIC the
+    parent), records it with its address as its lease, and the return deletes it; the NIC is never
+    mistaken for a NIC the pod holds."""
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.222.1/24", [])
+    before = link_facts(nic)
+    pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    prepare_claim(store, uid, [{"ifname": nic, "device": "shared", "share_id": "s"}])
+    pod = _pod(uid, f"/run/netns/{pod_ns}")
+    NRIHooks(store, host_netns="/proc/self/ns/net").run_pod_sandbox(pod)
+    store.update(lambda s: s.pods.clear())  # the pod state is lost
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks.synchronize([pod], [])
+    [m] = store.read(lambda s: s.pods[uid].devices)
+    assert m.records[SUB_INTERFACE]["lease"] == "192.168.222.2/24" and m.records[SUB_INTERFACE]["parent"] == nic
+    hooks.stop_pod_sandbox(pod)
+    assert set(_links(pod_ns)) == {"lo"} and link_facts(nic) == before
