@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_sharing needs root (namespaces)", file=sys.stderr)
         return 2
-    report_hooks(hook_times(a.cycles))
+    if a.cycles:
+        report_hooks(hook_times(a.cycles))
     if a.cluster:
         from bench.bench_sharing_pods import run_pods
 
