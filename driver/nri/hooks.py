@@ -17,6 +17,12 @@ what identifies it), the NICs move in steps that each leave them somewhere known
 (:mod:`driver.nic_settings`), every NIC's configuration going to the kernel in one pipelined batch.
 Any failure returns every NIC and the hook fails naming the device and the step.
 
+A share of a shared NIC (an allocation with a ``shareID``) or a claim asking for ``interface.type``
+gets a sub-interface instead (:mod:`driver.netlink.sub_interfaces`): made straight into the pod at
+its planned ifindex, recorded ahead like a move (``records["subInterface"]``, with its lease from
+the NIC's address pool, :mod:`driver.nri.address_pool`), configured by the settings that handle
+sub-interfaces (``NicSetting.sub_interfaces``), deleted at the return; the NIC stays on the host.
+
 The return (StopPodSandbox, RemovePodSandbox, every rollback, a restarted driver's Synchronize, the
 kubelet's unprepare) is write-ahead like the move in: the NICs are marked ``returning`` before the
 first netlink call, and only those found home (or found nowhere: a virtual NIC destroyed with its
