@@ -17,7 +17,7 @@ import socket
 import struct
 
 from driver.netlink.link_info import IFLA_LINK, LinkInfo
-from driver.netlink.rtnl import Request, Rtnl, mac_bytes
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, mac_bytes
 from driver.netlink_channel import (
     IFINFOMSG,
     IFLA_ADDRESS,
@@ -91,15 +91,18 @@ def delsub(device: str, index: int, ifname: str) -> Request:
     return Request(RTM_DELLINK, 0, body, device, "delete", f"sub-interface {ifname}", (errno.ENODEV,))
 
 
-def delete_subs(pod: Rtnl, subs: list[tuple[str, int, str, str, str | None]]) -> dict[str, str]:
+def delete_subs(pod: Rtnl, subs: list[tuple[str, int, str, str, str | None]]) -> dict[str, str | NetnsOpError]:
     """Delete each ``(device, index, ifname, kind, mac)`` still ours in ``pod``'s namespace, in one
-    pipelined send; per device, what happened ("deleted", or why nothing was)."""
+    pipelined send; per device, what happened ("deleted", why there was nothing to delete, or the
+    kernel's refusal)."""
     found = pod.links_by_index([index for _, index, _, _, _ in subs])
     todo = [s for s, link in zip(subs, found, strict=True) if is_ours(link, s[2], s[3], s[4])]
     errors = pod.run_each([delsub(device, index, ifname) for device, index, ifname, _, _ in todo])
-    out = {device: f"no sub-interface {ifname} at ifindex {index} (gone)" for device, index, ifname, _, _ in subs}
+    out: dict[str, str | NetnsOpError] = {
+        device: f"no sub-interface {ifname} at ifindex {index} (gone)" for device, index, ifname, _, _ in subs
+    }
     for (device, _, _, _, _), err in zip(todo, errors, strict=True):
-        out[device] = "deleted" if err is None else err.reason
+        out[device] = "deleted" if err is None else err
     return out
 
 

@@ -760,14 +760,14 @@ def _create(nic: Nic, ns_fd: int) -> Request:
     )
 
 
-def _delete_subs(pod: PodNetns, subs: list[MovedDevice]) -> dict[str, str]:
+def _delete_subs(pod: PodNetns, subs: list[MovedDevice]) -> dict[str, str | NetnsOpError]:
     """Delete the pod's sub-interfaces still there; a namespace that is gone took them with it."""
     if not subs:
         return {}
     try:
         rtnl = pod.rtnl
     except NetnsGone:
-        return {m.device: "gone with the pod's namespace" for m in subs}
+        return dict.fromkeys((m.device for m in subs), "gone with the pod's namespace")
     items = [
         (m.device, m.pod_index or 0, m.pod_ifname, m.records[SUB_INTERFACE]["kind"], m.pod_mac or None) for m in subs
     ]
