@@ -8,17 +8,17 @@ deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
 binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd), CoreDNS, the MPI Operator and the images
-	$(PY) -m devcluster.binaries --all
-	$(PY) -m devcluster.components
-	$(PY) -m devcluster.coredns
-	$(PY) -m devcluster.helm
-	$(PY) -c "from tests.plugins.nri import harness_binary; print('nri harness:', harness_binary())"
-	$(PY) -m devcluster.images
-	$(PY) -m devcluster.driver_image
-	$(PY) -m devcluster.mpi_operator
-	$(PY) -m devcluster.mpijobs
+	$(PY) -m devcluster.builders.binaries --all
+	$(PY) -m devcluster.builders.components
+	$(PY) -m devcluster.cluster.coredns
+	$(PY) -m devcluster.builders.helm
+	$(PY) -c "from harness.nri import harness_binary; print('nri harness:', harness_binary())"
+	$(PY) -m devcluster.builders.images
+	$(PY) -m devcluster.builders.driver_image
+	$(PY) -m devcluster.cluster.mpi_operator
+	$(PY) -m devcluster.cluster.mpijobs
 
-demo: binaries  ## two real nodes: the seed's MPIJobs run to MFU_RESULT over their claimed NICs
+demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
 
 demo-fast: binaries  ## allocation only (no kubelet): which NICs and GPUs each claim gets
@@ -37,7 +37,7 @@ test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes 
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(MAKE) binaries
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(PY) -m pytest -q -p no:cacheprovider -m "not torch" tests/e2e/node
 
-soak: binaries  ## long churn: 20 create/delete cycles of the seed's two-worker MPIJob (and 200 pod cycles)
+soak: binaries  ## long churn: 20 create/delete cycles of the training example's two-worker MPIJob (and 200 pod cycles)
 	DRANET_MPI_CHURN_CYCLES=20 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_mpi_churn.py tests/e2e/node/test_churn.py
 
 test-torch: deps  ## the CPU benchmark tests that need torch (installs the [example] extra)
@@ -50,7 +50,7 @@ protos:  ## regenerate dranet_proto stubs after editing a .proto
 schema:  ## regenerate the claim config JSON Schema (charts/dranet/files/) after editing driver/api
 	$(PY) hack/gen_schema.py
 
-module-table:  ## regenerate docs/architecture.md's module table from the driver's docstrings
+module-table:  ## regenerate docs/architecture.md's module tables (driver, tooling) from the docstrings
 	$(PY) hack/gen_module_table.py
 
 bench: deps  ## benchmarks (prints medians, p99s, ratios)
@@ -58,12 +58,12 @@ bench: deps  ## benchmarks (prints medians, p99s, ratios)
 
 chart-oci: deps  ## package charts/dranet as a Helm OCI artifact in an OCI image layout: build/chart-oci/
 	rm -rf build/chart-oci build/chart
-	$(PY) -m devcluster.helm
+	$(PY) -m devcluster.builders.helm
 	"$$($(PY) -c 'from devcluster import helm; print(helm.existing())')" package charts/dranet -d build/chart
 	$(PY) hack/chart-oci.py build/chart/dranet-*.tgz build/chart-oci
 
 image: deps  ## the driver image from the Dockerfile (buildah, no Docker engine) as an OCI image layout: build/image-oci/
-	$(PY) -m devcluster.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
+	$(PY) -m devcluster.builders.driver_image --oci-layout build/image-oci --tag "$$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/dranet/Chart.yaml)"
 
 bench-mpijob: binaries  ## MPIJob apply -> workers Ready / first rank, with NIC claims vs without (two real nodes)
 	$(PY) -m bench.bench_mpijob_start

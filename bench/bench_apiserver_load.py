@@ -42,12 +42,13 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
-from devcluster import certs
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
-from devcluster.demo import DriverProcess, build_fixture, seed_docs
+from devcluster.builders.binaries import ensure_control_plane
+from devcluster.cluster import certs
+from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_node, create_objects, wait_for
+from devcluster.demo.allocation import build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
-from tests.support.kubelet_client import KubeletClient
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient
 
 SA_NS = "dranet-bench"
 CLAIM_NS = "workloads"
@@ -358,7 +359,7 @@ def main(argv: list[str]) -> int:
 
 def storm(b: Bench, kube: KubeClient, audit: Audit, seconds: float, log_level: str = "warning") -> str:
     """One driver on the host's /sys publishing 50 veths that a storm flips: its writes per 100 changes."""
-    from tests.plugins.netns import NetnsFactory
+    from harness.netns import NetnsFactory
 
     factory = NetnsFactory()
     prefix = f"dl{secrets.token_hex(2)}"

@@ -14,7 +14,7 @@ together and the claims' allocations are timed from a watch. Reported per round:
 scheduler's own time per extension point and plugin (its ``/metrics``), optionally a Go CPU profile
 of kube-scheduler (``--profile SECONDS``, ``go tool pprof``). Kinds of claim:
 
-- ``aligned``: the seed's template (4 GPUs by ``pciBusID`` on NUMA node 0, 4 RDMA NICs with
+- ``aligned``: the training example's template (4 GPUs by ``pciBusID`` on NUMA node 0, 4 RDMA NICs with
   ``numaNode == 0``); on a DGX H100 the same with its own bus IDs, on a GB200 tray (2 GPUs per
   Grace) 2 + 2. One pod per node.
 - ``match``: ``examples/distributed_training/resource-claim-template-match-numa.yaml`` (any 4 GPUs
@@ -52,9 +52,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.scale_fleet import GPU_DRIVER, MIX, SHAPES, VARIANTS, Fleet
 from bench.stats import median, pct
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, load_yaml_docs, wait_for
-from devcluster.demo import EXAMPLE_DIR, seed_docs
+from devcluster.builders.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, load_yaml_docs, wait_for
+from devcluster.demo.allocation import EXAMPLE_DIR, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.transport import ApiRequest
 
@@ -74,7 +74,7 @@ def templates(fleet: Fleet) -> dict[tuple[str, str], dict[str, Any]]:
     for shape, sd in fleet.shapes.items():
         numa0 = [g.bus_id for g in sd.gpus if g.numa == 0]
         a = copy.deepcopy(aligned)
-        if shape != "nd":  # the ND H100 v5 template is the seed's, unchanged
+        if shape != "nd":  # the ND H100 v5 template is the training example's, unchanged
             a["metadata"]["name"] = f"{shape}-aligned"
             gpu, nic = a["spec"]["spec"]["devices"]["requests"]
             ids = ", ".join(f'"{b}"' for b in numa0)

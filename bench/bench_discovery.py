@@ -2,6 +2,11 @@
 
 ``python -m bench.bench_discovery [--runs N]``. Prints median, p99 and the ratio to each goal
 (ratio < 1 = goal met). Fixture trees are built in a temp dir that is removed afterwards.
+
+As root, also the netlink half of a full scan on a node with ``--netlink-links`` links (veth pairs
+in a private namespace, removed afterwards): the driver's link, address and route dumps
+(:meth:`driver.inventory.netlink_facts.LinkQuery.collect`) beside the same dumps through pyroute2
+(``IPRoute.get_links``/``get_addr``/``get_routes``), in the same run.
 """
 
 from __future__ import annotations
@@ -15,13 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
 from driver.inventory.incremental import LinkChange, LinkUpdater
 from driver.inventory.sysfs import IdentityCache
 
-GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 30.0}  # issue 14: 520 devices in <= 30 ms
-GOAL_UPDATE_MS = 2.0  # issue 14: one device updated from one event
+GOALS_MS = {"nd-h100-v5": 5.0, "sriov-520": 30.0}  # a 520-device node scanned in <= 30 ms
+GOAL_UPDATE_MS = 2.0  # one device updated from one event
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -100,6 +105,52 @@ def bench_update_host(runs: int) -> list[float] | None:
         subprocess.run(["ip", "link", "del", name], check=False)
 
 
+def bench_netlink(links: int, runs: int) -> tuple[list[float], list[float]] | None:
+    """Milliseconds per netlink collection of a scan, ``links`` links (each with an address) in a
+    private netns: (the driver's raw dumps, pyroute2's), interleaved. Root only; None otherwise."""
+    if os.geteuid() != 0 or links < 2:
+        return None
+    from pyroute2 import IPRoute
+
+    from driver.inventory.netlink_facts import LinkQuery
+    from driver.netlink_channel import inside_netns, open_netns
+
+    ns = f"dnbn{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        with tempfile.NamedTemporaryFile("w", suffix=".ip") as batch:
+            for i in range(links // 2):
+                batch.write(f"link add v{i}a type veth peer name v{i}b\n")
+                batch.write(f"addr add 10.{i // 250}.{i % 250}.1/24 dev v{i}a\n")
+            batch.flush()
+            subprocess.run(["ip", "-n", ns, "-batch", batch.name], check=True)
+        query = LinkQuery(ns)
+        fd = open_netns(ns)
+        try:
+            with inside_netns(fd):
+                ipr = IPRoute()  # created here, its socket is in the namespace
+        finally:
+            os.close(fd)
+        raw, lib = [], []
+        try:
+            assert len(query.collect().links) >= links
+            for _ in range(runs):
+                start = time.perf_counter()
+                query.collect()
+                raw.append((time.perf_counter() - start) * 1000)
+                start = time.perf_counter()
+                ipr.get_links()
+                ipr.get_addr()
+                ipr.get_routes(table=254)
+                lib.append((time.perf_counter() - start) * 1000)
+        finally:
+            query.close()
+            ipr.close()
+        return raw, lib
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def bench_cli(root: Path, runs: int) -> list[float]:
     cmd = [
         sys.executable,
@@ -128,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--cli-runs", type=int, default=15)
+    parser.add_argument("--netlink-links", type=int, default=520, help="links of the netlink measurement (0: skip)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dranet-bench-") as tmp:
         for topology, goal in GOALS_MS.items():
@@ -144,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         host = bench_update_host(max(1, args.runs // 3))
         if host:
             report("one link event -> one device (host veth, netlink)", host, GOAL_UPDATE_MS)
+        netlink = bench_netlink(args.netlink_links, max(1, args.runs // 10))
+        if netlink:
+            report(f"netlink facts, {args.netlink_links} links: raw dumps", netlink[0], None)
+            report(f"netlink facts, {args.netlink_links} links: pyroute2", netlink[1], None)
         nd = Path(tmp) / "nd-h100-v5"
         report("dranet discover (process, nd-h100-v5)", bench_cli(nd, args.cli_runs), None)
         report("dranet discover (process, sriov-520)", bench_cli(Path(tmp) / "sriov-520", args.cli_runs), None)

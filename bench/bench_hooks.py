@@ -1,10 +1,10 @@
-"""Pod start and stop through the whole node daemon, side by side with the bare kernel work (issue 14).
+"""Pod start and stop through the whole node daemon, side by side with the bare kernel work.
 
 ``python -m bench.bench_hooks [--cycles 100] [--storm-cycles 100] [--idle 30]`` (root; ``make
 bench-hooks``). One run starts a real control plane, ``dranet run`` as its own process on the
 host's ``/sys`` with everything a node runs (NRI plugin, kubelet plugin with a connected health
 stream, /metrics and /healthz, the link watch, the publisher, the claim status writer), and the
-containerd/nri runtime adaptation (the Go harness, ``tests/nri_harness``) on a private socket.
+containerd/nri runtime adaptation (the Go harness, ``harness/nri_harness``) on a private socket.
 
 Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 veth NICs:
 
@@ -22,6 +22,9 @@ Measured, interleaved ABBA (A = the driver, B = the floor) on twin sets of 4 vet
 - **NodePrepareResources** for one claim (4 NICs with a config) against the local API server,
   floor: a bare GET of the same claim; and 100 claims prepared concurrently.
 - Idle RSS and CPU of the daemon.
+- The raw floor's kernel work again through pyroute2 (``bench.floors``: its message classes
+  in one batch, and its asyncio API), in the same cycles on the same twin NICs: what the library
+  would cost the pod path, beside the driver's own raw rtnetlink.
 
 The driver's CPU seconds per pod cycle come from ``/proc/<pid>/stat`` (all threads) around each
 cycle. The twin NICs are in ``--exclude-interfaces``, so the daemon neither publishes nor works on
@@ -38,7 +41,6 @@ import random
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,23 +50,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic, Pyroute2Floor, open_cost_ms
 from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import DriverProcess, seed_docs
+from devcluster.builders.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import seed_docs
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
 from driver.kube.client import RESOURCE_API
-from driver.netlink.namespaces import Namespaces
-from driver.netlink.rtnl import Request, Route, Rtnl, newaddr, newlink, newroute
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import Harness, harness_binary, link_facts, pod_json
-from tests.support.kubelet_client import KubeletClient
+from driver.netlink.rtnl import Route
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient
+from harness.netns import NetnsFactory
+from harness.nri import Harness, harness_binary, link_facts, pod_json
 
-POD_MTU = 1400
-HOST_MTU = 1500
 STORM_LINKS = 50
-GOALS = {  # overhead over the floor, ms (issue 14)
+GOALS = {  # overhead over the floor, ms
     "run": (3.0, 10.0),
     "stop": (5.0, 15.0),
     "run_storm": (None, 15.0),
@@ -74,19 +75,6 @@ GOALS = {  # overhead over the floor, ms (issue 14)
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-@dataclass
-class Nic:
-    """A host veth end with its host config and what the pod config gives it."""
-
-    ifname: str
-    index: int
-    host_cidr: str
-    host_route: Route
-    pod_name: str
-    pod_cidr: str
-    pod_route: Route
 
 
 def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int) -> list[Nic]:
@@ -162,79 +150,6 @@ def heavy_params(nic: Nic, i: int, args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-FLOORS = ("batched", "down-first", "down-interleaved")
-"""The kernel sequences raced for the floor, each reaching the same end state:
-
-- ``batched``: one pipelined batch of 4 RTM_NEWLINK (move + rename + MTU each), then one batch of
-  address, link-up and route requests on the other side;
-- ``down-first``: one batch setting the 4 links down, then the ``batched`` sequence (a link that is
-  down when it moves skips the close the move would do);
-- ``down-interleaved``: down and move of each link in one batch of 8 requests, then the configuration.
-
-The floor of each row is the candidate with the lowest median in the same run."""
-
-
-class Floor:
-    """The bare kernel work of the hooks on the twin NICs, raw netlink, sockets opened once."""
-
-    def __init__(self, nics: list[Nic], netns_path: str) -> None:
-        self.nics = nics
-        self.ns = Namespaces("/proc/self/ns/net")
-        self.host = self.ns.host_rtnl()
-        self.pod_fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
-        self.pod = Rtnl(self.ns.socket_in(self.pod_fd, socket.NETLINK_ROUTE))
-        self.moves_ms = 0.0
-
-    def _move_and_configure(self, src: Rtnl, dst: Rtnl, dst_fd: int, home: bool, sequence: str) -> float:
-        """All moves from ``src``'s netns to ``dst_fd``'s (``sequence``: one of :data:`FLOORS`), then
-        in ``dst`` all addresses, link-ups and routes in one batch; ms (the moves alone in :attr:`moves_ms`)."""
-        t0 = time.perf_counter()
-        moves = [
-            newlink(
-                "f", n.index, ns_fd=dst_fd, ifname=n.ifname if home else n.pod_name, mtu=HOST_MTU if home else POD_MTU
-            )
-            for n in self.nics
-        ]
-        downs = [newlink("f", n.index, up=False) for n in self.nics]
-        if sequence == "down-first":
-            src.run(downs)
-            src.run(moves)
-        elif sequence == "down-interleaved":
-            src.run([r for pair in zip(downs, moves, strict=True) for r in pair])
-        else:
-            src.run(moves)
-        self.moves_ms = (time.perf_counter() - t0) * 1e3
-        reqs: list[Request] = []
-        for n in self.nics:
-            reqs += [
-                newaddr("f", n.index, n.host_cidr if home else n.pod_cidr),
-                newlink("f", n.index, up=True),
-                newroute("f", n.index, n.host_route if home else n.pod_route),
-            ]
-        dst.run(reqs)
-        return (time.perf_counter() - t0) * 1e3
-
-    def run(self, sequence: str = "batched") -> float:
-        """Moves in + configuration in the pod; ms."""
-        return self._move_and_configure(self.host, self.pod, self.pod_fd, home=False, sequence=sequence)
-
-    def stop(self, sequence: str = "batched") -> float:
-        """Moves back + host restore; ms."""
-        return self._move_and_configure(self.pod, self.host, self.ns.host_fd, home=True, sequence=sequence)
-
-    def check(self) -> None:
-        """Untimed: the ifindexes are still right (the kernel keeps a free index across moves)."""
-        for n in self.nics:
-            link = self.host.link(n.ifname)
-            assert link is not None, f"floor NIC {n.ifname} lost"
-            n.index = link.index
-
-    def close(self) -> None:
-        self.pod.close()
-        os.close(self.pod_fd)
-        self.ns.close()
-
-
 def mirrored(n: int, kinds: list[str]) -> list[str]:
     """``n`` cycles of every kind in mirrored blocks (A F1 F2 F2 F1 A ...): drift hits all alike."""
     out: list[str] = []
@@ -254,6 +169,8 @@ class Results:
     floor_run_moves: list[float] = field(default_factory=list)  # the moves alone, of floor_run
     floors: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # candidate -> run/stop samples
     floor_choice: dict[str, str] = field(default_factory=dict)  # "run"/"stop" -> the fastest candidate
+    lib_run: dict[str, list[float]] = field(default_factory=dict)  # the floor through pyroute2, by way
+    lib_stop: dict[str, list[float]] = field(default_factory=dict)
     cpu_a: list[float] = field(default_factory=list)
     cpu_b: list[float] = field(default_factory=list)
     rescans: int = 0
@@ -273,6 +190,7 @@ class Bench:
         self.harness: Harness | None = None
         self.driver: DriverProcess | None = None
         self.floor: Floor | None = None
+        self.lib_floors: dict[str, Pyroute2Floor] = {}
         self.storm_proc: subprocess.Popen[str] | None = None
         self.workdir = Path(tempfile.mkdtemp(prefix="dn-bh-", dir="/tmp"))
         self.runtime_dir = Path(tempfile.mkdtemp(prefix="dn-bh-run-", dir="/dev/shm"))  # tmpfs, like /run
@@ -334,6 +252,9 @@ class Bench:
         want = {n.ifname for n in self.hook_nics} | set(self.storm_links) | set(self.conc_links)
         wait_for(lambda: self.published_ifnames() == want, 60, what="slices with the benchmark's NICs")
         self.floor = Floor(self.floor_nics, f"/run/netns/{self.floor_ns}")
+        if self.args.pyroute2_floor:
+            for way, api in (("messages", False), ("api", True)):
+                self.lib_floors[way] = Pyroute2Floor(self.floor_nics, f"/run/netns/{self.floor_ns}", api=api)
         self.pod = self.make_pod_claim()
 
     def published_ifnames(self) -> set[str]:
@@ -446,6 +367,16 @@ class Bench:
                 self.floor.check()
             time.sleep(gap)
             cpu = process_cpu_seconds(pid) - cpu0
+            if kind == "batched":
+                # The same kernel work through pyroute2, next to the raw floor (outside its CPU window).
+                for way, lib in self.lib_floors.items():
+                    out.lib_run.setdefault(way, []).append(lib.run())
+                    time.sleep(gap)
+                    out.lib_stop.setdefault(way, []).append(lib.stop())
+                    self.floor.check()
+                    time.sleep(gap)
+                    if i < warm:
+                        del out.lib_run[way][-1], out.lib_stop[way][-1]
             if i < warm:
                 continue
             if kind == "A":
@@ -638,6 +569,10 @@ class Bench:
             }
             try:
                 pod = self.make_pod_claim(name, heavy=True)
+            except AssertionError as exc:  # refused at prepare: more than a pod's netlink batch takes
+                res["error"] = f"refused at prepare: {str(exc)[:300]}"
+                out.append(res)
+                continue
             finally:
                 self.args = full
             assert self.harness is not None
@@ -670,6 +605,8 @@ class Bench:
                 self.harness.cmd("stop", pod=self.pod)  # NICs home before the netns go
         except Exception:  # noqa: BLE001 - best effort; the netns removal frees virtual NICs anyway
             pass
+        for lib in self.lib_floors.values():
+            lib.close()
         if self.floor is not None:
             self.floor.close()
         if self.driver is not None:
@@ -707,12 +644,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--heavy-scales",
         type=lambda v: [float(x) for x in v.split(",")],
-        default=[1.0, 0.5, 0.25, 0.15, 0.1],
+        # 0.13: 39 routes, 4 rules, 4 neighbors and 2 addresses per NIC, 4 x 50 = 200 netlink requests:
+        # the most a pod's NICs may take (driver.api.v1alpha1.decode.MAX_POD_REQUESTS); larger ones are refused.
+        default=[1.0, 0.5, 0.25, 0.13, 0.1],
         help="fractions of the heavy config's routes, rules and neighbors, one pod each",
     )
     parser.add_argument("--json", help="also write the raw samples here")
     parser.add_argument("--driver-log-level", default="info", help="the daemon's --log-level")
     parser.add_argument("--keep-log", help="copy the daemon's log here at the end")
+    parser.add_argument(
+        "--pyroute2-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the floor's kernel work through pyroute2 (its messages, its asyncio API)",
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("needs root (network namespaces)")
@@ -746,6 +691,7 @@ def main(argv: list[str]) -> int:
         loads.append(_load())
         heavy = b.heavy(args.heavy) if args.heavy else None
         loads.append(_load())
+        opens = open_cost_ms(f"/run/netns/{b.floor_ns}", 200) if args.pyroute2_floor else None
     finally:
         b.close()
 
@@ -764,6 +710,14 @@ def main(argv: list[str]) -> int:
             Row("RunPodSandbox, link storm", storm.run, storm.floor_run, cpu(storm), *GOALS["run_storm"]),
             Row("StopPodSandbox, link storm", storm.stop, storm.floor_stop, None, *GOALS["stop_storm"]),
         ]
+    for label, r in (("", quiet), (", link storm", storm)):
+        # Against the raw "batched" floor of the same cycles: the same requests, the same shape.
+        raw = r.floors.get("batched", {"run": r.floor_run, "stop": r.floor_stop})
+        for way in r.lib_run:
+            rows += [
+                Row(f"RunPodSandbox floor via pyroute2 {way}{label}", r.lib_run[way], raw["run"]),
+                Row(f"StopPodSandbox floor via pyroute2 {way}{label}", r.lib_stop[way], raw["stop"]),
+            ]
     if prep:
         rows.append(prep[0])
     print(f"\nmachine: {os.uname().nodename} {os.uname().release}, {os.cpu_count()} CPUs; started {started}")
@@ -794,6 +748,12 @@ def main(argv: list[str]) -> int:
         print(
             f"NodePrepareResources with no claims (the gRPC round trip alone): median "
             f"{median(b.empty_prepare):.2f} ms p99 {pct(b.empty_prepare, 99):.2f} ms"
+        )
+    if opens:
+        print(
+            f"a NETLINK_ROUTE socket opened in a pod netns (thread inside it) and closed: raw median "
+            f"{median(opens[0]):.3f} ms p99 {pct(opens[0], 99):.3f} ms, pyroute2 IPRoute median "
+            f"{median(opens[1]):.3f} ms p99 {pct(opens[1], 99):.3f} ms"
         )
     print(f"idle ({args.idle:.0f} s): RSS {rss:.1f} MB, CPU {idle_cpu:.3f} s, full rescans {idle_scans}")
     for label, res in (("quiet", quiet), ("storm", storm)):

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from driver.kube.client import KubeClient  # noqa: E402 - after the sys.path setup above
-from tests.support import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
-from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
+from harness import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
+from harness.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
 
 GOAL_MB = 80.0
 
@@ -99,7 +99,7 @@ async def measure(devices: int, idle: float, work: Path, nri: bool, heap: Path |
     procs: list[subprocess.Popen[bytes]] = []
     try:
         api = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.fake_apiserver", "--kubeconfig", str(work / "kubeconfig")],
+            [sys.executable, "-m", "harness.fake_apiserver", "--kubeconfig", str(work / "kubeconfig")],
             cwd=ROOT,
             stdout=subprocess.PIPE,
         )

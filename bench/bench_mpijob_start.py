@@ -4,7 +4,7 @@
 uses a running ``python -m devcluster up``). Two arms, alternated run by run (ABBA) so load and
 caches hit them alike:
 
-* ``claims``: the seed's aligned MPIJob as it is (each worker's claim: 4 GPUs from the GPU double
+* ``claims``: the training example's aligned MPIJob as it is (each worker's claim: 4 GPUs from the GPU double
   and 4 RDMA NICs from dra.net, moved into the pod by the driver);
 * ``no-nic``: the same MPIJob whose workers claim only the same 4 GPUs (no dra.net device).
 
@@ -29,11 +29,12 @@ from typing import Any
 
 from bench.bench_pod_start import cold_setup_seconds
 from bench.stats import abba, pct
-from devcluster import cluster, fabric, mpi_run, mpijobs
-from devcluster.controlplane import load_yaml_docs
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import Kubectl
+from devcluster.cluster import fabric, mpi_run, mpijobs
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import load_yaml_docs
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import Kubectl
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API, KubeClient
 
 NAMESPACE = "bench-mpi"
@@ -41,7 +42,7 @@ NO_NIC_TEMPLATE = "h100-4gpu-no-nic"
 
 
 def no_nic_template() -> dict[str, Any]:
-    """The seed's aligned template without its NIC request: the same 4 GPUs, nothing from dra.net."""
+    """The training example's aligned template without its NIC request: the same 4 GPUs, nothing from dra.net."""
     tmpl = next(
         d for d in load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml") if d["metadata"]["name"] == ALIGNED
     )

@@ -34,7 +34,8 @@ from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Rtnl, newlink
 from driver.nri.hooks import NRIHooks
 
-GOAL_TOTAL_P99_MS = 100.0  # 4 NICs (brief); the issue asks p99 <= 50 ms
+GOAL_TOTAL_P99_MS = 100.0  # 4 NICs
+STRICT_GOAL_TOTAL_P99_MS = 50.0  # 4 NICs, the stricter of the two goals
 GOAL_OVERHEAD_P99_MS = 10.0
 
 
@@ -86,7 +87,7 @@ class Fixture:
 
 
 def _prepare(store: CheckpointStore, pod_uid: str, links: list[str], ethtool: bool = False) -> None:
-    from tests.plugins.nri import prepare_claim
+    from harness.nri import prepare_claim
 
     devices = []
     for i, link in enumerate(links):
@@ -208,7 +209,7 @@ def bench_hooks(nics: int, runs: int, state_root: str, ethtool: bool = False) ->
 def bench_round_trip(runs: int) -> list[float] | None:
     """NRI RunPodSandbox round trip (no-op hook) through containerd/nri's adaptation, ms."""
     try:
-        from tests.plugins.nri import DriverProcess, Harness, harness_binary
+        from harness.nri import DriverProcess, Harness, harness_binary
 
         binary = harness_binary()
     except Exception as exc:  # noqa: BLE001 - no Go toolchain: skip this part, say why
@@ -270,7 +271,7 @@ def _report(nics: int, store_kind: str, r: dict[str, list[float]]) -> list[tuple
         p99 = pct(r["run"], 99)
         print(
             f"RunPodSandbox total p99 {p99:.2f} ms vs goal {GOAL_TOTAL_P99_MS} ms: ratio {p99 / GOAL_TOTAL_P99_MS:.2f}"
-            f" (issue goal 50 ms: {p99 / 50:.2f})"
+            f" (strict goal {STRICT_GOAL_TOTAL_P99_MS} ms: {p99 / STRICT_GOAL_TOTAL_P99_MS:.2f})"
         )
     return rows
 

@@ -9,7 +9,7 @@ hit them alike, on the same node:
 * ``4-nic``: the same pod with a claim for 4 RDMA NICs on NUMA node 0 (dra.net only: DRA
   allocation by the scheduler, the claim from its template, NodePrepareResources, the NRI
   RunPodSandbox move of 4 veths + configuration, CreateContainer device nodes + env);
-* ``seed-aligned``: the seed's aligned template (4 GPUs from the GPU double + 4 NICs).
+* ``seed-aligned``: the training example's aligned template (4 GPUs from the GPU double + 4 NICs).
 
 Latency = from the POST returning to the first poll (every 10 ms) that sees the pod Ready.
 Goal: the 4-NIC pod's p99 minus the bare pod's p99 <= the bare kernel moves of 4 veths
@@ -26,12 +26,12 @@ import time
 from typing import Any
 
 from bench.bench_nri import pct
-from devcluster import cluster
-from devcluster.binaries import cache_root
-from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import workload_pod
+from devcluster.builders.binaries import cache_root
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import create_objects, load_yaml_docs, wait_for
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import workload_pod
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 

@@ -2,13 +2,13 @@
 
 The driver runs as its own process (``dranet run --no-nri``, fixture sysfs with 8 NICs for the
 sequential calls and 4 more per concurrent claim);
-the claim GET is served by the local stub apiserver (tests/support/fake_apiserver.py) in
+the claim GET is served by the local stub apiserver (harness/fake_apiserver.py) in
 a third process. Each timed call prepares a *new* 4-device claim (GET + checkpoint
 fsync), and is unprepared untimed afterwards so the checkpoint stays at steady-state size.
 
     python -m bench.bench_prepare [--calls 300] [--concurrent 100]
 
-Goal (issue 2): p99 <= 20 ms for one 4-device claim.
+Goal: p99 <= 20 ms for one 4-device claim.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
-from tests.support.fake_apiserver import make_claim, result  # noqa: E402 - after the sys.path setup above
-from tests.support.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
+from harness import stop_processes, write_nic_sysfs  # noqa: E402 - after the sys.path setup above
+from harness.fake_apiserver import make_claim, result  # noqa: E402 - after the sys.path setup above
+from harness.kubelet_client import KubeletClient, wait_for_socket  # noqa: E402 - after the sys.path setup above
 
 NODE = "bench-node"
 GOAL_P99_MS = 20.0
@@ -72,7 +72,7 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
             [
                 sys.executable,
                 "-m",
-                "tests.support.fake_apiserver",
+                "harness.fake_apiserver",
                 "--kubeconfig",
                 str(work / "kubeconfig"),
                 "--claims",

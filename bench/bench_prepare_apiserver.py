@@ -30,11 +30,12 @@ import time
 from pathlib import Path
 
 from bench.prepare_profile import prepare_breakdown
-from devcluster.binaries import ensure_control_plane
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import DriverProcess, build_fixture, seed_docs
+from devcluster.builders.binaries import ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import build_fixture, seed_docs
 from driver.kube.client import RESOURCE_API, KubeClient
-from tests.support.kubelet_client import KubeletClient
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient
 
 NODE, NS = "bench-node", "default"
 BIG_NODE = "bench-node-520"

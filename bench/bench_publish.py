@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from devcluster.binaries import ETCD_VERSION, K8S_VERSION, cache_root, ensure_control_plane
-from devcluster.controlplane import ControlPlane
+from devcluster.builders.binaries import ETCD_VERSION, K8S_VERSION, cache_root, ensure_control_plane
+from devcluster.cluster.controlplane import ControlPlane
 from driver.dra.publisher import SlicePublisher
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.model.device import Device
@@ -150,7 +150,7 @@ def link_bench(cp: ControlPlane, samples: int, interval: float) -> None:
     """Real link changes through `dranet run` (host /sys, veth pair dnb0/dnb1 created here)."""
     from pyroute2 import IPRoute
 
-    from devcluster.demo import DriverProcess
+    from harness.driver_process import DriverProcess
 
     kube = cp.kube()
     cp.create_node(LINK_NODE)

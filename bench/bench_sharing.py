@@ -35,8 +35,8 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.state import DriverState
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
-from tests.plugins.netns import NetnsFactory, _ip
-from tests.plugins.nri import pod_json, prepare_claim
+from harness.netns import NetnsFactory, _ip
+from harness.nri import pod_json, prepare_claim
 
 ARMS = ("sub-interface", "whole-nic", "no-nic")
 

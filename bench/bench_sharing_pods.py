@@ -14,10 +14,11 @@ from typing import Any
 
 from bench.bench_pod_start import NAMESPACE, start_once
 from bench.stats import pct
-from devcluster import cluster, node_host
-from devcluster.controlplane import create_objects, wait_for
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import workload_pod
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster import node_host
+from devcluster.cluster.controlplane import create_objects, wait_for
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError
 from driver.model.device import BANDWIDTH_CAPACITY

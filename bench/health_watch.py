@@ -12,7 +12,7 @@ import json
 import signal
 import sys
 
-from tests.support.kubelet_client import KubeletClient
+from harness.kubelet_client import KubeletClient
 
 
 async def _watch(registration: str, dra: str) -> int:

@@ -11,14 +11,29 @@ pool threads waiting for work: not part of the call's cost).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from pathlib import Path
 
 RATE = 1000  # samples/s, as bench_prepare_apiserver asks py-spy
-_FILE_STEPS = {94: "fsync of the file", 101: "fsync of the directory"}
-"""Lines of ``driver/checkpoint/files.py`` ``atomic_write`` that call ``os.fsync``."""
 _LINE = re.compile(r"^thread \((\d+)\): ([^;]*);(.*) (\d+)$")
+_FILE_CALL = re.compile(r"(\w+) \(.*(checkpoint/(?:files|journal)\.py):(\d+)\)")
+_ROOT = Path(__file__).resolve().parent.parent
+_SYSCALLS = ("fdatasync", "fsync", "replace", "pwrite", "ftruncate", "write", "open", "close", "unlink")
+
+
+@functools.cache
+def _file_step(module: str, function: str, line: int) -> str:
+    """What a sampled line of the state-file writers calls (os.* calls are C: the Python frame calling
+    them is the leaf, and its source line names the call), e.g. ``append: fdatasync``."""
+    try:
+        text = (_ROOT / "driver" / module).read_text().splitlines()[line - 1]
+    except (OSError, IndexError):
+        text = ""
+    call = next((c for c in _SYSCALLS if f"ops.{c}(" in text or f"os.{c}(" in text), "other")
+    where = "the directory" if "dir_fd" in text else ""
+    return f"{function}: {call} {where}".rstrip()
 
 
 def bucket(thread: str, stack: str) -> str | None:
@@ -33,9 +48,11 @@ def bucket(thread: str, stack: str) -> str | None:
             return "claim GET: waiting for the apiserver"
         return "claim GET: client (urllib3, headers, TLS write)"
     if "checkpoint/" in stack:
-        m = re.match(r"(\w+) \(.*checkpoint/files\.py:(\d+)\)", leaf)
-        if m:  # os.* calls are C: the Python frame calling them is the leaf; its line tells which
-            return f"checkpoint: atomic_write line {m.group(2)} ({_FILE_STEPS.get(int(m.group(2)), 'other')})"
+        if "compact (" in stack:
+            return "checkpoint: compaction (background, after 1 s without claim changes)"
+        m = _FILE_CALL.match(leaf)
+        if m:
+            return f"checkpoint: {_file_step(m.group(2), m.group(1), int(m.group(3)))}"
         if "_encode_claims" in stack or "encode (" in stack or "to_dict" in stack or "pods_json" in stack:
             return "checkpoint: encode (JSON)"
         return "checkpoint: other (store lock, stamps, mutation)"

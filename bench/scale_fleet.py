@@ -1,7 +1,7 @@
 """A simulated fleet of GPU nodes for the scheduler benchmark: Node objects without kubelets,
 each with the ResourceSlices this driver publishes for its shape and a GPU driver's slice.
 
-Every node shape is a fixture sysfs tree (``devcluster/topologies``): the driver's own
+Every node shape is a fixture sysfs tree (``devcluster/doubles/topologies``): the driver's own
 :class:`Scanner` and default filter turn it into devices, the driver's own
 :class:`SlicePublisher` writes them (LIST, plan, create or update), exactly what ``dranet run``
 does on such a node. Nodes of one shape publish the same devices (the scheduler's work does not
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devcluster.controlplane import create_node
-from devcluster.gpu_double import GPU_DRIVER, device_class
-from devcluster.sysfs_fixture import build
+from devcluster.cluster.controlplane import create_node
+from devcluster.doubles.gpu_double import GPU_DRIVER, device_class
+from devcluster.doubles.sysfs_fixture import build
 from driver.config import DEFAULT_FILTER, DRIVER_NAME
 from driver.dra.publisher import SlicePublisher
 from driver.dra.slices import owner_reference

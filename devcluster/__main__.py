@@ -1,4 +1,4 @@
-"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster.py).
+"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster/lifecycle.py).
 
     python -m devcluster up        # 2 nodes; prints KUBECONFIG=... and KUBECTL=..., leaves it running
     python -m devcluster up --nodes 1
@@ -8,7 +8,7 @@
 ``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
 names every node's NICs (``ib`` gives ib0..ib7). ``DRANET_K8S_VERSION`` picks the Kubernetes
-release (default the newest supported; see devcluster/versions.py).
+release (default the newest supported; see devcluster/builders/versions.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ import sys
 import time
 from pathlib import Path
 
-from devcluster.node_layout import DEFAULT_BASE, DEFAULT_CIDR, DEFAULT_NAME, DEFAULT_NODES, LayoutError, NodeLayout
+from devcluster.cluster.node_layout import (
+    DEFAULT_BASE,
+    DEFAULT_CIDR,
+    DEFAULT_NAME,
+    DEFAULT_NODES,
+    LayoutError,
+    NodeLayout,
+)
 
 
 def _layout(a: argparse.Namespace) -> NodeLayout:
@@ -53,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("error: devcluster needs root (network namespaces, cgroups, mounts)", file=sys.stderr)
         return 2
-    from devcluster import cluster
+    from devcluster.cluster import lifecycle as cluster
 
     if a.command == "status":
         st = cluster.running(layout)

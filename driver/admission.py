@@ -1,7 +1,7 @@
 """Reading an AdmissionReview request body without trusting it.
 
-The webhook's HTTP handler (:class:`driver.webhook.handler.AnyPathWebhookServer`) parses the body here
-before kopf sees it, so a body that is not an AdmissionReview is answered with HTTP 400 and a
+The webhook's HTTP handler (:class:`driver.webhook.handler.AdmissionHandler`) parses the body here
+before anything judges it, so a body that is not an AdmissionReview is answered with HTTP 400 and a
 one-line reason, and a review whose object cannot be judged with a 200 ``allowed: false`` and a
 clear message; never a 500 or a stack trace. Parsing is bounded like every other untrusted
 input (:mod:`driver.model.untrusted`): the same too-deep object gets the same message from the
@@ -34,7 +34,7 @@ class Malformed:
 
 @dataclass(frozen=True)
 class Review:
-    """A well-formed AdmissionReview (``body``) for kopf, or, with ``denial``, one to deny at once."""
+    """A well-formed AdmissionReview (``body``) to judge, or, with ``denial``, one to deny at once."""
 
     body: dict[str, Any]
     denial: str = ""

@@ -1,7 +1,7 @@
 """The ``dranet`` command line: one subcommand per job, each handled by the module that owns it.
 
 Handlers are imported lazily so ``dranet discover`` does not pay for grpc,
-kopf or the Kubernetes client.
+aiohttp or the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
         action="store_false",
         help="do not connect to the container runtime (tests, discovery-only nodes)",
     )
-    kubeconfig_help = "API credentials: $KUBECONFIG, else the in-cluster service account"
+    kubeconfig_help = "API credentials (--manage-configuration): $KUBECONFIG, else the in-cluster service account"
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help=kubeconfig_help)
     filter_help = "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax)"
     _configured(run, "--filter", help=f"{filter_help}; empty disables filtering")
@@ -216,7 +216,7 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
 
 def _add_webhook(sub: Any) -> None:
     hook = sub.add_parser("webhook", help="run the validating admission webhook", **_SUB)
-    kubeconfig_help = "API credentials: $KUBECONFIG, else the in-cluster service account"
+    kubeconfig_help = "API credentials (--manage-configuration): $KUBECONFIG, else the in-cluster service account"
     hook.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help=kubeconfig_help)
     hook.add_argument("--port", type=int, default=9443, help="HTTPS port of the webhook")
     hook.add_argument("--host", default=None, help="address the apiserver uses to reach the webhook")

@@ -1,12 +1,21 @@
 """The one netlink socket layer: message framing, sequence numbers, pipelined requests and acks.
 
-Every raw netlink client of the driver speaks through it: :class:`driver.netlink.rtnl.Rtnl`
+Every netlink client of the driver speaks through it: :class:`driver.netlink.rtnl.Rtnl`
 (``NETLINK_ROUTE``) and :class:`driver.netlink.ethtool_genl.Ethtool` (generic netlink, ethtool
 family) for the NIC moves, :mod:`driver.inventory.netlink_facts` for discovery's link, address
 and route dumps, :mod:`driver.netlink.link_watch` for link events. A :class:`NetlinkChannel`
 wraps a socket bound to one network namespace; requests sent together go to the kernel in one
-``send`` and their answers are matched by sequence number. :func:`netlink_socket` opens a
-socket inside another network namespace (:func:`inside_netns`).
+``send`` and their answers are matched by sequence number, each with its own errno and the
+kernel's error text. Requests are raw ``(type, flags, body)`` (:meth:`NetlinkChannel.exchange`,
+the rtnetlink encoders) or pyroute2 message objects (:meth:`NetlinkChannel.exchange_messages`,
+ethtool); the whole reply messages are kept for pyroute2's classes to decode.
+:func:`netlink_socket` opens a socket inside another network namespace (:func:`inside_netns`).
+
+Why not pyroute2's sockets (measured by ``bench.bench_hooks`` and ``bench.pyroute2_floor``, see
+docs/performance.md): one ``IPRoute`` opened in a pod's namespace costs ~0.4-0.6 ms against
+~0.06-0.09 ms for this socket (``IPRoute(netns=...)`` forks a helper process: ~11 ms), its batch
+call (``nlm_request_batch``) raises for the first failed request instead of answering each one,
+and the floor's kernel work of one pod start through it costs at least 3.5 ms more.
 
 Plumbing below both ``driver.netlink`` and ``driver.inventory``: imports the standard library only.
 """
@@ -19,8 +28,9 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 CLONE_NEWNET = 0x40000000
 
@@ -157,11 +167,24 @@ def text(raw: bytes) -> str:
 
 @dataclass
 class Reply:
-    """The kernel's answer to one request: errno (0 = success), reply payloads, extended-ack text."""
+    """The kernel's answer to one request: errno (0 = success), reply payloads, extended-ack text.
+
+    ``frames``: the same replies as whole messages (header included), for pyroute2's classes."""
 
     error: int = 0
     payloads: list[bytes] = field(default_factory=list)
     message: str = ""
+    frames: list[bytes] = field(default_factory=list)
+
+
+class Message(Protocol):
+    """A netlink message that encodes itself: a pyroute2 ``nlmsg`` (its header's type and flags set)."""
+
+    data: bytes
+
+    def __getitem__(self, key: str) -> dict[str, int]: ...
+
+    def encode(self) -> object: ...
 
 
 class NetlinkChannel:
@@ -190,29 +213,47 @@ class NetlinkChannel:
         A request with ``NLM_F_ACK`` is complete at its ack (or error), its replies before it
         collected; one without is complete at its first reply (a GET).
         """
-        out, seqs, acked = [], [], {}
+        out, pending = [], {}
         for kind, flags, body in requests:
             self.seq += 1
-            seqs.append(self.seq)
-            acked[self.seq] = bool(flags & NLM_F_ACK)
+            pending[self.seq] = bool(flags & NLM_F_ACK)
             out.append(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, flags, self.seq, 0) + body)
-        self.sock.send(b"".join(out))
-        replies = {s: Reply() for s in seqs}
-        pending = set(seqs)
+        return self._answers(b"".join(out), pending, frames=False)
+
+    def exchange_messages(self, messages: Sequence[Message]) -> list[Reply]:
+        """Like :meth:`exchange` for pyroute2 messages: each gets the next sequence number and is
+        encoded by its class; one :class:`Reply` each, in order (its ``frames`` to decode)."""
+        out, pending = [], {}
+        for msg in messages:
+            self.seq += 1
+            header = msg["header"]
+            header["sequence_number"], header["pid"] = self.seq, 0
+            pending[self.seq] = bool(header["flags"] & NLM_F_ACK)
+            msg.encode()
+            out.append(bytes(msg.data))
+        return self._answers(b"".join(out), pending, frames=True)
+
+    def _answers(self, request: bytes, acked: dict[int, bool], frames: bool) -> list[Reply]:
+        self.sock.send(request)
+        replies = {s: Reply() for s in acked}
+        pending = set(acked)
         while pending:
-            for kind, flags, seq, payload in self._receive():
+            data = self.sock.recv(1 << 17)
+            for kind, flags, seq, off, end in _messages(data):
                 if seq not in pending:
                     continue
-                reply = replies[seq]
+                reply, payload = replies[seq], data[off + NLMSGHDR.size : end]
                 if kind == NLMSG_ERROR:
                     reply.error = -struct.unpack_from("=i", payload)[0]
                     reply.message = _extack(payload, flags)
                     pending.discard(seq)
                 else:
                     reply.payloads.append(payload)
+                    if frames:
+                        reply.frames.append(data[off:end])
                     if not acked[seq]:
                         pending.discard(seq)
-        return [replies[s] for s in seqs]
+        return list(replies.values())
 
     def dump(self, kind: int, body: bytes) -> list[bytes]:
         """A multipart dump request; the payload of every reply message."""
@@ -221,9 +262,11 @@ class NetlinkChannel:
         self.sock.send(NLMSGHDR.pack(NLMSGHDR.size + len(body), kind, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
         out: list[bytes] = []
         while True:
-            for mtype, _flags, mseq, payload in self._receive():
+            data = self.sock.recv(1 << 17)
+            for mtype, _flags, mseq, off, end in _messages(data):
                 if mseq != seq:
                     continue
+                payload = data[off + NLMSGHDR.size : end]
                 if mtype == NLMSG_DONE:
                     return out
                 if mtype == NLMSG_ERROR:
@@ -233,15 +276,15 @@ class NetlinkChannel:
                     raise OSError(err, f"netlink dump {kind}: {os.strerror(err)}")
                 out.append(payload)
 
-    def _receive(self) -> list[tuple[int, int, int, bytes]]:
-        """The messages of one ``recv``: (type, flags, sequence number, payload) each."""
-        data = self.sock.recv(1 << 17)
-        messages, off = [], 0
-        while off + NLMSGHDR.size <= len(data):
-            length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
-            messages.append((kind, flags, seq, data[off + NLMSGHDR.size : off + length]))
-            off += (length + 3) & ~3
-        return messages
+
+def _messages(data: bytes) -> list[tuple[int, int, int, int, int]]:
+    """The messages of one datagram: (type, flags, sequence number, start, end) each."""
+    messages, off = [], 0
+    while off + NLMSGHDR.size <= len(data):
+        length, kind, flags, seq, _pid = NLMSGHDR.unpack_from(data, off)
+        messages.append((kind, flags, seq, off, off + length))
+        off += (length + 3) & ~3
+    return messages
 
 
 def _extack(payload: bytes, flags: int) -> str:

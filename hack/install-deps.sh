@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the driver, the tests and the demo need on a fresh machine.
 # Go (>= 1.24) must be present: it builds the upstream Kubernetes components, helm and the
-# containerd/nri test harness from the Go module proxy (devcluster/binaries.py caches them).
+# containerd/nri test harness from the Go module proxy (devcluster/builders/binaries.py caches them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

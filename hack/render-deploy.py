@@ -62,10 +62,10 @@ def expected_files(helm: str) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument("--helm", default=None, help="helm binary (default: devcluster.helm)")
+    parser.add_argument("--helm", default=None, help="helm binary (default: devcluster.builders.helm)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from devcluster.helm import ensure
+    from devcluster.builders.helm import ensure
 
     files = expected_files(args.helm or ensure())
     stale = [p for p, text in files.items() if not (DEPLOY / p).exists() or (DEPLOY / p).read_text() != text]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import EXAMPLE_DIR, load_example_module
+from harness import EXAMPLE_DIR, load_example_module
 
 placement = load_example_module("placement")
 mfu = load_example_module("mfu")

@@ -351,7 +351,7 @@ def test_clusterrole_has_exactly_the_verbs_the_driver_uses(helm: str) -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kube-system"}
     ]
-    # The webhook gets no API permissions at all (kopf: standalone, no scanning, no events).
+    # The webhook gets no API permissions at all (validation makes no API call).
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     assert len(by_kind(docs, "ClusterRoleBinding")) == 1
     for role in by_kind(docs, "ClusterRole"):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import aiohttp
-
 from driver.checkpoint.state import (
     DriverState,
     MovedDevice,
@@ -19,6 +17,7 @@ from driver.checkpoint.store import CheckpointStore
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
 from driver.probe_server import ProbeServer
+from tests.test_probe_server import get
 
 ALLOCATED = "dranet_driver_claim_devices_allocated"
 READY = "dranet_driver_claim_devices_ready"
@@ -69,9 +68,7 @@ async def test_scraped_from_metrics_through_a_claims_life(tmp_path: Path) -> Non
     await server.start()
 
     async def scrape() -> tuple[float | None, float | None]:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{server.port}/metrics") as resp:
-                text = await resp.text()
+        _, text, _ = await get(f"http://127.0.0.1:{server.port}/metrics")
         return _value(text, ALLOCATED), _value(text, READY)
 
     def put(fn: object) -> None:

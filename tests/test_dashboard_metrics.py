@@ -42,7 +42,7 @@ def scrape(nd_h100_sysfs_module: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def nd_h100_sysfs_module() -> Iterator[Path]:
-    from devcluster.demo import build_fixture
+    from devcluster.demo.allocation import build_fixture
 
     d = Path(tempfile.mkdtemp(prefix="dranet-dash-sysfs-"))
     try:

@@ -36,3 +36,17 @@ def test_every_package_and_module_of_the_driver_has_a_row_and_a_description() ->
             if module.name not in gen.SKIPPED:
                 assert gen.first_sentence(gen.docstring(module)), f"{module.relative_to(ROOT)} has no docstring"
                 assert f"`{module.stem}` (" in table, module
+
+
+def test_every_package_and_module_of_the_tooling_has_a_row_and_a_description() -> None:
+    gen = _generator()
+    table = "\n".join(gen.tooling_rows())
+    for name in gen.TOOLING:
+        for init in (ROOT / name).rglob("__init__.py"):
+            package = init.parent
+            assert f"| `{package.relative_to(ROOT)}/` |" in table, package
+            assert gen.first_paragraph(gen.docstring(init)), f"{init.relative_to(ROOT)} has no docstring"
+            for module in package.glob("*.py"):
+                if module.name not in gen.SKIPPED:
+                    assert gen.first_sentence(gen.docstring(module)), f"{module.relative_to(ROOT)} has no docstring"
+                    assert f"`{module.stem}` (" in table, module

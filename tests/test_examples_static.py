@@ -208,7 +208,7 @@ def test_launcher_does_not_let_mpirun_pin_ranks() -> None:
 
 
 def test_no_fake_torchrun_numa_flags_anywhere() -> None:
-    # Seed 002 invents torchrun --cpu-map/--mem-map; the real option is --numa-binding.
+    # torchrun has no --cpu-map/--mem-map (a common invention); the real option is --numa-binding.
     docs = [*EXAMPLE_DIR.iterdir(), EXAMPLE_DIR.parent.parent / "docs" / "numa-alignment.md"]
     for path in docs:
         if path.is_file():

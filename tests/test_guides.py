@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import mpi_operator
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import seed_docs
+from devcluster.cluster import mpi_operator
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import seed_docs
 from driver.dra.publisher import SlicePublisher
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ["driver", "tests", "bench", "devcluster", "hack", "examples"]
+SOURCES = ["driver", "tests", "bench", "devcluster", "harness", "hack", "examples"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import load_example_module
+from harness import load_example_module
 
 mfu = load_example_module("mfu")
 
@@ -21,7 +21,7 @@ def test_flops_formula_rejects_nonpositive() -> None:
 
 
 def test_seed_table_is_consistent_with_default_model() -> None:
-    # The seed's aligned row: 55.496 ms/step, 356.62 TFLOP/s per GPU, 36.06 % MFU on H100.
+    # The training example's aligned row: 55.496 ms/step, 356.62 TFLOP/s per GPU, 36.06 % MFU on H100.
     # B=8192 tokens, H=8192, L=6 reproduces it (1.979e13 FLOPs per step).
     r = mfu.compute_result(
         world_size=8,

@@ -43,7 +43,7 @@ def uses(job: dict[str, Any]) -> list[str]:
 @pytest.fixture(scope="module")
 def actionlint() -> str:
     """actionlint, built from its Go module into the cache on first use (like helm)."""
-    from devcluster.binaries import cache_root
+    from devcluster.builders.binaries import cache_root
 
     path = cache_root() / "actionlint" / ACTIONLINT_VERSION / "actionlint"
     if not path.is_file():

@@ -38,6 +38,10 @@ class FileOps:
     close: Callable[[int], None] = os.close
     replace: Callable[[str, str], None] = os.replace
     unlink: Callable[[str], None] = os.unlink
+    # The journal's (driver.checkpoint.journal): records written at an offset, one data sync each.
+    pwrite: Callable[[int, bytes | memoryview, int], int] = os.pwrite
+    fdatasync: Callable[[int], None] = os.fdatasync
+    ftruncate: Callable[[int, int], None] = os.ftruncate
 
 
 MAX_STATE_BYTES = 128 << 20

@@ -15,11 +15,18 @@ old or the new state, never a torn one:
   was 26 ms here).
 
 An update writes only the file whose content changed; a prepare encodes only its new claims (group
-commit: one write per batch). Two driver instances may share the files for a moment (a DaemonSet
-rolling update with surge: the kubelet may prepare a claim in one and unprepare it in the other),
-so the store is coherent across processes: every read first checks (one ``stat`` per file) whether
-another process replaced a file and reloads it then, and every update holds an ``flock`` on
-``checkpoint.lock`` in the state directory around reload, change and write.
+commit: one write per batch). With journaling on (the daemon: while it holds the node lease) a
+change of the claims is appended to ``checkpoint.journal`` (:mod:`driver.checkpoint.journal`: one
+``fdatasync``, where replacing ``checkpoint.json`` takes two syncs and a rename), and
+:meth:`CheckpointStore.compact` folds the journal into ``checkpoint.json`` off the kubelet's path.
+An instance that does not journal (the standby of a rolling update, possibly an older driver that
+reads only ``checkpoint.json``) writes the whole file, which also makes the journal stale.
+
+Two driver instances may share the files for a moment (a DaemonSet rolling update with surge: the
+kubelet may prepare a claim in one and unprepare it in the other), so the store is coherent across
+processes: every read first checks (one ``lstat`` per file) whether another process replaced a
+file or appended to the journal and then reloads under the other's lock, and every update holds an
+``flock`` on ``checkpoint.lock`` in the state directory around reload, change and write.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from driver.checkpoint.files import (
     read_state,
     remove_leftover,
 )
+from driver.checkpoint.journal import Journal, base_of
 from driver.checkpoint.schema import COMPATIBLE_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
 
@@ -76,6 +84,10 @@ class QuarantinedFile:
     reason: str
 
 
+JOURNAL_LIMIT = 8 << 20
+"""Journal bytes beyond which a change rewrites ``checkpoint.json`` instead (compaction normally runs
+long before: this bounds what a start has to replay)."""
+
 _CORRUPT = (ValueError, AttributeError, KeyError, TypeError)
 """What parsing a damaged file raises (``json.JSONDecodeError`` is a ``ValueError``)."""
 
@@ -86,7 +98,9 @@ class CheckpointStore:
     Use :meth:`update` for read-modify-write: it runs ``fn`` on the in-memory
     state under a lock and writes the changed part(s) atomically. Readers use
     :meth:`read`, which gives the function a consistent view. ``runtime_directory``
-    holds the pod network state (default: ``directory``, e.g. in tests).
+    holds the pod network state (default: ``directory``, e.g. in tests). ``journal``
+    (a flag, or a function asked at each write) makes a change of the claims an append to
+    :attr:`journal_path` instead of a new ``checkpoint.json``; the journal is read at load either way.
 
     At start a temporary file left by an interrupted write is removed, and a state file that
     cannot be parsed is moved aside (``<name>.corrupt-<UTC time>``, kept) and :attr:`quarantined`
@@ -97,6 +111,7 @@ class CheckpointStore:
     """
 
     FILENAME = "checkpoint.json"
+    JOURNAL_FILENAME = "checkpoint.journal"
     PODS_FILENAME = "pods.json"
     LOCK_FILENAME = "checkpoint.lock"
 
@@ -106,12 +121,15 @@ class CheckpointStore:
         runtime_directory: str | os.PathLike[str] | None = None,
         *,
         ops: FileOps | None = None,
+        journal: bool | Callable[[], bool] = False,
     ) -> None:
         self.directory = Path(directory)
         self.runtime_directory = Path(runtime_directory) if runtime_directory else self.directory
         self.path = self.directory / self.FILENAME
+        self.journal_path = self.directory / self.JOURNAL_FILENAME
         self.pods_path = self.runtime_directory / self.PODS_FILENAME
         self.ops = ops or FileOps()
+        self.journaling: Callable[[], bool] = journal if callable(journal) else (lambda: bool(journal))
         self.quarantined: list[QuarantinedFile] = []
         self.write_error: CheckpointWriteError | None = None
         self.write_failures: dict[str, int] = {}  # failed writes per file name (the metric)
@@ -127,6 +145,13 @@ class CheckpointStore:
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
         self._encoded: dict[str, tuple[PreparedClaim, bytes, int]] = {}  # (claim, JSON, the version it needs)
+        self._journal = Journal(self.journal_path, self.ops)
+        self._base = base_of(None)  # the snapshot on disk, as the journal's records name it
+        # The claims as on disk (snapshot and journal), the very objects: what changed is found by identity.
+        self._persisted: dict[str, PreparedClaim] = {}
+        # The snapshot is not in this driver's form (an older version, pods from before the split)
+        # or not known to be durable: the next change of the claims rewrites it whole.
+        self._rewrite = False
         with self._lock, self._cross_process():
             # Under the lock: a leftover temporary file is then never another instance's write.
             self._state = self._load(cleanup=True)
@@ -161,9 +186,21 @@ class CheckpointStore:
                 self._lock_fd = -1
             raise self._failed(self._lock_path, exc) from exc
 
+    @property
+    def claims_quarantined(self) -> bool:
+        """Whether prepared claims may be missing: their file or journal was moved aside at load."""
+        return any(q.path in (self.path, self.journal_path) for q in self.quarantined)
+
     def _load(self, cleanup: bool = False) -> DriverState:
         claims = self._load_part(self.path, "claims", cleanup)
         pods = self._load_part(self.pods_path, "pods", cleanup)
+        snapshot = self._written[self.path]
+        on_disk = self._stamps[self.path] is not None
+        self._base = base_of(snapshot if on_disk else None)
+        self._encoded.clear()
+        self._rewrite = on_disk and snapshot != self._encode_claims(claims.claims)
+        self._replay_journal(claims.claims)
+        self._persisted = dict(claims.claims)
         # A checkpoint from before the split holds the pods too; keep them.
         return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
@@ -197,6 +234,41 @@ class CheckpointStore:
         self._written[path] = raw
         return state
 
+    def _replay_journal(self, claims: dict[str, PreparedClaim]) -> None:
+        """Apply the journal's records for the snapshot just read to its ``claims``. A journal that
+        cannot be used (not a regular file, a whole record that does not decode) is moved aside
+        like a corrupt file: the claims are then the snapshot's, and the daemon rebuilds the rest."""
+        try:
+            payloads = self._journal.load(self._base)
+        except NotAStateFile as exc:
+            self._quarantine_journal(str(exc))
+            return
+        except OSError as exc:
+            raise CheckpointError(f"cannot read {self.journal_path}: {exc}") from exc
+        changed: list[tuple[dict[str, PreparedClaim], list[str]]] = []
+        for payload in payloads:
+            try:
+                record = json.loads(payload)
+                put = DriverState.from_json(migrate({"version": record["version"], "claims": record["put"]}))
+                changed.append((put.claims, [str(uid) for uid in record["delete"]]))
+            except CheckpointError:
+                if not isinstance(data_version(payload), int):
+                    self._quarantine_journal("a record without a version")
+                    return
+                raise  # a newer driver's record: kept, refused
+            except (*_CORRUPT, RecursionError) as exc:
+                self._quarantine_journal(f"{type(exc).__name__}: {exc}")
+                return
+        for puts, deleted in changed:
+            claims.update(puts)
+            for uid in deleted:
+                claims.pop(uid, None)
+
+    def _quarantine_journal(self, reason: str) -> None:
+        self._journal.close()
+        self._quarantine(self.journal_path, "claims", reason)
+        self._journal.forget()
+
     def _quarantine(self, path: Path, part: str, reason: str) -> DriverState:
         """Move a damaged state file aside (kept for a human) and start that part empty."""
         try:
@@ -208,9 +280,16 @@ class CheckpointStore:
             extra={"kv": {"path": str(path), "moved_to": str(moved), "error": reason}},
         )
         self.quarantined.append(QuarantinedFile(path, moved, reason))
-        self._stamps[path] = None
-        self._written[path] = encode({part: {}})
+        if path != self.journal_path:
+            self._stamps[path] = None
+            self._written[path] = encode({part: {}})
         return DriverState()
+
+    def _unchanged(self) -> bool:
+        """No other process wrote a state file since we last read or wrote it (three ``lstat``)."""
+        return all(_stamp(p) == self._stamps.get(p, _UNSEEN) for p in (self.path, self.pods_path)) and not (
+            self._journal.changed()
+        )
 
     def refresh(self) -> bool:
         """Reload the files another process replaced since we last read or wrote them.
@@ -219,10 +298,15 @@ class CheckpointStore:
         content cannot be read (e.g. a newer driver's schema): never act on a misread state.
         """
         with self._lock:
-            if all(_stamp(p) == self._stamps.get(p, _UNSEEN) for p in (self.path, self.pods_path)):
+            if self._unchanged():
                 return False
-            self._encoded.clear()
-            self._state = self._load()
+            try:
+                # Under the other instance's lock: never the snapshot of one write with the
+                # journal of the next.
+                with self._cross_process():
+                    self._state = self._load()
+            except CheckpointWriteError:  # no lock file on a read-only disk: read without it
+                self._state = self._load()
             return True
 
     def read(self, fn: Callable[[DriverState], T]) -> T:
@@ -231,19 +315,20 @@ class CheckpointStore:
             self.refresh()
             return fn(self._state)
 
-    def update(self, fn: Callable[[DriverState], T]) -> T:
+    def update(self, fn: Callable[[DriverState], T], *, claims_only: bool = False) -> T:
         """Mutate the state with ``fn`` and persist it before returning ``fn``'s result.
 
-        Raises :class:`CheckpointWriteError` when the new state could not be saved; the state
-        is then what the files hold: what it was before the call, or, when only the directory's
-        fsync failed after the rename (``replaced``), the new state (the caller is still told
-        it failed; a retry of an idempotent call then finds its work done).
+        ``claims_only``: ``fn`` changes nothing but the claims (the pod state is then not
+        encoded again to find out). Raises :class:`CheckpointWriteError` when the new state could
+        not be saved; the state is then what the files hold: what it was before the call, or, when
+        only the directory's fsync failed after the rename (``replaced``), the new state (the
+        caller is still told it failed; a retry of an idempotent call then finds its work done).
         """
         with self._lock, self._cross_process():  # the whole read-modify-write is one step
             try:
                 self.refresh()
                 result = fn(self._state)
-                self._write()
+                self._write(claims_only)
             except BaseException:
                 # fn may have mutated the state before failing, or the write failed (ENOSPC):
                 # go back to what is on disk so memory never claims what was not persisted.
@@ -252,45 +337,121 @@ class CheckpointStore:
                 raise
             return result
 
+    def compact(self) -> bool:
+        """Fold the journal into ``checkpoint.json`` (one atomic, durable write of the whole file);
+        True when there was something to fold. Raises :class:`CheckpointWriteError`: the journal
+        still holds its records then."""
+        with self._lock, self._cross_process():
+            self.refresh()
+            if not self._journal.size and not self._rewrite:
+                return False
+            self._write_snapshot()
+            self._journal.empty()
+            return True
+
+    @property
+    def journal_size(self) -> int:
+        """Bytes of records the journal holds beyond ``checkpoint.json`` (0: nothing to compact)."""
+        return self._journal.size
+
     def retry_write(self) -> bool:
         """After a failed write, write the current state again; True once writes work again.
 
         The state equals what is on disk (a failed update is rolled back), so this rewrites the
-        same bytes: it only proves the disk takes writes again and clears :attr:`write_error`.
+        same content: it only proves the disk takes writes again and clears :attr:`write_error`.
         """
         with self._lock:
             failed = self.write_error
             if failed is None:
                 return True
-            path = failed.path if failed.path in self._written else self.path
             try:
                 with self._cross_process():
-                    self._atomic_write(path, self._written[path])
+                    if failed.path in (self.path, self.journal_path):
+                        self._write_snapshot()  # the whole claims file, folding the journal in
+                    else:
+                        path = failed.path if failed.path in self._written else self.pods_path
+                        self._atomic_write(path, self._written[path])
             except CheckpointWriteError:
                 return False
             log.info("state writes work again", extra={"kv": {"path": str(failed.path)}})
             return True
 
+    def close(self) -> None:
+        """Close the journal file (the store stays usable: it is reopened by the next append)."""
+        with self._lock:
+            self._journal.close()
+
     def _on_disk(self) -> DriverState:
         """The state from the bytes last written or read (no I/O: it cannot fail like the disk)."""
-        claims = DriverState.from_json(migrate(json.loads(self._written[self.path])))
+        legacy = DriverState.from_json(migrate(json.loads(self._written[self.path])))
         pods = DriverState.from_json(migrate(json.loads(self._written[self.pods_path])))
-        return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
+        return DriverState(claims=dict(self._persisted), pods={**legacy.pods, **pods.pods})
 
-    def _write(self) -> None:
+    def _write(self, claims_only: bool = False) -> None:
+        self._write_claims()
+        if claims_only:
+            return
         pods = self._state.pods_json()
-        parts = ((self.path, self._encode_claims()), (self.pods_path, encode(pods, pods_version(pods))))
-        for path, data in parts:
-            if self._written.get(path) != data:
-                try:
-                    self._atomic_write(path, data)
-                except CheckpointWriteError as exc:
-                    if exc.replaced:  # memory follows the file, which holds the new bytes
-                        self._written[path] = data
-                        self._stamps[path] = _stamp(path)
-                    raise
-                self._written[path] = data
-                self._stamps[path] = _stamp(path)
+        data = encode(pods, pods_version(pods))
+        if self._written.get(self.pods_path) != data:
+            try:
+                self._atomic_write(self.pods_path, data)
+            except CheckpointWriteError as exc:
+                if exc.replaced:  # memory follows the file, which holds the new bytes
+                    self._written[self.pods_path] = data
+                    self._stamps[self.pods_path] = _stamp(self.pods_path)
+                raise
+            self._written[self.pods_path] = data
+            self._stamps[self.pods_path] = _stamp(self.pods_path)
+
+    def _write_claims(self) -> None:
+        """Persist what changed in the claims: a journal record, or the whole file."""
+        claims, persisted = self._state.claims, self._persisted
+        puts = [uid for uid, claim in claims.items() if persisted.get(uid) is not claim]
+        deleted = [uid for uid in persisted if uid not in claims]
+        if not (puts or deleted or self._rewrite):
+            return
+        if self._rewrite or not self.journaling() or self._journal.size > JOURNAL_LIMIT:
+            self._write_snapshot()
+            return
+        try:
+            self._journal.append(self._base, self._journal_record(puts, deleted))
+        except OSError as exc:
+            raise self._failed(self.journal_path, exc) from exc
+        self.write_error = None
+        self._persisted = dict(claims)
+
+    def _journal_record(self, puts: list[str], deleted: list[str]) -> bytes:
+        """A journal record's payload: the claims put (their cached JSON) and the UIDs removed."""
+        claims = self._state.claims
+        pieces, version = [], COMPATIBLE_VERSION
+        for uid in sorted(puts):
+            encoded, needed = self._encoded_claim(uid, claims[uid])
+            pieces.append(json.dumps(uid).encode() + b":" + encoded)
+            version = max(version, needed)
+        removed = json.dumps(sorted(deleted), separators=(",", ":")).encode()
+        puts_json = b"{" + b",".join(pieces) + b"}"
+        return b'{"delete":' + removed + b',"put":' + puts_json + b',"version":' + str(version).encode() + b"}"
+
+    def _write_snapshot(self) -> None:
+        """Replace ``checkpoint.json`` with every claim; the journal's records are then in it."""
+        data = self._encode_claims(self._state.claims)
+        try:
+            self._atomic_write(self.path, data)
+        except CheckpointWriteError as exc:
+            if exc.replaced:  # memory follows the file, which holds the new bytes
+                self._snapshot_written(data)
+                self._rewrite = True  # its rename may not be durable: never journal on top of it
+            raise
+        self._snapshot_written(data)
+
+    def _snapshot_written(self, data: bytes) -> None:
+        self._written[self.path] = data
+        self._stamps[self.path] = _stamp(self.path)
+        self._base = base_of(data)
+        self._journal.forget()
+        self._rewrite = False
+        self._persisted = dict(self._state.claims)
 
     def _atomic_write(self, path: Path, data: bytes) -> None:
         try:
@@ -320,23 +481,28 @@ class CheckpointStore:
                 return str(CheckpointWriteError(path, exc)).split(";", 1)[0]
         return None
 
-    def _encode_claims(self) -> bytes:
+    def _encoded_claim(self, uid: str, claim: PreparedClaim) -> tuple[bytes, int]:
+        """A claim's JSON and the oldest version that reads it right (``PreparedDevice.needed_version``),
+        encoded once per stored object."""
+        cached = self._encoded.get(uid)
+        if cached is None or cached[0] is not claim:
+            cached = (
+                claim,
+                json.dumps(claim.to_dict(), sort_keys=True, separators=(",", ":")).encode(),
+                max((d.needed_version for d in claim.devices), default=COMPATIBLE_VERSION),
+            )
+            self._encoded[uid] = cached
+        return cached[1], cached[2]
+
+    def _encode_claims(self, claims: dict[str, PreparedClaim]) -> bytes:
         """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}}, version)``
-        gives, from cached pieces; ``version`` is the newest a claim needs (see ``PreparedDevice.needed_version``)."""
-        claims = self._state.claims
+        gives, from cached pieces; ``version`` is the newest a claim needs."""
         pieces = []
         version = COMPATIBLE_VERSION
         for uid in sorted(claims):
-            cached = self._encoded.get(uid)
-            if cached is None or cached[0] is not claims[uid]:
-                cached = (
-                    claims[uid],
-                    json.dumps(claims[uid].to_dict(), sort_keys=True, separators=(",", ":")).encode(),
-                    max((d.needed_version for d in claims[uid].devices), default=COMPATIBLE_VERSION),
-                )
-                self._encoded[uid] = cached
-            pieces.append(json.dumps(uid).encode() + b":" + cached[1])
-            version = max(version, cached[2])
+            encoded, needed = self._encoded_claim(uid, claims[uid])
+            pieces.append(json.dumps(uid).encode() + b":" + encoded)
+            version = max(version, needed)
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
+from driver.api.v1alpha1.decode import MAX_POD_REQUESTS, configure_requests
 from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.merge import configs_for_request, merge_under_cloud
 from driver.api.v1alpha1.network_config import NetworkConfig
@@ -120,11 +121,9 @@ class ClaimBuilder:
             config = self._with_profile(where, base, claim, device, config)
             if config.profile:
                 profiled.append((device, config))
-            self._check_nic(f"{where}: config for request {base!r}: ", device, config)
-            share_id = result.get("shareID") if isinstance(result.get("shareID"), str) else None
-            if share_id or (config.interface and config.interface.type):
-                self._check_sub_interface(f"{where}: config for request {base!r}: ", device, config)
-            shared = result.get("adminAccess") is True or bool(share_id)
+            share_id = _share_id(result)
+            self._check_nic(f"{where}: config for request {base!r}: ", device, config, share_id is not None)
+            shared = result.get("adminAccess") is True or share_id is not None
             prepared.append(
                 PreparedDevice(
                     request=base,
@@ -134,7 +133,7 @@ class ClaimBuilder:
                     config=config,
                     cloud_config=cloud,
                     shared=shared,
-                    share_id=share_id or None,
+                    share_id=share_id,
                     consumed=_consumed(result),
                 )
             )
@@ -160,6 +159,14 @@ class ClaimBuilder:
             )
         except ConfigError as exc:
             raise ClaimError(f"{where}: {exc}") from None
+        # Every device known now (also allocationMode All, the cloud provider's routes and rules).
+        requests_needed = sum(configure_requests(d.config) for d in prepared if not d.shared)
+        if requests_needed > MAX_POD_REQUESTS:
+            raise ClaimError(
+                f"{where}: status.allocation.devices.config: the claim's {len(prepared)} NIC(s) take "
+                f"{requests_needed} netlink requests to configure (one per address, route, rule and neighbor, one per "
+                f"NIC, one per VRF); a pod's NICs may take at most {MAX_POD_REQUESTS} (they are sent in one batch)"
+            )
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 
     def _with_profile(
@@ -178,10 +185,14 @@ class ClaimBuilder:
         except ProfileError as exc:
             raise ClaimError(problem + str(exc)) from None
 
-    def _check_nic(self, problem: str, device: Device, config: NetworkConfig) -> None:
+    def _check_nic(self, problem: str, device: Device, config: NetworkConfig, share: bool = False) -> None:
         """Refuse, at prepare, what the NIC cannot take (like the Go driver for ethtool), rather than
-        fail at every start of the pod: an MTU outside its driver's limits or above a VF's PF, then
-        each setting's own check. Only devices whose config asks for something pay a system call."""
+        fail at every start of the pod: for a sub-interface (a ``share`` of the NIC, or
+        ``interface.type``) what a sub-interface cannot be, then an MTU outside the NIC driver's
+        limits or above a VF's PF, then each setting's own check. Only devices whose config asks
+        for something pay a system call."""
+        if share or (config.interface and config.interface.type):
+            self._check_sub_interface(problem, device, config)
         mtu = config.interface.mtu if config.interface else None
         if mtu is not None and device.host.ifname:
             found = mtu_limits.check_host_nic(device.host.ifname, mtu, self.sysfs_root)
@@ -224,6 +235,12 @@ def _one_share_per_nic(where: str, prepared: list[PreparedDevice], requests: lis
                 "one share of a NIC per claim (ask for more of its capacity in one request instead)"
             )
         seen[d.device] = request
+
+
+def _share_id(result: dict[str, Any]) -> str | None:
+    """The allocation's ``shareID`` of a device allocated many times (consumable capacity), or None."""
+    share = result.get("shareID")
+    return share if isinstance(share, str) and share else None
 
 
 def _consumed(result: dict[str, Any]) -> dict[str, str]:

@@ -10,10 +10,13 @@ prepare (also after a crash and restart) return the same answer without asking t
 server again.
 
 Checkpoint mutations go through a group commit (:class:`GroupCommit`): concurrent prepares and
-unprepares are applied in arrival order, with one fsynced write per batch. That queue is the
-serialization point (the Go helper's mutex): decisions that depend on the stored state are made
-inside the mutation, under the store's lock; there a claim wanting a device another claim holds
-is refused (:func:`record_claims`: one NIC, one claim).
+unprepares are applied in arrival order, with one durable write per batch (a journal record and
+one ``fdatasync`` when the store journals). That queue is the serialization point (the Go
+helper's mutex): decisions that depend on the stored state are made inside the mutation, under
+the store's lock; there a claim wanting a device another claim holds is refused
+(:func:`record_claims`: one NIC, one claim). The journal is folded into the claims file in the
+background once the claims have been quiet for :data:`COMPACT_AFTER` seconds, or at once past
+:data:`COMPACT_BYTES`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ T = TypeVar("T")
 
 CLAIM_LOOKUP_THREADS = 16
 """Concurrent claim lookups (checkpoint read + GET); matches the API client's connection pool."""
+COMPACT_AFTER = 1.0
+"""Seconds without a claim change before the journal is folded into ``checkpoint.json``: the file is
+then whole for anyone reading only it (an older driver during a rolling update or a downgrade)."""
+COMPACT_BYTES = 256 << 10
+"""Journal bytes that start a compaction without waiting for a quiet moment."""
 
 
 def result_of(record: PreparedClaim) -> PrepareResult:
@@ -109,6 +117,8 @@ class GroupCommit:
         self._store = store
         self._pending: list[tuple[Callable[[DriverState], Any], asyncio.Future[Any]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._compaction: asyncio.TimerHandle | None = None
+        self._compactor: asyncio.Task[None] | None = None
 
     async def apply(self, fn: Callable[[DriverState], T]) -> T:
         """Run ``fn`` on the state and return its result once the state is on disk."""
@@ -131,8 +141,8 @@ class GroupCommit:
                         outcomes.append((False, exc))
 
             try:
-                # fsync blocks for milliseconds: keep it off the event loop.
-                await asyncio.to_thread(self._store.update, run_batch)
+                # A sync blocks for a millisecond or more: keep it off the event loop.
+                await asyncio.to_thread(self._store.update, run_batch, claims_only=True)
             except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
                 # The store logged the failure (path, errno) once; each waiter answers with it.
                 log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
@@ -146,6 +156,32 @@ class GroupCommit:
                         future.set_result(value)
                     else:
                         future.set_exception(value)
+        self._schedule_compaction()
+
+    def _schedule_compaction(self) -> None:
+        """Fold the journal in once the claims have been quiet (each batch pushes it back)."""
+        if self._compaction is not None:
+            self._compaction.cancel()
+            self._compaction = None
+        if not self._store.journal_size:
+            return
+        delay = 0.0 if self._store.journal_size > COMPACT_BYTES else COMPACT_AFTER
+        self._compaction = asyncio.get_running_loop().call_later(delay, self._start_compaction)
+
+    def _start_compaction(self) -> None:
+        self._compaction = None
+        if self._pending or (self._compactor is not None and not self._compactor.done()):
+            return  # the flush in progress schedules it again
+        self._compactor = asyncio.create_task(self._compact())
+
+    async def _compact(self) -> None:
+        try:
+            await asyncio.to_thread(self._store.compact)
+        except Exception as exc:  # noqa: BLE001 - the journal still holds every record; the next batch retries
+            log.warning("checkpoint compaction failed", extra={"kv": {"error": str(exc)}})
+            return
+        if not self._pending:
+            self._schedule_compaction()  # records a batch added while it ran
 
 
 class Preparer:

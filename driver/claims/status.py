@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 
 FIELD_MANAGER = DRIVER_NAME
 
+SLICES_FRESH = 10.0
+"""Seconds another driver's ResourceSlices of this node, once listed, answer the NUMA report of the
+next claims (a pod's claims, a burst of pods) without another LIST, while they name every device
+asked about. Their devices' PCI addresses and NUMA nodes do not change while they are published."""
+
 
 PREPARE_FAILED = "ClaimPrepareFailed"
 """Reason of the Warning event on a claim NodePrepareResources refused (the Go driver's)."""
@@ -99,6 +104,9 @@ class ClaimStatusWriter:
         self._queue: queue.Queue[StatusUpdate | ClaimEvent | None] = queue.Queue(maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._numa_cache: dict[str, dict[str, str]] = {}  # claim uid -> condition (allocation is immutable)
+        self._clock = time.monotonic
+        # driver -> (listed at, this node's slices of that driver, their (pool, device) names)
+        self._slices: dict[str, tuple[float, list[dict[str, Any]], set[tuple[str, str]]]] = {}
         self.delivered = 0
         self.dropped = 0
 
@@ -256,10 +264,15 @@ class ClaimStatusWriter:
             results = (((current.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
                 "results"
             ) or []
-            drivers = sorted({r.get("driver") for r in results if r.get("driver") not in (None, self.driver_name)})
+            wanted: dict[str, set[tuple[str, str]]] = {}
+            for r in results:
+                if r.get("driver") not in (None, self.driver_name):
+                    wanted.setdefault(str(r["driver"]), set()).add(
+                        (str(r.get("pool") or ""), str(r.get("device") or ""))
+                    )
             slices: list[dict[str, Any]] = []
-            for driver in drivers:
-                slices.extend(self.list_slices(driver))
+            for driver in sorted(wanted):
+                slices.extend(self._slices_naming(driver, wanted[driver]))
             single = numa_report.numa_node_count(self.sysfs_root) == 1
             condition = numa_report.numa_condition(
                 numa_report.own_devices(claim, single),
@@ -279,9 +292,26 @@ class ClaimStatusWriter:
             self._numa_cache.pop(next(iter(self._numa_cache)))
         return condition
 
-    def list_slices(self, driver: str) -> list[dict[str, Any]]:
-        """All ResourceSlices of ``driver`` (field selector ``spec.driver``)."""
-        items = self.kube.list_resource_slice(f"spec.driver={driver}").get("items") or []
+    def _slices_naming(self, driver: str, devices: set[tuple[str, str]]) -> list[dict[str, Any]]:
+        """``driver``'s slices holding ``devices`` ((pool, device) names): this node's, from the last
+        LIST while fresh and complete enough, else listed again; the driver's slices of every node
+        only when a device is in none of this node's (a pool published for several nodes)."""
+        cached = self._slices.get(driver)
+        if cached is not None and self._clock() - cached[0] < SLICES_FRESH and devices <= cached[2]:
+            return cached[1]
+        listed_at = self._clock()
+        local = self.list_slices(driver)
+        names = _device_names(local)
+        self._slices[driver] = (listed_at, local, names)
+        if devices <= names:
+            return local
+        return self.list_slices(driver, this_node=False)
+
+    def list_slices(self, driver: str, this_node: bool = True) -> list[dict[str, Any]]:
+        """The ResourceSlices of ``driver`` published for this node (field selectors ``spec.driver``
+        and ``spec.nodeName``: a LIST of a few KiB whatever the cluster's size), or of every node."""
+        selector = f"spec.driver={driver}" + (f",spec.nodeName={self.node_name}" if this_node else "")
+        items = self.kube.list_resource_slice(selector).get("items") or []
         return list(items)
 
     # -- events -------------------------------------------------------------------------------
@@ -357,3 +387,13 @@ class ClaimStatusWriter:
                 "cannot post claim event", extra={"kv": {"claim": f"{ev.namespace}/{ev.name}", "error": str(exc)}}
             )
             return False
+
+
+def _device_names(slices: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The (pool, device) names the slices publish."""
+    names: set[tuple[str, str]] = set()
+    for rs in slices:
+        spec = rs.get("spec") or {}
+        pool = str((spec.get("pool") or {}).get("name") or "")
+        names.update((pool, str(d.get("name") or "")) for d in spec.get("devices") or [] if isinstance(d, dict))
+    return names

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
@@ -111,6 +112,9 @@ class Daemon:
         # Several instances on one node (rolling update): only the lease holder moves NICs and
         # writes slices (driver/node_lease.py); both serve the kubelet.
         self.lease = NodeLease(config.runtime_dir, config.instance_id)
+        # Claim changes are journaled (one sync each) only by the instance holding the lease: another
+        # instance may be an older driver that reads only checkpoint.json, so a standby writes it whole.
+        store.journaling = lambda: self.lease.held
         health = HealthMonitor(
             store, lambda: self.device_sync.inventory, config.node_name, config.sysfs_root, config.host_netns
         )
@@ -209,6 +213,13 @@ class Daemon:
             if self.store.write_error is not None:
                 await asyncio.to_thread(self.store.retry_write)
 
+    def _compact_state(self) -> None:
+        try:
+            self.store.compact()
+        except CheckpointError as exc:  # the journal still holds the claims: the next instance replays it
+            log.warning("cannot fold the claims journal into the checkpoint", extra={"kv": {"error": str(exc)}})
+        self.store.close()
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -228,7 +239,7 @@ class Daemon:
             await self.device_sync.rescan()
         except Exception:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
-        if any(q.path == self.store.path for q in self.store.quarantined):
+        if self.store.claims_quarantined:
             # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
             await rebuild_prepared_claims(self.preparer, self.kube)
         self.status_writer.start()
@@ -336,6 +347,7 @@ class Daemon:
         other instance), then the node lease is handed over (after the NRI event in progress),
         then the NRI connection and the publisher stop."""
         await self.dra.stop()
+        await asyncio.to_thread(self._compact_state)  # no claim changes from here: the whole file for the next instance
         if self.hooks is not None:
             await asyncio.to_thread(self.hooks.retire)
         await asyncio.to_thread(self.lease.release)

@@ -4,8 +4,16 @@
 at most once per ``interval``: the first change after a quiet period is written at once, a
 burst that follows is folded into one write at the end of the interval. A watch on our own
 slices (field selector ``spec.driver,spec.nodeName``) notices deletions by others (the kubelet
-wipes a node's slices when it starts) and edits, and triggers a re-publish; a periodic re-list
-covers a broken watch. Conflicts re-list and re-plan.
+wipes a node's slices when it starts) and edits, and triggers a re-publish. The watch starts at
+the resourceVersion of the LIST a sync made (no LIST of its own), and again after each error (the
+error marks the pool dirty: the sync's LIST then checks it). While the watch runs, the slices as
+that LIST, our writes' answers and the watch's events left them are what the next sync plans
+against: a write round is its writes alone, no LIST (a write based on a stale copy fails its
+resourceVersion check, and the sync lists and plans again). Our own writes come back as watch
+events: they are told apart by the resourceVersions the writes returned, and an event that arrives
+while a write is still waiting for its answer is judged once that answer is in, so an echo never
+costs a re-list. Conflicts re-list and re-plan; a re-list every ``resync_interval`` (30 min) is
+the last resort should a watch ever miss an event.
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ class SlicePublisher(Generic[D]):
         node_name: str,
         interval: float = 2.0,
         on_published: Callable[[list[D], bool], None] | None = None,
-        resync_interval: float = 60.0,
+        resync_interval: float = 1800.0,
         quiet: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.kube, self.driver_name, self.node_name = kube, driver_name, node_name
@@ -71,13 +79,26 @@ class SlicePublisher(Generic[D]):
         self._own_rvs: set[str] = set()  # resourceVersions our writes produced (watch echo)
         self._own_deletes: set[str] = set()  # names of slices we deleted (watch echo)
         self._watch_resp: Any = None
+        # Writes waiting for their answer (their resourceVersion is not known yet), and the
+        # resourceVersion of each sync's LIST (the watch starts there), under one condition.
+        self._cond = threading.Condition()
+        self._writing = 0
+        self._listed: tuple[int, str] = (0, "")  # (LISTs so far, the last one's resourceVersion)
+        # Our slices by name as the apiserver has them, kept by the watch (None: not known, LIST),
+        # and whether a watch runs that started at or after the LIST they came from.
+        self._known: dict[str, dict[str, Any]] | None = None
+        self._watched = False
 
     # -- producer side -----------------------------------------------------------------------
 
     def update(self, devices: list[D]) -> None:
-        """Record the desired device set; the next write picks it up. Callable from any thread."""
+        """Record the desired device set; the next write picks it up. Callable from any thread.
+        The same set again (a periodic rescan that found nothing new) costs nothing: no LIST."""
+        devices = list(devices)
         with self._lock:
-            self._desired = list(devices)
+            if devices == self._desired:
+                return
+            self._desired = devices
             self._version += 1
         self._poke()
 
@@ -130,6 +151,7 @@ class SlicePublisher(Generic[D]):
                     try:
                         await asyncio.wait_for(self._wake.wait(), timeout=self.resync_interval)
                     except TimeoutError:
+                        self._forget_slices()
                         self._dirty()  # periodic re-list: repairs anything a broken watch missed
                     continue
                 # Rate limit: at most one write round per interval; what arrives meanwhile is
@@ -157,6 +179,8 @@ class SlicePublisher(Generic[D]):
     def stop(self) -> None:
         """Ask `run()` to return (thread-safe)."""
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
         self._close_watch()
         self._poke()
 
@@ -177,8 +201,33 @@ class SlicePublisher(Generic[D]):
 
     def list_slices(self) -> list[dict[str, Any]]:
         """Our driver's slices for this node, as the API has them."""
-        items: list[dict[str, Any]] = self.kube.list_resource_slice(self.selector).get("items") or []
+        listed = self.kube.list_resource_slice(self.selector)
+        rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+        items: list[dict[str, Any]] = listed.get("items") or []
+        with self._cond:
+            self._listed = (self._listed[0] + 1, rv or self._listed[1])
+            self._known = {s["metadata"]["name"]: s for s in items}
+            self._cond.notify_all()
         return items
+
+    def _slices(self, fresh: bool) -> list[dict[str, Any]]:
+        """Our slices: as the watch keeps them, or (``fresh``, or not known) from a LIST."""
+        with self._cond:
+            known = None if fresh or self._known is None or not self._watched else list(self._known.values())
+        return self.list_slices() if known is None else known
+
+    def _forget_slices(self) -> None:
+        with self._cond:
+            self._known, self._watched = None, False
+
+    def _keep(self, obj: dict[str, Any] | None, name: str) -> None:
+        """Record a slice as the apiserver has it now (None: deleted)."""
+        with self._cond:
+            if self._known is not None:
+                if obj is None:
+                    self._known.pop(name, None)
+                else:
+                    self._known[name] = obj
 
     def sync(self, attempts: int = 3) -> SlicePlan:
         """List, plan and apply once; re-list and re-plan on a conflict."""
@@ -188,7 +237,7 @@ class SlicePublisher(Generic[D]):
                 devices = list(self._desired or [])
                 taints = dict(self._taints)
                 version = self._version
-            existing = self.list_slices()
+            existing = self._slices(fresh=attempt > 0)
             names = {d.name for d in devices}
             taints = {k: v for k, v in taints.items() if k in names}
             plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid, taints=taints)
@@ -210,6 +259,16 @@ class SlicePublisher(Generic[D]):
             return
         self.stats.write_rounds += 1
         self.stats.last_write = time.monotonic()
+        with self._cond:
+            self._writing += 1
+        try:
+            self._write(plan)
+        finally:
+            with self._cond:
+                self._writing -= 1
+                self._cond.notify_all()
+
+    def _write(self, plan: SlicePlan) -> None:
         for s in plan.delete:
             meta = s["metadata"]
             self.stats.writes += 1
@@ -219,14 +278,17 @@ class SlicePublisher(Generic[D]):
                 self.kube.delete_resource_slice(meta["name"], meta["uid"], meta["resourceVersion"])
             except NotFound:
                 pass  # already gone: what we wanted
+            self._keep(None, meta["name"])
         for s in plan.update:
             self.stats.writes += 1
             out = self.kube.replace_resource_slice(s["metadata"]["name"], s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
+            self._keep(out, out["metadata"]["name"])
         for s in plan.create:
             self.stats.writes += 1
             out = self.kube.create_resource_slice(s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
+            self._keep(out, out["metadata"]["name"])
         log.info(
             "published ResourceSlices",
             extra={
@@ -249,23 +311,50 @@ class SlicePublisher(Generic[D]):
     def _watch_loop(self) -> None:
         """Watch our slices; any change we did not make marks the pool dirty."""
         rv = ""
+        after = 0  # a LIST later than this many: the first sync's, or the one after an error
         while not self._stop.is_set():
             try:
                 if not rv:
-                    lst = self.kube.list_resource_slice(self.selector, limit=1)
-                    rv = lst["metadata"]["resourceVersion"]
+                    rv = self._next_list_rv(after)
+                    if not rv:
+                        return  # stopped
                 rv = self._watch_once(rv)
             except Exception as exc:  # noqa: BLE001 - a broken watch just restarts
                 if self._stop.is_set():
                     return
                 log.debug("slice watch restarting", extra={"kv": {"error": str(exc)}})
                 rv = ""
-                self._dirty()  # we may have missed events: re-check the pool
+                with self._cond:
+                    after = self._listed[0]
+                    self._known, self._watched = None, False  # events may be lost: the next sync lists
+                self._dirty()  # we may have missed events: the sync's LIST re-checks the pool
                 self._stop.wait(1.0)
+
+    def _next_list_rv(self, after: int) -> str:
+        """The resourceVersion of the first sync's LIST after the ``after``-th ("" once stopped)."""
+        with self._cond:
+            while not self._stop.is_set():
+                count, rv = self._listed
+                if count > after and rv:
+                    return rv
+                self._cond.wait(1.0)
+        return ""
+
+    def _own_write(self, kind: str, rv: str, name: str) -> bool:
+        """Whether an event is the echo of our own write (forgetting it then)."""
+        if kind in ("ADDED", "MODIFIED") and rv in self._own_rvs:
+            self._own_rvs.discard(rv)
+            return True
+        if kind == "DELETED" and name in self._own_deletes:
+            self._own_deletes.discard(name)
+            return True
+        return False
 
     def _watch_once(self, rv: str) -> str:
         resp = self.kube.watch_resource_slice(self.selector, rv)
         self._watch_resp = resp
+        with self._cond:
+            self._watched = True  # from here the watch keeps the slices of the LIST it started at
         try:
             buf = b""
             for chunk in resp.stream(4096, decode_content=True):
@@ -277,6 +366,8 @@ class SlicePublisher(Generic[D]):
                 if self._stop.is_set():
                     break
         finally:
+            with self._cond:
+                self._watched = False
             self._watch_resp = None
             resp.release_conn()
         return rv
@@ -289,19 +380,21 @@ class SlicePublisher(Generic[D]):
         new_rv = obj.get("metadata", {}).get("resourceVersion", rv)
         if kind == "BOOKMARK":
             return new_rv
-        if kind in ("ADDED", "MODIFIED") and new_rv in self._own_rvs:
-            self._own_rvs.discard(new_rv)  # echo of our own write
-            return new_rv
         name = obj.get("metadata", {}).get("name", "")
-        if kind == "DELETED" and name in self._own_deletes:
-            self._own_deletes.discard(name)
+        if self._own_write(str(kind), new_rv, name):
             return new_rv
+        with self._cond:
+            # The echo can come before the write's answer: judge it once the writes in flight are answered.
+            if self._writing and self._cond.wait_for(lambda: not self._writing, timeout=60.0):
+                if self._own_write(str(kind), new_rv, name):
+                    return new_rv
         if len(self._own_rvs) > 1000:  # echoes lost across a watch restart: don't grow forever
             self._own_rvs.clear()
         log.info(
             "ResourceSlice changed by someone else, re-publishing",
             extra={"kv": {"event": kind, "slice": obj.get("metadata", {}).get("name")}},
         )
+        self._keep(obj if kind in ("ADDED", "MODIFIED") else None, name)
         self._dirty()
         return new_rv
 

@@ -2,22 +2,18 @@
 
 A NIC handed to a pod lives in the pod's network namespace, where the host's ``/sys/class/net``
 cannot see it: its link is asked for with netlink inside that namespace. All links of one
-namespace go to the kernel in one pipelined exchange.
+namespace go to the kernel in one pipelined lookup (:meth:`driver.netlink.rtnl.Rtnl.links_by_name`).
 """
 
 from __future__ import annotations
 
-import errno
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from driver.netlink.namespaces import Namespaces, NetnsGone
-from driver.netlink.rtnl import IFF_UP, IFINFOMSG, IFLA_IFNAME, RTM_GETLINK, Rtnl
-from driver.netlink_channel import NLM_F_REQUEST, attr, parse_attrs
+from driver.netlink.rtnl import IFF_UP, Rtnl
 
 IFF_LOWER_UP = 0x10000  # the driver (or the veth peer) signals carrier
-IFLA_OPERSTATE = 16
 OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")  # RFC 2863
 
 
@@ -35,30 +31,15 @@ class LinkFacts:
 def link_facts(rtnl: Rtnl, ifnames: Iterable[str], where: str = "host") -> dict[str, LinkFacts]:
     """The links named ``ifnames`` in ``rtnl``'s namespace (absent names are left out)."""
     names = list(ifnames)
-    if not names:
-        return {}
-    requests = [
-        (
-            RTM_GETLINK,
-            NLM_F_REQUEST,
-            IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_IFNAME, n.encode() + b"\0"),
-        )
-        for n in names
-    ]
     out = {}
-    for name, reply in zip(names, rtnl.exchange(requests), strict=True):
-        if reply.error in (errno.ENODEV, errno.ENOENT) or not reply.payloads:
+    for name, link in zip(names, rtnl.links_by_name(names), strict=True):
+        if link is None:
             continue
-        if reply.error:
-            raise OSError(reply.error, f"RTM_GETLINK {name}")
-        payload = reply.payloads[0]
-        _fam, _type, _index, flags, _change = IFINFOMSG.unpack_from(payload)
-        attrs = parse_attrs(payload, IFINFOMSG.size)
-        oper = attrs.get(IFLA_OPERSTATE, b"\0")[0]
+        oper = link.operstate or 0
         out[name] = LinkFacts(
             ifname=name,
-            admin_up=bool(flags & IFF_UP),
-            carrier=bool(flags & IFF_LOWER_UP),
+            admin_up=bool(link.flags & IFF_UP),
+            carrier=bool(link.flags & IFF_LOWER_UP),
             operstate=OPERSTATES[oper] if oper < len(OPERSTATES) else str(oper),
             where=where,
         )

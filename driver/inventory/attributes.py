@@ -63,7 +63,7 @@ CLOUD_PRIORITY: tuple[str, ...] = (
 """Cloud provider attributes (driver.inventory.cloud), in keep-order; at most 7 apply to one device."""
 
 PRIORITY: tuple[str, ...] = (
-    # Identity and what claims select on most (seed templates: rdma, numaNode, pciBusID).
+    # Identity and what claims select on most (the training example's templates: rdma, numaNode, pciBusID).
     D + "rdma",
     D + "numaNode",
     S + "numaNode",

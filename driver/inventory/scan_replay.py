@@ -9,6 +9,9 @@ scanner returns them without running the pipeline again. The first difference st
 replay and the scanner does a full scan (which records anew).
 
 Nothing is skipped: every file, link and listing the full scan looked at is looked at again.
+What is kept to compare with is small: the length of each file's answer, and one digest of all
+the answers of each kind (contents, link targets, identities, listings) instead of the answers
+themselves, so a daemon publishing thousands of devices does not hold every sysfs answer twice.
 What the replay saves is the rest: path handling, attribute building, and two of the three
 system calls per file (``pread`` on the open file at offset 0 re-runs the attribute's ``show``
 in sysfs). A file of a removed sysfs object answers ``ENODEV`` on its old descriptor, which is
@@ -21,10 +24,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import resource
 import stat
 import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from driver.inventory.sysfs import READ_MAX, IdentityKey, ReadAnswer, SysfsIO, open_read
@@ -113,6 +119,54 @@ class RecordingIO(SysfsIO):
         _close_all(self.fds)
 
 
+@dataclass
+class _GroupedOps:
+    """A scan's recorded calls grouped by kind (the lists the replay loops over)."""
+
+    fds: list[int] = field(default_factory=list)
+    contents: list[bytes] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    stats: list[str] = field(default_factory=list)
+    keys: list[IdentityKey] = field(default_factory=list)
+    dirs_checked: list[str] = field(default_factory=list)  # is_dir calls, and their answers
+    is_dir: list[bool] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # links that were not there (ENOENT): still not there?
+    rest: list[tuple[int, Any, Any]] = field(default_factory=list)  # failed calls, listings, existence checks
+    dirs: set[str] = field(default_factory=set)  # directories of the files kept open
+
+
+def _group_ops(ops: list[Any], skip: set[str] | frozenset[str]) -> _GroupedOps:
+    """Group the recorded calls; files in ``skip`` are not read again (their descriptors closed)."""
+    g = _GroupedOps()
+    for op, target, expected in ops:
+        if op == READ_FD and target[1] in skip:
+            os.close(target[0])
+            continue
+        if op in (READ_PATH, READLINK) and target in skip:
+            continue
+        if op == READ_FD and expected is not None:
+            g.fds.append(target[0])
+            g.contents.append(expected)
+            g.dirs.add(os.path.dirname(target[1]))
+        elif op == READLINK and isinstance(expected, str):
+            g.links.append(target)
+            g.targets.append(expected)
+        elif op == STAT and expected is not None:
+            g.stats.append(target)
+            g.keys.append(expected)
+        elif op == IS_DIR:
+            g.dirs_checked.append(target)
+            g.is_dir.append(expected)
+        elif op == READLINK and expected == errno.ENOENT:
+            g.missing.append(target)
+        elif op == LISTDIR:
+            g.rest.append((op, target, _texts_digest(expected)))
+        else:
+            g.rest.append((op, target[1] if op == READ_FD else target, expected))
+    return g
+
+
 class ScanReplay:
     """The calls of the last full scan and its result; :meth:`verify` checks nothing changed.
 
@@ -130,44 +184,18 @@ class ScanReplay:
         self.result = result
         self.on_sysfs = on_sysfs
         self.replays = 0
-        self._fds: list[int] = []
-        self._contents: list[ReadAnswer] = []
-        self._links: list[str] = []
-        self._targets: list[str] = []
-        self._stats: list[str] = []
-        self._keys: list[IdentityKey] = []
-        self._dirs_checked: list[str] = []  # is_dir calls, and their answers
-        self._is_dir: list[bool] = []
-        self._missing: list[str] = []  # links that were not there (ENOENT): still not there?
-        self._rest: list[tuple[int, Any, Any]] = []  # failed calls, listings, existence checks
-        dirs: set[str] = set()
-        kept = []
-        for op, target, expected in io.ops:
-            if op == READ_FD and target[1] in skip:
-                os.close(target[0])
-                continue
-            if op in (READ_PATH, READLINK) and target in skip:
-                continue
-            kept.append((op, target, expected))
-            if op == READ_FD and expected is not None:
-                self._fds.append(target[0])
-                self._contents.append(expected)
-                dirs.add(os.path.dirname(target[1]))
-            elif op == READLINK and isinstance(expected, str):
-                self._links.append(target)
-                self._targets.append(expected)
-            elif op == STAT and expected is not None:
-                self._stats.append(target)
-                self._keys.append(expected)
-            elif op == IS_DIR:
-                self._dirs_checked.append(target)
-                self._is_dir.append(expected)
-            elif op == READLINK and expected == errno.ENOENT:
-                self._missing.append(target)
-            else:
-                self._rest.append((op, target[1] if op == READ_FD else target, expected))
-        io.ops = kept
-        io.fds[:] = [target[0] for op, target, _ in kept if op == READ_FD]  # the same list: the finalizer's
+        g = _group_ops(io.ops, skip)
+        self._fds, self._links, self._stats = g.fds, g.links, g.stats
+        self._dirs_checked, self._is_dir, self._missing, self._rest = g.dirs_checked, g.is_dir, g.missing, g.rest
+        contents, targets, keys, dirs = g.contents, g.targets, g.keys, g.dirs
+        io.ops = []  # everything the replay needs is in the lists above
+        io.fds[:] = self._fds  # the finalizer's list object: it closes what the replay kept
+        self._fds = io.fds
+        # Lengths are small ints (shared objects): a changed length is found without hashing.
+        self._lengths = [len(c) for c in contents]
+        self._contents = _digest(contents)
+        self._targets = _texts_digest(targets)
+        self._keys = _keys_digest(keys)
         # Off sysfs, a file replaced under an open descriptor changes its directory's ctime: the
         # directories of the files kept open are stat'ed too (those not stat'ed as objects already).
         # A directory also asked about by is_dir is stat'ed once for both questions.
@@ -186,11 +214,12 @@ class ScanReplay:
         """Repeat every recorded call; True when each answer is the same as recorded."""
         pread, readlink, stat, isdir, access = os.pread, os.readlink, os.stat, os.path.isdir, os.access
         try:
-            if [pread(fd, READ_MAX, 0) for fd in self._fds] != self._contents:
+            contents = [pread(fd, READ_MAX, 0) for fd in self._fds]
+            if list(map(len, contents)) != self._lengths or _digest(contents) != self._contents:
                 return False
-            if [readlink(p) for p in self._links] != self._targets:
+            if _texts_digest(map(readlink, self._links)) != self._targets:
                 return False
-            if [(s.st_dev, s.st_ino, s.st_ctime_ns) for s in map(stat, self._stats)] != self._keys:
+            if _keys_digest((s.st_dev, s.st_ino, s.st_ctime_ns) for s in map(stat, self._stats)) != self._keys:
                 return False
             if self._dirs and [_dir_answer(d) for d in self._dirs] != self._dir_keys:
                 return False
@@ -202,7 +231,8 @@ class ScanReplay:
         except OSError:  # ENODEV: a sysfs object is gone; ENOENT: a path is; either way, changed
             return False
         for op, target, expected in self._rest:
-            if _call(op, target) != expected:
+            answer = _call(op, target)
+            if (_texts_digest(answer) if op == LISTDIR else answer) != expected:
                 return False
         self.replays += 1
         return True
@@ -232,3 +262,24 @@ def _call(op: int, target: Any) -> Any:
 
 
 PLAIN = SysfsIO()
+
+
+def _digest(chunks: Iterable[bytes]) -> bytes:
+    """One digest of a sequence of byte strings (each length-prefixed: no two sequences collide by
+    moving bytes from one item to the next)."""
+    h = hashlib.blake2b(digest_size=16)
+    for chunk in chunks:
+        h.update(len(chunk).to_bytes(4, "little"))
+        h.update(chunk)
+    return h.digest()
+
+
+def _texts_digest(texts: Iterable[str]) -> bytes:
+    """The digest of link targets (never holding NUL): joined, then hashed once."""
+    return hashlib.blake2b("\0".join(texts).encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+def _keys_digest(keys: Iterable[IdentityKey]) -> bytes:
+    """The digest of identity keys ``(st_dev, st_ino, st_ctime_ns)`` (9 bytes each: any 64-bit value)."""
+    packed = b"".join(k.to_bytes(9, "little", signed=True) for key in keys for k in key)
+    return hashlib.blake2b(packed, digest_size=16).digest()

@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass, field
 
 BDF_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -326,19 +327,21 @@ class IdentityCache:
     """
 
     def __init__(self) -> None:
-        # anchor -> (key, real path of the anchor, immutable files, immutable links)
-        self._entries: dict[str, tuple[IdentityKey, str, dict[str, str | None], dict[str, str | None]]] = {}
+        self._entries: dict[str, _Known] = {}
         self._seen: set[str] = set()
+        # The tuples of file names and link suffixes, one object per distinct tuple (every PCI
+        # function remembers the same few names: a node of 10k devices keeps them once).
+        self._shapes: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def prime(self, sysfs: SysfsReader, anchor: str) -> IdentityKey | None:
         """Seed ``sysfs`` with what is known of ``anchor`` if it is still the same object; its key, or None."""
         self._seen.add(anchor)
         entry = self._entries.get(anchor)
         if entry is not None:
-            key = sysfs.io.stat_key(sysfs.path(entry[1]))
-            if key == entry[0]:
-                sysfs._files.update(entry[2])
-                sysfs._links.update(entry[3])
+            key = sysfs.io.stat_key(sysfs.path(entry.real))
+            if key == entry.key:
+                sysfs._files.update(zip([f"{anchor}/{n}" for n in entry.files], entry.file_values, strict=True))
+                sysfs._links.update(zip([anchor + x for x in entry.links], entry.link_values, strict=True))
                 return key
         real = sysfs.resolve(anchor)  # a miss: the scan needs this link anyway
         return None if real is None else sysfs.io.stat_key(sysfs.path(real))
@@ -356,31 +359,35 @@ class IdentityCache:
         if key is None:
             return
         entry = self._entries.get(anchor)
-        if entry is None or entry[0] != key:
+        if entry is None or entry.key != key:
             real = sysfs._links.get(anchor)
             if not real:
                 return
-            entry = self._entries[anchor] = (key, real, {}, {})
-        known_files, known_links = entry[2], entry[3]
-        for name in files:
-            rel = f"{anchor}/{name}"
-            if rel not in known_files and rel in sysfs._files:
-                known_files[rel] = sysfs._files[rel]
-        for suffix in links:
-            rel = anchor + suffix
-            if rel not in known_links and rel in sysfs._links:
-                known_links[rel] = sysfs._links[rel]
+            entry = self._entries[anchor] = _Known(key, real)
+        new_files = [n for n in files if n not in entry.files and f"{anchor}/{n}" in sysfs._files]
+        if new_files:
+            values = [sysfs._files[f"{anchor}/{n}"] for n in new_files]
+            entry.files = self._shape(entry.files + tuple(new_files))
+            # Interned: the same class, vendor and device IDs recur on every function of a card.
+            entry.file_values += tuple(v if v is None else sys.intern(v) for v in values)
+        new_links = [x for x in links if x not in entry.links and anchor + x in sysfs._links]
+        if new_links:
+            entry.links = self._shape(entry.links + tuple(new_links))
+            entry.link_values += tuple(sysfs._links[anchor + x] for x in new_links)
+
+    def _shape(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        return self._shapes.setdefault(names, names)
 
     def immutable_paths(self, sysfs: SysfsReader) -> set[str]:
         """Absolute paths of the files and links remembered for every known object, as ``sysfs``
         (the scan that read them) reached them: while the object's identity holds they cannot
         change, so a replay of that scan need not read them again."""
         out = set()
-        for anchor, (_key, real, files, links) in self._entries.items():
-            for rel in files:
-                out.add(f"{sysfs.root}/{real}/{rel[len(anchor) + 1 :]}")
-            for rel in links:
-                candidate = sysfs._in_real_dir(rel)  # memoised by the scan: no system call
+        for anchor, entry in self._entries.items():
+            for name in entry.files:
+                out.add(f"{sysfs.root}/{entry.real}/{name}")
+            for suffix in entry.links:
+                candidate = sysfs._in_real_dir(anchor + suffix)  # memoised by the scan: no system call
                 if candidate is not None:
                     out.add(sysfs.path(candidate))
         return out
@@ -390,3 +397,17 @@ class IdentityCache:
         for anchor in [a for a in self._entries if a not in self._seen]:
             del self._entries[anchor]
         self._seen = set()
+
+
+class _Known:
+    """What :class:`IdentityCache` keeps of one object: its identity, real path, and the immutable
+    files' contents and links' targets (names and values in two parallel tuples)."""
+
+    __slots__ = ("file_values", "files", "key", "link_values", "links", "real")
+
+    def __init__(self, key: IdentityKey, real: str) -> None:
+        self.key, self.real = key, real
+        self.files: tuple[str, ...] = ()
+        self.file_values: tuple[str | None, ...] = ()
+        self.links: tuple[str, ...] = ()
+        self.link_values: tuple[str | None, ...] = ()

@@ -87,6 +87,7 @@ class Urllib3Transport:
         server_name: str | None = None,
     ) -> None:
         self.server = server.rstrip("/")
+        self._prefix = urllib3.util.parse_url(self.server).path or ""  # a server URL may carry a path
         self.token = token
         # maxsize matches prepare.CLAIM_LOOKUP_THREADS: one kept-alive connection per lookup thread.
         kwargs: dict[str, Any] = {"maxsize": maxsize, "retries": False}
@@ -95,6 +96,9 @@ class Urllib3Transport:
         if server_name:  # kubeconfig tls-server-name: SNI and certificate name differ from the URL host
             kwargs.update(server_hostname=server_name, assert_hostname=server_name)
         self.pool = urllib3.PoolManager(**kwargs)
+        # The one server's connection pool, looked up once: PoolManager.request would parse the
+        # URL and build the pool key again for every request.
+        self._connections = self.pool.connection_from_url(self.server)
 
     def send(self, request: ApiRequest) -> urllib3.BaseHTTPResponse:
         """Send one request; the response body is left unread (watches stream it)."""
@@ -102,7 +106,7 @@ class Urllib3Transport:
         token = self.token.get()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        url = self.server + request.path
+        url = request.path
         if request.query:
             url += "?" + urlencode([(k, str(v).lower() if isinstance(v, bool) else v) for k, v in request.query])
         body = request.body
@@ -111,8 +115,15 @@ class Urllib3Transport:
         if isinstance(timeout, tuple):
             timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         try:
-            resp = self.pool.request(
-                request.method, url, body=data, headers=headers, timeout=timeout, preload_content=False, redirect=False
+            resp = self._connections.urlopen(
+                request.method,
+                self._prefix + url,
+                body=data,
+                headers=headers,
+                timeout=timeout,
+                preload_content=False,
+                redirect=False,
+                retries=False,
             )
         except urllib3.exceptions.HTTPError as exc:  # no answer at all: refused, reset, timed out
             raise Unavailable(

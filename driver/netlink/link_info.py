@@ -1,8 +1,14 @@
 """What one ``RTM_GETLINK`` answer says about a link: :class:`LinkInfo`, parsed by :func:`link_info`.
 
 Only the attributes the driver uses are copied out of the answer (which carries ~50, some of them
-kilobytes): name, MTU, MAC, and what tells the link from every other one (its permanent address,
-bus parent, kind, peer; :mod:`driver.netlink.link_identity`) and its MTU limits.
+kilobytes): name, MTU, MAC, flags and operational state, what tells the link from every other one
+(its permanent address, bus parent, kind, peer; :mod:`driver.netlink.link_identity`) and its MTU
+limits.
+
+Hand-written on purpose: pyroute2's ``ifinfmsg`` decodes every attribute of the answer, ~0.11 ms
+of Python per link against ~0.01 ms here, and a pod start reads each of its NICs two to three
+times (host record, checks in the pod, the way back); ``bench.bench_hooks`` measures what the
+library costs the pod path in the same run (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from driver.netlink_channel import (
     IFLA_INFO_KIND,
     IFLA_LINKINFO,
     IFLA_MTU,
+    IFLA_OPERSTATE,
     IFLA_PERM_ADDRESS,
     attr_list,
     mac_str,
@@ -44,6 +51,8 @@ class LinkInfo:
     peer_netnsid: int | None = None  # IFLA_LINK_NETNSID: the peer is in another netns (id as seen here)
     min_mtu: int | None = None
     max_mtu: int | None = None
+    flags: int = 0  # IFF_* (IFF_UP: administratively up, IFF_LOWER_UP: carrier)
+    operstate: int | None = None  # IF_OPER_* (RFC 2863), None when the kernel does not say
 
 
 _LINK_INFO_ATTRS = frozenset(
@@ -58,6 +67,7 @@ _LINK_INFO_ATTRS = frozenset(
         IFLA_LINK_NETNSID,
         IFLA_MIN_MTU,
         IFLA_MAX_MTU,
+        IFLA_OPERSTATE,
     }
 )
 
@@ -81,7 +91,7 @@ def _kind(linkinfo: bytes | None) -> str | None:
 
 def link_info(payload: bytes) -> LinkInfo:
     """The :class:`LinkInfo` of an ``RTM_NEWLINK`` payload (a GETLINK answer or a dump entry)."""
-    _fam, _type, index, _flags, _change = IFINFOMSG.unpack_from(payload)
+    _fam, _type, index, flags, _change = IFINFOMSG.unpack_from(payload)
     attrs = pick_attrs(payload, IFINFOMSG.size, _LINK_INFO_ATTRS)
     perm, parent, peer = attrs.get(IFLA_PERM_ADDRESS), attrs.get(IFLA_PARENT_DEV_NAME), _s32(attrs.get(IFLA_LINK))
     return LinkInfo(
@@ -96,4 +106,6 @@ def link_info(payload: bytes) -> LinkInfo:
         peer_netnsid=_s32(attrs.get(IFLA_LINK_NETNSID)),
         min_mtu=_u32(attrs.get(IFLA_MIN_MTU)),
         max_mtu=_u32(attrs.get(IFLA_MAX_MTU)),
+        flags=flags,
+        operstate=attrs[IFLA_OPERSTATE][0] if attrs.get(IFLA_OPERSTATE) else None,
     )

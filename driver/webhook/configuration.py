@@ -2,8 +2,7 @@
 
 With ``--manage-configuration`` we apply the ValidatingWebhookConfiguration ``dra.net-webhook``
 (server-side apply, URL from ``--host``/``--port`` and the caBundle) once the server listens,
-and empty its webhook list on exit (kopf's own management would also create an empty
-MutatingWebhookConfiguration); otherwise one from the chart is used, pointing
+and empty its webhook list on exit; otherwise one from the chart is used, pointing
 at ``https://<service>:<port>/<any path>`` (every path validates by resource). Either way the
 API server calls the webhook only for objects that carry a ``dra.net`` config (:func:`match_conditions`).
 """
@@ -100,7 +99,7 @@ def _url_host(host: str) -> str:
 class ConfigurationManager:
     """Applies the ValidatingWebhookConfiguration once the server answers; empties it on exit.
 
-    Registered only after the TLS port accepts connections, so ``failurePolicy: Fail`` never
+    Started only after the TLS port accepts connections, so ``failurePolicy: Fail`` never
     meets a webhook that is not listening yet. On shutdown the webhook list is emptied (not the
     object deleted): the API server stops calling a webhook that is gone. Run a single replica
     in this mode; with several, use the chart's configuration instead.
@@ -118,15 +117,7 @@ class ConfigurationManager:
         name = configuration_name(self.options.driver_name)
         kube.apply_validating_webhook_configuration(name, body, field_manager=name)
 
-    async def _register_when_listening(self) -> None:
-        host = self.options.listen or "127.0.0.1"
-        while True:
-            try:
-                _, writer = await asyncio.open_connection(host, self.options.port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.1)
+    async def _register(self) -> None:
         body = webhook_configuration(self.options, self.tls.cadata)
         delay = 0.5
         while True:
@@ -142,12 +133,12 @@ class ConfigurationManager:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    async def on_startup(self, **_: Any) -> None:
-        """kopf startup: register in the background (the server starts after startup handlers)."""
-        self._task = asyncio.create_task(self._register_when_listening())
+    async def start(self) -> None:
+        """Apply the configuration in the background (retried until the API server takes it)."""
+        self._task = asyncio.create_task(self._register())
 
-    async def on_cleanup(self, **_: Any) -> None:
-        """kopf cleanup: stop registering and empty the webhook list."""
+    async def stop(self) -> None:
+        """Stop applying and empty the webhook list."""
         if self._task is not None:
             self._task.cancel()
         body = webhook_configuration(self.options, self.tls.cadata)

@@ -1,29 +1,31 @@
-"""The admission handler: which objects are judged, the verdict, and the HTTP front that runs it.
+"""The admission handler: which objects are judged, the verdict, and the HTTP handler that answers a review.
 
-:func:`validator` makes the one kopf validating handler (both resources, CREATE), which rejects a claim or template
-whose ``dra.net`` configs do not decode, listing every ``path: reason`` (HTTP 422).
-:class:`AnyPathWebhookServer` is kopf's TLS server, answering on every URL path and parsing the
-body (bounded) before kopf sees it.
+:func:`verdict` judges one AdmissionReview: a ResourceClaim or ResourceClaimTemplate being created
+whose ``dra.net`` configs do not decode is refused with every ``path: reason`` (code 422);
+anything else of those two resources is allowed. :class:`AdmissionHandler` is the aiohttp handler
+the server routes every POST path to: the body is read within :data:`READ_TIMEOUT`, parsed
+bounded (:func:`driver.admission.parse_review`: its size first, then its nesting in linear
+time) and judged within :data:`REQUEST_TIMEOUT`. A body that is not an AdmissionReview gets HTTP
+400 with the reason, a review that cannot be judged (no object, nested too deep, a resource this
+webhook does not judge, a failure while judging, no verdict in time) a clear answer: never a
+500 page, never a stack trace in a response, no request holds the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp.web
-import kopf
-from kopf._core.engines.admission import WebhookError  # not exported; _serve is kopf-internal too
 
-from driver.admission import Malformed, denial, parse_review
+from driver.admission import Malformed, Review, denial, parse_review
 from driver.api.v1alpha1.validation import validate_claim_spec
 
 log = logging.getLogger(__name__)
 
 GROUP, VERSION = "resource.k8s.io", "v1"
-HANDLER_ID = "validate"  # also the URL path of the managed configuration
+HANDLER_ID = "validate"  # the URL path of the managed configuration (every path is served alike)
 MALFORMED_PREFIX = "invalid admission review: "
 READ_TIMEOUT = 10.0
 """Seconds a request body may take to arrive (the API server sends it at once; it waits 30 s at most)."""
@@ -52,66 +54,52 @@ def review(plural: str, body: dict[str, Any], driver_name: str) -> list[str]:
     ]
 
 
-def is_claim_resource(resource: Any) -> bool:
-    """kopf resource selector: ResourceClaims and ResourceClaimTemplates of resource.k8s.io/v1."""
-    return resource.group == GROUP and resource.version == VERSION and resource.plural in SPEC_PATHS
+def judged_resource(resource: dict[str, Any]) -> str | None:
+    """The plural of a resource this webhook judges (``request.resource`` of a review), else None."""
+    plural = resource.get("resource")
+    ours = resource.get("group") == GROUP and resource.get("version") == VERSION and plural in SPEC_PATHS
+    return str(plural) if ours else None
 
 
-def validator(driver_name: str) -> Callable[..., None]:
-    """The kopf handler for ``driver_name``'s configs: reject with every ``path: reason`` found
-    (HTTP 422).
+def verdict(parsed: Review, driver_name: str) -> dict[str, Any]:
+    """The AdmissionReview response to a well-formed review of a resource this webhook judges.
 
-    Registered for CREATE only: the spec of a claim and of a template is immutable, so an
-    UPDATE (the scheduler's finalizer, labels, the finalizer removal that lets a claim be
-    deleted) can never change a config, and must not wait for this webhook to be up.
+    Only CREATE is judged: the spec of a claim and of a template is immutable, so an UPDATE (the
+    scheduler's finalizer, labels, the finalizer removal that lets a claim be deleted) can never
+    change a config, and is allowed even when a configuration (an older chart's) sends it.
     """
-
-    def validate(body: kopf.Body, resource: Any, operation: str | None = None, **_: Any) -> None:
-        # kopf uses a handler's ``operations`` only for the configuration it would manage, not
-        # when serving: a configuration that also sends UPDATEs (an older chart's) gets them.
-        if operation in (None, "CREATE"):
-            _judge(body, resource, operation, driver_name)
-
-    return validate
-
-
-def _judge(body: kopf.Body, resource: Any, operation: str | None, driver_name: str) -> None:
-    problems = review(resource.plural, dict(body), driver_name)
-    if problems:
-        meta = body.get("metadata") or {}
-        log.info(
-            "rejected",
-            extra={
-                "kv": {
-                    "resource": resource.plural,
-                    "namespace": meta.get("namespace"),
-                    "name": meta.get("name"),
-                    "operation": operation,
-                    "problems": problems,
-                }
-            },
-        )
-        raise kopf.AdmissionError(rejection_prefix(driver_name) + "; ".join(problems), code=422)
+    request = parsed.body["request"]
+    response: dict[str, Any] = {"uid": parsed.uid, "allowed": True}
+    plural = judged_resource(request["resource"])
+    if request["operation"] == "CREATE" and plural is not None:
+        problems = review(plural, request["object"], driver_name)
+        if problems:
+            meta = request["object"].get("metadata") or {}
+            log.info(
+                "rejected",
+                extra={
+                    "kv": {
+                        "resource": plural,
+                        "namespace": meta.get("namespace"),
+                        "name": meta.get("name"),
+                        "operation": request["operation"],
+                        "problems": problems,
+                    }
+                },
+            )
+            response["allowed"] = False
+            response["status"] = {"message": rejection_prefix(driver_name) + "; ".join(problems), "code": 422}
+    return {"apiVersion": parsed.body["apiVersion"], "kind": parsed.body["kind"], "response": response}
 
 
-class AnyPathWebhookServer(kopf.WebhookServer):
-    """kopf's TLS webhook server, answering on every URL path with every matching handler.
+class AdmissionHandler:
+    """The aiohttp handler of every POST path: read, parse, judge, answer (see the module doc)."""
 
-    Stock kopf runs only the handlers whose id equals the URL path and *allows* a request on
-    any other path (no handler, no objection): a configuration with a different path (the
-    chart's ``/validate-resourceclaims``) would silently validate nothing. Dropping the path
-    hint makes kopf pick handlers by resource alone. Relies on kopf's ``_serve`` (kopf 1.x).
+    def __init__(self, driver_name: str) -> None:
+        self.driver_name = driver_name
 
-    The body is parsed here, bounded (:func:`driver.admission.parse_review`: its size first, then
-    its nesting in linear time), before kopf sees it: a body that is not an AdmissionReview gets
-    HTTP 400 with the reason, a review that cannot be judged (no object, nested too deep) a 200
-    ``allowed: false``; a failure inside kopf is denied the same way. Never a 500, never a stack
-    trace in a response. A body that does not arrive within :data:`READ_TIMEOUT` gets 408, a
-    review not judged within :data:`REQUEST_TIMEOUT` a denial: no request holds the server.
-    """
-
-    @staticmethod
-    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """Answer one POSTed review."""
         try:
             data = await asyncio.wait_for(request.read(), READ_TIMEOUT)
         except TimeoutError:
@@ -124,40 +112,19 @@ class AnyPathWebhookServer(kopf.WebhookServer):
         if parsed.denial:
             log.info("rejected", extra={"kv": {"uid": parsed.uid, "problems": [parsed.denial]}})
             return aiohttp.web.json_response(denial(parsed, f"{MALFORMED_PREFIX}{parsed.denial}"))
-        headers = dict(request.headers)
-        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
-        try:
-            # webhook=None: handlers are picked by resource, whatever the URL path.
-            response = await asyncio.wait_for(
-                fn(parsed.body, webhook=None, headers=headers, sslpeer=sslpeer or {}),  # type: ignore[arg-type]
-                REQUEST_TIMEOUT,
+        resource = parsed.body["request"]["resource"]
+        if judged_resource(resource) is None:
+            what = f"{resource['group']}/{resource['version']} {resource['resource']}"
+            return aiohttp.web.Response(
+                status=400, text=f"this webhook judges {GROUP}/{VERSION} {', '.join(SPEC_PATHS)}, not {what}\n"
             )
-        except WebhookError as exc:  # no handler for this resource: kopf's own 400, as stock kopf
-            return aiohttp.web.Response(status=400, text=f"{exc}\n")
+        try:
+            # In a thread: a large claim is judged while the loop keeps serving /healthz and others.
+            answer = await asyncio.wait_for(asyncio.to_thread(verdict, parsed, self.driver_name), REQUEST_TIMEOUT)
         except TimeoutError:
             log.warning("admission request not judged in time", extra={"kv": {"uid": parsed.uid}})
             return aiohttp.web.json_response(denial(parsed, f"not judged within {REQUEST_TIMEOUT} s", code=504))
         except Exception as exc:
             log.exception("admission request failed", extra={"kv": {"uid": parsed.uid}})
             return aiohttp.web.json_response(denial(parsed, f"admission webhook internal error: {exc}", code=500))
-        return aiohttp.web.json_response(response)
-
-
-class _QuietRejections(logging.Filter):
-    """kopf logs every handler exception at ERROR, our rejections too ("Handler 'validate' failed
-    permanently: invalid dra.net config: ..."). A rejection is a user error, already logged at
-    INFO with the claim's namespace/name by :func:`validator`'s handler: drop kopf's copy."""
-
-    def __init__(self, driver_name: str) -> None:
-        super().__init__()
-        self.marker = f"failed permanently: {rejection_prefix(driver_name)}"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR and self.marker in record.getMessage())
-
-
-def quiet_kopf_rejections(driver_name: str) -> None:
-    """Keep kopf's ERROR copy of each rejection out of the log (once, however often called)."""
-    kopf_objects = logging.getLogger("kopf.objects")
-    if not any(isinstance(f, _QuietRejections) for f in kopf_objects.filters):
-        kopf_objects.addFilter(_QuietRejections(driver_name))
+        return aiohttp.web.json_response(answer)

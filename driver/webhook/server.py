@@ -1,109 +1,126 @@
-"""``dranet webhook``: kopf set up around the handler, and the entry point that runs it.
+"""``dranet webhook``: the TLS server that answers admission reviews, its ``/healthz``, and the entry point.
 
-kopf runs with the smallest footprint it allows: standalone (no peering objects), cluster
-scanning disabled (no watches on CRDs or namespaces), no event posting, and one validating
-handler for both resources (:mod:`driver.webhook.handler`). The configuration is managed by
-:mod:`driver.webhook.configuration` when asked, never by kopf.
+One aiohttp application answers a POST on every URL path with :class:`AdmissionHandler` (a
+configuration may use any path: the chart's ``/validate-resourceclaims``, the managed one's
+``/validate``), over TLS with the given or self-signed certificate, reloaded when its files change
+(a renewed secret). ``--health-port`` serves ``GET /healthz`` over plain HTTP from the same event
+loop, so a probe fails when that loop is stuck, where a TCP probe (the kernel accepts the
+connection) would not. The configuration is applied by :mod:`driver.webhook.configuration` when
+asked. Validation needs no API access: without ``--manage-configuration`` the webhook makes no API
+call at all.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
-import socket
+import signal
+import ssl
 import tempfile
 from pathlib import Path
-from typing import Any
 
-import kopf
-from kopf._core.engines.peering import Identity  # the NewType kopf.run expects (not re-exported)
+import aiohttp.web
 
 from driver.webhook.certificates import TLSFiles, given, self_signed
-from driver.webhook.configuration import OPERATIONS, ConfigurationManager
-from driver.webhook.handler import HANDLER_ID, AnyPathWebhookServer, is_claim_resource, quiet_kopf_rejections, validator
+from driver.webhook.configuration import ConfigurationManager
+from driver.webhook.handler import AdmissionHandler
 from driver.webhook.options import WebhookOptions, options_from_args
 
 log = logging.getLogger(__name__)
 
+CERT_CHECK_INTERVAL = 60.0
+"""Seconds between checks of the certificate files for a renewal (a mounted secret's update)."""
 
-def build_registry(options: WebhookOptions, tls: TLSFiles) -> kopf.OperatorRegistry:
-    """A registry with exactly one validator (both resources), a login handler and the settings.
 
-    The server answers on any URL path (:class:`AnyPathWebhookServer`); the managed
-    configuration uses ``/validate``.
+class ServingCertificate:
+    """The server's TLS context, loaded again when the certificate or key file changes.
+
+    New connections get the renewed certificate; connections already open keep theirs.
     """
-    registry = kopf.OperatorRegistry()
-    quiet_kopf_rejections(options.driver_name)
-    kopf.on.validate(
-        is_claim_resource,
-        id=HANDLER_ID,
-        operations=list(OPERATIONS),
-        ignore_failures=options.failure_policy == "Ignore",
-        registry=registry,
-    )(validator(options.driver_name))
 
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(options.kubeconfig)
+    def __init__(self, tls: TLSFiles) -> None:
+        self.tls = tls
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._stamp = self._files_stamp()
+        self.context.load_cert_chain(tls.certfile, tls.keyfile)
 
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.scanning.disabled = True  # no CRD/namespace watches: resources found once at start
-        settings.posting.enabled = False  # no k8s events from kopf's own logs
-        settings.admission.server = AnyPathWebhookServer(
-            addr=options.listen,
-            port=options.port,
-            host=options.host,
-            certfile=tls.certfile,
-            pkeyfile=tls.keyfile,
-            cadata=tls.cadata,
-        )
-        # kopf's own management would also create an empty MutatingWebhookConfiguration (it
-        # always manages both kinds); we manage only the validating one (ConfigurationManager).
-        settings.admission.managed = None
+    def _files_stamp(self) -> tuple[int, ...]:
+        out: tuple[int, ...] = ()
+        for path in (self.tls.certfile, self.tls.keyfile):
+            st = os.stat(path)
+            out += (st.st_ino, st.st_mtime_ns, st.st_size)
+        return out
 
-    kopf.on.login(registry=registry)(login)
-    kopf.on.startup(registry=registry)(configure)
-    if options.manage_configuration:
-        manager = ConfigurationManager(options, tls)
-        kopf.on.startup(registry=registry)(manager.on_startup)
-        kopf.on.cleanup(registry=registry)(manager.on_cleanup)
-    return registry
+    def reload_if_changed(self) -> bool:
+        """Load the files again when they changed since the last load; whether they were loaded."""
+        try:
+            stamp = self._files_stamp()
+            if stamp == self._stamp:
+                return False
+            self.context.load_cert_chain(self.tls.certfile, self.tls.keyfile)
+        except (OSError, ssl.SSLError) as exc:  # a half-written renewal: keep serving the old one
+            log.warning("cannot load the renewed webhook certificate", extra={"kv": {"error": str(exc)}})
+            return False
+        self._stamp = stamp
+        log.info("webhook certificate reloaded", extra={"kv": {"certfile": self.tls.certfile}})
+        return True
+
+    async def watch(self, interval: float = CERT_CHECK_INTERVAL) -> None:
+        """Check the files every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.sleep(interval)
+            self.reload_if_changed()
 
 
-def connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:
-    """kopf credentials from a kubeconfig path (or the in-cluster service account)."""
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    cfg = k8s_client.Configuration()
-    if kubeconfig:
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        k8s_config.load_incluster_config(client_configuration=cfg)
-    if cfg.refresh_api_key_hook is not None:
-        cfg.refresh_api_key_hook(cfg)  # in-cluster: re-read the rotated service account token
-    auth = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken") or ""
-    scheme, _, token = auth.partition(" ") if " " in auth else ("Bearer", "", auth)
-    return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
-        scheme=scheme if token else None,
-        token=token or None,
-    )
+def admission_app(driver_name: str) -> aiohttp.web.Application:
+    """The application that answers a review POSTed to any URL path."""
+    app = aiohttp.web.Application()
+    app.add_routes([aiohttp.web.post("/{path:.*}", AdmissionHandler(driver_name).handle)])
+    return app
 
 
-def operator_identity() -> str:
-    """kopf's operator identity, made without looking the user up.
+async def healthz(_request: aiohttp.web.Request) -> aiohttp.web.Response:
+    """``GET /healthz``: answered by the event loop that serves the reviews."""
+    return aiohttp.web.json_response({})
 
-    kopf's default (``peering.detect_own_id``) calls ``getpass.getuser()``, which raises
-    ``KeyError`` for a uid that has no passwd entry: the image's user 65532, or the random uid
-    OpenShift assigns. The webhook runs standalone (no peering), so any unique string works.
-    """
-    return f"dranet-webhook@{socket.gethostname()}/{os.getpid()}"
+
+async def serve(options: WebhookOptions, tls: TLSFiles, stop: asyncio.Event) -> None:
+    """Serve reviews (and ``/healthz``) until ``stop`` is set; then stop, emptying a managed configuration."""
+    runners = [aiohttp.web.AppRunner(admission_app(options.driver_name), handle_signals=False)]
+    certificate = ServingCertificate(tls)
+    watcher = asyncio.create_task(certificate.watch())
+    manager = ConfigurationManager(options, tls) if options.manage_configuration else None
+    try:
+        await runners[0].setup()
+        site = aiohttp.web.TCPSite(runners[0], options.listen or None, options.port, ssl_context=certificate.context)
+        await site.start()
+        if options.health_port:
+            health = aiohttp.web.Application()
+            health.add_routes([aiohttp.web.get("/healthz", healthz)])
+            runners.append(aiohttp.web.AppRunner(health, handle_signals=False))
+            await runners[1].setup()
+            await aiohttp.web.TCPSite(runners[1], "0.0.0.0", options.health_port).start()
+        log.info("serving admission reviews", extra={"kv": {"port": options.port, "healthPort": options.health_port}})
+        if manager is not None:
+            await manager.start()  # the TLS port accepts connections: failurePolicy Fail never meets a dead one
+        await stop.wait()
+    finally:
+        watcher.cancel()
+        if manager is not None:
+            await manager.stop()
+        for runner in reversed(runners):
+            await runner.cleanup()
+
+
+async def _run(options: WebhookOptions, tls: TLSFiles) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(options, tls, stop)
 
 
 def cli_webhook(args: argparse.Namespace) -> int:
@@ -122,7 +139,6 @@ def cli_webhook(args: argparse.Namespace) -> int:
             hosts = [h for h in (options.host, "127.0.0.1", "localhost") if h]
             tls = self_signed(Path(tmp), list(dict.fromkeys(hosts)))
             log.info("generated a self-signed webhook certificate", extra={"kv": {"sans": hosts, "dir": tmp}})
-        registry = build_registry(options, tls)
         log.info(
             "starting webhook",
             extra={
@@ -136,14 +152,5 @@ def cli_webhook(args: argparse.Namespace) -> int:
                 }
             },
         )
-        # /healthz is answered by the loop that serves the reviews: a probe of it fails when that
-        # loop is stuck, where a TCP probe (the kernel accepts the connection) would not.
-        health = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
-        kopf.run(
-            registry=registry,
-            standalone=True,
-            clusterwide=True,
-            identity=Identity(operator_identity()),
-            liveness_endpoint=health,
-        )
+        asyncio.run(_run(options, tls))
     return 0

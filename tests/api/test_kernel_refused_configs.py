@@ -1,7 +1,7 @@
 """Configs the kernel always refuses (or acknowledges and drops) are refused before any pod starts:
-by ``dranet validate`` (the real CLI) and the webhook (our handler before kopf's real admission
-function), naming the field. The kernel itself is the oracle: each address or MTU is also tried
-on a real veth in a throwaway namespace, and refused or not kept there."""
+by ``dranet validate`` (the real CLI) and the webhook (its HTTP application), naming the field.
+The kernel itself is the oracle: each address or MTU is also tried on a real veth in a throwaway
+namespace, and refused or not kept there."""
 
 from __future__ import annotations
 
@@ -65,9 +65,9 @@ def test_dranet_validate_refuses_what_the_kernel_refuses(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-async def test_the_webhook_refuses_what_the_kernel_refuses(case: str, tmp_path: Path) -> None:
+async def test_the_webhook_refuses_what_the_kernel_refuses(case: str) -> None:
     interface, field, reason = CASES[case]
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         resp = await client.post("/", data=json.dumps(review_of(_claim(interface))).encode())
         answer = (await resp.json())["response"]
     assert answer["allowed"] is False

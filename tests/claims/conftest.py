@@ -12,7 +12,7 @@ from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
-from tests.support.fake_apiserver import FakeAPIServer
+from harness.fake_apiserver import FakeAPIServer
 
 NODE = "node-a"
 

@@ -18,8 +18,8 @@ from driver.model.device import Device
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import Route
 from driver.nic_settings.addresses import pod_addresses
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.test_prepare import NODE, inventory
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 AZURE = NetworkConfig(
     routes=(RouteConfig("0.0.0.0/0", "10.225.4.1", table=101),),

@@ -10,8 +10,8 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 DHCP = [{"source": "FromClaim", "opaque": {"driver": "dra.net", "parameters": {"interface": {"dhcp": True}}}}]
 

@@ -21,9 +21,9 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.untrusted import InputError
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
 from tests.support.admission import review_of, webhook_client
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "p"
@@ -154,7 +154,7 @@ async def test_the_webhook_and_prepare_give_the_same_error(case: str, tmp_path: 
     reason = HOSTILE[case][1]
     spec = yaml.safe_load(DOC.replace("PARAMS", "mtu: 1500"))
     body = json.dumps(review_of(spec)).replace('{"interface": {"mtu": 1500}}', _as_json(case))
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         resp = await client.post("/", data=body.encode())
         answer = (await resp.json())["response"]
     assert answer["allowed"] is False and reason in answer["status"]["message"]
@@ -189,7 +189,7 @@ async def test_the_nesting_limit_is_the_same_everywhere(depth: int, refused: boo
     assert refused or "interface.name: must be a string, got array" in out.stdout, out.stdout
 
     review = json.dumps(review_of({"@": 1})).replace('{"@": 1}', text)
-    async with webhook_client(tmp_path) as client:
+    async with webhook_client() as client:
         answer = (await (await client.post("/", data=review.encode())).json())["response"]
     assert (message in answer["status"]["message"]) is refused
 

@@ -17,8 +17,8 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 
 def test_base_request() -> None:

@@ -16,8 +16,8 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 P = "status.allocation.devices.config[0].opaque.parameters"
 
@@ -147,3 +147,18 @@ async def test_an_mtu_the_nic_cannot_take_is_refused_at_prepare(
     ok = make_claim("ns", "ok", "uid-ok", [result("vf0", NODE)], configs=[_config({"interface": {"mtu": 9000}})])
     api.add_claim(ok)
     assert (await preparer.prepare([ClaimRef("ns", "ok", "uid-ok")]))["uid-ok"].error == ""
+
+
+async def test_a_claim_whose_nics_overflow_the_pods_netlink_batch_is_refused(
+    api: FakeAPIServer, preparer: Preparer
+) -> None:
+    """What admission cannot count (allocationMode All) is counted at prepare, on the devices allocated."""
+    routes = [{"destination": f"10.{i}.0.0/16", "gateway": "192.168.1.1"} for i in range(100)]
+    results = [result(f"pci-0000-8a-00-{i}", NODE) for i in range(2)]
+    api.add_claim(make_claim("ns", "wide", "uid-wide", results, configs=[_config({"routes": routes})]))
+    out = await preparer.prepare([ClaimRef("ns", "wide", "uid-wide")])
+    error = out["uid-wide"].error
+    assert "202 netlink requests" in error and "at most 200" in error, error
+    assert preparer.store.read(lambda s: dict(s.claims)) == {}
+    api.add_claim(make_claim("ns", "fits", "uid-fits", results[:1], configs=[_config({"routes": routes})]))
+    assert (await preparer.prepare([ClaimRef("ns", "fits", "uid-fits")]))["uid-fits"].error == ""

@@ -21,9 +21,9 @@ from driver.dra.plugin import KubeletPlugin
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
 from driver.profiles.provider_client import ProviderClient
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from harness.kubelet_client import KubeletClient
 from tests.claims.conftest import NODE, inventory
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
-from tests.support.kubelet_client import KubeletClient
 from tests.support.profile_webhook import ProfileWebhook
 
 IPAM = {

@@ -23,6 +23,7 @@ class FakeKube:
         self.events: list[dict[str, Any]] = []
         self.fail_applies = fail_applies
         self.slices: list[dict[str, Any]] = []
+        self.selectors: list[str] = []
 
     def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         if self.claim is None:
@@ -46,7 +47,17 @@ class FakeKube:
         return body
 
     def list_resource_slice(self, field_selector, limit=None):
-        return {"items": self.slices}
+        """The slices matching ``spec.driver`` and, when given, ``spec.nodeName`` (as the apiserver)."""
+        self.selectors.append(field_selector)
+        wanted = dict(term.split("=", 1) for term in field_selector.split(","))
+        return {
+            "items": [
+                rs
+                for rs in self.slices
+                if rs["spec"]["driver"] == wanted["spec.driver"]
+                and wanted.get("spec.nodeName", rs["spec"].get("nodeName")) == rs["spec"].get("nodeName")
+            ]
+        }
 
 
 GPU_ENTRY = {
@@ -97,6 +108,7 @@ def writer(kube: FakeKube, tmp_path) -> ClaimStatusWriter:
         {
             "spec": {
                 "driver": "gpu.nvidia.com",
+                "nodeName": "node-a",
                 "pool": {"name": "node-a"},
                 "devices": [{"name": "gpu-0", "attributes": {"resource.kubernetes.io/numaNode": {"int": 0}}}],
             }
@@ -255,3 +267,54 @@ def test_the_raw_parameters_refusal_is_recognized_in_every_supported_release():
     assert _raw_parameters_refused(KubeError(422, "Unprocessable Entity", new))  # 1.36, 1.37
     assert not _raw_parameters_refused(KubeError(422, "Unprocessable Entity", "status.devices[0]: Invalid value"))
     assert not _raw_parameters_refused(KubeError(403, "Forbidden", new))
+
+
+class TwoClaimsKube(FakeKube):
+    """Two claims of the same shape (names c and c2), each read and written by its name."""
+
+    def __init__(self) -> None:
+        super().__init__(api_claim())
+        second = api_claim()
+        second["metadata"].update(name="c2", uid="u2")
+        self.by_name = {"c": self.claim, "c2": second}
+
+    def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return deepcopy(self.by_name[name])
+
+    def patch_namespaced_resource_claim_status(self, namespace, name, body, field_manager):
+        self.claim = self.by_name[name]
+        return super().patch_namespaced_resource_claim_status(namespace, name, body, field_manager)
+
+
+def test_numa_report_lists_this_nodes_slices_once_for_a_burst_of_claims(tmp_path):
+    """Another node's GPU slice is never listed; two claims written together cost one LIST; a device
+    in no slice of this node (a pool for several nodes) is looked up in the driver's other slices."""
+    kube = TwoClaimsKube()
+    w = writer(kube, tmp_path)
+    elsewhere = deepcopy(kube.slices[0])
+    elsewhere["spec"].update(nodeName="node-b", pool={"name": "node-b"})
+    elsewhere["spec"]["devices"][0]["attributes"]["resource.kubernetes.io/numaNode"] = {"int": 1}
+    kube.slices.append(elsewhere)
+    first = prepared()
+    second = PreparedClaim(uid="u2", namespace="default", name="c2", pod_uids=["pod-1"], devices=first.devices)
+    for claim in (first, second):
+        w.pod_network_ready("pod-1", claim, [DeviceResult(d.device, "net0", [], "") for d in claim.devices])
+    w.start()
+    w.stop(timeout=10)
+    assert (w.delivered, w.dropped) == (2, 0)
+    assert kube.selectors == ["spec.driver=gpu.nvidia.com,spec.nodeName=node-a"]
+    for claim in kube.by_name.values():
+        numa = next(c for c in by_device(claim)["nic-0"]["conditions"] if c["type"] == "NUMAAligned")
+        assert numa["status"] == "True", numa
+
+    # A claim whose GPU is published in another node's pool: this node's slices do not name it.
+    kube.by_name["c3"] = api_claim()
+    kube.by_name["c3"]["metadata"].update(name="c3", uid="u3")
+    kube.by_name["c3"]["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
+    third = PreparedClaim(uid="u3", namespace="default", name="c3", pod_uids=["pod-1"], devices=first.devices)
+    w.pod_network_ready("pod-1", third, [DeviceResult(d.device, "net0", [], "") for d in third.devices])
+    w.start()
+    w.stop(timeout=10)
+    assert kube.selectors[1:] == ["spec.driver=gpu.nvidia.com,spec.nodeName=node-a", "spec.driver=gpu.nvidia.com"]
+    numa = next(c for c in by_device(kube.by_name["c3"])["nic-0"]["conditions"] if c["type"] == "NUMAAligned")
+    assert numa["status"] == "False" and "node 1: gpu-0" in numa["message"], numa

@@ -1,7 +1,7 @@
 """Claim status and NUMAAligned on a real control plane, with the scheduler doing the allocation.
 
 A simulated ND H100 v5 node: our ResourceSlice comes from real discovery over the fixture sysfs,
-the GPU slice from the GPU double (devcluster/gpu_double.py). A pod uses the seed's aligned or
+the GPU slice from the GPU double (devcluster/doubles/gpu_double.py). A pod uses the training example's aligned or
 unaligned ResourceClaimTemplate (examples/distributed_training); the scheduler allocates 4 GPUs
 and 4 NICs. Then a "GPU driver" writes its own status entry with its own field manager and
 ClaimStatusWriter applies ours: both must coexist, and NUMAAligned must be True for the aligned
@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from devcluster import gpu_double
-from devcluster.controlplane import (
+from devcluster.cluster.controlplane import (
     ControlPlane,
     create_objects,
     load_yaml_docs,
     wait_for,
 )
-from devcluster.demo import allocated_claim, delete_pod, pod_for_template
-from devcluster.sysfs_fixture import build
+from devcluster.demo.allocation import allocated_claim, delete_pod, pod_for_template
+from devcluster.doubles import gpu_double
+from devcluster.doubles.sysfs_fixture import build
 from driver.api.v1alpha1.merge import configs_for_request
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status import FIELD_MANAGER, ClaimStatusWriter
@@ -307,3 +307,38 @@ def test_documented_rbac_is_enough_and_needed(
         query={"fieldSelector": f"involvedObject.uid={pod_uid}"},
     )["items"]
     assert [e["reason"] for e in events if e.get("source", {}).get("component") == "dra.net"] == ["MoveFailed"]
+
+
+class CountingKube(KubeClient):
+    """The real client, recording each ResourceSlice LIST: its field selector and the nodes of what came back."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube.api)
+        self.slice_lists: list[tuple[str, list[str]]] = []
+
+    def list_resource_slice(self, field_selector: str, limit: int | None = None) -> dict[str, Any]:
+        out = super().list_resource_slice(field_selector, limit)
+        self.slice_lists.append((field_selector, sorted(s["spec"].get("nodeName", "") for s in out["items"])))
+        return out
+
+
+def test_numa_report_lists_only_this_nodes_gpu_slices(control_plane: ControlPlane, nd_node: Node, scheduled):
+    """Another GPU node's slice is in the cluster: the NUMA report's one LIST selects this node's."""
+    other = f"nd-other-{secrets.token_hex(3)}"
+    control_plane.create_node(other)
+    try:
+        gpu_double.install(nd_node.kube, other)
+        pod, claim = scheduled("h100-4gpu-4nic-numa-aligned")
+        prepared = prepared_claim(nd_node, claim)
+        kube = CountingKube(nd_node.kube)
+        writer = ClaimStatusWriter(kube, nd_node.name, sysfs_root=str(nd_node.sysfs), sleep=lambda s: None)
+        results = [DeviceResult(d.device, "net0", [], "") for d in prepared.devices]
+        writer.pod_network_ready(pod["metadata"]["uid"], prepared, results)
+        writer.start()
+        writer.stop(timeout=30)
+        assert (writer.delivered, writer.dropped) == (1, 0)
+        assert kube.slice_lists == [(f"spec.driver=gpu.nvidia.com,spec.nodeName={nd_node.name}", [nd_node.name])]
+        got = entries(nd_node.kube, claim)
+        assert conditions(got[("dra.net", prepared.devices[0].device)])["NUMAAligned"]["status"] == "True"
+    finally:
+        delete_node_and_slices(nd_node.kube, other)

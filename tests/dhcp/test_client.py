@@ -12,7 +12,7 @@ import pytest
 
 from driver.dhcp import client
 from driver.dhcp.client import DhcpError
-from tests.plugins.netns import NetnsFactory
+from harness.netns import NetnsFactory
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
 
 pytestmark = pytest.mark.root

@@ -24,8 +24,8 @@ from driver.dra.protocol import DeviceHealthState
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
-from tests.support.kubelet_client import KubeletClient, devices_of
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from harness.kubelet_client import KubeletClient, devices_of
 
 NODE = "node-a"
 

@@ -251,14 +251,19 @@ async def test_slices_garbage_collected_with_their_node(kube: KubeClient, contro
         delete_node_and_slices(kube, node)
 
 
-def test_an_apiserver_without_device_taints_is_detected(kube: KubeClient, cluster_node: str):
-    """The session's apiserver runs without DRADeviceTaints: it would drop every taint, and the
-    publisher would rewrite the slice forever. The dry-run probe says so; nothing is stored.
-    (With the gate on, the real node's tests see the taints: tests/e2e/node/test_nic_health.py.)"""
+def test_the_device_taints_probe_answers_what_the_apiserver_keeps(kube: KubeClient, cluster_node: str):
+    """The dry-run probe says whether the session's apiserver keeps device taints: on 1.34 it runs
+    without DRADeviceTaints (it would drop every taint and the publisher would rewrite the slice
+    forever: detected, with the gate named); from 1.37 the field is GA and kept. Nothing is stored
+    either way. (With the gate on, the real node's tests see the taints: tests/e2e/node/test_nic_health.py.)"""
+    from devcluster.builders.versions import selected
     from driver.dra.taints import device_taints_accepted
 
     accepted, why = device_taints_accepted(kube, DRIVER, cluster_node, UNHEALTHY_TAINT_KEY)
-    assert not accepted and "DRADeviceTaints" in why, why
+    if "DRADeviceTaints" in selected().feature_gates:  # a gate to turn on: off in the session
+        assert not accepted and "DRADeviceTaints" in why, why
+    else:
+        assert accepted, why
     assert not list_slices(kube, cluster_node)
 
 
@@ -288,3 +293,53 @@ async def test_flapping_link_taints_are_coalesced_with_slice_writes(kube: KubeCl
     assert 1 <= rounds <= limit, f"{rounds} slice writes for {flaps} taint changes in {duration}s (limit {limit})"
     assert s_end["metadata"]["generation"] - s0["metadata"]["generation"] == rounds
     assert all("taints" not in d for d in s_end["spec"]["devices"])
+
+
+class RequestLog(KubeClient):
+    """The real client, logging every request the publisher makes: (method, path's last part, query)."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        super().__init__(kube.api)
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    def request(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
+        self.calls.append((method, path.rsplit("/", 1)[-1], dict(kw.get("query") or {})))
+        return super().request(method, path, body, **kw)
+
+    def watch_resource_slice(self, field_selector: str, resource_version: str, timeout_seconds: int = 300) -> Any:
+        self.calls.append(("WATCH", "resourceslices", {"resourceVersion": resource_version}))
+        return super().watch_resource_slice(field_selector, resource_version, timeout_seconds)
+
+    def lists(self) -> list[dict[str, Any]]:
+        return [q for m, last, q in self.calls if m == "GET" and last == "resourceslices"]
+
+
+async def test_own_writes_never_cost_a_relist_and_the_watch_starts_at_the_syncs_list(
+    kube: KubeClient, cluster_node: str
+):
+    """Start: one LIST (the sync's; the watch starts at its resourceVersion), the node GET, the
+    CREATE, the WATCH. Then every write's echo is recognised (no re-list), and a write round is its
+    write alone: the slices the watch keeps are what it plans against."""
+    api = RequestLog(kube)
+    interval = 0.2
+    async with running(SlicePublisher(api, DRIVER, cluster_node, interval=interval)) as pub:
+        pub.update([nic(0)])
+        await eventually(lambda: list_slices(kube, cluster_node), what="slice")
+        await eventually(lambda: any(m == "WATCH" for m, _, _ in api.calls), what="watch")
+        await asyncio.sleep(interval * 3)  # an echo taken for someone else's change would re-list now
+        assert [m for m, _, _ in api.calls] == ["GET", "GET", "POST", "WATCH"], api.calls  # node, LIST, CREATE
+        [listed] = api.lists()
+        assert "limit" not in listed
+        watch_rv = api.calls[-1][2]["resourceVersion"]
+        assert watch_rv and watch_rv != "0"
+        for i in range(1, 6):  # five write rounds, each after the rate limit's interval
+            pub.update([nic(0), *(nic(j) for j in range(1, i + 1))])
+            await eventually(lambda i=i: pub.stats.write_rounds == i + 1, what=f"write round {i + 1}")
+            await asyncio.sleep(interval * 2)
+        await asyncio.sleep(interval * 3)
+        assert pub.stats.write_rounds == 6 and pub.stats.syncs == 6, pub.stats
+        assert len(api.lists()) == 1  # no echo was taken for a foreign change, no round listed
+        assert [m for m, _, _ in api.calls].count("WATCH") == 1
+        assert [m for m, _, _ in api.calls].count("PUT") == 5
+    [s] = list_slices(kube, cluster_node)
+    assert device_names([s]) == sorted(nic(j).name for j in range(6))

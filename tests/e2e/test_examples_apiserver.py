@@ -25,24 +25,24 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import gpu_double
-from devcluster.controlplane import (
+from devcluster.cluster.controlplane import (
     ControlPlane,
     create_objects,
     load_yaml_docs,
     object_path,
     wait_for,
 )
-from devcluster.demo import (
-    DriverProcess,
+from devcluster.demo.allocation import (
     allocated_claim,
     build_fixture,
     delete_pod,
     pod_for_template,
     slice_devices,
 )
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
+from harness.driver_process import DriverProcess
 from tests.plugins.cluster import delete_node_and_slices, list_slices
 
 pytestmark = [pytest.mark.cluster]

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import gpu_double
-from devcluster.controlplane import ControlPlane, create_objects, load_yaml_docs, wait_for
-from devcluster.demo import DriverProcess, build_fixture, pod_for_template, slice_devices
+from devcluster.cluster.controlplane import ControlPlane, create_objects, load_yaml_docs, wait_for
+from devcluster.demo.allocation import build_fixture, pod_for_template, slice_devices
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import KubeError
+from harness.driver_process import DriverProcess
 from tests.e2e.test_examples_apiserver import (
     EXAMPLE_DIR,
     Node,

@@ -1,7 +1,7 @@
 """`kubectl dranet` against a real control plane, with a namespace user's rights.
 
 Two simulated ND H100 v5 nodes: their NICs published by the driver's own discovery and publisher
-(the fixture sysfs), the GPU double's slices, the seed's DeviceClass and templates, and the
+(the fixture sysfs), the GPU double's slices, the training example's DeviceClass and templates, and the
 seed's two pods (both want the same four GPUs: one per node) allocated by the real scheduler.
 The aligned pod's claim gets the status the driver writes when the NRI hook has moved the NICs
 (the driver's own status writer). The plugin runs with a token of a ServiceAccount that may
@@ -29,10 +29,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster import gpu_double
-from devcluster.binaries import ControlPlaneBinaries
-from devcluster.controlplane import ControlPlane, create_objects, free_port, wait_for
-from devcluster.demo import allocated_claim, build_fixture, pod_for_template, seed_docs
+from devcluster.builders.binaries import ControlPlaneBinaries
+from devcluster.cluster.controlplane import ControlPlane, create_objects, free_port, wait_for
+from devcluster.demo.allocation import allocated_claim, build_fixture, pod_for_template, seed_docs
+from devcluster.doubles import gpu_double
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.status import ClaimStatusWriter
 from driver.claims.status_entries import DeviceResult, StatusUpdate

@@ -31,10 +31,13 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import ControlPlane, wait_for
-from devcluster.demo import DriverProcess
+from devcluster.cluster.controlplane import ControlPlane, wait_for
 from driver.claims import numa_report
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient, devices_of
+from harness.netns import NetnsFactory
+from harness.nri import Harness, configure_host_nic, link_facts, pod_json
 from tests.plugins.cluster import list_slices
 from tests.plugins.least_privilege import (
     ApiObjects,
@@ -42,9 +45,6 @@ from tests.plugins.least_privilege import (
     dranet_run,
     forbidden_lines,
 )
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import Harness, configure_host_nic, link_facts, pod_json
-from tests.support.kubelet_client import KubeletClient, devices_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.root, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
-"""The seed example end to end on a real control plane, with `dranet run` as a separate process.
+"""The training example end to end on a real control plane, with `dranet run` as a separate process.
 
-A simulated ND H100 v5 node (fixture sysfs), the GPU driver test double, the seed DeviceClass and
+A simulated ND H100 v5 node (fixture sysfs), the GPU driver test double, the training example's DeviceClass and
 ResourceClaimTemplates applied from examples/distributed_training/ (the files themselves), pods
 scheduled by the real scheduler, then this test plays the kubelet over the driver's sockets.
 Tests in this module run in file order and share one driver process.
@@ -18,12 +18,10 @@ from typing import Any
 
 import pytest
 
-from devcluster import gpu_double
-from devcluster.controlplane import ControlPlane, create_objects, wait_for
-from devcluster.demo import (
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import (
     ALIGNED,
     UNALIGNED,
-    DriverProcess,
     allocated_claim,
     build_fixture,
     delete_pod,
@@ -31,9 +29,11 @@ from devcluster.demo import (
     seed_docs,
     slice_devices,
 )
+from devcluster.doubles import gpu_double
 from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient, devices_of
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
-from tests.support.kubelet_client import KubeletClient, devices_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SEED_GPUS = {"0001:00:00.0", "0002:00:00.0", "0003:00:00.0", "0008:00:00.0"}

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, wait_for
-from devcluster.demo import DriverProcess, allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
+from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, wait_for
+from devcluster.demo.allocation import allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
 from driver.checkpoint.state import share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.status import ClaimStatusWriter
@@ -28,8 +28,9 @@ from driver.claims.status_entries import DeviceResult
 from driver.dra.field_support import consumable_capacity_accepted
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.model.device import BANDWIDTH_CAPACITY, INTERFACES_CAPACITY
+from harness.driver_process import DriverProcess
+from harness.kubelet_client import KubeletClient
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
-from tests.support.kubelet_client import KubeletClient
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SHARING = '--sharing-filter=device.attributes["dra.net"].numaNode == 0'

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from devcluster.certs import kubeconfig_yaml
+from devcluster.cluster.certs import kubeconfig_yaml
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError
 from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401 - pytest fixtures, used by name

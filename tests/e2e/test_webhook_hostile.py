@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import free_port
+from devcluster.cluster.controlplane import free_port
 from tests.e2e.test_webhook_apiserver import claim, start_webhook, stop
 from tests.support.admission import review_of
 

@@ -9,7 +9,8 @@ no cleanup, half-written files stay), as cheap as a fork. A kill point is the co
 - a netlink request/dump on any raw socket of the driver (``NetlinkChannel.exchange``/``dump``:
   link lookups, moves, pipelined configuration, returns, ethtool); pyroute2 is used only for
   read-only slow-path lookups;
-- a state-file step (``FileOps.write``, ``fsync`` of the file and of the directory, ``replace``).
+- a state-file step (``FileOps.write``, ``fsync`` of the file and of the directory, ``replace``; the
+  claims journal's ``pwrite``, ``fdatasync`` and ``ftruncate``).
 
 The parent then plays the restarted driver, in-process: a new ``CheckpointStore`` (must load
 without quarantining anything: the state file is valid) and ``NRIHooks.synchronize`` with the pod
@@ -52,11 +53,11 @@ from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import HookError, NRIHooks
+from harness.fake_apiserver import make_claim, result
+from harness.nri import prepare_claim
 from tests.claims.conftest import inventory
 from tests.nic_settings.test_ethtool import ioctl_features
 from tests.nri.test_crash import POD_CONFIG
-from tests.plugins.nri import prepare_claim
-from tests.support.fake_apiserver import make_claim, result
 
 KILLED = 137
 FULL_CONFIG = {
@@ -120,7 +121,14 @@ def arm(kill_at: int | None, counter: list[int]) -> FileOps:
     channel = _channel_class()
     channel.exchange = counted(channel.exchange)  # type: ignore[attr-defined]
     channel.dump = counted(channel.dump)  # type: ignore[attr-defined]
-    return FileOps(write=counted(os.write), fsync=counted(os.fsync), replace=counted(os.replace))
+    return FileOps(
+        write=counted(os.write),
+        fsync=counted(os.fsync),
+        replace=counted(os.replace),
+        pwrite=counted(os.pwrite),
+        fdatasync=counted(os.fdatasync),
+        ftruncate=counted(os.ftruncate),
+    )
 
 
 def in_child(work: Callable[[FileOps], None], kill_at: int | None) -> tuple[int, int]:
@@ -396,8 +404,10 @@ class StubKube:
         return json.loads(json.dumps(self.claims[name]))
 
 
-def prepare_scenario(tally: Tally, root: Path) -> None:
-    """Every kill point of a kubelet sequence: prepare c0, prepare c1+c2, unprepare c0, prepare c3."""
+def prepare_scenario(tally: Tally, root: Path, journal: bool) -> None:
+    """Every kill point of a kubelet sequence: prepare c0, prepare c1+c2, unprepare c0, prepare c3;
+    ``journal``: the claims are journaled (the lease holder's way), and the journal is folded into
+    the claims file after the second prepare (a compaction, killed at each of its steps too)."""
     node = "node-f"
     claims = {f"c{i}": make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", node)]) for i in range(4)}
     steps: list[tuple[str, list[str]]] = [("prepare", ["c0"]), ("prepare", ["c1", "c2"]), ("unprepare", ["c0"])]
@@ -405,10 +415,11 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
     refs = {n: ClaimRef("ns", n, f"uid-{n[1:]}") for n in claims}
 
     def kubelet(state: Path, ops: FileOps, acked: int | None) -> None:
-        preparer = Preparer(
-            StubKube(claims), CheckpointStore(state, ops=ops), ClaimBuilder(lambda: inventory(4), "dra.net", node)
-        )
-        for verb, names in steps:
+        store = CheckpointStore(state, ops=ops, journal=journal)
+        preparer = Preparer(StubKube(claims), store, ClaimBuilder(lambda: inventory(4), "dra.net", node))
+        for i, (verb, names) in enumerate(steps):
+            if journal and i == 2:
+                store.compact()
             call = preparer.prepare if verb == "prepare" else preparer.unprepare
             out = asyncio.run(call([refs[n] for n in names]))
             errors = [r.error if verb == "prepare" else r for r in out.values()]
@@ -417,7 +428,7 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
             if acked is not None:
                 os.write(acked, f"{verb} {' '.join(names)}\n".encode())  # the kubelet got the answer
 
-    name = "prepare/unprepare"
+    name = "prepare/unprepare" + (" (journal)" if journal else "")
     with fresh_state(root) as state:
         code, points = in_child(lambda ops: kubelet(state, ops, None), None)
         if code != 0:
@@ -435,7 +446,7 @@ def prepare_scenario(tally: Tally, root: Path) -> None:
             os.close(read_fd)
             tally.faults += 1
             tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
-            store = CheckpointStore(state)
+            store = CheckpointStore(state, journal=journal)
             if store.quarantined or list(state.glob("*.tmp")):
                 tally.invalid_state += 1
                 tally.problem(f"{name} k={k}: state file invalid at restart")
@@ -500,7 +511,8 @@ def main(argv: list[str]) -> int:
                 nri_scenario(tally, label, hook, nics, full, (args.pod_netns, args.host_netns), args.work)
             for nic in nics:
                 subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
-    prepare_scenario(tally, args.work)
+    for journal in (False, True):
+        prepare_scenario(tally, args.work, journal)
     summary = {**tally.__dict__, "seconds": round(time.monotonic() - started, 1)}
     print(json.dumps(summary))
     return 0

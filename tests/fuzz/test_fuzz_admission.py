@@ -1,14 +1,12 @@
 """AdmissionReview bodies as untrusted bytes: random bytes, random JSON, and real reviews with parts
-removed, retyped or corrupted, through our handler and kopf's real admission function.
+removed, retyped or corrupted, through the webhook's HTTP application.
 Property: HTTP 400 with a short reason, or a 200 review (allowed or denied with a message);
 never a 500, never a traceback."""
 
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,19 +24,18 @@ from tests.support.admission import review_of, webhook_client
 def post() -> Iterator[Any]:
     """``post(body) -> (status, text)`` against one handler for the whole module."""
     loop = LoopThread()
-    with tempfile.TemporaryDirectory() as d:
-        context = webhook_client(Path(d))
-        client: TestClient = loop.run(context.__aenter__())
+    context = webhook_client()
+    client: TestClient = loop.run(context.__aenter__())
 
-        async def send(body: bytes) -> tuple[int, str]:
-            resp = await client.post("/validate", data=body)
-            return resp.status, await resp.text()
+    async def send(body: bytes) -> tuple[int, str]:
+        resp = await client.post("/validate", data=body)
+        return resp.status, await resp.text()
 
-        try:
-            yield lambda body: loop.run(send(body))
-        finally:
-            loop.run(context.__aexit__(None, None, None))
-            loop.close()
+    try:
+        yield lambda body: loop.run(send(body))
+    finally:
+        loop.run(context.__aexit__(None, None, None))
+        loop.close()
 
 
 def _check(status: int, text: str) -> None:

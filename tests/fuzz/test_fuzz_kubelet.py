@@ -23,9 +23,9 @@ from driver.config import DriverConfig
 from driver.dra.plugin import KubeletPlugin
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
 from tests.fuzz import FUZZ, LoopThread
-from tests.support.fake_apiserver import FakeAPIServer, make_claim, result
 
 SERVICES = ["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin", "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"]
 METHODS = ["NodePrepareResources", "NodeUnprepareResources"]

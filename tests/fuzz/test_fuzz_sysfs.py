@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 from driver.dra.slices import plan_slices
 from driver.inventory.discovery import Scanner
 from driver.inventory.names import is_dns_label

@@ -296,7 +296,7 @@ def test_rescan_sees_replaced_function_and_runtime_changes(tmp_path: Path) -> No
     is read afresh, and run-time files (numa_node, driver binding) are read on every scan."""
     import shutil
 
-    from devcluster.sysfs_fixture import build
+    from devcluster.doubles.sysfs_fixture import build
 
     root = build("single-socket", tmp_path / "sys")
     scanner = Scanner(str(root), pci_ids_paths=())
@@ -328,7 +328,7 @@ def test_rescan_rdma_identity(tmp_path: Path) -> None:
     the ``ibdev`` name (an RDMA device can be renamed) is read on every scan."""
     import shutil
 
-    from devcluster.sysfs_fixture import build
+    from devcluster.doubles.sysfs_fixture import build
 
     root = build("nd-h100-v5", tmp_path / "sys")
     scanner = Scanner(str(root), exclude_interfaces=["eth0"], pci_ids_paths=())

@@ -54,7 +54,7 @@ def scan(root: Path) -> list[Device]:
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Device]]:
-    from devcluster.sysfs_fixture import build
+    from devcluster.doubles.sysfs_fixture import build
 
     root = build("single-socket", tmp_path_factory.mktemp("hostile") / "base")
     return root, {d.name: d for d in Scanner(str(root), pci_ids_paths=()).scan()}

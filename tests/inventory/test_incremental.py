@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
 from driver.inventory.incremental import InventoryDelta, LinkChange, LinkUpdater
 from driver.model.device import Device

@@ -11,7 +11,7 @@ import pytest
 from bench.bench_cluster_scale import templates
 from bench.prepare_profile import bucket
 from bench.scale_fleet import GO_ATTRIBUTES, SHAPES, fixture_gpus, go_cut, scan_shape
-from devcluster.demo import seed_docs
+from devcluster.demo.allocation import seed_docs
 
 D = "dra.net/"
 STD = "resource.kubernetes.io/"
@@ -63,7 +63,7 @@ def test_gb200_devices_and_gpus(shapes: dict) -> None:
 
 
 def test_nd_gpus_match_the_gpu_double(shapes: dict) -> None:
-    from devcluster.gpu_double import ND_H100_V5_GPUS
+    from devcluster.doubles.gpu_double import ND_H100_V5_GPUS
 
     assert [(g.bus_id, g.numa) for g in shapes["nd"].gpus] == list(ND_H100_V5_GPUS)
 
@@ -80,7 +80,7 @@ def test_go_cut_keeps_only_the_go_attributes(shapes: dict) -> None:
 def test_templates_per_shape(shapes: dict) -> None:
     tmpls = templates(SimpleNamespace(shapes=shapes))
     (seed,) = [t for t in seed_docs()[1] if t["metadata"]["name"].endswith("numa-aligned")]
-    assert tmpls[("aligned", "nd")] == seed  # the seed's template, unchanged
+    assert tmpls[("aligned", "nd")] == seed  # the training example's template, unchanged
     gpu, nic = tmpls[("aligned", "dgx")]["spec"]["spec"]["devices"]["requests"]
     expr = gpu["exactly"]["selectors"][0]["cel"]["expression"]
     assert all(f'"{g.bus_id}"' in expr for g in shapes["dgx"].gpus if g.numa == 0)
@@ -94,10 +94,16 @@ def test_templates_per_shape(shapes: dict) -> None:
 
 
 def test_fixture_gpus_reads_only_nvidia_3d_controllers(shapes: dict, tmp_path: Path) -> None:
-    from devcluster.sysfs_fixture import build
+    from devcluster.doubles.sysfs_fixture import build
 
     root = build("dgx-h100", tmp_path / "dgx")
     assert len(fixture_gpus(root)) == 8  # not the 4 NVSwitches (class 0x0680), not the NICs
+
+
+def _line_of(module: str, text: str) -> int:
+    """The line of ``driver/checkpoint/<module>`` that holds ``text`` (the profile reads the source)."""
+    lines = (Path(__file__).resolve().parents[2] / "driver/checkpoint" / module).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
 @pytest.mark.parametrize(
@@ -108,8 +114,21 @@ def test_fixture_gpus_reads_only_nvidia_3d_controllers(shapes: dict, tmp_path: P
         ("claim-lookup_1", "_worker (thread.py:9);get (queue.py:1)", None),
         (
             "asyncio_0",
-            "update (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:94)",
-            "fsync of the file",
+            f"update (/w/driver/checkpoint/store.py:1);append (/w/driver/checkpoint/journal.py:"
+            f"{_line_of('journal.py', 'ops.fdatasync(fd)')})",
+            "checkpoint: append: fdatasync",
+        ),
+        (
+            "asyncio_0",
+            f"compact (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:"
+            f"{_line_of('files.py', 'ops.fsync(fd)')})",
+            "compaction",
+        ),
+        (
+            "asyncio_0",
+            f"update (/w/driver/checkpoint/store.py:1);atomic_write (/w/driver/checkpoint/files.py:"
+            f"{_line_of('files.py', 'ops.fsync(dir_fd)')})",
+            "atomic_write: fsync the directory",
         ),
         ("MainThread", "run_forever (b.py:1);_run_once (b.py:2);select (selectors.py:468)", None),
     ],

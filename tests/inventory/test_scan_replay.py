@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.sysfs_fixture import build
+from devcluster.doubles.sysfs_fixture import build
 from driver.inventory.discovery import Scanner
 from driver.inventory.scan_replay import RecordingIO, ScanReplay, is_sysfs
 from driver.inventory.sysfs import SysfsReader

@@ -30,8 +30,8 @@ ND_H100_V5 = [
 class TreeBuilder:
     """Writes a minimal kernel-shaped sysfs tree (real dirs under devices/, symlinks elsewhere).
 
-    Only for PCIe switch hierarchies, which none of devcluster/topologies/ has; real node
-    shapes come from the shared fixtures (tests/plugins/sysfs.py).
+    Only for PCIe switch hierarchies, which none of devcluster/doubles/topologies/ has; real node
+    shapes come from the shared fixtures (harness/sysfs.py).
     """
 
     root: Path

@@ -27,7 +27,7 @@ from driver.netlink.nic_home import ReturnItem
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError, Route, Rtnl
 from driver.nic_settings import addresses
-from tests.plugins.nri import configure_host_nic, ip, link_facts
+from harness.nri import configure_host_nic, ip, link_facts
 
 pytestmark = pytest.mark.root
 

@@ -26,8 +26,8 @@ from driver.dhcp.wire import Lease
 from driver.netlink.rtnl import Route
 from driver.nic_settings.dhcp import lease_routes
 from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd
 
 DHCP = {"opaque": [{"interface": {"name": "net1", "dhcp": True}}]}

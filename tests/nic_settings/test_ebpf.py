@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.netns import NetnsFactory
+from harness.netns import NetnsFactory
 from tests.support import bpf_progs
 from tests.support.hook_node import Node
 

@@ -11,7 +11,7 @@ import pytest
 
 from driver.api.v1alpha1.decode import decode_config
 from driver.nic_settings.neighbors import Neighbor, newneigh, pod_neighbors
-from tests.plugins.netns import NetnsFactory
+from harness.netns import NetnsFactory
 from tests.support.hook_node import Node, neighbors, sh
 
 HOST = [Neighbor("10.5.0.9", "02:00:00:00:05:09"), Neighbor("10.5.0.1", "02:00:00:00:05:01")]

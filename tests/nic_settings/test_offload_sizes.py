@@ -10,8 +10,8 @@ import pytest
 
 from driver.nic_settings import offload_sizes
 from driver.nri.hooks import HookError
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts
+from harness.netns import NetnsFactory
+from harness.nri import link_facts
 from tests.support.hook_node import Node, sizes
 
 pytestmark = pytest.mark.root

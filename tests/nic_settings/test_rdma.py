@@ -18,7 +18,7 @@ from driver.checkpoint.store import CheckpointStore
 from driver.netlink_channel import NLMSGHDR, NetlinkChannel
 from driver.nic_settings import rdma
 from driver.nri.hooks import HookError, NRIHooks
-from tests.plugins.nri import pod_json, prepare_claim
+from harness.nri import pod_json, prepare_claim
 
 # include/uapi/rdma/rdma_netlink.h
 UAPI = {

@@ -20,7 +20,7 @@ from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
 from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, pick_attrs
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
-from tests.plugins.netns import NetnsFactory
+from harness.netns import NetnsFactory
 from tests.support.hook_node import Node, NoKernel, ipj
 
 ALWAYS = {"addresses", "rules", "neighbors"}

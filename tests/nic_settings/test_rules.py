@@ -17,8 +17,8 @@ from driver.api.v1alpha1.decode import decode_config
 from driver.api.v1alpha1.merge import merge_under_cloud
 from driver.checkpoint.state import DriverState
 from driver.nic_settings.rules import Rule, pod_rules
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import link_facts, prepare_claim
 from tests.support.hook_node import Node, ipj, neighbors, rules, sh
 
 HOST_RULES = [Rule(priority=150, src="10.5.0.0/24", table=150), Rule(priority=151, iifname="eth5", table=151)]

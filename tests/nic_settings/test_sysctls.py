@@ -10,7 +10,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.nic_settings import sysctls
-from tests.plugins.netns import NetnsFactory
+from harness.netns import NetnsFactory
 from tests.support.hook_node import Node, sh, sysctl
 
 pytestmark = pytest.mark.root

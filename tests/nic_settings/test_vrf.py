@@ -20,8 +20,8 @@ from driver.netlink.rtnl import NetnsOpError
 from driver.nic_settings import vrf
 from driver.nic_settings.setting import HostNetns, Nic, PodNetns, SettingRefused
 from driver.nri.hooks import HookError
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts
+from harness.netns import NetnsFactory
+from harness.nri import link_facts
 from tests.support.hook_node import Node, NoKernel
 
 HOST = LinkState(ifname="eth5", mtu=1500, mac="02:00:00:00:00:05", index=7)

@@ -12,9 +12,9 @@ from driver.checkpoint.store import CheckpointStore
 from driver.config import parse_sharing_pools
 from driver.nri.address_pool import PoolError, lease
 from driver.nri.hooks import SUB_INTERFACE, HookError, NRIHooks
+from harness.netns import NetnsFactory
+from harness.nri import configure_host_nic, link_facts, prepare_claim
 from tests.nri.test_sub_interfaces import _links, _pod
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import configure_host_nic, link_facts, prepare_claim
 
 
 def test_the_first_free_address_of_the_subnet_with_its_prefix() -> None:

@@ -13,8 +13,8 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.state import claim_device_counts
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import configure_host_nic, pod_json, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import configure_host_nic, pod_json, prepare_claim
 
 pytestmark = pytest.mark.root
 

@@ -15,8 +15,7 @@ import pytest
 
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import RUN_STEPS, STOP_STEPS
-from tests.nic_settings.test_ethtool import ioctl_features
-from tests.plugins.nri import (
+from harness.nri import (
     DriverProcess,
     Harness,
     configure_host_nic,
@@ -24,6 +23,7 @@ from tests.plugins.nri import (
     pod_json,
     prepare_claim,
 )
+from tests.nic_settings.test_ethtool import ioctl_features
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

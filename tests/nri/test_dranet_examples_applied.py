@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.netns import NetnsFactory
+from harness.nri import link_facts, prepare_claim
 from tests.api.v1alpha1.test_dranet_examples import params_of
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import link_facts, prepare_claim
 from tests.support.hook_node import Node, ipj, neighbors, sizes
 
 pytestmark = pytest.mark.root

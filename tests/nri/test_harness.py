@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from tests.plugins.nri import (
+from harness.nri import (
     DriverProcess,
     Harness,
     configure_host_nic,

@@ -1,7 +1,7 @@
 """A hostile peer on the NRI socket against the real plugin process: what it sends is bounded.
 
 The runtime side is a hand-framed peer (:class:`tests.nri.test_protocol.FakeRuntime`: mux and
-ttrpc headers packed with ``struct``); the driver is ``python -m tests.plugins.nri``, our
+ttrpc headers packed with ``struct``); the driver is ``python -m harness.nri``, our
 NRIPlugin and NRIHooks in their own process, whose peak resident memory (``VmHWM``) is read from
 ``/proc``. After each flood a normal call must still be answered: the connection stays usable.
 """
@@ -20,8 +20,8 @@ import pytest
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from dranet_proto import ttrpc_pb2
+from harness.nri import DriverProcess
 from tests.nri.test_protocol import PLUGIN, FakeRuntime, Peer
-from tests.plugins.nri import DriverProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

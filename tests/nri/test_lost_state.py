@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from tests.plugins.nri import DriverProcess, Harness, configure_host_nic, link_facts, pod_json, prepare_claim
+from harness.nri import DriverProcess, Harness, configure_host_nic, link_facts, pod_json, prepare_claim
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -21,8 +21,8 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import configure_host_nic, link_facts, pod_json, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import configure_host_nic, link_facts, pod_json, prepare_claim
 
 pytestmark = pytest.mark.root
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from devcluster.binaries import (
+from devcluster.builders.binaries import (
     ControlPlaneBinaries,
     ensure_control_plane,
     find_control_plane,
     go_available,
 )
-from devcluster.controlplane import ControlPlane
+from devcluster.cluster.controlplane import ControlPlane
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 
@@ -124,7 +124,7 @@ def helm() -> str:
     """helm v3 from PATH or the build cache (built from its Go module on first use); skips if impossible."""
     import subprocess
 
-    from devcluster import helm as helm_mod
+    from devcluster.builders import helm as helm_mod
 
     path = helm_mod.existing()
     if path:

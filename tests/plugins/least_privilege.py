@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import yaml
 
-from devcluster.certs import kubeconfig_yaml
-from devcluster.controlplane import ControlPlane
-from devcluster.demo import DriverProcess
+from devcluster.cluster.certs import kubeconfig_yaml
+from devcluster.cluster.controlplane import ControlPlane
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
+from harness.driver_process import DriverProcess
 from tests.plugins.cluster import delete_node_and_slices
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,8 +24,8 @@ from driver.nic_settings import offload_sizes
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting
 from driver.nri.hooks import NRIHooks
-from tests.plugins.netns import NetnsFactory
-from tests.plugins.nri import pod_json, prepare_claim
+from harness.netns import NetnsFactory
+from harness.nri import pod_json, prepare_claim
 
 
 def ipj(netns: str, *args: str) -> Any:

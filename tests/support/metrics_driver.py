@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.fake_apiserver import FakeAPIServer
+from harness.fake_apiserver import FakeAPIServer
 
 ROOT = Path(__file__).resolve().parents[2]
 

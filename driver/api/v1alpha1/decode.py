@@ -116,6 +116,31 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
     return config
 
 
+MAX_NIC_ENTRIES = 128
+"""Addresses, routes, rules and neighbors one NIC's config may hold together: each is one netlink
+request when the pod starts. Above what the API's 10 KiB of parameters per config can hold; named
+here so a merged config (two configs for one request, a profile under it) is bounded too."""
+MAX_POD_REQUESTS = 200
+"""Netlink requests that configure a pod's NICs: one per address, route, rule and neighbor, one per
+NIC to set it up, one more for a NIC in a VRF (:func:`configure_requests`). The NRI hook sends them
+in one batch, and the kernel's acknowledgements of more than 256 overflow the socket's default
+receive buffer (``net.core.rmem_default`` 212992: ENOBUFS, the pod does not start); 200 leaves room
+for kernels whose acknowledgements take more memory."""
+
+
+def config_entries(config: NetworkConfig) -> int:
+    """The addresses, routes, rules and neighbors of one NIC's config."""
+    addresses = config.interface.addresses if config.interface else None
+    return sum(len(items or ()) for items in (addresses, config.routes, config.rules, config.neighbors))
+
+
+def configure_requests(config: NetworkConfig) -> int:
+    """The netlink requests configuring one NIC with ``config`` in the pod (its host addresses and
+    routes, copied when the config sets no addresses, are counted by the hook)."""
+    vrf = config.interface is not None and config.interface.vrf is not None
+    return config_entries(config) + 1 + vrf
+
+
 def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
     """Fields that are each valid but cannot go together; checked on each config and again on the
     merged config of a request (two configs may each set one half)."""
@@ -134,4 +159,11 @@ def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
         if config.rules:
             reason = "rules cannot be combined with interface.vrf (the VRF's table decides the lookup)"
             out.append(FieldError(f"{path}.rules", reason))
+    entries = config_entries(config)
+    if entries > MAX_NIC_ENTRIES:
+        reason = (
+            f"{entries} addresses, routes, rules and neighbors for one NIC; at most {MAX_NIC_ENTRIES} "
+            "(each is a netlink request when the pod starts)"
+        )
+        out.append(FieldError(path, reason))
     return out

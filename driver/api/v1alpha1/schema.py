@@ -53,9 +53,18 @@ _TABLE: JSON = {"type": "integer", "minimum": 0, "maximum": readers.MAX_TABLE}
 # (class name, Python field name) -> what the decoder adds to the field's type, and its description.
 FIELD_RULES: dict[tuple[str, str], JSON] = {
     ("NetworkConfig", "interface"): {"description": "How the NIC looks inside the pod."},
-    ("NetworkConfig", "routes"): {"description": "Routes added in the pod through this NIC."},
-    ("NetworkConfig", "rules"): {"description": "Policy-routing rules (ip rule) added in the pod."},
-    ("NetworkConfig", "neighbors"): {"description": "Permanent neighbor (ARP/NDP) entries on the NIC in the pod."},
+    ("NetworkConfig", "routes"): {
+        "description": "Routes added in the pod through this NIC.",
+        "maxItems": decode.MAX_NIC_ENTRIES,
+    },
+    ("NetworkConfig", "rules"): {
+        "description": "Policy-routing rules (ip rule) added in the pod.",
+        "maxItems": decode.MAX_NIC_ENTRIES,
+    },
+    ("NetworkConfig", "neighbors"): {
+        "description": "Permanent neighbor (ARP/NDP) entries on the NIC in the pod.",
+        "maxItems": decode.MAX_NIC_ENTRIES,
+    },
     ("NetworkConfig", "ethtool"): {"description": "Offload features and private flags, checked against the NIC."},
     ("NetworkConfig", "profile"): {
         "description": "A profile name for the profile provider (--profile-provider).",
@@ -69,6 +78,7 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
     ("InterfaceConfig", "addresses"): {
         "description": "CIDR addresses (192.0.2.5/24); default: the host's addresses and routes.",
         "items": {"type": "string", "pattern": "/"},
+        "maxItems": decode.MAX_NIC_ENTRIES,
     },
     ("InterfaceConfig", "dhcp"): {"description": "Configure the NIC by DHCP in the pod (not with addresses)."},
     ("InterfaceConfig", "mtu"): {"minimum": decode_interface.MIN_MTU, "maximum": decode_interface.MAX_MTU},

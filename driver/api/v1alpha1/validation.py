@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
-from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.decode import MAX_POD_REQUESTS, configure_requests, decode_config
 from driver.api.v1alpha1.fields import ConfigError, json_type_name
 from driver.api.v1alpha1.merge import configs_for_request, request_matches
 from driver.api.v1alpha1.network_config import NetworkConfig
@@ -23,23 +23,12 @@ from driver.config import DRIVER_NAME
 
 def _multi_device_requests(devices: dict[str, Any]) -> dict[str, str]:
     """Requests (and subrequests) that may allocate several devices -> why."""
-    out: dict[str, str] = {}
-    for req in devices.get("requests") or []:
-        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
-            continue
-        subs = (
-            [(req["name"], req.get("exactly"))]
-            if req.get("exactly")
-            else [(f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)]
-        )
-        for name, spec in subs:
-            if not isinstance(spec, dict):
-                continue
-            if spec.get("allocationMode") == "All":
-                out[name] = "allocationMode All"
-            elif isinstance(spec.get("count"), int) and spec["count"] > 1:
-                out[name] = f"count {spec['count']}"
-    return out
+    return {
+        name: "allocationMode All" if count is None else f"count {count}"
+        for alternatives in _device_counts(devices).values()
+        for name, count in alternatives
+        if count is None or count > 1
+    }
 
 
 def validate_claim_spec(spec: Any, path: str, driver_name: str = DRIVER_NAME) -> list[ConfigError]:
@@ -74,7 +63,63 @@ def validate_claim_spec(spec: Any, path: str, driver_name: str = DRIVER_NAME) ->
             continue
         problems.extend(_per_device_conflicts(config, entry.get("requests"), multi, ppath))
     problems.extend(_cross_request_conflicts(devices, configs, path, driver_name))
+    if not problems:
+        problems.extend(_configure_budget(devices, configs, path, driver_name))
     return problems
+
+
+def _device_counts(devices: dict[str, Any]) -> dict[str, list[tuple[str, int | None]]]:
+    """Per request: its alternatives (the request itself, or its subrequests) and how many devices
+    each allocates (None: ``allocationMode: All``, as many as the node has)."""
+    out: dict[str, list[tuple[str, int | None]]] = {}
+    for req in devices.get("requests") or []:
+        if not isinstance(req, dict) or not isinstance(req.get("name"), str):
+            continue
+        subs = (
+            [(req["name"], req.get("exactly"))]
+            if req.get("exactly")
+            else [(f"{req['name']}/{s.get('name')}", s) for s in req.get("firstAvailable") or [] if isinstance(s, dict)]
+        )
+        for name, spec in subs:
+            if not isinstance(spec, dict):
+                continue
+            count = spec.get("count") if isinstance(spec.get("count"), int) else 1
+            out.setdefault(req["name"], []).append((name, None if spec.get("allocationMode") == "All" else count))
+    return out
+
+
+def _configure_budget(devices: dict[str, Any], configs: list[Any], path: str, driver_name: str) -> list[ConfigError]:
+    """The netlink requests that configure the claim's NICs in the pod (every request with a
+    ``dra.net`` config, the largest of a request's alternatives), against :data:`MAX_POD_REQUESTS`.
+    A request with ``allocationMode: All`` is counted at prepare, where its devices are known."""
+    total, parts = 0, []
+    for alternatives in _device_counts(devices).values():
+        worst = (0, "")
+        for name, count in alternatives:
+            if count is None or not any(
+                isinstance(c, dict)
+                and isinstance(c.get("opaque"), dict)
+                and c["opaque"].get("driver") == driver_name
+                and request_matches(c.get("requests"), name)
+                for c in configs
+            ):
+                continue
+            try:
+                each = configure_requests(configs_for_request(configs, name, driver_name))
+            except ConfigError:
+                continue  # reported by the decode
+            worst = max(worst, (count * each, f"{name!r}: {count} NIC(s) x {each}"))
+        if worst[0]:
+            total += worst[0]
+            parts.append(worst[1])
+    if total <= MAX_POD_REQUESTS:
+        return []
+    reason = (
+        f"the claim's NICs take {total} netlink requests to configure ({'; '.join(parts)}: one per address, "
+        f"route, rule and neighbor, one per NIC, one per VRF); a pod's NICs may take at most {MAX_POD_REQUESTS} "
+        "(they are sent in one batch, whose acknowledgements must fit the socket's receive buffer)"
+    )
+    return [ConfigError(f"{path}.devices.config", reason)]
 
 
 def _request_names(devices: dict[str, Any]) -> list[str]:

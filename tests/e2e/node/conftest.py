@@ -1,4 +1,4 @@
-"""The real nodes for end-to-end tests: ``devcluster.cluster.up`` (two nodes) once per package.
+"""The real nodes for end-to-end tests: ``devcluster.cluster.lifecycle.up`` (two nodes) once per package.
 
 A cluster of its own (random name and address range), so it never collides with a person's
 ``python -m devcluster up`` or another run on the same machine; removed with ``cluster.down`` at
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from devcluster import cluster, mpijobs
-from devcluster.demo import EXAMPLE_DIR
-from devcluster.node_layout import NodeLayout
-from devcluster.pods import Kubectl
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster import mpijobs
+from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.pods import Kubectl
+from devcluster.demo.allocation import EXAMPLE_DIR
 from driver.kube.client import KubeClient
 from tests.e2e.node.realnode import RealNode, leftovers, random_layout
 from tests.e2e.node.support import seed_namespace
@@ -69,7 +70,7 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
 
 @pytest.fixture
 def seed_ns(real_node: RealNode) -> Iterator[str]:
-    """A fresh namespace with the seed's two ResourceClaimTemplates (per test)."""
+    """A fresh namespace with the training example's two ResourceClaimTemplates (per test)."""
     with seed_namespace(real_node) as name:
         yield name
 

@@ -3,7 +3,7 @@
 A cluster of its own (random name and address range), so it never collides with a person's
 ``python -m devcluster up`` or another test run on the same machine. Tests that need one node
 use node 0 (``RealNode.node``); the others name a node by index. Torn down with
-``devcluster.cluster.down`` at the end, after which the fixture checks that nothing is left on
+``devcluster.cluster.lifecycle.down`` at the end, after which the fixture checks that nothing is left on
 the host: no process naming its directory, no host link, no mount, no cgroup, no network
 namespace.
 """
@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster, fabric, node_host, node_ns
-from devcluster.controlplane import wait_for
-from devcluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
-from devcluster.pods import Kubectl
+from devcluster.cluster import fabric, node_host, node_ns
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.node_layout import DEFAULT_BASE, NodeLayout, NodeSpec
+from devcluster.cluster.pods import Kubectl
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError, NotFound
 
@@ -112,9 +113,24 @@ class RealNode:
         return rss, len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
     def checkpoint(self, node: int = 0) -> dict[str, Any]:
-        """The driver's prepared-claims checkpoint (host side of the node's stateDir)."""
-        path = self.spec(node).driver_state_dir / "checkpoint.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        """The driver's prepared claims as a restart would load them (host side of the node's
+        stateDir): ``checkpoint.json`` with the journal's records for it applied on top."""
+        from driver.checkpoint.journal import base_of, parse
+        from driver.checkpoint.store import CheckpointStore
+
+        state_dir = self.spec(node).driver_state_dir
+        path, journal = state_dir / "checkpoint.json", state_dir / CheckpointStore.JOURNAL_FILENAME
+        snapshot = path.read_bytes() if path.exists() else None
+        data: dict[str, Any] = json.loads(snapshot) if snapshot else {}
+        if journal.exists():
+            payloads, _ = parse(journal.read_bytes(), base_of(snapshot))
+            claims = data.setdefault("claims", {})
+            for payload in payloads:
+                change = json.loads(payload)
+                claims.update(change["put"])
+                for uid in change["delete"]:
+                    claims.pop(uid, None)
+        return data
 
     def pod_states(self, node: int = 0) -> dict[str, Any]:
         """The driver's pod network state (host side of the node's runtimeDir)."""

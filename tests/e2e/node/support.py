@@ -1,4 +1,4 @@
-"""Helpers of the real-node tests: seed templates, pods, claims, host NIC snapshots."""
+"""Helpers of the real-node tests: the training example's templates, pods, claims, host NIC snapshots."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from devcluster.controlplane import create_objects, load_yaml_docs, wait_for
-from devcluster.demo import EXAMPLE_DIR
-from devcluster.pods import workload_pod
+from devcluster.cluster.controlplane import create_objects, load_yaml_docs, wait_for
+from devcluster.cluster.pods import workload_pod
+from devcluster.demo.allocation import EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import KubeError, NotFound
 from tests.e2e.node.realnode import RealNode
@@ -19,7 +19,7 @@ from tests.e2e.node.realnode import RealNode
 
 @contextlib.contextmanager
 def seed_namespace(node: RealNode) -> Iterator[str]:
-    """A fresh namespace with the seed's two ResourceClaimTemplates; deleted (pods, claims) after."""
+    """A fresh namespace with the training example's two ResourceClaimTemplates; deleted (pods, claims) after."""
     name = node.namespace()
     apply_seed_templates(node, name)
     try:
@@ -29,7 +29,7 @@ def seed_namespace(node: RealNode) -> Iterator[str]:
 
 
 def apply_seed_templates(node: RealNode, ns: str) -> None:
-    """The seed's two ResourceClaimTemplates, unchanged, in namespace ``ns``."""
+    """The training example's two ResourceClaimTemplates, unchanged, in namespace ``ns``."""
     docs = load_yaml_docs(EXAMPLE_DIR / "resource-claim-template.yaml")
     for d in docs:
         d["metadata"]["namespace"] = ns
@@ -159,7 +159,7 @@ def host_ip(node: RealNode, *args: str, index: int = 0) -> None:
 
 
 NUMA1_RDMA = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 1'
-"""CEL: an RDMA NIC on NUMA node 1 (the seed's aligned template holds NUMA 0's four)."""
+"""CEL: an RDMA NIC on NUMA node 1 (the training example's aligned template holds NUMA 0's four)."""
 
 
 def nic_template(ns: str, name: str, expression: str, count: int = 1) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from devcluster.controlplane import create_objects, wait_for
+from devcluster.cluster.controlplane import create_objects, wait_for
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import delete_pod, nic_snapshot, start_pod, wait_nics_home, wait_running
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from devcluster.controlplane import wait_for
-from devcluster.pods import pod_view
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     claim_config_template,

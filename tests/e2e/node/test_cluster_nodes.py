@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster, fabric
-from devcluster.controlplane import wait_for
-from devcluster.pods import workload_pod
+from devcluster.cluster import fabric
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import delete_pod, pod_claim, wait_running

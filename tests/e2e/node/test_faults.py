@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from devcluster import cluster
-from devcluster.controlplane import wait_for
-from devcluster.demo import ALIGNED
-from devcluster.pods import pod_view
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     delete_pod,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from devcluster import cluster
+from devcluster.cluster import lifecycle as cluster
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.plugins.least_privilege import forbidden_lines
 

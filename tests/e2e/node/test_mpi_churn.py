@@ -1,7 +1,7 @@
-"""Create/delete cycles of the seed's two-worker MPIJob across both nodes: nothing stranded, the
+"""Create/delete cycles of the training example's two-worker MPIJob across both nodes: nothing stranded, the
 driver flat on both nodes.
 
-Each cycle applies the seed's MPIJob (aligned and unaligned in turn), waits until both workers
+Each cycle applies the training example's MPIJob (aligned and unaligned in turn), waits until both workers
 are Ready on their two nodes (NICs moved, claims prepared), deletes it and waits until its pods
 and claims are gone. Afterwards every NIC of both nodes is back exactly as before, the drivers'
 records are empty, and each driver's RSS and open fds did not grow past the first cycle (printed).
@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from devcluster import mpi_run, mpijobs
-from devcluster.controlplane import wait_for
+from devcluster.cluster import mpi_run, mpijobs
+from devcluster.cluster.controlplane import wait_for
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
 

@@ -1,25 +1,25 @@
-"""The seed's two MPIJobs, unchanged, run to the end under the real MPI Operator on two real nodes.
+"""The training example's two MPIJobs, unchanged, run to the end under the real MPI Operator on two real nodes.
 
-Per job (``kubectl apply -f`` the seed's file): the operator makes its ConfigMap, ssh Secret,
+Per job (``kubectl apply -f`` the training example's file): the operator makes its ConfigMap, ssh Secret,
 headless Service and two worker pods; the scheduler puts them on two nodes (required
-anti-affinity) and allocates each worker's claim there (the seed's template: GPUs 0-3 and 4 RDMA
-NICs on NUMA 0 for the aligned job, NUMA 1 for the unaligned one); each worker runs the seed's
+anti-affinity) and allocates each worker's claim there (the training example's template: GPUs 0-3 and 4 RDMA
+NICs on NUMA 0 for the aligned job, NUMA 1 for the unaligned one); each worker runs the training example's
 worker.sh with its 4 NICs, their RDMA device nodes, NCCL_IB_HCA and DRANET_INTERFACES inside;
 the launcher's mpirun reaches both workers over ssh by the names in its hostfile (cluster DNS),
 8 ranks train over gloo on the CPU across the claimed NICs, the launcher prints MFU_RESULT, the
 MPIJob Succeeds. The rails' byte counters show the traffic on exactly the claimed NICs of both
-nodes. Deleting the MPIJob returns every NIC intact. See devcluster/mpijobs.py for what stands in.
+nodes. Deleting the MPIJob returns every NIC intact. See devcluster/cluster/mpijobs.py for what stands in.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from devcluster import mpi_run, mpijobs
-from devcluster.components import ensure_node_binaries
-from devcluster.controlplane import wait_for
-from devcluster.images import image_present
-from devcluster.pods import pod_view
+from devcluster.builders.components import ensure_node_binaries
+from devcluster.builders.images import image_present
+from devcluster.cluster import mpi_run, mpijobs
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home
 
@@ -88,7 +88,7 @@ def test_seed_mpijob_runs_to_the_end_over_its_claimed_nics(real_node: RealNode, 
 
 
 def test_the_seed_image_is_mapped_not_edited(real_node: RealNode) -> None:
-    """The manifests keep the seed's image; every node's containerd has the Debian-built one under that name."""
+    """The manifests keep the example's image; every node's containerd has the Debian-built one under that name."""
     assert mpijobs.seed_images() == ["registry.example.com/dranet/pytorch-mpi:25.09"]
     ctr = ensure_node_binaries().ctr
     for spec in real_node.layout.all_nodes:

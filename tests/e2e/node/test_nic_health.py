@@ -8,7 +8,7 @@ end down takes the carrier away, as a pulled cable or a switch port going down w
    ``status.containerStatuses[].allocatedResourcesStatus`` says Unhealthy within 5 s, the device
    gets the ``dra.net/unhealthy=LinkDown:NoSchedule`` taint in the ResourceSlice; link back:
    Healthy, taint gone. The claim is a ResourceClaim named like the pod's claim entry, made from
-   the seed's aligned template's spec: the 1.34 kubelet fills ``allocatedResourcesStatus`` only
+   the training example's aligned template's spec: the 1.34 kubelet fills ``allocatedResourcesStatus`` only
    when the two names match, so never for a claim made from a template (kubernetes#134482, fixed
    in 1.35 by kubernetes#134875); the driver's health stream is the same either way.
 2. A free NIC loses its link: a new claim for "one RDMA NIC on NUMA 1", which the allocator gives
@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster, fabric
-from devcluster.controlplane import load_yaml_docs, wait_for
-from devcluster.demo import ALIGNED, EXAMPLE_DIR
-from devcluster.pods import pod_view
+from devcluster.cluster import fabric
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import load_yaml_docs, wait_for
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.config import UNHEALTHY_TAINT_KEY
 from driver.kube.client import RESOURCE_API
 from driver.kube.errors import NotFound

@@ -1,10 +1,10 @@
-"""A seed MPIJob losing a node, and deleted mid-run: nothing stranded on either node.
+"""An MPIJob of the training example losing a node, and deleted mid-run: nothing stranded on either node.
 
-Node loss is a power cut (`devcluster.node_daemons.power_off`): every process of the node
+Node loss is a power cut (`devcluster.cluster.node_daemons.power_off`): every process of the node
 (kubelet, containerd, shims, the driver, the job's worker) killed at once, its namespaces gone
 (the NICs in its pods with them) and its ``/run`` wiped; its disks (``/var/lib/kubelet``,
 ``/var/lib/dranet``, containerd's root) stay. mpirun loses the dead worker, the launcher fails
-and, with the seed's ``backoffLimit: 0``, so does the MPIJob; the operator deletes the surviving
+and, with the training example's ``backoffLimit: 0``, so does the MPIJob; the operator deletes the surviving
 worker, whose NICs come home. When the node comes back (`power_on`, a reboot: its NICs are on
 the node again), its kubelet and driver finish the lost pod: the claim is unprepared, the
 driver's records are empty, every NIC is published and free.
@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from devcluster import mpi_run, mpijobs, node_daemons
-from devcluster.binaries import K8S_RELEASE
-from devcluster.components import ensure_node_binaries
-from devcluster.controlplane import wait_for
+from devcluster.builders.binaries import K8S_RELEASE
+from devcluster.builders.components import ensure_node_binaries
+from devcluster.cluster import mpi_run, mpijobs, node_daemons
+from devcluster.cluster.controlplane import wait_for
 from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import nic_snapshot, wait_nics_home

@@ -1,6 +1,6 @@
-"""The seed's pods on the real node: kubelet, containerd (NRI, CDI), runc, the chart's driver.
+"""The training example's pods on the real node: kubelet, containerd (NRI, CDI), runc, the chart's driver.
 
-The two ResourceClaimTemplates of the seed example, applied unchanged; a pod per template,
+The two ResourceClaimTemplates of the training example, applied unchanged; a pod per template,
 started by the real kubelet. Inside the running container: the claim's 4 NICs configured in
 the pod's network namespace, the RDMA device nodes with the sysfs fixture's major/minor, the
 exact ``NCCL_IB_HCA``, and the GPU double's CDI environment. In the claim status: Ready and
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from devcluster.demo import ALIGNED, UNALIGNED
-from devcluster.pods import pod_view
-from devcluster.sysfs_fixture import UVERBS_MAJOR
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED, UNALIGNED
+from devcluster.doubles.sysfs_fixture import UVERBS_MAJOR
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     delete_pod,
@@ -65,7 +65,7 @@ def test_seed_pod_runs_with_its_nics(
     try:
         wait_running(real_node, seed_ns, pod)
         view = pod_view(real_node.kubectl, seed_ns, pod)
-        # 4 NICs in the pod's namespace, named as on the host (no interface.name in the seed's
+        # 4 NICs in the pod's namespace, named as on the host (no interface.name in the training example's
         # config), with the host's MTU and MAC, up; and gone from the host.
         for nic in nics:
             assert nic in view.interfaces, f"{nic} not in the pod: {sorted(view.interfaces)}"

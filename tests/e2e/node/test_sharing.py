@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from devcluster import cluster
-from devcluster.controlplane import wait_for
-from devcluster.pods import pod_view
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
 from driver.dra.field_support import consumable_capacity_accepted
 from driver.kube.client import RESOURCE_API
 from driver.model.device import BANDWIDTH_CAPACITY

@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from devcluster import cluster
-from devcluster.controlplane import wait_for
-from devcluster.demo import ALIGNED
-from devcluster.pods import pod_view
+from devcluster.cluster import lifecycle as cluster
+from devcluster.cluster.controlplane import wait_for
+from devcluster.cluster.pods import pod_view
+from devcluster.demo.allocation import ALIGNED
 from driver.checkpoint.schema import _V4_RECORDS, COMPATIBLE_VERSION, SCHEMA_VERSION
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
@@ -65,7 +65,7 @@ CONTAINERD_NRI_ERRORS = re.compile(r"level=error.*(nri|NRI|plugin \"00-dra\.net\
 
 @pytest.fixture
 def ns(real_node: RealNode, seed_ns: str) -> str:
-    """The seed's templates and one for the loop pods: one RDMA NIC on NUMA 1."""
+    """The training example's templates and one for the loop pods: one RDMA NIC on NUMA 1."""
     create_template(real_node, nic_template(seed_ns, LOOP_TEMPLATE, NUMA1_RDMA))
     return seed_ns
 
@@ -348,14 +348,14 @@ def addressed_nics(real_node: RealNode) -> Iterator[list[str]]:
     nics = list(real_node.layout.nics[NUMA0])
     base = random.randint(100, 200)
     for i, nic in enumerate(nics):
-        host_ip("addr", "add", f"192.168.{base + i}.1/24", "dev", nic)
-        host_ip("route", "add", f"10.{base + i}.0.0/16", "via", f"192.168.{base + i}.254", "dev", nic)
+        host_ip(real_node, "addr", "add", f"192.168.{base + i}.1/24", "dev", nic)
+        host_ip(real_node, "route", "add", f"10.{base + i}.0.0/16", "via", f"192.168.{base + i}.254", "dev", nic)
     try:
         yield nics
     finally:
         for nic in nics:
             if nic in real_node.host_nics():
-                host_ip("addr", "flush", "dev", nic)  # its routes go with the address
+                host_ip(real_node, "addr", "flush", "dev", nic)  # its routes go with the address
 
 
 def test_an_upgrade_reads_the_pod_state_older_drivers_wrote(
