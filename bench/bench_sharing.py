@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cycles:
         report_hooks(hook_times(a.cycles))
     if a.cluster:
-        from bench.bench_sharing_pods import run_pods
+        from bench.sharing_pods import run_pods
 
         run_pods(a.cluster, a.runs, a.load)
     return 0

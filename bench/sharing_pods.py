@@ -1,4 +1,4 @@
-"""The pod part of ``bench/bench_sharing.py``: pod starts on a running dev cluster whose ib0 is shared.
+"""Pod starts on a running dev cluster whose ib0 is shared: the pod part of ``bench/bench_sharing.py``.
 
 Arms, interleaved run by run: ``sub-interface`` (a 1% share of ib0), ``whole-nic`` (ib1, not
 shared, moved in whole), ``no-claim``. Then ``load`` pods holding 1% shares of the shared NICs at
