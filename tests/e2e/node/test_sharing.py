@@ -73,6 +73,26 @@ def sharing(real_node: RealNode) -> Iterator[RealNode]:
         _upgrade(real_node)
 
 
+def test_without_consumable_capacity_nics_are_published_whole_and_the_log_says_why_once(
+    real_node: RealNode,
+) -> None:
+    """An older control plane (1.34, ``make test-oldest-k8s``): ``sharing.filter`` set, ib0 still
+    published whole, and the driver's log says why, once."""
+    accepted, _ = consumable_capacity_accepted(real_node.kube, "dra.net", real_node.node)
+    if accepted:
+        pytest.skip("this control plane counts consumable capacity (1.36+): see the tests below")
+    _upgrade(real_node, f"sharing.filter={SHARE_EXPR}")
+    try:
+        wait_for(lambda: "cannot count consumable capacity" in real_node.driver_logs(), 60, 1, "the log line")
+        log = real_node.driver_logs()
+        pod = real_node.driver_pod()["metadata"]["name"]
+        current = real_node.kubectl.run("logs", "-n", cluster.NAMESPACE, pod, "--tail=-1")
+        assert current.count("cannot count consumable capacity") == 1, log[-2000:]
+        assert not _shared_published(real_node)
+    finally:
+        _upgrade(real_node)
+
+
 @pytest.fixture
 def ns(sharing: RealNode) -> Iterator[str]:
     name = sharing.namespace()
