@@ -54,7 +54,7 @@ def share_template(name: str, ifname: str, bandwidth: str | None) -> dict[str, A
 
 
 def numa0_template(name: str, count: int) -> dict[str, Any]:
-    """``count`` RDMA NICs on NUMA node 0, asking nothing of their capacity: the seed's aligned NICs."""
+    """``count`` RDMA NICs on NUMA node 0, asking nothing of their capacity: the training example's aligned NICs."""
     selector = 'device.attributes["dra.net"].rdma == true && device.attributes["dra.net"].numaNode == 0'
     request = {"deviceClassName": "dranet.net", "count": count, "selectors": [{"cel": {"expression": selector}}]}
     return {

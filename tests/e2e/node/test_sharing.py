@@ -146,7 +146,7 @@ def test_eight_pods_share_ib0_by_bandwidth_each_with_its_own_sub_interface(shari
     # They reach each other over their sub-interfaces.
     out = node.kubectl.exec(ns, pods[0], "ping", "-c", "1", "-W", "2", addresses[pods[1]])
     assert " 0% packet loss" in out, out
-    # 80% used: a pod asking 30% waits with the scheduler's reason; the seed's aligned pod (four
+    # 80% used: a pod asking 30% waits with the scheduler's reason; the training example's aligned pod (four
     # whole NUMA-0 NICs) cannot have ib0 and waits too.
     start_pod(node, ns, "late", "three-tenths")
     start_pod(node, ns, "aligned", "h100-4gpu-4nic-numa-aligned")
