@@ -302,6 +302,35 @@ def foreign(pod_netns: str) -> dict[str, Any]:
     }
 
 
+def pod_with_claim(state: Path, devices: list[dict[str, Any]], pod_netns: str, hook: str) -> tuple[str, api.PodSandbox]:
+    """A prepared claim with ``devices`` for a new pod in ``pod_netns`` (its UID, the pod); before a
+    StopPodSandbox the pod has its NICs already."""
+    uid = f"uid-{secrets.token_hex(4)}"
+    claim = prepare_claim(CheckpointStore(state), uid, devices)
+    pod = pod_sandbox(uid, pod_netns)
+    if hook == "stop":
+        hooks = NRIHooks(CheckpointStore(state))
+        hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
+        hooks.close()
+    return claim, pod
+
+
+def restarted(tally: Tally, label: str, state: Path, claim: str) -> NRIHooks:
+    """The restarted driver's hooks after a fault (counted): the state must load without
+    quarantining anything, with the prepared claim still there."""
+    tally.faults += 1
+    name = label.rsplit(" k=", 1)[0]
+    tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+    store = CheckpointStore(state)
+    if store.quarantined or list(state.glob("*.tmp")):
+        tally.invalid_state += 1
+        tally.problem(f"{label}: state file invalid at restart: {store.quarantined}")
+    if store.read(lambda s: list(s.claims)) != [claim]:
+        tally.lost_claims += 1
+        tally.problem(f"{label}: prepared claim lost")
+    return NRIHooks(store)
+
+
 def nri_scenario(
     tally: Tally,
     name: str,
@@ -322,14 +351,7 @@ def nri_scenario(
     outside = foreign(pod_netns)
 
     def setup(state: Path) -> tuple[str, api.PodSandbox]:
-        uid = f"uid-{secrets.token_hex(4)}"
-        claim = prepare_claim(CheckpointStore(state), uid, devices)
-        pod = pod_sandbox(uid, pod_netns)
-        if hook == "stop":
-            hooks = NRIHooks(CheckpointStore(state))
-            hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
-            hooks.close()
-        return claim, pod
+        return pod_with_claim(state, devices, pod_netns, hook)
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
@@ -356,16 +378,8 @@ def nri_scenario(
         with fresh_state(root) as state:
             claim, pod = setup(state)
             code, _ = in_child(child_work(state, pod), k)
-            tally.faults += 1
-            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
-            store = CheckpointStore(state)  # the restart
-            if store.quarantined or list(state.glob("*.tmp")):
-                tally.invalid_state += 1
-                tally.problem(f"{name} k={k}: state file invalid at restart: {store.quarantined}")
-            if store.read(lambda s: list(s.claims)) != [claim]:
-                tally.lost_claims += 1
-                tally.problem(f"{name} k={k}: prepared claim lost")
-            hooks = NRIHooks(store)
+            hooks = restarted(tally, f"{name} k={k}", state, claim)
+            store = hooks.store
             hooks.synchronize([pod], [])  # the runtime still runs the pod
             # "pod" is right for both hooks: a RunPodSandbox killed after its commit, a
             # StopPodSandbox killed before its plan was durable (the runtime retries the stop).
@@ -412,14 +426,7 @@ def share_scenario(tally: Tally, name: str, hook: str, nic: Nic, pooled: bool, p
     outside, pods_own = foreign(pod_netns), _pod_links(pod_netns)
 
     def setup(state: Path) -> tuple[str, api.PodSandbox]:
-        uid = f"uid-{secrets.token_hex(4)}"
-        claim = prepare_claim(CheckpointStore(state), uid, devices)
-        pod = pod_sandbox(uid, pod_netns)
-        if hook == "stop":
-            hooks = NRIHooks(CheckpointStore(state))
-            hooks.run_pod_sandbox(pod)
-            hooks.close()
-        return claim, pod
+        return pod_with_claim(state, devices, pod_netns, hook)
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
@@ -438,16 +445,8 @@ def share_scenario(tally: Tally, name: str, hook: str, nic: Nic, pooled: bool, p
         with fresh_state(root) as state:
             claim, pod = setup(state)
             code, _ = in_child(child_work(state, pod), k)
-            tally.faults += 1
-            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
-            store = CheckpointStore(state)  # the restart
-            if store.quarantined or list(state.glob("*.tmp")):
-                tally.invalid_state += 1
-                tally.problem(f"{name} k={k}: state file invalid at restart: {store.quarantined}")
-            if store.read(lambda s: list(s.claims)) != [claim]:
-                tally.lost_claims += 1
-                tally.problem(f"{name} k={k}: prepared claim lost")
-            hooks = NRIHooks(store)
+            hooks = restarted(tally, f"{name} k={k}", state, claim)
+            store = hooks.store
             hooks.synchronize([pod], [])
             hooks.stop_pod_sandbox(pod)
             hooks.close()
