@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cidr", default=os.environ.get("DRANET_DEVCLUSTER_CIDR", DEFAULT_CIDR))
     ap.add_argument("--nic-prefix", default="ib")
     ap.add_argument("--runtime", choices=RUNTIMES, default=os.environ.get("DRANET_DEVCLUSTER_RUNTIME", DEFAULT_RUNTIME))
+    set_help = "a chart value at install (helm --set), e.g. sharing.filter=...; repeatable"
+    ap.add_argument("--set", dest="set_values", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.monotonic()
     try:
-        st = cluster.up(layout)
+        st = cluster.up(layout, set_values=a.set_values)
     except KeyboardInterrupt:
         print("interrupted; everything started was removed", file=sys.stderr)
         return 130

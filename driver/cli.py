@@ -176,6 +176,12 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help=kubeconfig_help)
     filter_help = "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax)"
     _configured(run, "--filter", help=f"{filter_help}; empty disables filtering")
+    sharing_help = "CEL in --filter's syntax: the NICs many claims may share (consumable capacity); empty: none"
+    _configured(run, "--sharing-filter", help=sharing_help)
+    max_help = "sub-interfaces one shared NIC carries (its dra.net/interfaces capacity)"
+    _configured(run, "--sharing-max-interfaces", type=int, help=max_help)
+    pools_help = "address pools of shared NICs' sub-interfaces, IFNAME=CIDR,...; default: each NIC's subnet"
+    _configured(run, "--sharing-pools", help=pools_help)
     _configured(run, "--bind-address", help="address of /healthz, /readyz, /livez and /metrics")
     publish_help = "seconds (or a Go duration): at most one ResourceSlice write per interval"
     _configured(run, "--publish-interval", "--inventory-min-poll-interval", type=seconds, help=publish_help)

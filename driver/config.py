@@ -8,6 +8,7 @@ against them by tests).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from dataclasses import dataclass, field, fields
 
 DRIVER_NAME = "dra.net"
@@ -82,6 +83,26 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
     return gates
 
 
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_sharing_pools(text: str) -> dict[str, IPNetwork]:
+    """``--sharing-pools ib0=10.77.5.0/26,ib1=...`` -> {interface: network}; ``ValueError`` naming
+    the flag, the entry and the reason."""
+    pools: dict[str, IPNetwork] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, cidr = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--sharing-pools: {item!r}: expected <interface>=<CIDR>")
+        try:
+            pools[name.strip()] = ipaddress.ip_network(cidr.strip(), strict=True)
+        except ValueError as exc:
+            raise ValueError(f"--sharing-pools: {name.strip()}: {exc}") from None
+    return pools
+
+
 @dataclass
 class DriverConfig:
     """Settings of a running node driver. CLI flags map 1:1 onto these fields."""
@@ -97,6 +118,12 @@ class DriverConfig:
     nri_enabled: bool = True
     kubeconfig: str | None = None  # None: in-cluster config
     filter: str = DEFAULT_FILTER  # empty string disables filtering
+    # Shared NICs: CEL in --filter's syntax; empty shares none (see driver/inventory/sharing.py).
+    sharing_filter: str = ""
+    sharing_max_interfaces: int = 16  # sub-interfaces one shared NIC carries (its dra.net/interfaces)
+    # Address pools of sub-interfaces whose claim sets no address: "ib0=10.77.5.0/26,..."; a NIC
+    # without one uses the subnet of its IPv4 host address (see driver/nri/address_pool.py).
+    sharing_pools: str = ""
     # Treated like the default-route uplink: never published, nor anything enslaved to them.
     exclude_interfaces: list[str] = field(default_factory=list)
     bind_address: str = ":9177"  # /healthz and /metrics

@@ -116,6 +116,45 @@ class StateWriteFailures(Collector):
         yield family
 
 
+ShareUsage = Callable[[], dict[str, tuple[int, dict[str, int]]]]
+"""Reads, per shared NIC, its shares and the capacity they consumed (``checkpoint.state.share_usage``)."""
+
+
+class SharedNics(Collector):
+    """``nic_shares{device}`` and ``nic_capacity_consumed{device,capacity}`` of shared NICs, read at
+    each scrape from the prepared claims (a NIC nobody shares has no sample)."""
+
+    SHARES = f"{NAMESPACE}_{SUBSYSTEM}_nic_shares"
+    CONSUMED = f"{NAMESPACE}_{SUBSYSTEM}_nic_capacity_consumed"
+
+    def __init__(self, usage: ShareUsage) -> None:
+        self.usage = usage
+
+    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(self.SHARES, "Prepared shares (sub-interfaces) of a shared NIC.", labels=["device"]),
+            GaugeMetricFamily(
+                self.CONSUMED,
+                "Capacity of a shared NIC its shares consumed (dra.net/bandwidth in bits per second).",
+                labels=["device", "capacity"],
+            ),
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges without samples."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One sample per shared NIC (and per capacity consumed)."""
+        shares, consumed = self._families()
+        for device, (count, capacities) in sorted(self.usage().items()):
+            shares.add_metric([device], count)
+            for name, value in sorted(capacities.items()):
+                consumed.add_metric([device, name], value)
+        yield shares
+        yield consumed
+
+
 class Metrics:
     """All driver metrics; components get this object instead of module-level collectors."""
 
@@ -193,6 +232,10 @@ class Metrics:
     def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
         """Publish ``claim_devices_allocated``/``_ready`` from ``counts()``, called at each scrape."""
         self.registry.register(ClaimDevices(counts))
+
+    def watch_shares(self, usage: ShareUsage) -> None:
+        """Publish ``nic_shares`` and ``nic_capacity_consumed`` from ``usage()``, called at each scrape."""
+        self.registry.register(SharedNics(usage))
 
     def watch_state_writes(self, counts: Callable[[], dict[str, int]]) -> None:
         """Publish ``state_write_failures_total{file}`` from ``counts()`` (file name -> failures)."""

@@ -220,7 +220,8 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
 
     Each device dict: ``ifname`` (host netdev), optional ``config`` (``{"opaque": [params, ...]}``,
     decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
-    ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones).
+    ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones),
+    ``share_id`` (a share of the NIC: the pod gets a sub-interface).
     """
     from driver.api.v1alpha1.decode import decode_config
     from driver.api.v1alpha1.network_config import NetworkConfig
@@ -251,6 +252,8 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
                 device=name,
                 snapshot=Device(name=name, attributes=dict(d.get("attributes", {})), host=host),
                 config=typed(d.get("config", {})),
+                shared=bool(d.get("share_id")),
+                share_id=d.get("share_id"),
             )
         )
     claim = PreparedClaim(uid=uid, namespace="default", name=uid, pod_uids=[pod_uid], devices=prepared)

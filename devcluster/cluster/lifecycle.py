@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,8 +189,9 @@ def dra_slices(kube: KubeClient, node: str) -> bool:
     return {"dra.net", "gpu.nvidia.com"} <= drivers
 
 
-def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
-    """Start everything (see the module docstring); on failure remove what was started."""
+def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] = ()) -> ClusterState:
+    """Start everything (see the module docstring); on failure remove what was started.
+    ``set_values``: chart values (``KEY=VALUE``, helm's ``--set``) over the dev cluster's."""
     existing = running(layout)
     if existing:
         progress(f"cluster {layout.name!r} is already running ({layout.base}); `python -m devcluster down` stops it")
@@ -207,7 +208,7 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
         runtime=layout.runtime,
     )
     try:
-        _up(layout, bins, st, progress)
+        _up(layout, bins, st, progress, set_values)
     except BaseException:
         failed_logs = Path(f"/tmp/dranet-{layout.name}-failed-logs")
         progress(f"up failed; copying the logs to {failed_logs} before the cleanup removes them")
@@ -225,7 +226,7 @@ def up(layout: NodeLayout, progress: Progress = _say) -> ClusterState:
     return st
 
 
-def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress) -> None:
+def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress, set_values: Sequence[str]) -> None:
     layout.base.mkdir(parents=True, exist_ok=True)
     st.save(layout)
     progress(
@@ -292,7 +293,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         60,
         "the kube-system service accounts",
     )
-    helm(layout, "install", helm_binary=bins.helm)
+    helm(layout, "install", *[a for v in set_values for a in ("--set", v)], helm_binary=bins.helm)
     mpi_operator.install(kube, api_env(st.server), {NODE_LABEL: layout.name}, min(2, layout.nodes))
     wait_pid(
         layout,

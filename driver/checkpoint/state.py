@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
-from driver.checkpoint.schema import COMPATIBLE_VERSION, IDENTITY_VERSION, SCHEMA_VERSION, check_version
-from driver.model.device import Device
+from driver.checkpoint.schema import (
+    COMPATIBLE_VERSION,
+    CONFIG_FIELDS_VERSION,
+    IDENTITY_VERSION,
+    SCHEMA_VERSION,
+    check_version,
+)
+from driver.model.device import Device, quantity_value
 
 _V2_INTERFACE_KEYS = frozenset({"name", "addresses", "mtu", "hardwareAddr"})
 _V4_POD_FIELDS = ("host_index", "pod_index", "identity")
@@ -44,6 +50,26 @@ class PreparedDevice:
     # Allocated with adminAccess (or a shareID): other claims may hold the device at the same time.
     # Written only when true; absent (files from before, older drivers): False, the safe reading.
     shared: bool = False
+    # The allocation's shareID on a NIC allocated many times (consumable capacity): the pod gets a
+    # sub-interface of the NIC, the NIC itself stays on the host. Written only when set.
+    share_id: str | None = None
+    # What the allocation consumed of the NIC's capacity (``consumedCapacity``, quantities as the API
+    # wrote them), for the metrics of capacity used. Written only when set.
+    consumed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sub_interface(self) -> bool:
+        """Whether the pod gets a sub-interface of this NIC rather than the NIC itself: a share of it,
+        or a claim asking for one (``interface.type``)."""
+        return self.share_id is not None or bool(self.config.interface and self.config.interface.type)
+
+    @property
+    def needed_version(self) -> int:
+        """The oldest claims-file version whose readers handle this device right: a sub-interface (a
+        driver before version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
+        if self.sub_interface:
+            return SCHEMA_VERSION
+        return CONFIG_FIELDS_VERSION if self.needs_v3 else COMPATIBLE_VERSION
 
     @property
     def needs_v3(self) -> bool:
@@ -62,11 +88,18 @@ class PreparedDevice:
     def to_dict(self) -> dict[str, Any]:
         """Checkpoint form: the config as its canonical parameters."""
         out: dict[str, Any] = {name: getattr(self, name) for name in ("request", "pool", "device")}
-        out.update(snapshot=_plain(self.snapshot), config=self.config.to_parameters())
+        snapshot = _plain(self.snapshot)
+        if snapshot.get("share") is None:  # published capacity is re-derived at every scan
+            snapshot.pop("share", None)
+        out.update(snapshot=snapshot, config=self.config.to_parameters())
         if self.cloud_config is not None:  # absent in older files; ignored by older drivers
             out["cloudConfig"] = self.cloud_config.to_parameters()
         if self.shared:
             out["shared"] = True
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
         return out
 
     @classmethod
@@ -75,8 +108,18 @@ class PreparedDevice:
         snapshot, config = Device.from_dict(data["snapshot"]), NetworkConfig.from_parameters(data["config"])
         cloud = data.get("cloudConfig")
         cloud_config = None if cloud is None else NetworkConfig.from_parameters(cloud)
+        share_id = data.get("shareID")
+        consumed = data.get("consumedCapacity")
         return cls(
-            data["request"], data["pool"], data["device"], snapshot, config, cloud_config, data.get("shared") is True
+            data["request"],
+            data["pool"],
+            data["device"],
+            snapshot,
+            config,
+            cloud_config,
+            data.get("shared") is True,
+            share_id if isinstance(share_id, str) and share_id else None,
+            {str(k): str(v) for k, v in consumed.items()} if isinstance(consumed, dict) else {},
         )
 
 
@@ -203,6 +246,24 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
                 allocated += 1
                 ready += not d.snapshot.host.ifname or d.device in in_pod
     return allocated, ready
+
+
+def share_usage(state: DriverState) -> dict[str, tuple[int, dict[str, int]]]:
+    """Per shared NIC (device name): how many prepared claims hold a share of it, and the sum of
+    each capacity they consumed (``consumedCapacity``; a quantity that is not a whole number is
+    left out)."""
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    for claim in state.claims.values():
+        for d in claim.devices:
+            if d.share_id is None:
+                continue
+            shares, consumed = out.get(d.device, (0, {}))
+            for name, text in d.consumed.items():
+                value = quantity_value(text)
+                if value is not None:
+                    consumed[name] = consumed.get(name, 0) + value
+            out[d.device] = (shares + 1, consumed)
+    return out
 
 
 def pods_version(body: dict[str, Any]) -> int:

@@ -53,7 +53,7 @@ from driver.checkpoint.files import (
     remove_leftover,
 )
 from driver.checkpoint.journal import Journal, base_of
-from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, data_version, encode, migrate
+from driver.checkpoint.schema import COMPATIBLE_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class CheckpointStore:
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
-        self._encoded: dict[str, tuple[PreparedClaim, bytes, bool]] = {}  # (claim, JSON, needs version 3)
+        self._encoded: dict[str, tuple[PreparedClaim, bytes, int]] = {}  # (claim, JSON, the version it needs)
         self._journal = Journal(self.journal_path, self.ops)
         self._base = base_of(None)  # the snapshot on disk, as the journal's records name it
         # The claims as on disk (snapshot and journal), the very objects: what changed is found by identity.
@@ -437,9 +437,9 @@ class CheckpointStore:
         claims = self._state.claims
         pieces, version = [], COMPATIBLE_VERSION
         for uid in sorted(puts):
-            encoded, needs_v3 = self._encoded_claim(uid, claims[uid])
+            encoded, needed = self._encoded_claim(uid, claims[uid])
             pieces.append(json.dumps(uid).encode() + b":" + encoded)
-            version = max(version, CONFIG_FIELDS_VERSION if needs_v3 else COMPATIBLE_VERSION)
+            version = max(version, needed)
         removed = json.dumps(sorted(deleted), separators=(",", ":")).encode()
         puts_json = b"{" + b",".join(pieces) + b"}"
         return b'{"delete":' + removed + b',"put":' + puts_json + b',"version":' + str(version).encode() + b"}"
@@ -495,27 +495,28 @@ class CheckpointStore:
                 return str(CheckpointWriteError(path, exc)).split(";", 1)[0]
         return None
 
-    def _encoded_claim(self, uid: str, claim: PreparedClaim) -> tuple[bytes, bool]:
-        """A claim's JSON and whether it needs version 3, encoded once per stored object."""
+    def _encoded_claim(self, uid: str, claim: PreparedClaim) -> tuple[bytes, int]:
+        """A claim's JSON and the oldest version that reads it right (``PreparedDevice.needed_version``),
+        encoded once per stored object."""
         cached = self._encoded.get(uid)
         if cached is None or cached[0] is not claim:
             cached = (
                 claim,
                 json.dumps(claim.to_dict(), sort_keys=True, separators=(",", ":")).encode(),
-                any(d.needs_v3 for d in claim.devices),
+                max((d.needed_version for d in claim.devices), default=COMPATIBLE_VERSION),
             )
             self._encoded[uid] = cached
         return cached[1], cached[2]
 
     def _encode_claims(self, claims: dict[str, PreparedClaim]) -> bytes:
         """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}}, version)``
-        gives, from cached pieces; ``version`` is 3 only when a claim needs it."""
+        gives, from cached pieces; ``version`` is the newest a claim needs."""
         pieces = []
         version = COMPATIBLE_VERSION
         for uid in sorted(claims):
-            encoded, needs_v3 = self._encoded_claim(uid, claims[uid])
+            encoded, needed = self._encoded_claim(uid, claims[uid])
             pieces.append(json.dumps(uid).encode() + b":" + encoded)
-            version = max(version, CONFIG_FIELDS_VERSION if needs_v3 else COMPATIBLE_VERSION)
+            version = max(version, needed)
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"

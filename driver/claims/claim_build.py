@@ -11,6 +11,7 @@ against the claim's other NICs (names, addresses, NUMA pinning). Anything wrong 
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
 from driver.netlink import mtu_limits
+from driver.netlink.rtnl import Rtnl
+from driver.netlink.sub_interfaces import KINDS, MACVLAN, kind_supported
+from driver.netlink_channel import netlink_socket
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting
 
@@ -63,6 +67,7 @@ class ClaimBuilder:
         self.profiles = profiles
         self.sysfs_root = sysfs_root
         self.settings = tuple(settings)
+        self._kinds: dict[str, tuple[bool, str]] = {}  # sub-interface kind -> whether this kernel has it
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
         """The record of ``claim``: our allocated devices with their snapshots (from ``inventory``,
@@ -116,8 +121,9 @@ class ClaimBuilder:
             config = self._with_profile(where, base, claim, device, config)
             if config.profile:
                 profiled.append((device, config))
-            self._check_nic(f"{where}: config for request {base!r}: ", device, config)
-            shared = result.get("adminAccess") is True or bool(result.get("shareID"))
+            share_id = _share_id(result)
+            self._check_nic(f"{where}: config for request {base!r}: ", device, config, share_id is not None)
+            shared = result.get("adminAccess") is True or share_id is not None
             prepared.append(
                 PreparedDevice(
                     request=base,
@@ -127,6 +133,8 @@ class ClaimBuilder:
                     config=config,
                     cloud_config=cloud,
                     shared=shared,
+                    share_id=share_id,
+                    consumed=_consumed(result),
                 )
             )
             requests.append(request or base)
@@ -135,6 +143,7 @@ class ClaimBuilder:
             for r in status.get("reservedFor") or []
             if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
         ]
+        _one_share_per_nic(where, prepared, requests)
         nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
         errors = conflict_errors(
             interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
@@ -177,10 +186,14 @@ class ClaimBuilder:
         except ProfileError as exc:
             raise ClaimError(problem + str(exc)) from None
 
-    def _check_nic(self, problem: str, device: Device, config: NetworkConfig) -> None:
+    def _check_nic(self, problem: str, device: Device, config: NetworkConfig, share: bool = False) -> None:
         """Refuse, at prepare, what the NIC cannot take (like the Go driver for ethtool), rather than
-        fail at every start of the pod: an MTU outside its driver's limits or above a VF's PF, then
-        each setting's own check. Only devices whose config asks for something pay a system call."""
+        fail at every start of the pod: for a sub-interface (a ``share`` of the NIC, or
+        ``interface.type``) what a sub-interface cannot be, then an MTU outside the NIC driver's
+        limits or above a VF's PF, then each setting's own check. Only devices whose config asks
+        for something pay a system call."""
+        if share or (config.interface and config.interface.type):
+            self._check_sub_interface(problem, device, config)
         mtu = config.interface.mtu if config.interface else None
         if mtu is not None and device.host.ifname:
             found = mtu_limits.check_host_nic(device.host.ifname, mtu, self.sysfs_root)
@@ -190,3 +203,80 @@ class ClaimBuilder:
             problems = setting.prepare_problems(device, config)
             if problems:
                 raise ClaimError(problem + "; ".join(problems))
+
+    def _check_sub_interface(self, problem: str, device: Device, config: NetworkConfig) -> None:
+        """Refuse a sub-interface this node cannot make: its kind unknown to the kernel (asked once
+        per kind, by a request that creates nothing), or settings that would change the NIC itself."""
+        _check_sub_interface(problem, device, config)
+        kind = sub_interface_kind(config)
+        if kind not in self._kinds:
+            rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+            try:
+                self._kinds[kind] = kind_supported(rtnl, kind)
+            finally:
+                rtnl.close()
+        supported, answer = self._kinds[kind]
+        if not supported:
+            raise ClaimError(
+                problem + f"interface.type: this node's kernel cannot make {kind} links ({answer}); "
+                f"{' or '.join(k for k in KINDS if k != kind)} may work"
+            )
+
+
+def _one_share_per_nic(where: str, prepared: list[PreparedDevice], requests: list[str]) -> None:
+    """Refuse two shares of one NIC in one claim: its pods would need two sub-interfaces of the
+    NIC each, and the pod state keeps one per device (the scheduler allows it: it is capacity)."""
+    seen: dict[str, str] = {}
+    for d, request in zip(prepared, requests, strict=True):
+        if d.share_id is None:
+            continue
+        if d.device in seen:
+            raise ClaimError(
+                f"{where}: requests {seen[d.device]!r} and {request!r} both got a share of device {d.device}; "
+                "one share of a NIC per claim (ask for more of its capacity in one request instead)"
+            )
+        seen[d.device] = request
+
+
+def _share_id(result: dict[str, Any]) -> str | None:
+    """The allocation's ``shareID`` of a device allocated many times (consumable capacity), or None."""
+    share = result.get("shareID")
+    return share if isinstance(share, str) and share else None
+
+
+def _consumed(result: dict[str, Any]) -> dict[str, str]:
+    """The allocation's ``consumedCapacity`` of a device (capacity name -> quantity), as written."""
+    raw = result.get("consumedCapacity")
+    return {str(k): str(v) for k, v in raw.items() if isinstance(v, str)} if isinstance(raw, dict) else {}
+
+
+def sub_interface_kind(config: NetworkConfig) -> str:
+    """The link kind of a device's sub-interface: the claim's ``interface.type``, else macvlan."""
+    return (config.interface.type if config.interface else None) or MACVLAN
+
+
+def _check_sub_interface(problem: str, device: Device, config: NetworkConfig) -> None:
+    """Refuse what a sub-interface of a NIC cannot take: settings that would change the NIC itself,
+    which the host (and other pods sharing it) keep using."""
+    if not device.host.ifname:
+        raise ClaimError(problem + f"device {device.name} has no netdev to make a sub-interface of")
+    iface = config.interface
+    fields = [
+        name
+        for name, asked in (
+            ("ethtool", config.ethtool is not None),
+            ("interface.gsoMaxSize/groMaxSize", bool(iface and iface.offload_sizes)),
+            ("interface.disableEbpfPrograms", bool(iface and iface.disable_ebpf_programs)),
+            # An ipvlan link has its parent's MAC: the kernel refuses another.
+            (
+                "interface.hardwareAddr with interface.type ipvlan",
+                bool(iface and iface.type == "ipvlan" and iface.hardware_addr),
+            ),
+        )
+        if asked
+    ]
+    if fields:
+        raise ClaimError(
+            problem + f"{', '.join(fields)}: device {device.name} gets a sub-interface in the pod; "
+            "these settings would change the NIC itself, which stays on the host"
+        )

@@ -16,8 +16,10 @@ stored in the checkpoint:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.network_config import NetworkConfig
@@ -58,6 +60,53 @@ def interfaces_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
     return {"DRANET_INTERFACES": ",".join(names)} if names else {}
 
 
+def roce_gid_index(sysfs_root: str, rdma_device: str, address: str) -> int | None:
+    """The index of the RoCE v2 GID the kernel made for ``address`` (an IPv4 address of a
+    sub-interface of the RDMA device's netdev) on the device's Ethernet port; None when there is none.
+
+    The GID table (``/sys/class/infiniband/<dev>/ports/<n>/gids/<i>``, ``gid_attrs/types/<i>``)
+    holds one entry per address of the port's netdev and its upper devices (macvlan, ipvlan): a
+    pod sharing a RoCE NIC must use its own, or its traffic carries another pod's address."""
+    mapped = ipaddress.IPv6Address(f"::ffff:{address}").exploded
+    ports = Path(sysfs_root, "class/infiniband", rdma_device, "ports")
+    try:
+        port_dirs = sorted(ports.iterdir())
+    except OSError:
+        return None
+    for port in port_dirs:
+        if _read(port / "link_layer") != "Ethernet":
+            continue
+        for gid in sorted((port / "gids").iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
+            if _read(gid) == mapped and _read(port / "gid_attrs/types" / gid.name) == "RoCE v2":
+                return int(gid.name)
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def gid_env(
+    devices: Iterable[PreparedDevice], addresses: Mapping[str, Sequence[str]], sysfs_root: str
+) -> dict[str, str]:
+    """``NCCL_IB_GID_INDEX`` of the RoCE GID of the pod's own sub-interface address, when every RDMA
+    sub-interface of the pod has one and they agree (NCCL takes one index for every HCA)."""
+    found = set()
+    for d in devices:
+        rdma = d.snapshot.host.rdma_device
+        if not (d.sub_interface and rdma and d.config.rdma_env_enabled):
+            continue
+        v4 = [a.split("/", 1)[0] for a in addresses.get(d.device, ()) if ":" not in a]
+        index = next((i for i in (roce_gid_index(sysfs_root, rdma, a) for a in v4) if i is not None), None)
+        if index is None:
+            return {}
+        found.add(index)
+    return {"NCCL_IB_GID_INDEX": str(found.pop())} if len(found) == 1 else {}
+
+
 @dataclass(frozen=True)
 class ContainerSettings:
     """What the NRI CreateContainer adjustment adds for a container's dra.net devices."""
@@ -68,7 +117,10 @@ class ContainerSettings:
 
 
 def settings_for_container(
-    devices: Sequence[PreparedDevice], sysfs_root: str = "/sys", requested_cpus: str | None = None
+    devices: Sequence[PreparedDevice],
+    sysfs_root: str = "/sys",
+    requested_cpus: str | None = None,
+    addresses: Mapping[str, Sequence[str]] | None = None,
 ) -> ContainerSettings:
     """Env and cpuset for a container consuming ``devices`` (``checkpoint.state.PreparedDevice``).
 
@@ -76,9 +128,11 @@ def settings_for_container(
     (``container.linux.resources.cpu.cpus``). Pinning problems never fail the container: prepare
     already refused claims whose NICs span NUMA nodes, so what is left here (an empty
     intersection with the kubelet's exclusive CPUs, a missing cpulist) is reported in
-    ``skipped_pin`` and the container runs unpinned.
+    ``skipped_pin`` and the container runs unpinned. ``addresses``: the pod's sub-interfaces'
+    addresses by device, for the RoCE GID index (:func:`gid_env`).
     """
     env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices) | interfaces_env(devices)
+    env |= gid_env(devices, addresses or {}, sysfs_root)
     cpuset, skipped = None, None
     try:
         node = numa_pin_node(((d.config, device_numa_node(d), d.device) for d in devices), "numa.pin")

@@ -49,7 +49,10 @@ COMPACT_BYTES = 256 << 10
 def result_of(record: PreparedClaim) -> PrepareResult:
     """The kubelet's answer for a prepared claim: one result per device, under its request."""
     return PrepareResult(
-        devices=[ResultDevice(request_names=[d.request], pool=d.pool, device=d.device) for d in record.devices]
+        devices=[
+            ResultDevice(request_names=[d.request], pool=d.pool, device=d.device, share_id=d.share_id)
+            for d in record.devices
+        ]
     )
 
 
@@ -57,12 +60,14 @@ def record_claims(state: DriverState, records: list[PreparedClaim]) -> list[Prep
     """Store new claims (under the store's lock: decided against every claim stored so far).
 
     A claim a concurrent call stored first keeps its original record. A claim that wants a device
-    another stored claim holds is refused with the holder's name, unless one of the two holds
-    it shared (adminAccess or a shareID): a NIC moves into one pod, it cannot be in two.
+    another stored claim holds is refused with the holder's name, unless both hold it shared
+    (adminAccess or a shareID): a NIC moves into one pod, it cannot be in two, and a NIC whose
+    sub-interfaces serve pods (a shareID) cannot move into a pod, nor get sub-interfaces while in one.
     """
-    holders: dict[tuple[str, str], PreparedClaim] = {
-        (d.pool, d.device): c for c in state.claims.values() for d in c.devices if not d.shared
-    }
+    holders: dict[tuple[str, str], PreparedClaim] = {}  # whole NICs, then NICs with sub-interfaces
+    parents: dict[tuple[str, str], PreparedClaim] = {}
+    for claim in state.claims.values():
+        _hold(holders, parents, claim)
     out: list[PreparedClaim | ClaimError] = []
     for record in records:
         existing = state.claims.get(record.uid)
@@ -70,9 +75,13 @@ def record_claims(state: DriverState, records: list[PreparedClaim]) -> list[Prep
             out.append(existing)
             continue
         taken = [
-            (d.device, holders[(d.pool, d.device)])
+            (d.device, found)
             for d in record.devices
-            if not d.shared and (d.pool, d.device) in holders
+            for found in (
+                holders.get((d.pool, d.device)) if not d.shared or d.sub_interface else None,
+                parents.get((d.pool, d.device)) if not d.shared else None,
+            )
+            if found is not None
         ]
         if taken:
             device, holder = taken[0]
@@ -80,14 +89,25 @@ def record_claims(state: DriverState, records: list[PreparedClaim]) -> list[Prep
                 ClaimError(
                     f"ResourceClaim {record.namespace}/{record.name}: device {device} is already held by "
                     f"ResourceClaim {holder.namespace}/{holder.name} (uid {holder.uid}); a device can be in "
-                    "one claim at a time unless allocated with adminAccess"
+                    "one claim at a time unless allocated with adminAccess, or shared (a shareID) by every claim"
                 )
             )
             continue
         state.claims[record.uid] = record
-        holders.update({(d.pool, d.device): record for d in record.devices if not d.shared})
+        _hold(holders, parents, record)
         out.append(record)
     return out
+
+
+def _hold(
+    holders: dict[tuple[str, str], PreparedClaim], parents: dict[tuple[str, str], PreparedClaim], claim: PreparedClaim
+) -> None:
+    """Note ``claim``'s devices: the NICs it holds whole, the NICs its sub-interfaces hang from."""
+    for d in claim.devices:
+        if d.sub_interface:
+            parents[(d.pool, d.device)] = claim
+        elif not d.shared:
+            holders[(d.pool, d.device)] = claim
 
 
 class GroupCommit:

@@ -31,6 +31,8 @@ class DeviceResult:
     interface_name: str
     ips: list[str] = field(default_factory=list)  # CIDRs
     hardware_address: str | None = None
+    parent: str | None = None  # a sub-interface's NIC (its host name); None: the NIC itself
+    kind: str | None = None  # a sub-interface's link kind (macvlan, ipvlan)
 
 
 @dataclass
@@ -77,16 +79,18 @@ def status_body(
     if update.clear:
         return claim_status_body(claim, [])
     existing = {
-        (d.get("pool"), d.get("device")): d
+        (d.get("pool"), d.get("device"), d.get("shareID")): d
         for d in ((current.get("status") or {}).get("devices") or [])
         if d.get("driver") == driver_name
     }
     now = now_utc()
     entries = []
     for dev in claim.devices:
-        old = existing.get((dev.pool, dev.device), {})
+        old = existing.get((dev.pool, dev.device, dev.share_id), {})
         old_conditions = {c.get("type"): c for c in old.get("conditions") or []}
         entry: dict[str, Any] = {"driver": driver_name, "pool": dev.pool, "device": dev.device}
+        if dev.share_id is not None:  # one entry per share of a device allocated many times
+            entry["shareID"] = dev.share_id
         ready = old_conditions.get(READY)
         network_data = old.get("networkData")
         if dev.device in update.ready:
@@ -95,7 +99,7 @@ def status_body(
                 "type": READY,
                 "status": "True",
                 "reason": "NetworkReady",
-                "message": f"interface {result.interface_name} configured in pod {update.pod_uid}",
+                "message": _ready_message(result, update.pod_uid),
             }
             network_data = _network_data(result)
         elif dev.device == update.failed_device:
@@ -132,6 +136,14 @@ def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[s
     else:
         out["lastTransitionTime"] = now
     return out
+
+
+def _ready_message(result: DeviceResult, pod_uid: str) -> str:
+    """The ``Ready`` condition's message: the interface, and for a sub-interface its kind and NIC."""
+    if result.parent is None:
+        return f"interface {result.interface_name} configured in pod {pod_uid}"
+    what = f"sub-interface {result.interface_name} ({result.kind or 'macvlan'} of {result.parent})"
+    return f"{what} configured in pod {pod_uid}"[:MAX_MESSAGE]
 
 
 def _network_data(result: DeviceResult) -> dict[str, Any]:

@@ -46,8 +46,8 @@ async def _main(config: DriverConfig) -> int:
         return 1
     try:
         daemon = Daemon(config, kube, store)
-    except FilterError as exc:
-        log.error("invalid --filter", extra={"kv": {"error": str(exc)}})
+    except (FilterError, ValueError) as exc:  # --filter, --sharing-filter, --sharing-pools
+        log.error("invalid flag", extra={"kv": {"error": str(exc)}})
         return 2
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,8 +4,8 @@ Link events keep the inventory current one device at a time (:mod:`driver.invent
 an event the NRI hooks caused themselves (announced in :class:`HookActivity`) is dropped, one for
 an excluded interface too, the rest are coalesced per link and each rebuilds the one device it
 feeds. A full scan runs at start, on the resync timer, when events were lost and when the cloud
-metadata changed. Every device list passes the cloud attributes, the admin ``--filter`` and the
-allocated devices' snapshots before it is handed on (to the publisher and the health monitor).
+metadata changed. Every device list passes the cloud attributes, the admin ``--filter``, the
+allocated devices' snapshots and the sharing filter before it is handed on (to the publisher and the health monitor).
 
 Scans and link updates wait while an NRI hook runs (:meth:`HookActivity.idle`) and do their
 blocking work (sysfs walks, netlink dumps) in a worker thread, so gRPC calls are answered meanwhile.
@@ -27,6 +27,7 @@ from driver.inventory.cloud.service import CloudMetadata
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner, merge_allocated
 from driver.inventory.incremental import LinkChange, LinkUpdater
+from driver.inventory.sharing import Sharing
 from driver.metrics import Metrics
 from driver.model.device import Device, rdma_count
 from driver.netlink.hook_activity import HookActivity
@@ -80,6 +81,9 @@ class DeviceSync:
         )
         # Compiled here so a bad --filter stops the daemon at start.
         self.device_filter = DeviceFilter(config.filter, config.driver_name) if config.filter else None
+        sharing = Sharing(config.sharing_filter, config.sharing_max_interfaces, config.driver_name)
+        # None: no NIC shared (none selected, or the apiserver cannot count capacity: see the daemon).
+        self.sharing: Sharing | None = sharing if sharing.enabled else None
         self.updater = LinkUpdater(self.scanner)
         self._pending: dict[int | str, LinkChange] = {}  # link changes not applied yet, by ifindex
         self._link_wake = asyncio.Event()
@@ -104,7 +108,8 @@ class DeviceSync:
         allocated = self.store.read(_allocated_snapshots)
         if names is not None:
             allocated = {n: d for n, d in allocated.items() if n in names}
-        return merge_allocated(devices, allocated)
+        devices = merge_allocated(devices, allocated)
+        return self.sharing.apply(devices) if self.sharing is not None else devices
 
     def _scan_fn(self) -> list[Device]:
         """A full scan, filtered and merged (blocking: runs in a worker thread)."""

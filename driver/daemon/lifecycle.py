@@ -1,11 +1,12 @@
 """The node daemon's components, built and started in order, and stopped in order.
 
-Start order: apiserver feature checks, first discovery scan (so the first prepare finds the
-inventory), the prepared claims rebuilt from the API server if the checkpoint was corrupt, kubelet
-plugin (DRA socket, then registration), the HTTP probe server (/healthz, /metrics), then the
-background loops (:mod:`driver.daemon.supervisor`): ResourceSlice publisher (once this instance
-holds the node lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health
-checks, NRI plugin. :meth:`Daemon.shutdown` stops them in the order a rolling update needs.
+Start order: apiserver feature checks (list attributes, consumable capacity for shared NICs,
+taints), first discovery scan (so the first prepare finds the inventory), the prepared claims
+rebuilt from the API server if the checkpoint was corrupt, kubelet plugin (DRA socket, then
+registration), the HTTP probe server (/healthz, /metrics), then the background loops
+(:mod:`driver.daemon.supervisor`): ResourceSlice publisher (once this instance holds the node
+lease), full rescans and link updates (:mod:`driver.daemon.device_sync`), health checks, NRI plugin.
+:meth:`Daemon.shutdown` stops them in the order a rolling update needs.
 
 While an NRI hook runs, background work waits (:meth:`HookActivity.idle`): link updates, rescans,
 ResourceSlice writes and claim status writes start only when no hook is running, so a hook never
@@ -21,17 +22,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from driver.checkpoint.errors import CheckpointError
-from driver.checkpoint.state import PreparedClaim, claim_device_counts
+from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig
+from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig, parse_sharing_pools
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
-from driver.dra.field_support import list_attributes_accepted
+from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
 from driver.health.monitor import HealthMonitor
@@ -91,6 +92,8 @@ class Daemon:
         self.metrics = metrics or Metrics()
         self.metrics.watch_claim_devices(lambda: store.read(claim_device_counts))
         self.metrics.watch_state_writes(lambda: store.write_failures)
+        self.metrics.watch_shares(lambda: store.read(share_usage))
+        self.sharing_pools = parse_sharing_pools(config.sharing_pools)  # a bad entry stops the daemon here
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
@@ -223,6 +226,8 @@ class Daemon:
         self.device_sync.bind_loop()
         if self.device_sync.list_numa:
             await self._check_list_attributes()
+        if self.device_sync.sharing is not None:
+            await self._check_sharing()
         await self.dra.check_taints()
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
@@ -263,6 +268,20 @@ class Daemon:
         log.error(
             "--feature-gates DRAListTypeAttributes=true, but the apiserver cannot store list attributes; "
             "publishing resource.kubernetes.io/numaNode as an int (a list would make it reject every slice)",
+            extra={"kv": {"why": why}},
+        )
+
+    async def _check_sharing(self) -> None:
+        accepted, why = await asyncio.to_thread(
+            consumable_capacity_accepted, self.kube, self.config.driver_name, self.config.node_name
+        )
+        if accepted:
+            log.info("sharing NICs (consumable capacity)", extra={"kv": {"filter": self.config.sharing_filter}})
+            return
+        self.device_sync.sharing = None
+        log.error(
+            "--sharing-filter is set, but the apiserver cannot count consumable capacity (Kubernetes 1.36+, "
+            "DRAConsumableCapacity); publishing every NIC whole, for one claim at a time",
             extra={"kv": {"why": why}},
         )
 
@@ -313,6 +332,7 @@ class Daemon:
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
             hook_activity=self.hook_activity,
+            pools=self.sharing_pools,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)

@@ -5,7 +5,8 @@ object differs from what the driver wrote, so every later comparison sees a chan
 slices would be rewritten forever, or a value-less attribute makes the whole slice invalid. A
 throw-away one-device slice of this node's pool, created as a dry run (validated and admitted,
 never stored), shows what the apiserver keeps: device taints (:func:`driver.dra.taints.device_taints_accepted`),
-list-valued attributes (:func:`list_attributes_accepted`).
+list-valued attributes (:func:`list_attributes_accepted`), devices allocated many times with
+consumable capacity (:func:`consumable_capacity_accepted`).
 """
 
 from __future__ import annotations
@@ -62,3 +63,19 @@ def list_attributes_accepted(kube: KubeClient, driver_name: str, node_name: str,
     if value.get("ints") == [0, 1]:
         return True, "accepted"
     return False, "the apiserver dropped the list (its DRAListTypeAttributes gate is off)"
+
+
+def consumable_capacity_accepted(kube: KubeClient, driver_name: str, node_name: str) -> tuple[bool, str]:
+    """(accepted, why): whether the apiserver keeps ``allowMultipleAllocations`` and a capacity's
+    ``requestPolicy`` (KEP-5075, its ``DRAConsumableCapacity`` gate: beta and on by default since
+    Kubernetes 1.36). Without the gate it drops both silently: a device published for sharing
+    would be allocatable once only, and every publish would rewrite the slice."""
+    capacity = {"value": "10", "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "10"}}}
+    device = {"name": "share-probe", "allowMultipleAllocations": True, "capacity": {f"{driver_name}/probe": capacity}}
+    stored, why = stored_device(kube, driver_name, node_name, "share", device)
+    if stored is None:
+        return False, why
+    kept = (stored.get("capacity") or {}).get(f"{driver_name}/probe") or {}
+    if stored.get("allowMultipleAllocations") is True and kept.get("requestPolicy"):
+        return True, "accepted"
+    return False, "the apiserver dropped allowMultipleAllocations (its DRAConsumableCapacity gate is off)"

@@ -149,12 +149,19 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
             "integer attributes out of the int64 range (a corrupt sysfs value), not published",
             extra={"kv": {"device": device, "attributes": out_of_range}},
         )
-    if len(out) > MAX_ATTRIBUTES_PER_DEVICE:
-        ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
-        dropped = ranked[MAX_ATTRIBUTES_PER_DEVICE:]
-        log.warning(
-            "too many attributes, dropping lowest-priority ones", extra={"kv": {"device": device, "dropped": dropped}}
-        )
-        for name in dropped:
-            del out[name]
+    return capped(out, MAX_ATTRIBUTES_PER_DEVICE, device)
+
+
+def capped(attributes: dict[str, AttributeValue], limit: int, device: str = "") -> dict[str, AttributeValue]:
+    """At most ``limit`` of ``attributes``: the lowest-priority ones dropped (and logged)."""
+    if len(attributes) <= limit:
+        return attributes
+    out = dict(attributes)
+    ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
+    dropped = ranked[limit:]
+    log.warning(
+        "too many attributes, dropping lowest-priority ones", extra={"kv": {"device": device, "dropped": dropped}}
+    )
+    for name in dropped:
+        del out[name]
     return out

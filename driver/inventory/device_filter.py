@@ -77,20 +77,20 @@ DEVICECLASS, DRANET = "deviceclass", "dranet"
 """The two syntaxes of :class:`DeviceFilter` (its ``syntax``)."""
 
 
-def _syntax(expression: str, variables: list[str]) -> str:
+def _syntax(expression: str, variables: list[str], flag: str = "--filter") -> str:
     """Which syntax ``expression`` is written in; :class:`FilterError` when it cannot be both."""
     if dranet_filter.VARIABLE not in variables:
         return DEVICECLASS
     if "device" in variables:
         raise FilterError(
-            "--filter: the expression reads both `device` (DeviceClass syntax, "
+            f"{flag}: the expression reads both `device` (DeviceClass syntax, "
             'device.attributes["dra.net"].type) and `attributes` (dranet syntax, '
             'attributes["dra.net/type"].StringValue): use one'
         )
     unknown = dranet_filter.unknown_fields(expression)
     if unknown:
         raise FilterError(
-            f"--filter: attributes[...].{unknown[0]}: a DeviceAttribute has no such field "
+            f"{flag}: attributes[...].{unknown[0]}: a DeviceAttribute has no such field "
             f"(fields: {', '.join(dranet_filter.FIELDS)})"
         )
     return DRANET
@@ -99,10 +99,11 @@ def _syntax(expression: str, variables: list[str]) -> str:
 class DeviceFilter:
     """A compiled admin filter; an empty expression keeps every device.
 
-    ``syntax`` is :data:`DEVICECLASS` or :data:`DRANET` (the Go driver's ``attributes`` form).
+    ``syntax`` is :data:`DEVICECLASS` or :data:`DRANET` (the Go driver's ``attributes`` form);
+    ``flag``: the flag errors name (the sharing filter is written in the same language).
     """
 
-    def __init__(self, expression: str, driver_name: str = DRIVER_NAME) -> None:
+    def __init__(self, expression: str, driver_name: str = DRIVER_NAME, flag: str = "--filter") -> None:
         self.expression = expression.strip()
         self.driver_name = driver_name
         self.syntax = DEVICECLASS
@@ -111,25 +112,27 @@ class DeviceFilter:
             try:
                 self._program = _load_cel().compile(self.expression)
             except Exception as err:
-                raise FilterError(f"--filter: invalid CEL expression: {err}") from err
-            self.syntax = _syntax(self.expression, list(self._program.variables()))
+                raise FilterError(f"{flag}: invalid CEL expression: {err}") from err
+            self.syntax = _syntax(self.expression, list(self._program.variables()), flag)
 
     def _context(self, device: Device) -> dict[str, Any]:
         if self.syntax == DRANET:
             return {dranet_filter.VARIABLE: dranet_filter.dranet_attributes(device)}
         return {"device": cel_device(device, self.driver_name)}
 
-    def keep(self, device: Device) -> bool:
-        """Whether ``device`` passes the filter."""
+    def keep(self, device: Device, missing: bool = True) -> bool:
+        """Whether ``device`` passes the filter; ``missing``: the answer when evaluating fails (a
+        missing attribute): the admin filter keeps the device, as the Go driver does."""
         if self._program is None:
             return True
         try:
             result = self._program.execute(self._context(device))
         except Exception as err:  # noqa: BLE001 - like the Go driver: an eval error keeps the device
             log.debug(
-                "filter evaluation failed, keeping device", extra={"kv": {"device": device.name, "error": str(err)}}
+                "filter evaluation failed",
+                extra={"kv": {"device": device.name, "error": str(err), "result": missing}},
             )
-            return True
+            return missing
         if not isinstance(result, bool):
             keep = self.syntax == DRANET  # the Go driver keeps it; a DeviceClass selector must be a bool
             log.warning(

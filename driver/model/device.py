@@ -19,6 +19,10 @@ ATTRIBUTE_DOMAIN = DRIVER_NAME
 ``--driver-name``, because DeviceClasses, claims, the default filter and the examples all select
 ``device.attributes["dra.net"]``; renaming a driver instance must not silently break them."""
 RDMA_ATTRIBUTE = f"{ATTRIBUTE_DOMAIN}/rdma"
+BANDWIDTH_CAPACITY = f"{ATTRIBUTE_DOMAIN}/bandwidth"
+"""A shared NIC's bandwidth in bits per second, consumed by each allocation (``capacity.requests``)."""
+INTERFACES_CAPACITY = f"{ATTRIBUTE_DOMAIN}/interfaces"
+"""How many sub-interfaces a shared NIC carries; each allocation takes one."""
 STANDARD_DOMAIN = "resource.kubernetes.io"
 MAX_ATTRIBUTES_PER_DEVICE = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
@@ -95,25 +99,91 @@ class HostFacts:
         return cls(**{**data, "char_devices": [CharDevice(**c) for c in data.get("char_devices", [])]})
 
 
+SI_SUFFIXES = ("", "k", "M", "G", "T", "P", "E")
+
+
+def quantity(value: int) -> str:
+    """A non-negative integer as the canonical Kubernetes quantity the apiserver stores (``100G``,
+    ``1500M``): what it returns must equal what was written, or every publish would rewrite the slice."""
+    exponent = 0
+    while value and value % 1000 == 0 and exponent < len(SI_SUFFIXES) - 1:
+        value //= 1000
+        exponent += 1
+    return f"{value}{SI_SUFFIXES[exponent]}"
+
+
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_value(text: str) -> int | None:
+    """A Kubernetes quantity that is a whole number (``40G``, ``16``, ``1Gi``, ``1e9``) as an int;
+    None for anything else (a fraction, ``500m``, a malformed value)."""
+    text = text.strip()
+    for suffix, factor in _BINARY_SUFFIXES.items():
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * factor
+    for exponent, suffix in enumerate(SI_SUFFIXES[1:], start=1):
+        if text.endswith(suffix) and text[: -len(suffix)].isdigit():
+            return int(text[: -len(suffix)]) * 1000**exponent
+    mantissa, e, power = text.partition("e") if "e" in text else text.partition("E")
+    if mantissa.isdigit() and (not e or power.isdigit()):
+        return int(mantissa) * 10 ** int(power or 0)
+    return None
+
+
+@dataclass(frozen=True)
+class ShareCapacity:
+    """What a shared NIC offers the scheduler (``allowMultipleAllocations`` and consumable capacity).
+
+    ``bandwidth``: its link rate in bits per second (0: unknown, then not offered); a claim asks for
+    a share of it in ``step`` units from ``step`` up (a claim that asks nothing takes it all, so
+    claims written for whole NICs never land on a partly used one). ``interfaces``: how many
+    sub-interfaces it carries, one per allocation.
+    """
+
+    bandwidth: int
+    step: int
+    interfaces: int
+
+    def to_api(self) -> dict[str, Any]:
+        """The device's ``capacity`` map (v1), keys qualified by the driver's attribute domain."""
+        out: dict[str, Any] = {
+            INTERFACES_CAPACITY: {
+                "value": quantity(self.interfaces),
+                "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
+            }
+        }
+        if self.bandwidth > 0:
+            whole, step = quantity(self.bandwidth), quantity(self.step)
+            policy = {"default": whole, "validRange": {"min": step, "max": whole, "step": step}}
+            out[BANDWIDTH_CAPACITY] = {"value": whole, "requestPolicy": policy}
+        return out
+
+
 @dataclass
 class Device:
     """One published device: its DNS-label name, qualified attributes and host facts.
 
     ``attributes`` keys are fully qualified (``dra.net/rdma``,
     ``resource.kubernetes.io/pciBusID``); :meth:`to_api` turns them into the
-    v1 ``spec.devices[]`` entry.
+    v1 ``spec.devices[]`` entry. ``share``: set on a NIC the admin shares (``--sharing-filter``).
     """
 
     name: str
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     host: HostFacts = field(default_factory=HostFacts)
+    share: ShareCapacity | None = None
 
     def to_api(self) -> dict[str, Any]:
         """The device as it appears in a ResourceSlice's ``spec.devices`` (v1 JSON)."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "attributes": {k: attribute_to_api(v) for k, v in sorted(self.attributes.items())},
         }
+        if self.share is not None:
+            out["allowMultipleAllocations"] = True
+            out["capacity"] = self.share.to_api()
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Full serialisation (attributes and host facts), for checkpoints."""
@@ -121,8 +191,10 @@ class Device:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Device:
+        share = data.get("share")
         return cls(
             name=data["name"],
             attributes=dict(data.get("attributes", {})),
             host=HostFacts.from_dict(data.get("host", {})),
+            share=ShareCapacity(**share) if share else None,
         )

@@ -136,6 +136,7 @@ class Addresses(NicSetting):
     """``interface.addresses`` and ``routes`` (or the host's), and the link up."""
 
     name = "addresses"
+    sub_interfaces = True
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         """Record every NIC's host addresses and routes (from the kernel), then plan its pod ones."""

@@ -147,6 +147,7 @@ class Dhcp(NicSetting):
     """``interface.dhcp``: the NIC's address (and routes) from a DHCP server, in the pod."""
 
     name = "dhcp"
+    sub_interfaces = True
 
     def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
         if config.interface is None or not config.interface.dhcp:

@@ -86,10 +86,11 @@ class Neighbors(NicSetting):
     """The claim's ``neighbors`` in the pod; the NIC's host entries carried along and put back."""
 
     name = NAME
+    sub_interfaces = True  # the claim's own entries; the host's are carried only with a NIC that moves
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         """Record each NIC's permanent neighbor entries on the host."""
-        for nic in nics:
+        for nic in (n for n in nics if not n.sub_interface):
             mine = permanent_neighbors(host.rtnl(), nic.host.index or 0)
             if mine:
                 nic.records[self.name] = [n.to_dict() for n in mine]

@@ -169,13 +169,14 @@ class Rules(NicSetting):
     """The claim's ``rules`` in the pod; the NIC's host rules carried along and put back."""
 
     name = NAME
+    sub_interfaces = True  # the claim's own entries; the host's are carried only with a NIC that moves
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         """Record each NIC's host rules (one dump of the host's rules for every NIC)."""
-        if not nics:
+        if not any(not n.sub_interface for n in nics):
             return
         rules = host_rules(host.rtnl())
-        for nic in nics:
+        for nic in (n for n in nics if not n.sub_interface):
             mine = rules_of(rules, nic.host.ifname, nic.host.addresses)
             if mine:
                 nic.records[self.name] = [r.to_dict() for r in mine]

@@ -183,6 +183,11 @@ class Nic:
         return self.device.config.interface or InterfaceConfig()
 
     @property
+    def sub_interface(self) -> bool:
+        """Whether the pod gets a sub-interface of the NIC (a share of it) rather than the NIC."""
+        return self.device.sub_interface
+
+    @property
     def index(self) -> int:
         """The NIC's ifindex in the pod, once moved."""
         return self.link.index if self.link is not None else self.pod_index
@@ -199,6 +204,11 @@ class NicSetting(Protocol):
 
     name: str
     """The key of the setting's records in the pod state: never renamed (older files use it)."""
+    sub_interfaces: bool = False
+    """Whether it also works on a shared NIC's sub-interface (made in the pod, never on the host):
+    :meth:`plan`, :meth:`link_attrs`, :meth:`in_pod` and the way back see sub-interfaces only when
+    true (the others record and restore the host's NIC, which a sub-interface never changes); the
+    claim's own entries in :meth:`requests` apply to every NIC."""
 
     def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
         """At NodePrepareResources, in the driver's own namespace: why the NIC cannot take the

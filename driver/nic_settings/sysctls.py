@@ -94,6 +94,7 @@ class Sysctls(NicSetting):
     """``interface.forwarding``, ``arpIgnore`` and ``arpAnnounce``, written in the pod once the NIC is up."""
 
     name = "sysctls"
+    sub_interfaces = True
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         """Record the host's values of what the claim sets."""

@@ -136,6 +136,7 @@ class Vrf(NicSetting):
     """``interface.vrf``: the NIC enslaved to a VRF device made in the pod."""
 
     name = "vrf"
+    sub_interfaces = True
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         """Refuse a VRF named like a link of the pod or one of its NICs; plan each VRF's table."""

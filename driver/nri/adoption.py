@@ -20,11 +20,13 @@ import logging
 from typing import Any
 
 from driver.checkpoint.state import IN_POD, MovedDevice, PodNetState, PreparedClaim, PreparedDevice
+from driver.claims.claim_build import sub_interface_kind
 from driver.model.device import ATTRIBUTE_DOMAIN
 from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import NetnsGone
-from driver.netlink.rtnl import Rtnl
+from driver.netlink.rtnl import Rtnl, link_addresses
+from driver.netlink.sub_interfaces import LEASE, RECORD
 from driver.nic_settings import addresses, rdma
 from driver.nic_settings.setting import HostNetns
 
@@ -60,6 +62,42 @@ def _not_the_pods(link: LinkInfo, pci_address: str | None) -> bool:
     if link.parent is not None or link.permanent_mac is not None:
         return pci_address is None or link.parent is None or link.parent == pci_address
     return link.peer_netnsid is not None
+
+
+def _find_sub(rtnl: Rtnl, host: HostNetns, device: PreparedDevice) -> tuple[LinkInfo, int] | None:
+    """The device's sub-interface in ``rtnl``'s namespace and its NIC's host ifindex: the link under
+    the pod name of the kind the claim asks for, whose lower device is the NIC in another namespace."""
+    parent = device.snapshot.host.ifname or ""
+    iface = device.config.interface
+    link = rtnl.link((iface.name if iface and iface.name else None) or parent)
+    nic = host.rtnl().link(parent)
+    if link is None or nic is None or link.kind != sub_interface_kind(device.config):
+        return None
+    # The lower device's ifindex (its own namespace's): read as none when it equals the link's own
+    # index, which is how the hooks place a sub-interface when the pod has that index free.
+    lower = link.peer if link.peer is not None else link.index
+    return (link, nic.index) if lower == nic.index and link.peer_netnsid is not None else None
+
+
+def _sub_interface(rtnl: Rtnl, device: PreparedDevice, link: LinkInfo, parent_index: int) -> MovedDevice:
+    """The record of a sub-interface found in the pod; its IPv4 address is its lease from the NIC's
+    pool when the claim gives none (so the pool does not hand it out again)."""
+    sub: dict[str, Any] = {"kind": link.kind, "parent": device.snapshot.host.ifname, "parentIndex": parent_index}
+    iface = device.config.interface
+    if not (iface and (iface.addresses or iface.dhcp)):
+        v4 = sorted(a for a in link_addresses(rtnl, {link.index}).get(link.index, ()) if ":" not in a)
+        if v4:
+            sub[LEASE] = v4[0]
+    return MovedDevice(
+        device=device.device,
+        host_ifname=device.snapshot.host.ifname or "",
+        pod_ifname=link.ifname,
+        pod_mac=link.mac,
+        step=IN_POD,
+        pod_index=link.index,
+        identity=LinkIdentity.of(link, in_pod=True).to_dict(),
+        records={RECORD: sub},
+    )
 
 
 def _moved(device: PreparedDevice, link: LinkInfo, rdma_exclusive: bool) -> MovedDevice:
@@ -103,6 +141,11 @@ def adopt(
     try:
         with host.ns.pod(netns_path) as (rtnl, _):
             for _claim, device in netdevs:
+                if device.sub_interface:
+                    sub = _find_sub(rtnl, host, device)
+                    if sub is not None:
+                        found.append(_sub_interface(rtnl, device, *sub))
+                    continue
                 link = _find(rtnl, device)
                 if link is not None:
                     found.append(_moved(device, link, host.rdma_exclusive))

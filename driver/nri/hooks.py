@@ -17,6 +17,12 @@ what identifies it), the NICs move in steps that each leave them somewhere known
 (:mod:`driver.nic_settings`), every NIC's configuration going to the kernel in one pipelined batch.
 Any failure returns every NIC and the hook fails naming the device and the step.
 
+A share of a shared NIC (an allocation with a ``shareID``) or a claim asking for ``interface.type``
+gets a sub-interface instead (:mod:`driver.netlink.sub_interfaces`): made straight into the pod at
+its planned ifindex, recorded ahead like a move (``records["subInterface"]``, with its lease from
+the NIC's address pool, :mod:`driver.nri.address_pool`), configured by the settings that handle
+sub-interfaces (``NicSetting.sub_interfaces``), deleted at the return; the NIC stays on the host.
+
 The return (StopPodSandbox, RemovePodSandbox, every rollback, a restarted driver's Synchronize, the
 kubelet's unprepare) is write-ahead like the move in: the NICs are marked ``returning`` before the
 first netlink call, and only those found home (or found nowhere: a virtual NIC destroyed with its
@@ -35,7 +41,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import NoReturn, Protocol
 
 from dranet_proto import nri_v1alpha1_pb2 as api
@@ -51,17 +58,20 @@ from driver.checkpoint.state import (
     PreparedDevice,
 )
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import sub_interface_kind
 from driver.claims.container_settings import settings_for_container
 from driver.claims.status_entries import DeviceResult
-from driver.config import HOST_NETNS
-from driver.netlink import mtu_limits, nic_home
+from driver.config import HOST_NETNS, IPNetwork
+from driver.netlink import mtu_limits, nic_home, sub_interfaces
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.link_identity import LinkIdentity, free_indexes
+from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import (
     LinkState,
     Move,
     PodLinkConfig,
+    PodLinkResult,
     check_moved,
     configure_pod_links,
     move_links,
@@ -69,8 +79,12 @@ from driver.netlink.nic_moves import (
     set_links,
 )
 from driver.netlink.rtnl import NetnsOpError, Request
+from driver.netlink.sub_interfaces import delete_subs, newsub
+from driver.nic_settings.addresses import record_host
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+from driver.nri import address_pool
+from driver.nri.address_pool import PoolError
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
 
@@ -78,6 +92,9 @@ log = logging.getLogger(__name__)
 
 Netdev = tuple[PreparedClaim, PreparedDevice]
 """A pod's prepared device with a netdev, and its claim."""
+SUB_INTERFACE = sub_interfaces.RECORD
+"""The pod state's record of a sub-interface of a NIC: the NIC stays on the host, the pod's
+sub-interface is deleted at the return."""
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
@@ -204,6 +221,7 @@ class NRIHooks:
         rdma_exclusive: bool = False,
         hook_activity: HookActivity | None = None,
         settings: Sequence[NicSetting] = SETTINGS,
+        pools: Mapping[str, IPNetwork] | None = None,
     ) -> None:
         self.store = store
         self.status = status
@@ -212,6 +230,7 @@ class NRIHooks:
         self.steps = StepClock(fault_after)
         self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
         self.settings = tuple(settings)
+        self.pools = dict(pools or {})  # shared NIC name -> the admin's address pool (--sharing-pools)
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -281,15 +300,34 @@ class NRIHooks:
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
         self.own.expect(indexes=[h.index for h in hosts.values()])
         self.steps.mark("run:recorded")
-        nics = [
-            Nic(c, d, hosts[name], _pod_link(d, hosts[name])) for (c, d), name in zip(netdevs, ifnames, strict=True)
-        ]
+        try:
+            leased = self._leases(netdevs, hosts)
+        except PoolError as exc:
+            self._failed(pod, netdevs, netdevs[0][1].device, "address pool", str(exc))
+            raise HookError(f"pod {pod.namespace}/{pod.name}: address pool failed: {exc}") from exc
+        nics = [_nic(c, d, hosts[name], leased.get(d.device)) for (c, d), name in zip(netdevs, ifnames, strict=True)]
         target = PodNetns(self.host, netns, on_created=self._recorder(pod.uid))
         try:
             self._plan(pod, target, nics)
             self._move_in(pod, target, nics)
         finally:
             target.close()
+
+    def _leases(self, netdevs: list[Netdev], hosts: Mapping[str, LinkState]) -> dict[str, str]:
+        """An address of its NIC's pool for each sub-interface whose claim gives none (device ->
+        CIDR), free of the NIC's addresses and of the leases the pod state records."""
+        wanting = [d for _, d in netdevs if d.sub_interface and not _addressed(d)]
+        if not wanting:
+            return {}
+        names = {d.device: d.snapshot.host.ifname or "" for d in wanting}
+        parents = {name: replace(hosts[name], addresses=[]) for name in set(names.values())}
+        record_host(self.host.rtnl(), list(parents.values()))
+        taken = self.store.read(lambda s: {name: address_pool.leases(s, name) for name in parents})
+        out: dict[str, str] = {}
+        for device, name in names.items():
+            out[device] = address_pool.lease(name, parents[name].addresses, taken[name], self.pools)
+            taken[name].add(out[device].split("/", 1)[0])
+        return out
 
     def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
         """What can be known before a move, against the pod's namespace: every refusal is here, and
@@ -302,9 +340,10 @@ class NRIHooks:
         target.names = set(links.values())
         try:
             self._check_names_and_mtus(nics, target.names)
+            self._check_shares(nics)
             for setting in self.settings:
-                setting.plan(nics, self.host, target)
-            indexes = free_indexes(target.rtnl, [nic.host.index or 0 for nic in nics], set(links))
+                setting.plan(_for(setting, nics), self.host, target)
+            indexes = free_indexes(target.rtnl, [_preferred_index(nic) for nic in nics], set(links))
         except SettingRefused as exc:
             self._refuse(pod, nics, exc.device, exc.step, exc.reason)
         except OSError as exc:
@@ -333,6 +372,23 @@ class NRIHooks:
                 if problem:
                     raise SettingRefused(nic.name, "mtu", problem)
 
+    def _check_shares(self, nics: Sequence[Nic]) -> None:
+        """Refuse what a sub-interface cannot be: two shares of one NIC in one pod (one record per
+        device), a share of a NIC whose RDMA device would have to move (exclusive RDMA mode)."""
+        seen: set[str] = set()
+        for nic in nics:
+            if not nic.sub_interface:
+                continue
+            if nic.name in seen:
+                raise SettingRefused(nic.name, "share", "this pod holds two shares of this NIC; one share per pod")
+            seen.add(nic.name)
+            if self.host.rdma_exclusive and nic.device.snapshot.host.rdma_device:
+                reason = (
+                    "the runtime's RDMA namespace mode is exclusive: an RDMA device is in one namespace at "
+                    "a time, so a shared RDMA NIC cannot serve several pods (rdma system set netns shared)"
+                )
+                raise SettingRefused(nic.name, "rdma", reason)
+
     def _move_in(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
         """From the write-ahead record on: move, set, check, the settings in the pod, configure;
         any failure returns every NIC."""
@@ -351,31 +407,32 @@ class NRIHooks:
         self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
         self.steps.step("run:planned")
         moves = [self._move(nic) for nic in nics]
+        whole = [m for m, nic in zip(moves, nics, strict=True) if not nic.sub_interface]
         device, step = "", "move"
         try:
             # All moves in one pipelined send (the kernel still does them one by one); the
-            # write-ahead state above already covers every NIC.
-            _raise_first(move_links(self.host.rtnl(), moves, target.fd))
+            # write-ahead state above already covers every NIC. Shares are made in the pod.
+            _raise_first(move_links(self.host.rtnl(), whole, target.fd))
+            step = "create"
+            _raise_first(self.host.rtnl().run_each([_create(nic, target.fd) for nic in nics if nic.sub_interface]))
             for i in range(len(nics)):
                 self.steps.step(f"run:moved-{i}")
             step = "set link"
-            _raise_first(set_links(target.rtnl, moves))
+            _raise_first(set_links(target.rtnl, whole))
             self.steps.step("run:set")
             step = "verify"
-            links = check_moved(target.rtnl, moves, {nic.name: nic.host.identity or LinkIdentity() for nic in nics})
-            for nic in nics:
-                nic.link = links[nic.name]
+            links = _check_in_pod(target, moves, nics)
             step = "in pod"
             for setting in self.settings:
-                setting.in_pod(nics, target)
+                setting.in_pod(_for(setting, nics), target)
             self.steps.step("run:in-pod")
             step = "configure"
-            reqs: list[Request] = [r for nic in nics for s in self.settings for r in s.requests(nic)]
+            reqs: list[Request] = [r for nic in nics for s in self.settings if _for(s, [nic]) for r in s.requests(nic)]
             results = configure_pod_links(target.rtnl, reqs, {nic.name: (nic.pod, links[nic.name]) for nic in nics})
             for nic in nics:
                 nic.result = results[nic.name]
             for setting in self.settings:
-                setting.after_configure(nics, target)
+                setting.after_configure(_for(setting, nics), target)
             self.steps.step("run:configured")
         except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
@@ -389,18 +446,7 @@ class NRIHooks:
                 msg += f"; rollback: {rollback}"
             self._failed(pod, [(nic.claim, nic.device) for nic in nics], device, step, msg)
             raise HookError(msg) from exc
-        by_name = {nic.name: nic for nic in nics}
-
-        def commit(s: DriverState) -> None:
-            for m in s.pods[pod.uid].devices:
-                nic = by_name[m.device]
-                m.step = IN_POD
-                m.records = dict(nic.records)
-                # The pod's view of a veth's peer, now that it is in the pod: a link the pod makes
-                # itself cannot have its peer outside the pod.
-                m.identity = LinkIdentity.of(links[m.device], in_pod=True).to_dict()
-
-        self.store.update(commit)
+        self.store.update(lambda s: _mark_in_pod(s.pods[pod.uid], nics, links))
         self.pins.pin(pod.uid, target.path)
         self.steps.step("run:committed")
         self._ready(pod, nics)
@@ -408,7 +454,7 @@ class NRIHooks:
     def _move(self, nic: Nic) -> Move:
         """The NIC's two requests: into the pod at its planned ifindex and name, then its MTU, MAC and
         the settings' link attributes there."""
-        attrs = b"".join(setting.link_attrs(nic) for setting in self.settings)
+        attrs = b"".join(setting.link_attrs(nic) for setting in self.settings if _for(setting, [nic]))
         return Move(nic.name, nic.host.index or 0, nic.pod.ifname, nic.pod_index, nic.pod.mtu, nic.pod.mac, attrs)
 
     def _recorder(self, pod_uid: str) -> Callable[[dict[str, object]], None]:
@@ -431,9 +477,7 @@ class NRIHooks:
             return
         for claim in {nic.claim.uid: nic.claim for nic in nics}.values():
             out = [
-                DeviceResult(nic.name, nic.result.ifname, nic.result.addresses, nic.result.mac)
-                for nic in nics
-                if nic.claim.uid == claim.uid and nic.result is not None
+                _device_result(nic, nic.result) for nic in nics if nic.claim.uid == claim.uid and nic.result is not None
             ]
             try:
                 self.status.pod_network_ready(pod.uid, claim, out)
@@ -493,19 +537,24 @@ class NRIHooks:
         self.steps.step("stop:planned")
         netns = self.pins.path(pod_uid, netns or state.netns_path)
         pending = [m for m in state.devices if m.step != RETURNED]
+        moved = [m for m in pending if SUB_INTERFACE not in m.records]
         source = PodNetns(self.host, netns, created=state.created)
         try:
             for setting in reversed(self.settings):  # DHCP leases released, out of the VRFs, RDMA devices home
-                setting.before_return(pending, source)
+                setting.before_return([m for m in pending if setting.sub_interfaces or m in moved], source)
+            deleted = _delete_subs(source, [m for m in pending if m not in moved])
         finally:
             source.close()
         # Coming home, a NIC shows up in the host under its pod name before the rename.
-        self.own.expect(names=[m.pod_ifname for m in pending])
-        results = nic_home.return_links(
-            self.host.ns,
-            netns,
-            [self._return_item(m) for m in pending],
-            announce=lambda indexes: self.own.expect(indexes=indexes),
+        self.own.expect(names=[m.pod_ifname for m in moved])
+        results: dict[str, str | NetnsOpError] = dict(deleted)
+        results.update(
+            nic_home.return_links(
+                self.host.ns,
+                netns,
+                [self._return_item(m) for m in moved],
+                announce=lambda indexes: self.own.expect(indexes=indexes),
+            )
         )
         self.steps.mark("stop:moved-and-restored")
         errors, done = self._after_return(pod_uid, state, results)
@@ -562,6 +611,10 @@ class NRIHooks:
                 if isinstance(result, NetnsOpError):
                     raise result
                 done.append(m.device)
+                if SUB_INTERFACE in m.records:  # the NIC never left the host: nothing to restore there
+                    returned[m.device] = f"sub-interface {m.pod_ifname} of {m.host_ifname}: {result}"
+                    self.steps.step(f"stop:returned-{i}")
+                    continue
                 for setting in reversed(self.settings):  # also right when the pod netns is gone
                     setting.after_return(m, self.host)
                 returned[m.device] = f"{m.host_ifname} (found in {result})"
@@ -587,7 +640,9 @@ class NRIHooks:
                 return None
             # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
             requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
-            settings = settings_for_container(devices, self.host.sysfs_root, requested or None)
+            state = self._pod_state(pod.uid)
+            addresses = _sub_interface_addresses(devices, state.devices if state is not None else [])
+            settings = settings_for_container(devices, self.host.sysfs_root, requested or None, addresses)
             if settings.skipped_pin:
                 log.warning(
                     "numa.pin not applied",
@@ -664,3 +719,102 @@ def _moved_device(nic: Nic) -> MovedDevice:
         identity=(nic.host.identity or LinkIdentity()).to_dict(),
         records=dict(nic.records),
     )
+
+
+def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState, lease: str | None = None) -> Nic:
+    """The plan of one NIC; a sub-interface is planned against none of the NIC's host state (its
+    addresses, routes and rules stay with the NIC on the host): what it keeps when its claim sets
+    no address is its ``lease`` from the NIC's pool, as a moved NIC keeps its host addresses."""
+    if not device.sub_interface:
+        return Nic(claim, device, host, _pod_link(device, host))
+    parent = LinkState(ifname=host.ifname, mtu=host.mtu, mac="", addresses=[lease] if lease else [])
+    nic = Nic(claim, device, parent, _pod_link(device, parent))
+    kind = sub_interface_kind(device.config)
+    nic.records[SUB_INTERFACE] = {"kind": kind, "parent": host.ifname, "parentIndex": host.index}
+    if lease:
+        nic.records[SUB_INTERFACE][sub_interfaces.LEASE] = lease
+    return nic
+
+
+def _addressed(device: PreparedDevice) -> bool:
+    """Whether the claim gives the NIC its addresses (``interface.addresses`` or ``dhcp``)."""
+    iface = device.config.interface
+    return bool(iface and (iface.addresses or iface.dhcp))
+
+
+def _for(setting: NicSetting, nics: Sequence[Nic]) -> list[Nic]:
+    """The NICs ``setting`` works on: sub-interfaces only when it handles them."""
+    return [nic for nic in nics if setting.sub_interfaces or not nic.sub_interface]
+
+
+def _preferred_index(nic: Nic) -> int:
+    """The ifindex a NIC would like in the pod: its host one; a sub-interface its parent's."""
+    return nic.host.index or int(nic.records.get(SUB_INTERFACE, {}).get("parentIndex") or 0)
+
+
+def _create(nic: Nic, ns_fd: int) -> Request:
+    """The request that makes a share's sub-interface in the pod, at its planned ifindex."""
+    sub = nic.records[SUB_INTERFACE]
+    return newsub(
+        nic.name, sub["parentIndex"], nic.pod.ifname, nic.pod_index, ns_fd, sub["kind"], nic.pod.mtu, nic.pod.mac
+    )
+
+
+def _delete_subs(pod: PodNetns, subs: list[MovedDevice]) -> dict[str, str | NetnsOpError]:
+    """Delete the pod's sub-interfaces still there; a namespace that is gone took them with it."""
+    if not subs:
+        return {}
+    try:
+        rtnl = pod.rtnl
+    except NetnsGone:
+        return dict.fromkeys((m.device for m in subs), "gone with the pod's namespace")
+    items = [
+        (m.device, m.pod_index or 0, m.pod_ifname, m.records[SUB_INTERFACE]["kind"], m.pod_mac or None) for m in subs
+    ]
+    return delete_subs(rtnl, items)
+
+
+def _check_in_pod(target: PodNetns, moves: list[Move], nics: Sequence[Nic]) -> dict[str, LinkInfo]:
+    """Each NIC as the pod sees it (:func:`check_moved`: a moved NIC by its identity), a sub-interface
+    of the kind it was made as; sets ``nic.link``."""
+    identities = {nic.name: nic.host.identity or LinkIdentity() for nic in nics if not nic.sub_interface}
+    links = check_moved(target.rtnl, moves, identities)
+    for nic in nics:
+        nic.link = links[nic.name]
+        if nic.sub_interface and nic.link.kind != nic.records[SUB_INTERFACE]["kind"]:
+            raise NetnsOpError(nic.name, "verify", f"{nic.link.ifname} in the pod is not the sub-interface")
+    return links
+
+
+def _mark_in_pod(state: PodNetState, nics: Sequence[Nic], links: dict[str, LinkInfo]) -> None:
+    """The pod's NICs are configured: each ``in-pod`` with the records the pod side added."""
+    by_name = {nic.name: nic for nic in nics}
+    for m in state.devices:
+        nic = by_name[m.device]
+        m.step = IN_POD
+        m.records = dict(nic.records)
+        # The pod's view of a veth's peer, now that it is in the pod: a link the pod makes
+        # itself cannot have its peer outside the pod.
+        m.identity = LinkIdentity.of(links[m.device], in_pod=True).to_dict()
+        if SUB_INTERFACE in m.records:  # its MAC (the kernel's when the claim set none) finds it again
+            m.pod_mac = links[m.device].mac
+
+
+def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
+    """What the claim's status says of a NIC in the pod: its name, addresses, MAC, and for a
+    sub-interface its kind and the NIC it hangs from."""
+    sub = nic.records.get(SUB_INTERFACE) or {}
+    return DeviceResult(nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"))
+
+
+def _sub_interface_addresses(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> dict[str, list[str]]:
+    """Each sub-interface's addresses in the pod: its claim's, else its lease from the NIC's pool."""
+    leases = {m.device: (m.records.get(SUB_INTERFACE) or {}).get(sub_interfaces.LEASE) for m in moved}
+    out: dict[str, list[str]] = {}
+    for d in devices:
+        if not d.sub_interface:
+            continue
+        iface = d.config.interface
+        lease = leases.get(d.device)
+        out[d.device] = list(iface.addresses) if iface and iface.addresses else ([lease] if lease else [])
+    return out

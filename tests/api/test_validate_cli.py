@@ -62,7 +62,7 @@ spec:
         f"{bad}:19: document 2 (ResourceClaimTemplate t): spec.spec.devices.config[1].opaque.parameters.interface."
         'adresses: unknown field (did you mean "addresses"? allowed: name, addresses, dhcp, mtu, hardwareAddr, '
         "gsoMaxSize, groMaxSize, gsoIPv4MaxSize, groIPv4MaxSize, disableEbpfPrograms, forwarding, arpIgnore, "
-        "arpAnnounce, vrf)",
+        "arpAnnounce, vrf, type)",
         f"{bad}:18: document 2 (ResourceClaimTemplate t): spec.spec.devices.config[1].opaque.parameters.interface."
         "name: 'averyveryverylongname' is 21 characters; Linux allows at most 15",
     ]

@@ -14,6 +14,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
+from driver.checkpoint.journal import base_of, parse
 from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, IDENTITY_VERSION, SCHEMA_VERSION
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
@@ -164,6 +165,9 @@ def test_serialisation_matches_asdict() -> None:
         stored["config"] = device.config.to_parameters()  # configs are stored in their canonical JSON form
         assert stored.pop("cloud_config") is None  # written only when a cloud provider gave one
         assert stored.pop("shared") is False  # written only when true (adminAccess)
+        assert stored.pop("share_id") is None  # written only for a sub-interface (a shareID)
+        assert stored.pop("consumed") == {}  # written only for a share (its consumedCapacity)
+        assert stored["snapshot"].pop("share") is None  # re-derived at every scan, never stored
     pod = asdict(state.pods["p1"])
     assert pod.pop("created") == []  # written only when the hooks created a link
     for device in pod["devices"]:  # the version-4 device fields are written only when set
@@ -451,3 +455,23 @@ def test_a_newer_version_is_written_only_when_the_content_needs_it(tmp_path: Pat
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
     again = CheckpointStore(tmp_path)
     assert again.read(lambda s: s.claims["u1"]) == store.read(lambda s: s.claims["u1"])
+
+
+def test_a_share_is_written_as_version_5_and_read_back_from_snapshot_and_journal(tmp_path: Path) -> None:
+    """A claim holding a share of a NIC (a sub-interface): a driver before version 5 would move the
+    NIC itself, so the file and the journal record that carry it say version 5."""
+    store = CheckpointStore(tmp_path)
+    store.update(lambda s: s.claims.__setitem__("u0", _claim("u0")))
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["version"] == COMPATIBLE_VERSION
+    share = _claim("u1")
+    share.devices[0].shared, share.devices[0].share_id = True, "3f2d"
+    share.devices[0].consumed = {"dra.net/bandwidth": "40G"}
+    store.update(lambda s: s.claims.__setitem__("u1", share))
+    snapshot = (tmp_path / "checkpoint.json").read_bytes()
+    journal = tmp_path / CheckpointStore.JOURNAL_FILENAME
+    payloads, _ = parse(journal.read_bytes() if journal.exists() else b"", base_of(snapshot))
+    on_disk = [json.loads(snapshot), *(json.loads(p) for p in payloads)]
+    [holder] = [d for d in on_disk if "u1" in (d.get("claims") or d.get("put") or {})]
+    assert holder["version"] == SCHEMA_VERSION
+    again = CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].devices[0])
+    assert (again.share_id, again.consumed, again.sub_interface) == ("3f2d", {"dra.net/bandwidth": "40G"}, True)

@@ -21,6 +21,10 @@ routes, ethtool features). A NIC anywhere else is *stranded*. Links the driver d
 uplink with the default route on the host, the pod's own ``eth0``) must be exactly as they were
 after every fault (else *foreign links touched*).
 
+A share of a shared NIC (a sub-interface made in the pod, addressed by the claim or from the NIC's
+pool) is killed the same way: after the restart and the StopPodSandbox no link of ours is left in
+the pod, no pod state (nor lease) is left, and the NIC, which never moves, is exactly as before.
+
 Two scenarios make the kernel refuse a move half-way, as a name or MTU appearing between the
 hook's checks and the move would (the checks are bypassed in the child): a rename to a name the
 pod has (refused after the namespace change) and an MTU above the NIC's maximum (refused in the
@@ -298,6 +302,35 @@ def foreign(pod_netns: str) -> dict[str, Any]:
     }
 
 
+def pod_with_claim(state: Path, devices: list[dict[str, Any]], pod_netns: str, hook: str) -> tuple[str, api.PodSandbox]:
+    """A prepared claim with ``devices`` for a new pod in ``pod_netns`` (its UID, the pod); before a
+    StopPodSandbox the pod has its NICs already."""
+    uid = f"uid-{secrets.token_hex(4)}"
+    claim = prepare_claim(CheckpointStore(state), uid, devices)
+    pod = pod_sandbox(uid, pod_netns)
+    if hook == "stop":
+        hooks = NRIHooks(CheckpointStore(state))
+        hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
+        hooks.close()
+    return claim, pod
+
+
+def restarted(tally: Tally, label: str, state: Path, claim: str) -> NRIHooks:
+    """The restarted driver's hooks after a fault (counted): the state must load without
+    quarantining anything, with the prepared claim still there."""
+    tally.faults += 1
+    name = label.rsplit(" k=", 1)[0]
+    tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+    store = CheckpointStore(state)
+    if store.quarantined or list(state.glob("*.tmp")):
+        tally.invalid_state += 1
+        tally.problem(f"{label}: state file invalid at restart: {store.quarantined}")
+    if store.read(lambda s: list(s.claims)) != [claim]:
+        tally.lost_claims += 1
+        tally.problem(f"{label}: prepared claim lost")
+    return NRIHooks(store)
+
+
 def nri_scenario(
     tally: Tally,
     name: str,
@@ -318,14 +351,7 @@ def nri_scenario(
     outside = foreign(pod_netns)
 
     def setup(state: Path) -> tuple[str, api.PodSandbox]:
-        uid = f"uid-{secrets.token_hex(4)}"
-        claim = prepare_claim(CheckpointStore(state), uid, devices)
-        pod = pod_sandbox(uid, pod_netns)
-        if hook == "stop":
-            hooks = NRIHooks(CheckpointStore(state))
-            hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
-            hooks.close()
-        return claim, pod
+        return pod_with_claim(state, devices, pod_netns, hook)
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
@@ -352,16 +378,8 @@ def nri_scenario(
         with fresh_state(root) as state:
             claim, pod = setup(state)
             code, _ = in_child(child_work(state, pod), k)
-            tally.faults += 1
-            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
-            store = CheckpointStore(state)  # the restart
-            if store.quarantined or list(state.glob("*.tmp")):
-                tally.invalid_state += 1
-                tally.problem(f"{name} k={k}: state file invalid at restart: {store.quarantined}")
-            if store.read(lambda s: list(s.claims)) != [claim]:
-                tally.lost_claims += 1
-                tally.problem(f"{name} k={k}: prepared claim lost")
-            hooks = NRIHooks(store)
+            hooks = restarted(tally, f"{name} k={k}", state, claim)
+            store = hooks.store
             hooks.synchronize([pod], [])  # the runtime still runs the pod
             # "pod" is right for both hooks: a RunPodSandbox killed after its commit, a
             # StopPodSandbox killed before its plan was durable (the runtime retries the stop).
@@ -381,6 +399,69 @@ def nri_scenario(
             if store.read(lambda s, uid=pod.uid: uid in s.pods):
                 tally.invalid_state += 1
                 tally.problem(f"{name} k={k}: pod state left after stop")
+            if foreign(pod_netns) != outside:
+                tally.foreign_touched += 1
+                tally.problem(f"{name} k={k}: a link the driver does not own changed: {foreign(pod_netns)}")
+
+
+def _pod_links(pod_netns: str) -> list[str]:
+    """The names of the links in the pod's namespace the driver may have made (not lo, not eth0)."""
+    return sorted(
+        link["ifname"] for link in _ipj("link", "show", netns=pod_netns) or [] if link["ifname"] not in ("lo", "eth0")
+    )
+
+
+def share_scenario(tally: Tally, name: str, hook: str, nic: Nic, pooled: bool, pod_netns: str, root: Path) -> None:
+    """Every kill point of RunPodSandbox or StopPodSandbox of a pod holding a share of ``nic`` (a
+    sub-interface made in the pod; ``pooled``: its address a lease of the NIC's subnet, else the
+    claim's). After the restart's Synchronize and the StopPodSandbox: no link of ours left in the
+    pod, no pod state (so no lease), the NIC exactly as before (it never moves)."""
+    iface: dict[str, Any] = {"name": "net1", "mtu": 1300}
+    if not pooled:
+        iface["addresses"] = ["10.190.0.5/24"]
+    config = {"opaque": [{"interface": iface, "routes": [{"destination": "10.191.0.0/16", "gateway": "10.190.0.1"}]}]}
+    if pooled:
+        config = {"opaque": [{"interface": iface}]}
+    devices = [{"ifname": nic.name, "device": "shared", "share_id": "share-0", "config": config}]
+    outside, pods_own = foreign(pod_netns), _pod_links(pod_netns)
+
+    def setup(state: Path) -> tuple[str, api.PodSandbox]:
+        return pod_with_claim(state, devices, pod_netns, hook)
+
+    def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
+        def work(ops: FileOps) -> None:
+            hooks = NRIHooks(CheckpointStore(state, ops=ops))
+            (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
+
+        return work
+
+    with fresh_state(root) as state:
+        _, pod = setup(state)
+        code, points = in_child(child_work(state, pod), None)
+        if code != 0:
+            raise RuntimeError(f"{name}: the hook fails without a fault")
+        NRIHooks(CheckpointStore(state)).stop_pod_sandbox(pod)
+    for k in range(1, points + 1):
+        with fresh_state(root) as state:
+            claim, pod = setup(state)
+            code, _ = in_child(child_work(state, pod), k)
+            hooks = restarted(tally, f"{name} k={k}", state, claim)
+            store = hooks.store
+            hooks.synchronize([pod], [])
+            hooks.stop_pod_sandbox(pod)
+            hooks.close()
+            left = [link for link in _pod_links(pod_netns) if link not in pods_own]
+            if left:
+                tally.stranded += 1
+                tally.problem(f"{name} k={k} (exit {code}): links left in the pod after stop: {left}")
+                for link in left:
+                    subprocess.run(["ip", "-n", pod_netns, "link", "del", link], capture_output=True)
+            if facts(nic.name) != nic.before:
+                tally.stranded += 1
+                tally.problem(f"{name} k={k}: the shared NIC changed: {facts(nic.name)} != {nic.before}")
+            if store.read(lambda s: dict(s.pods)):
+                tally.invalid_state += 1
+                tally.problem(f"{name} k={k}: pod state (or a lease) left after stop")
             if foreign(pod_netns) != outside:
                 tally.foreign_touched += 1
                 tally.problem(f"{name} k={k}: a link the driver does not own changed: {foreign(pod_netns)}")
@@ -511,6 +592,13 @@ def main(argv: list[str]) -> int:
                 nri_scenario(tally, label, hook, nics, full, (args.pod_netns, args.host_netns), args.work)
             for nic in nics:
                 subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
+    for pooled in (False, True):
+        [nic] = make_nics(1)
+        for hook in ("run", "stop"):
+            what = "RunPodSandbox" if hook == "run" else "StopPodSandbox"
+            label = f"{what} a share (sub-interface) {'pool lease' if pooled else 'claim address'}"
+            share_scenario(tally, label, hook, nic, pooled, args.pod_netns, args.work)
+        subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
     for journal in (False, True):
         prepare_scenario(tally, args.work, journal)
     summary = {**tally.__dict__, "seconds": round(time.monotonic() - started, 1)}

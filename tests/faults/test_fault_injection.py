@@ -1,8 +1,9 @@
 """kill -9 after every netlink operation and every state-file step of prepare, RunPodSandbox and
-StopPodSandbox (1, 2 and 3 NICs, with and without a full config; and moves the kernel refuses
-half-way): no NIC stranded, no claim lost, the state file valid at every restart, no link the
-driver does not own touched. The engine is tests/faults/runner.py; it runs in a throwaway "host"
-namespace so its veths, addresses and routes never touch the node's."""
+StopPodSandbox (1, 2 and 3 NICs, with and without a full config; moves the kernel refuses half-way;
+a share of a NIC as a sub-interface, with a claim address and a pool lease): no NIC stranded, no
+claim lost, the state file valid at every restart, no link the driver does not own touched. The
+engine is tests/faults/runner.py; it runs in a throwaway "host" namespace so its veths, addresses
+and routes never touch the node's."""
 
 from __future__ import annotations
 

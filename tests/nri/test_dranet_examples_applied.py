@@ -59,3 +59,41 @@ def test_gke_tpu_performance_example_without_the_gvnic_flag(netns_factory: Netns
     )
     node.hooks.stop_pod_sandbox(node.pod)
     assert sizes(node.host, node.nic) == host_sizes
+
+
+def test_ipvlan_example_refused_at_prepare_without_ipvlan_and_applied_as_a_sub_interface_where_it_can_be(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """dranet's IPVLAN example: prepare asks this kernel whether it can make ipvlan links (it refuses
+    naming interface.type when not); the same config as a macvlan, which this kernel has, is
+    applied: a sub-interface named, sized, addressed and with its sysctls, the NIC left on the host."""
+    from driver.api.v1alpha1.decode import decode_config
+    from driver.claims.claim_build import ClaimBuilder, ClaimError
+    from driver.model.device import Device, HostFacts
+    from driver.netlink.namespaces import Namespaces
+    from driver.netlink.sub_interfaces import kind_supported
+
+    (params,) = params_of("interface-configuration-ipvlan.yaml")
+    node = Node(netns_factory, tmp_path)
+    device = Device("nic", {}, HostFacts(ifname=node.nic))
+    builder = ClaimBuilder(lambda: {"nic": device}, "dra.net", "node")
+    has_ipvlan, _ = kind_supported(Namespaces().host_rtnl(), "ipvlan")
+    config = decode_config(params, "parameters")
+    if not has_ipvlan:
+        with pytest.raises(ClaimError, match="interface.type: this node's kernel cannot make ipvlan links"):
+            builder._check_sub_interface("claim: ", device, config)
+        params = {**params, "interface": {**params["interface"], "type": "macvlan"}}
+    before = link_facts(node.nic, node.host)
+    prepare_claim(node.store, node.uid, [{"ifname": node.nic, "config": {"opaque": [params]}}])
+    node.hooks.run_pod_sandbox(node.pod)
+    facts = link_facts("net1", node.pod_ns)
+    assert facts is not None and (facts["mtu"], facts["addresses"]) == (1400, ["192.0.2.10/24"])
+    kind = ipj(node.pod_ns, "-d", "link", "show", "net1")[0]["linkinfo"]["info_kind"]
+    assert kind == ("ipvlan" if has_ipvlan else "macvlan")
+    arp = subprocess.run(
+        ["ip", "netns", "exec", node.pod_ns, "sysctl", "-n", "net.ipv4.conf.net1.arp_ignore"], capture_output=True
+    )
+    assert arp.stdout.strip() == b"1"
+    assert link_facts(node.nic, node.host) == before, "the NIC stays on the host, untouched"
+    node.hooks.stop_pod_sandbox(node.pod)
+    assert link_facts("net1", node.pod_ns) is None and link_facts(node.nic, node.host) == before

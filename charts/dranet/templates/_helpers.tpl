@@ -62,3 +62,12 @@ registry.k8s.io/networking/dranet: "the Go driver's image (kubernetes-sigs/drane
 {{- end -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/* --sharing-pools=ib0=CIDR,ib1=CIDR from the map sharing.pools, in key order. */}}
+{{- define "dranet.sharingPools" -}}
+{{- $items := list -}}
+{{- range $name, $cidr := . -}}
+{{- $items = append $items (printf "%s=%s" $name $cidr) -}}
+{{- end -}}
+{{- printf "--sharing-pools=%s" (join "," $items) -}}
+{{- end -}}

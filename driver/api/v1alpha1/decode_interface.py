@@ -19,6 +19,7 @@ from driver.api.v1alpha1.fields import (
     read_int,
     read_object,
     read_str,
+    shown,
 )
 from driver.api.v1alpha1.network_config import InterfaceConfig, VrfConfig
 
@@ -169,7 +170,21 @@ INTERFACE_FIELDS = [
     "arpIgnore",
     "arpAnnounce",
     "vrf",
+    "type",
 ]
+SUB_INTERFACE_TYPES = ("macvlan", "ipvlan")
+"""``interface.type``: the kernel's link kinds of a sub-interface (dranet writes ``IPVLAN``)."""
+
+
+def _decode_type(raw: Any, path: str, errs: FieldErrors) -> str | None:
+    """``interface.type``, in any case (dranet's ``IPVLAN``), as the kernel's link kind."""
+    text = read_str(raw, path, errs)
+    if text is None:
+        return None
+    if text.lower() not in SUB_INTERFACE_TYPES:
+        errs.add(path, f"{shown(text)} is not a sub-interface type ({', '.join(SUB_INTERFACE_TYPES)})")
+        return None
+    return text.lower()
 
 
 def _decode_vrf(raw: Any, path: str, errs: FieldErrors) -> VrfConfig | None:
@@ -215,5 +230,6 @@ def decode_interface(raw: Any, path: str, errs: FieldErrors) -> InterfaceConfig 
         arp_ignore=arp_ignore,
         arp_announce=read_int(obj.get("arpAnnounce"), f"{path}.arpAnnounce", errs, 0, MAX_ARP_ANNOUNCE),
         vrf=None if obj.get("vrf") is None else _decode_vrf(obj["vrf"], f"{path}.vrf", errs),
+        type=_decode_type(obj.get("type"), f"{path}.type", errs),
     )
     return config

@@ -43,6 +43,9 @@ class InterfaceConfig:
     arp_ignore: int | None = None  # JSON "arpIgnore": 0-3 or 8
     arp_announce: int | None = None  # JSON "arpAnnounce": 0-2
     vrf: VrfConfig | None = None  # enslave the NIC to a VRF device in the pod
+    # A sub-interface of the NIC in the pod instead of the NIC (dranet's ``type: IPVLAN``):
+    # ``macvlan`` or ``ipvlan`` (SUB_INTERFACE_TYPES); a share of a shared NIC is one in any case.
+    type: str | None = None
 
     @property
     def sysctls_set(self) -> bool:

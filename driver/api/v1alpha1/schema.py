@@ -99,6 +99,10 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
         "maximum": decode_interface.MAX_ARP_ANNOUNCE,
     },
     ("InterfaceConfig", "vrf"): {"description": "A VRF device in the pod the NIC is enslaved to."},
+    ("InterfaceConfig", "type"): {
+        "description": "A sub-interface of the NIC in the pod instead of the NIC: macvlan or ipvlan (any case).",
+        "pattern": "^([Mm][Aa][Cc]|[Ii][Pp])[Vv][Ll][Aa][Nn]$",
+    },
     ("VrfConfig", "name"): _IFNAME | {"description": "The VRF device's name in the pod.", "required": True},
     ("VrfConfig", "table"): _TABLE
     | {"minimum": 1, "not": {"enum": sorted(decode_interface.RESERVED_TABLES)}, "description": "Its routing table."},
