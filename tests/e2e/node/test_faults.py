@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -61,6 +63,27 @@ def _kill_driver(real_node: RealNode) -> None:
     wait_for(lambda: real_node.driver_pids() and pid not in real_node.driver_pids(), 30, 0.2, "a new driver process")
 
 
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def _restart_runtime(real_node: RealNode) -> None:
+    """Restart the node's runtime and wait for the new one's socket: a stale socket file of the
+    old process (CRI-O removes and re-creates it only once it is up) is not the runtime back."""
+    path = real_node.spec().host_path(real_node.spec().cri_socket)
+    old = path.stat().st_ino if path.is_socket() else None
+    cluster.restart(real_node.layout, real_node.layout.runtime)
+    wait_for(
+        lambda: path.is_socket() and path.stat().st_ino != old and _answers(path), 60, 0.1, "the runtime's new socket"
+    )
+    wait_for(lambda: _node_ready(real_node), 60, 0.5, "node Ready")
+
+
 FAULTS = {
     "kubelet-restart": lambda n: (
         cluster.restart(n.layout, "kubelet"),
@@ -68,10 +91,7 @@ FAULTS = {
         wait_for(lambda: _node_ready(n), 60, 0.5, "node Ready"),
     ),
     # The node's container runtime: containerd, or CRI-O on a CRI-O node.
-    "runtime-restart": lambda n: (
-        cluster.restart(n.layout, n.layout.runtime),
-        wait_for(lambda: n.spec().host_path(n.spec().cri_socket).is_socket(), 30, 0.1, "socket"),
-    ),
+    "runtime-restart": lambda n: _restart_runtime(n),
     "driver-kill-9": _kill_driver,
 }
 
