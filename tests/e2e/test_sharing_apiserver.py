@@ -36,6 +36,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SHARING = '--sharing-filter=device.attributes["dra.net"].numaNode == 0'
 TENTH = "40G"  # 10% of a 400 Gb/s NIC
 
+REQUEUE_WAIT = 330.0
+"""Seconds a pod waiting for capacity may take to be scheduled once shares are freed. The
+scheduler requeues it on a claim's deallocation; a claim deleted with its pod (template claims)
+without an update clearing its allocation first gives no such event, and the pod is then retried
+by the scheduler's periodic flush of unschedulable pods (at most 5 min, checked every 30 s)."""
+
 
 def share_template(name: str, ifname: str, bandwidth: str | None) -> dict[str, Any]:
     """One NIC by interface name, asking for ``bandwidth`` of it (None: asks nothing, a whole-NIC claim)."""
@@ -207,9 +213,11 @@ async def test_eight_tenths_share_ib0_a_whole_claim_waits_and_prepare_returns_sh
             delete_pod(shared.kube, shared.namespace, f"tenth-{i}")
         un = await kubelet.unprepare(refs)
         assert all(not un.claims[r[2]].error for r in refs)
-    wait_for(lambda: allocated_claim(shared.kube, shared.namespace, "whole"), 60, what="whole allocated")
+    wait_for(lambda: allocated_claim(shared.kube, shared.namespace, "whole"), REQUEUE_WAIT, what="whole allocated")
     delete_pod(shared.kube, shared.namespace, "whole")
-    numa0 = wait_for(lambda: allocated_claim(shared.kube, shared.namespace, "numa0"), 60, what="numa0 allocated")
+    numa0 = wait_for(
+        lambda: allocated_claim(shared.kube, shared.namespace, "numa0"), REQUEUE_WAIT, what="numa0 allocated"
+    )
     assert len(numa0["status"]["allocation"]["devices"]["results"]) == 4
     delete_pod(shared.kube, shared.namespace, "numa0")
 
@@ -222,7 +230,7 @@ def test_ninth_share_waits_until_one_is_deleted(shared: Shared) -> None:
     cond = shared.unschedulable("late")
     assert "cannot allocate all claims" in cond["message"], cond
     delete_pod(shared.kube, shared.namespace, "fill-0")
-    late = wait_for(lambda: allocated_claim(shared.kube, shared.namespace, "late"), 90, what="late allocated")
+    late = wait_for(lambda: allocated_claim(shared.kube, shared.namespace, "late"), REQUEUE_WAIT, what="late allocated")
     assert late["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"][BANDWIDTH_CAPACITY] == TENTH
     for i in range(1, 10):
         delete_pod(shared.kube, shared.namespace, f"fill-{i}")

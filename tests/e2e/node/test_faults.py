@@ -19,7 +19,7 @@ import pytest
 
 from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
-from devcluster.cluster.pods import pod_view
+from devcluster.cluster.pods import KubectlError, PodView, pod_view
 from devcluster.demo.allocation import ALIGNED
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
@@ -73,15 +73,26 @@ def _answers(path: Path) -> bool:
 
 
 def _restart_runtime(real_node: RealNode) -> None:
-    """Restart the node's runtime and wait for the new one's socket: a stale socket file of the
-    old process (CRI-O removes and re-creates it only once it is up) is not the runtime back."""
+    """Restart the node's runtime and wait until its socket answers and the node is Ready (the
+    kubelet may still reach the runtime a moment later: see :func:`_pod_view`)."""
     path = real_node.spec().host_path(real_node.spec().cri_socket)
-    old = path.stat().st_ino if path.is_socket() else None
     cluster.restart(real_node.layout, real_node.layout.runtime)
-    wait_for(
-        lambda: path.is_socket() and path.stat().st_ino != old and _answers(path), 60, 0.1, "the runtime's new socket"
-    )
+    wait_for(lambda: path.is_socket() and _answers(path), 60, 0.1, "the runtime's socket")
     wait_for(lambda: _node_ready(real_node), 60, 0.5, "node Ready")
+
+
+def _pod_view(real_node: RealNode, ns: str, pod: str) -> PodView:
+    """What the pod sees, once ``kubectl exec`` reaches it: after a runtime restart the kubelet's
+    connection to the runtime comes back a moment after the runtime does (CRI-O re-creates its
+    socket once it is up)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return pod_view(real_node.kubectl, ns, pod)
+        except KubectlError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 FAULTS = {
@@ -108,7 +119,7 @@ def test_fault_with_a_pod_holding_nics(real_node: RealNode, ns: str, fault: str)
     # The driver is (back) serving, and the pod still has its 4 NICs.
     real_node.wait_driver_ready()
     wait_running(real_node, ns, pod)
-    view = pod_view(real_node.kubectl, ns, pod)
+    view = _pod_view(real_node, ns, pod)
     assert set(nics) <= set(view.interfaces), sorted(view.interfaces)
     assert not set(nics) & set(real_node.host_nics())
     delete_pod(real_node, ns, pod)
