@@ -114,7 +114,21 @@ def _teardown(kube: KubeClient, node: str, ns: str, driver: DriverProcess, work:
 
 
 @pytest.fixture(scope="module")
-def shared(control_plane: ControlPlane) -> Iterator[Shared]:
+def own_control_plane(control_plane_binaries: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of this module's own: the scheduler's queue holds only these pods (on the
+    session's, shared with the rest of the suite, a pod waiting for freed capacity was seen
+    waiting past the test's budget)."""
+    cp = ControlPlane(control_plane_binaries, base_dir=str(tmp_path_factory.mktemp("share-cp")))
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(own_control_plane: ControlPlane) -> Iterator[Shared]:
+    control_plane = own_control_plane
     kube = control_plane.kube()
     accepted, why = consumable_capacity_accepted(kube, "dra.net", "probe-node")
     if not accepted:
