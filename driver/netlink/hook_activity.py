@@ -15,7 +15,7 @@ for the interpreter lock while the runtime waits; they also let ``settle`` secon
 a hook, while its answer goes back to the runtime. Waiters poll (every few ms) rather than
 being woken by the hook: a wake-up at the hook's end would compete with sending its answer.
 
-Thread-safe: hooks run in the NRI worker thread, events are read by the event loop.
+Thread-safe: hooks run in the NRI plugin's connection thread, events are read by the event loop.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ class NRIHooks:
     """Implements :class:`driver.nri.plugin.NRIHandler` on top of the checkpoint, the NIC moves and
     the NIC settings.
 
-    The NRI plugin calls the hooks from its single worker thread; `claim_unprepared` comes from
+    The NRI plugin calls the hooks from its connection thread; `claim_unprepared` comes from
     the kubelet plugin, so the hooks that move NICs take one lock. ``hook_activity`` announces each
     hook and the host links it changes, so their link events cost no scan and background work
     steps aside while the hook runs (the daemon shares it with them); ``rdma_exclusive``: RDMA

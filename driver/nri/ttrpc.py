@@ -1,20 +1,21 @@
-"""ttrpc (containerd/ttrpc) framing, a unary server and a unary client on a byte stream.
+"""ttrpc (containerd/ttrpc) framing and unary calls, decoded as bytes arrive.
 
-A ttrpc message is a 10-byte header (data length uint32 BE, stream id uint32 BE,
-type uint8, flags uint8) followed by the data: a ``ttrpc.Request`` (type 1) or a
-``ttrpc.Response`` (type 2) protobuf envelope. Clients use odd stream ids. Only
-unary calls are implemented: NRI uses nothing else.
+A ttrpc message is a 10-byte header (data length uint32 BE, stream id uint32 BE, type uint8,
+flags uint8) followed by the data: a ``ttrpc.Request`` (type 1) or a ``ttrpc.Response`` (type 2)
+protobuf envelope. Clients use odd stream ids. Only unary calls are implemented: NRI uses nothing
+else.
+
+No I/O here: :class:`FrameDecoder` turns one connection's bytes into messages, :func:`serve`
+answers a request with a method table, :class:`Calls` matches responses to the calls this side
+made. The plugin's connection (:mod:`driver.nri.plugin`) reads and writes the socket.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from dranet_proto import ttrpc_pb2
 
@@ -32,16 +33,8 @@ INVALID_ARGUMENT = 3
 RESOURCE_EXHAUSTED = 8
 UNIMPLEMENTED = 12
 
-Handler = Callable[[bytes], Awaitable[bytes]]
+Handler = Callable[[bytes], bytes]
 """A unary method: serialized request in, serialized response out."""
-
-
-class ByteStream(Protocol):
-    """What ttrpc needs from a transport (a :class:`driver.nri.mux.MuxConn`)."""
-
-    async def readexactly(self, n: int) -> bytes: ...
-
-    async def write(self, data: bytes) -> None: ...
 
 
 class RPCError(Exception):
@@ -63,6 +56,19 @@ class Frame:
     data: bytes
 
 
+@dataclass
+class Oversized:
+    """A message announcing more than :data:`MESSAGE_LENGTH_MAX`: its bytes were skipped, never held."""
+
+    stream_id: int
+    type: int
+    length: int
+
+    @property
+    def message(self) -> str:
+        return f"message length {self.length} exceeds maximum {MESSAGE_LENGTH_MAX}"
+
+
 def encode_frame(stream_id: int, msg_type: int, data: bytes, flags: int = 0) -> bytes:
     """Header + data; refuses data over ttrpc's 4 MiB limit like the Go channel does."""
     if len(data) > MESSAGE_LENGTH_MAX:
@@ -70,170 +76,124 @@ def encode_frame(stream_id: int, msg_type: int, data: bytes, flags: int = 0) -> 
     return HEADER.pack(len(data), stream_id, msg_type, flags) + data
 
 
-DISCARD_CHUNK = 64 << 10
+class FrameDecoder:
+    """One connection's byte stream into ttrpc messages.
+
+    A message announcing more than :data:`MESSAGE_LENGTH_MAX` is skipped as its bytes come (as the
+    Go channel discards it) and given as :class:`Oversized`, so the decoder holds at most one
+    message of the allowed size.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._skip = 0  # bytes of an oversized message still to drop
+
+    def feed(self, data: bytes) -> list[Frame | Oversized]:
+        """The messages ``data`` completes, in order."""
+        out: list[Frame | Oversized] = []
+        view = memoryview(data)
+        if self._skip:
+            dropped = min(self._skip, len(view))
+            self._skip -= dropped
+            view = view[dropped:]
+        buf = self._buffer
+        buf += view
+        at = 0
+        while len(buf) - at >= HEADER.size:
+            length, stream_id, msg_type, flags = HEADER.unpack_from(buf, at)
+            if length > MESSAGE_LENGTH_MAX:
+                out.append(Oversized(stream_id, msg_type, length))
+                at += HEADER.size
+                dropped = min(length, len(buf) - at)
+                at += dropped
+                self._skip = length - dropped
+                continue
+            end = at + HEADER.size + length
+            if len(buf) < end:
+                break
+            out.append(Frame(stream_id, msg_type, flags, bytes(buf[at + HEADER.size : end])))
+            at = end
+        del buf[:at]
+        return out
 
 
-async def read_frame(stream: ByteStream) -> Frame:
-    """Read one message. One announcing more than :data:`MESSAGE_LENGTH_MAX` is refused before its
-    data is read: the data is skipped in small pieces (never held, as the Go channel discards it)
-    and the message raised as RESOURCE_EXHAUSTED."""
-    length, stream_id, msg_type, flags = HEADER.unpack(await stream.readexactly(HEADER.size))
-    if length > MESSAGE_LENGTH_MAX:
-        left = length
-        while left:
-            left -= len(await stream.readexactly(min(left, DISCARD_CHUNK)))
-        raise _Oversized(stream_id, length)
-    return Frame(stream_id, msg_type, flags, await stream.readexactly(length))
-
-
-class _Oversized(Exception):
-    def __init__(self, stream_id: int, length: int) -> None:
-        super().__init__(f"message length {length} exceeds maximum {MESSAGE_LENGTH_MAX}")
-        self.stream_id = stream_id
-
-
-def _response(code: int, message: str, payload: bytes = b"") -> bytes:
+def response(stream_id: int, code: int, message: str, payload: bytes = b"") -> bytes:
+    """A response message (header included)."""
     resp = ttrpc_pb2.Response(payload=payload)
     resp.status.code = code
     resp.status.message = message
-    return resp.SerializeToString()
+    return encode_frame(stream_id, TYPE_RESPONSE, resp.SerializeToString())
 
 
-MAX_PENDING_BYTES = 2 * MESSAGE_LENGTH_MAX
-"""Request bytes a server holds in calls not answered yet; past that it reads no more until some are."""
+def serve(message: Frame | Oversized, methods: dict[tuple[str, str], Handler]) -> bytes | None:
+    """The response to one message received on the server's connection (None: not a request).
 
-
-class Server:
-    """Serves unary methods, keyed by (fully qualified service, method), on one stream.
-
-    Each request runs in its own task so a slow hook never blocks reading, up to
-    :data:`MAX_PENDING_BYTES` of requests in flight; an unknown method answers UNIMPLEMENTED and a
-    handler exception answers an error status for that call only.
+    An oversized request answers RESOURCE_EXHAUSTED, an unknown method UNIMPLEMENTED, a handler's
+    :class:`RPCError` its own code and any other exception UNKNOWN, for that call only.
     """
-
-    def __init__(self, stream: ByteStream, methods: dict[tuple[str, str], Handler]) -> None:
-        self._stream = stream
-        self._methods = methods
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._pending = 0
-        self._drained = asyncio.Event()
-        self._drained.set()
-
-    async def serve(self) -> None:
-        """Answer requests until the stream ends."""
-        try:
-            while True:
-                await self._drained.wait()
-                try:
-                    frame = await read_frame(self._stream)
-                except _Oversized as exc:
-                    await self._send(exc.stream_id, _response(RESOURCE_EXHAUSTED, str(exc)))
-                    continue
-                if frame.type != TYPE_REQUEST:
-                    log.warning(
-                        "ttrpc: ignoring non-request message",
-                        extra={"kv": {"type": frame.type, "stream": frame.stream_id}},
-                    )
-                    continue
-                task = asyncio.create_task(self._handle(frame))
-                self._tasks.add(task)
-                size = len(frame.data)
-                self._hold(size)
-                task.add_done_callback(functools.partial(self._release, size))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            return
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-
-    def _hold(self, n: int) -> None:
-        self._pending += n
-        if self._pending >= MAX_PENDING_BYTES:
-            self._drained.clear()
-
-    def _release(self, n: int, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._pending -= n
-        if self._pending < MAX_PENDING_BYTES:
-            self._drained.set()
-
-    async def _handle(self, frame: Frame) -> None:
-        req = ttrpc_pb2.Request()
-        try:
-            req.ParseFromString(frame.data)
-        except Exception as exc:  # noqa: BLE001 - any decode failure is the caller's fault
-            await self._send(frame.stream_id, _response(INVALID_ARGUMENT, f"bad ttrpc request: {exc}"))
-            return
-        method = self._methods.get((req.service, req.method))
-        if method is None:
-            await self._send(frame.stream_id, _response(UNIMPLEMENTED, f"{req.service}.{req.method} not implemented"))
-            return
-        try:
-            payload = await method(req.payload)
-            body = _response(OK, "", payload)
-        except RPCError as exc:
-            if exc.code == INVALID_ARGUMENT:  # the caller's mistake: no traceback
-                log.warning("ttrpc: invalid request", extra={"kv": {"method": req.method, "error": exc.message}})
-            body = _response(exc.code, exc.message)
-        except Exception as exc:
-            log.exception("ttrpc: handler failed", extra={"kv": {"method": req.method}})
-            body = _response(UNKNOWN, str(exc) or type(exc).__name__)
-        await self._send(frame.stream_id, body)
-
-    async def _send(self, stream_id: int, body: bytes) -> None:
-        try:
-            await self._stream.write(encode_frame(stream_id, TYPE_RESPONSE, body))
-        except RPCError as exc:
-            await self._stream.write(encode_frame(stream_id, TYPE_RESPONSE, _response(exc.code, exc.message)))
-        except ConnectionError:
-            log.info("ttrpc: connection closed before response", extra={"kv": {"stream": stream_id}})
+    if message.type != TYPE_REQUEST:
+        log.warning(
+            "ttrpc: ignoring non-request message", extra={"kv": {"type": message.type, "stream": message.stream_id}}
+        )
+        return None
+    if isinstance(message, Oversized):
+        return response(message.stream_id, RESOURCE_EXHAUSTED, message.message)
+    req = ttrpc_pb2.Request()
+    try:
+        req.ParseFromString(message.data)
+    except Exception as exc:  # noqa: BLE001 - any decode failure is the caller's fault
+        return response(message.stream_id, INVALID_ARGUMENT, f"bad ttrpc request: {exc}")
+    method = methods.get((req.service, req.method))
+    if method is None:
+        return response(message.stream_id, UNIMPLEMENTED, f"{req.service}.{req.method} not implemented")
+    try:
+        payload = method(req.payload)
+    except RPCError as exc:
+        if exc.code == INVALID_ARGUMENT:  # the caller's mistake: no traceback
+            log.warning("ttrpc: invalid request", extra={"kv": {"method": req.method, "error": exc.message}})
+        return response(message.stream_id, exc.code, exc.message)
+    except Exception as exc:
+        log.exception("ttrpc: handler failed", extra={"kv": {"method": req.method}})
+        return response(message.stream_id, UNKNOWN, str(exc) or type(exc).__name__)
+    try:
+        return response(message.stream_id, OK, "", payload)
+    except RPCError as exc:  # the answer itself is over the limit
+        return response(message.stream_id, exc.code, exc.message)
 
 
-class Client:
-    """Unary ttrpc client; :meth:`run` must be running to receive responses."""
+class Calls:
+    """The unary calls this side made on its client connection, and their answers as they arrive."""
 
-    def __init__(self, stream: ByteStream) -> None:
-        self._stream = stream
+    def __init__(self) -> None:
         self._next_id = 1
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
-        self._closed: BaseException | None = None
+        self.pending: set[int] = set()
+        self.answers: dict[int, bytes | RPCError] = {}
 
-    async def call(self, service: str, method: str, payload: bytes, timeout: float | None = None) -> bytes:
-        """Call ``service.method``; returns the response payload or raises :class:`RPCError`."""
-        if self._closed is not None:
-            raise ConnectionError(f"ttrpc client closed: {self._closed}")
+    def request(self, service: str, method: str, payload: bytes, timeout: float | None = None) -> tuple[int, bytes]:
+        """A new call: its stream id and the request message to send."""
         stream_id = self._next_id
         self._next_id += 2  # client streams are odd
         req = ttrpc_pb2.Request(
             service=service, method=method, payload=payload, timeout_nano=int(timeout * 1e9) if timeout else 0
         )
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-        self._pending[stream_id] = fut
-        try:
-            await self._stream.write(encode_frame(stream_id, TYPE_REQUEST, req.SerializeToString()))
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._pending.pop(stream_id, None)
+        self.pending.add(stream_id)
+        return stream_id, encode_frame(stream_id, TYPE_REQUEST, req.SerializeToString())
 
-    async def run(self) -> None:
-        """Dispatch responses to waiting calls until the stream ends; then fail them all."""
+    def receive(self, message: Frame | Oversized) -> None:
+        """A message received on the client connection: the answer of a pending call (else ignored)."""
+        if message.stream_id not in self.pending or message.type != TYPE_RESPONSE:
+            return
+        self.pending.discard(message.stream_id)
+        if isinstance(message, Oversized):
+            self.answers[message.stream_id] = RPCError(RESOURCE_EXHAUSTED, message.message)
+            return
+        resp = ttrpc_pb2.Response()
         try:
-            while True:
-                frame = await read_frame(self._stream)
-                fut = self._pending.get(frame.stream_id)
-                if fut is None or fut.done() or frame.type != TYPE_RESPONSE:
-                    continue
-                resp = ttrpc_pb2.Response()
-                resp.ParseFromString(frame.data)
-                if resp.status.code != OK:
-                    fut.set_exception(RPCError(resp.status.code, resp.status.message))
-                else:
-                    fut.set_result(resp.payload)
-        except (asyncio.IncompleteReadError, ConnectionError, _Oversized) as exc:
-            self._closed = exc
-        finally:
-            if self._closed is None:
-                self._closed = ConnectionError("ttrpc client stopped")
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionError("NRI connection closed during call"))
+            resp.ParseFromString(message.data)
+        except Exception as exc:  # noqa: BLE001 - a garbled answer fails that call only
+            self.answers[message.stream_id] = RPCError(UNKNOWN, f"bad ttrpc response: {exc}")
+            return
+        if resp.status.code != OK:
+            self.answers[message.stream_id] = RPCError(resp.status.code, resp.status.message)
+        else:
+            self.answers[message.stream_id] = resp.payload

@@ -5,7 +5,6 @@ follows; never an unexpected exception."""
 
 from __future__ import annotations
 
-import asyncio
 import struct
 
 from hypothesis import given
@@ -14,7 +13,7 @@ from hypothesis import strategies as st
 from dranet_proto import nri_v1alpha1_pb2 as api
 from dranet_proto import ttrpc_pb2
 from driver.nri import ttrpc
-from driver.nri.mux import Mux, MuxError
+from driver.nri.mux import MAX_PAYLOAD, MuxDecoder, MuxError
 from driver.nri.plugin import PLUGIN_SERVICE, NRIPlugin
 from tests.fuzz import FUZZ
 from tests.nri.test_protocol import FakeHandler
@@ -32,37 +31,8 @@ METHODS = [
 ]
 
 
-class BytesStream:
-    """A ttrpc ByteStream over fixed input; collects what is written and the largest read asked for."""
-
-    def __init__(self, data: bytes, eof: bool = True) -> None:
-        self.reader = asyncio.StreamReader()
-        self.reader.feed_data(data)
-        if eof:
-            self.reader.feed_eof()
-        self.written: list[bytes] = []
-        self.largest_read = 0
-
-    async def readexactly(self, n: int) -> bytes:
-        self.largest_read = max(self.largest_read, n)
-        return await self.reader.readexactly(n)
-
-    async def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-
-class Sink:
-    """A trunk writer that drops what is written."""
-
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-def _responses(written: list[bytes]) -> list[ttrpc_pb2.Response]:
-    data, out = b"".join(written), []
+def _responses(data: bytes) -> list[ttrpc_pb2.Response]:
+    out = []
     while data:
         length, _stream, kind, _flags = ttrpc.HEADER.unpack_from(data)
         assert kind == ttrpc.TYPE_RESPONSE
@@ -73,24 +43,29 @@ def _responses(written: list[bytes]) -> list[ttrpc_pb2.Response]:
     return out
 
 
+def _feed(decoder: ttrpc.FrameDecoder, wire: bytes, cuts: list[int]) -> list[ttrpc.Frame | ttrpc.Oversized]:
+    """``wire`` fed in pieces cut at ``cuts``."""
+    out: list[ttrpc.Frame | ttrpc.Oversized] = []
+    at = 0
+    for cut in sorted(c % (len(wire) + 1) for c in cuts) + [len(wire)]:
+        out += decoder.feed(wire[at:cut])
+        at = max(at, cut)
+    return out
+
+
 @FUZZ
-@given(st.binary(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=3))
-def test_random_bytes_as_ttrpc_frames(data: bytes, lengths: list[int]) -> None:
-    """Random bytes, and headers announcing any length: no read is ever larger than a message may be
-    (an oversized one is refused before its data is read)."""
-
-    async def run() -> None:
-        wire = b"".join(ttrpc.HEADER.pack(n, 1, ttrpc.TYPE_REQUEST, 0) for n in lengths) + data
-        stream = BytesStream(wire)
-        try:
-            while True:
-                frame = await ttrpc.read_frame(stream)
-                assert len(frame.data) <= ttrpc.MESSAGE_LENGTH_MAX
-        except (asyncio.IncompleteReadError, ttrpc._Oversized):
-            pass
-        assert stream.largest_read <= ttrpc.MESSAGE_LENGTH_MAX
-
-    asyncio.run(run())
+@given(st.binary(max_size=200), st.lists(st.integers(0, 2**32 - 1), max_size=3), st.lists(st.integers(0, 400)))
+def test_random_bytes_as_ttrpc_frames(data: bytes, lengths: list[int], cuts: list[int]) -> None:
+    """Random bytes, and headers announcing any length, cut anywhere: no message is larger than a
+    message may be (an oversized one is skipped, never held), and the decoder holds at most one."""
+    wire = b"".join(ttrpc.HEADER.pack(n, 1, ttrpc.TYPE_REQUEST, 0) for n in lengths) + data
+    decoder = ttrpc.FrameDecoder()
+    for message in _feed(decoder, wire, cuts):
+        if isinstance(message, ttrpc.Frame):
+            assert len(message.data) <= ttrpc.MESSAGE_LENGTH_MAX
+        else:
+            assert message.length > ttrpc.MESSAGE_LENGTH_MAX
+    assert len(decoder._buffer) <= ttrpc.HEADER.size + ttrpc.MESSAGE_LENGTH_MAX
 
 
 requests = st.tuples(
@@ -112,39 +87,31 @@ requests = st.tuples(
 
 
 @FUZZ
-@given(st.lists(requests, max_size=6), st.binary(max_size=16))
-def test_random_requests_to_the_plugin_methods(frames: list, tail: bytes) -> None:
-    """Real NRIPlugin method table (protobuf parsing, dispatch to a recording handler)."""
+@given(st.lists(requests, max_size=6), st.binary(max_size=16), st.lists(st.integers(0, 2000), max_size=4))
+def test_random_requests_to_the_plugin_methods(frames: list, tail: bytes, cuts: list[int]) -> None:
+    """Real NRIPlugin method table (protobuf parsing, dispatch to a recording handler): every
+    request answered exactly once, with a status the runtime understands."""
+    plugin = NRIPlugin("/nonexistent/nri.sock", FakeHandler())
+    wire, expected = b"", 0
+    for stream_id, kind, method, payload, garbage in frames:
+        envelope = (
+            payload
+            if garbage
+            else ttrpc_pb2.Request(service=PLUGIN_SERVICE, method=method, payload=payload).SerializeToString()
+        )
+        wire += ttrpc.HEADER.pack(len(envelope), stream_id, kind, 0) + envelope
+        expected += kind == ttrpc.TYPE_REQUEST
+    decoder = ttrpc.FrameDecoder()
+    methods = plugin._methods()
 
-    async def run() -> None:
-        plugin = NRIPlugin("/nonexistent/nri.sock", FakeHandler())
-        wire, expected = b"", 0
-        for stream_id, kind, method, payload, garbage in frames:
-            envelope = (
-                payload
-                if garbage
-                else ttrpc_pb2.Request(service=PLUGIN_SERVICE, method=method, payload=payload).SerializeToString()
-            )
-            wire += ttrpc.HEADER.pack(len(envelope), stream_id, kind, 0) + envelope
-            expected += kind == ttrpc.TYPE_REQUEST
-        stream = BytesStream(b"", eof=False)
-        stream.reader.feed_data(wire)
-        server = ttrpc.Server(stream, plugin._methods())
-        serve = asyncio.create_task(server.serve())
-        deadline = asyncio.get_running_loop().time() + 5
-        while len(_responses(stream.written)) < expected:  # every request answered, once
-            assert asyncio.get_running_loop().time() < deadline, "a request got no answer"
-            await asyncio.sleep(0.001)
-        stream.reader.feed_data(tail)
-        stream.reader.feed_eof()
-        await asyncio.wait_for(serve, 5)  # then a clean end, whatever the tail holds
-        plugin._worker.shutdown(wait=True)
-        answers = _responses(stream.written)
-        assert len(answers) == expected
-        for answer in answers:
-            assert answer.status.code in (ttrpc.OK, ttrpc.INVALID_ARGUMENT, ttrpc.UNIMPLEMENTED, ttrpc.UNKNOWN)
+    def answers(messages: list[ttrpc.Frame | ttrpc.Oversized]) -> list[ttrpc_pb2.Response]:
+        return _responses(b"".join(a for m in messages if (a := ttrpc.serve(m, methods)) is not None))
 
-    asyncio.run(run())
+    got = answers(_feed(decoder, wire, cuts))
+    assert len(got) == expected
+    got += answers(decoder.feed(tail))  # whatever follows: answered or held, never a crash
+    for answer in got:
+        assert answer.status.code in (ttrpc.OK, ttrpc.INVALID_ARGUMENT, ttrpc.UNIMPLEMENTED, ttrpc.UNKNOWN)
 
 
 @FUZZ
@@ -152,60 +119,34 @@ def test_random_requests_to_the_plugin_methods(frames: list, tail: bytes) -> Non
     st.lists(
         st.tuples(st.integers(0, 5), st.binary(max_size=60)) | st.binary(max_size=12).map(lambda b: (-1, b)),
         max_size=8,
-    )
+    ),
+    st.lists(st.integers(0, 600), max_size=5),
 )
-def test_random_mux_frames(chunks: list[tuple[int, bytes]]) -> None:
-    """The multiplexer's trunk: well-framed payloads on random connection ids, and raw garbage."""
-
-    async def run() -> None:
-        wire = b"".join(raw if conn < 0 else struct.pack(">II", conn, len(raw)) + raw for conn, raw in chunks)
-        reader = asyncio.StreamReader()
-        reader.feed_data(wire)
-        reader.feed_eof()
-
-        mux = Mux(reader, Sink())  # type: ignore[arg-type]
-        try:
-            await asyncio.wait_for(mux.run(), 5)
-        except MuxError:
-            pass
-        assert mux.closed.is_set()
-
-    asyncio.run(run())
+def test_random_mux_frames(chunks: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    """The multiplexer's trunk: well-framed payloads on random connection ids, and raw garbage, cut
+    anywhere: only the opened connections' payloads come out, or a MuxError ends the trunk; data for
+    the others is counted as dropped; at most one frame is held."""
+    wire = b"".join(raw if conn < 0 else struct.pack(">II", conn, len(raw)) + raw for conn, raw in chunks)
+    decoder = MuxDecoder((1, 2))
+    at = 0
+    try:
+        for cut in sorted(c % (len(wire) + 1) for c in cuts) + [len(wire)]:
+            for conn, _payload in decoder.feed(wire[at:cut]):
+                assert conn in (1, 2)
+            at = max(at, cut)
+            assert len(decoder._buffer) <= 8 + MAX_PAYLOAD
+    except MuxError:
+        pass
 
 
 @FUZZ
-@given(
-    st.lists(st.tuples(st.integers(1, 40), st.binary(max_size=300)), max_size=30),
-    st.integers(1, 64),
-)
-def test_mux_buffers_stay_bounded(frames: list[tuple[int, bytes]], bound: int) -> None:
-    """Frames on random connection ids against a reader that never reads: data for ids never opened
-    is dropped, an opened one holds at most its bound plus one frame, and the trunk then waits."""
-    import driver.nri.mux as mux_module
-
-    async def run() -> None:
-        wire = b"".join(struct.pack(">II", conn, len(raw)) + raw for conn, raw in frames)
-        reader = asyncio.StreamReader()
-        reader.feed_data(wire)
-        reader.feed_eof()
-
-        old, mux_module.MAX_BUFFERED = mux_module.MAX_BUFFERED, bound
-        try:
-            mux = Mux(reader, Sink())  # type: ignore[arg-type]
-            opened = {1: mux.conn(1), 2: mux.conn(2)}
-            pump = asyncio.create_task(mux.run())
-            await asyncio.sleep(0)
-            for _ in range(len(frames) + 2):
-                await asyncio.sleep(0)
-            largest = max((len(raw) for _, raw in frames), default=0)
-            for conn in opened.values():
-                assert conn.buffered <= bound + largest
-            unknown = sum(len(raw) for conn, raw in frames if conn not in opened)
-            if pump.done():
-                assert mux.dropped == unknown
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
-        finally:
-            mux_module.MAX_BUFFERED = old
-
-    asyncio.run(run())
+@given(st.lists(st.tuples(st.integers(1, 40), st.binary(max_size=300)), max_size=30))
+def test_mux_drops_exactly_the_unopened_connections(frames: list[tuple[int, bytes]]) -> None:
+    """Well-formed frames on random connection ids: the opened ones' payloads come out in order, the
+    bytes of every other one are counted as dropped, nothing is left buffered."""
+    wire = b"".join(struct.pack(">II", conn, len(raw)) + raw for conn, raw in frames)
+    decoder = MuxDecoder((1, 2))
+    out = decoder.feed(wire)
+    assert out == [(conn, raw) for conn, raw in frames if conn in (1, 2)]
+    assert decoder.dropped == sum(len(raw) for conn, raw in frames if conn not in (1, 2))
+    assert not decoder._buffer

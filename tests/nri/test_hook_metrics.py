@@ -16,17 +16,16 @@ class Handler:
         return None
 
 
-async def test_each_hook_call_is_counted_with_its_outcome_and_latency() -> None:
+def test_each_hook_call_is_counted_with_its_outcome_and_latency() -> None:
     metrics = Metrics()
     plugin = NRIPlugin("/nonexistent.sock", handler=Handler(), metrics=metrics)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
-        await plugin._in_worker("RunPodSandbox", plugin.handler.run_pod_sandbox, None)
-    await plugin._in_worker("StopPodSandbox", plugin.handler.stop_pod_sandbox, None)
-    await plugin._in_worker("StopPodSandbox", plugin.handler.stop_pod_sandbox, None)
+        plugin._hook("RunPodSandbox", plugin.handler.run_pod_sandbox, None)
+    plugin._hook("StopPodSandbox", plugin.handler.stop_pod_sandbox, None)
+    plugin._hook("StopPodSandbox", plugin.handler.stop_pod_sandbox, None)
     text = metrics.render().decode()
     assert 'dranet_driver_nri_plugin_requests_total{method="RunPodSandbox",status="failed"} 1.0' in text
     assert 'dranet_driver_nri_plugin_requests_total{method="StopPodSandbox",status="success"} 2.0' in text
     assert (
         'dranet_driver_nri_plugin_requests_latency_seconds_count{method="StopPodSandbox",status="success"} 2.0' in text
     )
-    plugin._worker.shutdown(wait=False)

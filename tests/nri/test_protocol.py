@@ -19,7 +19,7 @@ import pytest
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from dranet_proto import ttrpc_pb2
-from driver.nri.mux import MAX_PAYLOAD, Mux
+from driver.nri.mux import MAX_PAYLOAD, MuxDecoder, MuxError, encode
 from driver.nri.plugin import Backoff, NRIPlugin
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
@@ -291,30 +291,32 @@ async def test_plugin_retries_until_runtime_appears(sock_path: str) -> None:
         await _shutdown(rt, plugin, task)
 
 
-class _Writer:
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, b: bytes) -> None:
-        self.data.extend(b)
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
-async def test_mux_splits_payloads_above_max() -> None:
-    w = _Writer()
-    mux = Mux(asyncio.StreamReader(), w)  # type: ignore[arg-type]
+def test_mux_splits_payloads_above_max() -> None:
     payload = os.urandom(MAX_PAYLOAD + 100)
-    await mux.conn(1).write(payload)
-    cid, n = struct.unpack(">II", w.data[:8])
+    data = encode(1, payload)
+    cid, n = struct.unpack(">II", data[:8])
     assert (cid, n) == (1, MAX_PAYLOAD)
-    cid2, n2 = struct.unpack(">II", w.data[8 + n : 16 + n])
+    cid2, n2 = struct.unpack(">II", data[8 + n : 16 + n])
     assert (cid2, n2) == (1, 100)
-    assert bytes(w.data[8 : 8 + n]) + bytes(w.data[16 + n :]) == payload
+    assert bytes(data[8 : 8 + n]) + bytes(data[16 + n :]) == payload
+    assert encode(2, b"") == struct.pack(">II", 2, 0)
+
+
+def test_mux_decoder_reassembles_frames_cut_anywhere_and_drops_unopened_connections() -> None:
+    wire = encode(1, b"abc") + encode(7, b"nobody") + encode(2, b"") + encode(2, b"xyz")
+    got: list[tuple[int, bytes]] = []
+    dec = MuxDecoder((1, 2))
+    for i in range(len(wire)):  # one byte at a time: every header and payload cut
+        got += dec.feed(wire[i : i + 1])
+    assert got == [(1, b"abc"), (2, b""), (2, b"xyz")]
+    assert dec.dropped == len(b"nobody")
+
+
+def test_mux_decoder_refuses_an_oversized_frame_before_its_payload() -> None:
+    with pytest.raises(MuxError, match="too large"):
+        MuxDecoder((1,)).feed(struct.pack(">II", 1, MAX_PAYLOAD + 1))
+    with pytest.raises(MuxError, match="reserved"):
+        MuxDecoder((1,)).feed(struct.pack(">II", 0, 1) + b"x")
 
 
 def test_plugin_index_validated() -> None:
