@@ -9,7 +9,7 @@ the versions :mod:`driver.checkpoint.schema` defines.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
@@ -147,12 +147,14 @@ class PreparedClaim:
         return cls(**data)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MovedDevice:
     """Where one NIC of a pod is, and how to give it back exactly as it was.
 
     ``step`` is written before the corresponding netlink operation so that after
-    a crash the driver knows the NIC may already be in the pod namespace.
+    a crash the driver knows the NIC may already be in the pod namespace. Frozen, like
+    :class:`PodNetState`: a change is a new object (``dataclasses.replace``), which is how the
+    store tells which pods to encode again.
     """
 
     device: str
@@ -174,9 +176,14 @@ class MovedDevice:
     records: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PodNetState:
-    """The network namespace of a pod and the NICs moved into it."""
+    """The network namespace of a pod and the NICs moved into it.
+
+    Never changed in place (frozen; ``created`` is replaced, never appended to): the store keeps
+    each stored pod's encoded JSON while the same object is stored, so a hook's write encodes only
+    the pod it changed.
+    """
 
     pod_uid: str
     sandbox_id: str = ""
@@ -208,17 +215,7 @@ class DriverState:
 
     def pods_json(self) -> dict[str, Any]:
         """The pod network state part (``pods.json``); fields of newer versions only where set."""
-        pods = {k: _plain(v) for k, v in self.pods.items()}
-        for pod in pods.values():
-            if not pod.get("created"):
-                pod.pop("created", None)
-            for device in pod["devices"]:
-                for name in _V4_POD_FIELDS:
-                    if device.get(name) is None:
-                        device.pop(name, None)
-                if not device.get("records"):
-                    device.pop("records", None)
-        return {"pods": pods}
+        return {"pods": {k: pod_json(v) for k, v in self.pods.items()}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DriverState:
@@ -266,16 +263,47 @@ def share_usage(state: DriverState) -> dict[str, tuple[int, dict[str, int]]]:
     return out
 
 
-def pods_version(body: dict[str, Any]) -> int:
-    """The version ``pods.json`` is written as: 5 when a NIC carries a setting's record, else 4 when a
-    pod or a NIC carries a field version 3 does not know, else 2 (only fields that are set are
-    written, see :meth:`DriverState.pods_json`)."""
-    pods = body["pods"].values()
-    if any("records" in d for p in pods for d in p["devices"]):
+def pod_json(pod: PodNetState) -> dict[str, Any]:
+    """One pod's plain form in ``pods.json``: fields of newer versions only where set.
+
+    Field by field rather than :func:`_plain`: ``identity``, ``records`` and ``created`` hold plain
+    JSON values already (the encoder copies nothing), and this runs twice per pod start and stop.
+    """
+    out: dict[str, Any] = {name: getattr(pod, name) for name in _POD_FIELDS}
+    if pod.created:
+        out["created"] = pod.created
+    devices = []
+    for m in pod.devices:
+        device = {name: getattr(m, name) for name in _MOVED_FIELDS}
+        for name in _V4_POD_FIELDS:
+            value = getattr(m, name)
+            if value is not None:
+                device[name] = value
+        if m.records:
+            device["records"] = m.records
+        devices.append(device)
+    out["devices"] = devices
+    return out
+
+
+_POD_FIELDS = tuple(f.name for f in fields(PodNetState) if f.name not in ("devices", "created"))
+_MOVED_FIELDS = tuple(f.name for f in fields(MovedDevice) if f.name not in (*_V4_POD_FIELDS, "records"))
+"""The fields of :class:`PodNetState` and :class:`MovedDevice` always written (the rest only when set)."""
+
+
+def pod_version(pod: dict[str, Any]) -> int:
+    """The version one pod's plain form (:func:`pod_json`) needs: 5 when a NIC carries a setting's
+    record, else 4 when the pod or a NIC carries a field version 3 does not know, else 2."""
+    if any("records" in d for d in pod["devices"]):
         return SCHEMA_VERSION
-    if any("created" in p for p in pods) or any(set(_V4_POD_FIELDS) & d.keys() for p in pods for d in p["devices"]):
+    if "created" in pod or any(set(_V4_POD_FIELDS) & d.keys() for d in pod["devices"]):
         return IDENTITY_VERSION
     return COMPATIBLE_VERSION
+
+
+def pods_version(body: dict[str, Any]) -> int:
+    """The version ``pods.json`` is written as: the newest one of its pods needs (:func:`pod_version`)."""
+    return max((pod_version(p) for p in body["pods"].values()), default=COMPATIBLE_VERSION)
 
 
 def _plain(obj: Any) -> Any:

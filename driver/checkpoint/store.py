@@ -54,7 +54,7 @@ from driver.checkpoint.files import (
 )
 from driver.checkpoint.journal import Journal, base_of
 from driver.checkpoint.schema import COMPATIBLE_VERSION, data_version, encode, migrate
-from driver.checkpoint.state import DriverState, PreparedClaim, pods_version
+from driver.checkpoint.state import DriverState, PodNetState, PreparedClaim, pod_json, pod_version
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,8 @@ class CheckpointStore:
         # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
         # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
         self._encoded: dict[str, tuple[PreparedClaim, bytes, int]] = {}  # (claim, JSON, the version it needs)
+        # The same for the pods (PodNetState is frozen): a hook's write encodes only the pod it changed.
+        self._encoded_pods: dict[str, tuple[PodNetState, bytes, int]] = {}
         self._journal = Journal(self.journal_path, self.ops)
         self._base = base_of(None)  # the snapshot on disk, as the journal's records name it
         # The claims as on disk (snapshot and journal), the very objects: what changed is found by identity.
@@ -176,11 +178,14 @@ class CheckpointStore:
         """Open and flock ``checkpoint.lock``; a disk that refuses it is a failed write (reported,
         counted; :class:`CheckpointWriteError`), never a raw ``OSError``."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
             # Read-only is enough for flock: on a read-only disk the store still loads and reports
             # its failing writes.
             flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            self._lock_fd = os.open(self._lock_path, flags, 0o600)
+            try:
+                self._lock_fd = os.open(self._lock_path, flags, 0o600)
+            except FileNotFoundError:  # the directory itself is gone (or not made yet)
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._lock_fd = os.open(self._lock_path, flags, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             self.write_errors.pop(self._lock_path, None)
         except OSError as exc:
@@ -201,6 +206,7 @@ class CheckpointStore:
         on_disk = self._stamps[self.path] is not None
         self._base = base_of(snapshot if on_disk else None)
         self._encoded.clear()
+        self._encoded_pods.clear()
         self._rewrite = on_disk and snapshot != self._encode_claims(claims.claims)
         self._replay_journal(claims.claims)
         self._persisted = dict(claims.claims)
@@ -336,6 +342,7 @@ class CheckpointStore:
                 # fn may have mutated the state before failing, or the write failed (ENOSPC):
                 # go back to what is on disk so memory never claims what was not persisted.
                 self._encoded.clear()
+                self._encoded_pods.clear()
                 self._state = self._on_disk()
                 raise
             return result
@@ -402,8 +409,7 @@ class CheckpointStore:
         self._write_claims()
         if claims_only:
             return
-        pods = self._state.pods_json()
-        data = encode(pods, pods_version(pods))
+        data = self._encode_pods(self._state.pods)
         if self._written.get(self.pods_path) != data:
             try:
                 self._atomic_write(self.pods_path, data)
@@ -520,3 +526,21 @@ class CheckpointStore:
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
         return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"
+
+    def _encode_pods(self, pods: dict[str, PodNetState]) -> bytes:
+        """``pods.json``, byte for byte what ``encode(DriverState(pods=pods).pods_json(), version)``
+        gives with the newest version a pod needs, from each pod's JSON encoded once per stored object."""
+        pieces = []
+        version = COMPATIBLE_VERSION
+        for uid in sorted(pods):
+            pod = pods[uid]
+            cached = self._encoded_pods.get(uid)
+            if cached is None or cached[0] is not pod:
+                plain = pod_json(pod)
+                cached = (pod, json.dumps(plain, sort_keys=True, separators=(",", ":")).encode(), pod_version(plain))
+                self._encoded_pods[uid] = cached
+            pieces.append(json.dumps(uid).encode() + b":" + cached[1])
+            version = max(version, cached[2])
+        for uid in self._encoded_pods.keys() - pods.keys():
+            del self._encoded_pods[uid]
+        return b'{"pods":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"

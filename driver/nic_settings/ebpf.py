@@ -33,6 +33,7 @@ from driver.netlink_channel import (
     RTM_GETLINK,
     attr,
     inside_netns,
+    libc,
     parse_attrs,
     pick_attrs,
     text,
@@ -79,8 +80,7 @@ def _bpf(cmd: int, attr_bytes: bytes) -> tuple[int, bytes]:
     if nr is None:
         raise EbpfError(f"bpf system call number unknown on {platform.machine()}")
     buf = ctypes.create_string_buffer(attr_bytes, 128)
-    libc = ctypes.CDLL(None, use_errno=True)
-    ret = libc.syscall(nr, cmd, buf, 128)
+    ret = libc().syscall(nr, cmd, buf, 128)
     if ret < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

@@ -446,7 +446,7 @@ class NRIHooks:
                 msg += f"; rollback: {rollback}"
             self._failed(pod, [(nic.claim, nic.device) for nic in nics], device, step, msg)
             raise HookError(msg) from exc
-        self.store.update(lambda s: _mark_in_pod(s.pods[pod.uid], nics, links))
+        self.store.update(lambda s: s.pods.__setitem__(pod.uid, _in_pod_state(s.pods[pod.uid], nics, links)))
         self.pins.pin(pod.uid, target.path)
         self.steps.step("run:committed")
         self._ready(pod, nics)
@@ -461,7 +461,11 @@ class NRIHooks:
         """Records a link the hook just created in the pod (kind, ifindex, name), before anything else."""
 
         def record(created: dict[str, object]) -> None:
-            self.store.update(lambda s: s.pods[pod_uid].created.append(created))
+            def add(s: DriverState) -> None:
+                pod = s.pods[pod_uid]
+                s.pods[pod_uid] = replace(pod, created=[*pod.created, created])
+
+            self.store.update(add)
 
         return record
 
@@ -529,9 +533,9 @@ class NRIHooks:
         )
 
         def plan(s: DriverState) -> None:
-            for m in s.pods[pod_uid].devices:
-                if m.step != RETURNED:
-                    m.step = RETURNING
+            pod = s.pods[pod_uid]
+            devices = [m if m.step == RETURNED else replace(m, step=RETURNING) for m in pod.devices]
+            s.pods[pod_uid] = replace(pod, devices=devices)
 
         self.store.update(plan)
         self.steps.step("stop:planned")
@@ -563,11 +567,11 @@ class NRIHooks:
             pod = s.pods.get(pod_uid)
             if pod is None:
                 return
-            for m in pod.devices:
-                if m.device in done:
-                    m.step = RETURNED
-            if all(m.step == RETURNED for m in pod.devices):
+            devices = [replace(m, step=RETURNED) if m.device in done else m for m in pod.devices]
+            if all(m.step == RETURNED for m in devices):
                 del s.pods[pod_uid]
+            else:
+                s.pods[pod_uid] = replace(pod, devices=devices)
 
         self.store.update(commit)
         if self._pod_state(pod_uid) is None:
@@ -786,18 +790,26 @@ def _check_in_pod(target: PodNetns, moves: list[Move], nics: Sequence[Nic]) -> d
     return links
 
 
-def _mark_in_pod(state: PodNetState, nics: Sequence[Nic], links: dict[str, LinkInfo]) -> None:
-    """The pod's NICs are configured: each ``in-pod`` with the records the pod side added."""
+def _in_pod_state(state: PodNetState, nics: Sequence[Nic], links: dict[str, LinkInfo]) -> PodNetState:
+    """The pod's state once its NICs are configured: each ``in-pod`` with the records the pod side added."""
     by_name = {nic.name: nic for nic in nics}
+    devices = []
     for m in state.devices:
-        nic = by_name[m.device]
-        m.step = IN_POD
-        m.records = dict(nic.records)
-        # The pod's view of a veth's peer, now that it is in the pod: a link the pod makes
-        # itself cannot have its peer outside the pod.
-        m.identity = LinkIdentity.of(links[m.device], in_pod=True).to_dict()
-        if SUB_INTERFACE in m.records:  # its MAC (the kernel's when the claim set none) finds it again
-            m.pod_mac = links[m.device].mac
+        records = dict(by_name[m.device].records)
+        link = links[m.device]
+        devices.append(
+            replace(
+                m,
+                step=IN_POD,
+                records=records,
+                # The pod's view of a veth's peer, now that it is in the pod: a link the pod makes
+                # itself cannot have its peer outside the pod.
+                identity=LinkIdentity.of(link, in_pod=True).to_dict(),
+                # A sub-interface's MAC (the kernel's when the claim set none) finds it again.
+                pod_mac=link.mac if SUB_INTERFACE in records else m.pod_mac,
+            )
+        )
+    return replace(state, devices=devices)
 
 
 def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:

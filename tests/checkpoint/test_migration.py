@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ def test_every_older_version_is_read_with_each_settings_record_under_its_name(ve
 def test_the_next_write_is_the_new_version_and_reads_back_the_same(version: int, tmp_path: Path) -> None:
     store = _load(version, tmp_path)
     before = store.read(lambda s: (s.claims[CLAIM], s.pods[POD]))
-    store.update(lambda s: s.pods[POD].__setattr__("name", "pod-a"))  # any change writes pods.json anew
+    store.update(lambda s: s.pods.__setitem__(POD, replace(s.pods[POD], name="pod-a")))  # any change: pods.json anew
     pods = json.loads(store.pods_path.read_text())
     assert pods["version"] == SCHEMA_VERSION
     for device in pods["pods"][POD]["devices"]:

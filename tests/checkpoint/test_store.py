@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,11 @@ def _claim(uid: str) -> PreparedClaim:
         pod_uids=["p1"],
         devices=[PreparedDevice("nic", "node", snap.name, snap, NetworkConfig(interface=InterfaceConfig(mtu=9000)))],
     )
+
+
+def _with_device(pod: PodNetState, **change: object) -> PodNetState:
+    """``pod`` with its first NIC changed (a pod's state is never changed in place)."""
+    return replace(pod, devices=[replace(pod.devices[0], **change), *pod.devices[1:]])
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -316,7 +322,7 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     assert pod.devices[0].records == {"addresses": {"routes": [{"dst": None, "gateway": "10.0.0.1"}]}}
     # The next write stores the claims as version 2 (nothing needs 3) and the pods as version 5 (the
     # host route is a setting's record now); reading them back gives the same state.
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("step", "returning"))
+    store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], step="returning")))
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
     assert json.loads((state / "checkpoint.json").read_text())["version"] == COMPATIBLE_VERSION
     assert json.loads((run / "pods.json").read_text())["version"] == SCHEMA_VERSION
@@ -441,15 +447,17 @@ def test_a_newer_version_is_written_only_when_the_content_needs_it(tmp_path: Pat
     store.update(lambda s: s.claims.__setitem__("u2", replace(_claim("u2"), devices=[replace(device, config=arp)])))
     assert versions()[0] == CONFIG_FIELDS_VERSION
     # How a NIC is found again (its indexes and identity) is version 4: a version-3 driver refuses it.
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", 7))
+    store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], pod_index=7)))
     assert versions()[1] == IDENTITY_VERSION
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("pod_index", None))
-    store.update(lambda s: s.pods["p1"].created.append({"kind": "vrf", "index": 9, "name": "vrf-a"}))
+    store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], pod_index=None)))
+    vrf = {"kind": "vrf", "index": 9, "name": "vrf-a"}
+    store.update(lambda s: s.pods.__setitem__("p1", replace(s.pods["p1"], created=[vrf])))
     assert versions()[1] == IDENTITY_VERSION
     # A setting's record is version 5: a version-4 driver refuses it (it would not undo the setting).
-    store.update(lambda s: s.pods["p1"].devices[0].records.__setitem__("sysctls", {"ipv4/arp_ignore": 0}))
+    sysctls = {"sysctls": {"ipv4/arp_ignore": 0}}
+    store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], records=sysctls)))
     assert versions() == (CONFIG_FIELDS_VERSION, SCHEMA_VERSION)
-    store.update(lambda s: s.pods["p1"].devices[0].__setattr__("records", {}))
+    store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], records={})))
     assert versions()[1] == IDENTITY_VERSION
     store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
     assert versions() == (COMPATIBLE_VERSION, COMPATIBLE_VERSION)
