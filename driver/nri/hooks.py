@@ -239,8 +239,7 @@ class NRIHooks:
 
     def _netdevs(self, pod_uid: str) -> list[Netdev]:
         """The pod's prepared devices that have a netdev (the ones that move)."""
-        claims = self.store.read(lambda s: s.claims_for_pod(pod_uid))
-        return [(c, d) for c in claims for d in c.devices if d.snapshot.host.ifname]
+        return self.store.read(lambda s: _netdevs_of(s, pod_uid))
 
     def _pod_state(self, pod_uid: str) -> PodNetState | None:
         """The pod's NIC state in the checkpoint, None when it holds none of ours."""
@@ -272,10 +271,9 @@ class NRIHooks:
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
         with self._lock, self._hook("RunPodSandbox", pod):
-            netdevs = self._netdevs(pod.uid)
+            netdevs, existing = self.store.read(lambda s: (_netdevs_of(s, pod.uid), s.pods.get(pod.uid)))
             if not netdevs:
                 return
-            existing = self._pod_state(pod.uid)
             if existing is not None and existing.devices and all(d.step == IN_POD for d in existing.devices):
                 return  # a retried call: already done
             if existing is not None:
@@ -563,18 +561,19 @@ class NRIHooks:
         self.steps.mark("stop:moved-and-restored")
         errors, done = self._after_return(pod_uid, state, results)
 
-        def commit(s: DriverState) -> None:
+        def commit(s: DriverState) -> bool:
+            """Mark the NICs home; True when the pod holds none any more (its state dropped)."""
             pod = s.pods.get(pod_uid)
             if pod is None:
-                return
+                return True
             devices = [replace(m, step=RETURNED) if m.device in done else m for m in pod.devices]
             if all(m.step == RETURNED for m in devices):
                 del s.pods[pod_uid]
-            else:
-                s.pods[pod_uid] = replace(pod, devices=devices)
+                return True
+            s.pods[pod_uid] = replace(pod, devices=devices)
+            return False
 
-        self.store.update(commit)
-        if self._pod_state(pod_uid) is None:
+        if self.store.update(commit):
             self.pins.unpin(pod_uid)
         self.steps.step("stop:committed")
         return "; ".join(errors)
@@ -695,6 +694,11 @@ class NRIHooks:
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""
         log.info("NRI shutdown received")
+
+
+def _netdevs_of(state: DriverState, pod_uid: str) -> list[Netdev]:
+    """The pod's prepared devices that have a netdev (the ones that move), with their claims."""
+    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.snapshot.host.ifname]
 
 
 def _pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
