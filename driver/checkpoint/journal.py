@@ -11,22 +11,24 @@ A record is a header and a payload (the store's JSON of the claims put and remov
 
     magic "DNJ1" | payload length u32 | crc32 u32 | epoch u64 | sequence u32 | base 16 bytes | payload
 
-- ``epoch`` (random) names a *run* of records and ``sequence`` numbers them within it (consecutive,
-  never reused for another change): a record of this run is told from the rest of an older run left
-  beyond the file's end.
-- Every snapshot this driver writes names the :class:`Position` it was written at (``"journal":
-  {"epoch": E, "seq": N}``): it holds run E's records before N, and run E's records from N on apply
-  to it. A compaction writes the new snapshot while records are still appended, so it names where
-  its copy of the claims stopped; the records appended meanwhile continue the same run and apply
-  to the old snapshot and to the new one alike: a crash at any step of the compaction finds them,
-  and the journal is never rewritten to keep them. Records before a snapshot's position (folded,
-  not yet cut off the file) are skipped, never replayed. A snapshot written whole names the
-  position too (a new run once the sequence numbers are used up). The position also makes the
-  bytes of every snapshot differ from those of an older one with the same claims, which the
-  journal moved on from: a record the newer one holds is never replayed on it as on the older.
-- ``base`` names the snapshot a run was started on (a hash of its bytes). A snapshot that names
-  no position (written by a driver from before positions, or none on disk yet) takes the run
-  whose records name its base, from sequence 0.
+- ``epoch`` (random) names a *run* of records and ``sequence`` numbers them within it from 0
+  (consecutive, never reused for another change): a record of this run is told from the rest of an
+  older run left beyond the file's end. ``base`` names the snapshot the run was started on (a hash
+  of its bytes); a run started on a snapshot applies to it whole.
+- Every snapshot this driver writes also names the :class:`Position` it was written at
+  (``"journal": {"epoch": E, "seq": N}``): it holds run E's records before N, and run E's records
+  from N on apply to it. A compaction writes the new snapshot while records are still appended, so
+  it names where its copy of the claims stopped; the records appended meanwhile continue the same
+  run and apply to the old snapshot (the run's base) and to the new one (from its position) alike:
+  a crash at any step of the compaction finds them, and the journal is never rewritten to keep
+  them. Records before a snapshot's position (folded, not yet cut off the file) are skipped, never
+  replayed. Once a snapshot holding every record is durable the journal is cut, and the next
+  append starts a new run on it. The position also makes the bytes of every snapshot differ from
+  those of an older one with the same claims that the journal moved on from, so a run started on
+  the older is never taken for one started on the newer.
+- A driver from before positions reads only runs started on its snapshot: it misses the records
+  appended while a compaction ran until the next quiet compaction cuts them, as a driver from
+  before the journal misses every record until one.
 - ``crc32`` covers everything after it. The journal is read from the start up to the first record
   that is not whole and valid: a record torn by a crash was never acknowledged (its sync had not
   returned), so dropping it loses nothing anyone was told was saved.
@@ -56,8 +58,7 @@ _HEADER = struct.Struct("<4sIIQI16s")  # magic, payload length, crc32, epoch, se
 _CRC_FROM = 12  # the crc covers the header after its own field, then the payload
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_EPOCH = (1 << 64) - 1
-MAX_SEQ = (1 << 32) - 1
-"""The last sequence number a record can carry (u32); a run that reaches it is ended by a whole write."""
+_MAX_SEQ = (1 << 32) - 1  # a record's u32; a run never nears it (the store bounds a run's bytes)
 
 
 def base_of(snapshot: bytes | None) -> bytes:
@@ -112,8 +113,7 @@ class Position:
         epoch, seq = fields.get("epoch"), fields.get("seq")
         if set(fields) != {"epoch", "seq"} or type(epoch) is not int or type(seq) is not int:
             raise ValueError(f"journal position {value!r} is not {{'epoch': int, 'seq': int}}")
-        # seq may be one past the last record: a snapshot written when the run was used up
-        if not (0 <= epoch <= _MAX_EPOCH and 0 <= seq <= MAX_SEQ + 1):
+        if not (0 <= epoch <= _MAX_EPOCH and 0 <= seq <= _MAX_SEQ):
             raise ValueError(f"journal position {value!r} is out of range")
         return cls(epoch, seq)
 
@@ -139,38 +139,43 @@ class Parsed:
     start: int
 
 
-def _first_of_run(epoch: int, seq: int, rec_base: bytes, base: bytes, at: Position | None) -> bool:
-    """Whether the file's first record begins the run that applies to the snapshot: the run the
-    snapshot names, from at most its position; for a snapshot naming none, a run started on it."""
-    if at is None:
-        return rec_base == base and seq == 0
-    return epoch == at.epoch and seq <= at.seq
+def _held_below(epoch: int, seq: int, rec_base: bytes, base: bytes, at: Position | None) -> int | None:
+    """For the file's first record: the sequence number from which its run applies to the snapshot
+    (the snapshot's position in the run it names, which the file may hold from before it; 0 for a
+    run started on the snapshot), or None when the run does not apply to it."""
+    if at is not None and epoch == at.epoch:
+        return at.seq if seq <= at.seq else None
+    return 0 if rec_base == base and seq == 0 else None
 
 
 def parse(data: bytes, base: bytes, at: Position | None) -> Parsed:
     """The payloads of the valid records of ``data`` that apply to the snapshot named ``base`` at
-    position ``at``, in order (records before ``at`` are skipped: the snapshot holds them)."""
+    position ``at`` (None: it names none), in order; records the snapshot holds are skipped."""
     payloads: list[bytes] = []
     tail: Tail | None = None
     start: int | None = None
+    held_below = 0
     offset, view = 0, memoryview(data)
     while (head := _header(view, offset)) is not None:
         length, crc, epoch, seq, rec_base = head
         begin = offset + _HEADER.size
         if begin + length > len(data):
             break
-        if tail is None and not _first_of_run(epoch, seq, rec_base, base, at):
-            break
-        if tail is not None and (epoch, seq, rec_base) != (tail.epoch, tail.seq, tail.base):
+        if tail is None:
+            first = _held_below(epoch, seq, rec_base, base, at)
+            if first is None:
+                break
+            held_below = first
+        elif (epoch, seq, rec_base) != (tail.epoch, tail.seq, tail.base):
             break  # the rest of an older run, beyond this one's end
         if zlib.crc32(view[begin : begin + length], zlib.crc32(view[offset + _CRC_FROM : begin])) != crc:
             break
-        if at is None or seq >= at.seq:
+        if seq >= held_below:
             start = offset if start is None else start
             payloads.append(bytes(view[begin : begin + length]))
         tail = Tail(epoch, seq + 1, begin + length, rec_base)
         offset = begin + length
-    if tail is not None and at is not None and tail.seq < at.seq:
+    if tail is not None and tail.seq < held_below:
         tail = None  # the run ends before the snapshot's position: nothing of it is left to apply
     return Parsed(payloads, tail, (tail.end if tail else 0) if start is None else start)
 
@@ -183,8 +188,9 @@ class Journal:
         self.ops = ops
         self._tail: Tail | None = None  # None: no valid record of the run in the file
         self._start = 0  # offset of the first record the current snapshot does not hold
-        # The position the current snapshot names (None: it names none, and no run is chosen yet).
-        self._at: Position | None = None
+        # Without a run in the file: the new run the next append starts (chosen once asked for, so
+        # a snapshot written meanwhile names it).
+        self._next: Position | None = None
         self._seen: tuple[int, int] | None = None  # (inode, size) as last read or written by us
         # The journal's directory entry is synced by this process's first append, whoever created
         # it (a process that crashed right after creating it may not have), and again after
@@ -204,25 +210,20 @@ class Journal:
         """Bytes of the run in the file, folded records included: what a start reads through."""
         return 0 if self._tail is None else self._tail.end
 
-    @property
-    def exhausted(self) -> bool:
-        """The run has no sequence number left: the next change is written whole (a new run)."""
-        return self._tail is not None and self._tail.seq > MAX_SEQ
-
     def position(self) -> Position:
         """Where the next record goes: the position a snapshot of the state as it is now names."""
         if self._tail is not None:
             return Position(self._tail.epoch, self._tail.seq)
-        if self._at is None:
-            self._at = Position.new_run()  # the run the next append starts on this snapshot
-        return self._at
+        if self._next is None:
+            self._next = Position.new_run()
+        return self._next
 
     def load(self, base: bytes, at: Position | None) -> list[bytes]:
         """The payloads to apply to the snapshot named ``base`` at position ``at``, and the tail set
         after them. A file that is not a regular file raises
         :class:`~driver.checkpoint.files.NotAStateFile` (moved aside by the store); an unreadable one
         its ``OSError``."""
-        self._tail, self._start, self._at, self._seen = None, 0, at, None
+        self._tail, self._start, self._next, self._seen = None, 0, None, None
         try:
             raw, st = read_state(self.path)
         except FileNotFoundError:
@@ -239,24 +240,21 @@ class Journal:
         return parsed.payloads
 
     def folded(self, at: Position, end: int) -> None:
-        """A snapshot naming ``at`` is now current; the run's records before it end at offset ``end``.
-        Nothing is cut yet (see :meth:`cut`): until that snapshot is durable the old one may be the
-        one a crash leaves, and it still needs them."""
-        self._at = at
+        """A snapshot naming ``at`` (a :meth:`position` of this run) is now current; the run's records
+        before it end at offset ``end``. Nothing is cut yet (see :meth:`cut`): until that snapshot
+        is durable the old one may be the one a crash leaves, and it still needs them."""
         if self._tail is not None and self._tail.epoch == at.epoch:
             self._start = end
-        else:  # a new run: the file's records are stale
-            self._tail, self._start = None, 0
 
     def forget(self) -> None:
-        """The file's records are gone (moved aside): the next append starts at the file's start."""
-        self._tail, self._start = None, 0
+        """The file's records are gone (moved aside): the next append starts a new run at its start."""
+        self._tail, self._start, self._next = None, 0, None
         self.lost = False
 
     def cut(self) -> None:
-        """Once the current snapshot is durable and holds every record: cut them off the file, so the
-        next append starts it again. Not synced: records before the snapshot's position are never
-        replayed, whether or not the cut survives a crash."""
+        """Once the current snapshot is durable and holds every record: cut them off the file; the next
+        append starts a new run on that snapshot. Not synced: records before the snapshot's position
+        are never replayed, whether or not the cut survives a crash."""
         if self.size:
             return  # records the snapshot does not hold: they stay until a later compaction
         self.forget()
@@ -287,8 +285,8 @@ class Journal:
         return (st.st_ino, st.st_size) != self._seen
 
     def append(self, base: bytes, payload: bytes) -> None:
-        """Append a record (a run started here names snapshot ``base``) and make it durable: one
-        ``fdatasync`` (and the directory's ``fsync`` at this process's first append).
+        """Append a record (a new run is started on the current snapshot, named ``base``) and make it
+        durable: one ``fdatasync`` (and the directory's ``fsync`` at this process's first append).
 
         On failure the journal is cut back to where it ended (a torn record is removed) and the
         ``OSError`` propagates; the records before it stay valid.
@@ -334,7 +332,7 @@ class Journal:
             raise
         finally:
             self.ops.close(fd)
-        self._tail = Tail(tail.epoch, tail.seq + 1, end, tail.base)
+        self._tail, self._next = Tail(tail.epoch, tail.seq + 1, end, tail.base), None
         self._seen = (inode, size)
 
     def _open(self) -> tuple[int, bool]:

@@ -561,10 +561,9 @@ class CheckpointStore:
     def _journal_takes_it(self) -> bool:
         """Whether a change of the claims goes to the journal (else the whole file is written): this
         instance journals, the snapshot is ours and durable, the journal's run is whole on disk and
-        has room (bytes a start replays, sequence numbers)."""
+        has room (the bytes a start replays)."""
         journal = self._journal
-        usable = not (self._rewrite or journal.lost or journal.exhausted or journal.length > JOURNAL_LIMIT)
-        return usable and self.journaling()
+        return not (self._rewrite or journal.lost or journal.length > JOURNAL_LIMIT) and self.journaling()
 
     def _journal_record(self, puts: list[str], deleted: list[str]) -> bytes:
         """A journal record's payload: the claims put (their cached JSON) and the UIDs removed."""
@@ -581,13 +580,12 @@ class CheckpointStore:
     def _write_snapshot(self) -> None:
         """Replace ``checkpoint.json`` with every claim; the journal's records are then in it.
 
-        It names the journal's position (the run goes on after it; a new run once the sequence
-        numbers are used up): records another instance appends before this rename is durable then
-        apply to the old snapshot and to this one alike.
+        It names the journal's position: records another instance appends to the run before this
+        file's rename is durable (after a failed directory sync) apply to the old snapshot and to
+        this one alike.
         """
         journal = self._journal
-        at = Position.new_run() if journal.exhausted else journal.position()
-        end = journal.length
+        at, end = journal.position(), journal.length
         data = self._encode_claims(self._state.claims, at)
         try:
             self._atomic_write(self.path, data)

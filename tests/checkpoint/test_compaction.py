@@ -25,6 +25,7 @@ from driver.checkpoint.errors import CheckpointWriteError
 from driver.checkpoint.files import FileOps
 from driver.checkpoint.store import CheckpointStore
 from tests.checkpoint.test_journal import FailingOps, _claims, _drop, _put
+from tests.plugins.tmpfs import TmpfsFactory, fill
 
 KILLED = 137
 
@@ -171,6 +172,22 @@ def test_a_failed_directory_sync_keeps_the_journal_until_a_write_works(tmp_path:
     ops.armed = False
     assert store.retry_write() and not store.write_errors
     assert _snapshot(tmp_path) == _claims(tmp_path) == ["u1", "u2", "u3", "u4", "u5"]
+
+
+def test_a_full_disk_fails_the_compaction_and_keeps_the_journal(tmpfs_factory: TmpfsFactory, tmp_path: Path) -> None:
+    state = tmpfs_factory.mount("state", "256k")
+    store = CheckpointStore(state, tmp_path / "run", journal=True)
+    _put(store, *(f"u{i}" for i in range(8)))
+    filler = fill(state, leave=1024)  # the new file (~8 KB) does not fit
+    with pytest.raises(CheckpointWriteError) as failed:
+        store.compact()
+    assert failed.value.errno == errno.ENOSPC and str(state / "checkpoint.json") in str(failed.value)
+    assert not failed.value.replaced and not list(state.glob("*.tmp"))  # its partial file is gone
+    assert store.journal_size and [p.name for p in store.write_errors] == ["checkpoint.json"]
+    assert _claims(state) == [f"u{i}" for i in range(8)]
+    filler.unlink()
+    assert store.compact() and not store.write_errors and not store.journal_size
+    assert _snapshot(state) == _claims(state) == [f"u{i}" for i in range(8)]
 
 
 def test_a_killed_compactions_file_is_removed_at_start_unless_another_is_compacting(tmp_path: Path) -> None:

@@ -204,6 +204,19 @@ def test_files_of_a_driver_from_before_journal_positions_are_read(tmp_path: Path
     assert _claims(tmp_path) == ["u1"]
 
 
+def test_a_driver_from_before_journal_positions_reads_the_records_after_a_quiet_compaction(tmp_path: Path) -> None:
+    """It reads only runs started on its snapshot (from sequence 0), as a rolling update's other
+    instance may: once the journal is cut, this driver's next records start such a run."""
+    store = CheckpointStore(tmp_path, journal=True)
+    _put(store, "u1", "u2")
+    assert store.compact()  # quiet: every record folded, the journal cut
+    _put(store, "u3")
+    _drop(store, "u1")
+    snapshot = (tmp_path / "checkpoint.json").read_bytes()
+    older = parse((tmp_path / "checkpoint.journal").read_bytes(), base_of(snapshot), None)  # its reading
+    assert [sorted(json.loads(p)["put"]) + json.loads(p)["delete"] for p in older.payloads] == [["u3"], ["u1"]]
+
+
 @pytest.mark.parametrize("position", [{"epoch": -1, "seq": 0}, {"epoch": 1}, {"epoch": 1, "seq": "2"}, [1, 2]])
 def test_a_snapshot_with_a_damaged_journal_position_is_moved_aside(tmp_path: Path, position: Any) -> None:
     """Read as another position, it would replay records the snapshot holds, or skip some it does not."""
