@@ -2,8 +2,10 @@
 
 A state file is replaced atomically (write a temporary file in full, fsync it, rename it over the
 old one, fsync the directory), so a driver killed at any instant leaves the old or the new file,
-never a torn one. Every system call goes through :class:`FileOps`, the seam tests use to inject
-the faults a real disk gives rarely. Also here: removing the temporary file an interrupted write
+never a torn one. The steps are also given apart (:func:`write_synced`, :func:`rename_into_place`,
+:func:`sync_directory`), so the claims file's compaction can write and sync its temporary file
+without holding the store's locks. Every system call goes through :class:`FileOps`, the seam
+tests use to inject the faults a real disk gives rarely. Also here: removing the temporary file an interrupted write
 left, and moving a corrupt file aside (kept for a human, never deleted).
 
 Nothing in the state directories is trusted to be what its name says: a state file is read only
@@ -86,13 +88,13 @@ def read_state(path: Path, limit: int = MAX_STATE_BYTES) -> tuple[bytes, os.stat
         os.close(fd)
 
 
-def _tmp_path(path: Path) -> Path:
+def temporary_path(path: Path) -> Path:
+    """Where :func:`atomic_write` writes ``path``'s next content before renaming it into place."""
     return path.with_suffix(".tmp")
 
 
-def remove_leftover(path: Path) -> None:
-    """Remove the temporary file of a write that was interrupted (kill -9, power loss)."""
-    tmp = _tmp_path(path)
+def remove_leftover(tmp: Path) -> None:
+    """Remove the temporary file ``tmp`` of a write that was interrupted (kill -9, power loss)."""
     try:
         tmp.unlink()
     except FileNotFoundError:
@@ -123,21 +125,15 @@ class ReplacedNotSynced(OSError):
     new bytes now, and whether the rename survives a power loss is unknown."""
 
 
-def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never a mix.
+def write_synced(tmp: Path, data: bytes, ops: FileOps) -> None:
+    """Create ``tmp`` afresh holding ``data`` and fsync it: a complete file to rename into place.
 
-    Every byte is written (a short write on a nearly full disk is continued, and fails with
-    ENOSPC when nothing more fits), the file and then its directory are fsynced, and only a
-    complete temporary file is renamed over the old one. On a failure before the rename the
-    temporary file is removed and the old file is untouched; the ``OSError`` propagates. A
-    failure after it (the directory's fsync) raises :class:`ReplacedNotSynced`: the file already
-    holds ``data``.
+    Every byte is written (a short write on a nearly full disk is continued, and fails with ENOSPC
+    when nothing more fits). Whatever sat under the name (a write's leftover, a planted link) is
+    removed first, and a link planted again in between makes the create fail. On a failure the
+    file is removed and the ``OSError`` propagates.
     """
-    tmp = _tmp_path(path)
-    renamed = False
     try:
-        # Created afresh: whatever sits under the temporary name (a write's leftover, a planted
-        # link) is removed first, and a link planted again in between makes the create fail.
         try:
             ops.unlink(str(tmp))
         except OSError:
@@ -153,18 +149,50 @@ def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
             ops.fsync(fd)
         finally:
             ops.close(fd)
-        ops.replace(str(tmp), str(path))
-        renamed = True
-        dir_fd = ops.open(str(path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
-        try:
-            ops.fsync(dir_fd)
-        finally:
-            ops.close(dir_fd)
-    except OSError as exc:
-        if renamed:
-            raise ReplacedNotSynced(exc.errno, exc.strerror) from exc
-        try:
-            ops.unlink(str(tmp))
-        except OSError:
-            pass  # never created, or the disk is gone: the start-up cleanup retries
+    except OSError:
+        discard(tmp, ops)
         raise
+
+
+def discard(tmp: Path, ops: FileOps) -> None:
+    """Remove a temporary file that will not be renamed into place (best effort)."""
+    try:
+        ops.unlink(str(tmp))
+    except OSError:
+        pass  # never created, or the disk is gone: the start-up cleanup retries
+
+
+def rename_into_place(tmp: Path, path: Path, ops: FileOps) -> None:
+    """Rename the complete ``tmp`` over ``path`` (not yet durable: see :func:`sync_directory`); on a
+    failure ``tmp`` is removed, ``path`` is untouched and the ``OSError`` propagates."""
+    try:
+        ops.replace(str(tmp), str(path))
+    except OSError:
+        discard(tmp, ops)
+        raise
+
+
+def sync_directory(directory: Path, ops: FileOps) -> None:
+    """fsync ``directory``: the renames and creations in it survive a power loss."""
+    dir_fd = ops.open(str(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
+    try:
+        ops.fsync(dir_fd)
+    finally:
+        ops.close(dir_fd)
+
+
+def atomic_write(path: Path, data: bytes, ops: FileOps) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves the old or the new file, never a mix.
+
+    The temporary file is written in full and fsynced (:func:`write_synced`), renamed over the old
+    one, and the directory is fsynced. On a failure before the rename the temporary file is
+    removed and the old file is untouched; the ``OSError`` propagates. A failure after it (the
+    directory's fsync) raises :class:`ReplacedNotSynced`: the file already holds ``data``.
+    """
+    tmp = temporary_path(path)
+    write_synced(tmp, data, ops)
+    rename_into_place(tmp, path, ops)
+    try:
+        sync_directory(path.parent, ops)
+    except OSError as exc:
+        raise ReplacedNotSynced(exc.errno, exc.strerror) from exc

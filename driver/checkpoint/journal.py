@@ -11,13 +11,24 @@ A record is a header and a payload (the store's JSON of the claims put and remov
 
     magic "DNJ1" | payload length u32 | crc32 u32 | epoch u64 | sequence u32 | base 16 bytes | payload
 
-- ``base`` names the snapshot the records apply to (a hash of its bytes). A snapshot written
-  after the records (a compaction, or a write by an instance that does not journal) has another
-  hash, and the journal is then stale: it is ignored, and the next append starts it again at
-  offset 0. The records' effect is in that snapshot (it was written from a state that held them),
-  and records written on top of a newer state are never replayed over it.
-- ``epoch`` (random per start of the journal) and ``sequence`` (0, 1, 2... within it) tell a
-  record of this journal from the rest of an older, longer one left beyond its end.
+- ``epoch`` (random) names a *run* of records and ``sequence`` numbers them within it from 0
+  (consecutive, never reused for another change): a record of this run is told from the rest of an
+  older run left beyond the file's end. ``base`` names the snapshot the run was started on (a hash
+  of its bytes); a run started on a snapshot applies to it whole.
+- Every snapshot this driver writes also names the :class:`Position` it was written at
+  (``"journal": {"epoch": E, "seq": N}``): it holds run E's records before N, and run E's records
+  from N on apply to it. A compaction writes the new snapshot while records are still appended, so
+  it names where its copy of the claims stopped; the records appended meanwhile continue the same
+  run and apply to the old snapshot (the run's base) and to the new one (from its position) alike:
+  a crash at any step of the compaction finds them, and the journal is never rewritten to keep
+  them. Records before a snapshot's position (folded, not yet cut off the file) are skipped, never
+  replayed. Once a snapshot holding every record is durable the journal is cut, and the next
+  append starts a new run on it. The position also makes the bytes of every snapshot differ from
+  those of an older one with the same claims that the journal moved on from, so a run started on
+  the older is never taken for one started on the newer.
+- A driver from before positions reads only runs started on its snapshot: it misses the records
+  appended while a compaction ran until the next quiet compaction cuts them, as a driver from
+  before the journal misses every record until one.
 - ``crc32`` covers everything after it. The journal is read from the start up to the first record
   that is not whole and valid: a record torn by a crash was never acknowledged (its sync had not
   returned), so dropping it loses nothing anyone was told was saved.
@@ -36,8 +47,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from driver.checkpoint.files import MAX_STATE_BYTES, FileOps, read_state
+from driver.checkpoint.files import MAX_STATE_BYTES, FileOps, read_state, sync_directory
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +57,8 @@ MAGIC = b"DNJ1"
 _HEADER = struct.Struct("<4sIIQI16s")  # magic, payload length, crc32, epoch, sequence, base
 _CRC_FROM = 12  # the crc covers the header after its own field, then the payload
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_EPOCH = (1 << 64) - 1
+_MAX_SEQ = (1 << 32) - 1  # a record's u32; a run never nears it (the store bounds a run's bytes)
 
 
 def base_of(snapshot: bytes | None) -> bytes:
@@ -70,48 +84,113 @@ def _header(data: bytes | memoryview, at: int) -> tuple[int, int, int, int, byte
 
 
 @dataclass(frozen=True)
+class Position:
+    """A place in the journal: record ``seq`` of run ``epoch``. A snapshot names the position it was
+    written at: it holds the run's records before it, and those from it on apply to it."""
+
+    epoch: int
+    seq: int
+
+    @classmethod
+    def new_run(cls) -> Position:
+        """The start of a new run (a random epoch)."""
+        return cls(int.from_bytes(os.urandom(8), "little"), 0)
+
+    def reached_by(self, later: Position) -> bool:
+        """Whether ``later`` is this position or one after it in the same run."""
+        return later.epoch == self.epoch and later.seq >= self.seq
+
+    def to_json(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "seq": self.seq}
+
+    @classmethod
+    def from_json(cls, value: Any) -> Position | None:
+        """The position a snapshot names (None: it names none). Raises ``ValueError`` for anything but
+        ``{"epoch": u64, "seq": u32}``: a damaged snapshot, never read as another position."""
+        if value is None:
+            return None
+        fields = value if isinstance(value, dict) else {}
+        epoch, seq = fields.get("epoch"), fields.get("seq")
+        if set(fields) != {"epoch", "seq"} or type(epoch) is not int or type(seq) is not int:
+            raise ValueError(f"journal position {value!r} is not {{'epoch': int, 'seq': int}}")
+        if not (0 <= epoch <= _MAX_EPOCH and 0 <= seq <= _MAX_SEQ):
+            raise ValueError(f"journal position {value!r} is out of range")
+        return cls(epoch, seq)
+
+
+@dataclass(frozen=True)
 class Tail:
-    """Where the journal ends: its epoch, the next record's sequence number and offset."""
+    """Where the journal's run ends: its epoch, the next record's sequence number and offset, and the
+    base its records name."""
 
     epoch: int
     seq: int
     end: int
+    base: bytes
 
 
-def parse(data: bytes, base: bytes) -> tuple[list[bytes], Tail | None]:
-    """The payloads of the valid records of ``data`` that apply to snapshot ``base``, in order, and
-    the tail after the last one; ``([], None)`` when there is no valid first record for ``base``
-    (an empty, stale or torn journal: the next append starts it again)."""
+@dataclass(frozen=True)
+class Parsed:
+    """What a journal's bytes hold for a snapshot: the payloads to apply, in order; the tail of the
+    run (None: no valid record of it); the offset of the first record the snapshot does not hold."""
+
+    payloads: list[bytes]
+    tail: Tail | None
+    start: int
+
+
+def _held_below(epoch: int, seq: int, rec_base: bytes, base: bytes, at: Position | None) -> int | None:
+    """For the file's first record: the sequence number from which its run applies to the snapshot
+    (the snapshot's position in the run it names, which the file may hold from before it; 0 for a
+    run started on the snapshot), or None when the run does not apply to it."""
+    if at is not None and epoch == at.epoch:
+        return at.seq if seq <= at.seq else None
+    return 0 if rec_base == base and seq == 0 else None
+
+
+def parse(data: bytes, base: bytes, at: Position | None) -> Parsed:
+    """The payloads of the valid records of ``data`` that apply to the snapshot named ``base`` at
+    position ``at`` (None: it names none), in order; records the snapshot holds are skipped."""
     payloads: list[bytes] = []
     tail: Tail | None = None
-    at, view = 0, memoryview(data)
-    while True:
-        head = _header(view, at)
-        if head is None:
-            break
+    start: int | None = None
+    held_below = 0
+    offset, view = 0, memoryview(data)
+    while (head := _header(view, offset)) is not None:
         length, crc, epoch, seq, rec_base = head
-        start = at + _HEADER.size
-        if start + length > len(data) or rec_base != base:
+        begin = offset + _HEADER.size
+        if begin + length > len(data):
             break
-        if tail is not None and (epoch != tail.epoch or seq != tail.seq):
-            break  # the rest of an older journal, beyond this one's end
-        if tail is None and seq != 0:
+        if tail is None:
+            first = _held_below(epoch, seq, rec_base, base, at)
+            if first is None:
+                break
+            held_below = first
+        elif (epoch, seq, rec_base) != (tail.epoch, tail.seq, tail.base):
+            break  # the rest of an older run, beyond this one's end
+        if zlib.crc32(view[begin : begin + length], zlib.crc32(view[offset + _CRC_FROM : begin])) != crc:
             break
-        if zlib.crc32(view[start : start + length], zlib.crc32(view[at + _CRC_FROM : start])) != crc:
-            break
-        payloads.append(bytes(view[start : start + length]))
-        tail = Tail(epoch, seq + 1, start + length)
-        at = start + length
-    return payloads, tail
+        if seq >= held_below:
+            start = offset if start is None else start
+            payloads.append(bytes(view[begin : begin + length]))
+        tail = Tail(epoch, seq + 1, begin + length, rec_base)
+        offset = begin + length
+    if tail is not None and tail.seq < held_below:
+        tail = None  # the run ends before the snapshot's position: nothing of it is left to apply
+    return Parsed(payloads, tail, (tail.end if tail else 0) if start is None else start)
 
 
 class Journal:
-    """The journal file of one snapshot: read at load, appended to by updates (under the store's locks)."""
+    """The journal file: read at load, appended to by updates (under the store's locks)."""
 
     def __init__(self, path: Path, ops: FileOps) -> None:
         self.path = path
         self.ops = ops
-        self._tail: Tail | None = None  # None: no valid record for the current snapshot
+        self._tail: Tail | None = None  # None: no valid record of the run in the file
+        self._start = 0  # offset of the first record the current snapshot does not hold
+        # Without a run in the file: the new run the next append starts (chosen once asked for, so
+        # a snapshot written meanwhile names it).
+        self._next: Position | None = None
         self._seen: tuple[int, int] | None = None  # (inode, size) as last read or written by us
         # The journal's directory entry is synced by this process's first append, whoever created
         # it (a process that crashed right after creating it may not have), and again after
@@ -123,54 +202,80 @@ class Journal:
 
     @property
     def size(self) -> int:
-        """Bytes of valid records (0: nothing a snapshot does not already hold)."""
+        """Bytes of valid records the snapshot does not hold (0: nothing to compact)."""
+        return 0 if self._tail is None else self._tail.end - self._start
+
+    @property
+    def length(self) -> int:
+        """Bytes of the run in the file, folded records included: what a start reads through."""
         return 0 if self._tail is None else self._tail.end
 
-    def load(self, base: bytes) -> list[bytes]:
-        """The payloads to apply to snapshot ``base``, and the tail set after them. A file that is not a
-        regular file raises :class:`~driver.checkpoint.files.NotAStateFile` (moved aside by the
-        store); an unreadable one its ``OSError``."""
-        self._tail, self._seen = None, None
+    def position(self) -> Position:
+        """Where the next record goes: the position a snapshot of the state as it is now names."""
+        if self._tail is not None:
+            return Position(self._tail.epoch, self._tail.seq)
+        if self._next is None:
+            self._next = Position.new_run()
+        return self._next
+
+    def load(self, base: bytes, at: Position | None) -> list[bytes]:
+        """The payloads to apply to the snapshot named ``base`` at position ``at``, and the tail set
+        after them. A file that is not a regular file raises
+        :class:`~driver.checkpoint.files.NotAStateFile` (moved aside by the store); an unreadable one
+        its ``OSError``."""
+        self._tail, self._start, self._next, self._seen = None, 0, None, None
         try:
             raw, st = read_state(self.path)
         except FileNotFoundError:
             return []
         self._seen = (st.st_ino, len(raw))
-        payloads, self._tail = parse(raw, base)
-        if len(raw) > self.size:
+        parsed = parse(raw, base, at)
+        self._tail, self._start = parsed.tail, parsed.start
+        if len(raw) > self.length:
             log.info(
                 "journal: bytes after the last valid record ignored (an interrupted write, or records "
                 "a newer snapshot holds)",
-                extra={"kv": {"path": str(self.path), "valid_bytes": self.size, "bytes": len(raw)}},
+                extra={"kv": {"path": str(self.path), "valid_bytes": self.length, "bytes": len(raw)}},
             )
-        return payloads
+        return parsed.payloads
+
+    def folded(self, at: Position, end: int) -> None:
+        """A snapshot naming ``at`` (a :meth:`position` of this run) is now current; the run's records
+        before it end at offset ``end``. Nothing is cut yet (see :meth:`cut`): until that snapshot
+        is durable the old one may be the one a crash leaves, and it still needs them."""
+        if self._tail is not None and self._tail.epoch == at.epoch:
+            self._start = end
 
     def forget(self) -> None:
-        """The snapshot now holds every record: the next append starts the journal again."""
-        self._tail = None
+        """The file's records are gone (moved aside): the next append starts a new run at its start."""
+        self._tail, self._start, self._next = None, 0, None
         self.lost = False
 
-    def empty(self) -> None:
-        """After :meth:`forget`, cut the stale records off the file (not synced: stale records are never
-        replayed, whether or not the cut survives a crash), so the next append has nothing to cut."""
-        if self._tail is not None or not self._seen or not self._seen[1]:
+    def cut(self) -> None:
+        """Once the current snapshot is durable and holds every record: cut them off the file; the next
+        append starts a new run on that snapshot. Not synced: records before the snapshot's position
+        are never replayed, whether or not the cut survives a crash."""
+        if self.size:
+            return  # records the snapshot does not hold: they stay until a later compaction
+        self.forget()
+        if not self._seen or not self._seen[1]:
             return
         try:
             fd, _ = self._open()
         except OSError as exc:
-            log.info("journal: cannot cut stale records (the next append does)", extra={"kv": {"error": str(exc)}})
+            log.info("journal: cannot cut folded records (the next append does)", extra={"kv": {"error": str(exc)}})
             return
         try:
             self.ops.ftruncate(fd, 0)
             self._seen = (os.fstat(fd).st_ino, 0)
         except OSError as exc:
-            log.info("journal: cannot cut stale records (the next append does)", extra={"kv": {"error": str(exc)}})
+            log.info("journal: cannot cut folded records (the next append does)", extra={"kv": {"error": str(exc)}})
         finally:
             self.ops.close(fd)
 
     def changed(self) -> bool:
         """Whether another process wrote the journal since we last read or wrote it (one ``lstat``:
-        every append grows the file, a restart of the journal follows a new snapshot)."""
+        every append grows the file, a cut empties it)."""
         try:
             st = os.lstat(self.path)
         except FileNotFoundError:
@@ -180,8 +285,8 @@ class Journal:
         return (st.st_ino, st.st_size) != self._seen
 
     def append(self, base: bytes, payload: bytes) -> None:
-        """Append a record for snapshot ``base`` and make it durable: one ``fdatasync`` (and the
-        directory's ``fsync`` at this process's first append).
+        """Append a record (a new run is started on the current snapshot, named ``base``) and make it
+        durable: one ``fdatasync`` (and the directory's ``fsync`` at this process's first append).
 
         On failure the journal is cut back to where it ended (a torn record is removed) and the
         ``OSError`` propagates; the records before it stay valid.
@@ -189,8 +294,9 @@ class Journal:
         tail = self._tail
         fresh = tail is None
         if tail is None:
-            tail = Tail(int.from_bytes(os.urandom(8), "little"), 0, 0)
-        data = record(tail.epoch, tail.seq, base, payload)
+            at = self.position()
+            tail = Tail(at.epoch, at.seq, 0, base)
+        data = record(tail.epoch, tail.seq, tail.base, payload)
         end = tail.end + len(data)
         if end > MAX_STATE_BYTES:
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
@@ -209,11 +315,12 @@ class Journal:
             st = os.fstat(fd)
             inode, size = st.st_ino, max(end, st.st_size)
             if fresh and size > end:
-                self.ops.ftruncate(fd, end)  # the stale rest of an older journal goes
+                self.ops.ftruncate(fd, end)  # the stale rest of an older run goes
                 size = end
             self.ops.fdatasync(fd)
             if not self._entry_synced:
-                self._sync_directory()
+                sync_directory(self.path.parent, self.ops)
+                self._entry_synced = True
         except OSError:
             try:
                 if not created or not tail.end:
@@ -225,7 +332,7 @@ class Journal:
             raise
         finally:
             self.ops.close(fd)
-        self._tail = Tail(tail.epoch, tail.seq + 1, end)
+        self._tail, self._next = Tail(tail.epoch, tail.seq + 1, end, tail.base), None
         self._seen = (inode, size)
 
     def _open(self) -> tuple[int, bool]:
@@ -239,14 +346,6 @@ class Journal:
             fd = self.ops.open(str(self.path), _OPEN_FLAGS | os.O_CREAT, 0o600)
             self._entry_synced = False  # a new directory entry: the append syncs the directory
             return fd, True
-
-    def _sync_directory(self) -> None:
-        dir_fd = self.ops.open(str(self.path.parent), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0)
-        try:
-            self.ops.fsync(dir_fd)
-        finally:
-            self.ops.close(dir_fd)
-        self._entry_synced = True
 
     def close(self) -> None:
         """Nothing stays open between writes (kept for the store's shutdown path)."""

@@ -22,6 +22,12 @@ change of the claims is appended to ``checkpoint.journal`` (:mod:`driver.checkpo
 An instance that does not journal (the standby of a rolling update, possibly an older driver that
 reads only ``checkpoint.json``) writes the whole file, which also makes the journal stale.
 
+A compaction holds the store's locks only to copy the claims (with the journal position they
+reach) and, later, to rename its file into place: the new file is written and synced in between,
+while prepares go on appending. Those records continue the journal's run, which the old and the
+new ``checkpoint.json`` both read from where each stops, so they are kept whichever a crash
+leaves; the records the new file holds are cut off the journal only once its rename is durable.
+
 Two driver instances may share the files for a moment (a DaemonSet rolling update with surge: the
 kubelet may prepare a claim in one and unprepare it in the other), so the store is coherent across
 processes: every read first checks (one ``lstat`` per file) whether another process replaced a
@@ -48,11 +54,16 @@ from driver.checkpoint.files import (
     NotAStateFile,
     ReplacedNotSynced,
     atomic_write,
+    discard,
     move_aside,
     read_state,
     remove_leftover,
+    rename_into_place,
+    sync_directory,
+    temporary_path,
+    write_synced,
 )
-from driver.checkpoint.journal import Journal, base_of
+from driver.checkpoint.journal import Journal, Position, base_of
 from driver.checkpoint.schema import COMPATIBLE_VERSION, data_version, encode, migrate
 from driver.checkpoint.state import DriverState, PodNetState, PreparedClaim, pod_json, pod_version
 
@@ -73,6 +84,17 @@ def _stamp(path: Path) -> _Stamp | None:
         return _stamp_of(os.lstat(path))  # the name's own entry: a planted link is a change
     except FileNotFoundError:
         return None
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """A compaction's copy, taken under the store's locks: the snapshot it replaces, the position
+    the claims reach (the journal's run ends at offset ``end`` there), and the new snapshot's bytes."""
+
+    previous: bytes
+    at: Position
+    end: int
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -114,6 +136,7 @@ class CheckpointStore:
     JOURNAL_FILENAME = "checkpoint.journal"
     PODS_FILENAME = "pods.json"
     LOCK_FILENAME = "checkpoint.lock"
+    FOLD_FILENAME = "checkpoint.fold.tmp"
 
     def __init__(
         self,
@@ -141,6 +164,7 @@ class CheckpointStore:
         # different stamp means another driver instance replaced it (atomic rename: new inode).
         self._stamps: dict[Path, _Stamp | None] = {}
         self._lock_path = self.directory / self.LOCK_FILENAME
+        self._fold_path = self.directory / self.FOLD_FILENAME  # a compaction's new snapshot, before its rename
         self._lock_fd = -1  # open while an update holds the cross-process lock
         self._lock_depth = 0  # update() may nest (RLock): only the outermost takes the flock
         # Encoded JSON per claim, reused while the same object is stored: a prepare then
@@ -177,13 +201,13 @@ class CheckpointStore:
     def _take_lock(self) -> None:
         """Open and flock ``checkpoint.lock``; a disk that refuses it is a failed write (reported,
         counted; :class:`CheckpointWriteError`), never a raw ``OSError``."""
+        # Read-only is enough for flock: on a read-only disk the store still loads and reports
+        # its failing writes.
+        flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            # Read-only is enough for flock: on a read-only disk the store still loads and reports
-            # its failing writes.
-            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 self._lock_fd = os.open(self._lock_path, flags, 0o600)
-            except FileNotFoundError:  # the directory itself is gone (or not made yet)
+            except FileNotFoundError:  # the directory itself is gone (it exists from the load on)
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = os.open(self._lock_path, flags, 0o600)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
@@ -200,55 +224,66 @@ class CheckpointStore:
         return any(q.path in (self.path, self.journal_path) for q in self.quarantined)
 
     def _load(self, cleanup: bool = False) -> DriverState:
-        claims = self._load_part(self.path, "claims", cleanup)
-        pods = self._load_part(self.pods_path, "pods", cleanup)
+        claims, at = self._load_part(self.path, "claims", cleanup)
+        pods, _ = self._load_part(self.pods_path, "pods", cleanup)
+        if cleanup:
+            self._remove_fold_leftover()
         snapshot = self._written[self.path]
         on_disk = self._stamps[self.path] is not None
         self._base = base_of(snapshot if on_disk else None)
         self._encoded.clear()
         self._encoded_pods.clear()
-        self._rewrite = on_disk and snapshot != self._encode_claims(claims.claims)
-        self._replay_journal(claims.claims)
+        self._rewrite = on_disk and snapshot != self._encode_claims(claims.claims, at)
+        self._replay_journal(claims.claims, at)
         self._persisted = dict(claims.claims)
         # A checkpoint from before the split holds the pods too; keep them.
         return DriverState(claims=claims.claims, pods={**claims.pods, **pods.pods})
 
-    def _load_part(self, path: Path, part: str, cleanup: bool = False) -> DriverState:
+    def _load_part(self, path: Path, part: str, cleanup: bool = False) -> tuple[DriverState, Position | None]:
+        """One state file's content, and the journal position it names (None: it names none)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         if cleanup:
-            remove_leftover(path)
+            remove_leftover(temporary_path(path))
         try:
             # The stamp of the very inode we read (a rename after the read gives a new one).
             raw, st = read_state(path)
             stamp = _stamp_of(st)
         except NotAStateFile as exc:
-            return self._quarantine(path, part, str(exc))
+            return self._quarantine(path, part, str(exc)), None
         except FileNotFoundError:
             # A missing file is an empty part: no need to write it until something goes in.
             self._written[path] = encode({part: {}})
             self._stamps[path] = None
-            return DriverState()
+            return DriverState(), None
         except OSError as exc:  # EIO, EACCES: not damaged, unreadable; never guess at state
             raise CheckpointError(f"cannot read {path}: {exc}") from exc
         self._stamps[path] = stamp
         try:
             data = migrate(json.loads(raw))
             state = DriverState.from_json(data)
+            at = Position.from_json(data.get("journal"))
         except CheckpointError as exc:
             if not isinstance(data_version(raw), int):
-                return self._quarantine(path, part, str(exc))
+                return self._quarantine(path, part, str(exc)), None
             raise  # a valid file of another version: kept, refused
         except (*_CORRUPT, RecursionError) as exc:
-            return self._quarantine(path, part, f"{type(exc).__name__}: {exc}")
+            return self._quarantine(path, part, f"{type(exc).__name__}: {exc}"), None
         self._written[path] = raw
-        return state
+        return state, at
 
-    def _replay_journal(self, claims: dict[str, PreparedClaim]) -> None:
+    def _remove_fold_leftover(self) -> None:
+        """Remove the temporary file of a compaction that was killed, unless another instance is
+        compacting now (it holds the fold lock: the file is its new snapshot)."""
+        with self._folding(wait=False) as free:
+            if free:
+                remove_leftover(self._fold_path)
+
+    def _replay_journal(self, claims: dict[str, PreparedClaim], at: Position | None) -> None:
         """Apply the journal's records for the snapshot just read to its ``claims``. A journal that
         cannot be used (not a regular file, a whole record that does not decode) is moved aside
         like a corrupt file: the claims are then the snapshot's, and the daemon rebuilds the rest."""
         try:
-            payloads = self._journal.load(self._base)
+            payloads = self._journal.load(self._base, at)
         except NotAStateFile as exc:
             self._quarantine_journal(str(exc))
             return
@@ -349,15 +384,103 @@ class CheckpointStore:
 
     def compact(self) -> bool:
         """Fold the journal into ``checkpoint.json`` (one atomic, durable write of the whole file);
-        True when there was something to fold. Raises :class:`CheckpointWriteError`: the journal
-        still holds its records then."""
+        True when a new snapshot is current. Raises :class:`CheckpointWriteError`: the journal
+        still holds its records then.
+
+        The store's locks are held to copy the claims and to rename the new file into place, not
+        while it is written and synced (updates go on meanwhile, see the module's docstring). A
+        snapshot another write made in between holds everything this one would: it is then left
+        in place (False).
+        """
+        with self._folding():
+            fold = self._copy_for_fold()
+            if fold is None:
+                return False
+            try:
+                try:
+                    write_synced(self._fold_path, fold.data, self.ops)
+                except OSError as exc:
+                    raise self._failed(self.path, exc) from exc
+                if not self._rename_fold(fold):
+                    return False
+            except BaseException:
+                discard(self._fold_path, self.ops)  # ours alone: we hold the fold lock
+                raise
+            try:
+                # Outside the locks too: until this returns, either snapshot may be the one a crash
+                # leaves, and the journal keeps every record either needs.
+                sync_directory(self.directory, self.ops)
+            except OSError as exc:
+                raise self._failed(self.path, exc, replaced=True) from exc
+            self._fold_durable(fold)
+            return True
+
+    @contextlib.contextmanager
+    def _folding(self, wait: bool = True) -> Iterator[bool]:
+        """Hold the fold lock (an ``flock`` on the state directory itself): one compaction at a time
+        among every instance sharing the directory, since each writes :attr:`FOLD_FILENAME` outside
+        the store's lock. Yields False when ``wait`` is False and another holds it (or the
+        directory cannot be opened); a directory that cannot be opened to wait on is a failed write."""
+        try:
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            if wait:
+                raise self._failed(self.path, exc) from exc
+            yield False
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # closing releases the flock
+
+    def _copy_for_fold(self) -> _Fold | None:
+        """(locked) The new snapshot's bytes: the claims as on disk, at the journal's position."""
         with self._lock, self._cross_process():
             self.refresh()
             if not self._journal.size and not self._rewrite:
+                return None
+            at = self._journal.position()
+            data = self._encode_claims(self._persisted, at)
+            return _Fold(previous=self._written[self.path], at=at, end=self._journal.length, data=data)
+
+    def _rename_fold(self, fold: _Fold) -> bool:
+        """(locked) Make the fold's file ``checkpoint.json``, if the snapshot is still the one it was
+        copied from and the journal's run still goes through its position (records appended since
+        only extend it). Else the file is discarded: another write made a newer snapshot."""
+        with self._lock, self._cross_process():
+            self.refresh()
+            now = self._journal.position()
+            if self._written[self.path] != fold.previous or self._journal.lost or not fold.at.reached_by(now):
+                discard(self._fold_path, self.ops)
                 return False
-            self._write_snapshot()
-            self._journal.empty()
+            try:
+                rename_into_place(self._fold_path, self.path, self.ops)
+            except OSError as exc:
+                raise self._failed(self.path, exc) from exc
+            # Memory already holds these claims (the copy, plus the records appended since, which
+            # still apply): only the snapshot and the journal's start change.
+            self._written[self.path] = fold.data
+            self._stamps[self.path] = _stamp(self.path)
+            self._base = base_of(fold.data)
+            self._journal.folded(fold.at, fold.end)
             return True
+
+    def _fold_durable(self, fold: _Fold) -> None:
+        """(locked) The fold's rename is durable: unless a newer snapshot replaced it meanwhile, it is
+        the claims file's last good write, and the records it holds can go from the journal."""
+        with self._lock, self._cross_process():
+            self.refresh()
+            if self._written[self.path] != fold.data:
+                return
+            self._rewrite = False
+            self.write_errors.pop(self.path, None)
+            self.write_errors.pop(self.journal_path, None)  # the snapshot holds every record it failed to add
+            self._journal.cut()
 
     @property
     def journal_size(self) -> int:
@@ -428,7 +551,7 @@ class CheckpointStore:
         deleted = [uid for uid in persisted if uid not in claims]
         if not (puts or deleted or self._rewrite):
             return
-        if self._rewrite or self._journal.lost or not self.journaling() or self._journal.size > JOURNAL_LIMIT:
+        if not self._journal_takes_it():
             self._write_snapshot()
             return
         try:
@@ -437,6 +560,13 @@ class CheckpointStore:
             raise self._failed(self.journal_path, exc) from exc
         self.write_errors.pop(self.journal_path, None)
         self._persisted = dict(claims)
+
+    def _journal_takes_it(self) -> bool:
+        """Whether a change of the claims goes to the journal (else the whole file is written): this
+        instance journals, the snapshot is ours and durable, the journal's run is whole on disk and
+        has room (the bytes a start replays)."""
+        journal = self._journal
+        return not (self._rewrite or journal.lost or journal.length > JOURNAL_LIMIT) and self.journaling()
 
     def _journal_record(self, puts: list[str], deleted: list[str]) -> bytes:
         """A journal record's payload: the claims put (their cached JSON) and the UIDs removed."""
@@ -451,22 +581,30 @@ class CheckpointStore:
         return b'{"delete":' + removed + b',"put":' + puts_json + b',"version":' + str(version).encode() + b"}"
 
     def _write_snapshot(self) -> None:
-        """Replace ``checkpoint.json`` with every claim; the journal's records are then in it."""
-        data = self._encode_claims(self._state.claims)
+        """Replace ``checkpoint.json`` with every claim; the journal's records are then in it.
+
+        It names the journal's position: records another instance appends to the run before this
+        file's rename is durable (after a failed directory sync) apply to the old snapshot and to
+        this one alike.
+        """
+        journal = self._journal
+        at, end = journal.position(), journal.length
+        data = self._encode_claims(self._state.claims, at)
         try:
             self._atomic_write(self.path, data)
         except CheckpointWriteError as exc:
             if exc.replaced:  # memory follows the file, which holds the new bytes
-                self._snapshot_written(data)
+                self._snapshot_written(data, at, end)
                 self._rewrite = True  # its rename may not be durable: never journal on top of it
             raise
-        self._snapshot_written(data)
+        self._snapshot_written(data, at, end)
+        journal.cut()
 
-    def _snapshot_written(self, data: bytes) -> None:
+    def _snapshot_written(self, data: bytes, at: Position, end: int) -> None:
         self._written[self.path] = data
         self._stamps[self.path] = _stamp(self.path)
         self._base = base_of(data)
-        self._journal.forget()
+        self._journal.folded(at, end)
         self._rewrite = False
         self._persisted = dict(self._state.claims)
 
@@ -482,11 +620,12 @@ class CheckpointStore:
     def _failed(self, path: Path, exc: OSError, replaced: bool = False) -> CheckpointWriteError:
         """Record a failed write of ``path`` (logged once per distinct error, counted each time)."""
         error = CheckpointWriteError(path, exc, replaced=replaced)
-        previous = self.write_errors.pop(path, None)
-        if previous is None or str(previous) != str(error):
-            log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
-        self.write_errors[path] = error  # last: the most recent
-        self.write_failures[path.name] = self.write_failures.get(path.name, 0) + 1
+        with self._lock:  # a compaction fails outside the lock
+            previous = self.write_errors.pop(path, None)
+            if previous is None or str(previous) != str(error):
+                log.error("cannot save driver state", extra={"kv": {"path": str(path), "error": str(error)}})
+            self.write_errors[path] = error  # last: the most recent
+            self.write_failures[path.name] = self.write_failures.get(path.name, 0) + 1
         return error
 
     def writable_problem(self) -> str | None:
@@ -514,9 +653,10 @@ class CheckpointStore:
             self._encoded[uid] = cached
         return cached[1], cached[2]
 
-    def _encode_claims(self, claims: dict[str, PreparedClaim]) -> bytes:
-        """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}}, version)``
-        gives, from cached pieces; ``version`` is the newest a claim needs."""
+    def _encode_claims(self, claims: dict[str, PreparedClaim], at: Position | None) -> bytes:
+        """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}, "journal":
+        at.to_json()}, version)`` gives, from cached pieces; ``version`` is the newest a claim needs
+        (older drivers ignore ``journal``: it only tells which journal records apply)."""
         pieces = []
         version = COMPATIBLE_VERSION
         for uid in sorted(claims):
@@ -525,7 +665,8 @@ class CheckpointStore:
             version = max(version, needed)
         for uid in self._encoded.keys() - claims.keys():
             del self._encoded[uid]
-        return b'{"claims":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"
+        journal = b"" if at is None else b',"journal":{"epoch":%d,"seq":%d}' % (at.epoch, at.seq)
+        return b'{"claims":{' + b",".join(pieces) + b"}" + journal + b',"version":' + str(version).encode() + b"}"
 
     def _encode_pods(self, pods: dict[str, PodNetState]) -> bytes:
         """``pods.json``, byte for byte what ``encode(DriverState(pods=pods).pods_json(), version)``

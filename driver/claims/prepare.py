@@ -16,7 +16,8 @@ helper's mutex): decisions that depend on the stored state are made inside the m
 the store's lock; there a claim wanting a device another claim holds is refused
 (:func:`record_claims`: one NIC, one claim). The journal is folded into the claims file in the
 background once the claims have been quiet for :data:`COMPACT_AFTER` seconds, or at once past
-:data:`COMPACT_BYTES`.
+:data:`COMPACT_BYTES`; the fold takes the store's lock only to copy the claims and to rename its
+file, so a batch arriving meanwhile is written without waiting for the fold's syncs.
 """
 
 from __future__ import annotations

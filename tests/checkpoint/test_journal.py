@@ -18,8 +18,8 @@ import pytest
 
 from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
 from driver.checkpoint.files import FileOps
-from driver.checkpoint.journal import base_of, parse, record
-from driver.checkpoint.schema import SCHEMA_VERSION
+from driver.checkpoint.journal import Parsed, Position, base_of, parse, record
+from driver.checkpoint.schema import SCHEMA_VERSION, encode
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
 from tests.checkpoint.test_store import _claim
@@ -36,6 +36,13 @@ def _put(store: CheckpointStore, *uids: str) -> None:
 
 def _drop(store: CheckpointStore, *uids: str) -> None:
     store.update(lambda s: [s.claims.pop(u) for u in uids], claims_only=True)
+
+
+def _parsed(directory: Path) -> Parsed:
+    """The journal's records that apply to the snapshot, read as a restarted driver does."""
+    snapshot = (directory / "checkpoint.json").read_bytes()
+    at = Position.from_json(json.loads(snapshot).get("journal"))
+    return parse((directory / "checkpoint.journal").read_bytes(), base_of(snapshot), at)
 
 
 def _claims(directory: Path) -> list[str]:
@@ -105,8 +112,8 @@ def test_compaction_folds_the_journal_into_the_snapshot(tmp_path: Path) -> None:
     assert _claims(tmp_path) == ["u2"]
     _put(store, "u3")
     raw = (tmp_path / "checkpoint.journal").read_bytes()
-    payloads, tail = parse(raw, base_of((tmp_path / "checkpoint.json").read_bytes()))
-    assert len(payloads) == 1 and tail is not None and tail.end == len(raw)  # restarted, the rest cut
+    parsed = _parsed(tmp_path)
+    assert len(parsed.payloads) == 1 and parsed.tail is not None and parsed.tail.end == len(raw)  # restarted
     assert _claims(tmp_path) == ["u2", "u3"]
 
 
@@ -161,6 +168,61 @@ def test_a_snapshot_written_by_an_instance_that_does_not_journal_wins(tmp_path: 
     _put(holder, "u3")  # the journal starts again on the standby's file
     assert standby.read(lambda s: sorted(s.claims)) == ["u2", "u3"]
     assert _claims(tmp_path) == ["u2", "u3"]
+
+
+def test_a_whole_file_with_the_same_claims_as_an_older_snapshot_is_not_taken_for_it(tmp_path: Path) -> None:
+    """The standby unprepares the claim the holder journaled on a snapshot, which gives that snapshot's
+    claims again. The holder's record must not be replayed on the standby's file: the unprepare
+    was acknowledged. (Each snapshot names the journal position it was written at, so two
+    snapshots of the same claims differ when the journal moved between them.)"""
+    holder, standby = CheckpointStore(tmp_path, journal=True), CheckpointStore(tmp_path, journal=False)
+    _put(holder, "u2")
+    holder.compact()  # a snapshot of {u2}
+    _put(holder, "u1")  # journaled on it
+    _drop(standby, "u1")  # a whole file of {u2}, again
+    assert _claims(tmp_path) == ["u2"]
+    assert holder.read(lambda s: sorted(s.claims)) == ["u2"]
+
+
+def test_files_of_a_driver_from_before_journal_positions_are_read(tmp_path: Path) -> None:
+    """Its snapshot names no position: the records that apply are those of the run started on it
+    (naming its hash, from sequence 0). The first compaction writes a position."""
+    snapshot = encode({"claims": {"u1": _claim("u1").to_dict()}})
+    (tmp_path / "checkpoint.json").write_bytes(snapshot)
+    put = {"version": 2, "put": {"u2": _claim("u2").to_dict()}, "delete": ["u1"]}
+    (tmp_path / "checkpoint.journal").write_bytes(record(7, 0, base_of(snapshot), json.dumps(put).encode()))
+    store = CheckpointStore(tmp_path, journal=True)
+    assert not store.quarantined and store.read(lambda s: sorted(s.claims)) == ["u2"]
+    _put(store, "u3")  # continues that run
+    assert _claims(tmp_path) == ["u2", "u3"]
+    assert store.compact()
+    assert json.loads((tmp_path / "checkpoint.json").read_bytes())["journal"] == {"epoch": 7, "seq": 2}
+    assert _claims(tmp_path) == ["u2", "u3"]
+    # A run that does not start at sequence 0 is not one started on that snapshot.
+    (tmp_path / "checkpoint.json").write_bytes(snapshot)
+    (tmp_path / "checkpoint.journal").write_bytes(record(7, 1, base_of(snapshot), json.dumps(put).encode()))
+    assert _claims(tmp_path) == ["u1"]
+
+
+def test_a_driver_from_before_journal_positions_reads_the_records_after_a_quiet_compaction(tmp_path: Path) -> None:
+    """It reads only runs started on its snapshot (from sequence 0), as a rolling update's other
+    instance may: once the journal is cut, this driver's next records start such a run."""
+    store = CheckpointStore(tmp_path, journal=True)
+    _put(store, "u1", "u2")
+    assert store.compact()  # quiet: every record folded, the journal cut
+    _put(store, "u3")
+    _drop(store, "u1")
+    snapshot = (tmp_path / "checkpoint.json").read_bytes()
+    older = parse((tmp_path / "checkpoint.journal").read_bytes(), base_of(snapshot), None)  # its reading
+    assert [sorted(json.loads(p)["put"]) + json.loads(p)["delete"] for p in older.payloads] == [["u3"], ["u1"]]
+
+
+@pytest.mark.parametrize("position", [{"epoch": -1, "seq": 0}, {"epoch": 1}, {"epoch": 1, "seq": "2"}, [1, 2]])
+def test_a_snapshot_with_a_damaged_journal_position_is_moved_aside(tmp_path: Path, position: Any) -> None:
+    """Read as another position, it would replay records the snapshot holds, or skip some it does not."""
+    (tmp_path / "checkpoint.json").write_bytes(encode({"claims": {}, "journal": position}))
+    store = CheckpointStore(tmp_path)
+    assert [q.path.name for q in store.quarantined] == ["checkpoint.json"] and store.claims_quarantined
 
 
 def test_two_journaling_instances_see_each_others_records(tmp_path: Path) -> None:
@@ -276,8 +338,10 @@ def test_a_journal_that_does_not_decode_is_moved_aside(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, journal=True)
     _put(store, "u1")
     store.compact()
-    base = base_of((tmp_path / "checkpoint.json").read_bytes())
-    (tmp_path / "checkpoint.journal").write_bytes(record(7, 0, base, b'{"put": not json'))
+    snapshot = (tmp_path / "checkpoint.json").read_bytes()
+    at = Position.from_json(json.loads(snapshot)["journal"])
+    assert at is not None
+    (tmp_path / "checkpoint.journal").write_bytes(record(at.epoch, at.seq, base_of(snapshot), b'{"put": not json'))
     again = CheckpointStore(tmp_path)
     assert [q.path.name for q in again.quarantined] == ["checkpoint.journal"] and again.claims_quarantined
     assert again.read(lambda s: sorted(s.claims)) == ["u1"]  # the snapshot's

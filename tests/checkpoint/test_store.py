@@ -15,7 +15,7 @@ import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
-from driver.checkpoint.journal import base_of, parse
+from driver.checkpoint.journal import Position, base_of, parse
 from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, IDENTITY_VERSION, SCHEMA_VERSION
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
@@ -234,7 +234,10 @@ def test_cached_claim_encoding_is_byte_identical_to_a_full_encode(tmp_path: Path
         store.update(lambda s, i=i: s.claims.__setitem__(f"u{i}", _claim(f"u{i}")))
     store.update(lambda s: s.claims.pop("u2"))
     store.update(lambda s: s.claims.__setitem__("u1", _claim("u1-replaced")))  # a new object: re-encoded
-    expected = store.read(lambda s: encode({"claims": {k: v.to_dict() for k, v in s.claims.items()}}))
+    at = Position.from_json(json.loads((tmp_path / "checkpoint.json").read_bytes())["journal"])
+    assert at is not None  # the journal position the file was written at (older drivers ignore it)
+    body = store.read(lambda s: {"claims": {k: v.to_dict() for k, v in s.claims.items()}, "journal": at.to_json()})
+    expected = encode(body)
     assert (tmp_path / "checkpoint.json").read_bytes() == expected
     assert sorted(json.loads(expected)["claims"]) == ["u0", "u1", "u3", "u4"]
     assert CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].uid) == "u1-replaced"
@@ -477,8 +480,9 @@ def test_a_share_is_written_as_version_5_and_read_back_from_snapshot_and_journal
     store.update(lambda s: s.claims.__setitem__("u1", share))
     snapshot = (tmp_path / "checkpoint.json").read_bytes()
     journal = tmp_path / CheckpointStore.JOURNAL_FILENAME
-    payloads, _ = parse(journal.read_bytes() if journal.exists() else b"", base_of(snapshot))
-    on_disk = [json.loads(snapshot), *(json.loads(p) for p in payloads)]
+    at = Position.from_json(json.loads(snapshot).get("journal"))
+    parsed = parse(journal.read_bytes() if journal.exists() else b"", base_of(snapshot), at)
+    on_disk = [json.loads(snapshot), *(json.loads(p) for p in parsed.payloads)]
     [holder] = [d for d in on_disk if "u1" in (d.get("claims") or d.get("put") or {})]
     assert holder["version"] == SCHEMA_VERSION
     again = CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].devices[0])

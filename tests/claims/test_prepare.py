@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,14 @@ from driver.api.v1alpha1.merge import configs_for_request
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
+from driver.claims import prepare as prepare_module
 from driver.claims.claim_build import ClaimBuilder, base_request
 from driver.claims.prepare import Preparer
 from driver.dra.protocol import ClaimRef
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from tests.checkpoint.test_compaction import GatedOps
 from tests.claims.conftest import NODE, inventory
 
 
@@ -156,6 +159,35 @@ async def test_concurrent_prepares_group_commit(api: FakeAPIServer, preparer: Pr
     outs = await asyncio.gather(*(preparer.prepare([ClaimRef("ns", f"c{i}", f"uid-{i}")]) for i in range(40)))
     assert all(o[f"uid-{i}"].error == "" for i, o in enumerate(outs))
     assert len(CheckpointStore(preparer.store.directory).read(lambda s: s.claims)) == 40
+
+
+async def test_a_prepare_does_not_wait_for_the_background_compaction(
+    api: FakeAPIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal is folded in the background once the claims are quiet (here at once): a prepare
+    arriving while the compaction syncs its new file is answered without waiting for it, and the
+    next compaction folds it in."""
+    monkeypatch.setattr(prepare_module, "COMPACT_AFTER", 0.0)
+    gate = GatedOps()
+    store = CheckpointStore(tmp_path / "state", ops=gate, journal=True)
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, store, ClaimBuilder(inventory, "dra.net", NODE))
+    for i in range(2):
+        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", NODE)]))
+    assert (await preparer.prepare([ClaimRef("ns", "c0", "uid-0")]))["uid-0"].error == ""
+    assert await asyncio.to_thread(gate.entered.wait, 10)  # the compaction is in its file's sync
+    try:
+        second = await asyncio.wait_for(preparer.prepare([ClaimRef("ns", "c1", "uid-1")]), 5)
+    finally:
+        gate.release.set()
+    assert second["uid-1"].error == ""
+    for _ in range(100):  # the compaction ends, and the next one folds the second claim
+        if not store.journal_size and store.directory.joinpath("checkpoint.json").exists():
+            break
+        await asyncio.sleep(0.05)
+    assert not store.journal_size
+    snapshot = json.loads(store.directory.joinpath("checkpoint.json").read_bytes())
+    assert sorted(snapshot["claims"]) == ["uid-0", "uid-1"]
 
 
 # -- the KubeClient transport prepare depends on (driver/kube/client.py) ------------------------------
