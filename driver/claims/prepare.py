@@ -1,16 +1,17 @@
 """NodePrepareResources / NodeUnprepareResources: the kubelet's claims to checkpointed devices.
 
-The kubelet sends only claim identities (namespace, name, UID). For each claim we
-GET the ResourceClaim (concurrently, before any serialization: those calls are the
-slow part), build its record (:class:`~driver.claims.claim_build.ClaimBuilder`: our
+The kubelet sends only claim identities (namespace, name, UID). Each claim is prepared in one
+thread of a pool, start to end (the checkpoint lookup, the GET of the ResourceClaim, concurrently
+for the claims of a call, its record and the durable write), so a call costs the event loop one
+hand-off out and one back. We build its record (:class:`~driver.claims.claim_build.ClaimBuilder`: our
 allocated devices, in our node's pool and inventory, with a device snapshot and the
 decoded, validated config), and store that :class:`PreparedClaim` in the checkpoint.
 That record is all the NRI hooks need at pod start, and it is what makes a retried
 prepare (also after a crash and restart) return the same answer without asking the API
 server again.
 
-Checkpoint mutations go through a group commit (:class:`GroupCommit`): concurrent prepares and
-unprepares are applied in arrival order, with one durable write per batch (a journal record and
+Checkpoint mutations go through a group commit (:class:`GroupCommit`, called from those threads):
+concurrent prepares and unprepares are applied in arrival order, with one durable write per batch (a journal record and
 one ``fdatasync`` when the store journals). That queue is the serialization point (the Go
 helper's mutex): decisions that depend on the stored state are made inside the mutation, under
 the store's lock; there a claim wanting a device another claim holds is refused
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
@@ -111,56 +114,84 @@ def _hold(
             holders[(d.pool, d.device)] = claim
 
 
+@dataclass
+class _Change(Generic[T]):
+    """One mutation waiting for its group commit, and its outcome once written."""
+
+    fn: Callable[[DriverState], T]
+    done: bool = False
+    ok: bool = False
+    value: Any = field(default=None)
+
+
 class GroupCommit:
-    """Applies checkpoint mutations in arrival order, batching concurrent ones into one write."""
+    """Applies checkpoint mutations in arrival order, batching concurrent ones into one write.
+
+    :meth:`apply` blocks its (pool) thread: the first caller that finds no write in progress
+    writes every change queued so far in one store update, with its own; callers arriving during
+    that write wait and are written together by the next of them. The compaction is scheduled
+    from the event loop (:meth:`schedule_compaction`, after the callers' results came back there).
+    """
 
     def __init__(self, store: CheckpointStore) -> None:
         self._store = store
-        self._pending: list[tuple[Callable[[DriverState], Any], asyncio.Future[Any]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._cond = threading.Condition()
+        self._queue: list[_Change[Any]] = []
+        self._writing = False
         self._compaction: asyncio.TimerHandle | None = None
         self._compactor: asyncio.Task[None] | None = None
 
-    async def apply(self, fn: Callable[[DriverState], T]) -> T:
-        """Run ``fn`` on the state and return its result once the state is on disk."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._pending.append((fn, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        return await asyncio.shield(future)
+    def apply(self, fn: Callable[[DriverState], T]) -> T:
+        """(any thread but the event loop's) Run ``fn`` on the state; its result once the state is on
+        disk. A failed write raises :class:`ClaimError` with the store's reason."""
+        change: _Change[T] = _Change(fn)
+        with self._cond:
+            self._queue.append(change)
+            while not change.done:
+                if self._writing:
+                    self._cond.wait()
+                    continue
+                batch, self._queue = self._queue, []
+                self._writing = True
+                self._cond.release()
+                try:
+                    self._write(batch)
+                finally:
+                    self._cond.acquire()
+                    self._writing = False
+                    self._cond.notify_all()
+        if not change.ok:
+            raise change.value
+        return change.value  # type: ignore[no-any-return]
 
-    async def _flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending, []
-            outcomes: list[tuple[bool, Any]] = []
+    def _write(self, batch: list[_Change[Any]]) -> None:
+        """One store update for ``batch``: each change's outcome, or the write's failure for all."""
 
-            def run_batch(state: DriverState, batch: list[Any] = batch, outcomes: list[Any] = outcomes) -> None:
-                for fn, _ in batch:
-                    try:
-                        outcomes.append((True, fn(state)))
-                    except Exception as exc:  # noqa: BLE001 - one bad mutation must not sink the batch
-                        outcomes.append((False, exc))
+        def run_batch(state: DriverState) -> None:
+            for change in batch:
+                try:
+                    change.value, change.ok = change.fn(state), True
+                except Exception as exc:  # noqa: BLE001 - one bad mutation must not sink the batch
+                    change.value, change.ok = exc, False
 
-            try:
-                # A sync blocks for a millisecond or more: keep it off the event loop.
-                await asyncio.to_thread(self._store.update, run_batch, claims_only=True)
-            except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
-                # The store logged the failure (path, errno) once; each waiter answers with it.
-                log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(ClaimError(str(exc)))
-                continue
-            for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-                if not future.done():
-                    if ok:
-                        future.set_result(value)
-                    else:
-                        future.set_exception(value)
-        self._schedule_compaction()
+        try:
+            self._store.update(run_batch, claims_only=True)
+        except Exception as exc:  # noqa: BLE001 - every waiter gets the write's failure as its claim error
+            # The store logged the failure (path, errno) once; each waiter answers with it.
+            log.debug("checkpoint batch not saved", extra={"kv": {"error": str(exc), "batch": len(batch)}})
+            for change in batch:
+                change.value, change.ok = ClaimError(str(exc)), False
+        for change in batch:
+            change.done = True
 
-    def _schedule_compaction(self) -> None:
-        """Fold the journal in once the claims have been quiet (each batch pushes it back)."""
+    @property
+    def busy(self) -> bool:
+        """A write is in progress or changes are queued for one."""
+        with self._cond:
+            return self._writing or bool(self._queue)
+
+    def schedule_compaction(self) -> None:
+        """(event loop) Fold the journal in once the claims have been quiet (each batch pushes it back)."""
         if self._compaction is not None:
             self._compaction.cancel()
             self._compaction = None
@@ -171,8 +202,8 @@ class GroupCommit:
 
     def _start_compaction(self) -> None:
         self._compaction = None
-        if self._pending or (self._compactor is not None and not self._compactor.done()):
-            return  # the flush in progress schedules it again
+        if self.busy or (self._compactor is not None and not self._compactor.done()):
+            return  # the callers of the write in progress schedule it again
         self._compactor = asyncio.create_task(self._compact())
 
     async def _compact(self) -> None:
@@ -181,8 +212,8 @@ class GroupCommit:
         except Exception as exc:  # noqa: BLE001 - the journal still holds every record; the next batch retries
             log.warning("checkpoint compaction failed", extra={"kv": {"error": str(exc)}})
             return
-        if not self._pending:
-            self._schedule_compaction()  # records a batch added while it ran
+        if not self.busy:
+            self.schedule_compaction()  # records a batch added while it ran
 
 
 class Preparer:
@@ -214,26 +245,20 @@ class Preparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare every claim; the result has an entry for each claim UID, never an exception."""
-        results: dict[str, PrepareResult] = {}
-        # One pool job per claim does the checkpoint lookup and, on a miss, the GET: the
-        # store's lock is held by the writer thread during an fsync (never wait for it on the
-        # event loop), and each thread hop costs a loop round trip.
         loop = asyncio.get_running_loop()
-        found = await asyncio.gather(
-            *(loop.run_in_executor(self._io_pool(), self._lookup, c) for c in claims), return_exceptions=True
-        )
-        records: list[PreparedClaim] = []
-        for ref, claim in zip(claims, found, strict=True):
-            if isinstance(claim, BaseException) and not isinstance(claim, ClaimError):
-                raise claim  # the checkpoint itself failed (GET failures are ClaimErrors): fail the call
-            if isinstance(claim, PreparedClaim):
-                results[ref.uid] = result_of(claim)  # the kubelet's retry: answered from the checkpoint
-                continue
-            record = await self._build(ref, claim, results)
-            if record is not None:
-                records.append(record)
-        if records:
-            await self._store(records, results)
+        pool = self._io_pool()
+        if len(claims) == 1:  # the usual call: no gather
+            answers: list[PrepareResult | BaseException] = [await loop.run_in_executor(pool, self._prepare, claims[0])]
+        else:
+            answers = await asyncio.gather(
+                *(loop.run_in_executor(pool, self._prepare, c) for c in claims), return_exceptions=True
+            )
+        self._commit.schedule_compaction()
+        results: dict[str, PrepareResult] = {}
+        for ref, answer in zip(claims, answers, strict=True):
+            if isinstance(answer, BaseException):
+                raise answer  # the checkpoint itself failed (GET failures are claim errors): fail the call
+            results[ref.uid] = answer
         for ref in claims:  # the kubelet treats a missing entry as "left out": never leave one out
             results.setdefault(ref.uid, PrepareResult(error=f"claim {ref.uid} was not processed"))
             if results[ref.uid].error and self.on_error is not None:
@@ -249,27 +274,40 @@ class Preparer:
         )
         return results
 
-    async def _build(
-        self, ref: ClaimRef, claim: dict[str, Any] | ClaimError, results: dict[str, PrepareResult]
-    ) -> PreparedClaim | None:
-        """The record of a claim not prepared yet (None: answered in ``results`` instead: its error, or
-        nothing to prepare)."""
+    def _prepare(self, ref: ClaimRef) -> PrepareResult:
+        """(pool thread) One claim, start to end: answered from the checkpoint (a retry), or fetched,
+        built and stored. Raises only when the checkpoint cannot be read."""
         try:
-            if isinstance(claim, ClaimError):
-                raise claim
-            # A profile is an HTTP call: keep it off the event loop.
-            record = (
-                await asyncio.get_running_loop().run_in_executor(self._io_pool(), self.builder.build, ref, claim)
-                if self.profiles
-                else self.builder.build(ref, claim)
-            )
+            claim = self._lookup(ref)
         except ClaimError as exc:
-            results[ref.uid] = PrepareResult(error=str(exc))
-            return None
+            return PrepareResult(error=str(exc))
+        if isinstance(claim, PreparedClaim):
+            return result_of(claim)  # the kubelet's retry: answered from the checkpoint
+        record = self._build(ref, claim)
+        if isinstance(record, PrepareResult):
+            return record
+        try:
+            [outcome] = self._commit.apply(lambda state: record_claims(state, [record]))
+        except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for this claim, never none
+            return PrepareResult(error=f"not prepared: {exc}")
+        if isinstance(outcome, ClaimError):
+            if self.profiles:  # refused: free what it resolved
+                self.profiles.release_devices(record.uid, [(d.snapshot, d.config) for d in record.devices])
+            return PrepareResult(error=str(outcome))
+        if self.after_commit is not None:
+            self.after_commit([outcome.uid])
+        return result_of(outcome)
+
+    def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim | PrepareResult:
+        """(pool thread) The record of a claim not prepared yet, or its answer instead: its error, or
+        nothing to prepare."""
+        try:
+            record = self.builder.build(ref, claim)
+        except ClaimError as exc:
+            return PrepareResult(error=str(exc))
         except Exception as exc:  # a bug for one claim must not fail the others
             log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
-            results[ref.uid] = PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
-            return None
+            return PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
         if not record.devices:
             # The kubelet asks a driver only about claims with devices of that driver;
             # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
@@ -277,30 +315,8 @@ class Preparer:
                 "claim has no devices of this driver: nothing prepared",
                 extra={"kv": {"claim": f"{ref.namespace}/{ref.name}", "uid": ref.uid}},
             )
-            results[ref.uid] = PrepareResult()
-            return None
+            return PrepareResult()
         return record
-
-    async def _store(self, records: list[PreparedClaim], results: dict[str, PrepareResult]) -> None:
-        """Store new records in one group commit; each claim's answer in ``results``."""
-        try:
-            outcomes = await self._commit.apply(lambda state: record_claims(state, records))
-        except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for these claims, never none
-            for record in records:
-                results[record.uid] = PrepareResult(error=f"not prepared: {exc}")
-            return
-        if self.after_commit is not None:
-            self.after_commit([o.uid for o in outcomes if isinstance(o, PreparedClaim)])
-        for record, outcome in zip(records, outcomes, strict=True):
-            if isinstance(outcome, ClaimError):
-                if self.profiles:  # refused: free what it resolved
-                    profiled = [(d.snapshot, d.config) for d in record.devices]
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._io_pool(), self.profiles.release_devices, record.uid, profiled
-                    )
-                results[record.uid] = PrepareResult(error=str(outcome))
-            else:
-                results[record.uid] = result_of(outcome)
 
     def _io_pool(self) -> Executor:
         """The threads for claim lookups, created on first use.
@@ -336,12 +352,16 @@ class Preparer:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Forget the claims; returns claim UID -> error ("" = success). Unknown UIDs succeed."""
         uids = [c.uid for c in claims]
+
+        def forget(state: DriverState) -> list[PreparedClaim]:
+            return [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
+
         try:
-            removed = await self._commit.apply(
-                lambda state: [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
-            )
+            removed = await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._commit.apply, forget)
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
+        finally:
+            self._commit.schedule_compaction()
         log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
         if self.profiles is not None:  # best effort, as dranet: the provider reclaims what is not released
             for claim in removed:

@@ -21,6 +21,7 @@ from driver.api.v1alpha1.decode import MAX_NIC_ENTRIES, MAX_POD_REQUESTS
 from driver.api.v1alpha1.validation import validate_claim_spec
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.hooks import NRIHooks
+from harness.bounds import REST_ROUTES, at_the_bounds, entries, nic_params
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
 from tests.support.hook_node import ipj, neighbors, rules, sh
@@ -28,31 +29,6 @@ from tests.support.hook_node import ipj, neighbors, rules, sh
 pytestmark = pytest.mark.root
 
 OPAQUE_LIMIT = 10_240  # the apiserver's limit on one config's parameters
-
-
-def nic_params(i: int, routes: int, neighbors_: int) -> dict[str, Any]:
-    """A NIC's config: two addresses, two rules, ``routes`` routes (half in a table of its own) and
-    ``neighbors_`` permanent neighbors."""
-    table = 100 + i
-    return {
-        "interface": {"name": f"heavy{i}", "addresses": [f"192.168.{i}.2/24", f"fd00:{i + 1}::2/64"]},
-        "routes": [
-            {"destination": f"10.{100 + i}.{k // 16}.{(k % 16) * 16}/28", "gateway": f"192.168.{i}.1"}
-            | ({"table": table} if k % 2 else {})
-            for k in range(routes)
-        ],
-        "rules": [
-            {"priority": 1000 + 10 * i + k, "source": f"192.168.{i}.{16 + k}/32", "table": table} for k in range(2)
-        ],
-        "neighbors": [
-            {"destination": f"192.168.{i}.{128 + k}", "hardwareAddr": f"02:00:00:{i:02x}:{k:02x}:01"}
-            for k in range(neighbors_)
-        ],
-    }
-
-
-def entries(params: dict[str, Any]) -> int:
-    return len(params["interface"]["addresses"]) + sum(len(params[k]) for k in ("routes", "rules", "neighbors"))
 
 
 def claim_spec(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -80,15 +56,13 @@ def test_two_claims_at_the_apis_bounds_start_and_stop_a_pod(netns_factory: Netns
 
     # Per claim: one NIC at the per-NIC bound (128 entries, 129 requests with its link-up), the
     # other taking the claim to its bound (200 requests).
-    full = MAX_NIC_ENTRIES - 2 - 2 - 4
-    rest = MAX_POD_REQUESTS - (MAX_NIC_ENTRIES + 1) - 1 - 2 - 2 - 6
-    params = [nic_params(0, full, 4), nic_params(1, rest, 6), nic_params(2, full, 4), nic_params(3, rest, 6)]
+    params = at_the_bounds()
     assert [entries(p) for p in params] == [MAX_NIC_ENTRIES, MAX_POD_REQUESTS - MAX_NIC_ENTRIES - 2] * 2
     for pair in (params[:2], params[2:]):
         assert validate_claim_spec(claim_spec(*pair), "spec") == []  # admitted
         assert sum(entries(p) + 1 for p in pair) == MAX_POD_REQUESTS  # at the claim's bound
     assert all(len(json.dumps(p, separators=(",", ":"))) <= OPAQUE_LIMIT for p in params)
-    one_more = nic_params(1, rest + 1, 6)
+    one_more = nic_params(1, REST_ROUTES + 1, 6)
     assert validate_claim_spec(claim_spec(params[0], one_more), "spec")  # the bound is the bound
 
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
