@@ -679,6 +679,19 @@ class Bench:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
+def _print_budget(what: str, cycles: dict[str, Any]) -> None:
+    """One pod's run/stop times against the NRI budget, or the error that stopped its cycles."""
+    if cycles["run"]:
+        run, stop = cycles["run"], cycles["stop"]
+        print(
+            f"{what}, {len(run)} cycles: RunPodSandbox median {median(run):.1f} ms p99 {pct(run, 99):.1f} ms max"
+            f" {max(run):.1f} ms ({pct(run, 99) / NRI_BUDGET_MS:.0%} of the {NRI_BUDGET_MS:.0f} ms NRI budget);"
+            f" StopPodSandbox median {median(stop):.1f} ms p99 {pct(stop, 99):.1f} ms"
+        )
+    if cycles["error"]:
+        print(f"{what}: FAILED after {len(cycles['run'])} cycles: {cycles['error']}")
+
+
 def _load() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
@@ -834,26 +847,9 @@ def main(argv: list[str]) -> int:
             "2 addresses,"
             f" 3 sysctls, 2 ethtool features; {h['bytes']} B of parameters each)"
         )
-        if h["run"]:
-            hr, hs = h["run"], h["stop"]
-            print(
-                f"{what}, {len(hr)} cycles: RunPodSandbox median {median(hr):.1f} ms p99 {pct(hr, 99):.1f} ms max"
-                f" {max(hr):.1f} ms ({pct(hr, 99) / NRI_BUDGET_MS:.0%} of the {NRI_BUDGET_MS:.0f} ms NRI budget);"
-                f" StopPodSandbox median {median(hs):.1f} ms p99 {pct(hs, 99):.1f} ms"
-            )
-        if h["error"]:
-            print(f"{what}: FAILED after {len(h['run'])} cycles: {h['error']}")
+        _print_budget(what, h)
     if at_bounds is not None:
-        what = "two claims at the API's bounds on 4 NICs (400 netlink requests)"
-        if at_bounds["run"]:
-            br, bs = at_bounds["run"], at_bounds["stop"]
-            print(
-                f"{what}, {len(br)} cycles: RunPodSandbox median {median(br):.1f} ms p99 {pct(br, 99):.1f} ms max"
-                f" {max(br):.1f} ms ({pct(br, 99) / NRI_BUDGET_MS:.0%} of the {NRI_BUDGET_MS:.0f} ms NRI budget);"
-                f" StopPodSandbox median {median(bs):.1f} ms p99 {pct(bs, 99):.1f} ms"
-            )
-        if at_bounds["error"]:
-            print(f"{what}: FAILED after {len(at_bounds['run'])} cycles: {at_bounds['error']}")
+        _print_budget("two claims at the API's bounds on 4 NICs (400 netlink requests)", at_bounds)
     if args.json:
         Path(args.json).write_text(json.dumps({"quiet": quiet.__dict__, "storm": storm.__dict__}))
     return 0
