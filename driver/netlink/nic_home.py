@@ -17,6 +17,7 @@ requests :attr:`ReturnItem.restores` gives), all NICs in one pipelined batch.
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -153,15 +154,31 @@ def _move_home(
     one) under its host name. Returns where each was sent, the NICs known home (as the kernel now
     has them) and the failures."""
     host = ns.host_rtnl()
-    targets = free_indexes(host, [it.state.index or link.index for it, link in moving])
-    reqs = [
-        newlink(it.device, link.index, ns_fd=ns.host_fd, ifname=it.state.ifname, new_index=t, step="return")
-        for (it, link), t in zip(moving, targets, strict=True)
-    ]
+    targets = [it.state.index or link.index for it, link in moving]
+    if min(targets) <= 0 or len(set(targets)) < len(targets):
+        targets = free_indexes(host, targets)
+
+    def moves(which: list[int]) -> list[NetnsOpError | None]:
+        return pod.run_each(
+            [
+                newlink(it.device, link.index, ns_fd=ns.host_fd, ifname=it.state.ifname, new_index=t, step="return")
+                for (it, link), t in ((moving[i], targets[i]) for i in which)
+            ]
+        )
+
+    # Home to its own ifindex at once: a taken index fails before the move (EBUSY), and
+    # only then is a free index looked up and the move tried again, so a return costs no lookup.
+    errors = moves(list(range(len(moving))))
+    taken = [i for i, err in enumerate(errors) if err is not None and err.errno == errno.EBUSY]
+    if taken:
+        for i, target in zip(taken, free_indexes(host, [targets[i] for i in taken]), strict=True):
+            targets[i] = target
+        for i, err in zip(taken, moves(taken), strict=True):
+            errors[i] = err
     sent: dict[str, int] = {}
     home: dict[str, LinkInfo] = {}
     failed: dict[str, NetnsOpError] = {}
-    for (it, link), target, err in zip(moving, targets, pod.run_each(reqs), strict=True):
+    for (it, link), target, err in zip(moving, targets, errors, strict=True):
         sent[it.device] = target
         if err is None:
             home[it.device] = replace(link, index=target, ifname=it.state.ifname)

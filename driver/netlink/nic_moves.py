@@ -145,21 +145,35 @@ def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> list[NetnsOpErr
 def set_links(pod: Rtnl, moves: list[Move]) -> list[NetnsOpError | None]:
     """MTU, MAC and offload sizes of moved NICs, by their pod ifindex, in one pipelined send (the
     moved NIC is down, so every driver takes a MAC); each one's failure (or None), in order."""
+    return set_and_look_up(pod, moves, [])[0]
+
+
+def set_and_look_up(
+    pod: Rtnl, moves: list[Move], indexes: list[int]
+) -> tuple[list[NetnsOpError | None], list[LinkInfo | None]]:
+    """:func:`set_links`, and the links at ``indexes`` as the pod has them afterwards, in one round
+    trip (what :func:`check_moved` checks)."""
     todo = [m for m in moves if m.settings]
-    errors = iter(
-        pod.run_each(
-            [newlink(m.device, m.pod_index, mtu=m.mtu, mac=m.mac, extra=m.extra, step="set link") for m in todo]
-        )
-    )
-    return [next(errors) if m.settings else None for m in moves]
+    reqs = [newlink(m.device, m.pod_index, mtu=m.mtu, mac=m.mac, extra=m.extra, step="set link") for m in todo]
+    failed, links = pod.run_each_then_links(reqs, indexes)
+    errors = iter(failed)
+    return [next(errors) if m.settings else None for m in moves], links
 
 
-def check_moved(pod: Rtnl, moves: list[Move], identities: dict[str, LinkIdentity]) -> dict[str, LinkInfo]:
-    """Each moved NIC as the pod sees it, looked up by its pod ifindex (one pipelined lookup) and checked:
-    that link, under its planned name, with its planned MTU and MAC. :class:`NetnsOpError` (step
-    ``verify``) for the first one that is not."""
+def check_moved(
+    pod: Rtnl,
+    moves: list[Move],
+    identities: dict[str, LinkIdentity],
+    found: list[LinkInfo | None] | None = None,
+) -> dict[str, LinkInfo]:
+    """Each moved NIC as the pod sees it, looked up by its pod ifindex (one pipelined lookup, or
+    ``found``: the links at the moves' pod ifindexes, read already) and checked: that link, under its
+    planned name, with its planned MTU and MAC. :class:`NetnsOpError` (step ``verify``) for the first
+    one that is not."""
     out: dict[str, LinkInfo] = {}
-    for m, link in zip(moves, pod.links_by_index([m.pod_index for m in moves]), strict=True):
+    if found is None:
+        found = pod.links_by_index([m.pod_index for m in moves])
+    for m, link in zip(moves, found, strict=True):
         identity = identities.get(m.device)
         if link is None or (identity is not None and not identity.matches(link)):
             raise NetnsOpError(m.device, "verify", f"no link at ifindex {m.pod_index} in the pod is this NIC")

@@ -59,6 +59,7 @@ from driver.netlink_channel import (
     RTN_UNICAST,
     SOL_NETLINK,
     NetlinkChannel,
+    Reply,
     attr,
     parse_attrs,
     pick_attrs,
@@ -72,11 +73,12 @@ RT_SCOPE_UNIVERSE = 0
 class NetnsOpError(Exception):
     """A netlink step failed for one device; the message names both."""
 
-    def __init__(self, device: str, step: str, reason: str) -> None:
+    def __init__(self, device: str, step: str, reason: str, errno: int = 0) -> None:
         super().__init__(f"device {device}: {step} failed: {reason}")
         self.device = device
         self.step = step
         self.reason = reason
+        self.errno = errno  # the kernel's, when a request failed (0: not a request's failure)
 
 
 @dataclass
@@ -169,22 +171,18 @@ class Rtnl(NetlinkChannel):
     def _links(self, keys: list[tuple[int, str | None]]) -> list[LinkInfo | None]:
         if not keys:
             return []
-        reqs = []
-        for index, ifname in keys:
-            body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + SKIP_STATS
-            if ifname is not None:
-                body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
-            reqs.append((RTM_GETLINK, NLM_F_REQUEST, body))
-        out: list[LinkInfo | None] = []
-        for (index, ifname), reply in zip(keys, self.exchange(reqs), strict=True):
-            err = reply.error
-            if err == errno.ENODEV:
-                out.append(None)
-            elif err:
-                raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
-            else:
-                out.append(link_info(reply.payloads[0]))
-        return out
+        return _looked_up(keys, self.exchange(_link_gets(keys)))
+
+    def run_each_then_links(
+        self, reqs: list[Request], indexes: list[int]
+    ) -> tuple[list[NetnsOpError | None], list[LinkInfo | None]]:
+        """:meth:`run_each` of ``reqs``, then :meth:`links_by_index` of ``indexes``, in one pipelined
+        send (the kernel answers the lookups after the changes): one round trip for both."""
+        keys: list[tuple[int, str | None]] = [(index, None) for index in indexes]
+        answers = self.exchange(
+            [(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs] + _link_gets(keys)
+        )
+        return _failures(reqs, answers[: len(reqs)]), _looked_up(keys, answers[len(reqs) :])
 
     def links(self) -> list[LinkInfo]:
         """Every link of this netns (one RTM_GETLINK dump)."""
@@ -213,13 +211,42 @@ class Rtnl(NetlinkChannel):
         """
         if not reqs:
             return []
-        answers = self.exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs])
-        out: list[NetnsOpError | None] = []
-        for req, answer in zip(reqs, answers, strict=True):
-            err = answer.error
-            failed = err and err not in req.ignore
-            out.append(NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}") if failed else None)
-        return out
+        return _failures(reqs, self.exchange([(r.kind, r.flags | NLM_F_REQUEST | NLM_F_ACK, r.body) for r in reqs]))
+
+
+def _failures(reqs: list[Request], answers: list[Reply]) -> list[NetnsOpError | None]:
+    """Each request's failure (or None), from its answer."""
+    out: list[NetnsOpError | None] = []
+    for req, answer in zip(reqs, answers, strict=True):
+        err = answer.error
+        failed = err and err not in req.ignore
+        out.append(NetnsOpError(req.device, req.step, f"{req.what}: {os.strerror(err)}", err) if failed else None)
+    return out
+
+
+def _link_gets(keys: list[tuple[int, str | None]]) -> list[tuple[int, int, bytes]]:
+    """An RTM_GETLINK per (ifindex, name) key (0 and a name: by name)."""
+    reqs = []
+    for index, ifname in keys:
+        body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + SKIP_STATS
+        if ifname is not None:
+            body += attr(IFLA_IFNAME, ifname.encode() + b"\0")
+        reqs.append((RTM_GETLINK, NLM_F_REQUEST, body))
+    return reqs
+
+
+def _looked_up(keys: list[tuple[int, str | None]], replies: list[Reply]) -> list[LinkInfo | None]:
+    """The links the RTM_GETLINKs of ``keys`` found (None: no such link)."""
+    out: list[LinkInfo | None] = []
+    for (index, ifname), reply in zip(keys, replies, strict=True):
+        err = reply.error
+        if err == errno.ENODEV:
+            out.append(None)
+        elif err:
+            raise OSError(err, f"RTM_GETLINK {ifname or index}: {os.strerror(err)}")
+        else:
+            out.append(link_info(reply.payloads[0]))
+    return out
 
 
 def newlink(

@@ -190,6 +190,30 @@ def test_an_mtu_refused_after_the_move_is_a_second_step(ns: Namespaces, netns_fa
     assert link_facts(a) == before
 
 
+def test_a_host_ifindex_taken_while_the_nic_was_away_brings_it_home_at_another(ns: Namespaces, netns_factory) -> None:
+    """The return asks for the NIC's own host ifindex first; a link made on the host at that index
+    meanwhile makes the kernel refuse it before the move (EBUSY): the NIC comes home whole at a free
+    index, and the other link keeps its index."""
+    a, _ = _nic(netns_factory)
+    pod_ns = netns_factory.netns()
+    before = link_facts(a)
+    state = record(ns, a)
+    assert state.index
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1", mtu=1400))
+    assert errors == [None, None]
+    squatter = f"sq{secrets.token_hex(3)}"
+    ip("link", "add", squatter, "index", str(state.index), "type", "veth", "peer", "name", f"{squatter}p")
+    try:
+        assert return_one(ns, f"/run/netns/{pod_ns}", returned) == "pod"
+        assert link_facts(a) == before
+        home = ns.host_rtnl().link(a)
+        assert home is not None and home.index != state.index
+        squat = ns.host_rtnl().link(squatter)
+        assert squat is not None and squat.index == state.index
+    finally:
+        ip("link", "del", squatter)
+
+
 def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, netns_factory) -> None:
     """A pod with NET_ADMIN deletes the NIC (a veth) and makes its own link at the same ifindex, with the
     NIC's pod name and MAC: the return finds it is not the NIC (its peer is in the pod) and touches
