@@ -28,7 +28,7 @@ _ACTIVE_WIDTH = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
 _ACTIVE_SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.0, 16: 14.0, 32: 25.0, 64: 50.0, 128: 100.0, 256: 200.0}
 
 
-@dataclass
+@dataclass(slots=True)
 class RdmaDevice:
     """One RDMA device (``mlx5_0``) as discovery needs it."""
 
