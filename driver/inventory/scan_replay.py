@@ -37,7 +37,7 @@ from typing import Any
 from driver.inventory.sysfs import READ_MAX, IdentityKey, ReadAnswer, SysfsIO, open_read
 
 SYSFS_MAGIC = 0x62656572
-READ_PATH, LISTDIR, EXISTS, READLINK, STAT = range(5)
+LISTDIR, EXISTS, READLINK, STAT = range(4)
 """Kinds of the calls a replay repeats one by one (the rest are grouped in lists of their own)."""
 
 
@@ -94,6 +94,8 @@ class RecordingIO(SysfsIO):
         self.lengths: list[int] = []
         self.contents = hashlib.blake2b(digest_size=16)  # of what they gave (see _digest)
         self.dirs: set[str] = set()  # directories of the files kept open (off sysfs only)
+        self.reads: list[str] = []  # files read by path (not kept open), and the digest of their answers
+        self.answers = hashlib.blake2b(digest_size=16)
         self.links: list[str] = []  # links that resolved, and the digest of their targets
         self.targets = hashlib.blake2b(digest_size=16)
         self.stats: list[str] = []  # objects stat'ed, and the digest of their identities
@@ -101,7 +103,7 @@ class RecordingIO(SysfsIO):
         self.dirs_checked: list[str] = []  # is_dir calls, and their answers
         self.is_dir_answers: list[bool] = []
         self.missing: list[str] = []  # links that were not there (ENOENT): still not there?
-        self.rest: list[tuple[int, str, Any]] = []  # failed calls, listings, existence checks
+        self.rest: list[tuple[int, str, Any]] = []  # listings, existence checks, failed link reads and stats
         # The descriptors go with the recording even if nobody calls close() (a dropped Scanner).
         self._finalizer = weakref.finalize(self, _close_all, self.fds)
 
@@ -111,7 +113,8 @@ class RecordingIO(SysfsIO):
             if fd is not None:
                 os.close(fd)
             if not vouched:
-                self.rest.append((READ_PATH, path, answer))
+                self.reads.append(path)
+                _add_answer(self.answers, answer)
             return answer
         assert isinstance(answer, bytes)  # a descriptor is only kept for content
         self.fds.append(fd)
@@ -180,6 +183,7 @@ class ScanReplay:
         self._fds, self._lengths, self._contents = io.fds, io.lengths, io.contents.digest()
         self._links, self._targets = io.links, io.targets.digest()
         self._stats, self._keys = io.stats, io.keys.digest()
+        self._reads, self._answers = io.reads, io.answers.digest()
         self._missing, self._rest = io.missing, io.rest
         # Off sysfs, a file replaced under an open descriptor changes its directory's ctime: the
         # directories of the files kept open are stat'ed too (those not stat'ed as objects already).
@@ -214,6 +218,8 @@ class ScanReplay:
             # Still missing, without raising an exception per path (os.access answers False).
             if any(access(p, os.F_OK, follow_symlinks=False) for p in self._missing):
                 return False
+            if self._reads and _answers_digest(map(PLAIN.read, self._reads)) != self._answers:
+                return False
         except OSError:  # ENODEV: a sysfs object is gone; ENOENT: a path is; either way, changed
             return False
         for op, target, expected in self._rest:
@@ -234,8 +240,6 @@ def _dir_answer(path: str) -> tuple[bool, IdentityKey] | None:
 
 
 def _call(op: int, target: str) -> Any:
-    if op == READ_PATH:
-        return PLAIN.read(target)
     if op == READLINK:
         return PLAIN.readlink(target)
     if op == STAT:
@@ -259,6 +263,26 @@ def _digest(chunks: Iterable[bytes]) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for chunk in chunks:
         _add_chunk(h, chunk)
+    return h.digest()
+
+
+def _add_answer(h: Any, answer: ReadAnswer) -> None:
+    """A file's answer (content, a problem, or none) into a digest: its kind, then what it holds."""
+    if answer is None:
+        h.update(b"N")
+    elif isinstance(answer, bytes):
+        h.update(b"C")
+        _add_chunk(h, answer)
+    else:
+        h.update(b"P")
+        _add_chunk(h, answer.encode("utf-8", "surrogateescape"))
+
+
+def _answers_digest(answers: Iterable[ReadAnswer]) -> bytes:
+    """The digest of files' answers, as a recording adds them (:func:`_add_answer`)."""
+    h = hashlib.blake2b(digest_size=16)
+    for answer in answers:
+        _add_answer(h, answer)
     return h.digest()
 
 
