@@ -143,8 +143,8 @@ class RecordingIO(SysfsIO):
     def readlink(self, path: str, vouched: bool = False) -> str | int:
         target = super().readlink(path)
         if vouched:
-            pass
-        elif isinstance(target, str):
+            return target
+        if isinstance(target, str):
             self.links.append(path)
             _add_text(self.targets, target)
         elif target == errno.ENOENT:
