@@ -116,6 +116,32 @@ class StateWriteFailures(Collector):
         yield family
 
 
+class DeviceHealth(Collector):
+    """``device_healthy{device}``: 1 when the published device is healthy, else 0, from the last
+    health round's verdicts (:meth:`Metrics.set_device_health`).
+
+    A collector over one dict, not a labelled Gauge: a Gauge keeps a child object (with its own
+    lock) per device, about 0.7 KiB each, dropped and rebuilt by every round.
+    """
+
+    NAME = f"{NAMESPACE}_{SUBSYSTEM}_device_healthy"
+    HELP = "1 when the published device is healthy (link carrier, RDMA port ACTIVE, netdev present), else 0."
+
+    def __init__(self) -> None:
+        self.health: dict[str, bool] = {}  # replaced whole by each round: a scrape sees one round
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauge without samples."""
+        yield GaugeMetricFamily(self.NAME, self.HELP, labels=["device"])
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """One sample per device of the last round."""
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["device"])
+        for device, healthy in self.health.items():
+            family.add_metric([device], 1 if healthy else 0)
+        yield family
+
+
 ShareUsage = Callable[[], dict[str, tuple[int, dict[str, int]]]]
 """Reads, per shared NIC, its shares and the capacity they consumed (``checkpoint.state.share_usage``)."""
 
@@ -216,18 +242,13 @@ class Metrics:
             ["kind"],
             **own,
         )
-        self.device_healthy = Gauge(
-            "device_healthy",
-            "1 when the published device is healthy (link carrier, RDMA port ACTIVE, netdev present), else 0.",
-            ["device"],
-            **own,
-        )
+        self.device_healthy = DeviceHealth()
+        self.registry.register(self.device_healthy)
 
     def set_device_health(self, health: dict[str, bool]) -> None:
-        """``device_healthy{device}``: 1 healthy, 0 not, for exactly the devices in ``health``."""
-        self.device_healthy.clear()  # a device no longer published leaves no stale series
-        for device, healthy in health.items():
-            self.device_healthy.labels(device).set(1 if healthy else 0)
+        """``device_healthy{device}``: 1 healthy, 0 not, for exactly the devices in ``health`` (a
+        device no longer published leaves no stale series)."""
+        self.device_healthy.health = dict(health)
 
     def watch_claim_devices(self, counts: ClaimDeviceCounts) -> None:
         """Publish ``claim_devices_allocated``/``_ready`` from ``counts()``, called at each scrape."""

@@ -46,9 +46,12 @@ def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8
 
     Shaped like the kernel's sysfs (``bus/pci/devices`` and ``class/net`` are symlinks into
     ``devices/``, a bound ``driver`` link), enough for discovery to publish them. Returns the
-    device names discovery gives them (``pci-0000-8a-00-0``...). For full topologies use the
-    fixture builder in harness/sysfs.py.
+    device names discovery gives them (``pci-0000-8a-00-0``...). A bus holds 256 functions (32
+    devices of 8), the next ones go on the next bus: every address is a valid one, so discovery
+    finds each netdev's function. For full topologies use the fixture builder in harness/sysfs.py.
     """
+    if bus + (count - 1) // 256 > 0xFF:
+        raise ValueError(f"{count} functions from bus {bus:#x} do not fit below bus 0xff")
     root = Path(root)
     names = []
     drivers = root / "bus/pci/drivers/mlx5_core"
@@ -56,7 +59,7 @@ def write_nic_sysfs(root: str | os.PathLike[str], count: int = 4, bus: int = 0x8
     (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
     (root / "class/net").mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        bdf = f"0000:{bus:02x}:{i // 8:02x}.{i % 8}"
+        bdf = f"0000:{bus + i // 256:02x}:{i % 256 // 8:02x}.{i % 8}"
         dev = root / "devices/pci0000:80/0000:80:01.0" / bdf
         net = dev / "net" / f"eth{i}"
         net.mkdir(parents=True)

@@ -42,7 +42,7 @@ class PrepareResult:
     error: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeviceHealthState:
     """Health of one published device as streamed to the kubelet (and tainted in the slice)."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 from driver.dra.protocol import D
-from driver.dra.slices import SlicePlan, Taints, plan_slices
+from driver.dra.slices import SlicePlan, Taints, kept, plan_slices
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 
@@ -84,8 +84,9 @@ class SlicePublisher(Generic[D]):
         self._cond = threading.Condition()
         self._writing = 0
         self._listed: tuple[int, str] = (0, "")  # (LISTs so far, the last one's resourceVersion)
-        # Our slices by name as the apiserver has them, kept by the watch (None: not known, LIST),
-        # and whether a watch runs that started at or after the LIST they came from.
+        # Our slices by name as the apiserver has them, devices as their digest (:func:`kept`), kept
+        # by the watch (None: not known, LIST), and whether a watch runs that started at or after
+        # the LIST they came from.
         self._known: dict[str, dict[str, Any]] | None = None
         self._watched = False
 
@@ -200,10 +201,11 @@ class SlicePublisher(Generic[D]):
     # -- one sync round (blocking; runs in a worker thread) ---------------------------------------
 
     def list_slices(self) -> list[dict[str, Any]]:
-        """Our driver's slices for this node, as the API has them."""
+        """Our driver's slices for this node, as the API has them (devices as their digest: :func:`kept`)."""
         listed = self.kube.list_resource_slice(self.selector)
         rv = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-        items: list[dict[str, Any]] = listed.get("items") or []
+        items: list[dict[str, Any]] = [kept(s) for s in listed.get("items") or []]
+        del listed  # the decoded devices go now, not after the plan
         with self._cond:
             self._listed = (self._listed[0] + 1, rv or self._listed[1])
             self._known = {s["metadata"]["name"]: s for s in items}
@@ -221,13 +223,14 @@ class SlicePublisher(Generic[D]):
             self._known, self._watched = None, False
 
     def _keep(self, obj: dict[str, Any] | None, name: str) -> None:
-        """Record a slice as the apiserver has it now (None: deleted)."""
+        """Record a slice as the apiserver has it now (None: deleted), its devices as their digest."""
+        slim = None if obj is None else kept(obj)
         with self._cond:
             if self._known is not None:
-                if obj is None:
+                if slim is None:
                     self._known.pop(name, None)
                 else:
-                    self._known[name] = obj
+                    self._known[name] = slim
 
     def sync(self, attempts: int = 3) -> SlicePlan:
         """List, plan and apply once; re-list and re-plan on a conflict."""

@@ -9,6 +9,7 @@ slice of the pool, while an unchanged pool costs no write at all.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -33,9 +34,29 @@ def _chunks(devices: Iterable[SliceDevice], size: int, taints: Taints | None = N
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"duplicate device names in pool: {dup}")
     taints = taints or {}
-    api = [d.to_api() | ({"taints": taints[d.name]} if taints.get(d.name) else {}) for d in ordered]
+    seen: dict[tuple[str, Any], dict[str, Any]] = {}
+    api = [
+        _share_equal_values(d.to_api(), seen) | ({"taints": taints[d.name]} if taints.get(d.name) else {})
+        for d in ordered
+    ]
     # An empty pool still gets one (empty) slice: "empty pool is different from no pool".
     return [api[i : i + size] for i in range(0, len(api), size)] or [[]]
+
+
+def _share_equal_values(device: dict[str, Any], seen: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
+    """``device`` with each attribute value equal to one in ``seen`` replaced by that one object.
+
+    Most devices of a node carry the same vendor, NUMA node, link state and flags: a pool of
+    thousands of devices, held whole while it is compared and written, would otherwise hold one
+    small dict per attribute per device.
+    """
+    attributes = device.get("attributes") or {}
+    for name, value in attributes.items():
+        if len(value) == 1:
+            ((kind, inner),) = value.items()
+            if not isinstance(inner, list):  # the ints of a list attribute: rare, and not hashable
+                attributes[name] = seen.setdefault((kind, inner), value)
+    return device
 
 
 def owner_reference(node_name: str, node_uid: str) -> dict[str, Any]:
@@ -53,7 +74,12 @@ def build_slices(
     taints: Taints | None = None,
 ) -> list[dict[str, Any]]:
     """resource.k8s.io/v1 ResourceSlice bodies (no names yet: ``generateName``) for the node's pool."""
-    chunks = _chunks(devices, max_devices, taints)
+    return _bodies(_chunks(devices, max_devices, taints), driver_name, node_name, node_uid, generation)
+
+
+def _bodies(
+    chunks: list[list[dict[str, Any]]], driver_name: str, node_name: str, node_uid: str, generation: int
+) -> list[dict[str, Any]]:
     return [
         {
             "apiVersion": API_VERSION,
@@ -96,9 +122,34 @@ class SlicePlan:
         return self.writes == 0
 
 
-def _devices_key(devices: list[dict[str, Any]]) -> str:
+class KeptSlice(dict[str, Any]):
+    """A slice as the publisher keeps it between syncs (:func:`kept`): its metadata and spec without
+    the devices, whose digest stands in for them (a plan compares devices by digest only)."""
+
+    devices_digest: bytes = b""
+
+
+def kept(obj: dict[str, Any]) -> KeptSlice:
+    """``obj`` (a slice as the API returned it) without its devices and ``managedFields`` (an update
+    drops them): a node's pool of 10k devices is ~30 MiB of decoded JSON, its digests a few KiB."""
+    spec = dict(obj.get("spec") or {})
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    out = KeptSlice(obj, metadata=meta, spec=spec)
+    out.devices_digest = _digest_of(spec.pop("devices", None) or [])
+    return out
+
+
+def _devices_key(s: dict[str, Any]) -> bytes:
+    """The digest of a slice's devices (kept, or computed from the list)."""
+    if isinstance(s, KeptSlice):
+        return s.devices_digest
+    return _digest_of(s.get("spec", {}).get("devices") or [])
+
+
+def _digest_of(devices: list[dict[str, Any]]) -> bytes:
     # Canonical JSON of the device list: the API returns what we sent, key order aside.
-    return json.dumps(devices, sort_keys=True, separators=(",", ":"))
+    text = json.dumps(devices, sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _is_current(s: dict[str, Any], generation: int, count: int, owner: dict[str, Any]) -> bool:
@@ -131,39 +182,37 @@ def plan_slices(
     desired chunk are reused for it, the rest are paired in name order, extras are deleted.
     """
     ours = [s for s in existing if s.get("spec", {}).get("pool", {}).get("name") == node_name]
-    foreign = [s for s in existing if s not in ours]  # other pool names: obsolete
+    foreign = [s for s in existing if s.get("spec", {}).get("pool", {}).get("name") != node_name]  # obsolete
     current_gen = max((s["spec"]["pool"].get("generation", 0) for s in ours), default=0)
     owner = owner_reference(node_name, node_uid)
     chunks = _chunks(devices, max_devices, taints)
-    wanted = Counter(_devices_key(c) for c in chunks)
-    have = Counter(_devices_key(s["spec"].get("devices") or []) for s in ours)
+    wanted_keys = [_digest_of(c) for c in chunks]
+    have_keys = [_devices_key(s) for s in ours]
     if (
         not foreign
-        and wanted == have
+        and Counter(wanted_keys) == Counter(have_keys)
         and len(ours) == len(chunks)
         and all(_is_current(s, current_gen, len(chunks), owner) for s in ours)
     ):
         return SlicePlan(generation=current_gen)
 
     generation = current_gen + 1
-    bodies = build_slices(devices, driver_name, node_name, node_uid, generation, max_devices, taints)
+    bodies = _bodies(chunks, driver_name, node_name, node_uid, generation)
     plan = SlicePlan(generation=generation, delete=list(foreign))
-    free = sorted(ours, key=lambda s: s["metadata"]["name"])
+    free = sorted(zip(ours, have_keys, strict=True), key=lambda pair: pair[0]["metadata"]["name"])
     unpaired: list[dict[str, Any]] = []
-    for body in bodies:
-        key = _devices_key(body["spec"]["devices"])
-        match = next((s for s in free if _devices_key(s["spec"].get("devices") or []) == key), None)
+    for body, key in zip(bodies, wanted_keys, strict=True):
+        match = next((i for i, (_, have) in enumerate(free) if have == key), None)
         if match is None:
             unpaired.append(body)
             continue
-        free.remove(match)
-        plan.update.append(_as_update(match, body))
+        plan.update.append(_as_update(free.pop(match)[0], body))
     for body in unpaired:
         if free:
-            plan.update.append(_as_update(free.pop(0), body))
+            plan.update.append(_as_update(free.pop(0)[0], body))
         else:
             plan.create.append(body)
-    plan.delete.extend(free)
+    plan.delete.extend(slice_ for slice_, _ in free)
     return plan
 
 

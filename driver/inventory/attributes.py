@@ -19,6 +19,7 @@ enforces both so no device can ever make its slice invalid:
 from __future__ import annotations
 
 import logging
+import sys
 
 from driver.model.device import (
     ATTRIBUTE_DOMAIN,
@@ -143,7 +144,9 @@ def finalize(attributes: dict[str, AttributeValue], device: str = "") -> dict[st
         elif _past_int64(value):
             out_of_range.append(name)
             continue
-        out[name] = value
+        # Interned: every device carries the same few names (built per device by concatenation),
+        # a node of 10k devices keeps each once.
+        out[sys.intern(name)] = value
     if out_of_range:
         log.warning(
             "integer attributes out of the int64 range (a corrupt sysfs value), not published",

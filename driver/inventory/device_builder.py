@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ PCI_IDS_PATHS: tuple[str, ...] = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/
 S = STANDARD_DOMAIN + "/"
 
 
-@dataclass
+@dataclass(slots=True)
 class Netdev:
     """One netdev as seen by this scan (sysfs and, when available, netlink)."""
 
@@ -83,7 +84,8 @@ def _hex4(text: str | None) -> str | None:
     if not text:
         return None
     text = text.lower()
-    return text[2:] if text.startswith("0x") else text
+    # Interned: a node has a handful of distinct IDs, each kept once however many devices carry it.
+    return sys.intern(text[2:] if text.startswith("0x") else text)
 
 
 class DeviceBuilder:
@@ -146,7 +148,7 @@ class DeviceBuilder:
             out[D + "mtu"] = mtu
         state = link.operstate if link and link.operstate else sysfs.read(f"{base}/operstate")
         if state:
-            out[D + "state"] = state
+            out[D + "state"] = sys.intern(state)  # up, down...: one string for every device
         arphrd = link.arphrd if link else sysfs.read_int(f"{base}/type")
         if arphrd is not None:
             out[D + "encapsulation"] = ARPHRD_ENCAP.get(arphrd, "unknown")
@@ -185,7 +187,7 @@ class DeviceBuilder:
         real = sysfs.resolve(base)
         root = pcie_root_of(real) if real else None
         if root:
-            out[S + "pcieRoot"] = root
+            out[S + "pcieRoot"] = sys.intern(root)  # shared by every function under the host bridge
         vid, did = _hex4(sysfs.read(f"{base}/vendor")), _hex4(sysfs.read(f"{base}/device"))
         if vid:
             out[D + "pciVendor"] = self.pci_ids.vendor(vid)

@@ -31,15 +31,24 @@ from driver.inventory.netlink_facts import ARPHRD_LOOPBACK, LinkFacts, LinkQuery
 from driver.inventory.rdma import RdmaDevice, rdma_has_pyverbs, scan_rdma
 from driver.inventory.scan_replay import RecordingIO, ScanReplay, is_sysfs
 from driver.inventory.scan_report import ScanReport, ScanWarnings
-from driver.inventory.sysfs import PLAIN_IO, IdentityCache, SysfsReader, ifname_problem, name_bytes, pci_address_of
+from driver.inventory.sysfs import (
+    PLAIN_IO,
+    IdentityCache,
+    ImmutableFacts,
+    SysfsReader,
+    ifname_problem,
+    name_bytes,
+    pci_address_of,
+)
 from driver.model.device import Device
 
 log = logging.getLogger(__name__)
 
 USERSPACE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
 IGNORED_INTERFACES = frozenset({"cilium_net", "cilium_host", "docker0"})
-PCI_IDENTITY_FILES = ("class", "vendor", "device", "subsystem_device", "sriov_totalvfs")
-"""A PCI function's read-only config-space copies: fixed for the function object's lifetime."""
+PCI_IDENTITY = ImmutableFacts(("class", "vendor", "device", "subsystem_device", "sriov_totalvfs"), ("", "/physfn"))
+"""A PCI function's read-only config-space copies, its place in the tree and its PF: fixed for
+the function object's lifetime."""
 
 
 @dataclass
@@ -200,14 +209,12 @@ class Scanner:
         if replay is not None:
             replay.close()
             self._replay = None
-        io = RecordingIO() if self._replayable else PLAIN_IO
+        io = RecordingIO(self._on_sysfs) if self._replayable else PLAIN_IO
         sysfs = SysfsReader(self.sysfs_root, io)
         devices = self._full_scan(sysfs, facts)
+        del sysfs  # the scan's memo goes before the replay is set up, not after
         if isinstance(io, RecordingIO):
-            # Files the identity cache vouches for (its stat of their object is replayed) are
-            # not read again: the first scan's recording is as lean as a later one's.
-            skip = self.identity.immutable_paths(sysfs)
-            self._replay = ScanReplay(io, (devices, facts, self.numa_list), self._on_sysfs, skip)
+            self._replay = ScanReplay(io, (devices, facts, self.numa_list))
         return list(devices)
 
     def _full_scan(self, sysfs: SysfsReader, facts: NetlinkFacts | None) -> list[Device]:
@@ -228,7 +235,7 @@ class Scanner:
 
         devices: list[Device] = []
         listed = sysfs.listdir("bus/pci/devices")
-        identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}") for bdf in listed}
+        identity_keys = {bdf: self.identity.prime(sysfs, f"bus/pci/devices/{bdf}", PCI_IDENTITY) for bdf in listed}
         network_pci = self._network_functions(sysfs, listed, report)
         for bdf in network_pci:
             if bdf in excluded_pci or bdf in report.skipped_pci or not self.bound_to_kernel(sysfs, bdf):
@@ -251,7 +258,7 @@ class Scanner:
                 continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
             self._add(devices, report, f"PCI function {pci}", self.builder.pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
-            self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY_FILES, ("", "/physfn"))
+            self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY)
         self.identity.end_scan()
 
         for name, dev in netdevs.items():

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from driver.inventory.device_builder import Netdev
-from driver.inventory.discovery import PCI_IDENTITY_FILES, Scanner, ScanState
+from driver.inventory.discovery import PCI_IDENTITY, Scanner, ScanState
 from driver.inventory.names import netdev_device_name, pci_device_name
 from driver.inventory.rdma import refresh_ports
 from driver.inventory.sysfs import SysfsReader, ifname_problem, name_bytes
@@ -180,7 +180,7 @@ class LinkUpdater:
         """Rebuild PCI function ``bdf`` (its netdev changed), as the full scan would."""
         scanner = self.scanner
         base = f"bus/pci/devices/{bdf}"
-        key = scanner.identity.prime(sysfs, base)
+        key = scanner.identity.prime(sysfs, base, PCI_IDENTITY)
         name = pci_device_name(bdf)
         if not (sysfs.read(f"{base}/class") or "").lower().startswith("0x02"):
             return  # not a network function: published for its RDMA device only, which no link event changes
@@ -193,7 +193,7 @@ class LinkUpdater:
         if rdma is not None:
             rdma = state.rdma_by_pci[bdf] = refresh_ports(sysfs, rdma, scanner.use_pyverbs)
         self._build(delta, name, scanner.builder.pci_device, sysfs, bdf, netdevs, rdma)
-        scanner.identity.remember(sysfs, base, key, PCI_IDENTITY_FILES, ("", "/physfn"))
+        scanner.identity.remember(sysfs, base, key, PCI_IDENTITY)
 
     @staticmethod
     def _build(delta: InventoryDelta, name: str, build: Callable[..., Device], *args: Any) -> None:

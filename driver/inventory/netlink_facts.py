@@ -79,7 +79,7 @@ ARPHRD_LOOPBACK = 772
 IFF_LOOPBACK = 0x8
 
 
-@dataclass
+@dataclass(slots=True)
 class LinkFacts:
     """What netlink says about one link."""
 

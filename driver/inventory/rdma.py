@@ -13,7 +13,15 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from driver.inventory.scan_report import ScanReport
-from driver.inventory.sysfs import IdentityCache, SysfsReader, name_bytes, name_problem, pci_address_of
+from driver.inventory.sysfs import (
+    IdentityCache,
+    IdentityKey,
+    ImmutableFacts,
+    SysfsReader,
+    name_bytes,
+    name_problem,
+    pci_address_of,
+)
 from driver.model.device import CharDevice
 
 log = logging.getLogger(__name__)
@@ -23,12 +31,16 @@ try:  # optional: rdma-core's Python bindings
 except Exception:  # noqa: BLE001 - any import failure (missing libibverbs too) means "not available"
     _pyverbs_device = None
 
+CHAR_DEVICE_IDENTITY = ImmutableFacts(("dev",))
+"""A uverbs/umad char device's numbers: fixed while it exists."""
+RDMA_IDENTITY = ImmutableFacts(("ports/1/link_layer",), ("", "/device"))
+"""An RDMA device's port 1 link layer and its parent device (not its name: it can be renamed)."""
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _ACTIVE_WIDTH = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
 _ACTIVE_SPEED_GBPS = {1: 2.5, 2: 5.0, 4: 10.0, 8: 10.0, 16: 14.0, 32: 25.0, 64: 50.0, 128: 100.0, 256: 200.0}
 
 
-@dataclass
+@dataclass(slots=True)
 class RdmaDevice:
     """One RDMA device (``mlx5_0``) as discovery needs it."""
 
@@ -73,13 +85,13 @@ def _by_ibdev(sysfs: SysfsReader, cls: str, identity: IdentityCache | None = Non
     out: dict[str, list[str]] = {}
     for entry in sysfs.listdir(cls):
         anchor = f"{cls}/{entry}"
-        key = identity.prime(sysfs, anchor) if identity else None
+        key = identity.prime(sysfs, anchor, CHAR_DEVICE_IDENTITY) if identity else None
         ibdev = sysfs.read(f"{anchor}/ibdev")  # not cached: an RDMA device can be renamed
         if ibdev:
             out.setdefault(ibdev, []).append(entry)
         if identity:
             sysfs.read(f"{anchor}/dev")  # the char device's numbers, fixed while it exists
-            identity.remember(sysfs, anchor, key, ("dev",))
+            identity.remember(sysfs, anchor, key, CHAR_DEVICE_IDENTITY)
     return out
 
 
@@ -135,14 +147,17 @@ def scan_rdma(
     devices: dict[str, RdmaDevice] = {}
     for name in names:
         what = f"RDMA device {name_bytes(name)}"
+        base = f"class/infiniband/{name}"
         problem = name_problem(name)
-        if problem is None and not sysfs.is_dir(f"class/infiniband/{name}"):
+        # Primed before the directory check reads the device's own link, a fact the cache vouches for.
+        key = identity.prime(sysfs, base, RDMA_IDENTITY) if identity and problem is None else None
+        if problem is None and not sysfs.is_dir(base):
             problem = "class/infiniband entry is a dangling or looping link"
         if problem is not None:
             report.skip(what, problem)
             continue
         try:
-            devices[name] = _rdma_device(sysfs, name, use_pyverbs, identity, verbs, mads, rdma_cm)
+            devices[name] = _rdma_device(sysfs, name, use_pyverbs, (identity, key), verbs, mads, rdma_cm)
         except Exception as exc:  # noqa: BLE001 - one bad device must not hide the others
             report.skip(what, f"{type(exc).__name__}: {exc}")
     return devices
@@ -152,18 +167,19 @@ def _rdma_device(
     sysfs: SysfsReader,
     name: str,
     use_pyverbs: bool,
-    identity: IdentityCache | None,
+    primed: tuple[IdentityCache | None, IdentityKey | None],
     verbs: dict[str, list[str]],
     mads: dict[str, list[str]],
     rdma_cm: CharDevice | None,
 ) -> RdmaDevice:
-    """One RDMA device's facts: its PCI function, port 1 link layer and rate, char devices."""
+    """One RDMA device's facts: its PCI function, port 1 link layer and rate, char devices.
+    ``primed``: the identity cache (if any) and the key its :meth:`~IdentityCache.prime` gave."""
     base = f"class/infiniband/{name}"
-    key = identity.prime(sysfs, base) if identity else None
+    identity, key = primed
     real = sysfs.resolve(f"{base}/device")  # the parent device: fixed at registration
     if identity:
         sysfs.read(f"{base}/ports/1/link_layer")  # fixed while the device exists (rate is not)
-        identity.remember(sysfs, base, key, ("ports/1/link_layer",), links=("", "/device"))
+        identity.remember(sysfs, base, key, RDMA_IDENTITY)
     pci = pci_address_of(real) if real else None
     layer, rate = _port_facts(sysfs, name, use_pyverbs)
     chars: list[CharDevice] = []

@@ -81,10 +81,16 @@ IdentityKey = tuple[int, int, int]
 
 class SysfsIO:
     """The reader's system calls, one method each (a subclass records them for a replay,
-    :class:`driver.inventory.scan_replay.RecordingIO`). Paths are absolute."""
+    :class:`driver.inventory.scan_replay.RecordingIO`). Paths are absolute.
 
-    def read(self, path: str) -> ReadAnswer:
+    ``vouched`` (files and links): the answer cannot change while its object keeps its identity,
+    which :class:`IdentityCache` checks with a stat that a replay repeats: a recording leaves
+    the call out.
+    """
+
+    def read(self, path: str, vouched: bool = False) -> ReadAnswer:
         """One attribute file's content, a problem, or None (see :func:`open_read`)."""
+        del vouched
         fd, answer = open_read(path)
         if fd is not None:
             os.close(fd)
@@ -105,8 +111,9 @@ class SysfsIO:
         """Whether ``path`` exists (following links)."""
         return os.path.exists(path)
 
-    def readlink(self, path: str) -> str | int:
+    def readlink(self, path: str, vouched: bool = False) -> str | int:
         """A symlink's target, or the errno (EINVAL: not a link; ENOENT: missing)."""
+        del vouched
         try:
             return os.readlink(path)
         except OSError as err:
@@ -151,6 +158,72 @@ def open_read(path: str) -> tuple[int | None, ReadAnswer]:
 PLAIN_IO = SysfsIO()
 
 
+DirNames = tuple[tuple[str, frozenset[str]], ...]
+"""Names by directory: (the directory's suffix to an object's path, the names in it)."""
+
+
+def _by_dir(suffixes: list[str]) -> DirNames:
+    names: dict[str, set[str]] = {}
+    for path in suffixes:
+        directory, _, name = path.rpartition("/")
+        names.setdefault(directory, set()).add(name)
+    return tuple((k, frozenset(v)) for k, v in names.items())
+
+
+@dataclass(frozen=True, slots=True)
+class ImmutableFacts:
+    """Which files and links of one kind of sysfs object cannot change while the object exists:
+    ``files`` by name, ``links`` by suffix (``""`` is the object's own link)."""
+
+    files: tuple[str, ...] = ()
+    links: tuple[str, ...] = ("",)
+    # How a scan looks them up (:class:`Vouched`): one entry per directory, not one per fact.
+    files_by_dir: DirNames = field(init=False, repr=False, compare=False)
+    links_by_dir: DirNames = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "files_by_dir", _by_dir([f"/{n}" for n in self.files]))
+        object.__setattr__(self, "links_by_dir", _by_dir([x for x in self.links if x]))
+
+
+@dataclass(slots=True)
+class Vouched:
+    """The reads of one scan whose answers :class:`IdentityCache` vouches for: files and links by
+    directory (relative path) and name, and the objects whose own link is vouched for."""
+
+    files: dict[str, frozenset[str]] = field(default_factory=dict)
+    links: dict[str, frozenset[str]] = field(default_factory=dict)
+    objects: set[str] = field(default_factory=set)
+
+    def file(self, directory: str, name: str) -> bool:
+        """Whether file ``name`` in ``directory`` is vouched for."""
+        return name in self.files.get(directory, ())
+
+    def link(self, rel: str) -> bool:
+        """Whether link ``rel`` is vouched for."""
+        if rel in self.objects:
+            return True
+        directory, _, name = rel.rpartition("/")
+        return name in self.links.get(directory, ())
+
+    def add(self, anchor: str, facts: ImmutableFacts) -> None:
+        """From now on ``facts`` of the object at ``anchor`` are vouched for."""
+        for table, by_dir in ((self.files, facts.files_by_dir), (self.links, facts.links_by_dir)):
+            for suffix, names in by_dir:
+                directory = anchor + suffix if suffix else anchor
+                known = table.get(directory)
+                table[directory] = names if known is None else known | names
+        if "" in facts.links:
+            self.objects.add(anchor)
+
+    def remove(self, anchor: str, facts: ImmutableFacts) -> None:
+        """Nothing of the object at ``anchor`` is vouched for (nor of another in the same directories)."""
+        for table, by_dir in ((self.files, facts.files_by_dir), (self.links, facts.links_by_dir)):
+            for suffix, _ in by_dir:
+                table.pop(anchor + suffix if suffix else anchor, None)
+        self.objects.discard(anchor)
+
+
 @dataclass
 class SysfsReader:
     """Memoising reader of one sysfs tree; create a new one for each scan."""
@@ -159,6 +232,8 @@ class SysfsReader:
     io: SysfsIO = PLAIN_IO
     problems: dict[str, str] = field(default_factory=dict)
     """Files that exist (or should) but could not be read this scan: relative path -> reason."""
+    vouched: Vouched = field(default_factory=Vouched)
+    """Files and links whose answers :class:`IdentityCache` vouches for this scan."""
     _files: dict[str, str | None] = field(default_factory=dict, repr=False)
     _links: dict[str, str | None] = field(default_factory=dict, repr=False)
     _dirs: dict[str, list[str]] = field(default_factory=dict, repr=False)
@@ -185,14 +260,14 @@ class SysfsReader:
         if real_dir is None:
             value = None
         else:
-            value = self._read_file(rel, f"{real_dir}/{name}")
+            value = self._read_file(rel, f"{real_dir}/{name}", self.vouched.file(directory, name))
         self._files[rel] = value
         return value
 
-    def _read_file(self, rel: str, path: str) -> str | None:
+    def _read_file(self, rel: str, path: str, vouched: bool = False) -> str | None:
         """The stripped text of one file; None (and, unless sysfs means "no value", a recorded
         problem) when it cannot be read or is not a regular file."""
-        answer = self.io.read(path)
+        answer = self.io.read(path, vouched)
         if isinstance(answer, str):
             self.problems[rel] = answer
             return None
@@ -272,7 +347,7 @@ class SysfsReader:
         if candidate is None:
             return None
         real_head = candidate.rpartition("/")[0]
-        target = self.io.readlink(self.path(candidate))
+        target = self.io.readlink(self.path(candidate), self.vouched.link(rel))
         if isinstance(target, int):
             return candidate if target == errno.EINVAL else None  # EINVAL: not a link
         joined = os.path.normpath(f"{real_head}/{target}" if real_head else target)
@@ -312,11 +387,12 @@ class IdentityCache:
 
     Each rescan (link events, resync) would otherwise re-read them for every device: on an SR-IOV
     host that is most of a scan's syscalls. Callers name, per kind of object, which files and
-    links are immutable, e.g. a PCI function's ``class``/``vendor``/``device``/``subsystem_device``/
-    ``sriov_totalvfs`` (read-only copies of config space taken at enumeration), its ``physfn`` and
-    its place in the tree; an RDMA device's parent; a uverbs char device's ``dev`` numbers.
-    Everything that can change at run time (driver binding, ``numa_node``, ``sriov_numvfs``,
-    netdev files, port state, an RDMA device's name) is read by every scan.
+    links are immutable (:class:`ImmutableFacts`), e.g. a PCI function's ``class``/``vendor``/
+    ``device``/``subsystem_device``/``sriov_totalvfs`` (read-only copies of config space taken at
+    enumeration), its ``physfn`` and its place in the tree; an RDMA device's parent; a uverbs
+    char device's ``dev`` numbers. Everything that can change at run time (driver binding,
+    ``numa_node``, ``sriov_numvfs``, netdev files, port state, an RDMA device's name) is read by
+    every scan.
 
     An entry is keyed by the object directory's ``(st_dev, st_ino, st_ctime_ns)``: kernfs gives
     every object a new inode number (generation included), so an object that is removed and
@@ -324,6 +400,9 @@ class IdentityCache:
     check stats the directory's cached real path, not the class link (no symlink walk): a real
     path names the parent chain and the object's own name, so if the link now leads elsewhere
     (a renamed RDMA device) the old path is gone or holds a new object, and the stat misses.
+
+    The scan that primes an object is told (``SysfsReader.vouched``) which of its reads the
+    cache vouches for: a recording of that scan leaves them out, its replay repeats the stat.
     """
 
     def __init__(self) -> None:
@@ -333,8 +412,11 @@ class IdentityCache:
         # function remembers the same few names: a node of 10k devices keeps them once).
         self._shapes: dict[tuple[str, ...], tuple[str, ...]] = {}
 
-    def prime(self, sysfs: SysfsReader, anchor: str) -> IdentityKey | None:
-        """Seed ``sysfs`` with what is known of ``anchor`` if it is still the same object; its key, or None."""
+    def prime(self, sysfs: SysfsReader, anchor: str, facts: ImmutableFacts) -> IdentityKey | None:
+        """Seed ``sysfs`` with what is known of ``anchor`` if it is still the same object; its key, or None.
+
+        With a key, ``facts`` of ``anchor`` are vouched for in ``sysfs`` (those not known yet are
+        read once, unrecorded, and kept by :meth:`remember`)."""
         self._seen.add(anchor)
         entry = self._entries.get(anchor)
         if entry is not None:
@@ -342,20 +424,25 @@ class IdentityCache:
             if key == entry.key:
                 sysfs._files.update(zip([f"{anchor}/{n}" for n in entry.files], entry.file_values, strict=True))
                 sysfs._links.update(zip([anchor + x for x in entry.links], entry.link_values, strict=True))
+                sysfs.vouched.add(anchor, facts)
                 return key
-        real = sysfs.resolve(anchor)  # a miss: the scan needs this link anyway
-        return None if real is None else sysfs.io.stat_key(sysfs.path(real))
+        # A miss: the scan needs this link anyway. Vouched for before it is read (its answer is
+        # kept by remember() once the stat gives a key)...
+        fresh = anchor not in sysfs._links
+        sysfs.vouched.add(anchor, facts)
+        real = sysfs.resolve(anchor)
+        key = None if real is None else sysfs.io.stat_key(sysfs.path(real))
+        if key is None:
+            # ...and when there is no key, nothing vouches: read again, recorded like any link.
+            sysfs.vouched.remove(anchor, facts)
+            if fresh:
+                del sysfs._links[anchor]
+                sysfs.resolve(anchor)
+        return key
 
-    def remember(
-        self,
-        sysfs: SysfsReader,
-        anchor: str,
-        key: IdentityKey | None,
-        files: tuple[str, ...] = (),
-        links: tuple[str, ...] = ("",),
-    ) -> None:
-        """Keep what this scan read of ``anchor``'s immutable ``files`` and ``links`` (suffixes;
-        ``""`` is the anchor's own link). Facts the scan did not need stay unknown."""
+    def remember(self, sysfs: SysfsReader, anchor: str, key: IdentityKey | None, facts: ImmutableFacts) -> None:
+        """Keep what this scan read of ``anchor``'s immutable ``facts`` (those :meth:`prime` vouched
+        for). Facts the scan did not need stay unknown."""
         if key is None:
             return
         entry = self._entries.get(anchor)
@@ -364,33 +451,19 @@ class IdentityCache:
             if not real:
                 return
             entry = self._entries[anchor] = _Known(key, real)
-        new_files = [n for n in files if n not in entry.files and f"{anchor}/{n}" in sysfs._files]
+        new_files = [n for n in facts.files if n not in entry.files and f"{anchor}/{n}" in sysfs._files]
         if new_files:
             values = [sysfs._files[f"{anchor}/{n}"] for n in new_files]
             entry.files = self._shape(entry.files + tuple(new_files))
             # Interned: the same class, vendor and device IDs recur on every function of a card.
             entry.file_values += tuple(v if v is None else sys.intern(v) for v in values)
-        new_links = [x for x in links if x not in entry.links and anchor + x in sysfs._links]
+        new_links = [x for x in facts.links if x not in entry.links and anchor + x in sysfs._links]
         if new_links:
             entry.links = self._shape(entry.links + tuple(new_links))
             entry.link_values += tuple(sysfs._links[anchor + x] for x in new_links)
 
     def _shape(self, names: tuple[str, ...]) -> tuple[str, ...]:
         return self._shapes.setdefault(names, names)
-
-    def immutable_paths(self, sysfs: SysfsReader) -> set[str]:
-        """Absolute paths of the files and links remembered for every known object, as ``sysfs``
-        (the scan that read them) reached them: while the object's identity holds they cannot
-        change, so a replay of that scan need not read them again."""
-        out = set()
-        for anchor, entry in self._entries.items():
-            for name in entry.files:
-                out.add(f"{sysfs.root}/{entry.real}/{name}")
-            for suffix in entry.links:
-                candidate = sysfs._in_real_dir(anchor + suffix)  # memoised by the scan: no system call
-                if candidate is not None:
-                    out.add(sysfs.path(candidate))
-        return out
 
     def end_scan(self) -> None:
         """Forget objects this scan did not prime (gone from their listing)."""

@@ -70,7 +70,7 @@ def rdma_count(devices: list[Device]) -> int:
     return sum(1 for d in devices if d.attributes.get(RDMA_ATTRIBUTE) is True)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CharDevice:
     """A character device node a container needs (e.g. ``/dev/infiniband/uverbs0``)."""
 
@@ -80,7 +80,7 @@ class CharDevice:
     type: str = "c"
 
 
-@dataclass
+@dataclass(slots=True)
 class HostFacts:
     """Host-side facts about a device, used by prepare and the NRI hooks; never published."""
 
@@ -160,7 +160,7 @@ class ShareCapacity:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Device:
     """One published device: its DNS-label name, qualified attributes and host facts.
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from driver.dra.slices import build_slices, plan_slices
+from driver.dra.slices import build_slices, kept, plan_slices
 from driver.model.device import Device, HostFacts
 
 DRIVER, NODE, UID = "dra.net", "node-a", "uid-1"
@@ -157,3 +157,25 @@ def test_slices_of_another_pool_name_are_deleted():
     other = store(build_slices([dev(1)], DRIVER, "renamed", UID))
     plan = plan_slices([dev(1)], other, DRIVER, NODE, UID)
     assert plan.delete == other and len(plan.create) == 1
+
+
+def test_a_kept_slice_is_planned_against_like_the_full_one():
+    """The publisher keeps slices without their devices (their digest stands in): the same plans."""
+    devices = [dev(i) for i in range(200)]
+    full = store(build_slices(devices, DRIVER, NODE, UID, generation=2))
+    full[0]["metadata"]["managedFields"] = [{"manager": "dranet"}]
+    slim = [kept(s) for s in full]
+    assert all("devices" not in s["spec"] and "managedFields" not in s["metadata"] for s in slim)
+    assert plan_slices(devices, slim, DRIVER, NODE, UID).empty
+    changed = devices[:199] + [dev(199, numa=1)]
+    plan, plan_full = plan_slices(changed, slim, DRIVER, NODE, UID), plan_slices(changed, full, DRIVER, NODE, UID)
+    assert plan.update == plan_full.update and not plan.create and not plan.delete
+    # The unchanged first chunk goes back to the slice that holds it.
+    assert plan.update[0]["metadata"]["name"] == full[0]["metadata"]["name"]
+    assert plan.update[0]["spec"]["devices"] == full[0]["spec"]["devices"]
+
+
+def test_equal_attribute_values_are_one_object_in_a_pool():
+    [s] = build_slices([dev(1), dev(2)], DRIVER, NODE, UID)
+    first, second = (d["attributes"] for d in s["spec"]["devices"])
+    assert first["dra.net/rdma"] is second["dra.net/rdma"] and first == second

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from devcluster.doubles.sysfs_fixture import build
-from driver.inventory.discovery import Scanner
+from driver.inventory.discovery import PCI_IDENTITY, Scanner
 from driver.inventory.scan_replay import RecordingIO, ScanReplay, is_sysfs
-from driver.inventory.sysfs import SysfsReader
+from driver.inventory.sysfs import IdentityCache, SysfsReader
 from driver.model.device import Device
 
 
@@ -47,8 +47,14 @@ def _replace_dir(path: Path, edit: Callable[[Path], None]) -> None:
     copy.rename(path)
 
 
+def _recreate_function(root: Path, bdf: str, subsystem: str) -> None:
+    """The PCI function removed and added again (a new object) with another subsystem ID."""
+    _replace_dir((root / "bus/pci/devices" / bdf).resolve(), lambda d: (d / "subsystem_device").write_text(subsystem))
+
+
 CHANGES: dict[str, Callable[[Path], None]] = {
     "file rewritten in place": lambda r: (_netdev_dir(r, "ib3") / "mtu").write_text("4092\n"),
+    "pci function re-created": lambda r: _recreate_function(r, "0103:00:00.0", "0x0042\n"),
     "file replaced": lambda r: _replace_file(_netdev_dir(r, "ib2") / "operstate", "down\n"),
     "netdev dir replaced": lambda r: _replace_dir(_netdev_dir(r, "ib1"), lambda d: (d / "ifalias").write_text("x\n")),
     "driver unbound": lambda r: (r / "bus/pci/devices/0105:00:00.0").resolve().joinpath("driver").unlink(),
@@ -85,14 +91,46 @@ def test_replay_returns_the_full_scans_devices(tmp_path: Path) -> None:
 
 
 def test_files_beyond_the_descriptor_budget_are_reopened(nd: Path) -> None:
-    io = RecordingIO(max_fds=3)
+    io = RecordingIO(on_sysfs=False, max_fds=3)
     scanner = Scanner(str(nd), exclude_interfaces=["eth0"], pci_ids_paths=())
     scanner.scan()
     devices: list[Device] = scanner._full_scan(SysfsReader(str(nd), io), None)
     assert len(io.fds) == 3
-    replay = ScanReplay(io, (devices, None), on_sysfs=False)
+    replay = ScanReplay(io, (devices, None))
     assert replay.verify()
     (nd / "bus/pci/devices/0108:00:00.0/numa_node").write_text("0\n")  # read by path, not by fd
+    assert not replay.verify()
+    replay.close()
+
+
+def test_immutable_facts_are_not_read_again(nd: Path) -> None:
+    """What the identity cache vouches for (a PCI function's IDs) is left out of the recording:
+    rewritten in place (which sysfs never does to them) it goes unseen; the object's stat is
+    what the replay repeats (a re-created function is seen: ``pci function re-created``)."""
+    scanner = Scanner(str(nd), exclude_interfaces=["eth0"], pci_ids_paths=())
+    first = [d.to_dict() for d in scanner.scan()]
+    replay = scanner._replay
+    assert replay is not None
+    function = (nd / "bus/pci/devices/0103:00:00.0").resolve()
+    assert str(function) in replay._stats
+    (function / "subsystem_device").write_text("0x0042\n")
+    assert [d.to_dict() for d in scanner.scan()] == first and replay.replays == 1
+
+
+def test_an_object_without_identity_is_recorded_like_any_other(tmp_path: Path) -> None:
+    """An object whose stat fails (a dangling link) has nothing vouching for it: its link is
+    recorded, and a replay sees it when it comes back."""
+    root = tmp_path / "sys"
+    (root / "bus/pci/devices").mkdir(parents=True)
+    os.symlink("../../../devices/pci0000:00/0000:00:01.0", root / "bus/pci/devices/0000:00:01.0")
+    io = RecordingIO(on_sysfs=False)
+    sysfs = SysfsReader(str(root), io)
+    anchor = "bus/pci/devices/0000:00:01.0"
+    assert IdentityCache().prime(sysfs, anchor, PCI_IDENTITY) is None
+    assert io.links == [str(root / anchor)] and not sysfs.vouched.link(anchor)
+    replay = ScanReplay(io, ([], None))
+    assert replay.verify()
+    (root / "devices/pci0000:00/0000:00:01.0").mkdir(parents=True)
     assert not replay.verify()
     replay.close()
 
