@@ -203,6 +203,8 @@ class ClaimStatusWriter:
         current = self.kube.read_namespaced_resource_claim(claim.namespace, claim.name)
         if (current.get("metadata") or {}).get("uid") != claim.uid:
             raise ClaimReplaced(f"claim {claim.namespace}/{claim.name} has another UID now")
+        if update.clear and not self._entries(current):
+            return  # nothing of ours to remove (no pod reached the hooks): no write
         if update.failed_device is not None and not update.event_posted:
             self._post_event(update, current)
             update.event_posted = True

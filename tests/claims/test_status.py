@@ -184,10 +184,22 @@ def test_failure_keeps_other_entries_and_posts_one_event_despite_retries(tmp_pat
 def test_unprepared_applies_an_empty_list(tmp_path):
     kube = FakeKube(api_claim())
     w = writer(kube, tmp_path)
+    w.pod_network_ready("pod-1", prepared(), [DeviceResult("nic-0", "net1", ["192.0.2.5/24"], None)])
     w.claim_unprepared(prepared())
     w.start()
     w.stop()
     assert kube.applies[-1]["status"] == {"devices": []}
+    assert list(by_device(kube.claim)) == ["gpu-0"]
+
+
+def test_unprepared_without_entries_of_ours_writes_nothing(tmp_path):
+    """A claim no pod started with (no entry of ours in its status): its unprepare costs a read, no write."""
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    w.claim_unprepared(prepared())
+    w.start()
+    w.stop()
+    assert kube.applies == []
     assert list(by_device(kube.claim)) == ["gpu-0"]
 
 
