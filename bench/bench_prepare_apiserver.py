@@ -169,7 +169,7 @@ def main() -> int:
     ap.add_argument("--keep-profile", help="copy py-spy's raw stacks into this directory")
     a = ap.parse_args()
     if a.profile and shutil.which("py-spy") is None:
-        print("--profile needs py-spy (a sampling profiler; not a dependency of the driver): pip install 'py-spy>=0.4'")
+        print("--profile needs py-spy (a sampling profiler; not a dependency of the driver): pip install -e '.[bench]'")
         return 2
     work = Path(tempfile.mkdtemp(prefix="dn-bench-"))
     try:

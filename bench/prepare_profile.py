@@ -3,8 +3,8 @@
 py-spy samples every thread of the driver at each tick, idle or not, so a thread's samples in
 one state over a window of ``n`` sequential prepares, divided by ``n`` and the rate, is the time
 per prepare that thread spent there. Each sample is put in one bucket by its thread and frames:
-the claim GET in the lookup pool (waiting for the apiserver, or decoding the JSON), the
-checkpoint write in its worker thread (encoding, writing, fsync), the event loop's own work
+the claim GET in the claim's pool thread (waiting for the apiserver, or decoding the JSON), the
+claim's record, the checkpoint write (encoding, writing, fsync) in that thread too, the event loop's own work
 (gRPC handling, the claim's decoding and checks, the rest), and idle (the event loop waiting,
 pool threads waiting for work: not part of the call's cost).
 """
@@ -39,9 +39,15 @@ def _file_step(module: str, function: str, line: int) -> str:
 def bucket(thread: str, stack: str) -> str | None:
     """The bucket of one sample; None for idle samples and threads unrelated to prepare."""
     leaf = stack.rsplit(";", 1)[-1]
-    if thread.startswith("claim-lookup"):
-        if "_get_claim" not in stack:
-            return "checkpoint lookup (store read)" if "_lookup" in stack else None
+    if thread.startswith("claim-lookup") and "_get_claim" not in stack:
+        # A claim start to end in this thread: lookup, GET (below), record, the group commit (below).
+        if "_lookup" in stack:
+            return "checkpoint lookup (store read)"
+        if "claim_build" in stack:
+            return "claim record: decode, checks, snapshot"
+        if "checkpoint/" not in stack:
+            return "claim thread: other" if "claims/prepare" in stack else None
+    elif thread.startswith("claim-lookup"):
         if "load_json" in stack or "json/decoder" in stack or "loads (" in stack:
             return "claim GET: JSON decode"
         if any(k in stack for k in ("recv_into", "readinto", "_safe_read", "getresponse", "read (ssl.py")):

@@ -113,6 +113,18 @@ def _line_of(module: str, text: str) -> int:
         ("claim-lookup_0", "run;_lookup (p.py:1);_get_claim (p.py:2);load_json (u.py:4)", "claim GET: JSON"),
         ("claim-lookup_1", "_worker (thread.py:9);get (queue.py:1)", None),
         (
+            "claim-lookup_0",
+            "run;_prepare (/w/driver/claims/prepare.py:1);apply (/w/driver/claims/prepare.py:2);"
+            f"update (/w/driver/checkpoint/store.py:1);append (/w/driver/checkpoint/journal.py:"
+            f"{_line_of('journal.py', 'ops.fdatasync(fd)')})",
+            "checkpoint: append: fdatasync",
+        ),
+        (
+            "claim-lookup_0",
+            "run;_prepare (/w/driver/claims/prepare.py:1);build (/w/driver/claims/claim_build.py:3)",
+            "claim record",
+        ),
+        (
             "asyncio_0",
             f"update (/w/driver/checkpoint/store.py:1);append (/w/driver/checkpoint/journal.py:"
             f"{_line_of('journal.py', 'ops.fdatasync(fd)')})",
