@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -178,6 +179,20 @@ def parse(data: bytes, base: bytes, at: Position | None) -> Parsed:
     if tail is not None and tail.seq < held_below:
         tail = None  # the run ends before the snapshot's position: nothing of it is left to apply
     return Parsed(payloads, tail, (tail.end if tail else 0) if start is None else start)
+
+
+def saved_claims(snapshot: bytes | None, data: bytes) -> dict[str, Any]:
+    """The claims ``checkpoint.json``'s bytes (None: no file) and the journal's bytes hold together,
+    plain JSON by UID: what a driver reads at start, without its repairs or locks (for tools and
+    tests looking at a live driver's state)."""
+    doc = json.loads(snapshot) if snapshot else {}
+    claims: dict[str, Any] = dict(doc.get("claims", {}))
+    for payload in parse(data, base_of(snapshot), Position.from_json(doc.get("journal"))).payloads:
+        change = json.loads(payload)
+        claims.update(change["put"])
+        for uid in change["delete"]:
+            claims.pop(uid, None)
+    return claims
 
 
 class Journal:

@@ -18,7 +18,7 @@ import pytest
 
 from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
 from driver.checkpoint.files import FileOps
-from driver.checkpoint.journal import Parsed, Position, base_of, parse, record
+from driver.checkpoint.journal import Parsed, Position, base_of, parse, record, saved_claims
 from driver.checkpoint.schema import SCHEMA_VERSION, encode
 from driver.checkpoint.state import PodNetState
 from driver.checkpoint.store import CheckpointStore
@@ -376,3 +376,19 @@ def test_a_store_that_does_not_journal_reads_the_journal_and_writes_whole_files(
     assert sorted(json.loads((tmp_path / "checkpoint.json").read_text())["claims"]) == ["u1", "u2"]
     (tmp_path / "checkpoint.journal").unlink()
     assert _claims(tmp_path) == ["u1", "u2"]  # the file alone is whole
+
+
+def test_saved_claims_reads_what_a_restarted_driver_would(tmp_path: Path) -> None:
+    """The plain reader tools and tests use (``journal.saved_claims``): the snapshot with the journal's
+    records for it applied, across a compaction and records appended after it."""
+    store = CheckpointStore(tmp_path, journal=True)
+    store.update(lambda s: s.claims.__setitem__("u1", _claim("u1")))
+    store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
+    assert store.compact()
+    store.update(lambda s: s.claims.__setitem__("u3", _claim("u3")))
+    store.update(lambda s: s.claims.pop("u1"))
+    snapshot = (tmp_path / "checkpoint.json").read_bytes()
+    claims = saved_claims(snapshot, (tmp_path / "checkpoint.journal").read_bytes())
+    assert sorted(claims) == ["u2", "u3"] == sorted(CheckpointStore(tmp_path).read(lambda s: s.claims))
+    assert claims["u3"] == _claim("u3").to_dict()
+    assert sorted(saved_claims(None, b"")) == []

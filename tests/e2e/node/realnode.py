@@ -127,14 +127,7 @@ class RealNode:
         snapshot = path.read_bytes() if path.exists() else None
         data: dict[str, Any] = json.loads(snapshot) if snapshot else {}
         if journal_path.exists():
-            claims = dict(data.get("claims", {}))
-            payloads, _ = journal.parse(journal_path.read_bytes(), journal.base_of(snapshot))
-            for payload in payloads:
-                change = json.loads(payload)
-                claims.update(change["put"])
-                for uid in change["delete"]:
-                    claims.pop(uid, None)
-            data["claims"] = claims
+            data["claims"] = journal.saved_claims(snapshot, journal_path.read_bytes())
         return data
 
     def pod_states(self, node: int = 0) -> dict[str, Any]:
