@@ -369,9 +369,16 @@ class Preparer:
                 await asyncio.get_running_loop().run_in_executor(
                     self._io_pool(), self.profiles.release_devices, claim.uid, profiled
                 )
-        for claim in removed if self.on_unprepare else ():
+        if removed and self.on_unprepare is not None:
+            # In a pool thread: giving back NICs the runtime never asked back waits for the NRI
+            # hooks' lock, held through a pod's moves (tens of ms); the event loop keeps serving.
+            await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._notify_unprepared, removed)
+        return {u: "" for u in uids}
+
+    def _notify_unprepared(self, removed: list[PreparedClaim]) -> None:
+        """(pool thread) ``on_unprepare`` for each removed claim; one failure never skips the others."""
+        for claim in removed:
             try:
                 self.on_unprepare(claim)  # type: ignore[misc]
             except Exception:
                 log.exception("on_unprepare failed", extra={"kv": {"claim": claim.uid}})
-        return {u: "" for u in uids}

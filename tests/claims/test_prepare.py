@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,37 @@ async def test_unprepare_hands_removed_claims_to_on_unprepare(api: FakeAPIServer
     out = await preparer.unprepare([ClaimRef("ns", "c1", "uid-1"), ClaimRef("ns", "gone", "uid-unknown")])
     assert out == {"uid-1": "", "uid-unknown": ""}
     assert seen == ["uid-1"]  # unknown claims succeed but are not reported
+
+
+async def test_on_unprepare_that_waits_never_blocks_the_event_loop(api: FakeAPIServer, tmp_path: Path) -> None:
+    """The NICs' way home at unprepare waits for the NRI hooks' lock, held through a pod's moves:
+    meanwhile the loop serves the kubelet's other calls; a failing callback skips no other claim."""
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    released = threading.Event()
+    seen: list[str] = []
+
+    def on_unprepare(claim: Any) -> None:
+        if claim.uid == "uid-1":
+            raise RuntimeError("hooks gone")
+        assert released.wait(10), "the loop never ran while on_unprepare waited"
+        seen.append(claim.uid)
+
+    preparer = Preparer(
+        kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(inventory, "dra.net", NODE), on_unprepare=on_unprepare
+    )
+    refs = [ClaimRef("ns", f"c{i}", f"uid-{i}") for i in (1, 2)]
+    for i, ref in enumerate(refs):
+        api.add_claim(make_claim("ns", ref.name, ref.uid, [result(f"pci-0000-8a-00-{i}", NODE)]))
+    out = await preparer.prepare(refs)
+    assert all(r.error == "" for r in out.values())
+
+    async def release() -> None:
+        await asyncio.sleep(0.05)
+        released.set()
+
+    answered, _ = await asyncio.wait_for(asyncio.gather(preparer.unprepare(refs), release()), 15)
+    assert answered == {"uid-1": "", "uid-2": ""}
+    assert seen == ["uid-2"]
 
 
 async def test_ethtool_settings_the_nic_cannot_take_fail_at_prepare(
