@@ -356,29 +356,34 @@ class Preparer:
         def forget(state: DriverState) -> list[PreparedClaim]:
             return [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
 
+        def forget_then_release() -> None:  # one pool hand-off for the whole unprepare
+            self._released(uids, self._commit.apply(forget))
+
         try:
-            removed = await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._commit.apply, forget)
+            await asyncio.get_running_loop().run_in_executor(self._io_pool(), forget_then_release)
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
         finally:
             self._commit.schedule_compaction()
-        log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
-        if self.profiles is not None:  # best effort, as dranet: the provider reclaims what is not released
-            for claim in removed:
-                profiled = [(d.snapshot, d.config) for d in claim.devices]
-                await asyncio.get_running_loop().run_in_executor(
-                    self._io_pool(), self.profiles.release_devices, claim.uid, profiled
-                )
-        if removed and self.on_unprepare is not None:
-            # In a pool thread: giving back NICs the runtime never asked back waits for the NRI
-            # hooks' lock, held through a pod's moves (tens of ms); the event loop keeps serving.
-            await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._notify_unprepared, removed)
         return {u: "" for u in uids}
 
-    def _notify_unprepared(self, removed: list[PreparedClaim]) -> None:
-        """(pool thread) ``on_unprepare`` for each removed claim; one failure never skips the others."""
-        for claim in removed:
-            try:
-                self.on_unprepare(claim)  # type: ignore[misc]
-            except Exception:
-                log.exception("on_unprepare failed", extra={"kv": {"claim": claim.uid}})
+    def _released(self, uids: list[str], removed: list[PreparedClaim]) -> None:
+        """(pool thread, the unprepare durable) What follows, claim by claim, best effort: the
+        profile provider frees its devices (as dranet: it reclaims what is not released), then
+        ``on_unprepare``. In this thread, not the event loop: giving back NICs the runtime never
+        asked back waits for the NRI hooks' lock, held through a pod's moves (tens of ms)."""
+        log.info("unprepared claims", extra={"kv": {"claims": uids, "known": [c.uid for c in removed]}})
+        for claim in removed:  # one failure never skips the next step or claim
+            if self.profiles is not None:
+                profiled = [(d.snapshot, d.config) for d in claim.devices]
+                _best_effort("profile release", claim, self.profiles.release_devices, claim.uid, profiled)
+            if self.on_unprepare is not None:
+                _best_effort("on_unprepare", claim, self.on_unprepare, claim)
+
+
+def _best_effort(what: str, claim: PreparedClaim, step: Callable[..., None], *args: Any) -> None:
+    """``step(*args)``; a failure is logged for ``claim``, never raised."""
+    try:
+        step(*args)
+    except Exception:
+        log.exception(f"{what} failed", extra={"kv": {"claim": claim.uid}})
