@@ -6,7 +6,7 @@ leaves it somewhere known whatever the kernel answers: :func:`move_links` (``IFL
 ``IFLA_NEW_IFINDEX`` + ``IFLA_IFNAME``: the namespace, the ifindex it gets there and its name; a
 taken index or name fails before the move, a rename the kernel refuses after the move leaves it at
 the planned index), then :func:`set_links` in the pod (MTU, MAC and the settings' link attributes,
-by that index). :func:`check_moved` reads each back by its index and checks it is that NIC
+by that index, each read back in the same round trip). :func:`check_moved` checks each is that NIC
 (:mod:`driver.netlink.link_identity`) with the planned name, MTU and MAC. Then, inside the pod, the
 settings' configuration requests of every NIC go in one pipelined batch and the addresses are read
 back (:func:`configure_pod_links`). Coming home is :mod:`driver.netlink.nic_home`.
@@ -142,37 +142,27 @@ def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> list[NetnsOpErr
     )
 
 
-def set_links(pod: Rtnl, moves: list[Move]) -> list[NetnsOpError | None]:
-    """MTU, MAC and offload sizes of moved NICs, by their pod ifindex, in one pipelined send (the
-    moved NIC is down, so every driver takes a MAC); each one's failure (or None), in order."""
-    return set_and_look_up(pod, moves, [])[0]
-
-
-def set_and_look_up(
-    pod: Rtnl, moves: list[Move], indexes: list[int]
+def set_links(
+    pod: Rtnl, moves: list[Move], look_up: list[int]
 ) -> tuple[list[NetnsOpError | None], list[LinkInfo | None]]:
-    """:func:`set_links`, and the links at ``indexes`` as the pod has them afterwards, in one round
-    trip (what :func:`check_moved` checks)."""
+    """MTU, MAC and offload sizes of moved NICs, by their pod ifindex (the moved NIC is down, so
+    every driver takes a MAC), and the links at ``look_up`` as the pod has them afterwards (what
+    :func:`check_moved` checks), in one round trip: each NIC's failure (or None), in order, and
+    those links."""
     todo = [m for m in moves if m.settings]
     reqs = [newlink(m.device, m.pod_index, mtu=m.mtu, mac=m.mac, extra=m.extra, step="set link") for m in todo]
-    failed, links = pod.run_each_then_links(reqs, indexes)
+    failed, links = pod.run_each_then_links(reqs, look_up)
     errors = iter(failed)
     return [next(errors) if m.settings else None for m in moves], links
 
 
 def check_moved(
-    pod: Rtnl,
-    moves: list[Move],
-    identities: dict[str, LinkIdentity],
-    found: list[LinkInfo | None] | None = None,
+    moves: list[Move], identities: dict[str, LinkIdentity], found: list[LinkInfo | None]
 ) -> dict[str, LinkInfo]:
-    """Each moved NIC as the pod sees it, looked up by its pod ifindex (one pipelined lookup, or
-    ``found``: the links at the moves' pod ifindexes, read already) and checked: that link, under its
-    planned name, with its planned MTU and MAC. :class:`NetnsOpError` (step ``verify``) for the first
-    one that is not."""
+    """Each moved NIC as the pod has it (``found``: the links at the moves' pod ifindexes, from
+    :func:`set_links`) checked: that link, under its planned name, with its planned MTU and MAC.
+    :class:`NetnsOpError` (step ``verify``) for the first one that is not."""
     out: dict[str, LinkInfo] = {}
-    if found is None:
-        found = pod.links_by_index([m.pod_index for m in moves])
     for m, link in zip(moves, found, strict=True):
         identity = identities.get(m.device)
         if link is None or (identity is not None and not identity.matches(link)):

@@ -76,7 +76,7 @@ from driver.netlink.nic_moves import (
     configure_pod_links,
     move_links,
     record_links,
-    set_and_look_up,
+    set_links,
 )
 from driver.netlink.rtnl import NetnsOpError, Request
 from driver.netlink.sub_interfaces import delete_subs, newsub
@@ -417,11 +417,11 @@ class NRIHooks:
                 self.steps.step(f"run:moved-{i}")
             step = "set link"
             # The settings by ifindex, and every NIC read back for the check, in one round trip.
-            errors, found = set_and_look_up(target.rtnl, whole, [m.pod_index for m in moves])
+            errors, found = set_links(target.rtnl, whole, [m.pod_index for m in moves])
             _raise_first(errors)
             self.steps.step("run:set")
             step = "verify"
-            links = _check_in_pod(target, moves, nics, found)
+            links = _check_in_pod(moves, nics, found)
             step = "in pod"
             for setting in self.settings:
                 setting.in_pod(_for(setting, nics), target)
@@ -784,13 +784,11 @@ def _delete_subs(pod: PodNetns, subs: list[MovedDevice]) -> dict[str, str | Netn
     return delete_subs(rtnl, items)
 
 
-def _check_in_pod(
-    target: PodNetns, moves: list[Move], nics: Sequence[Nic], found: list[LinkInfo | None]
-) -> dict[str, LinkInfo]:
+def _check_in_pod(moves: list[Move], nics: Sequence[Nic], found: list[LinkInfo | None]) -> dict[str, LinkInfo]:
     """Each NIC as the pod sees it (``found``, at the moves' pod ifindexes; :func:`check_moved`: a moved
     NIC by its identity), a sub-interface of the kind it was made as; sets ``nic.link``."""
     identities = {nic.name: nic.host.identity or LinkIdentity() for nic in nics if not nic.sub_interface}
-    links = check_moved(target.rtnl, moves, identities, found)
+    links = check_moved(moves, identities, found)
     for nic in nics:
         nic.link = links[nic.name]
         if nic.sub_interface and nic.link.kind != nic.records[SUB_INTERFACE]["kind"]:

@@ -117,7 +117,7 @@ def _move(ns: Namespaces, state: LinkState, pod_path: str, cfg: PodLinkConfig) -
     with ns.pod(pod_path) as (pod_rtnl, pod_fd):
         errors = nic_moves.move_links(ns.host_rtnl(), [move], pod_fd)
         if errors == [None]:
-            errors += nic_moves.set_links(pod_rtnl, [move])
+            errors += nic_moves.set_links(pod_rtnl, [move], [])[0]
     return returned, errors
 
 
@@ -138,7 +138,7 @@ def test_move_configure_return_round_trip(ns: Namespaces, netns_factory) -> None
     assert errors == [None, None]
     move = nic_moves.Move("nic-a", state.index or 0, "eth7", state.index or 0, 1280, "02:00:00:00:07:07")
     with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
-        links = nic_moves.check_moved(pod_rtnl, [move], {"nic-a": state.identity})
+        links = nic_moves.check_moved([move], {"nic-a": state.identity}, pod_rtnl.links_by_index([move.pod_index]))
         assert links["nic-a"].index == state.index, "the NIC keeps its host ifindex in the pod"
         res = configure(pod_rtnl, cfg, links["nic-a"])
     assert res["nic-a"].mac == "02:00:00:00:07:07" and res["nic-a"].addresses == ["192.168.7.2/24"]
