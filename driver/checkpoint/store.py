@@ -43,10 +43,10 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from driver.checkpoint.errors import CheckpointError, CheckpointWriteError
 from driver.checkpoint.files import (
@@ -167,12 +167,14 @@ class CheckpointStore:
         self._fold_path = self.directory / self.FOLD_FILENAME  # a compaction's new snapshot, before its rename
         self._lock_fd = -1  # open while an update holds the cross-process lock
         self._lock_depth = 0  # update() may nest (RLock): only the outermost takes the flock
-        # Encoded JSON per claim, reused while the same object is stored: a prepare then
-        # encodes only its new claims, not the whole node's state (14 ms for 100 claims).
-        # Stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
-        self._encoded: dict[str, tuple[PreparedClaim, bytes, int]] = {}  # (claim, JSON, the version it needs)
-        # The same for the pods (PodNetState is frozen): a hook's write encodes only the pod it changed.
-        self._encoded_pods: dict[str, tuple[PodNetState, bytes, int]] = {}
+        # A prepare encodes only its new claims, not the whole node's state (14 ms for 100 claims):
+        # stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
+        self._claims_json: _Encodings[PreparedClaim] = _Encodings(
+            PreparedClaim.to_dict,
+            lambda claim, _: max((d.needed_version for d in claim.devices), default=COMPATIBLE_VERSION),
+        )
+        # A hook's write encodes only the pod it changed (PodNetState is frozen).
+        self._pods_json: _Encodings[PodNetState] = _Encodings(pod_json, lambda _, plain: pod_version(plain))
         self._journal = Journal(self.journal_path, self.ops)
         self._base = base_of(None)  # the snapshot on disk, as the journal's records name it
         # The claims as on disk (snapshot and journal), the very objects: what changed is found by identity.
@@ -231,8 +233,8 @@ class CheckpointStore:
         snapshot = self._written[self.path]
         on_disk = self._stamps[self.path] is not None
         self._base = base_of(snapshot if on_disk else None)
-        self._encoded.clear()
-        self._encoded_pods.clear()
+        self._claims_json.clear()
+        self._pods_json.clear()
         self._rewrite = on_disk and snapshot != self._encode_claims(claims.claims, at)
         self._replay_journal(claims.claims, at)
         self._persisted = dict(claims.claims)
@@ -376,8 +378,8 @@ class CheckpointStore:
             except BaseException:
                 # fn may have mutated the state before failing, or the write failed (ENOSPC):
                 # go back to what is on disk so memory never claims what was not persisted.
-                self._encoded.clear()
-                self._encoded_pods.clear()
+                self._claims_json.clear()
+                self._pods_json.clear()
                 self._state = self._on_disk()
                 raise
             return result
@@ -570,15 +572,9 @@ class CheckpointStore:
 
     def _journal_record(self, puts: list[str], deleted: list[str]) -> bytes:
         """A journal record's payload: the claims put (their cached JSON) and the UIDs removed."""
-        claims = self._state.claims
-        pieces, version = [], COMPATIBLE_VERSION
-        for uid in sorted(puts):
-            encoded, needed = self._encoded_claim(uid, claims[uid])
-            pieces.append(json.dumps(uid).encode() + b":" + encoded)
-            version = max(version, needed)
+        members, version = self._claims_json.members(self._state.claims, puts)
         removed = json.dumps(sorted(deleted), separators=(",", ":")).encode()
-        puts_json = b"{" + b",".join(pieces) + b"}"
-        return b'{"delete":' + removed + b',"put":' + puts_json + b',"version":' + str(version).encode() + b"}"
+        return b'{"delete":' + removed + b',"put":{' + members + b'},"version":' + str(version).encode() + b"}"
 
     def _write_snapshot(self) -> None:
         """Replace ``checkpoint.json`` with every claim; the journal's records are then in it.
@@ -640,48 +636,53 @@ class CheckpointStore:
                 return str(CheckpointWriteError(path, exc)).split(";", 1)[0]
         return None
 
-    def _encoded_claim(self, uid: str, claim: PreparedClaim) -> tuple[bytes, int]:
-        """A claim's JSON and the oldest version that reads it right (``PreparedDevice.needed_version``),
-        encoded once per stored object."""
-        cached = self._encoded.get(uid)
-        if cached is None or cached[0] is not claim:
-            cached = (
-                claim,
-                json.dumps(claim.to_dict(), sort_keys=True, separators=(",", ":")).encode(),
-                max((d.needed_version for d in claim.devices), default=COMPATIBLE_VERSION),
-            )
-            self._encoded[uid] = cached
-        return cached[1], cached[2]
-
     def _encode_claims(self, claims: dict[str, PreparedClaim], at: Position | None) -> bytes:
         """The claims file, byte for byte what ``encode({"claims": {uid: claim.to_dict()}, "journal":
         at.to_json()}, version)`` gives, from cached pieces; ``version`` is the newest a claim needs
         (older drivers ignore ``journal``: it only tells which journal records apply)."""
-        pieces = []
-        version = COMPATIBLE_VERSION
-        for uid in sorted(claims):
-            encoded, needed = self._encoded_claim(uid, claims[uid])
-            pieces.append(json.dumps(uid).encode() + b":" + encoded)
-            version = max(version, needed)
-        for uid in self._encoded.keys() - claims.keys():
-            del self._encoded[uid]
+        members, version = self._claims_json.members(claims)
         journal = b"" if at is None else b',"journal":{"epoch":%d,"seq":%d}' % (at.epoch, at.seq)
-        return b'{"claims":{' + b",".join(pieces) + b"}" + journal + b',"version":' + str(version).encode() + b"}"
+        return b'{"claims":{' + members + b"}" + journal + b',"version":' + str(version).encode() + b"}"
 
     def _encode_pods(self, pods: dict[str, PodNetState]) -> bytes:
         """``pods.json``, byte for byte what ``encode(DriverState(pods=pods).pods_json(), version)``
         gives with the newest version a pod needs, from each pod's JSON encoded once per stored object."""
+        members, version = self._pods_json.members(pods)
+        return b'{"pods":{' + members + b'},"version":' + str(version).encode() + b"}"
+
+
+class _Encodings(Generic[T]):
+    """Each stored object's compact JSON and the oldest version that reads it right, encoded once
+    per object (by identity: stored objects are replaced, never changed), so a write encodes only
+    what changed."""
+
+    def __init__(self, plain: Callable[[T], dict[str, Any]], version: Callable[[T, dict[str, Any]], int]) -> None:
+        self._plain = plain
+        self._version = version  # of the object and its plain form
+        self._cache: dict[str, tuple[T, bytes, int]] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def members(self, objects: Mapping[str, T], keys: Iterable[str] | None = None) -> tuple[bytes, int]:
+        """``"key":{...}`` of each of ``keys`` (default: every object, and the objects no longer
+        stored are forgotten), sorted and comma-joined, and the newest version one of them needs."""
         pieces = []
         version = COMPATIBLE_VERSION
-        for uid in sorted(pods):
-            pod = pods[uid]
-            cached = self._encoded_pods.get(uid)
-            if cached is None or cached[0] is not pod:
-                plain = pod_json(pod)
-                cached = (pod, json.dumps(plain, sort_keys=True, separators=(",", ":")).encode(), pod_version(plain))
-                self._encoded_pods[uid] = cached
-            pieces.append(json.dumps(uid).encode() + b":" + cached[1])
+        for key in sorted(objects if keys is None else keys):
+            obj = objects[key]
+            cached = self._cache.get(key)
+            if cached is None or cached[0] is not obj:
+                plain = self._plain(obj)
+                cached = (
+                    obj,
+                    json.dumps(plain, sort_keys=True, separators=(",", ":")).encode(),
+                    self._version(obj, plain),
+                )
+                self._cache[key] = cached
+            pieces.append(json.dumps(key).encode() + b":" + cached[1])
             version = max(version, cached[2])
-        for uid in self._encoded_pods.keys() - pods.keys():
-            del self._encoded_pods[uid]
-        return b'{"pods":{' + b",".join(pieces) + b'},"version":' + str(version).encode() + b"}"
+        if keys is None:
+            for key in self._cache.keys() - objects.keys():
+                del self._cache[key]
+        return b",".join(pieces), version
