@@ -804,10 +804,11 @@ def main(argv: list[str]) -> int:
         f"mean {sum(quiet.cpu_a) / max(1, len(quiet.cpu_a)):.4f} s (floor cycles, the driver idle: "
         f"{sum(quiet.cpu_b) / max(1, len(quiet.cpu_b)):.4f} s); the table shows the difference"
     )
-    print(
-        f"NRI round trip, pod without claims (the protocol alone): median {median(noop):.2f} ms "
-        f"p99 {pct(noop, 99):.2f} ms"
-    )
+    if noop:  # --noop 0 skips it
+        print(
+            f"NRI round trip, pod without claims (the protocol alone): median {median(noop):.2f} ms "
+            f"p99 {pct(noop, 99):.2f} ms"
+        )
     print(f"full rescans during the quiet cycles: {quiet.rescans}; during the storm cycles: {storm.rescans}")
     print(f"daemon counters during the quiet cycles: {quiet.counters}")
     print(f"daemon counters during the storm cycles: {storm.counters}")
