@@ -386,4 +386,4 @@ def _best_effort(what: str, claim: PreparedClaim, step: Callable[..., None], *ar
     try:
         step(*args)
     except Exception:
-        log.exception(f"{what} failed", extra={"kv": {"claim": claim.uid}})
+        log.exception("unprepare step failed", extra={"kv": {"step": what, "claim": claim.uid}})
