@@ -244,6 +244,25 @@ class Metrics:
         )
         self.device_healthy = DeviceHealth()
         self.registry.register(self.device_healthy)
+        self.kernel_info = Gauge(
+            "kernel_info",
+            "The node's kernel (1): its release, the oldest release supported, and whether it is at least that.",
+            ["release", "floor", "supported"],
+            **own,
+        )
+        self.kernel_feature = Gauge(
+            "kernel_feature",
+            "Kernel features the driver uses (1: this kernel has it, 0: the driver falls back or refuses the "
+            "config that needs it; docs/install.md#kernels).",
+            ["feature"],
+            **own,
+        )
+
+    def set_kernel(self, release: str, floor: str, supported: bool, features: dict[str, bool]) -> None:
+        """``kernel_info`` and one ``kernel_feature`` per feature, as found at start."""
+        self.kernel_info.labels(release, floor, str(supported).lower()).set(1)
+        for name, available in features.items():
+            self.kernel_feature.labels(name).set(1 if available else 0)
 
     def set_device_health(self, health: dict[str, bool]) -> None:
         """``device_healthy{device}``: 1 healthy, 0 not, for exactly the devices in ``health`` (a

@@ -128,7 +128,8 @@ def render(chart: Path = CHART) -> str:
 
 {" ".join(meta["description"].split())}
 
-Chart version {version}, app version {meta["appVersion"]}; Kubernetes `{meta["kubeVersion"]}`.
+Chart version {version}, app version {meta["appVersion"]}; Kubernetes `{meta["kubeVersion"]}`; node kernels
+{meta["annotations"]["dranet.dev/supported-kernels"]} ([what each feature needs](../../docs/install.md#kernels)).
 
 ```sh
 helm install {name} oci://ghcr.io/dranet-py/charts/{name} --version {version} -n kube-system

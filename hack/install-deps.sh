@@ -16,17 +16,30 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   for pkg in runc containernetworking-plugins busybox-static buildah mmdebstrap uidmap libseccomp-dev conmon skopeo; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
   done
+  # The stock-kernel tier (tests/kernels, devcluster/builders/stock_kernel.py): QEMU boots Debian's
+  # own kernel over this machine's root (kmod's depmod indexes its modules, cpio packs the
+  # initramfs); rdma-core, the verbs providers (rxe), pyverbs, perftest and the rdma_cm tools are
+  # what the guest's RDMA tests run. Without their recommends (QEMU's would add a GUI and firmware).
+  lean=""
+  for pkg in qemu-system-x86 kmod cpio rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest python3-pyverbs; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || lean="$lean $pkg"
+  done
   # The Dockerfile test compares its apt pins with what Debian serves: it needs a package index.
   # One progress line per step; apt's own output goes to a log shown only on failure.
   log="$(mktemp)"
   trap 'rm -f "$log"' EXIT
-  if [ -n "$need" ] || [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ]; then
+  if [ -n "$need$lean" ] || [ -z "$(ls -A /var/lib/apt/lists 2>/dev/null | grep -v -e lock -e partial)" ]; then
     echo "[apt] updating the package index"
     apt-get update -qq >"$log" 2>&1 || { cat "$log"; exit 1; }
   fi
   if [ -n "$need" ]; then
     echo "[apt] installing$need"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >"$log" 2>&1 || { cat "$log"; exit 1; }
+  fi
+  if [ -n "$lean" ]; then
+    echo "[apt] installing$lean"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $lean >"$log" 2>&1 \
+      || { cat "$log"; exit 1; }
   fi
 fi
 # Not the [example] extra: torch pulls ~5 GB of CUDA wheels and only the GPU benchmark needs it

@@ -46,12 +46,15 @@ class NetnsFactory:
         """A veth pair; ``name`` lives in ``netns`` (host if None), ``peer`` in ``peer_netns``."""
         name = name or f"vt{secrets.token_hex(4)}"
         peer = peer or f"vp{secrets.token_hex(4)}"
-        args = ["link", "add", name]
         if netns:
-            args += ["netns", netns]
-        args += ["type", "veth", "peer", "name", peer]
-        if peer_netns:
-            args += ["netns", peer_netns]
+            # Sent from inside ``netns``: kernels before the 2025 rtnetlink change (6.1) look a new
+            # link's name up in the sender's namespace, so "eth0" made into a pod from a host that
+            # has an eth0 fails (EEXIST). The host, seen from there, is PID 1's namespace.
+            args = ["-n", netns, "link", "add", name, "type", "veth", "peer", "name", peer, "netns", peer_netns or "1"]
+        else:
+            args = ["link", "add", name, "type", "veth", "peer", "name", peer]
+            if peer_netns:
+                args += ["netns", peer_netns]
         _ip(*args)
         if not netns:
             self.host_links.append(name)

@@ -141,6 +141,27 @@ class Builder:
                 self.write(mdir / "dev", f"{UVERBS_MAJOR}:{minor}")
                 self.link(f"class/infiniband_mad/{entry}", mdir)
 
+    def soft_rdma(self, spec: dict[str, Any]) -> None:
+        """A soft RDMA device (rxe, siw) as the kernel shows one: under ``devices/virtual``, no bus
+        device, tied to its netdev by ``parent`` (rxe) and port 1's GID table."""
+        name, kind = spec["name"], spec.get("kind", "rxe")
+        idir = Path("devices/virtual/infiniband") / name
+        self.write(idir / "node_type", "4: RNIC" if kind == "siw" else "1: CA")
+        if kind == "rxe":
+            self.write(idir / "parent", spec["netdev"])
+        port = idir / "ports" / "1"
+        self.write(port / "state", "4: ACTIVE")
+        self.write(port / "link_layer", spec.get("link_layer", "Ethernet"))
+        self.write(port / "rate", spec.get("rate", "10 Gb/sec (1X QDR)"))
+        self.write(port / "gid_attrs" / "ndevs" / "0", spec["netdev"])
+        self.link(f"class/infiniband/{name}", idir)
+        n = self.uverbs
+        self.uverbs += 1
+        vdir = Path("devices/virtual/infiniband_verbs") / f"uverbs{n}"
+        self.write(vdir / "ibdev", name)
+        self.write(vdir / "dev", f"{UVERBS_MAJOR}:{192 + n}")
+        self.link(f"class/infiniband_verbs/uverbs{n}", vdir)
+
     # -- PCI ----------------------------------------------------------------------------------
     def pci(
         self, spec: dict[str, Any], parent: Path | None = None, cpus: dict[int, str] | None = None, all_cpus: str = "0"
@@ -233,6 +254,8 @@ def build(topology: str | dict[str, Any], out: str | Path) -> Path:
         if spec.get("parent"):
             (root / parent).mkdir(parents=True, exist_ok=True)
         b.netdev(parent, spec, device_link=bool(spec.get("parent")))
+    for spec in topo.get("soft_rdma", []):  # rxe/siw on a netdev above
+        b.soft_rdma(spec)
     b.finish_masters()
     return root
 

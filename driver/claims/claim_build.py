@@ -26,8 +26,9 @@ from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
 from driver.netlink import mtu_limits
+from driver.netlink.kernel_features import link_kind_supported
 from driver.netlink.rtnl import Rtnl
-from driver.netlink.sub_interfaces import KINDS, MACVLAN, kind_supported
+from driver.netlink.sub_interfaces import KINDS, MACVLAN
 from driver.netlink_channel import netlink_socket
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting
@@ -212,7 +213,7 @@ class ClaimBuilder:
         if kind not in self._kinds:
             rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
             try:
-                self._kinds[kind] = kind_supported(rtnl, kind)
+                self._kinds[kind] = link_kind_supported(rtnl, kind)
             finally:
                 rtnl.close()
         supported, answer = self._kinds[kind]

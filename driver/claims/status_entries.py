@@ -3,8 +3,9 @@
 Pure: :func:`status_body` turns a :class:`StatusUpdate` (the NRI hooks' :class:`DeviceResult`
 per NIC, or a failure, or "unprepared") and the claim as the API server has it into the
 server-side apply body :class:`~driver.claims.status.ClaimStatusWriter` sends. Entries:
-``networkData`` (interface name in the pod, CIDRs, MAC) and the conditions ``Ready`` and
-``NUMAAligned``; ``lastTransitionTime`` changes only when a condition's status does.
+``networkData`` (interface name in the pod, CIDRs, MAC) and the conditions ``Ready``,
+``NUMAAligned`` and, for a NIC that went into its pod without its RDMA device, ``RDMA``
+False; ``lastTransitionTime`` changes only when a condition's status does.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from driver.checkpoint.state import PreparedClaim
 from driver.claims.numa_report import MAX_MESSAGE
 
 READY = "Ready"
+RDMA = "RDMA"
 MAX_IPS = 16  # NetworkDeviceData.ips limit
 MAX_IFNAME = 256
 MAX_HWADDR = 128
@@ -33,6 +35,7 @@ class DeviceResult:
     hardware_address: str | None = None
     parent: str | None = None  # a sub-interface's NIC (its host name); None: the NIC itself
     kind: str | None = None  # a sub-interface's link kind (macvlan, ipvlan)
+    no_rdma: str | None = None  # why the NIC's RDMA device is not in the pod (None: it is, or it has none)
 
 
 @dataclass
@@ -92,6 +95,7 @@ def status_body(
         if dev.share_id is not None:  # one entry per share of a device allocated many times
             entry["shareID"] = dev.share_id
         ready = old_conditions.get(READY)
+        rdma = old_conditions.get(RDMA)
         network_data = old.get("networkData")
         if dev.device in update.ready:
             result = update.ready[dev.device]
@@ -102,6 +106,7 @@ def status_body(
                 "message": _ready_message(result, update.pod_uid),
             }
             network_data = _network_data(result)
+            rdma = _rdma_condition(result)
         elif dev.device == update.failed_device:
             ready = {
                 "type": READY,
@@ -110,7 +115,8 @@ def status_body(
                 "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE],
             }
             network_data = None  # rolled back: the NIC is not in the pod
-        conditions = [c for c in (ready, numa) if c]
+            rdma = None
+        conditions = [c for c in (ready, rdma, numa) if c]
         entry["conditions"] = [_stamp(c, old_conditions.get(c["type"]), now) for c in conditions]
         if network_data:
             entry["networkData"] = network_data
@@ -144,6 +150,14 @@ def _ready_message(result: DeviceResult, pod_uid: str) -> str:
         return f"interface {result.interface_name} configured in pod {pod_uid}"
     what = f"sub-interface {result.interface_name} ({result.kind or 'macvlan'} of {result.parent})"
     return f"{what} configured in pod {pod_uid}"[:MAX_MESSAGE]
+
+
+def _rdma_condition(result: DeviceResult) -> dict[str, Any] | None:
+    """``RDMA`` False when the NIC went into the pod without its RDMA device (said only then)."""
+    if result.no_rdma is None:
+        return None
+    message = f"the pod has no RDMA device for this NIC: {result.no_rdma}"
+    return {"type": RDMA, "status": "False", "reason": "RDMADeviceStaysOnHost", "message": message[:MAX_MESSAGE]}
 
 
 def _network_data(result: DeviceResult) -> dict[str, Any]:

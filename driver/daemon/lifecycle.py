@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -39,8 +40,12 @@ from driver.health.monitor import HealthMonitor
 from driver.kube.client import KubeClient
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
+from driver.netlink import kernel_features
 from driver.netlink.hook_activity import HookActivity
+from driver.netlink.kernel_features import KernelFeatures
 from driver.netlink.link_watch import LinkWatcher
+from driver.netlink.rtnl import Rtnl
+from driver.netlink_channel import netlink_socket
 from driver.nic_settings import rdma
 from driver.node_lease import POLL_INTERVAL, NodeLease
 from driver.probe_server import ProbeServer
@@ -97,6 +102,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
+        self.kernel: KernelFeatures | None = None  # detected at start: what the kernel offers
         # The NRI hooks announce themselves and the links they change here (shared with them).
         self.hook_activity = HookActivity()
         self.device_sync = DeviceSync(
@@ -229,6 +235,14 @@ class Daemon:
         if self.device_sync.sharing is not None:
             await self._check_sharing()
         await self.dra.check_taints()
+        self.kernel = await asyncio.to_thread(_kernel_features)
+        kernel_features.report(self.kernel)
+        self.metrics.set_kernel(
+            self.kernel.release,
+            ".".join(map(str, kernel_features.FLOOR)),
+            not self.kernel.below_floor,
+            {f.name: f.available for f in self.kernel.features},
+        )
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
@@ -333,6 +347,8 @@ class Daemon:
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
             hook_activity=self.hook_activity,
             pools=self.sharing_pools,
+            on_host_change=self.device_sync.request_rescan,
+            kernel=self.kernel,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)
@@ -357,3 +373,15 @@ class Daemon:
         self.device_sync.scanner.close()
         self.lease.close()
         log.info("daemon stopped")
+
+
+def _kernel_features() -> KernelFeatures:
+    """The kernel's features, its link kinds asked over a socket of the driver's own namespace (the host's)."""
+    try:
+        rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+    except OSError:
+        return kernel_features.detect()
+    try:
+        return kernel_features.detect(rtnl)
+    finally:
+        rtnl.close()

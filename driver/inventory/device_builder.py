@@ -99,16 +99,17 @@ class DeviceBuilder:
         self.pci_ids = PciIds(pci_ids_paths)
         self.numa_list = numa_list
 
-    def netdev_device(self, sysfs: SysfsReader, dev: Netdev) -> Device:
-        """The device of a netdev without a PCI function (virtual, or non-PCI hardware), named after it."""
+    def netdev_device(self, sysfs: SysfsReader, dev: Netdev, rdma: RdmaDevice | None = None) -> Device:
+        """The device of a netdev without a PCI function (virtual, or non-PCI hardware), named after
+        it, with the soft RDMA device tied to it (rxe, siw) if any."""
         if not dev.virtual:
             log.debug(
                 "non-PCI hardware netdev published as a standalone device",
                 extra={"kv": {"ifname": dev.ifname, "path": dev.sysfs_path}},
             )
         values = self._netdev_attributes(sysfs, dev)
-        values[D + "rdma"] = False
         host = HostFacts(ifname=dev.ifname, virtual=dev.virtual, permanent_mac=self._perm_mac(dev, values))
+        self._rdma_attributes(rdma, values, host)
         dev_name = netdev_device_name(dev.ifname)
         return Device(dev_name, attrs.finalize(values, dev_name), host)
 

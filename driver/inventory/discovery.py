@@ -11,6 +11,8 @@ Pipeline (one :class:`SysfsReader` per scan, so every file is read at most once)
    (``net/`` entries are netns-tagged) without netdev attributes;
 4. RDMA devices from ``class/infiniband``: attached to their PCI device, or published alone
    (``pci-...``) when their function is not a network function (e.g. eRDMA, class ``0x00ff``);
+   a soft one (rxe, siw: no bus device) to the device of the netdev the kernel ties it to; one
+   with neither is skipped with the reason;
 5. non-PCI netdevs become devices named after the interface.
 
 Each device (its attributes and host facts) is built by
@@ -64,6 +66,7 @@ class ScanState:
     roots: set[str]  # exclude_interfaces and the default-route interfaces
     rdma_by_pci: dict[str, RdmaDevice]
     by_index: dict[int, str] = field(default_factory=dict)  # ifindex -> name (netlink only)
+    rdma_by_netdev: dict[str, RdmaDevice] = field(default_factory=dict)  # soft RDMA devices by netdev
 
 
 def _is_host_sysfs(root: str) -> bool:
@@ -232,6 +235,7 @@ class Scanner:
         for rdma in rdma_devices.values():
             if rdma.pci_address:
                 rdma_by_pci.setdefault(rdma.pci_address, rdma)
+        rdma_by_netdev = self._soft_rdma(rdma_devices, netdevs, excluded, report)
 
         devices: list[Device] = []
         listed = sysfs.listdir("bus/pci/devices")
@@ -240,22 +244,15 @@ class Scanner:
         for bdf in network_pci:
             if bdf in excluded_pci or bdf in report.skipped_pci or not self.bound_to_kernel(sysfs, bdf):
                 continue
-            self._add(
-                devices,
-                report,
-                f"PCI function {bdf}",
-                self.builder.pci_device,
-                sysfs,
-                bdf,
-                pci_netdevs.get(bdf, []),
-                rdma_by_pci.get(bdf),
-            )
+            functions = pci_netdevs.get(bdf, [])
+            paired = rdma_by_pci.get(bdf) or (rdma_by_netdev.get(functions[0].ifname) if functions else None)
+            self._add(devices, report, f"PCI function {bdf}", self.builder.pci_device, sysfs, bdf, functions, paired)
 
         network = set(network_pci)
         for rdma in rdma_devices.values():
             pci = rdma.pci_address
             if pci is None or pci in network or pci in excluded_pci or pci in report.skipped_pci:
-                continue  # soft RDMA (rxe/siw) has no function; network ones were handled above
+                continue  # soft RDMA (rxe/siw) has no function: with its netdev; network ones were handled above
             self._add(devices, report, f"PCI function {pci}", self.builder.pci_device, sysfs, pci, [], rdma)
         for bdf, key in identity_keys.items():
             self.identity.remember(sysfs, f"bus/pci/devices/{bdf}", key, PCI_IDENTITY)
@@ -264,14 +261,37 @@ class Scanner:
         for name, dev in netdevs.items():
             if dev.pci_address or name in excluded:
                 continue
-            self._add(devices, report, f"netdev {name_bytes(name)}", self.builder.netdev_device, sysfs, dev)
+            build = self.builder.netdev_device
+            self._add(devices, report, f"netdev {name_bytes(name)}", build, sysfs, dev, rdma_by_netdev.get(name))
 
         devices.sort(key=lambda d: d.name)
         self.warnings.emit(report, sysfs.problems)
         self._report = (report, dict(sysfs.problems))  # a replay reports the same again
         # Skipped netdevs stay out of the state too: an event for one is handled like a new link.
-        self.state = ScanState(netdevs, excluded, roots, rdma_by_pci, facts.names_by_index() if facts else {})
+        by_index = facts.names_by_index() if facts else {}
+        self.state = ScanState(netdevs, excluded, roots, rdma_by_pci, by_index, rdma_by_netdev)
         return devices
+
+    @staticmethod
+    def _soft_rdma(
+        rdma_devices: dict[str, RdmaDevice], netdevs: dict[str, Netdev], excluded: set[str], report: ScanReport
+    ) -> dict[str, RdmaDevice]:
+        """Soft RDMA devices (no PCI function) by the netdev they are tied to; one whose netdev is
+        unknown or excluded is skipped into ``report`` with the reason."""
+        out: dict[str, RdmaDevice] = {}
+        for rdma in rdma_devices.values():
+            if rdma.pci_address:
+                continue
+            what = f"RDMA device {name_bytes(rdma.name)}"
+            if not rdma.netdev:
+                report.skip(what, "no PCI function and no netdev in port 1's GID table (nothing to publish it with)")
+            elif rdma.netdev not in netdevs:
+                report.skip(what, f"its netdev {name_bytes(rdma.netdev)} is not in this network namespace")
+            elif rdma.netdev in excluded:
+                report.skip(what, f"its netdev {name_bytes(rdma.netdev)} is excluded (uplink, its slave or filtered)")
+            else:
+                out.setdefault(rdma.netdev, rdma)
+        return out
 
     @staticmethod
     def _network_functions(sysfs: SysfsReader, listed: list[str], report: ScanReport) -> list[str]:

@@ -2,7 +2,8 @@
 
 A link event (RTM_NEWLINK/RTM_DELLINK) names one link. :class:`LinkUpdater` rebuilds only
 what that link feeds: its own device when it is a virtual netdev, or the device of its PCI
-function (whose RDMA port facts are read again too), from that link's netlink facts (one
+function (whose RDMA port facts are read again too; a netdev with a soft RDMA device, whose
+device comes and goes with it without an event of its own, asks for a full scan), from that link's netlink facts (one
 RTM_GETLINK and a filtered address dump, :meth:`LinkQuery.link`) and its sysfs files. Everything
 else comes from what the last full scan learnt (:class:`~driver.inventory.discovery.ScanState`:
 the netdevs, exclusions, RDMA devices), which the update edits in place.
@@ -109,6 +110,10 @@ class LinkUpdater:
         return name, scanner.netdev(sysfs, name, link, state.by_index)
 
     def _one(self, sysfs: SysfsReader, state: ScanState, change: LinkChange, delta: InventoryDelta) -> None:
+        if {change.ifname, state.by_index.get(change.index)} & state.rdma_by_netdev.keys():
+            # A soft RDMA device (rxe, siw) lives and dies with its netdev, with no event of its own.
+            delta.full_scan = True
+            return
         name, dev = self._current(sysfs, change)
         pci = self._forget_old(state, change, name, delta)
         if pci is None:

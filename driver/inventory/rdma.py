@@ -1,8 +1,14 @@
-"""RDMA devices from sysfs: their PCI function, port 1 facts and the char devices a container needs.
+"""RDMA devices from sysfs: their PCI function or netdev, port 1 facts and the char devices a container needs.
 
 Sysfs is the primary source (``class/infiniband``, ``class/infiniband_verbs``,
 ``class/infiniband_mad``, ``class/misc/rdma_cm``). pyverbs, when importable and reading the
 host's own ``/sys``, only refines port facts (link layer, rate); it is never required.
+
+A hardware RDMA device hangs from its PCI function (``device``). A soft one (Soft-RoCE ``rxe``,
+soft-iWARP ``siw``) has no bus device (``/sys/devices/virtual/infiniband/``): it is tied to a
+netdev instead, which the kernel names in port 1's GID table (``ports/1/gid_attrs/ndevs/0``) and,
+for rxe, in ``parent``. A soft device lives and dies with that netdev in its namespace: it cannot
+change namespace, and moving the netdev away destroys it (:attr:`RdmaDevice.soft`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,8 @@ class RdmaDevice:
     link_layer: str | None = None  # "InfiniBand" or "Ethernet" (RoCE), from port 1
     rate_gbps: int | None = None
     char_devices: list[CharDevice] = field(default_factory=list)
+    netdev: str | None = None  # the netdev the kernel ties it to (port 1's GID table, rxe's parent)
+    soft: bool = False  # no bus device: it exists only with its netdev, in its namespace (rxe, siw)
 
 
 def parse_rate(text: str | None) -> int | None:
@@ -181,6 +189,7 @@ def _rdma_device(
         sysfs.read(f"{base}/ports/1/link_layer")  # fixed while the device exists (rate is not)
         identity.remember(sysfs, base, key, RDMA_IDENTITY)
     pci = pci_address_of(real) if real else None
+    netdev = sysfs.read(f"{base}/ports/1/gid_attrs/ndevs/0") or sysfs.read(f"{base}/parent") or None
     layer, rate = _port_facts(sysfs, name, use_pyverbs)
     chars: list[CharDevice] = []
     for entry in verbs.get(name, []):
@@ -193,4 +202,14 @@ def _rdma_device(
             chars.append(char)
     if rdma_cm:
         chars.append(rdma_cm)
-    return RdmaDevice(name=name, pci_address=pci, link_layer=layer, rate_gbps=rate, char_devices=chars)
+    return RdmaDevice(name, pci, layer, rate, chars, netdev, soft=real is None)
+
+
+def soft_device_problem(sysfs: SysfsReader, name: str) -> str | None:
+    """Why RDMA device ``name`` cannot follow its netdev into a pod (None: it can, or it is gone):
+    a soft device (no bus device) is destroyed when its netdev leaves its namespace."""
+    base = f"class/infiniband/{name}"
+    if not sysfs.exists(base) or sysfs.resolve(f"{base}/device") is not None:
+        return None
+    kind = "soft-iWARP (siw)" if (sysfs.read(f"{base}/node_type") or "").startswith("4") else "Soft-RoCE (rxe)"
+    return f"{name} is a {kind} device: the kernel destroys it when its netdev leaves the host's network namespace"

@@ -12,18 +12,24 @@ make and an admin all of them:
   no slice is left of a node that is gone or has no driver, and when the newest was written;
 - ``webhook``: a dry-run ResourceClaim with an invalid config for the driver, in the caller's
   namespace, is refused by the webhook (so it is installed and reachable; nothing is stored);
-- ``feature gates``: ``DRADeviceTaints`` (device taints for unhealthy NICs) on the API server.
+- ``feature gates``: ``DRADeviceTaints`` (device taints for unhealthy NICs) on the API server;
+- ``kernels``: each driver node's kernel (``status.nodeInfo.kernelVersion``) against the supported
+  floor, and the features its version lacks with what the driver does instead (needs: list nodes;
+  the driver's own start check and its ``dranet_driver_kernel_feature`` metric also see modules).
 """
 
 from __future__ import annotations
 
 import datetime
+import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from driver.config import DEVICE_CLASS, DRIVER_NAME
 from driver.kube.client import KubeClient
 from driver.kube.errors import Forbidden, KubeError, NotFound
+from driver.netlink import kernel_features
+from driver.netlink.kernel_features import BY_VERSION, FLOOR
 
 OK, WARN, FAIL, INFO, UNKNOWN = "ok", "warn", "fail", "info", "unknown"
 DRIVER_POD_SELECTOR = "app.kubernetes.io/name=dranet,app.kubernetes.io/component=driver"
@@ -246,6 +252,37 @@ def check_gates(kube: KubeClient) -> Check:
     )
 
 
+def check_kernels(kube: KubeClient, pods: dict[str, bool] | None) -> Check:
+    """Each driver node's kernel against the floor; what its version lacks."""
+    try:
+        nodes = kube.list_node().get("items") or []
+    except Forbidden as exc:
+        return _needs("kernels", exc, "list nodes")
+    below: list[str] = []
+    lacking: list[str] = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        if pods is not None and name not in pods:
+            continue
+        release = ((node.get("status") or {}).get("nodeInfo") or {}).get("kernelVersion") or ""
+        kernel = kernel_features.detect(release=release, rdma_socket=_no_socket)
+        if kernel.below_floor:
+            below.append(f"{name} ({release or 'unknown'})")
+        missing = [f"{f.name} (needs {f.needs}: {f.without})" for f in kernel.missing() if f.name in BY_VERSION]
+        if missing:
+            lacking.append(f"{name} {release}: without {'; '.join(missing)}")
+    floor = ".".join(map(str, FLOOR))
+    if below:
+        return Check("kernels", FAIL, f"below the supported floor {floor}: {', '.join(below)}")
+    if lacking:
+        return Check("kernels", INFO, " | ".join(lacking))
+    return Check("kernels", OK, f"every driver node runs Linux {floor} or newer with every feature its version gives")
+
+
+def _no_socket() -> socket.socket:
+    raise OSError("not asked: the node's modules are seen by the driver, not from the API")
+
+
 def run_checks(kube: KubeClient, options: DoctorOptions) -> list[Check]:
     """Every check, in the order printed."""
     pods, pod_check = driver_pods(kube, options)
@@ -256,6 +293,7 @@ def run_checks(kube: KubeClient, options: DoctorOptions) -> list[Check]:
         check_slices(kube, options, pods),
         check_webhook(kube, options),
         check_gates(kube),
+        check_kernels(kube, pods),
     ]
 
 

@@ -97,10 +97,13 @@ def find_by_identity(links: Sequence[LinkInfo], identity: LinkIdentity) -> LinkI
     return found[0] if len(found) == 1 else None
 
 
-def free_indexes(rtnl: Rtnl, preferred: Sequence[int], taken: set[int] | None = None) -> list[int]:
+def free_indexes(
+    rtnl: Rtnl, preferred: Sequence[int], taken: set[int] | None = None, also: Rtnl | None = None
+) -> list[int]:
     """An ifindex per entry of ``preferred``, free in ``rtnl``'s namespace and distinct: the preferred
-    one when free, else one far above what the kernel hands out. ``taken``: the indexes in use when
-    known (a dump); else one pipelined lookup per round.
+    one when free, else one far above what the kernel hands out (0: no preference). ``taken``: the
+    indexes in use when known (a dump); else one pipelined lookup per round. ``also``: another
+    namespace where the index must be free too (one pipelined lookup per round).
 
     A link created between this check and the move makes the move fail (EBUSY) before it happens.
     """
@@ -108,11 +111,11 @@ def free_indexes(rtnl: Rtnl, preferred: Sequence[int], taken: set[int] | None = 
     rng = random.SystemRandom()
     pending = list(range(len(out)))
     for _ in range(8):
-        if taken is None:
-            found = rtnl.links_by_index([out[i] for i in pending])
-            busy = {out[i] for i, link in zip(pending, found, strict=True) if link is not None}
-        else:
-            busy = taken
+        asked = [out[i] for i in pending if out[i] > 0]  # 0: no preference, nothing to look up
+        busy = set(taken) if taken is not None else set()
+        for ns in (rtnl if taken is None else None, also):
+            if ns is not None and asked:
+                busy |= {index for index, link in zip(asked, ns.links_by_index(asked), strict=True) if link}
         used = {out[j] for j in range(len(out)) if j not in pending}
         retry = []
         for i in pending:

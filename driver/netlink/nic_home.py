@@ -148,11 +148,13 @@ def _on_host(rtnl: Rtnl, items: list[ReturnItem], tried: dict[str, int]) -> dict
 
 
 def _move_home(
-    ns: Namespaces, pod: Rtnl, moving: list[tuple[ReturnItem, LinkInfo]]
+    ns: Namespaces, pod: Rtnl, moving: list[tuple[ReturnItem, LinkInfo]], choose_index: bool = True
 ) -> tuple[dict[str, int], dict[str, LinkInfo], dict[str, NetnsOpError]]:
     """One pipelined batch of moves from the pod to the host, each to its host ifindex (or a free
     one) under its host name. Returns where each was sent, the NICs known home (as the kernel now
-    has them) and the failures."""
+    has them) and the failures. Without ``choose_index`` (a kernel before 5.17) the kernel keeps
+    each NIC's index when it is free on the host and picks another when not: none is known home,
+    each is looked up there (by that index, then by its identity)."""
     host = ns.host_rtnl()
     targets = [it.state.index or link.index for it, link in moving]
     if min(targets) <= 0 or len(set(targets)) < len(targets):
@@ -161,7 +163,14 @@ def _move_home(
     def moves(which: list[int]) -> list[NetnsOpError | None]:
         return pod.run_each(
             [
-                newlink(it.device, link.index, ns_fd=ns.host_fd, ifname=it.state.ifname, new_index=t, step="return")
+                newlink(
+                    it.device,
+                    link.index,
+                    ns_fd=ns.host_fd,
+                    ifname=it.state.ifname,
+                    new_index=t if choose_index else None,
+                    step="return",
+                )
                 for (it, link), t in ((moving[i], targets[i]) for i in which)
             ]
         )
@@ -179,11 +188,11 @@ def _move_home(
     home: dict[str, LinkInfo] = {}
     failed: dict[str, NetnsOpError] = {}
     for (it, link), target, err in zip(moving, targets, errors, strict=True):
-        sent[it.device] = target
-        if err is None:
-            home[it.device] = replace(link, index=target, ifname=it.state.ifname)
-        else:
+        sent[it.device] = target if choose_index else link.index
+        if err is not None:
             failed[it.device] = err
+        elif choose_index:
+            home[it.device] = replace(link, index=target, ifname=it.state.ifname)
     return sent, home, failed
 
 
@@ -192,13 +201,15 @@ def return_links(
     netns_path: str,
     items: list[ReturnItem],
     announce: Callable[[list[int]], None] | None = None,
+    choose_index: bool = True,
 ) -> dict[str, str | NetnsOpError]:
     """Bring NICs back to the host and restore them, in few round trips; idempotent.
 
     One pipelined lookup in the pod (by pod ifindex), one pipelined batch of moves home; then on the
     host one pipelined lookup of those not known home, and all NICs' restores (name, MTU, MAC and
     what :attr:`ReturnItem.restores` adds) in one pipelined batch. ``announce`` is told the pod-side
-    ifindexes just before the moves (their link events are ours).
+    ifindexes just before the moves (their link events are ours); ``choose_index``: the kernel
+    takes ``IFLA_NEW_IFINDEX`` (Linux 5.17).
 
     Returns, per device, how it was found (``pod``, ``host``, ``netns-gone``) or the
     :class:`NetnsOpError` that stopped it (step ``find``: it is nowhere, e.g. a virtual NIC
@@ -215,9 +226,8 @@ def return_links(
             if announce is not None:
                 announce([link.index for _, link in moving])
             if moving:
-                sent, home, failed = _move_home(ns, pod, moving)
-            for device in home:
-                how[device] = "pod"
+                sent, home, failed = _move_home(ns, pod, moving, choose_index)
+            how.update({it.device: "pod" for it, _ in moving if it.device not in failed})
     except NetnsGone:
         how = dict.fromkeys(how, "netns-gone")
     rtnl = ns.host_rtnl()

@@ -124,7 +124,7 @@ class Move:
         return self.mtu is not None or self.mac is not None or bool(self.extra)
 
 
-def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> list[NetnsOpError | None]:
+def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int, choose_index: bool = True) -> list[NetnsOpError | None]:
     """Move NICs (in ``rtnl``'s netns) to ``target_fd``'s netns, each to its planned ifindex and renamed,
     all in one pipelined send; each one's failure (or None), in order.
 
@@ -132,11 +132,19 @@ def move_links(rtnl: Rtnl, moves: list[Move], target_fd: int) -> list[NetnsOpErr
     taken there fails before anything happens; the rest of what the NIC gets there (MTU, MAC,
     offload sizes) is a second step, :func:`set_links`, so that what the kernel may refuse after the
     move never leaves the NIC somewhere unknown. Whatever fails, the NIC is at its host index on the
-    host or at its planned index in the pod.
+    host or at its planned index in the pod. Without ``choose_index`` (a kernel before 5.17 has no
+    ``IFLA_NEW_IFINDEX``) the NIC keeps its index: the plan made its pod index its host one, free there.
     """
     return rtnl.run_each(
         [
-            newlink(m.device, m.index, ns_fd=target_fd, ifname=m.new_name, new_index=m.pod_index, step="move")
+            newlink(
+                m.device,
+                m.index,
+                ns_fd=target_fd,
+                ifname=m.new_name,
+                new_index=m.pod_index if choose_index else None,
+                step="move",
+            )
             for m in moves
         ]
     )

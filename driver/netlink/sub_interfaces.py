@@ -3,8 +3,10 @@
 A pod's share of a shared NIC is a macvlan link on the NIC, created straight into the pod's
 namespace by one request sent in the host's (``ip link add link ib0 name net1 netns POD address
 MAC mtu N type macvlan mode bridge``): the ``IFLA_LINK`` parent is the NIC's host ifindex, the new
-link gets the ifindex the hook planned (the request's ``ifi_index``; a taken one fails, EBUSY,
-before anything exists) and is never in the host namespace, so the host has nothing to clean up;
+link gets the ifindex the hook planned (the request's ``ifi_index``, free in the pod and on the host:
+kernels before the 2025 rtnetlink change look it up in the sender's namespace, EEXIST; a taken one
+fails, EBUSY, before anything exists) and is never in the host namespace, so the host has nothing
+to clean up;
 the NIC itself is never moved nor changed. Deleting one is by that ifindex in the pod, only while
 the link there is still a sub-interface under the recorded name: a link the pod made is left alone.
 A namespace that is gone took its sub-interfaces with it.
@@ -104,22 +106,3 @@ def delete_subs(pod: Rtnl, subs: list[tuple[str, int, str, str, str | None]]) ->
     for (device, _, _, _, _), err in zip(todo, errors, strict=True):
         out[device] = "deleted" if err is None else err
     return out
-
-
-NO_KIND = "Operation not supported"
-"""The kernel's answer to a link kind it does not have (EOPNOTSUPP: "Unknown device type")."""
-
-
-def kind_supported(rtnl: Rtnl, kind: str) -> tuple[bool, str]:
-    """(supported, the kernel's answer): whether this kernel can make ``kind`` links, asked by a
-    request that can create nothing (no parent: every sub-interface kind refuses it, EINVAL, once it
-    knows the kind; an unknown kind is refused first, EOPNOTSUPP). Only for :data:`KINDS`: another
-    kind might need no parent and be created."""
-    if kind not in KINDS:
-        raise ValueError(f"{kind!r} is not a sub-interface kind ({', '.join(KINDS)})")
-    info = attr(IFLA_INFO_KIND, kind.encode())
-    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_LINKINFO | NLA_F_NESTED, info)
-    [err] = rtnl.run_each([Request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, kind, "probe", f"{kind} probe")])
-    if err is None:  # a kind that needs no parent: it exists (cannot happen for KINDS)
-        return True, "accepted"
-    return NO_KIND not in err.reason, err.reason

@@ -24,6 +24,14 @@ In exclusive mode (found at daemon start) a NIC's RDMA device is recorded before
 moved into the pod right after its netdev; at return it comes back before the netdev leaves (as
 the Go driver does), best effort: one left behind returns to the host when the pod's namespace is
 destroyed (kernel), and the netdev is never kept hostage for it.
+
+A soft RDMA device (Soft-RoCE ``rxe``, soft-iWARP ``siw``: no bus device) cannot follow its netdev
+in either mode: its driver cannot change namespace (EOPNOTSUPP) and the kernel destroys it when
+its netdev leaves the host's namespace. Known before the move (sysfs), the NIC then goes into the
+pod without it: the record says so (``{"soft": name, "type": ..., "reason": ...}``), the containers
+get none of its char devices and no ``NCCL_IB_HCA``, the claim's status says why, and once the NIC
+is home the device is made again on it (``RDMA_NLDEV_CMD_NEWLINK``, ``rdma link add NAME type
+rxe netdev NIC``), under the same name.
 """
 
 from __future__ import annotations
@@ -36,6 +44,8 @@ import struct
 from collections.abc import Callable, Sequence
 
 from driver.checkpoint.state import MovedDevice
+from driver.inventory.rdma import soft_device_problem
+from driver.inventory.sysfs import SysfsReader
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError
 from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
@@ -47,9 +57,12 @@ NETLINK_RDMA = 20
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET = 1
 RDMA_NLDEV_CMD_SET = 2
+RDMA_NLDEV_CMD_NEWLINK = 3
 RDMA_NLDEV_CMD_SYS_GET = 6
 RDMA_NLDEV_ATTR_DEV_INDEX = 1
 RDMA_NLDEV_ATTR_DEV_NAME = 2
+RDMA_NLDEV_ATTR_NDEV_NAME = 51
+RDMA_NLDEV_ATTR_LINK_TYPE = 65
 RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
 RDMA_NLDEV_NET_NS_FD = 68
 SHARED, EXCLUSIVE, UNKNOWN = "shared", "exclusive", "unknown"
@@ -79,6 +92,16 @@ def set_netns_request(index: int, netns_fd: int) -> tuple[int, int, bytes]:
         RDMA_NLDEV_NET_NS_FD, struct.pack("=I", netns_fd)
     )
     return nldev_type(RDMA_NLDEV_CMD_SET), NLM_F_REQUEST | NLM_F_ACK, body
+
+
+def newlink_request(name: str, link_type: str, netdev: str) -> tuple[int, int, bytes]:
+    """(type, flags, body) making soft RDMA device ``name`` of ``link_type`` (rxe, siw) on ``netdev``."""
+    body = (
+        attr(RDMA_NLDEV_ATTR_DEV_NAME, name.encode() + b"\0")
+        + attr(RDMA_NLDEV_ATTR_LINK_TYPE, link_type.encode() + b"\0")
+        + attr(RDMA_NLDEV_ATTR_NDEV_NAME, netdev.encode() + b"\0")
+    )
+    return nldev_type(RDMA_NLDEV_CMD_NEWLINK), NLM_F_REQUEST | NLM_F_ACK, body
 
 
 def parse_netns_mode(payload: bytes) -> str:
@@ -136,18 +159,18 @@ def move(channel: NetlinkChannel, device: str, netns_fd: int) -> None:
     except OSError as exc:
         raise RdmaMoveError(device, f"cannot list RDMA devices: {exc}") from None
     if device not in indexes:
-        raise RdmaMoveError(device, "not in the source network namespace (exclusive RDMA netns mode)")
+        raise RdmaMoveError(device, "not in the namespace it should move from (gone, or moved by someone else)")
     (reply,) = channel.exchange([set_netns_request(indexes[device], netns_fd)])
     if reply.error:
         why = reply.message or os.strerror(reply.error)
         if reply.error == errno.EOPNOTSUPP:
-            why += " (the RDMA subsystem is in shared netns mode)"
-        raise RdmaMoveError(device, f"move failed: {why}")
+            why = f"its driver cannot change network namespace ({why})"
+        raise RdmaMoveError(device, f"move refused: {why}")
 
 
 def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, to_fd: int) -> None:
     """Move ``rdma_device`` (of NIC ``device``) between namespaces; :class:`NetnsOpError` naming the
-    device if it cannot."""
+    device if it cannot (the kernel's reason, once)."""
     try:
         channel = NetlinkChannel(host.ns.socket_in(from_fd, NETLINK_RDMA))
     except OSError as exc:  # no RDMA netlink: the device cannot follow its netdev, refuse the pod
@@ -155,31 +178,68 @@ def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, t
     try:
         move(channel, rdma_device, to_fd)
     except (RdmaMoveError, OSError) as exc:
-        raise NetnsOpError(device, "rdma move", f"{exc} (exclusive RDMA netns mode)") from exc
+        raise NetnsOpError(device, "rdma move", str(exc)) from exc
     finally:
         channel.close()
 
 
+def add_soft_device(host: HostNetns, name: str, link_type: str, netdev: str) -> None:
+    """Make soft RDMA device ``name`` (``link_type``: rxe, siw) on ``netdev`` in the host's
+    namespace; one already there under that name is not an error. :class:`RdmaMoveError` otherwise."""
+    try:
+        channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
+    except OSError as exc:
+        raise RdmaMoveError(name, f"no RDMA netlink: {exc}") from exc
+    try:
+        (reply,) = channel.exchange([newlink_request(name, link_type, netdev)])
+    finally:
+        channel.close()
+    if reply.error and reply.error != errno.EEXIST:
+        raise RdmaMoveError(name, f"{link_type} on {netdev}: {reply.message or os.strerror(reply.error)}")
+
+
+def soft_record(sysfs_root: str, rdma_device: str) -> dict[str, str] | None:
+    """What a NIC's record says of its RDMA device when that cannot follow it into a pod: its name,
+    its type (to make it again at home) and why; None for a device that can follow."""
+    sysfs = SysfsReader(sysfs_root)
+    problem = soft_device_problem(sysfs, rdma_device)
+    if problem is None:
+        return None
+    iwarp = (sysfs.read(f"class/infiniband/{rdma_device}/node_type") or "").startswith("4")
+    return {"soft": rdma_device, "type": "siw" if iwarp else "rxe", "reason": problem}
+
+
+def stays_home(record: object) -> str | None:
+    """The reason a NIC went into its pod without its RDMA device (None: it took it, or has none)."""
+    return record.get("reason") if isinstance(record, dict) else None
+
+
 class RdmaDevice(NicSetting):
-    """A NIC's RDMA device, moved with it in exclusive RDMA netns mode."""
+    """A NIC's RDMA device: moved with it in exclusive RDMA netns mode; a soft one left out of the
+    pod and made again once the NIC is home."""
 
     name = "rdma"
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
-        if host.rdma_exclusive:
-            for nic in nics:
-                if nic.device.snapshot.host.rdma_device:
-                    nic.records[self.name] = nic.device.snapshot.host.rdma_device
+        for nic in nics:
+            rdma_device = nic.device.snapshot.host.rdma_device
+            if not rdma_device:
+                continue
+            soft = soft_record(host.sysfs_root, rdma_device)
+            if soft is not None:
+                nic.records[self.name] = soft
+            elif host.rdma_exclusive:
+                nic.records[self.name] = rdma_device
 
     def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
         for nic in nics:
             rdma_device = nic.records.get(self.name)
-            if rdma_device:
+            if isinstance(rdma_device, str) and rdma_device:
                 move_between(pod.host, nic.name, rdma_device, pod.host.fd, pod.fd)
 
     def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
         """Bring the RDMA devices back to the host, first (a gone pod netns returned them already)."""
-        moved = [(m.device, m.records[self.name]) for m in nics if m.records.get(self.name)]
+        moved = [(m.device, r) for m in nics if isinstance(r := m.records.get(self.name), str) and r]
         if not moved or not pod.host.rdma_exclusive:
             return
         try:
@@ -190,5 +250,21 @@ class RdmaDevice(NicSetting):
             try:
                 move_between(pod.host, device, rdma_device, pod_fd, pod.host.fd)
             except NetnsOpError as exc:
-                # "not in the source namespace" = never moved
+                # "not in the namespace it should move from" = never moved
                 log.warning("RDMA device not returned", extra={"kv": {"device": device, "error": exc.reason}})
+
+    def after_return(self, nic: MovedDevice, host: HostNetns) -> None:
+        """A soft RDMA device the move destroyed is made again on the NIC, now home (best effort)."""
+        record = nic.records.get(self.name)
+        if not isinstance(record, dict) or not record.get("soft"):
+            return
+        try:
+            add_soft_device(host, record["soft"], record.get("type", "rxe"), nic.host_ifname)
+        except RdmaMoveError as exc:
+            log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+            return
+        host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
+        log.info(
+            "soft RDMA device made again on its NIC",
+            extra={"kv": {"device": nic.device, "rdma": record["soft"], "netdev": nic.host_ifname}},
+        )

@@ -50,6 +50,7 @@ from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.state import MovedDevice, PreparedClaim, PreparedDevice
 from driver.model.device import Device
 from driver.netlink import ethtool_genl
+from driver.netlink.kernel_features import KernelFeatures
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
@@ -66,12 +67,25 @@ class SettingRefused(Exception):
 
 class HostNetns:
     """The host's network namespace as the hooks reach it: its rtnetlink socket and fd, the ethtool
-    client (opened on first use), where sysfs is, whether RDMA devices move with their netdev."""
+    client (opened on first use), where sysfs is, whether RDMA devices move with their netdev, who
+    to tell when the host's devices changed behind the link events' back, the kernel's features."""
 
-    def __init__(self, ns: Namespaces, sysfs_root: str = "/sys", rdma_exclusive: bool = False) -> None:
+    def __init__(
+        self,
+        ns: Namespaces,
+        sysfs_root: str = "/sys",
+        rdma_exclusive: bool = False,
+        on_change: Callable[[], None] | None = None,
+        kernel: KernelFeatures | None = None,
+    ) -> None:
         self.ns = ns
         self.sysfs_root = sysfs_root
         self.rdma_exclusive = rdma_exclusive
+        self.kernel = kernel or KernelFeatures(os.uname().release)
+        """What the kernel offers (found at daemon start; unknown features are taken as present)."""
+        self.on_change = on_change or (lambda: None)
+        """Called when a setting changed the host's devices in a way no link event tells (a soft
+        RDMA device made again): the inventory rescans."""
         self._ethtool: ethtool_genl.Ethtool | None = None
 
     @property

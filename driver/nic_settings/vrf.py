@@ -5,10 +5,12 @@ before the NIC is configured, the NIC enslaved to it (``IFLA_MASTER``) first in 
 (enslaving cycles the link: before its addresses), every route of the NIC in the VRF's table.
 NICs of one pod naming the same VRF share it, and its table: the one they set (two different ones
 are refused), else 100 + the first one's host ifindex (dranet's default). A VRF named like a link
-the pod has, or like one of its NICs, is refused before anything moves. Each VRF created is
-recorded in the pod state at once (``{"kind", "index", "name"}``): at return the NICs are released
-(master 0) and only the links so recorded, still of that kind at that index, are deleted, before
-the NICs move back. A kernel built without VRF support (``CONFIG_NET_VRF``) answers the create with
+the pod has, or like one of its NICs, is refused before anything moves. Each VRF is recorded in
+the pod state *before* it is created (``{"kind", "index", "name"}``, at an ifindex chosen free in
+the pod and given to the kernel with the create): a driver killed between the create and any later
+step finds it by that record, and a record of a VRF never made points at nothing. At return the
+NICs are released (master 0) and only the links so recorded, still of that kind at that index, are
+deleted, before the NICs move back. A kernel built without VRF support (``CONFIG_NET_VRF``) answers the create with
 ``EOPNOTSUPP``: the pod is refused with a message that says so (:data:`NO_VRF`).
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.checkpoint.state import MovedDevice
+from driver.netlink.link_identity import free_indexes
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
 from driver.netlink_channel import (
@@ -50,11 +53,12 @@ NO_VRF = (
 )
 
 
-def newvrf(device: str, name: str, table: int) -> Request:
-    """RTM_NEWLINK creating VRF ``name`` bound to routing table ``table`` (an existing one is an error)."""
+def newvrf(device: str, name: str, table: int, index: int = 0) -> Request:
+    """RTM_NEWLINK creating VRF ``name`` bound to routing table ``table`` at ifindex ``index`` (0:
+    the kernel's choice); an existing name or a taken index is an error."""
     data = attr(IFLA_VRF_TABLE, struct.pack("=I", table))
     info = attr(IFLA_INFO_KIND, b"vrf") + attr(IFLA_INFO_DATA | NLA_F_NESTED, data)
-    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + attr(IFLA_IFNAME, name.encode() + b"\0")
+    body = IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0) + attr(IFLA_IFNAME, name.encode() + b"\0")
     body += attr(IFLA_LINKINFO | NLA_F_NESTED, info)
     return Request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, device, "vrf create", f"vrf {name} table {table}")
 
@@ -70,23 +74,26 @@ def create(
 ) -> dict[str, int]:
     """Create and set up ``{name: (device, table)}`` in ``rtnl``'s netns; their ifindexes by name.
 
-    Each VRF created is looked up at once and handed to ``record`` as ``{"kind": "vrf", "index",
-    "name"}`` (the pod state keeps it: only a link recorded so is ever deleted, see
-    :func:`delete_created`), before anything else can fail. Raises :class:`NetnsOpError` naming the
-    device whose VRF failed (:data:`NO_VRF` when the kernel has no VRF support); a VRF refused
-    because its name is taken was not created, and nothing is recorded for it.
+    Each VRF gets an ifindex free in the namespace and is handed to ``record`` as ``{"kind": "vrf",
+    "index", "name"}`` *before* it is created (the pod state keeps it: only a link recorded so is
+    ever deleted, see :func:`delete_created`; a record whose create never happened or failed points
+    at nothing of that kind). Raises :class:`NetnsOpError` naming the device whose VRF failed
+    (:data:`NO_VRF` when the kernel has no VRF support); a VRF refused because its name is taken
+    was not created.
     """
     if not vrfs:
         return {}
-    errors = rtnl.run_each([newvrf(dev, name, table) for name, (dev, table) in vrfs.items()])
+    planned = dict(zip(vrfs, free_indexes(rtnl, [0] * len(vrfs)), strict=True))
+    for name, index in planned.items():
+        if record is not None:
+            record({"kind": "vrf", "index": index, "name": name})
+    errors = rtnl.run_each([newvrf(dev, name, table, planned[name]) for name, (dev, table) in vrfs.items()])
     made = [name for name, err in zip(vrfs, errors, strict=True) if err is None]
     indexes = {}
-    for name, link in zip(made, rtnl.links_by_name(made), strict=True):
-        if link is None or link.kind != "vrf":
+    for name, link in zip(made, rtnl.links_by_index([planned[name] for name in made]), strict=True):
+        if link is None or link.kind != "vrf" or link.ifname != name:
             raise NetnsOpError(vrfs[name][0], "vrf create", f"vrf {name} was created but is not there")
         indexes[name] = link.index
-        if record is not None:
-            record({"kind": "vrf", "index": link.index, "name": name})
     for (name, (device, table)), err in zip(vrfs.items(), errors, strict=True):
         if err is not None:  # its reason already names the VRF and its table
             unsupported = "Operation not supported" in err.reason

@@ -64,6 +64,7 @@ from driver.claims.status_entries import DeviceResult
 from driver.config import HOST_NETNS, IPNetwork
 from driver.netlink import mtu_limits, nic_home, sub_interfaces
 from driver.netlink.hook_activity import HookActivity
+from driver.netlink.kernel_features import MOVE_IFINDEX, KernelFeatures
 from driver.netlink.link_identity import LinkIdentity, free_indexes
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
@@ -80,6 +81,7 @@ from driver.netlink.nic_moves import (
 )
 from driver.netlink.rtnl import NetnsOpError, Request
 from driver.netlink.sub_interfaces import delete_subs, newsub
+from driver.nic_settings import rdma
 from driver.nic_settings.addresses import record_host
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
@@ -207,7 +209,9 @@ class NRIHooks:
     hook and the host links it changes, so their link events cost no scan and background work
     steps aside while the hook runs (the daemon shares it with them); ``rdma_exclusive``: RDMA
     devices move with their netdev (detected at daemon start); ``status`` gets each RunPodSandbox's
-    outcome per claim (a sink that raises never fails the hook).
+    outcome per claim (a sink that raises never fails the hook); ``on_host_change``: a hook changed
+    the host's devices in a way link events do not tell (a soft RDMA device made again);
+    ``kernel``: the kernel's features (without ``moveIfindex`` a NIC keeps its ifindex in the pod).
     """
 
     def __init__(
@@ -222,10 +226,12 @@ class NRIHooks:
         hook_activity: HookActivity | None = None,
         settings: Sequence[NicSetting] = SETTINGS,
         pools: Mapping[str, IPNetwork] | None = None,
+        on_host_change: Callable[[], None] | None = None,
+        kernel: KernelFeatures | None = None,
     ) -> None:
         self.store = store
         self.status = status
-        self.host = HostNetns(Namespaces(host_netns), sysfs_root, rdma_exclusive)
+        self.host = HostNetns(Namespaces(host_netns), sysfs_root, rdma_exclusive, on_host_change, kernel)
         self.own = hook_activity or HookActivity()
         self.steps = StepClock(fault_after)
         self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
@@ -341,7 +347,7 @@ class NRIHooks:
             self._check_shares(nics)
             for setting in self.settings:
                 setting.plan(_for(setting, nics), self.host, target)
-            indexes = free_indexes(target.rtnl, [_preferred_index(nic) for nic in nics], set(links))
+            indexes = _pod_indexes(self.host, target, nics, links)
         except SettingRefused as exc:
             self._refuse(pod, nics, exc.device, exc.step, exc.reason)
         except OSError as exc:
@@ -410,7 +416,7 @@ class NRIHooks:
         try:
             # All moves in one pipelined send (the kernel still does them one by one); the
             # write-ahead state above already covers every NIC. Shares are made in the pod.
-            _raise_first(move_links(self.host.rtnl(), whole, target.fd))
+            _raise_first(move_links(self.host.rtnl(), whole, target.fd, self.host.kernel.has(MOVE_IFINDEX)))
             step = "create"
             _raise_first(self.host.rtnl().run_each([_create(nic, target.fd) for nic in nics if nic.sub_interface]))
             for i in range(len(nics)):
@@ -558,6 +564,7 @@ class NRIHooks:
                 netns,
                 [self._return_item(m) for m in moved],
                 announce=lambda indexes: self.own.expect(indexes=indexes),
+                choose_index=self.host.kernel.has(MOVE_IFINDEX),
             )
         )
         self.steps.mark("stop:moved-and-restored")
@@ -646,6 +653,7 @@ class NRIHooks:
             # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
             requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
             state = self._pod_state(pod.uid)
+            devices = _without_stay_home_rdma(devices, state.devices if state is not None else [])
             addresses = _sub_interface_addresses(devices, state.devices if state is not None else [])
             settings = settings_for_container(devices, self.host.sysfs_root, requested or None, addresses)
             if settings.skipped_pin:
@@ -757,9 +765,29 @@ def _for(setting: NicSetting, nics: Sequence[Nic]) -> list[Nic]:
     return [nic for nic in nics if setting.sub_interfaces or not nic.sub_interface]
 
 
-def _preferred_index(nic: Nic) -> int:
-    """The ifindex a NIC would like in the pod: its host one; a sub-interface its parent's."""
-    return nic.host.index or int(nic.records.get(SUB_INTERFACE, {}).get("parentIndex") or 0)
+def _pod_indexes(host: HostNetns, pod: PodNetns, nics: Sequence[Nic], links: Mapping[int, str]) -> list[int]:
+    """Each NIC's ifindex in the pod (``links``: the pod's, index -> name), distinct: a moved NIC
+    keeps its host one when free there (a kernel before 5.17 cannot give it another: then a taken
+    one refuses the pod); a sub-interface gets one free in the pod *and* on the host, because
+    kernels before the 2025 rtnetlink change (6.1 among them) look the index of a link created into
+    another namespace up in the namespace the request comes from, where its parent is (EEXIST)."""
+    taken = set(links)
+    if not host.kernel.has(MOVE_IFINDEX):
+        for nic in nics:
+            if not nic.sub_interface and nic.host.index in taken:
+                reason = (
+                    f"kernel {host.kernel.release} cannot give a NIC another ifindex in a pod (IFLA_NEW_IFINDEX, "
+                    f"Linux 5.17): it keeps {nic.host.index}, which the pod's {links[nic.host.index]} has"
+                )
+                raise SettingRefused(nic.name, "move", reason)
+    indexes = free_indexes(pod.rtnl, [0 if nic.sub_interface else nic.host.index or 0 for nic in nics], taken)
+    subs = [i for i, nic in enumerate(nics) if nic.sub_interface]
+    if subs:
+        others = taken | {index for i, index in enumerate(indexes) if i not in subs}
+        picked = free_indexes(pod.rtnl, [indexes[i] for i in subs], others, also=host.rtnl())
+        for i, index in zip(subs, picked, strict=True):
+            indexes[i] = index
+    return indexes
 
 
 def _create(nic: Nic, ns_fd: int) -> Request:
@@ -819,10 +847,25 @@ def _in_pod_state(state: PodNetState, nics: Sequence[Nic], links: dict[str, Link
 
 
 def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
-    """What the claim's status says of a NIC in the pod: its name, addresses, MAC, and for a
-    sub-interface its kind and the NIC it hangs from."""
+    """What the claim's status says of a NIC in the pod: its name, addresses, MAC, for a
+    sub-interface its kind and the NIC it hangs from, and why its RDMA device stayed out."""
     sub = nic.records.get(SUB_INTERFACE) or {}
-    return DeviceResult(nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"))
+    no_rdma = rdma.stays_home(nic.records.get(rdma.RdmaDevice.name))
+    return DeviceResult(
+        nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"), no_rdma
+    )
+
+
+def _without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> list[PreparedDevice]:
+    """``devices`` as a container sees them: a NIC whose RDMA device could not come into the pod
+    (a soft one the move destroyed) has no RDMA device there, so no char devices and no HCA."""
+    out = list(devices)
+    stayed = {m.device for m in moved if rdma.stays_home(m.records.get(rdma.RdmaDevice.name))}
+    for i, d in enumerate(out):
+        if d.device in stayed and d.snapshot.host.rdma_device:
+            host = replace(d.snapshot.host, rdma_device=None, char_devices=[])
+            out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
+    return out
 
 
 def _sub_interface_addresses(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> dict[str, list[str]]:

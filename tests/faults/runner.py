@@ -40,6 +40,7 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -91,6 +92,7 @@ class Tally:
     foreign_touched: int = 0
     by_scenario: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # families this kernel cannot run, and why
 
     def problem(self, what: str) -> None:
         if len(self.problems) < 20:
@@ -265,7 +267,16 @@ def where(nics: list[Nic], pod_netns: str, configured: dict[str, str]) -> str:
 
 
 POD_FACTS = {"mtu": 1300, "mac": "02:aa:bb:cc:dd:01", "addresses": ["192.168.50.2/24"]}
-"""The first NIC in the pod under FULL_CONFIG."""
+"""The first NIC in the pod under FULL_CONFIG (and VRF_CONFIG)."""
+VRF_CONFIG = {
+    "opaque": [
+        {
+            "interface": {**POD_CONFIG["opaque"][0]["interface"], "vrf": {"name": "vrf-f", "table": 10}},
+            "routes": [{"destination": "10.200.0.0/16", "gateway": "192.168.50.1"}],
+        }
+    ]
+}
+"""test_crash's interface in a VRF on table 10, with a route there: a kernel with VRF only."""
 
 
 # -- scenarios -----------------------------------------------------------------------------------
@@ -339,12 +350,15 @@ def nri_scenario(
     full: bool | str,
     netns: tuple[str, str],
     root: Path,
+    full_config: dict[str, Any] = FULL_CONFIG,
 ) -> None:
     """Every kill point of RunPodSandbox (``hook="run"``) or StopPodSandbox (``"stop"``);
-    ``netns``: (the pod's, the host's) names; ``full``: NIC 0 gets FULL_CONFIG, or a key of
-    :data:`REFUSED` (a RunPodSandbox that fails half-way and rolls back)."""
+    ``netns``: (the pod's, the host's) names; ``full``: NIC 0 gets ``full_config``, or a key of
+    :data:`REFUSED` (a RunPodSandbox that fails half-way and rolls back). After the stop, no link
+    of the driver's (a VRF) is left in the pod."""
     pod_netns, host_netns = netns
-    config = REFUSED[full] if isinstance(full, str) else FULL_CONFIG
+    config = REFUSED[full] if isinstance(full, str) else full_config
+    pods_own = _pod_links(pod_netns)
     devices = [{"ifname": n.name, **({"config": config} if full and i == 0 else {})} for i, n in enumerate(nics)]
     configured = {nics[0].name: "net1"} if full is True else {}
     refused = isinstance(full, str)
@@ -399,6 +413,12 @@ def nri_scenario(
             if store.read(lambda s, uid=pod.uid: uid in s.pods):
                 tally.invalid_state += 1
                 tally.problem(f"{name} k={k}: pod state left after stop")
+            left = [link for link in _pod_links(pod_netns) if link not in pods_own]
+            if left:
+                tally.stranded += 1
+                tally.problem(f"{name} k={k}: links left in the pod after stop: {left}")
+                for link in left:
+                    subprocess.run(["ip", "-n", pod_netns, "link", "del", link], capture_output=True)
             if foreign(pod_netns) != outside:
                 tally.foreign_touched += 1
                 tally.problem(f"{name} k={k}: a link the driver does not own changed: {foreign(pod_netns)}")
@@ -411,12 +431,14 @@ def _pod_links(pod_netns: str) -> list[str]:
     )
 
 
-def share_scenario(tally: Tally, name: str, hook: str, nic: Nic, pooled: bool, pod_netns: str, root: Path) -> None:
+def share_scenario(
+    tally: Tally, name: str, hook: str, nic: Nic, pooled: bool, pod_netns: str, root: Path, kind: str = "macvlan"
+) -> None:
     """Every kill point of RunPodSandbox or StopPodSandbox of a pod holding a share of ``nic`` (a
-    sub-interface made in the pod; ``pooled``: its address a lease of the NIC's subnet, else the
-    claim's). After the restart's Synchronize and the StopPodSandbox: no link of ours left in the
-    pod, no pod state (so no lease), the NIC exactly as before (it never moves)."""
-    iface: dict[str, Any] = {"name": "net1", "mtu": 1300}
+    ``kind`` sub-interface made in the pod; ``pooled``: its address a lease of the NIC's subnet,
+    else the claim's). After the restart's Synchronize and the StopPodSandbox: no link of ours left
+    in the pod, no pod state (so no lease), the NIC exactly as before (it never moves)."""
+    iface: dict[str, Any] = {"name": "net1", "mtu": 1300, **({"type": kind} if kind != "macvlan" else {})}
     if not pooled:
         iface["addresses"] = ["10.190.0.5/24"]
     config = {"opaque": [{"interface": iface, "routes": [{"destination": "10.191.0.0/16", "gateway": "10.190.0.1"}]}]}
@@ -567,23 +589,73 @@ def links_we_do_not_own(pod_netns: str) -> None:
     ip("-n", pod_netns, "link", "set", "eth0", "up")
 
 
+FAMILIES = ("refused", "nri", "share", "prepare", "macvlan", "ipvlan", "vrf")
+"""The scenario families; ``macvlan``, ``ipvlan`` and ``vrf`` (the paths that differ by kernel, one
+variant each: a macvlan share addressed by its claim, an ipvlan share leased from the pool, a NIC
+in a VRF) need those link kinds in the kernel."""
+DEFAULT_FAMILIES = ("refused", "nri", "share", "prepare")
+
+
+def kernel_has(kind: str) -> bool:
+    """Whether this kernel makes ``kind`` links (asked in this namespace, nothing created)."""
+    from driver.netlink.kernel_features import link_kind_supported
+    from driver.netlink_channel import netlink_socket
+
+    rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
+    try:
+        return link_kind_supported(rtnl, kind)[0]
+    finally:
+        rtnl.close()
+
+
+def kernel_families(tally: Tally, families: set[str], args: argparse.Namespace) -> None:
+    """The scenarios on paths that differ by kernel: shares as ipvlan, a NIC in a VRF (each only where
+    the kernel has the kind; the summary lists what it skipped)."""
+    for kind, pooled in (("macvlan", False), ("ipvlan", True)):
+        if kind not in families:
+            continue
+        if not kernel_has(kind):
+            tally.skipped.append(f"{kind}: kernel {os.uname().release} has no {kind} links")
+            continue
+        [nic] = make_nics(1)
+        for hook in ("run", "stop"):
+            what = "RunPodSandbox" if hook == "run" else "StopPodSandbox"
+            label = f"{what} a {kind} share {'pool lease' if pooled else 'claim address'}"
+            share_scenario(tally, label, hook, nic, pooled, args.pod_netns, args.work, kind)
+        subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
+    if "vrf" in families:
+        if not kernel_has("vrf"):
+            tally.skipped.append(f"vrf: kernel {os.uname().release} has no VRF links")
+            return
+        nics = make_nics(1)
+        for hook in ("run", "stop"):
+            what = "RunPodSandbox" if hook == "run" else "StopPodSandbox"
+            netns = (args.pod_netns, args.host_netns)
+            nri_scenario(tally, f"{what} 1 NIC in a VRF", hook, nics, True, netns, args.work, VRF_CONFIG)
+        subprocess.run(["ip", "link", "del", nics[0].name], capture_output=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pod-netns", required=True)
     parser.add_argument("--host-netns", required=True, help="the netns this runs in (ip netns exec)")
     parser.add_argument("--work", required=True, type=Path)
+    parser.add_argument(
+        "--only", default=",".join(DEFAULT_FAMILIES), help=f"comma-separated scenario families of {FAMILIES}"
+    )
     args = parser.parse_args(argv)
+    families = set(args.only.split(","))
     started = time.monotonic()
     tally = Tally()
     links_we_do_not_own(args.pod_netns)
-    for count in (1, 2):
+    for count in (1, 2) if "refused" in families else ():
         for refused in REFUSED:
             nics = make_nics(count)
             label = f"RunPodSandbox {count} NIC(s) {refused}"
             nri_scenario(tally, label, "run", nics, refused, (args.pod_netns, args.host_netns), args.work)
             for nic in nics:
                 subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
-    for count in (1, 2, 3):
+    for count in (1, 2, 3) if "nri" in families else ():
         for full in (True, False):
             nics = make_nics(count)
             for hook in ("run", "stop"):
@@ -592,15 +664,16 @@ def main(argv: list[str]) -> int:
                 nri_scenario(tally, label, hook, nics, full, (args.pod_netns, args.host_netns), args.work)
             for nic in nics:
                 subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
-    for pooled in (False, True):
+    for pooled in (False, True) if "share" in families else ():
         [nic] = make_nics(1)
         for hook in ("run", "stop"):
             what = "RunPodSandbox" if hook == "run" else "StopPodSandbox"
             label = f"{what} a share (sub-interface) {'pool lease' if pooled else 'claim address'}"
             share_scenario(tally, label, hook, nic, pooled, args.pod_netns, args.work)
         subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
-    for journal in (False, True):
+    for journal in (False, True) if "prepare" in families else ():
         prepare_scenario(tally, args.work, journal)
+    kernel_families(tally, families, args)
     summary = {**tally.__dict__, "seconds": round(time.monotonic() - started, 1)}
     print(json.dumps(summary))
     return 0

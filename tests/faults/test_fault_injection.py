@@ -8,6 +8,7 @@ and routes never touch the node's."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,37 @@ def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -
     assert summary["foreign_touched"] == 0
     assert any("refused" in name for name in summary["by_scenario"]), summary["by_scenario"]
     assert all(n > 0 for n in summary["by_scenario"].values()), summary["by_scenario"]
+
+
+KERNEL_FAMILIES = "macvlan,ipvlan,vrf"
+"""The paths that differ by kernel: sub-interfaces (made into another namespace, looked up where the
+kernel of the day looks), ipvlan and VRF (modules). The stock-kernel tier runs them all on 6.1."""
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(1500)  # under emulation (the stock-kernel tier) every fault costs ~20x
+def test_every_step_killed_on_the_paths_that_differ_by_kernel(netns_factory, tmp_path: Path, capsys) -> None:
+    host, pod = netns_factory.netns(), netns_factory.netns()
+    out = subprocess.run(
+        ["ip", "netns", "exec", host, sys.executable, "-m", "tests.faults.runner", "--only", KERNEL_FAMILIES]
+        + ["--pod-netns", pod, "--host-netns", host, "--work", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    summary = json.loads(out.stdout.splitlines()[-1])
+    with capsys.disabled():
+        print(
+            f"\nfault injection ({os.uname().release}, {KERNEL_FAMILIES}): {summary['faults']} faults, "
+            f"{summary['stranded']} stranded, {summary['invalid_state']} invalid state files, "
+            f"{summary['foreign_touched']} foreign links touched, {summary['seconds']} s; by scenario "
+            f"{summary['by_scenario']}; not run: {summary['skipped']}"
+        )
+    assert summary["problems"] == [], summary["problems"]
+    assert (summary["stranded"], summary["lost_claims"], summary["invalid_state"]) == (0, 0, 0)
+    assert summary["foreign_touched"] == 0
+    assert summary["faults"] > 0 and all(n > 0 for n in summary["by_scenario"].values())
+    assert any("macvlan share" in name for name in summary["by_scenario"]), summary["by_scenario"]
+    assert all(os.uname().release in why for why in summary["skipped"]), summary["skipped"]

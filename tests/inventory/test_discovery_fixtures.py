@@ -349,3 +349,41 @@ def test_rescan_rdma_identity(tmp_path: Path) -> None:
     ]
     assert not any(c.path == "/dev/infiniband/uverbs1" for c in again["pci-0102-00-00-0"].host.char_devices)
     assert [d.to_dict() for d in again.values()] == [d.to_dict() for d in scan(root, exclude_interfaces=["eth0"])]
+
+
+def test_soft_rdma_devices_are_published_with_their_netdevs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """rxe and siw have no bus device (the kernel puts them under devices/virtual/infiniband): each
+    is published with the netdev the kernel ties it to; one whose netdev is not here is skipped with
+    the reason, never silently."""
+    from devcluster.doubles.sysfs_fixture import build, load_topology
+
+    topo = load_topology("vm-no-numa")
+    topo["netdevs"] += [
+        {"name": "rxv0", "address": "02:00:00:00:00:10", "ifindex": 20},
+        {"name": "siv0", "address": "02:00:00:00:00:11", "ifindex": 21},
+    ]
+    topo["soft_rdma"] = [
+        {"name": "rxe0", "netdev": "rxv0", "rate": "10 Gb/sec (1X QDR)"},
+        {"name": "siw0", "netdev": "siv0", "kind": "siw"},
+        {"name": "rxe_gone", "netdev": "elsewhere0"},
+        {"name": "rxe_eth0", "netdev": "eth0"},  # on a PCI NIC without an RDMA device of its own
+    ]
+    root = build(topo, tmp_path / "sys")
+    with caplog.at_level("WARNING"):
+        devices = {d.name: d for d in scan(root)}
+    rxv0 = devices["rxv0"]
+    assert rxv0.attributes[D + "rdma"] is True and rxv0.attributes[D + "rdmaDevice"] == "rxe0"
+    assert rxv0.attributes[D + "linkLayer"] == "Ethernet" and rxv0.attributes[D + "rateGbps"] == 10
+    assert rxv0.host.rdma_device == "rxe0"
+    (uverbs, rdma_cm) = rxv0.host.char_devices
+    assert uverbs.path.startswith("/dev/infiniband/uverbs") and rdma_cm.path == "/dev/infiniband/rdma_cm"
+    assert devices["siv0"].attributes[D + "rdmaDevice"] == "siw0"
+    eth0 = devices["pci-0000-00-04-0"]
+    assert eth0.attributes[D + "ifName"] == "eth0" and eth0.attributes[D + "rdmaDevice"] == "rxe_eth0"
+    assert devices["pci-0000-00-05-0"].attributes[D + "rdmaDevice"] == "mlx5_0"  # the PCI pairing wins
+    assert not any("rxe_gone" in str(d.attributes) for d in devices.values())
+    skipped = [r.kv for r in caplog.records if hasattr(r, "kv")]  # type: ignore[attr-defined]
+    reason = "its netdev b'elsewhere0' is not in this network namespace"
+    assert {"device": "RDMA device b'rxe_gone'", "reason": reason} in [
+        {k: kv.get(k) for k in ("device", "reason")} for kv in skipped
+    ], skipped

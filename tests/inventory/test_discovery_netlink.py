@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 REPO = str(Path(__file__).resolve().parents[2])
 SCAN = (
     "import json, sys; sys.path.insert(0, %r); from driver.inventory.discovery import Scanner; "

@@ -29,7 +29,7 @@ from driver.netlink.rtnl import NetnsOpError, Route, Rtnl
 from driver.nic_settings import addresses
 from harness.nri import configure_host_nic, ip, link_facts
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ from driver.netlink.rtnl import Route
 from driver.nic_settings import addresses
 from driver.nic_settings.setting import Nic, SettingRefused
 
+pytestmark = pytest.mark.kernel
+
 HOST_ROUTE = Route(dst="10.50.0.0/16", gateway="10.5.0.1", table=150, family=socket.AF_INET)
 
 

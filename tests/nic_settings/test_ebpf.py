@@ -14,7 +14,7 @@ from harness.netns import NetnsFactory
 from tests.support import bpf_progs
 from tests.support.hook_node import Node
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
 
 def test_ebpf_programs_are_detached_and_recorded(netns_factory: NetnsFactory, tmp_path: Path) -> None:
@@ -31,11 +31,13 @@ def test_ebpf_programs_are_detached_and_recorded(netns_factory: NetnsFactory, tm
             ).stdout
         )[0]
         assert "xdp" not in link, link
-        assert bpf_progs.tcx_count(node.pod_ns, "net1") == 0
+        tcx = bpf_progs.has_tcx()  # before Linux 6.6 there is none to attach, and the driver's query of none is fine
+        if tcx:
+            assert bpf_progs.tcx_count(node.pod_ns, "net1") == 0
         record = node.record("ebpf")
         assert sorted((r["hook"], r["how"]) for r in record) == [
             ("tc-ingress", "removed by the namespace move"),
-            ("tcx-ingress", "detached"),
+            *([("tcx-ingress", "detached")] if tcx else []),
             ("xdp-generic", "detached"),
         ]
         assert all(isinstance(r["id"], int) and r["id"] > 0 for r in record)
@@ -50,7 +52,10 @@ def test_without_the_setting_programs_stay(netns_factory: NetnsFactory, tmp_path
     fds = bpf_progs.attach_all(node.host, node.nic)
     try:
         node.run({"name": "net1"})
-        assert bpf_progs.tcx_count(node.pod_ns, "net1") == 1
+        link = subprocess.run(["ip", "-j", "-n", node.pod_ns, "-d", "link", "show", "net1"], capture_output=True)
+        assert "xdp" in json.loads(link.stdout)[0]
+        if bpf_progs.has_tcx():
+            assert bpf_progs.tcx_count(node.pod_ns, "net1") == 1
         assert node.record("ebpf") is None
         node.hooks.stop_pod_sandbox(node.pod)
     finally:

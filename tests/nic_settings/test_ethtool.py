@@ -23,7 +23,7 @@ from driver.netlink.ethtool_genl import Ethtool, EthtoolError
 from driver.netlink.rtnl import NetnsOpError
 from driver.nic_settings import ethtool
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
 CLONE_NEWNET = 0x40000000
 

@@ -14,6 +14,8 @@ from driver.nic_settings.neighbors import Neighbor, newneigh, pod_neighbors
 from harness.netns import NetnsFactory
 from tests.support.hook_node import Node, neighbors, sh
 
+pytestmark = pytest.mark.kernel
+
 HOST = [Neighbor("10.5.0.9", "02:00:00:00:05:09"), Neighbor("10.5.0.1", "02:00:00:00:05:01")]
 
 

@@ -20,14 +20,19 @@ from driver.nic_settings import rdma
 from driver.nri.hooks import HookError, NRIHooks
 from harness.nri import pod_json, prepare_claim
 
+pytestmark = pytest.mark.kernel
+
 # include/uapi/rdma/rdma_netlink.h
 UAPI = {
     "RDMA_NL_NLDEV": 5,  # enum after RDMA_NL_RDMA_CM = 1, IWCM, RSVD, LS
     "RDMA_NLDEV_CMD_GET": 1,
     "RDMA_NLDEV_CMD_SET": 2,
+    "RDMA_NLDEV_CMD_NEWLINK": 3,
     "RDMA_NLDEV_CMD_SYS_GET": 6,  # after NEWLINK 3, DELLINK 4, PORT_GET 5
     "RDMA_NLDEV_ATTR_DEV_INDEX": 1,
     "RDMA_NLDEV_ATTR_DEV_NAME": 2,
+    "RDMA_NLDEV_ATTR_NDEV_NAME": 51,  # after ..., RES_UNSAFE_GLOBAL_RKEY 49, NDEV_INDEX 50
+    "RDMA_NLDEV_ATTR_LINK_TYPE": 65,
     "RDMA_NLDEV_SYS_ATTR_NETNS_MODE": 66,  # after ..., RES_CTXN 64, LINK_TYPE 65
     "RDMA_NLDEV_NET_NS_FD": 68,  # after DEV_PROTOCOL 67
 }
@@ -103,10 +108,20 @@ def test_move_sends_the_set_for_the_named_device() -> None:
     rdma.move(NetlinkChannel(sock), "mlx5_3", 9)  # type: ignore[arg-type]
     set_msg = sock.sent[-1]
     assert set_msg[16:] == rdma.set_netns_request(4, 9)[2]
-    with pytest.raises(rdma.RdmaMoveError, match="RDMA device mlx5_9: not in the source network namespace"):
+    with pytest.raises(rdma.RdmaMoveError, match="RDMA device mlx5_9: not in the namespace it should move from"):
         rdma.move(NetlinkChannel(FakeRdmaSocket()), "mlx5_9", 9)  # type: ignore[arg-type]
-    with pytest.raises(rdma.RdmaMoveError, match="shared netns mode"):
+    with pytest.raises(rdma.RdmaMoveError) as refused:
         rdma.move(NetlinkChannel(FakeRdmaSocket(errno.EOPNOTSUPP)), "mlx5_3", 9)  # type: ignore[arg-type]
+    # The kernel's reason, once: EOPNOTSUPP in exclusive mode is a driver that cannot change namespace.
+    why = os.strerror(errno.EOPNOTSUPP)
+    assert str(refused.value) == f"RDMA device mlx5_3: move refused: its driver cannot change network namespace ({why})"
+
+
+def test_newlink_message_byte_for_byte() -> None:
+    kind, flags, body = rdma.newlink_request("rxe0", "rxe", "eth1")
+    assert (kind, flags) == ((5 << 10) + 3, 0x1 | 0x4)  # RDMA_NLDEV_CMD_NEWLINK, NLM_F_REQUEST | NLM_F_ACK
+    # RDMA_NLDEV_ATTR_DEV_NAME 2, RDMA_NLDEV_ATTR_LINK_TYPE 65, RDMA_NLDEV_ATTR_NDEV_NAME 51 (iproute2's order)
+    assert body == _attr(2, b"rxe0\0") + _attr(65, b"rxe\0") + _attr(51, b"eth1\0")
 
 
 def test_mode_on_this_kernel_and_without_rdma_netlink() -> None:

@@ -21,6 +21,8 @@ from harness.netns import NetnsFactory
 from harness.nri import link_facts, prepare_claim
 from tests.support.hook_node import Node, ipj, neighbors, rules, sh
 
+pytestmark = pytest.mark.kernel
+
 HOST_RULES = [Rule(priority=150, src="10.5.0.0/24", table=150), Rule(priority=151, iifname="eth5", table=151)]
 
 

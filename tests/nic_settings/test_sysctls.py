@@ -13,7 +13,7 @@ from driver.nic_settings import sysctls
 from harness.netns import NetnsFactory
 from tests.support.hook_node import Node, sh, sysctl
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
 
 def test_sysctls_are_set_in_the_pod_and_the_hosts_come_back(netns_factory: NetnsFactory, tmp_path: Path) -> None:

@@ -21,8 +21,11 @@ from driver.nic_settings import vrf
 from driver.nic_settings.setting import HostNetns, Nic, PodNetns, SettingRefused
 from driver.nri.hooks import HookError
 from harness.netns import NetnsFactory
-from harness.nri import link_facts
-from tests.support.hook_node import Node, NoKernel
+from harness.nri import link_facts, prepare_claim
+from tests.support import kernel
+from tests.support.hook_node import Node, NoKernel, ipj
+
+pytestmark = pytest.mark.kernel
 
 HOST = LinkState(ifname="eth5", mtu=1500, mac="02:00:00:00:00:05", index=7)
 
@@ -72,9 +75,7 @@ def test_a_vrf_named_like_a_link_of_the_pod_is_refused(name: str, why: str) -> N
 @pytest.mark.root
 def test_vrf_is_refused_clearly_where_the_kernel_has_none(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     probe = netns_factory.netns()
-    has_vrf = subprocess.run(["ip", "-n", probe, "link", "add", "v0", "type", "vrf", "table", "10"]).returncode == 0
-    if has_vrf:
-        pytest.skip("this kernel has VRF support: the refusal path cannot be shown here")
+    kernel.skip_if(kernel.has_link_kind(probe, "vrf", "table", "10"), "VRF links", "the refusal path cannot be shown")
     node = Node(netns_factory, tmp_path)
     before = link_facts(node.nic, node.host)
     with pytest.raises(HookError) as info:
@@ -101,14 +102,16 @@ def test_vrf_messages_byte_by_byte() -> None:
 
 @pytest.mark.root
 def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: NetnsFactory) -> None:
-    """The VRF enslave and teardown paths on a real master device: a bridge stands in for the VRF this
-    kernel lacks (enslave and release are ``IFLA_MASTER``, delete ``RTM_DELLINK``, whatever the kind).
-    Only what the hooks recorded as created (ifindex and kind) is deleted: a record whose index now
-    holds a link of another kind (the pod's own) deletes nothing."""
+    """The VRF enslave and teardown paths on a real VRF where the kernel has them (the stock-kernel
+    tier), else on a bridge standing in for it (enslave and release are ``IFLA_MASTER``, delete
+    ``RTM_DELLINK``, whatever the kind). Only what the hooks recorded as created (ifindex and kind)
+    is deleted: a record whose index now holds a link of another kind (the pod's own) deletes nothing."""
     pod = netns_factory.netns()
     link, _ = netns_factory.veth(netns=pod, peer_netns=netns_factory.netns())
-    if subprocess.run(["ip", "-n", pod, "link", "add", "vrf-a", "type", "bridge"]).returncode != 0:
-        pytest.skip("no bridge devices in this kernel")
+    kind = "vrf" if kernel.has_link_kind(pod, "vrf", "table", "10") else "bridge"
+    extra = ["table", "10"] if kind == "vrf" else []
+    if subprocess.run(["ip", "-n", pod, "link", "add", "vrf-a", "type", kind, *extra]).returncode != 0:
+        pytest.skip(f"kernel {kernel.release()} has neither VRF nor bridge devices")
     host = HostNetns(Namespaces("/proc/self/ns/net"))
     try:
         with host.ns.pod(f"/run/netns/{pod}") as (rtnl, _):  # enslaved as the configuration batch does
@@ -129,7 +132,7 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
             == "vrf-a"
         )
         created = [
-            {"kind": "bridge", "index": master.index, "name": "vrf-a"},
+            {"kind": kind, "index": master.index, "name": "vrf-a"},
             {"kind": "vrf", "index": own.index, "name": link},  # the index holds a veth now: kept
         ]
         moved = MovedDevice("d0", "eth0", link, pod_index=own.index, records={"vrf": "vrf-a"})
@@ -151,7 +154,8 @@ def test_before_return_releases_the_nic_and_deletes_its_master(netns_factory: Ne
 @pytest.mark.root
 def test_a_vrf_refused_by_the_kernel_is_named_once_and_nothing_is_recorded(netns_factory: NetnsFactory) -> None:
     """A VRF whose name is taken (here by the pod's own link): one clear message naming the VRF and its
-    table once, nothing recorded as created, the pod's link untouched."""
+    table once; its record (written before the create) points at nothing, so nothing is ever deleted
+    for it; the pod's link untouched."""
     pod = netns_factory.netns()
     netns_factory.veth("vrf-a", netns=pod, peer_netns=pod)
     recorded: list[dict[str, object]] = []
@@ -161,6 +165,46 @@ def test_a_vrf_refused_by_the_kernel_is_named_once_and_nothing_is_recorded(netns
             vrf.create(rtnl, {"vrf-a": ("d0", 10)}, recorded.append)
     finally:
         ns.close()
-    assert str(info.value) == "device d0: vrf create failed: vrf vrf-a table 10: File exists"
-    assert recorded == []
+    # A kernel with VRF refuses the name (EEXIST); one without refuses the kind first (NO_VRF).
+    why = "File exists" if kernel.has_link_kind(netns_factory.netns(), "vrf", "table", "10") else vrf.NO_VRF
+    assert str(info.value) == f"device d0: vrf create failed: vrf vrf-a table 10: {why}"
+    (record,) = recorded
+    assert record["kind"] == "vrf" and record["name"] == "vrf-a"
+    ns = Namespaces("/proc/self/ns/net")
+    try:
+        with ns.pod(f"/run/netns/{pod}") as (rtnl, _):
+            assert vrf.delete_created(rtnl, "vrf", recorded) == []
+    finally:
+        ns.close()
     assert subprocess.run(["ip", "-n", pod, "link", "show", "vrf-a"], capture_output=True).returncode == 0
+
+
+@pytest.mark.root
+def test_a_real_vrf_end_to_end_its_table_its_routes_and_the_nic_home_intact(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """A claim's VRF on a kernel that has them (the stock-kernel tier's 6.1): made in the pod on its
+    table, the NIC enslaved with its addresses and routes in that table, a neighbor reached through
+    it; at the return the NIC leaves it, the VRF is deleted and the NIC is home as it was."""
+    node = Node(netns_factory, tmp_path)
+    kernel.skip_unless(kernel.has_link_kind(node.pod_ns, "vrf", "table", "10"), "VRF links (the vrf module)")
+    before = link_facts(node.nic, node.host)
+    route = {"destination": "10.64.0.0/16", "gateway": "10.63.0.1"}
+    interface = {"name": "net1", "addresses": ["10.63.0.5/24"], "vrf": {"name": "vrf-a", "table": 10}}
+    config = {"interface": interface, "routes": [route]}
+    prepare_claim(node.store, node.uid, [{"ifname": node.nic, "config": {"opaque": [config]}}])
+    node.hooks.run_pod_sandbox(node.pod)
+    (dev,) = ipj(node.pod_ns, "-d", "link", "show", "vrf-a")
+    assert dev["linkinfo"]["info_kind"] == "vrf" and dev["linkinfo"]["info_data"]["table"] == 10
+    (net1,) = ipj(node.pod_ns, "link", "show", "net1")
+    assert net1["master"] == "vrf-a"
+    table = {(r["dst"], r.get("gateway")) for r in ipj(node.pod_ns, "route", "show", "table", "10")}
+    assert ("10.64.0.0/16", "10.63.0.1") in table and ("10.63.0.0/24", None) in table, table
+    assert not any(r["dst"] == "10.64.0.0/16" for r in ipj(node.pod_ns, "route", "show")), "not in main"
+    # The fabric end answers ARP: the pod reaches it through the VRF.
+    subprocess.run(["ip", "-n", node.fabric, "addr", "add", "10.63.0.1/24", "dev", node.peer], check=True)
+    ping = ["ip", "netns", "exec", node.pod_ns, "busybox", "ping", "-c1", "-W2", "-I", "vrf-a", "10.63.0.1"]
+    assert subprocess.run(ping, capture_output=True).returncode == 0
+    node.hooks.stop_pod_sandbox(node.pod)
+    assert subprocess.run(["ip", "-n", node.pod_ns, "link", "show", "vrf-a"], capture_output=True).returncode != 0
+    assert link_facts(node.nic, node.host) == before

@@ -20,7 +20,7 @@ from driver.nri.hooks import RUN_STEPS, STOP_STEPS, SUB_INTERFACE, HookError, NR
 from harness.netns import NetnsFactory
 from harness.nri import configure_host_nic, link_facts, pod_json, prepare_claim
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
 
 def _pod(uid: str, netns: str) -> api.PodSandbox:
@@ -216,7 +216,9 @@ def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_a
     for pod in pods:
         hooks.run_pod_sandbox(pod)
         adjust = hooks.create_container(pod, api.Container(id="c", name="c"))
-        assert adjust is not None and [d.path for d in adjust.linux.devices] == ["/dev/infiniband/uverbs0"]
+        # and the host's connection manager when it has one (rdma_ucm loaded: a node with RDMA does)
+        rdma_cm = ["/dev/infiniband/rdma_cm"] if os.path.exists("/dev/infiniband/rdma_cm") else []
+        assert adjust is not None and [d.path for d in adjust.linux.devices] == ["/dev/infiniband/uverbs0", *rdma_cm]
         envs.append({e.key: e.value for e in adjust.env})
     assert envs[0]["NCCL_IB_HCA"] == envs[1]["NCCL_IB_HCA"] == "=mlx5_0"
     assert envs[0]["NCCL_IB_GID_INDEX"] == "3", "the RoCE v2 GID of the pod's own address"

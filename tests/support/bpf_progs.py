@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 
+from driver.netlink import kernel_features
 from driver.netlink_channel import (
     IFINFOMSG,
     NLA_F_NESTED,
@@ -41,10 +42,17 @@ def load(prog_type: int, ret: int, name: bytes = b"dranet_test") -> int:
     return fd
 
 
+def has_tcx() -> bool:
+    """Whether the running kernel has tcx (Linux 6.6): before, no tcx program can exist."""
+    return kernel_features.detect().has("tcx")
+
+
 def attach_all(netns: str, ifname: str) -> list[int]:
-    """An XDP (generic), a clsact ingress ``bpf`` filter and a tcx ingress program on ``ifname``; their fds."""
+    """An XDP (generic), a clsact ingress ``bpf`` filter and, where the kernel has tcx, a tcx ingress
+    program on ``ifname``; their fds."""
     index = _index(netns, ifname)
-    xdp, cls, tcx = load(PROG_TYPE_XDP, XDP_PASS), load(PROG_TYPE_SCHED_CLS, TC_ACT_OK), load(PROG_TYPE_SCHED_CLS, 0)
+    xdp, cls = load(PROG_TYPE_XDP, XDP_PASS), load(PROG_TYPE_SCHED_CLS, TC_ACT_OK)
+    tcx = load(PROG_TYPE_SCHED_CLS, 0) if has_tcx() else None
     subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", ifname, "clsact"], check=True)
     fd = open_netns(netns)
     rtnl = NetlinkChannel(netlink_socket(socket.NETLINK_ROUTE, fd))
@@ -57,12 +65,13 @@ def attach_all(netns: str, ifname: str) -> list[int]:
         tc += attr(1, b"bpf\0") + attr(2 | NLA_F_NESTED, opts)
         replies = rtnl.exchange([(16, flags, body), (44, flags | NLM_F_CREATE | NLM_F_EXCL, tc)])
         assert [r.error for r in replies] == [0, 0], replies
-        with inside_netns(fd):
-            _bpf(BPF_PROG_ATTACH, struct.pack("<IIIIIIQ", index, tcx, TCX_ATTACH["tcx-ingress"], 0, 0, 0, 0))
+        if tcx is not None:
+            with inside_netns(fd):
+                _bpf(BPF_PROG_ATTACH, struct.pack("<IIIIIIQ", index, tcx, TCX_ATTACH["tcx-ingress"], 0, 0, 0, 0))
     finally:
         rtnl.close()
         os.close(fd)
-    return [xdp, cls, tcx]
+    return [p for p in (xdp, cls, tcx) if p is not None]
 
 
 def tcx_count(netns: str, ifname: str) -> int:

@@ -78,11 +78,11 @@ class Node:
 
     def __init__(self, factory: NetnsFactory, tmp: Path, settings: Sequence[NicSetting] = SETTINGS) -> None:
         self.host = factory.netns()
-        fabric = factory.netns()
-        self.nic, peer = factory.veth(netns=self.host, peer_netns=fabric)
+        self.fabric = factory.netns()
+        self.nic, self.peer = factory.veth(netns=self.host, peer_netns=self.fabric)
         sh(self.host, "addr", "add", "10.61.0.2/24", "dev", self.nic)
         sh(self.host, "link", "set", self.nic, "up")
-        sh(fabric, "link", "set", peer, "up")
+        sh(self.fabric, "link", "set", self.peer, "up")
         self.pod_ns = factory.netns()
         self.store = CheckpointStore(str(tmp / "state"), str(tmp / "run"))
         self.hooks = NRIHooks(self.store, host_netns=f"/run/netns/{self.host}", settings=settings)

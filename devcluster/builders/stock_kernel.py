@@ -1,0 +1,273 @@
+"""Debian's stock kernel for the stock-kernel test tier: the package, its modules, a boot image.
+
+The tier (``tests/kernels``) runs this machine's own userland and the project under the kernel GPU
+clusters run (Debian 12, COS and Amazon Linux 2023 run 6.1), booted by QEMU
+(:mod:`harness.guest`). Everything comes from Debian's packages:
+
+- ``apt-get download`` of the image package ``linux-image-amd64`` depends on (the current 6.1 ABI
+  package; ``DRANET_STOCK_KERNEL`` names another image package), unpacked, never installed: this
+  machine's own kernel and ``/lib/modules`` are left alone;
+- ``depmod`` over the unpacked modules, so the guest's ``modprobe`` (and the kernel's own module
+  requests: a VRF, an ipvlan, a veth) find them once they are mounted at ``/lib/modules``;
+- the kernel uncompressed (``vmlinux``): QEMU boots it directly (PVH), which spares the guest a
+  decompression that costs seconds under emulation;
+- an initramfs of ``busybox`` and the modules that mount the root: virtio PCI, 9p, overlayfs.
+
+Cached per package version under ``~/.cache/dranet/stock-kernel/<package>_<version>`` (about
+400 MB unpacked, the 70 MB package is not kept)::
+
+    python -m devcluster.builders.stock_kernel      # prints the kernel release (builds on first use)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from devcluster.builders.binaries import cache_root
+
+ENV = "DRANET_STOCK_KERNEL"
+METAPACKAGE = "linux-image-amd64"
+BUSYBOX = Path("/usr/bin/busybox")  # busybox-static (make deps)
+BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+"""What the initramfs loads, with their dependencies, to mount this machine's root (9p) under a
+writable overlay."""
+ROOT_TAG, OUT_TAG = "hostroot", "guestout"
+"""The 9p mount tags of this machine's root (read-only) and of the run's own folder (writable)."""
+GUEST_DIR = "/run/guest"
+"""Where the guest mounts the run's folder: the script it runs, what it writes back."""
+TOOLS = ("apt-get", "apt-cache", "dpkg-deb", "depmod", "cpio", "qemu-system-x86_64")
+
+Progress = Callable[[str], None]
+
+
+class StockKernelError(RuntimeError):
+    """The stock kernel cannot be had here; says what is missing."""
+
+
+@dataclass(frozen=True)
+class StockKernel:
+    """An unpacked Debian kernel package, ready to boot."""
+
+    package: str  # "linux-image-6.1.0-56-amd64"
+    version: str  # the Debian version, "6.1.192-2"
+    release: str  # ``uname -r`` in the guest, "6.1.0-56-amd64"
+    root: Path
+
+    @property
+    def vmlinux(self) -> Path:
+        return self.root / "vmlinux"
+
+    @property
+    def modules(self) -> Path:
+        """The folder the guest mounts at ``/lib/modules``."""
+        return self.root / "lib" / "modules"
+
+    @property
+    def initramfs(self) -> Path:
+        return self.root / "initramfs.img"
+
+
+def _run(*args: str) -> str:
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise StockKernelError(f"{' '.join(args)} failed ({out.returncode}): {(out.stderr or out.stdout).strip()}")
+    return out.stdout
+
+
+def missing_tools() -> list[str]:
+    """The commands the tier needs that this machine lacks (``make deps`` installs them)."""
+    return [tool for tool in TOOLS if shutil.which(tool) is None] + ([] if BUSYBOX.exists() else [str(BUSYBOX)])
+
+
+def image_package() -> tuple[str, str]:
+    """(package, candidate version) of the kernel image to boot: ``DRANET_STOCK_KERNEL``, else the
+    one Debian's ``linux-image-amd64`` depends on today."""
+    package = os.environ.get(ENV, "").strip()
+    if not package:
+        deps = _run("apt-cache", "depends", METAPACKAGE)
+        found = re.search(r"Depends:\s*(linux-image-\S+)", deps)
+        if not found:
+            raise StockKernelError(f"apt-cache depends {METAPACKAGE}: no linux-image package in {deps!r}")
+        package = found.group(1)
+    policy = _run("apt-cache", "policy", package)
+    candidate = re.search(r"Candidate:\s*(\S+)", policy)
+    if not candidate or candidate.group(1) == "(none)":
+        raise StockKernelError(f"{package} is not in this machine's package index (apt-get update?)")
+    return package, candidate.group(1)
+
+
+def _cache_dir(package: str, version: str) -> Path:
+    return cache_root() / "stock-kernel" / f"{package}_{version.replace(':', '%')}"
+
+
+def boot_order(modules_dep: str, wanted: Iterable[str]) -> list[str]:
+    """The module files (relative to the release folder) to load for ``wanted``, each after what it
+    needs, from ``modules.dep``'s ``path: dependency...`` lines."""
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in modules_dep.splitlines():
+        path, _, rest = line.partition(":")
+        if not path:
+            continue
+        deps[path] = rest.split()
+        by_name[Path(path).name.split(".ko")[0].replace("-", "_")] = path
+    order: list[str] = []
+
+    def visit(path: str) -> None:
+        if path in order:
+            return
+        for dep in deps.get(path, []):
+            visit(dep)
+        order.append(path)
+
+    for name in wanted:
+        if name not in by_name:
+            raise StockKernelError(f"module {name} is not in this kernel's modules.dep")
+        visit(by_name[name])
+    return order
+
+
+INIT = """#!/bin/busybox sh
+# The stock-kernel tier's first process: this machine's root (9p, read-only) under a tmpfs overlay,
+# the run's folder at {guest_dir}, then the run's own script.
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t sysfs sysfs /sys
+$B mount -t devtmpfs devtmpfs /dev
+for m in {modules}; do $B insmod /modules/$m || $B echo "initramfs: insmod $m failed"; done
+$B mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=1048576,cache=loose {root_tag} /lower
+$B mount -t tmpfs -o mode=0755 upper /upper
+$B mkdir -p /upper/rw /upper/work
+$B mount -t overlay -o lowerdir=/lower,upperdir=/upper/rw,workdir=/upper/work overlay /newroot
+$B mount -t tmpfs -o mode=0755 run /newroot/run
+$B mount -t tmpfs -o mode=1777 tmp /newroot/tmp
+$B mkdir -p /newroot{guest_dir} /newroot/lib/modules
+$B mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 {out_tag} /newroot{guest_dir}
+$B mount --bind /newroot{modules_dir} /newroot/lib/modules
+$B mount --move /proc /newroot/proc
+$B mount --move /sys /newroot/sys
+$B mount --move /dev /newroot/dev
+exec $B switch_root /newroot /bin/sh {guest_dir}/boot.sh
+"""
+
+
+def _cpio(src: Path, dest: Path) -> None:
+    """``src`` as a newc cpio archive (the kernel's initramfs format)."""
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    with open(dest, "wb") as out:
+        subprocess.run(
+            ["cpio", "--quiet", "-o", "-H", "newc", "--owner=0:0"],
+            input="\n".join([".", *names]).encode(),
+            cwd=src,
+            stdout=out,
+            check=True,
+        )
+
+
+def _initramfs(kernel: StockKernel, modules_dir: Path) -> None:
+    """The initramfs of ``kernel``, whose modules the guest finds at ``modules_dir`` (their final place)."""
+    release_dir = kernel.modules / kernel.release
+    order = boot_order((release_dir / "modules.dep").read_text(), BOOT_MODULES)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for sub in ("bin", "modules", "proc", "sys", "dev", "lower", "upper", "newroot"):
+            (root / sub).mkdir()
+        shutil.copy2(BUSYBOX, root / "bin" / "busybox")
+        for path in order:
+            shutil.copy2(release_dir / path, root / "modules" / Path(path).name)
+        init = root / "init"
+        init.write_text(
+            INIT.format(
+                modules=" ".join(Path(p).name for p in order),
+                root_tag=ROOT_TAG,
+                out_tag=OUT_TAG,
+                guest_dir=GUEST_DIR,
+                modules_dir=str(modules_dir),
+            )
+        )
+        init.chmod(0o755)
+        _cpio(root, kernel.initramfs)
+
+
+XZ_MAGIC = b"\xfd7zXZ\x00"
+
+
+def extract_vmlinux(bzimage: bytes) -> bytes:
+    """The ELF kernel inside an xz-compressed ``bzImage`` (what the kernel's own
+    ``scripts/extract-vmlinux`` does); :class:`StockKernelError` when there is none."""
+    start = bzimage.find(XZ_MAGIC)
+    while start != -1:
+        try:
+            elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(bzimage[start:])
+        except lzma.LZMAError:
+            elf = b""
+        if elf.startswith(b"\x7fELF"):
+            return elf
+        start = bzimage.find(XZ_MAGIC, start + 1)
+    raise StockKernelError("no xz-compressed ELF kernel in the image")
+
+
+def _unpack(package: str, version: str, dest: Path, progress: Progress) -> StockKernel:
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    progress(f"[stock kernel] downloading {package} {version} from Debian")
+    _run("sh", "-c", f"cd '{tmp}' && apt-get download -q '{package}={version}'")
+    (deb,) = tmp.glob("*.deb")
+    _run("dpkg-deb", "-x", str(deb), str(tmp))
+    deb.unlink()
+    releases = [p.name for p in (tmp / "lib" / "modules").iterdir()]
+    if len(releases) != 1:
+        raise StockKernelError(f"{package}: expected one kernel release in lib/modules, found {releases}")
+    release = releases[0]
+    progress(f"[stock kernel] {release}: module index, boot image, initramfs")
+    _run("depmod", "-b", str(tmp), release)
+    kernel = StockKernel(package, version, release, tmp)
+    kernel.vmlinux.write_bytes(extract_vmlinux((tmp / "boot" / f"vmlinuz-{release}").read_bytes()))
+    _initramfs(kernel, StockKernel(package, version, release, dest).modules)
+    (tmp / "release").write_text(release)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return StockKernel(package, version, release, dest)
+
+
+def ensure(progress: Progress = lambda msg: print(msg, file=sys.stderr, flush=True)) -> StockKernel:
+    """The stock kernel, unpacked and ready to boot (downloaded and prepared on first use)."""
+    missing = missing_tools()
+    if missing:
+        raise StockKernelError(f"missing {', '.join(missing)}: run `make deps`")
+    package, version = image_package()
+    dest = _cache_dir(package, version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = dest / "release"
+        if not marker.exists():
+            return _unpack(package, version, dest, progress)
+        return StockKernel(package, version, marker.read_text().strip(), dest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    try:
+        kernel = ensure()
+    except StockKernelError as exc:
+        print(f"stock kernel: {exc}", file=sys.stderr)
+        return 1
+    print(f"stock kernel: {kernel.release} ({kernel.package} {kernel.version}) in {kernel.root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

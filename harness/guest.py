@@ -1,0 +1,228 @@
+"""A command run under Debian's stock kernel: QEMU, this machine's root over 9p, one run folder.
+
+QEMU boots the kernel :mod:`devcluster.builders.stock_kernel` prepared; its initramfs mounts this
+machine's root read-only (9p) under a tmpfs overlay, so the guest runs the same Python, packages
+and project as this machine, writes where it likes and leaves nothing here. The run's own folder
+(a fresh temporary one) is shared writable at ``/run/guest``: the script the guest runs, its
+output and exit status, whatever the command writes there.
+
+Why QEMU directly and not virtme-ng (which packages the same idea): the tier needs an unpacked
+distribution kernel whose modules are not installed on this machine, and a q35 machine with NUMA
+nodes and PCI NICs behind expander bridges (:class:`Topology`); virtme-ng expects the modules under
+this machine's ``/lib/modules`` and its machine is the one it builds. What is left is one QEMU
+command line and a 20-line init.
+
+Acceleration: KVM where ``/dev/kvm`` runs a stock kernel (``DRANET_GUEST_KVM=1``), else TCG,
+multi-threaded. Here ``/dev/kvm`` is a paravirtual device stock kernels cannot use, so TCG.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from devcluster.builders.stock_kernel import GUEST_DIR, OUT_TAG, ROOT_TAG, StockKernel, ensure
+
+KVM_ENV = "DRANET_GUEST_KVM"
+PASS_ENV = ("LANG", "LC_ALL", "DRANET_CACHE_DIR", "XDG_CACHE_HOME", "PYTHONHASHSEED")
+"""This machine's environment variables the guest's command sees too (with ``PATH`` and ``HOME``)."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Two NUMA nodes, each with its CPU, memory and an expander bridge (``pxb-pcie``) whose root
+    ports hold ``nics_per_node`` e1000e NICs and ``gpus_per_node`` display controllers of a GPU
+    vendor (QEMU's ``ati-vga``: PCI vendor 0x1002, what the topology tools take for an AMD GPU); the
+    NICs of one index across the nodes share a rail (a QEMU hub: frames stay inside QEMU)."""
+
+    nics_per_node: int = 2
+    gpus_per_node: int = 1
+
+    def qemu_args(self, memory_mb: int) -> list[str]:
+        half = memory_mb // 2
+        args = [
+            "-object", f"memory-backend-ram,id=mem0,size={half}M",
+            "-object", f"memory-backend-ram,id=mem1,size={memory_mb - half}M",
+            "-numa", "node,nodeid=0,cpus=0,memdev=mem0",
+            "-numa", "node,nodeid=1,cpus=1,memdev=mem1",
+        ]  # fmt: skip
+        for node in (0, 1):
+            bus = f"pxb{node}"
+            args += ["-device", f"pxb-pcie,id={bus},bus_nr={0x40 + 0x40 * node},numa_node={node},bus=pcie.0"]
+            for i in range(self.nics_per_node):
+                port = f"rp{node}{i}"
+                chassis = 1 + node * 16 + i
+                mac = f"52:54:00:00:{node:02x}:{i:02x}"
+                args += [
+                    "-device", f"pcie-root-port,id={port},bus={bus},chassis={chassis},slot={i}",
+                    "-netdev", f"hubport,id=n{node}{i},hubid={i}",
+                    "-device", f"e1000e,bus={port},netdev=n{node}{i},mac={mac}",
+                ]  # fmt: skip
+            for i in range(self.gpus_per_node):
+                port = f"gp{node}{i}"
+                chassis = 1 + node * 16 + self.nics_per_node + i
+                args += [
+                    "-device", f"pcie-root-port,id={port},bus={bus},chassis={chassis},slot={self.nics_per_node + i}",
+                    "-device", f"ati-vga,bus={port}",
+                ]  # fmt: skip
+        return args
+
+
+@dataclass
+class GuestRun:
+    """What one boot did."""
+
+    rc: int  # the command's exit status (-1: it never finished)
+    output: str  # its stdout and stderr
+    console: str  # the kernel's console
+    boot_s: float  # guest uptime when the command started
+    wall_s: float  # QEMU start to exit
+    folder: Path  # the run's folder (what the command wrote to /run/guest)
+    release: str = ""
+
+
+class GuestError(RuntimeError):
+    """The guest did not boot or did not finish; carries the console's tail."""
+
+
+BOOT = """#!/bin/sh
+# Runs in the guest as its init, after the initramfs: the run's command, then power off.
+export PATH={path} HOME={home}
+{env}
+ip link set lo up
+# No udev here: load the drivers of the network PCI functions QEMU gave, as a coldplug would.
+for f in /sys/bus/pci/devices/*; do
+  case "$(cat "$f/class")" in 0x02*) modprobe -q "$(cat "$f/modalias")" ;; esac
+done
+cut -d' ' -f1 /proc/uptime > {guest_dir}/boot_s
+cd {cwd}
+( {command} ) > {guest_dir}/output.txt 2>&1
+echo $? > {guest_dir}/rc
+sync
+busybox poweroff -f
+"""
+
+
+def _accel() -> list[str]:
+    if os.environ.get(KVM_ENV) == "1":
+        return ["-accel", "kvm", "-cpu", "host"]
+    return ["-accel", "tcg,thread=multi", "-cpu", "max"]
+
+
+def qemu_command(
+    kernel: StockKernel,
+    folder: Path,
+    memory_mb: int,
+    cpus: int,
+    topology: Topology | None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The QEMU command line of one boot (``extra``: more devices, e.g. a NIC wired to another guest)."""
+    args = [
+        "qemu-system-x86_64", "-machine", "q35", *_accel(),
+        "-smp", str(cpus), "-m", f"{memory_mb}M",
+        "-kernel", str(kernel.vmlinux), "-initrd", str(kernel.initramfs),
+        "-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
+        "-display", "none", "-monitor", "none", "-no-reboot", "-nodefaults",
+        "-serial", f"file:{folder / 'console.log'}",
+        "-virtfs", f"local,path=/,mount_tag={ROOT_TAG},security_model=none,readonly=on,multidevs=remap",
+        "-virtfs", f"local,path={folder},mount_tag={OUT_TAG},security_model=none",
+    ]  # fmt: skip
+    if topology is not None:
+        args += topology.qemu_args(memory_mb)
+    return args + list(extra)
+
+
+def wired_nic(mac: str, port: int, peer_port: int) -> list[str]:
+    """An e1000e NIC whose wire is a UDP socket on 127.0.0.1 (``port``) to another guest's NIC
+    (``peer_port``): two guests, two nodes on one rail, nothing leaves this machine."""
+    netdev = f"w{port}"
+    return [
+        "-netdev", f"socket,id={netdev},udp=127.0.0.1:{peer_port},localaddr=127.0.0.1:{port}",
+        "-device", f"e1000e,netdev={netdev},mac={mac}",
+    ]  # fmt: skip
+
+
+def run(
+    command: str,
+    folder: Path,
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 1200,
+    topology: Topology | None = None,
+    memory_mb: int = 2048,
+    cpus: int = 2,
+    kernel: StockKernel | None = None,
+    qemu_args: Sequence[str] = (),
+) -> GuestRun:
+    """Boot the stock kernel, run ``command`` (a shell command line) as root in ``cwd``, power off.
+
+    ``folder``: the run's folder (made if missing; the caller removes it); ``env`` adds variables
+    to the guest's environment; ``qemu_args``: more of QEMU's devices. :class:`GuestError` when
+    the guest does not finish in time.
+    """
+    kernel = kernel or ensure()
+    if topology is not None and cpus < 2:
+        raise ValueError("a two-node topology needs two CPUs")
+    folder.mkdir(parents=True, exist_ok=True)
+    variables = {k: os.environ[k] for k in PASS_ENV if k in os.environ} | (env or {})
+    path = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *os.environ["PATH"].split(os.pathsep)]))
+    (folder / "boot.sh").write_text(
+        BOOT.format(
+            path=shlex.quote(path),
+            home=shlex.quote(os.environ.get("HOME", "/root")),
+            env="\n".join(f"export {k}={shlex.quote(v)}" for k, v in variables.items()),
+            guest_dir=GUEST_DIR,
+            cwd=shlex.quote(str(cwd or os.getcwd())),
+            command=command,
+        )
+    )
+    start = time.monotonic()
+    qemu = subprocess.Popen(
+        qemu_command(kernel, folder, memory_mb, cpus, topology, qemu_args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        qemu_out, _ = qemu.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        qemu.kill()
+        qemu.communicate()
+        raise GuestError(
+            f"the guest did not finish in {timeout:.0f} s; console:\n{_tail(folder / 'console.log')}"
+        ) from None
+    wall = time.monotonic() - start
+    rc_file = folder / "rc"
+    if not rc_file.exists():
+        raise GuestError(
+            f"the guest stopped before its command finished (qemu exit {qemu.returncode}: "
+            f"{qemu_out.decode(errors='replace').strip()}); console:\n{_tail(folder / 'console.log')}"
+        )
+    return GuestRun(
+        rc=int(rc_file.read_text().strip() or -1),
+        output=_read(folder / "output.txt"),
+        console=_read(folder / "console.log"),
+        boot_s=float(_read(folder / "boot_s").strip() or 0),
+        wall_s=wall,
+        folder=folder,
+        release=kernel.release,
+    )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])
