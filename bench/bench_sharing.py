@@ -19,6 +19,7 @@ driver's RSS with that many shares.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import sys
@@ -120,12 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", help="a running devcluster whose ib0 is shared: also time pod starts")
     ap.add_argument("--runs", type=int, default=20, help="pod starts per arm (with --cluster)")
     ap.add_argument("--load", type=int, default=100, help="pods holding shares at once (with --cluster)")
+    ap.add_argument("--json", type=Path, help="also write the hook times (ms per cycle, by arm and hook) here")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_sharing needs root (namespaces)", file=sys.stderr)
         return 2
     if a.cycles:
-        report_hooks(hook_times(a.cycles))
+        times = hook_times(a.cycles)
+        report_hooks(times)
+        if a.json:
+            a.json.write_text(json.dumps({"release": os.uname().release, "times": times}))
     if a.cluster:
         from bench.sharing_pods import run_pods
 

@@ -56,7 +56,8 @@ def problems(wanted: dict[str, int], current: dict[str, int], tso_max: int | Non
     out = []
     for name, value in wanted.items():
         if name not in current:
-            out.append(f"interface.{name}: kernel {os.uname().release} has no {name} setting (IPv4 sizes need Linux 6.3)")
+            release = os.uname().release
+            out.append(f"interface.{name}: kernel {release} has no {name} setting (IPv4 sizes need Linux 6.3)")
         elif name.startswith("gso") and tso_max is not None and value > tso_max:
             out.append(f"interface.{name}: {value} is above the NIC's maximum TSO size {tso_max}")
         elif name.startswith("gro") and value > GRO_MAX_SIZE:

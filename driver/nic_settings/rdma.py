@@ -41,7 +41,9 @@ import logging
 import os
 import socket
 import struct
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from driver.checkpoint.state import MovedDevice
 from driver.inventory.rdma import soft_device_problem
@@ -66,6 +68,8 @@ RDMA_NLDEV_ATTR_LINK_TYPE = 65
 RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
 RDMA_NLDEV_NET_NS_FD = 68
 SHARED, EXCLUSIVE, UNKNOWN = "shared", "exclusive", "unknown"
+UNREGISTER_WAIT = 5.0
+"""Seconds a returning NIC waits for the kernel to finish unregistering its old soft RDMA device."""
 
 
 class RdmaMoveError(Exception):
@@ -254,10 +258,18 @@ class RdmaDevice(NicSetting):
                 log.warning("RDMA device not returned", extra={"kv": {"device": device, "error": exc.reason}})
 
     def after_return(self, nic: MovedDevice, host: HostNetns) -> None:
-        """A soft RDMA device the move destroyed is made again on the NIC, now home (best effort)."""
+        """A soft RDMA device the move destroyed is made again on the NIC, now home (best effort).
+
+        The kernel unregisters the old one from a work queue, a moment after the move: a pod
+        rolled back at once may find it still there under its name, so its name is waited for
+        (briefly) before the new one is made."""
         record = nic.records.get(self.name)
         if not isinstance(record, dict) or not record.get("soft"):
             return
+        left = Path(host.sysfs_root, "class/infiniband", record["soft"])
+        deadline = time.monotonic() + UNREGISTER_WAIT
+        while left.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         try:
             add_soft_device(host, record["soft"], record.get("type", "rxe"), nic.host_ifname)
         except RdmaMoveError as exc:

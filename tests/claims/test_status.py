@@ -330,3 +330,24 @@ def test_numa_report_lists_this_nodes_slices_once_for_a_burst_of_claims(tmp_path
     assert kube.selectors[1:] == ["spec.driver=gpu.nvidia.com,spec.nodeName=node-a", "spec.driver=gpu.nvidia.com"]
     numa = next(c for c in by_device(kube.by_name["c3"])["nic-0"]["conditions"] if c["type"] == "NUMAAligned")
     assert numa["status"] == "False" and "node 1: gpu-0" in numa["message"], numa
+
+
+def test_a_nic_without_its_rdma_device_in_the_pod_says_why_and_only_that_nic(tmp_path):
+    """A soft RDMA device stays out of the pod: ``RDMA`` False with the reason on that NIC's entry,
+    Ready still True; a NIC whose RDMA device went along (or that has none) carries no RDMA condition."""
+    kube = FakeKube(api_claim())
+    w = writer(kube, tmp_path)
+    why = "rxe0 is a Soft-RoCE (rxe) device: the kernel destroys it when its netdev leaves the host's network namespace"
+    w.pod_network_ready(
+        "pod-1",
+        prepared(),
+        [DeviceResult("nic-0", "net1", [], None, no_rdma=why), DeviceResult("nic-1", "net2", [], None)],
+    )
+    w.start()
+    w.stop()
+    devs = by_device(kube.claim)
+    soft = {c["type"]: c for c in devs["nic-0"]["conditions"]}
+    assert soft["Ready"]["status"] == "True"
+    assert (soft["RDMA"]["status"], soft["RDMA"]["reason"]) == ("False", "RDMADeviceStaysOnHost")
+    assert soft["RDMA"]["message"] == f"the pod has no RDMA device for this NIC: {why}"
+    assert "RDMA" not in {c["type"] for c in devs["nic-1"]["conditions"]}
