@@ -18,7 +18,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.builders.driver_image
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
-	$(PY) -m devcluster.builders.stock_kernel
+	$(PY) -m devcluster.builders.stock_kernel "" bullseye
 
 demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo

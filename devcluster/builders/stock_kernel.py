@@ -5,8 +5,9 @@ clusters run (Debian 12, COS and Amazon Linux 2023 run 6.1), booted by QEMU
 (:mod:`harness.guest`). Everything comes from Debian's packages:
 
 - ``apt-get download`` of the image package ``linux-image-amd64`` depends on (the current 6.1 ABI
-  package; ``DRANET_STOCK_KERNEL`` names another image package), unpacked, never installed: this
-  machine's own kernel and ``/lib/modules`` are left alone;
+  package; ``DRANET_STOCK_KERNEL`` names another image package, or another Debian suite whose
+  index is read into the cache: ``bullseye`` gives 5.10, below ``IFLA_NEW_IFINDEX``), unpacked,
+  never installed: this machine's own kernel and ``/lib/modules`` are left alone;
 - ``depmod`` over the unpacked modules, so the guest's ``modprobe`` (and the kernel's own module
   requests: a VRF, an ipvlan, a veth) find them once they are mounted at ``/lib/modules``;
 - the kernel uncompressed (``vmlinux``): QEMU boots it directly (PVH), which spares the guest a
@@ -16,7 +17,7 @@ clusters run (Debian 12, COS and Amazon Linux 2023 run 6.1), booted by QEMU
 Cached per package version under ``~/.cache/dranet/stock-kernel/<package>_<version>`` (about
 400 MB unpacked, the 70 MB package is not kept)::
 
-    python -m devcluster.builders.stock_kernel      # prints the kernel release (builds on first use)
+    python -m devcluster.builders.stock_kernel [bullseye ...]   # prints each release (builds on first use)
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from devcluster.builders.binaries import cache_root
 
 ENV = "DRANET_STOCK_KERNEL"
 METAPACKAGE = "linux-image-amd64"
+MIRROR = "http://deb.debian.org/debian"  # another suite's index (DRANET_STOCK_KERNEL=bullseye) comes from here
 BUSYBOX = Path("/usr/bin/busybox")  # busybox-static (make deps)
 BOOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
 """What the initramfs loads, with their dependencies, to mount this machine's root (9p) under a
@@ -78,8 +80,8 @@ class StockKernel:
         return self.root / "initramfs.img"
 
 
-def _run(*args: str) -> str:
-    out = subprocess.run(args, capture_output=True, text=True)
+def _run(*args: str, cwd: Path | None = None) -> str:
+    out = subprocess.run(args, capture_output=True, text=True, cwd=cwd)
     if out.returncode != 0:
         raise StockKernelError(f"{' '.join(args)} failed ({out.returncode}): {(out.stderr or out.stdout).strip()}")
     return out.stdout
@@ -90,21 +92,42 @@ def missing_tools() -> list[str]:
     return [tool for tool in TOOLS if shutil.which(tool) is None] + ([] if BUSYBOX.exists() else [str(BUSYBOX)])
 
 
-def image_package() -> tuple[str, str]:
-    """(package, candidate version) of the kernel image to boot: ``DRANET_STOCK_KERNEL``, else the
-    one Debian's ``linux-image-amd64`` depends on today."""
-    package = os.environ.get(ENV, "").strip()
+def _apt_options(suite: str) -> list[str]:
+    """apt options that read another Debian suite's index from a private folder of the cache (this
+    machine's own sources and lists are left alone), fetched once."""
+    state = cache_root() / "stock-kernel" / f"apt-{suite}"
+    lists = state / "lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    sources = state / "sources.list"
+    sources.write_text(f"deb {MIRROR} {suite} main\n")
+    options = [
+        f"-oDir::Etc::sourcelist={sources}",
+        "-oDir::Etc::sourceparts=-",
+        f"-oDir::State::Lists={lists}",
+        "-oAPT::Get::List-Cleanup=0",
+    ]
+    if not any(lists.glob("*Packages*")):
+        _run("apt-get", *options, "-qq", "update")
+    return options
+
+
+def image_package(wanted: str = "") -> tuple[str, str, list[str]]:
+    """(package, candidate version, apt options) of the kernel image to boot. ``wanted`` names an
+    image package, or a Debian suite (``bullseye``: its ``linux-image-amd64``, 5.10); empty: the
+    one this machine's ``linux-image-amd64`` depends on today."""
+    options = _apt_options(wanted) if wanted and not wanted.startswith("linux-image-") else []
+    package = wanted if wanted.startswith("linux-image-") else ""
     if not package:
-        deps = _run("apt-cache", "depends", METAPACKAGE)
+        deps = _run("apt-cache", *options, "depends", METAPACKAGE)
         found = re.search(r"Depends:\s*(linux-image-\S+)", deps)
         if not found:
             raise StockKernelError(f"apt-cache depends {METAPACKAGE}: no linux-image package in {deps!r}")
         package = found.group(1)
-    policy = _run("apt-cache", "policy", package)
+    policy = _run("apt-cache", *options, "policy", package)
     candidate = re.search(r"Candidate:\s*(\S+)", policy)
     if not candidate or candidate.group(1) == "(none)":
         raise StockKernelError(f"{package} is not in this machine's package index (apt-get update?)")
-    return package, candidate.group(1)
+    return package, candidate.group(1), options
 
 
 def _cache_dir(package: str, version: str) -> Path:
@@ -218,12 +241,14 @@ def extract_vmlinux(bzimage: bytes) -> bytes:
     raise StockKernelError("no xz-compressed ELF kernel in the image")
 
 
-def _unpack(package: str, version: str, dest: Path, progress: Progress) -> StockKernel:
+def _unpack(package: str, version: str, options: list[str], dest: Path, progress: Progress) -> StockKernel:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     progress(f"[stock kernel] downloading {package} {version} from Debian")
-    _run("sh", "-c", f"cd '{tmp}' && apt-get download -q '{package}={version}'")
+    subprocess.run(
+        ["apt-get", *options, "download", "-q", f"{package}={version}"], cwd=tmp, check=True, capture_output=True
+    )
     (deb,) = tmp.glob("*.deb")
     _run("dpkg-deb", "-x", str(deb), str(tmp))
     deb.unlink()
@@ -242,30 +267,40 @@ def _unpack(package: str, version: str, dest: Path, progress: Progress) -> Stock
     return StockKernel(package, version, release, dest)
 
 
-def ensure(progress: Progress = lambda msg: print(msg, file=sys.stderr, flush=True)) -> StockKernel:
-    """The stock kernel, unpacked and ready to boot (downloaded and prepared on first use)."""
+def ensure(
+    wanted: str | None = None, progress: Progress = lambda msg: print(msg, file=sys.stderr, flush=True)
+) -> StockKernel:
+    """The stock kernel, unpacked and ready to boot (downloaded and prepared on first use): ``wanted``
+    (see :func:`image_package`), else ``DRANET_STOCK_KERNEL``, else this suite's."""
     missing = missing_tools()
     if missing:
         raise StockKernelError(f"missing {', '.join(missing)}: run `make deps`")
-    package, version = image_package()
-    dest = _cache_dir(package, version)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / ".lock", "w") as lock:
+    (cache_root() / "stock-kernel").mkdir(parents=True, exist_ok=True)
+    with open(cache_root() / "stock-kernel" / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        package, version, options = image_package(os.environ.get(ENV, "").strip() if wanted is None else wanted)
+        dest = _cache_dir(package, version)
         marker = dest / "release"
         if not marker.exists():
-            return _unpack(package, version, dest, progress)
+            return _unpack(package, version, options, dest, progress)
         return StockKernel(package, version, marker.read_text().strip(), dest)
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
-    try:
-        kernel = ensure()
-    except StockKernelError as exc:
-        print(f"stock kernel: {exc}", file=sys.stderr)
-        return 1
-    print(f"stock kernel: {kernel.release} ({kernel.package} {kernel.version}) in {kernel.root}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "kernels",
+        nargs="*",
+        default=[None],
+        help=f"image packages or Debian suites (default: ${ENV}, else this suite's)",
+    )
+    for wanted in parser.parse_args(argv).kernels:
+        try:
+            kernel = ensure(wanted or None)
+        except StockKernelError as exc:
+            print(f"stock kernel: {exc}", file=sys.stderr)
+            return 1
+        print(f"stock kernel: {kernel.release} ({kernel.package} {kernel.version}) in {kernel.root}")
     return 0
 
 

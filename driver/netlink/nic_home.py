@@ -153,8 +153,9 @@ def _move_home(
     """One pipelined batch of moves from the pod to the host, each to its host ifindex (or a free
     one) under its host name. Returns where each was sent, the NICs known home (as the kernel now
     has them) and the failures. Without ``choose_index`` (a kernel before 5.17) the kernel keeps
-    each NIC's index when it is free on the host and picks another when not: none is known home,
-    each is looked up there (by that index, then by its identity)."""
+    each NIC's index when it is free on the host and picks another when not: each is looked up
+    under the host name its move gave it (a name the host holds no other link under, or the move
+    would have failed), and must be the NIC by its identity."""
     host = ns.host_rtnl()
     targets = [it.state.index or link.index for it, link in moving]
     if min(targets) <= 0 or len(set(targets)) < len(targets):
@@ -193,6 +194,11 @@ def _move_home(
             failed[it.device] = err
         elif choose_index:
             home[it.device] = replace(link, index=target, ifname=it.state.ifname)
+    if not choose_index:  # wherever the kernel put it: under its host name, which the move gave it
+        moved = [it for it, _ in moving if it.device not in failed]
+        for it, found in zip(moved, host.links_by_name([it.state.ifname for it in moved]), strict=True):
+            if found is not None and (it.identity is None or it.identity.matches(found)):
+                home[it.device], sent[it.device] = found, found.index
     return sent, home, failed
 
 

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.state import MovedDevice, PreparedClaim, PreparedDevice
 from driver.model.device import Device
-from driver.netlink import ethtool_genl
+from driver.netlink import ethtool_genl, kernel_features
 from driver.netlink.kernel_features import KernelFeatures
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
@@ -81,8 +81,8 @@ class HostNetns:
         self.ns = ns
         self.sysfs_root = sysfs_root
         self.rdma_exclusive = rdma_exclusive
-        self.kernel = kernel or KernelFeatures(os.uname().release)
-        """What the kernel offers (found at daemon start; unknown features are taken as present)."""
+        self.kernel = kernel or kernel_features.detect()
+        """What the kernel offers (the daemon's, found at its start; else judged here by version)."""
         self.on_change = on_change or (lambda: None)
         """Called when a setting changed the host's devices in a way no link event tells (a soft
         RDMA device made again): the inventory rescans."""

@@ -1,11 +1,15 @@
-"""The stock-kernel tier: every test whose behaviour depends on the kernel (marked ``kernel``), run
-again under Debian's stock kernel (6.1, what Debian 12, COS and Amazon Linux 2023 run), booted by
-QEMU with this machine's userland (:mod:`harness.guest`), on a q35 machine with two NUMA nodes and
-PCI NICs behind each (:class:`harness.guest.Topology`).
+"""The stock-kernel tier: the tests whose behaviour depends on the kernel (marked ``kernel``), run
+again under Debian's own kernels, booted by QEMU with this machine's userland (:mod:`harness.guest`):
 
-One boot runs them all (Python under emulation is slow to start: one interpreter, one pytest); the
-tests here read its JUnit report. A test that needs a feature the guest's kernel lacks skips there
-naming the kernel and the feature, and this tier lists what ran on which kernel.
+- **Debian 12's 6.1** (what Debian 12, COS and Amazon Linux 2023 run): every kernel test, on a
+  q35 machine with two NUMA nodes and PCI NICs behind each (:class:`harness.guest.Topology`);
+- **Debian 11's 5.10**, the driver's kernel floor (below ``IFLA_NEW_IFINDEX``, as RHEL 9's 5.14 and
+  Ubuntu 22.04's 5.15 are): the NIC moves and returns, sub-interfaces, and the refusal a kernel that
+  cannot choose a NIC's ifindex needs.
+
+One boot per kernel runs its tests (Python under emulation is slow to start: one pytest, a worker
+per vCPU); the tests here read its JUnit report. A test that needs a feature the guest's kernel
+lacks skips there naming the kernel and the feature, and the tier lists what ran on which kernel.
 """
 
 from __future__ import annotations
@@ -24,13 +28,42 @@ from devcluster.builders.stock_kernel import GUEST_DIR, StockKernelError, ensure
 from harness import guest
 
 ROOT = Path(__file__).resolve().parents[2]
-GUEST_TIMEOUT = 2400  # s: the whole kernel-dependent suite under TCG on 2 cores, with room
+GUEST_TIMEOUT = 2400  # s: a kernel's tests under TCG on 2 cores, with room
 GUEST_CPUS = 2  # one pytest worker per vCPU (xdist, a file per worker): the tier's time halves on 2 cores
-MIN_TESTS = 100  # the kernel-marked tests: fewer means the selection broke, not that they passed
-TOPOLOGY_ENV = "DRANET_GUEST_TOPOLOGY"
-PYVERBS = Path(
-    "/usr/lib/python3/dist-packages/pyverbs"
-)  # set in the guest: tests of the guest's own PCI/NUMA machine run
+TOPOLOGY_ENV = "DRANET_GUEST_TOPOLOGY"  # set in the guest: tests of the guest's own PCI/NUMA machine run
+PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of the tier: which, what it must be, which tests run on it."""
+
+    suite: str  # "": this machine's suite (Debian 12); else another Debian suite
+    release: str  # the start of its ``uname -r``
+    tests: tuple[str, ...]  # pytest's selection after ``-m kernel``
+    min_tests: int  # fewer ran: the selection broke, not that they passed
+    topology: bool  # the two-NUMA-node machine with PCI NICs
+
+
+FLOOR_TESTS = (
+    "tests/netlink/test_nic_moves.py",
+    "tests/nri/test_kernels_without_move_ifindex.py",
+    "tests/nri/test_sub_interfaces.py",
+)
+KERNELS = {
+    "debian12-6.1": Kernel("", "6.1.", (), 100, True),
+    "floor-5.10": Kernel(
+        "bullseye",
+        "5.10.",
+        (
+            "tests/netlink/test_nic_moves.py",
+            "tests/nri/test_kernels_without_move_ifindex.py",
+            "tests/nri/test_sub_interfaces.py",
+        ),
+        30,
+        False,
+    ),
+}
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(GUEST_TIMEOUT + 300)]
 
@@ -46,6 +79,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class TierRun:
+    kernel: Kernel
     run: guest.GuestRun
     outcomes: list[Outcome]
 
@@ -65,39 +99,40 @@ def _outcomes(junit: Path) -> list[Outcome]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tier(tmp_path_factory: pytest.TempPathFactory) -> TierRun:
+@pytest.fixture(scope="module", params=list(KERNELS))
+def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> TierRun:
     if os.geteuid() != 0:
         pytest.skip("needs root (QEMU's 9p export of the root, namespaces in the guest)")
+    kernel = KERNELS[request.param]
     try:
-        kernel = ensure()
+        image = ensure(kernel.suite)
     except StockKernelError as exc:
         pytest.fail(f"the stock kernel cannot be had here: {exc}")
-    folder = tmp_path_factory.mktemp("stock-kernel")
+    folder = tmp_path_factory.mktemp(request.param)
     # Debian's pyverbs (python3-pyverbs) is built for this CPython minor; only it joins the path.
     pyverbs = f"mkdir -p {GUEST_DIR}/pyverbs && ln -sf {PYVERBS} {GUEST_DIR}/pyverbs/ && " if PYVERBS.exists() else ""
     command = (
         f"{pyverbs}PYTHONPATH={GUEST_DIR}/pyverbs {sys.executable} -m pytest -m kernel -q -rs -p no:cacheprovider"
         f" -p no:hypothesispytest -n {GUEST_CPUS} --dist loadfile"
-        f" --junitxml={GUEST_DIR}/junit.xml -o junit_family=xunit1 -o junit_logging=log"
+        f" --junitxml={GUEST_DIR}/junit.xml -o junit_family=xunit1 -o junit_logging=log {' '.join(kernel.tests)}"
     )
     run = guest.run(
         command,
         folder,
         cwd=ROOT,
-        env={TOPOLOGY_ENV: "2x2"},
-        topology=guest.Topology(),
+        env={TOPOLOGY_ENV: "2x2"} if kernel.topology else {},
+        topology=guest.Topology() if kernel.topology else None,
         cpus=GUEST_CPUS,
         timeout=GUEST_TIMEOUT,
-        kernel=kernel,
+        kernel=image,
     )
     junit = folder / "junit.xml"
     if not junit.exists():
         pytest.fail(f"no test report from the guest (exit {run.rc}):\n{run.output[-6000:]}\n{run.console[-3000:]}")
-    return TierRun(run, _outcomes(junit))
+    return TierRun(kernel, run, _outcomes(junit))
 
 
-def test_the_guest_runs_debians_stock_kernel_and_every_kernel_test(tier: TierRun, capsys) -> None:
+def test_every_kernel_test_passes_on_debians_own_kernel(tier: TierRun, capsys) -> None:
     counts = Counter(o.outcome for o in tier.outcomes)
     with capsys.disabled():  # what ran where: the tier's own report
         print(
@@ -107,8 +142,8 @@ def test_the_guest_runs_debians_stock_kernel_and_every_kernel_test(tier: TierRun
         for o in tier.outcomes:
             if o.outcome != "passed":
                 print(f"  {o.outcome:8} {o.nodeid}: {o.message.splitlines()[0] if o.message else ''}"[:300])
-    assert tier.run.release.startswith("6.1."), tier.run.release
-    assert len(tier.outcomes) >= MIN_TESTS, f"only {len(tier.outcomes)} kernel tests ran in the guest"
+    assert tier.run.release.startswith(tier.kernel.release), tier.run.release
+    assert len(tier.outcomes) >= tier.kernel.min_tests, f"only {len(tier.outcomes)} kernel tests ran in the guest"
     failed = [o for o in tier.outcomes if o.outcome in ("failed", "error")]
     assert not failed, "\n\n".join(f"{o.nodeid}\n{o.message[-3000:]}" for o in failed)
 

@@ -20,6 +20,7 @@ import pytest
 
 from driver.checkpoint.state import MovedDevice
 from driver.netlink import nic_home, nic_moves
+from driver.netlink.kernel_features import MOVE_IFINDEX, detect
 from driver.netlink.link_identity import LinkIdentity
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone
@@ -30,6 +31,8 @@ from driver.nic_settings import addresses
 from harness.nri import configure_host_nic, ip, link_facts
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
+CHOOSE = detect().has(MOVE_IFINDEX)
+"""Whether this kernel takes IFLA_NEW_IFINDEX (5.17): the moves here do what the hooks would."""
 
 
 @pytest.fixture
@@ -79,7 +82,7 @@ def item(state: LinkState, pod_ifname: str, **kwargs: object) -> ReturnItem:
 
 def return_one(ns: Namespaces, netns_path: str, returned: ReturnItem) -> str:
     """``return_links`` for one NIC: how it was found; its :class:`NetnsOpError` raised."""
-    result = nic_home.return_links(ns, netns_path, [returned])[returned.device]
+    result = nic_home.return_links(ns, netns_path, [returned], choose_index=CHOOSE)[returned.device]
     if isinstance(result, NetnsOpError):
         raise result
     return result
@@ -115,7 +118,7 @@ def _move(ns: Namespaces, state: LinkState, pod_path: str, cfg: PodLinkConfig) -
     move = nic_moves.Move("nic-a", state.index or 0, cfg.ifname, state.index or 0, cfg.mtu, cfg.mac)
     returned = item(state, cfg.ifname, pod_index=move.pod_index, identity=state.identity)
     with ns.pod(pod_path) as (pod_rtnl, pod_fd):
-        errors = nic_moves.move_links(ns.host_rtnl(), [move], pod_fd)
+        errors = nic_moves.move_links(ns.host_rtnl(), [move], pod_fd, CHOOSE)
         if errors == [None]:
             errors += nic_moves.set_links(pod_rtnl, [move], [])[0]
     return returned, errors

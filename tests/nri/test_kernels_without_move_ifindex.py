@@ -15,6 +15,7 @@ from driver.netlink.kernel_features import MOVE_IFINDEX, detect
 from driver.nri.hooks import HookError, NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts
+from tests.support import kernel
 from tests.support.hook_node import Node
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
@@ -75,6 +76,7 @@ def test_a_pod_holding_the_nics_ifindex_is_refused_before_anything_moves(
     ), info.value
     assert link_facts(node.nic, node.host) == before and node.store.read(lambda s: s.pods) == {}
     # The same pod on a kernel that can choose: the NIC goes in at another index.
+    kernel.skip_if(not detect().has(MOVE_IFINDEX), "no IFLA_NEW_IFINDEX", "the refusal is all it can do")
     node.hooks = NRIHooks(node.store, host_netns=f"/run/netns/{node.host}")
     node.hooks.run_pod_sandbox(node.pod)
     assert _index(node.pod_ns, "net1") != index
