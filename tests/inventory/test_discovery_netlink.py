@@ -28,7 +28,7 @@ def ip(*args: str) -> None:
 
 def scan_in(ns: str) -> dict[str, dict]:
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", SCAN], check=True, capture_output=True, text=True, timeout=60
+        ["ip", "netns", "exec", ns, sys.executable, "-c", SCAN], check=True, capture_output=True, text=True, timeout=300
     )
     return {d["name"]: d for d in json.loads(out.stdout)}
 
@@ -84,7 +84,7 @@ def test_exclude_interfaces_in_netns(netns_factory) -> None:
     a, b = netns_factory.veth(netns=ns, peer_netns=ns)
     code = SCAN.replace("Scanner(pci_ids_paths=())", f"Scanner(pci_ids_paths=(), exclude_interfaces=[{a!r}])")
     out = subprocess.run(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
     )
     names = {d["name"] for d in json.loads(out.stdout)}
     assert a not in names and b in names

@@ -19,6 +19,7 @@ from driver.netlink_channel import NLMSGHDR, NetlinkChannel
 from driver.nic_settings import rdma
 from driver.nri.hooks import HookError, NRIHooks
 from harness.nri import pod_json, prepare_claim
+from tests.support import kernel
 
 pytestmark = pytest.mark.kernel
 
@@ -140,8 +141,7 @@ def test_exclusive_mode_refuses_the_pod_naming_the_device_and_rolls_back(netns_f
     prepare_claim(store, "pod-rdma", [{"ifname": host, "rdma_device": "mlx5_0", "device": "pci-0000-8a-00-0"}])
     hooks = NRIHooks(store, rdma_exclusive=True)
     pod = json_format.Parse(json.dumps(pod_json("pod-rdma", f"/run/netns/{ns}")), api.PodSandbox())
-    if rdma.netns_mode() != "unknown":
-        pytest.skip("this kernel has RDMA netlink: the refusal path needs a device that cannot move")
+    kernel.skip_if(rdma.netns_mode() != "unknown", "RDMA netlink", "the refusal path needs a device that cannot move")
     with pytest.raises(HookError) as err:
         hooks.run_pod_sandbox(pod)
     assert "device pci-0000-8a-00-0: rdma move failed: RDMA device mlx5_0" in str(err.value)

@@ -36,7 +36,7 @@ def _udp_echo(sender_ns: str, listener_ns: str, address: str) -> bytes:
     """One UDP datagram from one pod's namespace to another's address, as the listener got it."""
     listen = (
         "import socket,sys;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);"
-        f"s.bind(('{address}',9999));s.settimeout(5);print('ready',flush=True);"
+        f"s.bind(('{address}',9999));s.settimeout(60);print('ready',flush=True);"
         "sys.stdout.buffer.write(s.recvfrom(64)[0])"
     )
     send = (
@@ -48,8 +48,8 @@ def _udp_echo(sender_ns: str, listener_ns: str, address: str) -> bytes:
     )
     try:
         assert listener.stdout is not None and listener.stdout.readline() == b"ready\n"
-        subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", send], check=True, timeout=10)
-        out, _ = listener.communicate(timeout=10)
+        subprocess.run(["ip", "netns", "exec", sender_ns, sys.executable, "-c", send], check=True, timeout=60)
+        out, _ = listener.communicate(timeout=70)  # the sender is a Python start: seconds under emulation
         return out
     finally:
         listener.kill()
