@@ -272,16 +272,10 @@ class SlicePublisher(Generic[D]):
                 self._cond.notify_all()
 
     def _write(self, plan: SlicePlan) -> None:
-        for s in plan.delete:
-            meta = s["metadata"]
-            self.stats.writes += 1
-            self._own_deletes.add(meta["name"])
-            try:
-                # Preconditions: never delete a slice someone replaced since we listed it.
-                self.kube.delete_resource_slice(meta["name"], meta["uid"], meta["resourceVersion"])
-            except NotFound:
-                pass  # already gone: what we wanted
-            self._keep(None, meta["name"])
+        # The new generation first, whole, then the old one goes (Kubernetes' own slice controller's
+        # order): a reader never sees a pool of the old generation missing slices, only, for a
+        # moment, the new one complete beside leftovers of the old, which the newer generation
+        # tells it to ignore.
         for s in plan.update:
             self.stats.writes += 1
             out = self.kube.replace_resource_slice(s["metadata"]["name"], s)
@@ -292,6 +286,16 @@ class SlicePublisher(Generic[D]):
             out = self.kube.create_resource_slice(s)
             self._own_rvs.add(out["metadata"]["resourceVersion"])
             self._keep(out, out["metadata"]["name"])
+        for s in plan.delete:
+            meta = s["metadata"]
+            self.stats.writes += 1
+            self._own_deletes.add(meta["name"])
+            try:
+                # Preconditions: never delete a slice someone replaced since we listed it.
+                self.kube.delete_resource_slice(meta["name"], meta["uid"], meta["resourceVersion"])
+            except NotFound:
+                pass  # already gone: what we wanted
+            self._keep(None, meta["name"])
         log.info(
             "published ResourceSlices",
             extra={

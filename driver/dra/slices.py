@@ -103,8 +103,9 @@ def _bodies(
 class SlicePlan:
     """Writes needed to go from the existing slices to the desired ones.
 
-    Apply in order: ``delete`` (obsolete slices), ``update`` (full objects carrying the
-    existing name and resourceVersion, so a concurrent change gives 409), ``create``.
+    Apply in order: ``update`` (full objects carrying the existing name and resourceVersion, so a
+    concurrent change gives 409), ``create``, then ``delete`` (obsolete slices): the new generation
+    is complete before any slice of the old one goes.
     """
 
     generation: int

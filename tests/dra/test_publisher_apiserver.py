@@ -343,3 +343,38 @@ async def test_own_writes_never_cost_a_relist_and_the_watch_starts_at_the_syncs_
         assert [m for m, _, _ in api.calls].count("PUT") == 5
     [s] = list_slices(kube, cluster_node)
     assert device_names([s]) == sorted(nic(j).name for j in range(6))
+
+
+class WriteOrder:
+    """The API client, recording the slice writes it passes on, in order."""
+
+    def __init__(self, kube: KubeClient) -> None:
+        self.kube = kube
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.kube, name)
+        if name not in ("replace_resource_slice", "create_resource_slice", "delete_resource_slice"):
+            return attr
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            self.calls.append((name.split("_")[0], (out or {}).get("metadata", {}).get("name", str(args[0]))))
+            return out
+
+        return recorded
+
+
+async def test_a_shrinking_pool_is_complete_at_every_moment(kube: KubeClient, cluster_node: str):
+    """From three slices to one: the new generation is written before any slice of the old one is
+    deleted (Kubernetes' own slice controller's order), so a reader never finds the old generation
+    with slices missing (the toy-driver test once did, between a delete and the update after it)."""
+    api = WriteOrder(kube)
+    async with running(SlicePublisher(api, DRIVER, cluster_node, interval=0.2)) as pub:  # type: ignore[arg-type]
+        pub.update([nic(i) for i in range(300)])
+        await eventually(lambda: pool_ok(list_slices(kube, cluster_node), 3), what="3 slices")
+        api.calls.clear()
+        pub.update([nic(i) for i in range(10)])
+        await eventually(lambda: pool_ok(list_slices(kube, cluster_node), 1), what="1 slice")
+    kinds = [kind for kind, _ in api.calls]
+    assert kinds == ["replace", "delete", "delete"], api.calls

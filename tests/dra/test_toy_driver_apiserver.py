@@ -137,8 +137,14 @@ async def test_the_toy_drivers_devices_are_published_and_follow_its_changes(
     driver, helper, _calls = toy
 
     def slices_of(count: int) -> list[dict[str, Any]] | None:
+        """The pool's slices once it is complete with ``count`` of them: the newest generation, each
+        saying the pool has that many (what the scheduler reads; leftovers of an older generation
+        beside it are ignored by readers, and so here)."""
         found = list_slices(kube, cluster_node, DRIVER)
-        return found if len(found) == count else None
+        newest = max((s["spec"]["pool"]["generation"] for s in found), default=0)
+        pool = [s for s in found if s["spec"]["pool"]["generation"] == newest]
+        complete = all(s["spec"]["pool"]["resourceSliceCount"] == len(pool) for s in pool)
+        return pool if complete and len(pool) == count else None
 
     helper.devices_changed()
     # 130 devices: two slices of one pool (the apiserver refuses more than 128 in one).
