@@ -75,14 +75,17 @@ def _counters(output: str) -> dict[str, int]:
 
 
 def _result(test: str, output: str) -> dict[str, Any]:
-    """perftest's result line: average Gb/s (bandwidth) or t_avg/t_typical microseconds (latency)."""
-    if test == "ib_write_bw":
-        found = re.search(r"^\s*65536\s+(\d+)\s+[\d.]+\s+([\d.]+)\s+", output, re.M)
-        return {"iterations": int(found.group(1)), "gbps": float(found.group(2))} if found else {}
-    found = re.search(r"^\s*64\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", output, re.M)
-    if not found:
-        return {}
-    return {"iterations": int(found.group(1)), "t_min_us": float(found.group(2)), "t_typical_us": float(found.group(4))}
+    """perftest's result table as {column: value}: the header line (``#bytes #iterations ...``) and
+    the numbers under it (bandwidth: ``BW average[Gb/sec]``; latency: ``t_avg[usec]`` or, without
+    ``-D``, ``t_typical[usec]``)."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.strip().startswith("#bytes"):
+            names = re.split(r"\s{2,}", line.strip())
+            values = lines[i + 1].split()
+            if len(values) >= len(names) and values[0].isdigit():
+                return {name: float(value) for name, value in zip(names, values, strict=False)}
+    return {}
 
 
 def pair(placement: str, test: str, seconds: int, kernel: Any) -> dict[str, Any]:

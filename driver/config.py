@@ -16,6 +16,9 @@ DRIVER_NAME = "dra.net"
 
 DEVICE_CLASS = "dranet.net"
 """The DeviceClass the chart creates (``deviceClass.name``) and claims name: every device of the driver."""
+STATE_DAMAGED_EVENT = "DranetStateDamaged"
+"""The reason of the Warning event a driver posts on its Node when it found its prepared claims
+damaged at start (``kubectl dranet doctor`` lists them)."""
 
 HOST_NETNS = "/proc/self/ns/net"
 """The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork

@@ -244,6 +244,13 @@ class Metrics:
         )
         self.device_healthy = DeviceHealth()
         self.registry.register(self.device_healthy)
+        self.state_damage = Gauge(
+            "state_damage",
+            "State files found damaged at start (1 each): moved aside, or the journal's last record unreadable; "
+            "the prepared claims were rebuilt from the API server.",
+            ["file", "what"],
+            **own,
+        )
         self.kernel_info = Gauge(
             "kernel_info",
             "The node's kernel (1): its release, the oldest release supported, and whether it is at least that.",
@@ -257,6 +264,11 @@ class Metrics:
             ["feature"],
             **own,
         )
+
+    def set_state_damage(self, damage: list[tuple[str, str]]) -> None:
+        """``state_damage{file, what}`` = 1 for each damaged state file found at start."""
+        for file, what in damage:
+            self.state_damage.labels(file, what[:200]).set(1)
 
     def set_kernel(self, release: str, floor: str, supported: bool, features: dict[str, bool]) -> None:
         """``kernel_info`` and one ``kernel_feature`` per feature, as found at start."""

@@ -8,6 +8,7 @@ It serves what the node driver calls, as plain JSON over HTTP:
 * ``PATCH .../resourceclaims/<name>/status`` (recorded, merged into ``status``);
 * ``GET /apis/resource.k8s.io/v1/resourceclaims`` (all claims, one page);
 * ``GET /api/v1/nodes/<name>``;
+* ``POST /api/v1/namespaces/<ns>/events`` (recorded in :attr:`FakeAPIServer.posted_events`);
 * ResourceSlices: list (``fieldSelector`` ``spec.nodeName=``/``spec.driver=``), get, create
   (``generateName``), replace, delete.
 
@@ -33,6 +34,7 @@ CLAIM_RE = re.compile(r"^/apis/resource\.k8s\.io/v1/namespaces/([^/]+)/resourcec
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"  # the list in all namespaces
 NODE_RE = re.compile(r"^/api/v1/nodes/([^/]+)$")
+EVENTS_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/events$")
 
 
 @dataclass
@@ -51,6 +53,7 @@ class FakeAPIServer:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._events: list[dict[str, Any]] = []  # ResourceSlice watch events, in order
+        self.posted_events: list[tuple[str, dict[str, Any]]] = []  # (namespace, Event) as POSTed
         self._changed = threading.Condition(self._lock)
         self._stopping = False
         self._halt = threading.Event()  # interrupts claim delays on stop: no handler outlives the test
@@ -286,6 +289,11 @@ class _Handler(BaseHTTPRequestHandler):
                     "metadata": {"name": m.group(1), "uid": str(uuid.uuid5(uuid.NAMESPACE_DNS, m.group(1)))},
                 }
             return 200, node
+        if method == "POST" and (m := EVENTS_RE.match(path)):
+            event = self._body()
+            with api._lock:
+                api.posted_events.append((m.group(1), event))
+            return 201, event
         if path == SLICES or path.startswith(SLICES + "/"):
             return self._slices(method, path[len(SLICES) + 1 :], query)
         return 404, _status(404, "NotFound", f"no route for {method} {path}")

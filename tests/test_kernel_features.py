@@ -1,15 +1,13 @@
 """The kernel floor: releases parsed, features judged by version or asked of the kernel, the start
-report, the metrics, and ``kubectl dranet doctor``'s view of every driver node's kernel."""
+report, the metrics, and where the floor is written (the doctor's view: tests/test_doctor_checks.py)."""
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
 
 import pytest
 
-from driver.kubectl.doctor import FAIL, INFO, OK, check_kernels
 from driver.metrics import Metrics
 from driver.netlink import kernel_features
 from driver.netlink.kernel_features import FLOOR, KernelFeatures, detect, parse_release
@@ -70,29 +68,6 @@ def test_metrics_say_the_kernel_and_each_feature() -> None:
     assert 'dranet_driver_kernel_info{floor="5.10",release="6.1.0-56-amd64",supported="true"} 1.0' in text
     assert 'dranet_driver_kernel_feature{feature="ipv4BigTcp"} 0.0' in text
     assert 'dranet_driver_kernel_feature{feature="moveIfindex"} 1.0' in text
-
-
-class Nodes:
-    """The one call the doctor's kernel check makes."""
-
-    def __init__(self, kernels: dict[str, str]) -> None:
-        self.kernels = kernels
-
-    def list_node(self) -> dict[str, Any]:
-        return {
-            "items": [
-                {"metadata": {"name": n}, "status": {"nodeInfo": {"kernelVersion": k}}} for n, k in self.kernels.items()
-            ]
-        }
-
-
-def test_doctor_reads_each_driver_nodes_kernel() -> None:
-    fine = check_kernels(Nodes({"a": "6.8.0-45-generic", "b": "6.12.1"}), None)  # type: ignore[arg-type]
-    assert fine.status == OK and f"{FLOOR[0]}.{FLOOR[1]}" in fine.detail
-    debian = check_kernels(Nodes({"a": "6.1.0-56-amd64", "gone": "4.9.0"}), {"a": True})  # type: ignore[arg-type]
-    assert debian.status == INFO and debian.detail.startswith("a 6.1.0-56-amd64: without ipv4BigTcp (needs Linux 6.3")
-    old = check_kernels(Nodes({"a": "4.18.0-553.el8_10.x86_64", "b": "6.1.0"}), None)  # type: ignore[arg-type]
-    assert old.status == FAIL and old.detail.endswith(": a (4.18.0-553.el8_10.x86_64)")
 
 
 def test_the_floor_is_written_where_admins_read_it() -> None:

@@ -31,7 +31,13 @@ A record is a header and a payload (the store's JSON of the claims put and remov
   before the journal misses every record until one.
 - ``crc32`` covers everything after it. The journal is read from the start up to the first record
   that is not whole and valid: a record torn by a crash was never acknowledged (its sync had not
-  returned), so dropping it loses nothing anyone was told was saved.
+  returned), so dropping it loses nothing anyone was told was saved. A crash tears only the last
+  record, so bytes that fail their check *followed by a valid record of the same run* are damage
+  (a flipped bit, a bad sector), not a tear: the records after them are kept and applied, and
+  :attr:`Parsed.damage` says what was lost (the store then moves the file aside and rebuilds from
+  the API server what it cannot read). A last record that is whole but fails its checksum is
+  either a tear or damage to an acknowledged record: :attr:`Parsed.suspect` says so, and the store
+  rebuilds from the API server to be sure.
 
 Every system call of a write goes through :class:`~driver.checkpoint.files.FileOps`, like the
 snapshot's (the fault tests kill the process after each one).
@@ -46,6 +52,7 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,11 +140,74 @@ class Tail:
 @dataclass(frozen=True)
 class Parsed:
     """What a journal's bytes hold for a snapshot: the payloads to apply, in order; the tail of the
-    run (None: no valid record of it); the offset of the first record the snapshot does not hold."""
+    run (None: no valid record of it); the offset of the first record the snapshot does not hold;
+    ``damage``: what could not be read between valid records of the run (None: nothing);
+    ``suspect``: a whole last record that fails its checksum (torn, or damaged after its sync)."""
 
     payloads: list[bytes]
     tail: Tail | None
     start: int
+    damage: str | None = None
+    suspect: str | None = None
+
+
+def _valid_at(view: memoryview, at: int) -> tuple[int, int, int, bytes, int] | None:
+    """(payload length, epoch, sequence, base, end) of a whole record at ``at`` whose checksum holds."""
+    head = _header(view, at)
+    if head is None:
+        return None
+    length, crc, epoch, seq, rec_base = head
+    begin = at + _HEADER.size
+    if begin + length > len(view):
+        return None
+    if zlib.crc32(view[begin : begin + length], zlib.crc32(view[at + _CRC_FROM : begin])) != crc:
+        return None
+    return length, epoch, seq, rec_base, begin + length
+
+
+def _mended(view: memoryview, at: int, expected: Callable[[int, int, bytes], bool]) -> tuple[int, bool] | None:
+    """A record at ``at`` whose magic or length field alone is damaged (the checksum covers neither):
+    (its payload length, whether it runs to the end of the file) when, with the magic assumed and
+    the length either as written or up to the end of the file, its checksum holds and its header
+    names the run's next record (``expected(epoch, seq, base)``); None otherwise."""
+    if len(view) - at < _HEADER.size:
+        return None
+    _magic, length, crc, epoch, seq, rec_base = _HEADER.unpack_from(view, at)
+    if not expected(epoch, seq, rec_base):
+        return None
+    begin = at + _HEADER.size
+    head_crc = zlib.crc32(view[at + _CRC_FROM : begin])
+    for candidate in dict.fromkeys((length, len(view) - begin)):
+        if begin + candidate <= len(view) and zlib.crc32(view[begin : begin + candidate], head_crc) == crc:
+            return candidate, begin + candidate == len(view)
+    return None
+
+
+def _record_at(
+    view: memoryview, at: int, expected: Callable[[int, int, bytes], bool]
+) -> tuple[tuple[int, int, int, bytes, int] | None, bool]:
+    """The record at ``at`` as :func:`_valid_at` gives it, else mended (:func:`_mended`), and
+    whether it had to be mended."""
+    found = _valid_at(view, at)
+    if found is not None:
+        return found, False
+    mended = _mended(view, at, expected)
+    if mended is None:
+        return None, False
+    _magic, _length, _crc, epoch, seq, rec_base = _HEADER.unpack_from(view, at)
+    return (mended[0], epoch, seq, rec_base, at + _HEADER.size + mended[0]), True
+
+
+def _resume(data: bytes, after: int, continues: Callable[[int, int, bytes], bool]) -> int | None:
+    """The offset of the next whole, valid record after ``after`` that ``continues(epoch, seq,
+    base)`` the run being read (None: there is none: the bytes from ``after`` on are a tear, or
+    the rest of an older run)."""
+    view, at = memoryview(data), after
+    while (at := data.find(MAGIC, at + 1)) != -1:
+        found = _valid_at(view, at)
+        if found is not None and continues(found[1], found[2], found[3]):
+            return at
+    return None
 
 
 def _held_below(epoch: int, seq: int, rec_base: bytes, base: bytes, at: Position | None) -> int | None:
@@ -151,34 +221,97 @@ def _held_below(epoch: int, seq: int, rec_base: bytes, base: bytes, at: Position
 
 def parse(data: bytes, base: bytes, at: Position | None) -> Parsed:
     """The payloads of the valid records of ``data`` that apply to the snapshot named ``base`` at
-    position ``at`` (None: it names none), in order; records the snapshot holds are skipped."""
-    payloads: list[bytes] = []
-    tail: Tail | None = None
-    start: int | None = None
-    held_below = 0
-    offset, view = 0, memoryview(data)
-    while (head := _header(view, offset)) is not None:
-        length, crc, epoch, seq, rec_base = head
-        begin = offset + _HEADER.size
-        if begin + length > len(data):
-            break
-        if tail is None:
-            first = _held_below(epoch, seq, rec_base, base, at)
-            if first is None:
+    position ``at`` (None: it names none), in order; records the snapshot holds are skipped. Bytes
+    that fail their check before a later valid record of the run are skipped and named in
+    :attr:`Parsed.damage`."""
+    return _Reader(data, base, at).read()
+
+
+class _Reader:
+    """One pass over a journal's bytes for one snapshot (:func:`parse`)."""
+
+    def __init__(self, data: bytes, base: bytes, at: Position | None) -> None:
+        self.data, self.view, self.base, self.at = data, memoryview(data), base, at
+        self.payloads: list[bytes] = []
+        self.tail: Tail | None = None
+        self.start: int | None = None
+        self.held_below = 0
+        self.damaged: list[str] = []
+        self.suspect: str | None = None
+        self.gap = False  # the run's next record follows damage: its sequence may skip the lost ones
+
+    def continues(self, epoch: int, seq: int, rec_base: bytes) -> bool:
+        """Whether a valid record found past damage belongs to the run being read."""
+        if self.tail is not None:
+            return (epoch, rec_base) == (self.tail.epoch, self.tail.base) and seq > self.tail.seq
+        # The run's first records are damaged: one of the snapshot's run, or of a run started on it.
+        return (self.at is not None and epoch == self.at.epoch) or rec_base == self.base
+
+    def expected(self, epoch: int, seq: int, rec_base: bytes) -> bool:
+        """Whether a header names the run's next record."""
+        if self.tail is not None:
+            return (epoch, seq, rec_base) == (self.tail.epoch, self.tail.seq, self.tail.base)
+        return _held_below(epoch, seq, rec_base, self.base, self.at) is not None
+
+    def read(self) -> Parsed:
+        offset = 0
+        while offset < len(self.data):
+            found, mended = _record_at(self.view, offset, self.expected)
+            if mended:
+                self.damaged.append(f"the magic or length field of the record at byte {offset} (its payload checks)")
+            if found is None:
+                resume = _resume(self.data, offset, self.continues)
+                if resume is None:  # a tear, or an older run's rest: where the journal ends
+                    self.suspect = _whole_but_bad(self.view, offset, self.tail)
+                    break
+                where = f" (from record {self.tail.seq})" if self.tail else ""
+                self.damaged.append(f"bytes {offset}-{resume}{where}")
+                self.gap = True
+                offset = resume
+                continue
+            if not self.take(offset, *found):
                 break
-            held_below = first
-        elif (epoch, seq, rec_base) != (tail.epoch, tail.seq, tail.base):
-            break  # the rest of an older run, beyond this one's end
-        if zlib.crc32(view[begin : begin + length], zlib.crc32(view[offset + _CRC_FROM : begin])) != crc:
-            break
-        if seq >= held_below:
-            start = offset if start is None else start
-            payloads.append(bytes(view[begin : begin + length]))
-        tail = Tail(epoch, seq + 1, begin + length, rec_base)
-        offset = begin + length
-    if tail is not None and tail.seq < held_below:
-        tail = None  # the run ends before the snapshot's position: nothing of it is left to apply
-    return Parsed(payloads, tail, (tail.end if tail else 0) if start is None else start)
+            offset = found[4]
+        tail = self.tail
+        if tail is not None and tail.seq < self.held_below:
+            tail = None  # the run ends before the snapshot's position: nothing of it is left to apply
+        damage = "; ".join(self.damaged) + " unreadable; the valid records after them kept" if self.damaged else None
+        start = (tail.end if tail else 0) if self.start is None else self.start
+        return Parsed(self.payloads, tail, start, damage, self.suspect)
+
+    def take(self, offset: int, length: int, epoch: int, seq: int, rec_base: bytes, end: int) -> bool:
+        """Apply a valid record; False where the run ends (an older run's rest, or one not for us)."""
+        if self.tail is None:
+            first = _held_below(epoch, seq, rec_base, self.base, self.at)
+            if first is None and not self.damaged:
+                return False  # a run that does not apply to this snapshot
+            if first is None:  # the run's first records were damaged: this one continues it
+                first = self.at.seq if self.at is not None and epoch == self.at.epoch else 0
+            self.held_below = first
+        elif (epoch, rec_base) != (self.tail.epoch, self.tail.base) or not (
+            seq == self.tail.seq or (self.gap and seq > self.tail.seq)
+        ):
+            return False  # the rest of an older run, beyond this one's end
+        if seq >= self.held_below:
+            self.start = offset if self.start is None else self.start
+            self.payloads.append(bytes(self.view[end - length : end]))
+        self.tail = Tail(epoch, seq + 1, end, rec_base)
+        self.gap = False
+        return True
+
+
+def _whole_but_bad(view: memoryview, offset: int, tail: Tail | None) -> str | None:
+    """Why the run's next record, whole but failing its checksum, may have been acknowledged
+    (None: it is not whole, or not the run's next: a tear or an older run's rest)."""
+    head = _header(view, offset)
+    if head is None:
+        return None
+    length, _crc, _epoch, _seq, _base = head
+    if offset + _HEADER.size + length > len(view) or (tail is None and offset > 0):
+        return None
+    # Where the run's next record goes, a whole record fails its checksum (its epoch, sequence or
+    # base may be what is damaged): an older run's rest would be a valid record, or no record here.
+    return f"the record at byte {offset} is whole but fails its checksum (torn by a crash, or damaged after its sync)"
 
 
 def saved_claims(snapshot: bytes | None, data: bytes) -> dict[str, Any]:
@@ -214,6 +347,10 @@ class Journal:
         # The file vanished under records of the current snapshot (moved aside by another process):
         # they are no longer on disk, so the store writes the snapshot whole before journaling again.
         self.lost = False
+        # What the last load found wrong (:class:`Parsed`): records lost between valid ones, or a
+        # whole last record failing its checksum.
+        self.damage: str | None = None
+        self.suspect: str | None = None
 
     @property
     def size(self) -> int:
@@ -239,6 +376,7 @@ class Journal:
         :class:`~driver.checkpoint.files.NotAStateFile` (moved aside by the store); an unreadable one
         its ``OSError``."""
         self._tail, self._start, self._next, self._seen = None, 0, None, None
+        self.damage = self.suspect = None
         try:
             raw, st = read_state(self.path)
         except FileNotFoundError:
@@ -246,6 +384,9 @@ class Journal:
         self._seen = (st.st_ino, len(raw))
         parsed = parse(raw, base, at)
         self._tail, self._start = parsed.tail, parsed.start
+        self.damage, self.suspect = parsed.damage, parsed.suspect
+        if parsed.damage or parsed.suspect:
+            return parsed.payloads  # the store says so and acts on it
         if len(raw) > self.length:
             log.info(
                 "journal: bytes after the last valid record ignored (an interrupted write, or records "

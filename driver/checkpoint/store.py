@@ -154,6 +154,8 @@ class CheckpointStore:
         self.ops = ops or FileOps()
         self.journaling: Callable[[], bool] = journal if callable(journal) else (lambda: bool(journal))
         self.quarantined: list[QuarantinedFile] = []
+        self.claims_suspect: str | None = None  # the journal's last record, whole but unreadable
+        self._salvaged = False  # claims read past a damaged journal, not yet in a snapshot
         # The last failed write of each file still failing (a claim's journal append and the
         # compaction of the snapshot fail apart): /healthz names every one.
         self.write_errors: dict[Path, CheckpointWriteError] = {}
@@ -185,6 +187,7 @@ class CheckpointStore:
         with self._lock, self._cross_process():
             # Under the lock: a leftover temporary file is then never another instance's write.
             self._state = self._load(cleanup=True)
+            self._save_salvaged()
 
     @contextlib.contextmanager
     def _cross_process(self) -> Iterator[None]:
@@ -222,8 +225,23 @@ class CheckpointStore:
 
     @property
     def claims_quarantined(self) -> bool:
-        """Whether prepared claims may be missing: their file or journal was moved aside at load."""
-        return any(q.path in (self.path, self.journal_path) for q in self.quarantined)
+        """Whether prepared claims may be missing: their file or journal was moved aside at load, or
+        the journal's last record may have been acknowledged and cannot be read."""
+        return bool(self.claims_suspect) or any(q.path in (self.path, self.journal_path) for q in self.quarantined)
+
+    def _save_salvaged(self) -> None:
+        """(locked) After the journal was moved aside for damage: the claims read from its valid
+        records are on disk nowhere else, so a snapshot of them is written at once. A disk that
+        refuses it leaves the failure in :attr:`write_errors` (``/healthz`` reports it) and the
+        snapshot to be written whole by the next change."""
+        if not self._salvaged:
+            return
+        self._salvaged = False
+        self._rewrite = True
+        try:
+            self._write_snapshot()
+        except CheckpointWriteError as exc:
+            log.error("cannot save the claims read from the damaged journal", extra={"kv": {"error": str(exc)}})
 
     def _load(self, cleanup: bool = False) -> DriverState:
         claims, at = self._load_part(self.path, "claims", cleanup)
@@ -292,6 +310,7 @@ class CheckpointStore:
         except OSError as exc:
             raise CheckpointError(f"cannot read {self.journal_path}: {exc}") from exc
         changed: list[tuple[dict[str, PreparedClaim], list[str]]] = []
+        damage, suspect = self._journal.damage, self._journal.suspect
         for payload in payloads:
             try:
                 record = json.loads(payload)
@@ -309,6 +328,18 @@ class CheckpointStore:
             claims.update(puts)
             for uid in deleted:
                 claims.pop(uid, None)
+        if damage:
+            # Records between valid ones are unreadable: not a crash's tear. Every claim the valid
+            # records hold is kept (written to a new snapshot at once, see :meth:`_save_salvaged`),
+            # the file is kept aside for a human, and the daemon rebuilds the rest from the API server.
+            self._quarantine_journal(f"damaged records: {damage}")
+            self._salvaged = True
+        elif suspect:
+            log.warning(
+                "claims journal: its last record may have been acknowledged; claims are rebuilt from the API server",
+                extra={"kv": {"path": str(self.journal_path), "why": suspect}},
+            )
+            self.claims_suspect = suspect
 
     def _quarantine_journal(self, reason: str) -> None:
         self._journal.close()
@@ -351,6 +382,7 @@ class CheckpointStore:
                 # journal of the next.
                 with self._cross_process():
                     self._state = self._load()
+                    self._save_salvaged()
             except CheckpointWriteError:  # no lock file on a read-only disk: read without it
                 self._state = self._load()
             return True

@@ -40,6 +40,7 @@ class RecoveryReport:
 
     rebuilt: list[str] = field(default_factory=list)  # "namespace/name"
     failed: dict[str, str] = field(default_factory=dict)  # "namespace/name" -> reason
+    api_error: str | None = None  # the API server could not be asked: nothing was rebuilt
 
 
 def allocated_here(claim: dict[str, Any], driver: str, node: str) -> bool:
@@ -126,6 +127,7 @@ async def rebuild_prepared_claims(preparer: Preparer, kube: KubeClient) -> Recov
             "cannot rebuild prepared claims from the API server (needs list on resourceclaims, see docs/rbac.md)",
             extra={"kv": {"error": str(exc)}},
         )
+        report.api_error = str(exc)
         return report
     inventory = complete_inventory(builder.devices(), published)
     records: list[PreparedClaim] = []

@@ -371,6 +371,23 @@ class ClaimStatusWriter:
             "count": 1,
         }
 
+    def post_node_event(self, reason: str, message: str) -> bool:
+        """Post a Warning event about this node (in ``default``, where a cluster-scoped object's
+        events go); True when created."""
+        involved = {"apiVersion": "v1", "kind": "Node", "namespace": "", "name": self.node_name, "uid": ""}
+        try:
+            involved["uid"] = str(self.kube.read_node(self.node_name)["metadata"]["uid"])
+        except (KubeError, KeyError, TypeError) as exc:
+            log.warning("cannot read this node for its event", extra={"kv": {"error": str(exc)}})
+        event = self._warning_event(involved, reason, message)
+        event["metadata"]["namespace"] = "default"
+        try:
+            self.kube.create_namespaced_event("default", event)
+        except KubeError as exc:
+            log.warning("cannot post event", extra={"kv": {"error": str(exc), "reason": reason}})
+            return False
+        return True
+
     def post_claim_event(self, ev: ClaimEvent) -> bool:
         """Post a Warning event whose ``involvedObject`` is the ResourceClaim; True when created."""
         claim = {

@@ -30,7 +30,7 @@ from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import UNHEALTHY_TAINT_KEY, DriverConfig, parse_sharing_pools
+from driver.config import STATE_DAMAGED_EVENT, UNHEALTHY_TAINT_KEY, DriverConfig, parse_sharing_pools
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
@@ -61,6 +61,8 @@ CLOUD_STARTUP_WAIT = 3.0
 first publish; a down or slow one costs at most this, and its attributes follow in a republish."""
 STATE_WRITE_RETRY_S = 5.0
 """Seconds between retries of a failed state write (see :meth:`Daemon._state_write_retry_loop`)."""
+REBUILD_RETRY = 30.0
+"""Seconds between attempts to rebuild damaged prepared claims while the API server cannot be asked."""
 LIST_ATTRIBUTE = f"{STANDARD_DOMAIN}/numaNode"
 """The attribute published as an int list with ``DRAListTypeAttributes`` (asked of the apiserver at start)."""
 
@@ -103,6 +105,7 @@ class Daemon:
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
         self.kernel: KernelFeatures | None = None  # detected at start: what the kernel offers
+        self.claims_damage: str | None = None  # damaged prepared claims, until rebuilt from the API
         # The NRI hooks announce themselves and the links they change here (shared with them).
         self.hook_activity = HookActivity()
         self.device_sync = DeviceSync(
@@ -182,8 +185,43 @@ class Daemon:
         return self.dra.serving and self.device_sync.scanned
 
     def problems(self) -> list[str]:
-        """Conditions ``/healthz`` and ``/readyz`` report (503) until they clear: state that cannot be saved."""
-        return [str(error) for error in self.store.write_errors.values()]
+        """Conditions ``/healthz`` and ``/readyz`` report (503) until they clear: state that cannot be
+        saved, prepared claims found damaged and not yet rebuilt from the API server."""
+        out = [str(error) for error in self.store.write_errors.values()]
+        if self.claims_damage is not None:
+            out.append(self.claims_damage)
+        return out
+
+    def _damage(self) -> list[tuple[str, str]]:
+        """(file, what) of each state file found damaged at start."""
+        out = [(q.path.name, f"moved aside: {q.reason}") for q in self.store.quarantined]
+        if self.store.claims_suspect:
+            out.append((self.store.JOURNAL_FILENAME, self.store.claims_suspect))
+        return out
+
+    async def _rebuild_claims(self) -> None:
+        """The prepared claims were found damaged: say so (log, metric, a Warning event on the Node,
+        ``/healthz`` until done) and record every claim of this node the API server holds that the
+        state lacks; retried in the background while the API server cannot be asked."""
+        damage = self._damage()
+        self.metrics.set_state_damage(damage)
+        what = "; ".join(f"{name}: {why}" for name, why in damage)
+        self.claims_damage = f"prepared claims were damaged ({what}): rebuilding them from the API server"
+        message = f"dranet's prepared claims on this node were damaged ({what}); rebuilt from the API server"
+        await asyncio.to_thread(self.status_writer.post_node_event, STATE_DAMAGED_EVENT, message)
+        report = await rebuild_prepared_claims(self.preparer, self.kube)
+        if report.api_error is None:
+            self.claims_damage = None
+            return
+        self.claims_damage += f" (the API server could not be asked: {report.api_error}; retrying)"
+        self.background.spawn("claims-rebuild", self._retry_rebuild)
+
+    async def _retry_rebuild(self) -> None:
+        while self.claims_damage is not None:
+            await asyncio.sleep(REBUILD_RETRY)
+            report = await rebuild_prepared_claims(self.preparer, self.kube)
+            if report.api_error is None:
+                self.claims_damage = None
 
     def serving(self) -> bool:
         """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) synchronized with the
@@ -254,7 +292,7 @@ class Daemon:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
         if self.store.claims_quarantined:
             # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
-            await rebuild_prepared_claims(self.preparer, self.kube)
+            await self._rebuild_claims()
         self.status_writer.start()
         await self.dra.start()
         try:

@@ -192,6 +192,11 @@ class KubeClient:
         """POST a core/v1 Event."""
         return self.request("POST", f"/api/v1/namespaces/{segment(namespace)}/events", body)
 
+    def list_namespaced_event(self, namespace: str, field_selector: str) -> dict[str, Any]:
+        """LIST the core/v1 Events of one namespace matching ``field_selector``."""
+        path = f"/api/v1/namespaces/{segment(namespace)}/events"
+        return self.request("GET", path, query={"fieldSelector": field_selector}, timeout=30.0)
+
     def apply_validating_webhook_configuration(
         self, name: str, body: dict[str, Any], field_manager: str
     ) -> dict[str, Any]:

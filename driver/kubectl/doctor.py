@@ -13,6 +13,9 @@ make and an admin all of them:
 - ``webhook``: a dry-run ResourceClaim with an invalid config for the driver, in the caller's
   namespace, is refused by the webhook (so it is installed and reachable; nothing is stored);
 - ``feature gates``: ``DRADeviceTaints`` (device taints for unhealthy NICs) on the API server;
+- ``state``: a driver that found its prepared claims damaged at start says so with a Warning
+  event on its Node (reason ``DranetStateDamaged``; needs: list events in ``default``): listed,
+  with when and what, so a damaged disk is seen before it loses more;
 - ``kernels``: each driver node's kernel (``status.nodeInfo.kernelVersion``) against the supported
   floor, and the features its version lacks with what the driver does instead (needs: list nodes;
   the driver's own start check and its ``dranet_driver_kernel_feature`` metric also see modules).
@@ -25,7 +28,7 @@ import socket
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from driver.config import DEVICE_CLASS, DRIVER_NAME
+from driver.config import DEVICE_CLASS, DRIVER_NAME, STATE_DAMAGED_EVENT
 from driver.kube.client import KubeClient
 from driver.kube.errors import Forbidden, KubeError, NotFound
 from driver.netlink import kernel_features
@@ -279,6 +282,28 @@ def check_kernels(kube: KubeClient, pods: dict[str, bool] | None) -> Check:
     return Check("kernels", OK, f"every driver node runs Linux {floor} or newer with every feature its version gives")
 
 
+def check_state(kube: KubeClient) -> Check:
+    """Nodes whose driver found its prepared claims damaged (their Warning events)."""
+    selector = f"involvedObject.kind=Node,reason={STATE_DAMAGED_EVENT}"
+    try:
+        events = kube.list_namespaced_event("default", selector).get("items") or []
+    except Forbidden as exc:
+        return _needs("state", exc, "list events in default")
+    if not events:
+        return Check("state", OK, "no driver found its prepared claims damaged")
+    lines = sorted(
+        f"{(e.get('involvedObject') or {}).get('name')} at {e.get('lastTimestamp') or e.get('eventTime')}: "
+        f"{e.get('message')}"
+        for e in events
+    )
+    return Check(
+        "state",
+        WARN,
+        f"{len(events)} damaged state file(s), claims rebuilt from the API server; check "
+        f"the node's disk: {' | '.join(lines)}",
+    )
+
+
 def _no_socket() -> socket.socket:
     raise OSError("not asked: the node's modules are seen by the driver, not from the API")
 
@@ -293,6 +318,7 @@ def run_checks(kube: KubeClient, options: DoctorOptions) -> list[Check]:
         check_slices(kube, options, pods),
         check_webhook(kube, options),
         check_gates(kube),
+        check_state(kube),
         check_kernels(kube, pods),
     ]
 

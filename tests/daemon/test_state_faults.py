@@ -191,6 +191,43 @@ async def test_a_corrupt_checkpoint_is_moved_aside_and_the_claims_rebuilt_from_t
     assert await _wait_exit(proc2, 10) == 0
 
 
+async def test_a_damaged_journal_record_keeps_the_claims_after_it_and_says_so(env40: Env) -> None:
+    """One flipped bit inside the second of three journal records (acknowledged claims, the daemon
+    killed before it could fold them): not a crash's tear. At the next start the claims of the
+    records before and after it are kept, the journal is moved aside for a human, the claim it held
+    comes back from the API server, and the driver says so: an ERROR line, a Warning event on the
+    Node, ``dranet_driver_state_damage``; ``/healthz`` is 200 once the rebuild is done."""
+    proc = env40.start()
+    await _ready(env40, proc)
+    async with KubeletClient(env40.reg_socket) as kubelet:
+        await kubelet.register()
+        for i in range(3):  # one batch, one record, each
+            assert all(r.error == "" for r in (await kubelet.prepare(_refs(range(i, i + 1)))).claims.values())
+    proc.kill()  # no fold at shutdown: the three records stay in the journal
+    await _wait_exit(proc, 10)
+    journal = env40.dir / "state/checkpoint.journal"
+    data = bytearray(journal.read_bytes())
+    second = 40 + int.from_bytes(data[4:8], "little")  # the first record's end
+    data[second + 60] ^= 0x01  # inside the second record's payload
+    journal.write_bytes(bytes(data))
+
+    proc2 = env40.start()
+    await _ready(env40, proc2)
+    log = env40.log_of(proc2)
+    assert "state file is corrupt" in log and "damaged records" in log, log[-3000:]
+    assert "rebuilt prepared claims from the API server" in log
+    (aside,) = (env40.dir / "state").glob("checkpoint.journal.corrupt-*")
+    assert aside.read_bytes() == bytes(data)
+    assert set(_stored(env40.dir / "state")) == {f"uid-{i}" for i in range(CLAIMS)}
+    port = _healthz_port(log)
+    assert _healthz(port)[0] == 200
+    assert _metric(port, "dranet_driver_state_damage") == {"checkpoint.journal": 1.0}
+    events = [e for ns, e in env40.api.posted_events if e["reason"] == "DranetStateDamaged"]
+    assert len(events) == 1 and events[0]["involvedObject"]["kind"] == "Node", env40.api.posted_events
+    proc2.send_signal(signal.SIGTERM)
+    assert await _wait_exit(proc2, 10) == 0
+
+
 def _metric(port: int, name: str) -> dict[str, float]:
     """The samples of ``name`` on /metrics, by their ``file`` label."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:

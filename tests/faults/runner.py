@@ -40,6 +40,7 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -55,6 +56,7 @@ from driver.checkpoint.files import FileOps
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
 from driver.claims.prepare import Preparer
+from driver.claims.recovery import rebuild_prepared_claims
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
 from driver.nri.hooks import HookError, NRIHooks
@@ -498,13 +500,69 @@ def restore(nic: Nic, pod_netns: str, host_netns: str, configured: dict[str, str
 
 
 class StubKube:
-    """The kubelet's claims as the API server would return them (prepare needs only GET)."""
+    """The kubelet's claims as the API server would return them (prepare needs only GET; the
+    rebuild after a damaged checkpoint lists them, and this node's slices)."""
 
     def __init__(self, claims: dict[str, dict[str, Any]]) -> None:
         self.claims = claims
 
     def read_namespaced_resource_claim(self, namespace: str, name: str) -> dict[str, Any]:
         return json.loads(json.dumps(self.claims[name]))
+
+    def list_resource_claim_for_all_namespaces(self, limit: int, cont: str | None = None) -> dict[str, Any]:
+        return {"items": json.loads(json.dumps(list(self.claims.values()))), "metadata": {}}
+
+    def list_resource_slice(self, field_selector: str) -> dict[str, Any]:
+        return {"items": []}
+
+
+CORRUPTED_FIELDS = {"magic": 0, "length": 5, "crc": 9, "epoch": 13, "sequence": 21, "base": 28, "payload": 60}
+"""One byte of each part of a journal record (header: magic, length, crc, epoch, sequence, base)."""
+
+
+def corruption_scenario(tally: Tally, root: Path) -> None:
+    """One byte of one acknowledged record of the claims journal damaged, for every part of every
+    record: after the restart and, when the store says claims may be missing, the rebuild from the
+    API server (the daemon's way), every claim the kubelet was told was prepared is there."""
+    node = "node-f"
+    pods = ["p"]
+    claims = {
+        f"c{i}": make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", node)], pods=pods)
+        for i in range(4)
+    }
+    refs = [ClaimRef("ns", name, claim["metadata"]["uid"]) for name, claim in claims.items()]
+
+    def preparer(state: Path) -> Preparer:
+        store = CheckpointStore(state, journal=True)
+        return Preparer(StubKube(claims), store, ClaimBuilder(lambda: inventory(4), "dra.net", node))
+
+    with fresh_state(root) as template:
+        first = preparer(template)
+        for ref in refs:  # one record each, every one acknowledged
+            if asyncio.run(first.prepare([ref]))[ref.uid].error:
+                raise RuntimeError(f"prepare {ref.name} fails without a fault")
+        journal = (template / CheckpointStore.JOURNAL_FILENAME).read_bytes()
+    offsets, at = [], 0
+    while at < len(journal):
+        offsets.append(at)
+        at += 40 + int.from_bytes(journal[at + 4 : at + 8], "little")
+    for position, start in enumerate(offsets):
+        for part, delta in CORRUPTED_FIELDS.items():
+            name = f"journal record {position} damaged ({part})"
+            tally.faults += 1
+            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+            with fresh_state(root) as state:
+                shutil.copytree(template, state, dirs_exist_ok=True)
+                data = bytearray(journal)
+                data[start + delta] ^= 0x40
+                (state / CheckpointStore.JOURNAL_FILENAME).write_bytes(bytes(data))
+                restarted = preparer(state)
+                if restarted.store.claims_quarantined:
+                    asyncio.run(rebuild_prepared_claims(restarted, restarted.kube))  # type: ignore[arg-type]
+                lost = {ref.uid for ref in refs} - set(restarted.store.read(lambda s: list(s.claims)))
+                tally.lost_claims += len(lost)
+                if lost:
+                    tally.problem(f"{name}: {sorted(lost)} answered prepared, missing after restart and rebuild")
 
 
 def prepare_scenario(tally: Tally, root: Path, journal: bool) -> None:
@@ -589,11 +647,11 @@ def links_we_do_not_own(pod_netns: str) -> None:
     ip("-n", pod_netns, "link", "set", "eth0", "up")
 
 
-FAMILIES = ("refused", "nri", "share", "prepare", "macvlan", "ipvlan", "vrf")
+FAMILIES = ("refused", "nri", "share", "prepare", "corruption", "macvlan", "ipvlan", "vrf")
 """The scenario families; ``macvlan``, ``ipvlan`` and ``vrf`` (the paths that differ by kernel, one
 variant each: a macvlan share addressed by its claim, an ipvlan share leased from the pool, a NIC
 in a VRF) need those link kinds in the kernel."""
-DEFAULT_FAMILIES = ("refused", "nri", "share", "prepare")
+DEFAULT_FAMILIES = ("refused", "nri", "share", "prepare", "corruption")
 
 
 def kernel_has(kind: str) -> bool:
@@ -673,6 +731,8 @@ def main(argv: list[str]) -> int:
         subprocess.run(["ip", "link", "del", nic.name], capture_output=True)
     for journal in (False, True) if "prepare" in families else ():
         prepare_scenario(tally, args.work, journal)
+    if "corruption" in families:
+        corruption_scenario(tally, args.work)
     kernel_families(tally, families, args)
     summary = {**tally.__dict__, "seconds": round(time.monotonic() - started, 1)}
     print(json.dumps(summary))

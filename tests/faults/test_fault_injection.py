@@ -1,7 +1,9 @@
 """kill -9 after every netlink operation and every state-file step of prepare, RunPodSandbox and
 StopPodSandbox (1, 2 and 3 NICs, with and without a full config; moves the kernel refuses half-way;
-a share of a NIC as a sub-interface, with a claim address and a pool lease): no NIC stranded, no
-claim lost, the state file valid at every restart, no link the driver does not own touched. The
+a share of a NIC as a sub-interface, with a claim address and a pool lease), and one damaged byte
+in every part of every record of the claims journal: no NIC stranded, no claim lost (after the
+rebuild from the API server a damaged journal asks for), the state file valid at every restart, no
+link the driver does not own touched. The
 engine is tests/faults/runner.py; it runs in a throwaway "host" namespace so its veths, addresses
 and routes never touch the node's."""
 
@@ -44,6 +46,8 @@ def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -
     assert (summary["stranded"], summary["lost_claims"], summary["invalid_state"]) == (0, 0, 0)
     assert summary["foreign_touched"] == 0
     assert any("refused" in name for name in summary["by_scenario"]), summary["by_scenario"]
+    damaged = {name: n for name, n in summary["by_scenario"].items() if name.startswith("journal record")}
+    assert len(damaged) == 4 * 7, damaged  # every part of every record of the claims journal
     assert all(n > 0 for n in summary["by_scenario"].values()), summary["by_scenario"]
 
 
