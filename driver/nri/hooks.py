@@ -312,7 +312,7 @@ class NRIHooks:
         nics = [_nic(c, d, hosts[name], leased.get(d.device)) for (c, d), name in zip(netdevs, ifnames, strict=True)]
         target = PodNetns(self.host, netns, on_created=self._recorder(pod.uid))
         try:
-            self._plan(pod, target, nics)
+            self._plan(pod, target, nics, hosts)
             self._move_in(pod, target, nics)
         finally:
             target.close()
@@ -333,9 +333,10 @@ class NRIHooks:
             taken[name].add(out[device].split("/", 1)[0])
         return out
 
-    def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
+    def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic], hosts: Mapping[str, LinkState]) -> None:
         """What can be known before a move, against the pod's namespace: every refusal is here, and
-        each NIC's ifindex in the pod (its host one when free there)."""
+        each NIC's ifindex in the pod (its host one when free there); ``hosts``: the NICs as the
+        host has them (a share's limits are its NIC's)."""
         try:
             links = target.rtnl.link_names()
         except (NetnsGone, OSError) as exc:
@@ -344,7 +345,7 @@ class NRIHooks:
         target.names = set(links.values())
         try:
             self._check_names_and_mtus(nics, target.names)
-            self._check_shares(nics)
+            self._check_shares(pod.uid, nics, hosts)
             for setting in self.settings:
                 setting.plan(_for(setting, nics), self.host, target)
             indexes = _pod_indexes(self.host, target, nics, links)
@@ -376,13 +377,14 @@ class NRIHooks:
                 if problem:
                     raise SettingRefused(nic.name, "mtu", problem)
 
-    def _check_shares(self, nics: Sequence[Nic]) -> None:
-        """Refuse what a sub-interface cannot be: two shares of one NIC in one pod (one record per
-        device), a share of a NIC whose RDMA device would have to move (exclusive RDMA mode)."""
+    def _check_shares(self, pod_uid: str, nics: Sequence[Nic], hosts: Mapping[str, LinkState]) -> None:
+        """Refuse what a sub-interface cannot be, in the driver's words before the kernel's: two
+        shares of one NIC in one pod (one record per device), a share of a NIC whose RDMA device
+        would have to move (exclusive RDMA mode), and what its NIC does not allow (:func:`_share_limits`)."""
         seen: set[str] = set()
-        for nic in nics:
-            if not nic.sub_interface:
-                continue
+        shares = [nic for nic in nics if nic.sub_interface]
+        others = self.store.read(lambda s: _share_macs(s, pod_uid)) if shares else {}
+        for nic in shares:
             if nic.name in seen:
                 raise SettingRefused(nic.name, "share", "this pod holds two shares of this NIC; one share per pod")
             seen.add(nic.name)
@@ -392,6 +394,7 @@ class NRIHooks:
                     "a time, so a shared RDMA NIC cannot serve several pods (rdma system set netns shared)"
                 )
                 raise SettingRefused(nic.name, "rdma", reason)
+            _share_limits(nic, hosts[nic.host.ifname], others.get(nic.host.ifname, {}))
 
     def _move_in(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic]) -> None:
         """From the write-ahead record on: move, set, check, the settings in the pod, configure;
@@ -752,6 +755,44 @@ def _nic(claim: PreparedClaim, device: PreparedDevice, host: LinkState, lease: s
     if lease:
         nic.records[SUB_INTERFACE][sub_interfaces.LEASE] = lease
     return nic
+
+
+MIN_MTU = 68  # include/linux/if_ether.h ETH_MIN_MTU: what a macvlan or ipvlan takes at least
+
+
+def _share_macs(state: DriverState, pod_uid: str) -> dict[str, dict[str, str]]:
+    """NIC name -> MAC -> the pod holding a share of it with that MAC (other pods than ``pod_uid``)."""
+    out: dict[str, dict[str, str]] = {}
+    for uid, pod in state.pods.items():
+        for m in pod.devices:
+            sub = m.records.get(SUB_INTERFACE)
+            if uid != pod_uid and sub and m.pod_mac:
+                out.setdefault(str(sub.get("parent")), {})[m.pod_mac.lower()] = f"{pod.namespace}/{pod.name}"
+    return out
+
+
+def _share_limits(nic: Nic, parent: LinkState, taken: Mapping[str, str]) -> None:
+    """Refuse a share its NIC cannot carry, naming the field: an MTU above the NIC's (or below the
+    least any link takes), a MAC for an ipvlan (it has its NIC's), or a macvlan MAC that is its NIC's
+    or another share's (the kernel would refuse it only at link-up, EADDRINUSE)."""
+    kind = nic.records[SUB_INTERFACE]["kind"]
+    mtu, mac = nic.pod.mtu, nic.pod.mac
+    if mtu is not None and parent.mtu and mtu > parent.mtu:
+        why = f"interface.mtu: {mtu} is above the MTU {parent.mtu} of {parent.ifname}, the NIC this {kind} shares"
+        raise SettingRefused(nic.name, "mtu", why)
+    if mtu is not None and mtu < MIN_MTU:
+        raise SettingRefused(nic.name, "mtu", f"interface.mtu: {mtu} is below the least MTU a link takes ({MIN_MTU})")
+    if mac is None:
+        return
+    if kind != sub_interfaces.MACVLAN:
+        why = f"interface.hardwareAddr: an {kind} has the MAC of its NIC; a macvlan share can have its own"
+        raise SettingRefused(nic.name, "mac", why)
+    if parent.mac and mac.lower() == parent.mac.lower():
+        why = f"interface.hardwareAddr: {mac} is the MAC of {parent.ifname}, the NIC this {kind} shares"
+        raise SettingRefused(nic.name, "mac", why)
+    if mac.lower() in taken:
+        why = f"interface.hardwareAddr: {mac} is the MAC of another share of {parent.ifname} (pod {taken[mac.lower()]})"
+        raise SettingRefused(nic.name, "mac", why)
 
 
 def _addressed(device: PreparedDevice) -> bool:

@@ -253,3 +253,43 @@ def test_a_lost_pod_state_finds_the_sub_interface_and_its_lease_again(
     assert m.records[SUB_INTERFACE]["lease"] == "192.168.222.2/24" and m.records[SUB_INTERFACE]["parent"] == nic
     hooks.stop_pod_sandbox(pod)
     assert set(_links(pod_ns)) == {"lo"} and link_facts(nic) == before
+
+
+def test_a_share_is_planned_against_its_nics_limits_and_refused_in_the_drivers_words(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """What the kernel would refuse with its own words ("Invalid argument" at create, "Address already
+    in use" at link-up) is refused before anything is made, naming the field: an MTU above the
+    NIC's, the NIC's own MAC, another share's MAC (naming its pod), a MAC for an ipvlan."""
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.216.1/24", [], mtu=1500)
+    before = link_facts(nic)
+    assert before is not None
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+
+    def share(uid: str, interface: dict[str, object]) -> HookError | None:
+        pod = _pod(uid, f"/run/netns/{netns_factory.netns()}")
+        config = {"opaque": [{"interface": {"name": "net1", **interface}}]}
+        prepare_claim(store, uid, [{"ifname": nic, "device": "shared-nic", "share_id": uid, "config": config}])
+        try:
+            hooks.run_pod_sandbox(pod)
+        except HookError as exc:
+            return exc
+        return None
+
+    too_big = share("mtu", {"mtu": 65000})
+    assert too_big is not None and str(too_big).endswith(
+        f"mtu failed: interface.mtu: 65000 is above the MTU 1500 of {nic}, the NIC this macvlan shares"
+    )
+    parents = share("parent-mac", {"hardwareAddr": str(before["mac"])})
+    assert parents is not None and str(parents).endswith(
+        f"mac failed: interface.hardwareAddr: {before['mac']} is the MAC of {nic}, the NIC this macvlan shares"
+    )
+    assert share("first", {"hardwareAddr": "02:00:00:00:21:01"}) is None
+    again = share("second", {"hardwareAddr": "02:00:00:00:21:01"})
+    assert again is not None and "is the MAC of another share of" in str(again) and "default/pod-first" in str(again)
+    ipvlan = share("ipvlan", {"type": "ipvlan", "hardwareAddr": "02:00:00:00:21:02"})
+    assert ipvlan is not None and "interface.hardwareAddr: an ipvlan has the MAC of its NIC" in str(ipvlan)
+    assert link_facts(nic) == before, "the NIC untouched"
+    assert set(store.read(lambda s: list(s.pods))) == {"first"}, "only the share that was made has state"
