@@ -89,20 +89,30 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
-def parse_sharing_pools(text: str) -> dict[str, IPNetwork]:
-    """``--sharing-pools ib0=10.77.5.0/26,ib1=...`` -> {interface: network}; ``ValueError`` naming
-    the flag, the entry and the reason."""
-    pools: dict[str, IPNetwork] = {}
+SHARING_POOLS_ANNOTATION = f"{DRIVER_NAME}/sharing-pools"
+"""The Node annotation giving this node's own address pools (``ib0=10.77.5.0/26,...``, the syntax of
+``--sharing-pools``), over the flag's: a range per node, which a DaemonSet-wide flag cannot give."""
+SUBNET_POOL = "subnet"
+"""A pool entry naming the subnet of the NIC's host address (right when no other node is on it)."""
+
+
+def parse_sharing_pools(text: str, what: str = "--sharing-pools") -> dict[str, IPNetwork | None]:
+    """``ib0=10.77.5.0/26,ib1=subnet`` -> {interface: network, or None for the NIC's subnet};
+    ``ValueError`` naming ``what`` (the flag or the annotation), the entry and the reason."""
+    pools: dict[str, IPNetwork | None] = {}
     for item in (part.strip() for part in text.split(",")):
         if not item:
             continue
         name, sep, cidr = item.partition("=")
         if not sep or not name.strip():
-            raise ValueError(f"--sharing-pools: {item!r}: expected <interface>=<CIDR>")
+            raise ValueError(f"{what}: {item!r}: expected <interface>=<CIDR> or <interface>={SUBNET_POOL}")
+        if cidr.strip() == SUBNET_POOL:
+            pools[name.strip()] = None
+            continue
         try:
             pools[name.strip()] = ipaddress.ip_network(cidr.strip(), strict=True)
         except ValueError as exc:
-            raise ValueError(f"--sharing-pools: {name.strip()}: {exc}") from None
+            raise ValueError(f"{what}: {name.strip()}: {exc}") from None
     return pools
 
 

@@ -30,7 +30,13 @@ from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
-from driver.config import STATE_DAMAGED_EVENT, UNHEALTHY_TAINT_KEY, DriverConfig, parse_sharing_pools
+from driver.config import (
+    SHARING_POOLS_ANNOTATION,
+    STATE_DAMAGED_EVENT,
+    UNHEALTHY_TAINT_KEY,
+    DriverConfig,
+    parse_sharing_pools,
+)
 from driver.daemon.device_sync import DeviceSync
 from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
@@ -38,6 +44,7 @@ from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
 from driver.health.monitor import HealthMonitor
 from driver.kube.client import KubeClient
+from driver.kube.errors import KubeError
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
 from driver.netlink import kernel_features
@@ -192,6 +199,26 @@ class Daemon:
             out.append(self.claims_damage)
         return out
 
+    async def _node_pools(self) -> None:
+        """This node's own address pools (its ``dra.net/sharing-pools`` annotation) over the flag's:
+        a range per node, which the DaemonSet-wide flag cannot give. A bad annotation is logged
+        naming it and the flag's pools are kept."""
+        try:
+            node = await asyncio.to_thread(self.kube.read_node, self.config.node_name)
+        except KubeError as exc:
+            log.warning("cannot read this node for its address pools", extra={"kv": {"error": str(exc)}})
+            return
+        text = ((node.get("metadata") or {}).get("annotations") or {}).get(SHARING_POOLS_ANNOTATION)
+        if not text:
+            return
+        try:
+            own = parse_sharing_pools(text, f"node annotation {SHARING_POOLS_ANNOTATION}")
+        except ValueError as exc:
+            log.error("bad address pools on this node: ignored", extra={"kv": {"error": str(exc)}})
+            return
+        self.sharing_pools = {**self.sharing_pools, **own}
+        log.info("address pools of this node", extra={"kv": {k: str(v or "subnet") for k, v in own.items()}})
+
     def _damage(self) -> list[tuple[str, str]]:
         """(file, what) of each state file found damaged at start."""
         out = [(q.path.name, f"moved aside: {q.reason}") for q in self.store.quarantined]
@@ -273,6 +300,7 @@ class Daemon:
         if self.device_sync.sharing is not None:
             await self._check_sharing()
         await self.dra.check_taints()
+        await self._node_pools()
         self.kernel = await asyncio.to_thread(_kernel_features)
         kernel_features.report(self.kernel)
         self.metrics.set_kernel(

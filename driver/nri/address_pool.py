@@ -1,30 +1,53 @@
 """Addresses for sub-interfaces whose claim gives none: a node-local pool per shared NIC.
 
 A share of a NIC whose config sets neither ``interface.addresses`` nor ``dhcp`` gets one address
-of its NIC's pool: the admin's (``--sharing-pools ib0=10.77.5.0/26``), else the subnet of the NIC's
-first IPv4 host address. The address carries the prefix of the NIC's subnet when the pool lies in
-it (so the pods and the host are on one link), else the pool's. Never handed out: the pool's
-network and broadcast addresses, the NIC's own addresses, and every lease recorded in the pod
-state. A lease is part of the sub-interface's record (``subInterface.lease``), written ahead with
-it, so it is held as long as that record: a driver restart keeps it, and it is free again once the
-pod's state is dropped at the return.
+of its NIC's pool. A pool is a range this node alone hands out: the Node's annotation
+``dra.net/sharing-pools`` (``ib0=10.77.5.0/26,...``: one range per node, which a DaemonSet-wide
+setting cannot give), else ``--sharing-pools`` (the chart's ``sharing.pools``); ``subnet`` as a
+range means the subnet of the NIC's IPv4 host address, for a subnet that is this node's own.
+There is no default: a subnet spanning nodes, handed out by each, gives one address twice, so a
+share with neither an address nor a pool is refused, saying what to set.
 
-The subnet default is right when the subnet is this node's own; where one subnet spans several
-nodes, each node needs its own ``--sharing-pools`` range, or two nodes hand out one address twice.
+An address is never handed out while it is in use (:func:`in_use`): on this node (every host
+address, every other share's lease, every address a prepared claim sets) or on the link (an ARP
+probe, :mod:`driver.netlink.arp_probe`, answered within a bounded wait). The address carries the
+prefix of the NIC's subnet when the pool lies in it (so the pods and the host are on one link),
+else the pool's. A lease is part of the sub-interface's record (``subInterface.lease``), written
+ahead with it, so it is held as long as that record: a driver restart keeps it, and it is free
+again once the pod's state is dropped at the return.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping
+import socket
+from collections.abc import Callable, Iterable, Mapping
 
 from driver.checkpoint.state import RETURNED, DriverState
 from driver.config import IPNetwork
+from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Rtnl, dumped_address
 from driver.netlink.sub_interfaces import LEASE, RECORD
+from driver.netlink_channel import IFADDRMSG, RTM_GETADDR
+
+PROBES = 8
+"""Free-looking addresses of a pool probed on the link for one lease before the pool is called
+overlapping (each costs the probe's wait)."""
 
 
 class PoolError(Exception):
     """No address can be handed out; the message names the NIC, the pool and why."""
+
+
+def host_addresses(rtnl: Rtnl) -> dict[str, tuple[str, str]]:
+    """Every address of the host's namespace (global scope; no prefix) -> (its link's name, the
+    address as a CIDR): one address dump and one link dump."""
+    names = rtnl.link_names()
+    out: dict[str, tuple[str, str]] = {}
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        found = dumped_address(payload, RT_SCOPE_UNIVERSE)
+        if found is not None:
+            out[found[1].split("/", 1)[0]] = (names.get(found[0], f"ifindex {found[0]}"), found[1])
+    return out
 
 
 def leases(state: DriverState, parent: str) -> set[str]:
@@ -38,26 +61,76 @@ def leases(state: DriverState, parent: str) -> set[str]:
     return out
 
 
+def in_use(state: DriverState, host: Mapping[str, tuple[str, str]], skip: Iterable[str] = ()) -> dict[str, str]:
+    """Address (no prefix) -> who holds it on this node: the host (``host``: :func:`host_addresses`),
+    every share's lease in the pod state, every address a prepared claim sets for a NIC (but the
+    claims ``skip``: the asking pod's own, by UID). For leases and for refusing a claim's address in use."""
+    out = {address: f"the host's {link}" for address, (link, _cidr) in host.items()}
+    for pod in state.pods.values():
+        for m in pod.devices:
+            sub = m.records.get(RECORD) or {}
+            if m.step != RETURNED and sub.get(LEASE):
+                out[str(sub[LEASE]).split("/", 1)[0]] = (
+                    f"pod {pod.namespace}/{pod.name} (its share of {sub.get('parent')})"
+                )
+    skipped = set(skip)
+    for claim in state.claims.values():
+        if claim.uid in skipped:
+            continue
+        for d in claim.devices:
+            iface = d.config.interface
+            if iface is None:
+                continue
+            for cidr in iface.addresses or ():
+                out.setdefault(cidr.split("/", 1)[0], f"claim {claim.namespace}/{claim.name} (device {d.device})")
+    return out
+
+
+def pool_of(parent: str, host_addresses: Iterable[str], pools: Mapping[str, IPNetwork | None]) -> IPNetwork:
+    """The range ``parent``'s shares lease from; :class:`PoolError` when it has none."""
+    if parent not in pools:
+        raise PoolError(
+            f"no address pool for {parent} on this node: annotate the node dra.net/sharing-pools={parent}=<CIDR> "
+            f"(a range only this node hands out; 'subnet' for the NIC's own subnet when no other node is on it), "
+            "or set interface.addresses or interface.dhcp in the claim"
+        )
+    pool = pools[parent]
+    if pool is not None:
+        return pool
+    subnet = next((i.network for i in map(ipaddress.ip_interface, host_addresses) if i.version == 4), None)
+    if subnet is None:
+        raise PoolError(f"the pool of {parent} is its subnet, but {parent} has no IPv4 address to take it from")
+    return subnet
+
+
 def lease(
     parent: str,
     host_addresses: Iterable[str],
-    taken: set[str],
-    pools: Mapping[str, IPNetwork],
+    taken: Mapping[str, str],
+    pools: Mapping[str, IPNetwork | None],
+    answered: Callable[[str], bool] = lambda _address: False,
 ) -> str:
-    """A free address (CIDR) of ``parent``'s pool; :class:`PoolError` when it has none."""
+    """A free address (CIDR) of ``parent``'s pool: not ``taken`` (:func:`in_use`) and not answering
+    on the link (``answered(address)``: an ARP probe); :class:`PoolError` when there is none."""
     interfaces = [ipaddress.ip_interface(a) for a in host_addresses]
+    pool = pool_of(parent, [str(i) for i in interfaces], pools)
     subnet = next((i.network for i in interfaces if i.version == 4), None)
-    pool = pools.get(parent, subnet)
-    if pool is None:
-        raise PoolError(
-            f"{parent} has no IPv4 address to take a subnet from and no --sharing-pools entry; "
-            "set interface.addresses, interface.dhcp or a pool"
-        )
     inside = subnet is not None and pool.version == subnet.version and pool.subnet_of(subnet)  # type: ignore[arg-type]
     prefix = subnet.prefixlen if inside and subnet is not None else pool.prefixlen
     own = {str(i.ip) for i in interfaces}
+    probed: list[str] = []
     for candidate in pool.hosts():
         address = str(candidate)
-        if address not in own and address not in taken:
+        if address in own or address in taken:
+            continue
+        if len(probed) == PROBES:
+            break
+        probed.append(address)
+        if not answered(address):
             return f"{address}/{prefix}"
-    raise PoolError(f"the address pool of {parent} ({pool}) is exhausted: {len(taken)} leases")
+    if probed:
+        raise PoolError(
+            f"the address pool of {parent} ({pool}) overlaps addresses in use on its link: "
+            f"{', '.join(probed)} answered ARP probes (give this node a range no other host uses)"
+        )
+    raise PoolError(f"the address pool of {parent} ({pool}) is exhausted: {len(taken)} addresses in use")

@@ -62,7 +62,7 @@ from driver.claims.claim_build import sub_interface_kind
 from driver.claims.container_settings import settings_for_container
 from driver.claims.status_entries import DeviceResult
 from driver.config import HOST_NETNS, IPNetwork
-from driver.netlink import mtu_limits, nic_home, sub_interfaces
+from driver.netlink import arp_probe, mtu_limits, nic_home, sub_interfaces
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.kernel_features import MOVE_IFINDEX, KernelFeatures
 from driver.netlink.link_identity import LinkIdentity, free_indexes
@@ -82,7 +82,6 @@ from driver.netlink.nic_moves import (
 from driver.netlink.rtnl import NetnsOpError, Request
 from driver.netlink.sub_interfaces import delete_subs, newsub
 from driver.nic_settings import rdma
-from driver.nic_settings.addresses import record_host
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 from driver.nri import address_pool
@@ -98,6 +97,9 @@ SUB_INTERFACE = sub_interfaces.RECORD
 """The pod state's record of a sub-interface of a NIC: the NIC stays on the host, the pod's
 sub-interface is deleted at the return."""
 FAULT_ENV = "DRANET_FAULT_AFTER"
+PROBE_WAIT = 0.1
+"""Seconds an ARP probe of a pool address waits for a host holding it to answer (RFC 5227 waits
+longer; a pod start waits on this, and a host that holds an address answers in microseconds)."""
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
 
@@ -225,7 +227,8 @@ class NRIHooks:
         rdma_exclusive: bool = False,
         hook_activity: HookActivity | None = None,
         settings: Sequence[NicSetting] = SETTINGS,
-        pools: Mapping[str, IPNetwork] | None = None,
+        pools: Mapping[str, IPNetwork | None] | None = None,
+        probe_wait: float = PROBE_WAIT,
         on_host_change: Callable[[], None] | None = None,
         kernel: KernelFeatures | None = None,
     ) -> None:
@@ -236,7 +239,10 @@ class NRIHooks:
         self.steps = StepClock(fault_after)
         self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
         self.settings = tuple(settings)
-        self.pools = dict(pools or {})  # shared NIC name -> the admin's address pool (--sharing-pools)
+        # Shared NIC name -> its address pool on this node (None: its subnet): the node's
+        # dra.net/sharing-pools annotation over --sharing-pools.
+        self.pools = dict(pools or {})
+        self.probe_wait = probe_wait  # seconds an ARP probe of a lease waits for an answer (0: no probe)
         self._lock = threading.RLock()
 
     def close(self) -> None:
@@ -318,20 +324,44 @@ class NRIHooks:
             target.close()
 
     def _leases(self, netdevs: list[Netdev], hosts: Mapping[str, LinkState]) -> dict[str, str]:
-        """An address of its NIC's pool for each sub-interface whose claim gives none (device ->
-        CIDR), free of the NIC's addresses and of the leases the pod state records."""
-        wanting = [d for _, d in netdevs if d.sub_interface and not _addressed(d)]
-        if not wanting:
+        """For the pod's sub-interfaces: refuse an address its claim sets that is in use on this
+        node (naming who holds it), and lease one of its NIC's pool to each whose claim sets none
+        (device -> CIDR): not in use on this node, and not answering an ARP probe on the link."""
+        shares = [d for _, d in netdevs if d.sub_interface]
+        if not shares:
             return {}
-        names = {d.device: d.snapshot.host.ifname or "" for d in wanting}
-        parents = {name: replace(hosts[name], addresses=[]) for name in set(names.values())}
-        record_host(self.host.rtnl(), list(parents.values()))
-        taken = self.store.read(lambda s: {name: address_pool.leases(s, name) for name in parents})
+        host = address_pool.host_addresses(self.host.rtnl())
+        taken = self.store.read(lambda s: address_pool.in_use(s, host, skip=[c.uid for c, _ in netdevs]))
+        for d in shares:
+            for cidr in (d.config.interface.addresses if d.config.interface else None) or ():
+                holder = taken.get(cidr.split("/", 1)[0])
+                if holder is not None:
+                    raise PoolError(f"device {d.device}: interface.addresses: {cidr} is in use by {holder}")
         out: dict[str, str] = {}
-        for device, name in names.items():
-            out[device] = address_pool.lease(name, parents[name].addresses, taken[name], self.pools)
-            taken[name].add(out[device].split("/", 1)[0])
+        for d in shares:
+            if _addressed(d):
+                continue
+            nic = hosts[d.snapshot.host.ifname or ""]
+            own = [cidr for link, cidr in host.values() if link == nic.ifname]
+
+            def answered(address: str, nic: LinkState = nic) -> bool:
+                return self._arp_answered(nic, address)
+
+            out[d.device] = address_pool.lease(nic.ifname, own, taken, self.pools, answered)
+            taken[out[d.device].split("/", 1)[0]] = f"device {d.device} of this pod"
         return out
+
+    def _arp_answered(self, nic: LinkState, address: str) -> bool:
+        """Whether a host on ``nic``'s link answers an ARP probe for IPv4 ``address`` (bounded wait);
+        an IPv6 one is left to the kernel's own duplicate address detection. A NIC that cannot
+        send (down) cannot tell: the address is taken as free, and that is logged."""
+        if ":" in address or not nic.mac or self.probe_wait <= 0:
+            return False
+        try:
+            return arp_probe.in_use(self.host.fd, nic.ifname, nic.mac, address, self.probe_wait)
+        except OSError as exc:
+            log.warning("ARP probe not sent", extra={"kv": {"nic": nic.ifname, "address": address, "error": str(exc)}})
+            return False
 
     def _plan(self, pod: api.PodSandbox, target: PodNetns, nics: list[Nic], hosts: Mapping[str, LinkState]) -> None:
         """What can be known before a move, against the pod's namespace: every refusal is here, and

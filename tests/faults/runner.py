@@ -315,6 +315,11 @@ def foreign(pod_netns: str) -> dict[str, Any]:
     }
 
 
+def subnet_pools(devices: list[dict[str, Any]]) -> dict[str, None]:
+    """Each shared NIC's address pool: its own subnet (the throwaway host is alone on it)."""
+    return {d["ifname"]: None for d in devices if d.get("share_id")}
+
+
 def pod_with_claim(state: Path, devices: list[dict[str, Any]], pod_netns: str, hook: str) -> tuple[str, api.PodSandbox]:
     """A prepared claim with ``devices`` for a new pod in ``pod_netns`` (its UID, the pod); before a
     StopPodSandbox the pod has its NICs already."""
@@ -322,7 +327,7 @@ def pod_with_claim(state: Path, devices: list[dict[str, Any]], pod_netns: str, h
     claim = prepare_claim(CheckpointStore(state), uid, devices)
     pod = pod_sandbox(uid, pod_netns)
     if hook == "stop":
-        hooks = NRIHooks(CheckpointStore(state))
+        hooks = NRIHooks(CheckpointStore(state), pools=subnet_pools(devices))
         hooks.run_pod_sandbox(pod)  # the NICs are in the pod before the fault
         hooks.close()
     return claim, pod
@@ -454,7 +459,7 @@ def share_scenario(
 
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
-            hooks = NRIHooks(CheckpointStore(state, ops=ops))
+            hooks = NRIHooks(CheckpointStore(state, ops=ops), pools=subnet_pools(devices))
             (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)
 
         return work
@@ -464,7 +469,7 @@ def share_scenario(
         code, points = in_child(child_work(state, pod), None)
         if code != 0:
             raise RuntimeError(f"{name}: the hook fails without a fault")
-        NRIHooks(CheckpointStore(state)).stop_pod_sandbox(pod)
+        NRIHooks(CheckpointStore(state), pools=subnet_pools(devices)).stop_pod_sandbox(pod)
     for k in range(1, points + 1):
         with fresh_state(root) as state:
             claim, pod = setup(state)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import secrets
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,19 +18,37 @@ from harness.nri import configure_host_nic, link_facts, prepare_claim
 from tests.nri.test_sub_interfaces import _links, _pod
 
 
-def test_the_first_free_address_of_the_subnet_with_its_prefix() -> None:
-    assert lease("ib0", ["10.1.0.1/24"], set(), {}) == "10.1.0.2/24"
-    assert lease("ib0", ["10.1.0.1/24"], {"10.1.0.2", "10.1.0.3"}, {}) == "10.1.0.4/24"
+def test_the_first_free_address_of_the_pool_with_its_prefix() -> None:
+    subnet = parse_sharing_pools("ib0=subnet")  # the NIC's own subnet: a node that is alone on it
+    assert subnet == {"ib0": None}
+    assert lease("ib0", ["10.1.0.1/24"], {}, subnet) == "10.1.0.2/24"
+    assert lease("ib0", ["10.1.0.1/24"], {"10.1.0.2": "x", "10.1.0.3": "y"}, subnet) == "10.1.0.4/24"
     # The admin's pool inside the NIC's subnet: the subnet's prefix (one link with the host).
     pools = parse_sharing_pools("ib0=10.1.0.64/30")
-    assert lease("ib0", ["10.1.0.1/24"], set(), pools) == "10.1.0.65/24"
-    assert lease("ib0", ["10.1.0.1/24"], {"10.1.0.65"}, pools) == "10.1.0.66/24"
-    with pytest.raises(PoolError, match=r"the address pool of ib0 \(10.1.0.64/30\) is exhausted: 2 leases"):
-        lease("ib0", ["10.1.0.1/24"], {"10.1.0.65", "10.1.0.66"}, pools)
+    assert lease("ib0", ["10.1.0.1/24"], {}, pools) == "10.1.0.65/24"
+    assert lease("ib0", ["10.1.0.1/24"], {"10.1.0.65": "x"}, pools) == "10.1.0.66/24"
+    with pytest.raises(PoolError, match=r"the address pool of ib0 \(10.1.0.64/30\) is exhausted: 2 addresses in use"):
+        lease("ib0", ["10.1.0.1/24"], {"10.1.0.65": "x", "10.1.0.66": "y"}, pools)
     # A pool elsewhere: its own prefix.
-    assert lease("ib1", [], set(), parse_sharing_pools("ib1=192.0.2.0/28")) == "192.0.2.1/28"
+    assert lease("ib1", [], {}, parse_sharing_pools("ib1=192.0.2.0/28")) == "192.0.2.1/28"
     with pytest.raises(PoolError, match="ib2 has no IPv4 address"):
-        lease("ib2", ["fd00::1/64"], set(), {})
+        lease("ib2", ["fd00::1/64"], {}, {"ib2": None})
+
+
+def test_no_pool_no_lease_and_the_refusal_says_what_to_set() -> None:
+    """No default: a subnet spanning nodes, handed out by each, would give one address twice."""
+    with pytest.raises(PoolError) as info:
+        lease("ib0", ["10.1.0.1/24"], {}, {})
+    assert "no address pool for ib0 on this node: annotate the node dra.net/sharing-pools=ib0=<CIDR>" in str(info.value)
+    assert "interface.addresses or interface.dhcp" in str(info.value)
+
+
+def test_an_address_answering_on_the_link_is_never_leased() -> None:
+    on_the_link = {"10.1.0.65", "10.1.0.66"}
+    pools = parse_sharing_pools("ib0=10.1.0.64/29")
+    assert lease("ib0", ["10.1.0.1/24"], {}, pools, on_the_link.__contains__) == "10.1.0.67/24"
+    with pytest.raises(PoolError, match=r"overlaps addresses in use on its link: 10.1.0.65, 10.1.0.66"):
+        lease("ib0", ["10.1.0.1/24"], {}, parse_sharing_pools("ib0=10.1.0.64/30"), on_the_link.__contains__)
 
 
 @pytest.mark.parametrize(
@@ -52,14 +71,15 @@ def test_shares_without_addresses_get_unique_leases_freed_at_the_end_and_kept_ac
     configure_host_nic(nic, peer, "192.168.219.1/24", [])
     before = link_facts(nic)
     state, run = str(tmp_path / "state"), str(tmp_path / "run")
-    hooks = NRIHooks(CheckpointStore(state, run), host_netns="/proc/self/ns/net")
+    pools = parse_sharing_pools(f"{nic}=subnet")
+    hooks = NRIHooks(CheckpointStore(state, run), host_netns="/proc/self/ns/net", pools=pools)
     pods = []
     for i in range(3):
         pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
         prepare_claim(hooks.store, uid, [{"ifname": nic, "device": "shared", "share_id": f"s{i}"}])
         pod = _pod(uid, f"/run/netns/{pod_ns}")
         if i == 2:  # a restarted driver: the leases of the running pods are still taken
-            hooks = NRIHooks(CheckpointStore(state, run), host_netns="/proc/self/ns/net")
+            hooks = NRIHooks(CheckpointStore(state, run), host_netns="/proc/self/ns/net", pools=pools)
         hooks.run_pod_sandbox(pod)
         pods.append((pod, pod_ns))
     got = []
@@ -94,6 +114,37 @@ def test_an_exhausted_pool_refuses_the_pod_naming_it(netns_factory: NetnsFactory
         if i < 2:
             hooks.run_pod_sandbox(pod)
             continue
-        with pytest.raises(HookError, match=r"address pool failed: the address pool of .* is exhausted: 2 leases"):
+        with pytest.raises(HookError, match=r"address pool failed: the address pool of .* is exhausted"):
             hooks.run_pod_sandbox(pod)
         assert set(_links(pod_ns)) == {"lo"}
+
+
+@pytest.mark.root
+def test_no_address_in_use_is_leased_or_taken(netns_factory: NetnsFactory, tmp_path: Path) -> None:
+    """Share A sets an address itself; share B sets none and must not get A's; an address a host on
+    the link holds (another node's, answering ARP) is skipped; a share asking for an address this
+    node's host holds is refused, naming it and its holder."""
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.221.1/24", [])
+    other = netns_factory.netns()  # another node on the rail: the peer's end holds .2
+    subprocess.run(["ip", "link", "set", peer, "netns", other], check=True)
+    subprocess.run(["ip", "-n", other, "addr", "add", "192.168.221.2/24", "dev", peer], check=True)
+    subprocess.run(["ip", "-n", other, "link", "set", peer, "up"], check=True)
+    pools = parse_sharing_pools(f"{nic}=subnet")
+    hooks = NRIHooks(
+        CheckpointStore(str(tmp_path / "s"), str(tmp_path / "r")), host_netns="/proc/self/ns/net", pools=pools
+    )
+
+    def start(uid: str, interface: dict[str, object] | None) -> str:
+        pod_ns = netns_factory.netns()
+        config = {"opaque": [{"interface": {"name": "net1", **interface}}]} if interface else {}
+        prepare_claim(hooks.store, uid, [{"ifname": nic, "device": "shared", "share_id": uid, "config": config}])
+        hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+        [inet] = [a for a in _links(pod_ns)["net1" if interface else nic]["addr_info"] if a["family"] == "inet"]
+        return f"{inet['local']}/{inet['prefixlen']}"
+
+    assert start("a", {"addresses": ["192.168.221.3/24"]}) == "192.168.221.3/24"
+    assert start("b", None) == "192.168.221.4/24", "not .2 (answers ARP on the link), not .3 (share a's)"
+    with pytest.raises(HookError) as info:
+        start("c", {"addresses": ["192.168.221.1/24"]})
+    assert f"interface.addresses: 192.168.221.1/24 is in use by the host's {nic}" in str(info.value)

@@ -68,7 +68,7 @@ def test_each_share_is_a_sub_interface_the_nic_stays_and_the_pods_reach_each_oth
     configure_host_nic(nic, peer, "192.168.215.1/24", [["10.215.0.0/16", "via", "192.168.215.254"]], mtu=1500)
     before = link_facts(nic)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     pods = []
     for i in range(3):
         pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
@@ -102,7 +102,7 @@ def test_two_shares_of_one_nic_in_one_pod_and_a_name_the_pod_has_are_refused(
     nic, peer = netns_factory.veth()
     configure_host_nic(nic, peer, "192.168.216.1/24", [])
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     twice = [
         {"ifname": nic, "device": "shared-nic", "share_id": "a", "config": _config("net1", "10.78.0.1/24")},
@@ -119,7 +119,7 @@ def test_a_gone_namespace_took_its_sub_interface_along(netns_factory: NetnsFacto
     configure_host_nic(nic, peer, "192.168.217.1/24", [])
     before = link_facts(nic)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     claim = prepare_claim(store, uid, [{"ifname": nic, "device": "shared-nic", "share_id": "x"}])
     hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
@@ -131,13 +131,13 @@ def test_a_gone_namespace_took_its_sub_interface_along(netns_factory: NetnsFacto
     assert link_facts(nic) == before
 
 
-def _killed_at(step: str, work: Callable[[NRIHooks], None], store: CheckpointStore) -> int:
+def _killed_at(step: str, work: Callable[[NRIHooks], None], store: CheckpointStore, nic: str) -> int:
     """Run ``work`` in a child whose hooks ``os._exit(137)`` right after ``step`` (kill -9 there)."""
     pid = os.fork()
     if pid == 0:  # the child: a driver that dies at the step
         code = 0
         try:
-            work(NRIHooks(store, host_netns="/proc/self/ns/net", fault_after=step))
+            work(NRIHooks(store, host_netns="/proc/self/ns/net", fault_after=step, pools={nic: None}))
         except BaseException:  # noqa: BLE001 - the child reports by exit code only
             code = 1
         os._exit(code)
@@ -155,21 +155,26 @@ def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouch
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     device = {"ifname": nic, "device": "shared-nic", "share_id": "s", "config": _config("net1", "10.79.0.1/24")}
-    if pooled:  # no address in the claim: a lease of the NIC's subnet, which must not leak either
+    if pooled:  # no address in the claim: a lease of the NIC's subnet (its pool), which must not leak either
         device["config"] = {"opaque": [{"interface": {"name": "net1"}}]}
     prepare_claim(store, uid, [device])
     pod = _pod(uid, f"/run/netns/{pod_ns}")
     if step.startswith("stop:"):
-        NRIHooks(store, host_netns="/proc/self/ns/net").run_pod_sandbox(pod)
+        NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None}).run_pod_sandbox(pod)
         code = _killed_at(
-            step, lambda h: h.stop_pod_sandbox(pod), CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+            step,
+            lambda h: h.stop_pod_sandbox(pod),
+            CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run")),
+            nic,
         )
     else:
-        code = _killed_at(step, lambda h: h.run_pod_sandbox(pod), store)
+        code = _killed_at(step, lambda h: h.run_pod_sandbox(pod), store, nic)
     assert code == 137, f"the driver was not killed at {step}"
     # The restarted driver: the runtime lists the pod (alive), the hook it died in never finished.
     restarted = NRIHooks(
-        CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run")), host_netns="/proc/self/ns/net"
+        CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run")),
+        host_netns="/proc/self/ns/net",
+        pools={nic: None},
     )
     restarted.synchronize([pod], [])
     state = restarted.store.read(lambda s: s.pods.get(uid))
@@ -245,9 +250,9 @@ def test_a_lost_pod_state_finds_the_sub_interface_and_its_lease_again(
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     prepare_claim(store, uid, [{"ifname": nic, "device": "shared", "share_id": "s"}])
     pod = _pod(uid, f"/run/netns/{pod_ns}")
-    NRIHooks(store, host_netns="/proc/self/ns/net").run_pod_sandbox(pod)
+    NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None}).run_pod_sandbox(pod)
     store.update(lambda s: s.pods.clear())  # the pod state is lost
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     hooks.synchronize([pod], [])
     [m] = store.read(lambda s: s.pods[uid].devices)
     assert m.records[SUB_INTERFACE]["lease"] == "192.168.222.2/24" and m.records[SUB_INTERFACE]["parent"] == nic
@@ -266,7 +271,7 @@ def test_a_share_is_planned_against_its_nics_limits_and_refused_in_the_drivers_w
     before = link_facts(nic)
     assert before is not None
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
 
     def share(uid: str, interface: dict[str, object]) -> HookError | None:
         pod = _pod(uid, f"/run/netns/{netns_factory.netns()}")
