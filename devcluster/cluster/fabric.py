@@ -157,6 +157,42 @@ def remove(layout: NodeLayout) -> None:
         _ip("netns", "del", layout.fabric_netns, check=False)
 
 
+def unplug_nic(node: NodeSpec, nic: str) -> None:
+    """Take ``nic`` out of the node as a failed or removed card would go: its veth (both ends) is
+    deleted; :func:`plug_nic` puts one back as it was."""
+    _ip("link", "del", node.peer(nic), netns=node.layout.fabric_netns)
+
+
+def plug_nic(node: NodeSpec, nic: str) -> None:
+    """Put ``nic`` back into the node as :func:`add_node` cabled it: name, MAC, MTU, rail, address."""
+    layout, r = node.layout, node.layout.nics.index(nic)
+    peer = node.peer(nic)
+    _ip(
+        "link",
+        "add",
+        peer,
+        "mtu",
+        str(NIC_MTU),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        nic,
+        "netns",
+        node.netns,
+        netns=layout.fabric_netns,
+    )
+    _batch([f"link set {peer} master {rail(r)}", f"link set {peer} up"], layout.fabric_netns)
+    _batch(
+        [
+            f"link set {nic} address {nic_mac(node, nic)} mtu {NIC_MTU}",
+            f"addr add {node.rail_address(r)} dev {nic}",
+            f"link set {nic} up",
+        ],
+        node.netns,
+    )
+
+
 def set_link(node: NodeSpec, nic: str, up: bool) -> None:
     """Pull or plug the cable of ``nic``: its far end on the rail goes down or up (carrier)."""
     _ip("link", "set", node.peer(nic), "up" if up else "down", netns=node.layout.fabric_netns)

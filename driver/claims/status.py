@@ -43,6 +43,8 @@ asked about. Their devices' PCI addresses and NUMA nodes do not change while the
 
 
 PREPARE_FAILED = "ClaimPrepareFailed"
+NIC_LOST = "NICLost"  # a pod ended with no driver connected; its virtual NIC died with the namespace
+NIC_RETURNED_UNATTENDED = "NICReturnedUnattended"  # ... its physical NIC fell back, found and restored
 """Reason of the Warning event on a claim NodePrepareResources refused (the Go driver's)."""
 
 
@@ -127,6 +129,15 @@ class ClaimStatusWriter:
         claim that stays allocated and is used by a later pod shows no stale ``Ready=True``.
         """
         self._enqueue(StatusUpdate("", claim, clear=True))
+
+    def nic_returned_unattended(
+        self, pod_uid: str, claim: PreparedClaim, device: str, message: str, lost: bool
+    ) -> None:
+        """The pod ended while no driver was connected: a Warning event on the claim says what became
+        of the NIC (``NICLost`` or ``NICReturnedUnattended``)."""
+        del pod_uid, device
+        reason = NIC_LOST if lost else NIC_RETURNED_UNATTENDED
+        self._enqueue(ClaimEvent(claim.namespace, claim.name, claim.uid, reason, message))
 
     def prepare_failed(self, namespace: str, name: str, uid: str, message: str) -> None:
         """NodePrepareResources refused the claim: queue a Warning event ``ClaimPrepareFailed`` on it."""

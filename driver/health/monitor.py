@@ -44,13 +44,17 @@ def _port_states(root: Path, rdma_device: str) -> list[str]:
     return states
 
 
-def assess(device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None) -> tuple[bool, str, str]:
+def assess(
+    device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None, netlink: bool = False
+) -> tuple[bool, str, str]:
     """(healthy, reason, message) of one device.
 
     Unhealthy: its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
     from netlink in the namespace the netdev is in), its RDMA device has ports and none is
     ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
     (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
+    ``netlink``: the host's links were asked over netlink, whose answer (no link) wins over a
+    sysfs tree that may not follow the links (``--sysfs-root`` with a mounted or fixture tree).
     """
     root = Path(sysfs_root)
     host = device.host
@@ -65,7 +69,7 @@ def assess(device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None
                 return True, "", ""
             return False, PORT_NOT_ACTIVE, f"RDMA device {host.rdma_device}: no ACTIVE port (no ports)"
     if host.ifname:
-        if link is not None or (root / "class" / "net" / host.ifname).exists():
+        if link is not None or (not netlink and (root / "class" / "net" / host.ifname).exists()):
             return True, "", ""
         if in_use:
             return True, "", f"netdev {host.ifname} is in a pod network namespace"
@@ -79,12 +83,14 @@ def device_health_states(
     sysfs_root: str,
     in_use: Callable[[str], bool],
     links: dict[str, LinkFacts] | None = None,
+    netlink: bool = False,
 ) -> list[DeviceHealthState]:
-    """Evaluate every published device; ``links``: device name -> its netdev's link, where known."""
+    """Evaluate every published device; ``links``: device name -> its netdev's link, where known
+    (``netlink``: asked of the host's namespace, so a netdev without one is gone)."""
     out = []
     links = links or {}
     for name, device in devices.items():
-        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name))
+        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name), netlink)
         out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out
 
@@ -141,12 +147,14 @@ class HealthMonitor:
             elif device.host.ifname:
                 by_ifname[device.host.ifname] = name
         links: dict[str, LinkFacts] = {}
+        netlink = False
         try:
             for ifname, facts in self._probe.host(by_ifname).items():
                 links[by_ifname[ifname]] = facts
+            netlink = True
         except OSError as exc:
             log.warning("link check in the host namespace failed", extra={"kv": {"error": str(exc)}})
         for path, names in pods.items():
             for ifname, facts in self._probe.pod(path, names, where[path]).items():
                 links[names[ifname]] = facts
-        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links)
+        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links, netlink)

@@ -117,6 +117,12 @@ class StatusSink(Protocol):
     def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         """Attaching ``device`` failed at ``step`` (everything was rolled back)."""
 
+    def nic_returned_unattended(
+        self, pod_uid: str, claim: PreparedClaim, device: str, message: str, lost: bool
+    ) -> None:
+        """The pod ended while no driver was connected: its NIC came back (found and restored) or
+        was ``lost`` (a virtual NIC died with the namespace)."""
+
 
 def pod_netns_path(pod: api.PodSandbox) -> str:
     """The pod's network namespace path, or "" for a hostNetwork pod."""
@@ -561,8 +567,10 @@ class NRIHooks:
         """Same as stop (idempotent): the last chance to get NICs back."""
         self.stop_pod_sandbox(pod)
 
-    def _return_all(self, pod_uid: str, netns: str = "") -> str:
-        """Return every NIC of the pod to the host as recorded; idempotent. Returns "" or the errors."""
+    def _return_all(self, pod_uid: str, netns: str = "", outcome: dict[str, str | NetnsOpError] | None = None) -> str:
+        """Return every NIC of the pod to the host as recorded; idempotent. Returns "" or the errors;
+        ``outcome`` (when given) gets, per device, how it was found (``pod``, ``host``,
+        ``netns-gone``) or why not."""
         state = self._pod_state(pod_uid)
         if state is None:
             return ""
@@ -601,6 +609,8 @@ class NRIHooks:
             )
         )
         self.steps.mark("stop:moved-and-restored")
+        if outcome is not None:
+            outcome.update(results)
         errors, done = self._after_return(pod_uid, state, results)
 
         def commit(s: DriverState) -> bool:
@@ -718,11 +728,45 @@ class NRIHooks:
                     self.pins.pin(uid, state.netns_path if state is not None else "")
                     continue
                 why = "gone" if pod is None else "interrupted"
-                errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "")
+                held = self._pod_state(uid) if pod is None else None
+                outcome: dict[str, str | NetnsOpError] = {}
+                errors = self._return_all(uid, pod_netns_path(pod) if pod is not None else "", outcome)
                 log.info("synchronize: returned NICs", extra={"kv": {"pod": uid, "why": why, "errors": errors}})
+                if held is not None and not self.pins.fds.get(uid):
+                    self._report_unattended(held, outcome)
             for pod in pods:
                 if pod.uid not in known:
                     self._adopt(pod)
+
+    def _report_unattended(self, held: PodNetState, outcome: Mapping[str, str | NetnsOpError]) -> None:
+        """A pod that ended while no driver was connected (no StopPodSandbox reached us, its
+        namespace not pinned): say on each claim what became of its NICs. A physical NIC fell back
+        into the host when the namespace died and was found by its identity and restored; a
+        virtual one (a veth) died with the namespace: a clean, reported loss."""
+        if self.status is None:
+            return
+        claims = self.store.read(lambda s: {d.device: c for c in s.claims_for_pod(held.pod_uid) for d in c.devices})
+        pod = f"{held.namespace}/{held.name}"
+        for m in held.devices:
+            claim, result = claims.get(m.device), outcome.get(m.device)
+            if claim is None or result is None or SUB_INTERFACE in m.records:
+                continue
+            lost = isinstance(result, NetnsOpError)
+            if lost:
+                why = result.reason if isinstance(result, NetnsOpError) else ""
+                message = (
+                    f"device {m.device}: pod {pod} ended while no driver was connected; its NIC ({m.host_ifname}) "
+                    f"was not found again (a virtual NIC dies with the pod's namespace): {why}"
+                )
+            else:
+                message = (
+                    f"device {m.device}: pod {pod} ended while no driver was connected; its NIC came back to the "
+                    f"host by itself, was found by its identity and restored as {m.host_ifname}"
+                )
+            try:
+                self.status.nic_returned_unattended(held.pod_uid, claim, m.device, message, lost=lost)
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": held.pod_uid}})
 
     def _adopt(self, pod: api.PodSandbox) -> None:
         """Record the NICs of a pod without state found in its netns (``pods.json`` was lost)."""

@@ -109,3 +109,18 @@ def test_health_from_sysfs(tmp_path: Path) -> None:
     assert assess(Device("c", host=HostFacts(rdma_device="mlx5_0")), root, False) == (True, "", "")
     healthy, reason, message = assess(Device("d", host=HostFacts(rdma_device="mlx5_1")), root, False)
     assert (healthy, reason) == (False, PORT_NOT_ACTIVE) and "mlx5_1" in message and "DOWN" in message
+
+
+def test_netlink_says_a_netdev_is_gone_where_sysfs_does_not_follow() -> None:
+    """With ``--sysfs-root`` a mounted or fixture tree, ``class/net/eth0`` may outlive the link: the
+    host's links asked over netlink (no link named so) win: missing, unless a pod holds it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "class/net/eth0").mkdir(parents=True)
+        dev = Device("a", host=HostFacts(ifname="eth0"))
+        assert assess(dev, tmp, False)[0] is True  # sysfs alone: present
+        assert assess(dev, tmp, False, None, netlink=True)[:2] == (False, NETDEV_MISSING)
+        assert assess(dev, tmp, True, None, netlink=True)[0] is True  # in a pod's namespace
+        up = LinkFacts("eth0", admin_up=True, carrier=True, operstate="up")
+        assert assess(dev, tmp, False, up, netlink=True) == (True, "", "")

@@ -27,6 +27,7 @@ from driver.inventory.discovery import Scanner
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
+from tests.nri.test_lost_stop import Unattended
 
 GUEST = os.environ.get("DRANET_GUEST_TOPOLOGY")
 REPO = str(Path(__file__).resolve().parents[2])
@@ -168,11 +169,14 @@ def test_a_pci_nic_its_pods_namespace_died_with_comes_back_and_is_restored(
         time.sleep(0.2)
     back = _link("net1")
     assert back is not None and back["mtu"] == 1500, "the kernel gave it back under its pod-side name"
-    second = NRIHooks(store, host_netns="/proc/self/ns/net")
+    sink = Unattended()
+    second = NRIHooks(store, sink, host_netns="/proc/self/ns/net")  # type: ignore[arg-type]
     try:
         second.synchronize([], [])
     finally:
         second.close()
     assert link_facts(ifname) == before
     assert store.read(lambda s: s.pods) == {}
+    ((device, message, lost),) = sink.told  # the claim is told what happened
+    assert not lost and "came back to the host by itself, was found by its identity and restored" in message
     subprocess.run(["ip", "addr", "del", "10.98.0.1/24", "dev", ifname], check=True)

@@ -70,3 +70,47 @@ def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFacto
     assert before is not None and hooks.pins.fds == {}
     hooks.claim_unprepared(store.read(lambda s: s.claims[claim_uid]))
     assert link_facts(nic) == before
+
+
+class Unattended:
+    """The hooks' status sink: what it was told of NICs of pods that ended with no driver connected."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str, bool]] = []
+
+    def pod_network_ready(self, *args: object) -> None:
+        pass
+
+    def pod_network_failed(self, *args: object) -> None:
+        pass
+
+    def nic_returned_unattended(self, pod_uid: str, claim: object, device: str, message: str, lost: bool) -> None:
+        self.told.append((device, message, lost))
+
+
+def test_a_veth_its_pod_ended_with_while_no_driver_ran_is_a_clean_reported_loss(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """The driver restarted (no namespace pinned) and the pod ended meanwhile: its veth died with
+    the namespace. The new driver's Synchronize (the pod is not in the runtime's list) forgets it,
+    touches nothing else, and tells the claim (a PCI NIC, which comes back by itself, is restored:
+    tests/inventory/test_real_pci_numa.py, in the stock-kernel tier)."""
+    nic, peer = netns_factory.veth()
+    configure_host_nic(nic, peer, "192.168.223.1/24", [])
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = secrets.token_hex(8)
+    prepare_claim(store, uid, [{"ifname": nic, "device": "dev-veth"}])
+    first = NRIHooks(store, host_netns="/proc/self/ns/net")
+    first.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
+    first.pins.unpin(uid)  # the driver is gone: nothing holds the namespace
+    first.close()
+    subprocess.run(["ip", "netns", "del", pod_ns], check=True)
+    netns_factory.namespaces.remove(pod_ns)
+    sink = Unattended()
+    restarted = NRIHooks(store, sink, host_netns="/proc/self/ns/net")  # type: ignore[arg-type]
+    restarted.synchronize([], [])
+    assert store.read(lambda s: s.pods) == {}
+    ((device, message, lost),) = sink.told
+    assert (device, lost) == ("dev-veth", True)
+    assert "ended while no driver was connected" in message and "a virtual NIC dies with the pod's namespace" in message

@@ -15,6 +15,8 @@ end down takes the carrier away, as a pulled cable or a switch port going down w
    that NIC when it is healthy (checked first), gets another one; a claim for exactly that NIC
    stays unallocated (the real scheduler says why) until the link is back, then gets it.
 3. With ``deviceTaints.effect=NoExecute`` the pod holding a NIC that lost its link is evicted.
+4. A free NIC removed from the node (its veth deleted) is tainted ``NetdevMissing``, untainted when
+   it is back.
 """
 
 from __future__ import annotations
@@ -169,6 +171,27 @@ def test_link_down_on_a_held_nic_reaches_the_pod_status_and_the_slice(
     for what, took in (("taint", t_taint - down), ("Healthy", t_back - up), ("untaint", t_untaint - up)):
         assert took <= SLICE_DEADLINE, f"{what} after {took:.2f}s"
     delete_pod(node, ns, "trainer")
+
+
+def test_a_nic_that_disappears_is_tainted_until_it_is_back(real_node: RealNode) -> None:
+    """A free NIC removed from the node (its veth deleted, as a failed card goes) is tainted
+    ``NetdevMissing`` within the health interval and the slice's write interval, though the node's
+    sysfs is a fixture tree that never changes: the host's links are asked over netlink. Put back,
+    the taint goes."""
+    node = real_node
+    nic = node.layout.nics[-1]
+    assert _taint(node, nic) is None
+    gone = time.monotonic()
+    fabric.unplug_nic(node.spec(), nic)
+    try:
+        t_taint = _until(lambda: (_taint(node, nic) or {}).get("value") == "NetdevMissing", 30, f"{nic} tainted")
+    finally:
+        fabric.plug_nic(node.spec(), nic)
+    back = time.monotonic()
+    t_untaint = _until(lambda: _taint(node, nic) is None, 30, f"{nic} untainted")
+    took = f"NetdevMissing taint {t_taint - gone:.2f}s; back -> untainted {t_untaint - back:.2f}s"
+    print(f"\n[health] {nic} removed -> {took}")
+    assert t_taint - gone <= SLICE_DEADLINE and t_untaint - back <= SLICE_DEADLINE
 
 
 def _allocated_nic(node: RealNode, ns: str, pod: str) -> str:
