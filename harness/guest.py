@@ -101,9 +101,13 @@ for f in /sys/bus/pci/devices/*; do
   case "$(cat "$f/class")" in 0x02*) modprobe -q "$(cat "$f/modalias")" ;; esac
 done
 cut -d' ' -f1 /proc/uptime > {guest_dir}/boot_s
-cd {cwd}
-( {command} ) > {guest_dir}/output.txt 2>&1
-echo $? > {guest_dir}/rc
+if cd {cwd}; then
+  ( {command} ) > {guest_dir}/output.txt 2>&1
+  echo $? > {guest_dir}/rc
+else
+  echo "the guest cannot see {cwd} (under /run, /proc, /sys or /dev: the guest's own)" > {guest_dir}/output.txt
+  echo 97 > {guest_dir}/rc
+fi
 sync
 busybox poweroff -f
 """

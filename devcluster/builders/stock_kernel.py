@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import lzma
 import os
 import re
@@ -162,8 +163,9 @@ def boot_order(modules_dep: str, wanted: Iterable[str]) -> list[str]:
 
 
 INIT = """#!/bin/busybox sh
-# The stock-kernel tier's first process: this machine's root (9p, read-only) under a tmpfs overlay,
-# the run's folder at {guest_dir}, then the run's own script.
+# The stock-kernel tier's first process: this machine's root (9p, read-only) under a tmpfs overlay
+# (so /tmp, where a checkout may live, stays visible and writable), a tmpfs /run (the guest's own
+# network namespaces), the run's folder at {guest_dir}, then the run's own script.
 B=/bin/busybox
 $B mount -t proc proc /proc
 $B mount -t sysfs sysfs /sys
@@ -174,7 +176,6 @@ $B mount -t tmpfs -o mode=0755 upper /upper
 $B mkdir -p /upper/rw /upper/work
 $B mount -t overlay -o lowerdir=/lower,upperdir=/upper/rw,workdir=/upper/work overlay /newroot
 $B mount -t tmpfs -o mode=0755 run /newroot/run
-$B mount -t tmpfs -o mode=1777 tmp /newroot/tmp
 $B mkdir -p /newroot{guest_dir} /newroot/lib/modules
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=1048576 {out_tag} /newroot{guest_dir}
 $B mount --bind /newroot{modules_dir} /newroot/lib/modules
@@ -221,6 +222,22 @@ def _initramfs(kernel: StockKernel, modules_dir: Path) -> None:
         )
         init.chmod(0o755)
         _cpio(root, kernel.initramfs)
+    (kernel.root / INITRAMFS_KEY).write_text(initramfs_key())
+
+
+INITRAMFS_KEY = "initramfs.key"
+
+
+def initramfs_key() -> str:
+    """What the initramfs is made of (its init and modules): a cached one of another make is remade."""
+    return hashlib.sha256((INIT + " ".join(BOOT_MODULES) + str(BUSYBOX)).encode()).hexdigest()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -283,7 +300,10 @@ def ensure(
         marker = dest / "release"
         if not marker.exists():
             return _unpack(package, version, options, dest, progress)
-        return StockKernel(package, version, marker.read_text().strip(), dest)
+        kernel = StockKernel(package, version, marker.read_text().strip(), dest)
+        if _read(dest / INITRAMFS_KEY) != initramfs_key():  # the init changed since: make it again
+            _initramfs(kernel, kernel.modules)
+        return kernel
 
 
 def main(argv: list[str] | None = None) -> int:
