@@ -420,15 +420,20 @@ def nri_scenario(
             if store.read(lambda s, uid=pod.uid: uid in s.pods):
                 tally.invalid_state += 1
                 tally.problem(f"{name} k={k}: pod state left after stop")
-            left = [link for link in _pod_links(pod_netns) if link not in pods_own]
-            if left:
-                tally.stranded += 1
-                tally.problem(f"{name} k={k}: links left in the pod after stop: {left}")
-                for link in left:
-                    subprocess.run(["ip", "-n", pod_netns, "link", "del", link], capture_output=True)
+            links_left(tally, f"{name} k={k}", pod_netns, pods_own)
             if foreign(pod_netns) != outside:
                 tally.foreign_touched += 1
                 tally.problem(f"{name} k={k}: a link the driver does not own changed: {foreign(pod_netns)}")
+
+
+def links_left(tally: Tally, label: str, pod_netns: str, pods_own: list[str]) -> None:
+    """Links of the driver's left in the pod after the stop (counted as stranded, then removed)."""
+    left = [link for link in _pod_links(pod_netns) if link not in pods_own]
+    if left:
+        tally.stranded += 1
+        tally.problem(f"{label}: links left in the pod after stop: {left}")
+        for link in left:
+            subprocess.run(["ip", "-n", pod_netns, "link", "del", link], capture_output=True)
 
 
 def _pod_links(pod_netns: str) -> list[str]:
@@ -479,12 +484,7 @@ def share_scenario(
             hooks.synchronize([pod], [])
             hooks.stop_pod_sandbox(pod)
             hooks.close()
-            left = [link for link in _pod_links(pod_netns) if link not in pods_own]
-            if left:
-                tally.stranded += 1
-                tally.problem(f"{name} k={k} (exit {code}): links left in the pod after stop: {left}")
-                for link in left:
-                    subprocess.run(["ip", "-n", pod_netns, "link", "del", link], capture_output=True)
+            links_left(tally, f"{name} k={k} (exit {code})", pod_netns, pods_own)
             if facts(nic.name) != nic.before:
                 tally.stranded += 1
                 tally.problem(f"{name} k={k}: the shared NIC changed: {facts(nic.name)} != {nic.before}")

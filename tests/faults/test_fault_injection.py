@@ -23,18 +23,23 @@ MIN_FAULTS = 200
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -> None:
+def run_faults(netns_factory, work: Path, *args: str, timeout: float = 600) -> dict:
+    """The engine in a throwaway "host" namespace against a throwaway pod's; its summary."""
     host, pod = netns_factory.netns(), netns_factory.netns()
     out = subprocess.run(
-        ["ip", "netns", "exec", host, sys.executable, "-m", "tests.faults.runner"]
-        + ["--pod-netns", pod, "--host-netns", host, "--work", str(tmp_path)],
+        ["ip", "netns", "exec", host, sys.executable, "-m", "tests.faults.runner", *args]
+        + ["--pod-netns", pod, "--host-netns", host, "--work", str(work)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr[-4000:]
-    summary = json.loads(out.stdout.splitlines()[-1])
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -> None:
+    summary = run_faults(netns_factory, tmp_path)
     with capsys.disabled():  # the counts belong in the test log (and the issue's note)
         print(
             f"\nfault injection: {summary['faults']} faults injected, {summary['stranded']} NICs stranded, "
@@ -59,17 +64,7 @@ kernel of the day looks), ipvlan and VRF (modules). The stock-kernel tier runs t
 @pytest.mark.kernel
 @pytest.mark.timeout(1500)  # under emulation (the stock-kernel tier) every fault costs ~20x
 def test_every_step_killed_on_the_paths_that_differ_by_kernel(netns_factory, tmp_path: Path, capsys) -> None:
-    host, pod = netns_factory.netns(), netns_factory.netns()
-    out = subprocess.run(
-        ["ip", "netns", "exec", host, sys.executable, "-m", "tests.faults.runner", "--only", KERNEL_FAMILIES]
-        + ["--pod-netns", pod, "--host-netns", host, "--work", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1400,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    summary = json.loads(out.stdout.splitlines()[-1])
+    summary = run_faults(netns_factory, tmp_path, "--only", KERNEL_FAMILIES, timeout=1400)
     with capsys.disabled():
         print(
             f"\nfault injection ({os.uname().release}, {KERNEL_FAMILIES}): {summary['faults']} faults, "

@@ -17,7 +17,7 @@ def dranet(*args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "driver.cli", "--log-level", "error", *args],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=300,  # a Python start: seconds under the stock-kernel tier's emulation
         cwd=REPO,
     )
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,10 +26,10 @@ from driver.inventory.discovery import Scanner
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
+from tests.inventory.test_discover_cli import dranet
 from tests.nri.test_lost_stop import Unattended
 
 GUEST = os.environ.get("DRANET_GUEST_TOPOLOGY")
-REPO = str(Path(__file__).resolve().parents[2])
 K, D = "resource.kubernetes.io/", "dra.net/"
 
 pytestmark = [
@@ -52,16 +51,6 @@ def _pci_nics() -> dict[str, str]:
 
 def _sysfs(bdf: str, name: str) -> str:
     return Path(f"/sys/bus/pci/devices/{bdf}/{name}").read_text().strip()
-
-
-def dranet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "driver.cli", "--log-level", "error", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
 
 
 @pytest.fixture(scope="module")
