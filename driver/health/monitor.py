@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from pathlib import Path
 
 from driver.checkpoint.state import DriverState
@@ -53,8 +53,9 @@ def assess(
     from netlink in the namespace the netdev is in), its RDMA device has ports and none is
     ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
     (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
-    ``netlink``: the host's links were asked over netlink, whose answer (no link) wins over a
-    sysfs tree that may not follow the links (``--sysfs-root`` with a mounted or fixture tree).
+    ``netlink``: the host's netlink has shown this netdev before, so its answer now (no link) wins
+    over a sysfs tree that may not follow the links (``--sysfs-root`` with a mounted or fixture
+    tree); a netdev netlink never had (a fixture's) is judged by the tree alone.
     """
     root = Path(sysfs_root)
     host = device.host
@@ -83,14 +84,15 @@ def device_health_states(
     sysfs_root: str,
     in_use: Callable[[str], bool],
     links: dict[str, LinkFacts] | None = None,
-    netlink: bool = False,
+    netlink_seen: Container[str] = (),
 ) -> list[DeviceHealthState]:
     """Evaluate every published device; ``links``: device name -> its netdev's link, where known
-    (``netlink``: asked of the host's namespace, so a netdev without one is gone)."""
+    (``netlink_seen``: devices whose netdev the host's netlink has shown, so one without a link
+    now is gone)."""
     out = []
     links = links or {}
     for name, device in devices.items():
-        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name), netlink)
+        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name), name in netlink_seen)
         out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out
 
@@ -125,6 +127,9 @@ class HealthMonitor:
         self.host_netns = host_netns
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="health")
         self._probe: LinkProbe | None = None  # built in the worker thread (its sockets live there)
+        # devices whose netdev the host's netlink has shown while this driver ran: only their
+        # absence from netlink means gone (a fixture tree's netdevs were never links)
+        self._netlink_seen: set[str] = set()
 
     async def check(self) -> list[DeviceHealthState]:
         """One round, in the worker thread."""
@@ -147,14 +152,15 @@ class HealthMonitor:
             elif device.host.ifname:
                 by_ifname[device.host.ifname] = name
         links: dict[str, LinkFacts] = {}
-        netlink = False
+        seen: Container[str] = ()
         try:
             for ifname, facts in self._probe.host(by_ifname).items():
                 links[by_ifname[ifname]] = facts
-            netlink = True
+            self._netlink_seen.update(links)
+            seen = self._netlink_seen
         except OSError as exc:
             log.warning("link check in the host namespace failed", extra={"kv": {"error": str(exc)}})
         for path, names in pods.items():
             for ifname, facts in self._probe.pod(path, names, where[path]).items():
                 links[names[ifname]] = facts
-        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links, netlink)
+        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links, seen)

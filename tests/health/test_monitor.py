@@ -15,7 +15,14 @@ from driver.config import HOST_NETNS
 from driver.dra.health import HealthWatch
 from driver.dra.protocol import DeviceHealthState
 from driver.health.links import LinkFacts
-from driver.health.monitor import LINK_DOWN, NETDEV_MISSING, PORT_NOT_ACTIVE, HealthMonitor, assess
+from driver.health.monitor import (
+    LINK_DOWN,
+    NETDEV_MISSING,
+    PORT_NOT_ACTIVE,
+    HealthMonitor,
+    assess,
+    device_health_states,
+)
 from driver.model.device import Device, HostFacts
 
 pytestmark = pytest.mark.root
@@ -124,3 +131,8 @@ def test_netlink_says_a_netdev_is_gone_where_sysfs_does_not_follow() -> None:
         assert assess(dev, tmp, True, None, netlink=True)[0] is True  # in a pod's namespace
         up = LinkFacts("eth0", admin_up=True, carrier=True, operstate="up")
         assert assess(dev, tmp, False, up, netlink=True) == (True, "", "")
+        # a netdev the host's netlink never showed (a fixture tree's) is judged by the tree
+        states = device_health_states({"a": dev}, "p", tmp, lambda _n: False, {}, netlink_seen=set())
+        assert [s.healthy for s in states] == [True]
+        states = device_health_states({"a": dev}, "p", tmp, lambda _n: False, {}, netlink_seen={"a"})
+        assert [(s.healthy, s.reason) for s in states] == [(False, NETDEV_MISSING)]
