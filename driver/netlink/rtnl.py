@@ -23,7 +23,7 @@ import ipaddress
 import os
 import socket
 import struct
-from collections.abc import Container
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -327,13 +327,21 @@ def canonical_cidr(cidr: str) -> str:
     return _interface(cidr).with_prefixlen
 
 
+def dump_addresses(rtnl: Rtnl, scope: int | None = None) -> Iterator[tuple[int, str]]:
+    """Every address of ``rtnl``'s netns as ``(ifindex, CIDR)``, from one dump (only ``scope``'s,
+    when given)."""
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+        found = dumped_address(payload, scope)
+        if found is not None:
+            yield found
+
+
 def link_addresses(rtnl: Rtnl, indexes: Container[int]) -> dict[int, set[str]]:
     """The addresses (every scope) on the links ``indexes`` of ``rtnl``'s netns, from one dump."""
     out: dict[int, set[str]] = {}
-    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        found = dumped_address(payload)
-        if found is not None and found[0] in indexes:
-            out.setdefault(found[0], set()).add(found[1])
+    for index, cidr in dump_addresses(rtnl):
+        if index in indexes:
+            out.setdefault(index, set()).add(cidr)
     return out
 
 

@@ -35,13 +35,13 @@ from driver.netlink.rtnl import (
     Request,
     Route,
     Rtnl,
-    dumped_address,
+    dump_addresses,
     newaddr,
     newlink,
     newroute,
     restorable_route,
 )
-from driver.netlink_channel import IFADDRMSG, RTA_OIF, RTM_GETADDR, RTM_GETROUTE, RTMSG, attr
+from driver.netlink_channel import RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 MAIN_TABLE = 254  # claim config table 0 means the main table
@@ -79,10 +79,9 @@ def record_host(rtnl: Rtnl, hosts: Sequence[LinkState]) -> None:
     then per NIC one route dump the kernel filters to it (one full dump without strict checking,
     kernels < 4.20)."""
     by_index = {h.index: h for h in hosts if h.index}
-    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        address = dumped_address(payload, RT_SCOPE_UNIVERSE)
-        if address is not None and address[0] in by_index:
-            by_index[address[0]].addresses.append(address[1])
+    for index, cidr in dump_addresses(rtnl, RT_SCOPE_UNIVERSE):
+        if index in by_index:
+            by_index[index].addresses.append(cidr)
     for index in list(by_index) if rtnl.strict() else [0]:
         oif = attr(RTA_OIF, struct.pack("=i", index)) if index else b""
         for payload in rtnl.dump(RTM_GETROUTE, RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0) + oif):

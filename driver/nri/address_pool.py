@@ -20,14 +20,12 @@ again once the pod's state is dropped at the return.
 from __future__ import annotations
 
 import ipaddress
-import socket
 from collections.abc import Callable, Iterable, Mapping
 
 from driver.checkpoint.state import RETURNED, DriverState
 from driver.config import IPNetwork
-from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Rtnl, dumped_address
+from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Rtnl, dump_addresses
 from driver.netlink.sub_interfaces import LEASE, RECORD
-from driver.netlink_channel import IFADDRMSG, RTM_GETADDR
 
 PROBES = 8
 """Free-looking addresses of a pool probed on the link for one lease before the pool is called
@@ -43,10 +41,8 @@ def host_addresses(rtnl: Rtnl) -> dict[str, tuple[str, str]]:
     address as a CIDR): one address dump and one link dump."""
     names = rtnl.link_names()
     out: dict[str, tuple[str, str]] = {}
-    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
-        found = dumped_address(payload, RT_SCOPE_UNIVERSE)
-        if found is not None:
-            out[found[1].split("/", 1)[0]] = (names.get(found[0], f"ifindex {found[0]}"), found[1])
+    for index, cidr in dump_addresses(rtnl, RT_SCOPE_UNIVERSE):
+        out[cidr.split("/", 1)[0]] = (names.get(index, f"ifindex {index}"), cidr)
     return out
 
 
