@@ -183,6 +183,8 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     pools_help = "address pools of shared NICs' sub-interfaces, IFNAME=CIDR,...; default: each NIC's subnet"
     _configured(run, "--sharing-pools", help=pools_help)
     _configured(run, "--bind-address", help="address of /healthz, /readyz, /livez and /metrics")
+    port_file_help = "file written while this instance serves --bind-address (a container's own: exec startup probe)"
+    _configured(run, "--probe-port-file", help=port_file_help)
     publish_help = "seconds (or a Go duration): at most one ResourceSlice write per interval"
     _configured(run, "--publish-interval", "--inventory-min-poll-interval", type=seconds, help=publish_help)
     resync_help = "seconds (or a Go duration) between full rescans"

@@ -140,6 +140,9 @@ class DriverConfig:
     # Treated like the default-route uplink: never published, nor anything enslaved to them.
     exclude_interfaces: list[str] = field(default_factory=list)
     bind_address: str = ":9177"  # /healthz and /metrics
+    # Written while this instance serves the probe port: a file of the container's own (the chart's
+    # exec startup probe), since with hostNetwork an HTTP probe may reach the other instance.
+    probe_port_file: str = ""
     publish_interval: float = 2.0  # coalescing window for ResourceSlice writes (s)
     resync_interval: float = 60.0  # periodic full rescan (s)
     cloud_provider: str = CLOUD_PROVIDER_AUTO  # auto | none | gce | aws | azure | oke | alibaba

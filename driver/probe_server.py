@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
@@ -78,8 +79,10 @@ class ProbeServer:
         *,
         serving: Callable[[], bool] | None = None,
         claim_port: Callable[[int], None] | None = None,
+        port_file: str = "",
     ) -> None:
         self.host, self.port = parse_bind_address(bind_address)
+        self.port_file = port_file
         self.metrics = metrics
         self.ready = ready
         self.problems = problems
@@ -162,6 +165,9 @@ class ProbeServer:
                 await asyncio.sleep(BUSY_RETRY)
         if self._server.sockets:
             self.port = self._server.sockets[0].getsockname()[1]
+        if self.port_file:
+            with open(self.port_file, "w") as f:
+                f.write(f"{self.port}\n")
         log.info("probe server listening", extra={"kv": {"host": self.host, "port": self.port}})
 
     async def stop(self) -> None:
@@ -169,6 +175,9 @@ class ProbeServer:
         server, self._server = self._server, None
         if server is None:
             return
+        if self.port_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.port_file)
         server.close()
         for task in list(self._clients):
             task.cancel()

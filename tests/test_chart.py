@@ -299,7 +299,12 @@ def test_default_mounts_and_pod_spec(helm: str) -> None:
     assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert "--instance-id=$(POD_UID)" in c["args"]
     assert "--unhealthy-taint-effect=NoSchedule" in c["args"]
-    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": 9177}
+    # Started = this container's instance serves the probe port (hostNetwork: until then an HTTP
+    # probe of this pod reaches the older instance of a rolling update): a file only it writes.
+    args = build_parser().parse_args(c["args"])
+    assert c["startupProbe"]["exec"]["command"] == ["test", "-s", args.probe_port_file]
+    assert args.probe_port_file.startswith("/tmp/")
+    assert "httpGet" not in c["startupProbe"]
     # Ready = registered with the kubelet and the runtime (and no state problem): a rolling
     # update stops the old pod only then.
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9177}

@@ -7,6 +7,7 @@ import asyncio
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -97,24 +98,34 @@ def test_bind_address_errors() -> None:
         parse_bind_address("localhost")
 
 
-async def test_readyz_waits_for_serving_and_a_busy_port_is_asked_for() -> None:
+async def test_readyz_waits_for_serving_and_a_busy_port_is_asked_for(tmp_path: Path) -> None:
     """Rolling update on a host network: the new instance asks for the port; once the old one
-    lets go it binds, and its /readyz turns 200 only when it is serving (registered)."""
-    old = ProbeServer("127.0.0.1:0", Metrics(), lambda: True)
+    lets go it binds, and its /readyz turns 200 only when it is serving (registered). Each one's
+    port file (its pod's startup probe) exists exactly while it serves the port."""
+    old_file, new_file = tmp_path / "old", tmp_path / "new"
+    old = ProbeServer("127.0.0.1:0", Metrics(), lambda: True, port_file=str(old_file))
     await old.start()
+    assert old_file.read_text() == f"{old.port}\n"
     asked: list[int] = []
 
     def claim_port(port: int) -> None:  # what the old daemon does when it sees the request
         asked.append(port)
+        assert not new_file.exists(), "the new pod is not started while the old instance has the port"
         if len(asked) == 3:
             asyncio.get_running_loop().create_task(old.stop())
 
     serving = {"value": False}
     new = ProbeServer(
-        f"127.0.0.1:{old.port}", Metrics(), lambda: True, serving=lambda: serving["value"], claim_port=claim_port
+        f"127.0.0.1:{old.port}",
+        Metrics(),
+        lambda: True,
+        serving=lambda: serving["value"],
+        claim_port=claim_port,
+        port_file=str(new_file),
     )
     await new.start()
     try:
+        assert not old_file.exists() and new_file.read_text() == f"{new.port}\n"
         assert asked and set(asked) == {old.port} and new.port == old.port
         base = f"http://127.0.0.1:{new.port}"
         assert (await get(base + "/healthz"))[0] == 200
@@ -124,3 +135,4 @@ async def test_readyz_waits_for_serving_and_a_busy_port_is_asked_for() -> None:
     finally:
         await new.stop()
         await old.stop()
+    assert not new_file.exists()

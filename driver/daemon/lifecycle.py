@@ -177,6 +177,7 @@ class Daemon:
             self.problems,
             serving=self.serving,
             claim_port=self.lease.request_port,
+            port_file=config.probe_port_file,
         )
 
     def _claim_unprepared(self, claim: PreparedClaim) -> None:
@@ -252,9 +253,9 @@ class Daemon:
 
     def serving(self) -> bool:
         """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) synchronized with the
-        runtime at least once (from then on it calls us for every event), so a rolling update
-        replaces the old pod only once this one can take over."""
-        nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.synchronized > 0)
+        runtime on the connection it has now (the runtime then calls us for every event), so a rolling
+        update replaces the old pod only once this one can take over."""
+        nri_ok = not self.config.nri_enabled or (self.nri is not None and self.nri.in_sync)
         return self.ready() and self.dra.registered is True and nri_ok
 
     def _inventory_changed(self) -> None:

@@ -115,7 +115,10 @@ class NRIPlugin:
         self.metrics = metrics  # dranet_driver_nri_plugin_requests_total / _latency_seconds per hook
         self.registered = asyncio.Event()  # set while registered with a runtime (in run()'s loop)
         self.sessions = 0  # completed registrations, for tests and metrics
-        self.synchronized = 0  # completed Synchronize calls: the runtime now calls us for its events
+        self.synchronized = 0  # completed Synchronize calls, over every connection
+        # Whether the current connection completed its Synchronize: the runtime now calls us for
+        # its events (a lost connection clears it until the next one is synchronized).
+        self.in_sync = False
         self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -185,6 +188,7 @@ class NRIPlugin:
                 pass
             log.info("NRI runtime connection closed", extra={"kv": {"socket": self.socket_path}})
         finally:
+            self.in_sync = False
             self._set_registered(False)
             self._sock = None
             sock.close()
@@ -269,6 +273,7 @@ class NRIPlugin:
         self._sync_pods, self._sync_containers = [], []
         self._hook("Synchronize", self.handler.synchronize, pods, containers)
         self.synchronized += 1
+        self.in_sync = True
         return api.SynchronizeResponse(more=False)
 
     def _shutdown(self, _req: api.Empty) -> api.Empty:

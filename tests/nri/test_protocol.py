@@ -277,6 +277,25 @@ async def test_runtime_disconnects_mid_call_then_plugin_reconnects(sock_path: st
         await _shutdown(rt, plugin, task)
 
 
+async def test_in_sync_only_while_the_current_connection_is_synchronized(sock_path: str) -> None:
+    """Readiness follows the connection: a lost runtime connection is not ready until the next
+    one has completed its Synchronize."""
+    rt, plugin, task, peer = await _connected(sock_path, FakeHandler())
+    try:
+        assert not plugin.in_sync
+        await peer.call("Synchronize", api.SynchronizeRequest(more=False), api.SynchronizeResponse)
+        assert plugin.in_sync and plugin.synchronized == 1
+        peer.writer.close()
+        second = await rt.next_peer()
+        await second.accept_registration()
+        assert not plugin.in_sync, "a new connection is not synchronized yet"
+        await second.call("Synchronize", api.SynchronizeRequest(more=False), api.SynchronizeResponse)
+        assert plugin.in_sync and plugin.synchronized == 2
+    finally:
+        await _shutdown(rt, plugin, task)
+    assert not plugin.in_sync
+
+
 async def test_plugin_retries_until_runtime_appears(sock_path: str) -> None:
     plugin = NRIPlugin(sock_path, FakeHandler(), reconnect=Backoff(0.01, 0.05))
     task = asyncio.create_task(plugin.run())

@@ -244,17 +244,29 @@ def test_upgrade_and_downgrade_drop_nothing(real_node: RealNode, ns: str) -> Non
 
 
 def _nri_connections(lines: list[str]) -> tuple[list[str], int]:
-    """containerd's dra.net NRI connects and closes, in order, and how many connects found another
-    dra.net plugin already connected (one is connected when the window opens)."""
+    """containerd's dra.net NRI plugin connections, in order, and how many new ones found another
+    dra.net plugin connected (one is when the window opens).
+
+    A plugin is connected from the runtime's "synchronizing plugin" line (registered and
+    configured; the Synchronize the driver's readiness waits for is being sent) until its
+    "connection ... closed" line. The "connected and synchronized" line comes only once the
+    runtime has taken its plugin-list lock after the sync, which an event in flight to the other
+    instance can delay past that one's close: it is reported, not counted."""
     events, connected, overlaps = [], 1, 0
     for ln in lines:
-        if '\\"00-dra.net\\" connected and synchronized' in ln:
+        stamp = re.search(r'time="[^"]*T([0-9:.]{8,12})', ln)
+        at = f"@{stamp.group(1)}" if stamp else ""
+        if "synchronizing plugin 00-dra.net" in ln:
             overlaps += connected >= 1
             connected += 1
-            events.append(f"connect({connected})")
+            events.append(f"connect({connected}){at}")
+        elif '\\"00-dra.net\\" connected and synchronized' in ln:
+            events.append(f"synchronized{at}")
+        elif "failed to synchronize plugin" in ln:
+            events.append(f"sync failed{at}: {ln[-200:]}")
         elif 'connection to plugin \\"00-dra.net\\" closed' in ln:
             connected -= 1
-            events.append(f"close({connected})")
+            events.append(f"close({connected}){at}")
     return events, overlaps
 
 
