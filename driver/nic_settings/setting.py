@@ -55,6 +55,7 @@ from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone, is_netns_fd
 from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
 from driver.netlink.rtnl import Request, Rtnl
+from driver.nic_settings.writable_proc_sys import WritableProcSys
 
 
 class SettingRefused(Exception):
@@ -87,6 +88,8 @@ class HostNetns:
         """Called when a setting changed the host's devices in a way no link event tells (a soft
         RDMA device made again): the inventory rescans."""
         self._ethtool: ethtool_genl.Ethtool | None = None
+        self.proc_sys = WritableProcSys()
+        """Where files of a read-only ``/proc/sys`` are written (a thread made on first use)."""
 
     @property
     def fd(self) -> int:

@@ -1,28 +1,42 @@
 """Per-interface sysctls (``/proc/sys/net/ipv{4,6}/conf/<if>/...``) of a NIC in the pod, the host's back.
 
-``/proc/sys/net`` shows the network namespace of the thread that opens a file, so every access
-runs with the calling thread moved into the target namespace for the duration
-(:func:`~driver.netlink_channel.inside_netns`) and back. A claim's ``forwarding`` (IPv4 and
-IPv6, as dranet), ``arpIgnore`` and ``arpAnnounce`` are written in the pod after the move: the
-kernel gives a NIC that changes namespace the new namespace's defaults, which is also why the
-host values are recorded before the move and written back after the return. NICs whose claim
-sets none cost nothing (no ``setns``).
+A claim's ``forwarding`` (IPv4 and IPv6, as dranet), ``arpIgnore`` and ``arpAnnounce`` are written
+in the pod after the move: the kernel gives a NIC that changes namespace the new namespace's
+defaults, which is also why the host values are recorded before the move and written back after
+the return. NICs whose claim sets none cost nothing.
+
+The driver is not ``privileged``, so its ``/proc/sys`` is read-only. IPv4's settings go over
+rtnetlink instead (``RTM_NEWLINK`` with ``IFLA_AF_SPEC``/``AF_INET``/``IFLA_INET_CONF``, which the
+kernel has taken since 3.x): the NIC's namespace is the socket's, its ifindex names it. IPv6's
+are not settable over rtnetlink, so they are written to the file; where that mount is read-only,
+from the thread of :class:`~driver.nic_settings.writable_proc_sys.WritableProcSys`. Reads go to
+the files (readable everywhere). ``/proc/sys/net`` shows the network namespace of the thread that
+opens a file, so every file access runs with the thread moved into the target namespace for the
+duration (:func:`~driver.netlink_channel.inside_netns`) and back.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import socket
+import struct
 from collections.abc import Sequence
 
 from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.checkpoint.state import MovedDevice
-from driver.netlink.rtnl import NetnsOpError
-from driver.netlink_channel import inside_netns
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
+from driver.netlink_channel import attr, inside_netns
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+from driver.nic_settings.writable_proc_sys import WritableProcSys
 
 OPTIONAL = frozenset({"ipv6/forwarding"})
 """Keys a NIC may lack (no IPv6 on it: ``ipv6.disable=1``, an MTU below 1280): skipped, not an error."""
+
+
+IFLA_AF_SPEC, IFLA_INET_CONF = 26, 1
+IPV4_DEVCONF = {"ipv4/forwarding": 1, "ipv4/arp_announce": 18, "ipv4/arp_ignore": 19}
+"""The keys rtnetlink sets, by their ``IPV4_DEVCONF_*`` index (include/uapi/linux/ip.h)."""
 
 
 class SysctlError(Exception):
@@ -69,23 +83,72 @@ def read(ns_fd: int, ifname: str, keys: list[str]) -> dict[str, int]:
     return out
 
 
-def write(ns_fd: int, ifname: str, values: dict[str, int]) -> None:
-    """Write ``values`` for ``ifname`` in ``ns_fd``'s netns; :class:`SysctlError` on the first failure."""
+def inet_conf(device: str, index: int, values: dict[str, int]) -> Request:
+    """RTM_NEWLINK setting IPv4 interface settings (keys of :data:`IPV4_DEVCONF`) of ``index``."""
+    conf = b"".join(attr(IPV4_DEVCONF[k], struct.pack("=I", v)) for k, v in values.items())
+    extra = attr(IFLA_AF_SPEC, attr(socket.AF_INET, attr(IFLA_INET_CONF, conf)))
+    return newlink(device, index, extra=extra, step="sysctl")
+
+
+def write(
+    ns_fd: int,
+    ifname: str,
+    values: dict[str, int],
+    *,
+    rtnl: Rtnl | None = None,
+    index: int | None = None,
+    proc_sys: WritableProcSys | None = None,
+) -> None:
+    """Write ``values`` for ``ifname`` (ifindex ``index``) in ``ns_fd``'s netns, whose rtnetlink
+    socket is ``rtnl``: IPv4's over rtnetlink (without ``rtnl``/``index``: to the files), the rest
+    to the files, through ``proc_sys`` where the mount is read-only. :class:`SysctlError` on the
+    first failure."""
+    by_netlink = {k: v for k, v in values.items() if k in IPV4_DEVCONF} if rtnl is not None and index else {}
+    if by_netlink:
+        try:
+            rtnl.run([inet_conf(ifname, index or 0, by_netlink)])  # type: ignore[union-attr]
+        except NetnsOpError as exc:
+            keys = ", ".join(path(k, ifname) for k in by_netlink)
+            raise SysctlError(f"{keys} (over rtnetlink, ifindex {index}): {exc.reason}") from None
+    files = {k: v for k, v in values.items() if k not in by_netlink}
+    if not files:
+        return
+    try:
+        _write_files(ns_fd, ifname, files)
+    except _ReadOnly:
+        if proc_sys is None:
+            raise SysctlError(f"{path(next(iter(files)), ifname)}: {os.strerror(errno.EROFS)}") from None
+        try:
+            proc_sys.run(_write_files, ns_fd, ifname, files)
+        except _ReadOnly as exc:
+            raise SysctlError(f"{exc.filename}: {os.strerror(errno.EROFS)}") from None
+        except OSError as exc:  # ProcSysReadOnly: why it could not be made writable
+            raise SysctlError(f"{path(next(iter(files)), ifname)}: {exc.strerror or exc}") from None
+
+
+class _ReadOnly(OSError):
+    """A file of ``/proc/sys`` is on a read-only mount (tried again where it is writable)."""
+
+
+def _write_files(ns_fd: int, ifname: str, values: dict[str, int]) -> None:
     with inside_netns(ns_fd):
         for key, value in values.items():
+            file = path(key, ifname)
             try:
-                fd = os.open(path(key, ifname), os.O_WRONLY | os.O_CLOEXEC)
+                fd = os.open(file, os.O_WRONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 if key in OPTIONAL:
                     continue
                 raise SysctlError(_missing(key, ifname)) from None
             except OSError as exc:
-                raise SysctlError(f"{path(key, ifname)}: {os.strerror(exc.errno or errno.EIO)}") from None
+                if exc.errno == errno.EROFS:
+                    raise _ReadOnly(errno.EROFS, "read-only", file) from None
+                raise SysctlError(f"{file}: {os.strerror(exc.errno or errno.EIO)}") from None
             try:
                 os.write(fd, f"{value}\n".encode())
             except OSError as exc:
                 reason = os.strerror(exc.errno or errno.EIO)
-                raise SysctlError(f"{path(key, ifname)}: writing {value}: {reason}") from None
+                raise SysctlError(f"{file}: writing {value}: {reason}") from None
             finally:
                 os.close(fd)
 
@@ -110,16 +173,23 @@ class Sysctls(NicSetting):
         for nic in nics:
             values = wanted(nic.interface)
             if values:
+                index = nic.link.index if nic.link is not None else nic.pod_index
                 try:
-                    write(pod.fd, nic.pod.ifname, values)
+                    write(pod.fd, nic.pod.ifname, values, rtnl=pod.rtnl, index=index, proc_sys=pod.host.proc_sys)
                 except (SysctlError, OSError) as exc:
                     raise NetnsOpError(nic.name, "sysctl", str(exc)) from exc
 
+    def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
+        """The recorded IPv4 values again, in the return's batch (the NIC found home at ``index``):
+        the kernel gave it the host's defaults on its way back."""
+        values = {k: v for k, v in (nic.records.get(self.name) or {}).items() if k in IPV4_DEVCONF}
+        return [inet_conf(nic.device, index, values)] if values else []
+
     def after_return(self, nic: MovedDevice, host: HostNetns) -> None:
-        """The kernel gave the NIC the host's defaults on its way back: the recorded values again."""
-        values = nic.records.get(self.name)
+        """The recorded values rtnetlink cannot set (IPv6's), to the files, by the NIC's host name."""
+        values = {k: v for k, v in (nic.records.get(self.name) or {}).items() if k not in IPV4_DEVCONF}
         if values:
             try:
-                write(host.fd, nic.host_ifname, values)
-            except SysctlError as exc:
+                write(host.fd, nic.host_ifname, values, proc_sys=host.proc_sys)
+            except (SysctlError, OSError) as exc:
                 raise NetnsOpError(nic.device, "restore sysctl", str(exc)) from exc

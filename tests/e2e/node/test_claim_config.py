@@ -67,7 +67,16 @@ def test_static_address_mtu_and_route_inside_the_pod(real_node: RealNode, ns: st
     before = nic_snapshot(real_node, [host_nic])
     assert before[host_nic]["addresses"] and before[host_nic]["routes"]
     params = {
-        "interface": {"name": "net1", "addresses": ["192.168.61.5/24"], "mtu": 9000},
+        # The sysctl settings too, by the chart's driver as installed (not privileged: its /proc/sys
+        # is read-only).
+        "interface": {
+            "name": "net1",
+            "addresses": ["192.168.61.5/24"],
+            "mtu": 9000,
+            "arpIgnore": 1,
+            "arpAnnounce": 2,
+            "forwarding": True,
+        },
         "routes": [{"destination": "10.61.0.0/16", "gateway": "192.168.61.1"}],
     }
     create_template(real_node, claim_config_template(ns, "static", "net1", params, _select(host_nic)))
@@ -82,6 +91,10 @@ def test_static_address_mtu_and_route_inside_the_pod(real_node: RealNode, ns: st
         assert "192.168.61.5/24" in net1.addresses
         assert any(r.startswith("10.61.0.0/16 via 192.168.61.1 dev net1") for r in view.routes), view.routes
         assert host_nic not in view.interfaces
+        files = [f"/proc/sys/net/{k}" for k in ("ipv4/conf/net1/arp_ignore", "ipv4/conf/net1/arp_announce")]
+        files += [f"/proc/sys/net/{f}/conf/net1/forwarding" for f in ("ipv4", "ipv6")]
+        out = real_node.kubectl.run("exec", "-n", ns, pod, "--", "cat", *files)
+        assert out.split() == ["1", "2", "1", "1"], out
 
         # The driver writes the claim's status once the pod's NICs are configured (not before the
         # kubelet reports the pod Running).
