@@ -3,8 +3,11 @@
 A claim's ``interface.addresses`` and ``routes`` (a cloud provider's routes merged under them at
 prepare). Without addresses (and without DHCP, whose lease decides) the NIC keeps what the host
 had: its global addresses are copied into the pod, and, when the claim sets no route of its own,
-its host routes too (as the Go driver does); a cloud provider's routes are added either way. With
-a VRF every route goes into the VRF's table (:mod:`driver.nic_settings.vrf` plans it first).
+its host routes too (as the Go driver does); a cloud provider's routes are added either way. Its
+host routes of tables other than main (policy routing, :func:`policy_tables`) come along whatever
+the claim sets, as the Go driver's do; one whose gateway the claim's addresses cannot reach is left
+out. With a VRF every route goes into the VRF's table (:mod:`driver.nic_settings.vrf` plans it
+first) and no policy table comes along.
 
 On the host before the move, every NIC's global addresses (one dump for all of them) and routes
 (one dump per NIC, which the kernel filters to it: a host with a large routing table costs no more)
@@ -20,6 +23,7 @@ less is refused here, before anything moves.
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from collections.abc import Sequence
@@ -32,6 +36,7 @@ from driver.checkpoint.state import MovedDevice
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import (
     RT_SCOPE_UNIVERSE,
+    RT_TABLE_LOCAL,
     Request,
     Route,
     Rtnl,
@@ -41,7 +46,7 @@ from driver.netlink.rtnl import (
     newroute,
     restorable_route,
 )
-from driver.netlink_channel import RTA_OIF, RTM_GETROUTE, RTMSG, attr
+from driver.netlink_channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 MAIN_TABLE = 254  # claim config table 0 means the main table
@@ -90,34 +95,58 @@ def record_host(rtnl: Rtnl, hosts: Sequence[LinkState]) -> None:
                 by_index[found[0]].routes.append(found[1])
 
 
-def pod_addresses(config: NetworkConfig, cloud: NetworkConfig | None, host: LinkState) -> tuple[list[str], list[Route]]:
+RT_TABLE_DEFAULT = 253
+
+
+def policy_tables(routes: Sequence[Route]) -> set[int]:
+    """The routing tables of ``routes`` other than main (and local/default, which every netns has):
+    a NIC's policy routing, carried into the pod as dranet does, with the rules that use them."""
+    return {r.table for r in routes if r.table not in (RT_TABLE_MAIN, RT_TABLE_DEFAULT, RT_TABLE_LOCAL)}
+
+
+def pod_addresses(
+    config: NetworkConfig, cloud: NetworkConfig | None, host: LinkState, policy: bool = True
+) -> tuple[list[str], list[Route]]:
     """The addresses and routes the NIC gets in the pod (before a VRF's table is applied).
 
-    ``cloud``: the cloud provider's part of ``config`` (its routes are added either way; the host's
-    routes are copied only when the claim set none of its own)."""
+    ``cloud``: the cloud provider's part of ``config`` (its routes are added either way). The host's
+    routes are copied when the claim sets no addresses and no routes of its own; otherwise those of
+    the NIC's policy tables (:func:`policy_tables`) still are, under the claim's (a claim route to
+    the same destination in the same table wins). ``policy`` False: not those (a VRF's table
+    decides the NIC's lookups)."""
     iface = config.interface
     addresses = list(iface.addresses or ()) if iface is not None else []
     routes = [config_route(r) for r in config.routes or ()]
+    keys = {(r.dst, r.table) for r in routes}
+    cloud_routes = set(cloud.routes or ()) if cloud is not None else set()
+    own_routes = not all(r in cloud_routes for r in config.routes or ())
     if keeps_host_addresses(config):
         addresses = list(host.addresses)
-        cloud_routes = set(cloud.routes or ()) if cloud is not None else set()
-        if all(r in cloud_routes for r in config.routes or ()):  # the claim set no route: keep the host's
-            keys = {(r.dst, r.table) for r in routes}
-            routes = [r for r in host.routes if (r.dst, r.table) not in keys] + routes
-    return addresses, routes
+    if keeps_host_addresses(config) and not own_routes:
+        carried = host.routes
+    else:
+        tables = policy_tables(host.routes) if policy else set()
+        carried = [r for r in host.routes if r.table in tables]
+    return addresses, [r for r in carried if (r.dst, r.table) not in keys] + routes
 
 
-def config_requests(device: str, index: int, addresses: Sequence[str], routes: Sequence[Route]) -> list[Request]:
-    """Addresses, then link up, then routes (link-scope first so gateways resolve)."""
+def config_requests(
+    device: str, index: int, addresses: Sequence[str], routes: Sequence[Route], optional: Sequence[Route] = ()
+) -> list[Request]:
+    """Addresses, then link up, then routes (link-scope first so gateways resolve). ``optional``:
+    routes a pod may lack (a host policy route whose gateway the claim's addresses cannot reach)."""
     reqs = [newaddr(device, index, a) for a in addresses]
     reqs.append(newlink(device, index, up=True, step="link-up"))
-    return reqs + [newroute(device, index, r) for r in sorted(routes, key=lambda r: r.gateway is not None)]
+    for r in sorted(routes, key=lambda r: r.gateway is not None):
+        req = newroute(device, index, r)
+        reqs.append(replace(req, ignore=(*req.ignore, errno.ENETUNREACH)) if r in optional else req)
+    return reqs
 
 
 def plan_pod(nic: Nic) -> None:
     """The NIC's addresses and routes in the pod (every route in its VRF's table, when it has one) and
     its record; :class:`SettingRefused` for an MTU that cannot carry the IPv6 addresses it gets."""
-    addresses, routes = pod_addresses(nic.config, nic.device.cloud_config, nic.host)
+    addresses, routes = pod_addresses(nic.config, nic.device.cloud_config, nic.host, nic.pod.table is None)
     if nic.pod.table is not None:
         routes = [replace(r, table=nic.pod.table) for r in routes]
     nic.pod.addresses, nic.pod.routes = addresses, routes
@@ -144,7 +173,9 @@ class Addresses(NicSetting):
             plan_pod(nic)
 
     def requests(self, nic: Nic) -> list[Request]:
-        return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes)
+        tables = policy_tables(nic.host.routes)
+        optional = [r for r in nic.pod.routes if r.table in tables and r in nic.host.routes]
+        return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes, optional)
 
     def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
         kept = nic.records.get(self.name) or {}

@@ -1,12 +1,14 @@
 """Policy-routing rules (``ip rule``) of a NIC: the claim's in the pod, the host's carried along and back.
 
 A claim's ``rules`` (and a cloud provider's, merged under them at prepare) are added in the pod in
-its configuration batch. A NIC's host rules (source inside one of its addresses' networks, or
-``iif``/``oif`` its name) are recorded before the move, from one dump of the host's rules for all
-the pod's NICs; they stay in the host when the NIC leaves, and are copied into the pod (naming the
-NIC as the pod knows it) when the NIC keeps its host addresses, the claim sets no rule of its own
-and no VRF decides the lookup; they are added on the host again when the NIC returns (one still there
-is no error).
+its configuration batch. A NIC's host rules (source inside one of its addresses' networks,
+``iif``/``oif`` its name, or a lookup in a table it has routes in other than main) are recorded
+before the move, from one dump of the host's rules for all the pod's NICs; they stay in the host
+when the NIC leaves, and are copied into the pod (naming the NIC as the pod knows it) when the NIC
+keeps its host addresses, the claim sets no rule of its own and no VRF decides the lookup;
+otherwise, as dranet, those looking up its policy tables still are (their routes come along,
+:func:`~driver.nic_settings.addresses.pod_addresses`). They are added on the host again when the
+NIC returns (one still there is no error).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import errno
 import ipaddress
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -23,7 +25,7 @@ from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import MovedDevice
 from driver.netlink.rtnl import Request, Rtnl
 from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, parse_attrs, text
-from driver.nic_settings.addresses import keeps_host_addresses
+from driver.nic_settings.addresses import keeps_host_addresses, policy_tables
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
 RTM_NEWRULE, RTM_GETRULE = 32, 34
@@ -121,13 +123,14 @@ def host_rules(rtnl: Rtnl) -> list[Rule]:
     return [r for r in rules if r is not None]
 
 
-def rules_of(rules: list[Rule], ifname: str, addresses: list[str]) -> list[Rule]:
-    """The rules that belong to one NIC: ``iif``/``oif`` its name, or a source network holding one
-    of its addresses (a source of length 0, "from all", belongs to no NIC)."""
+def rules_of(rules: list[Rule], ifname: str, addresses: list[str], tables: Collection[int] = ()) -> list[Rule]:
+    """The rules that belong to one NIC: ``iif``/``oif`` its name, a source network holding one
+    of its addresses (a source of length 0, "from all", belongs to no NIC), or a lookup in one of
+    ``tables`` (the NIC's policy tables, :func:`~driver.nic_settings.addresses.policy_tables`)."""
     ips = [ipaddress.ip_interface(a).ip for a in addresses]
     out = []
     for rule in rules:
-        if ifname in (rule.iifname, rule.oifname):
+        if ifname in (rule.iifname, rule.oifname) or rule.table in tables:
             out.append(rule)
         elif rule.src and not rule.src.endswith("/0"):
             net = ipaddress.ip_network(rule.src, strict=False)
@@ -146,16 +149,27 @@ def _host_rule_in_pod(rule: Rule, host_name: str, pod_name: str) -> Rule:
 
 
 def pod_rules(
-    config: NetworkConfig, cloud: NetworkConfig | None, host_name: str, pod_name: str, host: list[Rule], vrf: bool
+    config: NetworkConfig,
+    cloud: NetworkConfig | None,
+    host_name: str,
+    pod_name: str,
+    host: list[Rule],
+    vrf: bool,
+    tables: Collection[int] = (),
 ) -> list[Rule]:
     """The rules added in the pod for a NIC: the claim's (with the cloud provider's), after its host
-    rules (``host``, renamed) when it keeps its host addresses, sets no rule of its own and is in
-    no VRF (the VRF's table decides the lookup)."""
+    rules (``host``, renamed). All of those when it keeps its host addresses and sets no rule of its
+    own; otherwise those that look up one of its policy ``tables`` (whose routes it carries, as
+    dranet). None in a VRF (the VRF's table decides the lookup)."""
     rules = [config_rule(r.priority, r.source, r.destination, r.table) for r in config.rules or ()]
     cloud_rules = set(cloud.rules or ()) if cloud is not None else set()
-    if keeps_host_addresses(config) and not vrf and all(r in cloud_rules for r in config.rules or ()):
-        rules = [_host_rule_in_pod(r, host_name, pod_name) for r in host if r not in rules] + rules
-    return rules
+    if vrf:
+        return rules
+    if keeps_host_addresses(config) and all(r in cloud_rules for r in config.rules or ()):
+        carried = host
+    else:
+        carried = [r for r in host if r.table in tables]
+    return [_host_rule_in_pod(r, host_name, pod_name) for r in carried if r not in rules] + rules
 
 
 NAME = "rules"
@@ -177,7 +191,7 @@ class Rules(NicSetting):
             return
         rules = host_rules(host.rtnl())
         for nic in (n for n in nics if not n.sub_interface):
-            mine = rules_of(rules, nic.host.ifname, nic.host.addresses)
+            mine = rules_of(rules, nic.host.ifname, nic.host.addresses, policy_tables(nic.host.routes))
             if mine:
                 nic.records[self.name] = [r.to_dict() for r in mine]
 
@@ -189,6 +203,7 @@ class Rules(NicSetting):
             nic.pod.ifname,
             _recorded(nic.records),
             nic.pod.table is not None,
+            policy_tables(nic.host.routes),
         )
         return [newrule(nic.name, r) for r in found]
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -19,6 +20,7 @@ from driver.nic_settings.setting import Nic, SettingRefused
 pytestmark = pytest.mark.kernel
 
 HOST_ROUTE = Route(dst="10.50.0.0/16", gateway="10.5.0.1", table=150, family=socket.AF_INET)
+MAIN_ROUTE = Route(dst="10.60.0.0/16", gateway="10.5.0.1", family=socket.AF_INET)
 
 
 def host() -> LinkState:
@@ -27,7 +29,7 @@ def host() -> LinkState:
         mtu=1500,
         mac="02:00:00:00:00:05",
         addresses=["10.5.0.2/24", "fd05::2/64"],
-        routes=[HOST_ROUTE],
+        routes=[HOST_ROUTE, MAIN_ROUTE],
         index=7,
     )
 
@@ -40,26 +42,42 @@ def nic(params: dict[str, object], mtu: int | None = None, table: int | None = N
 def test_without_addresses_the_nic_keeps_the_hosts_and_its_routes() -> None:
     planned = nic({"interface": {"name": "net1"}})
     addresses.plan_pod(planned)
-    assert planned.pod.addresses == ["10.5.0.2/24", "fd05::2/64"] and planned.pod.routes == [HOST_ROUTE]
+    assert planned.pod.addresses == ["10.5.0.2/24", "fd05::2/64"]
+    assert planned.pod.routes == [HOST_ROUTE, MAIN_ROUTE]
     assert planned.records == {
-        "addresses": {"addresses": ["10.5.0.2/24", "fd05::2/64"], "routes": [HOST_ROUTE.to_dict()]}
+        "addresses": {
+            "addresses": ["10.5.0.2/24", "fd05::2/64"],
+            "routes": [HOST_ROUTE.to_dict(), MAIN_ROUTE.to_dict()],
+        }
     }
 
 
-def test_claim_routes_replace_the_hosts_and_claim_addresses_replace_everything() -> None:
+def test_claim_routes_and_addresses_replace_the_hosts_main_table_but_policy_tables_come_along() -> None:
+    """As dranet: the NIC's routes of tables other than main come with it whatever the claim sets;
+    the claim's addresses or routes replace the rest. A carried route the claim's addresses cannot
+    reach is left out by the kernel's answer, not an error."""
     routed = nic({"routes": [{"destination": "10.9.0.0/16", "scope": 253}]})
     addresses.plan_pod(routed)
     assert routed.pod.addresses == ["10.5.0.2/24", "fd05::2/64"]
-    assert [(r.dst, r.scope, r.table) for r in routed.pod.routes] == [("10.9.0.0/16", 253, 254)]
+    assert [(r.dst, r.scope, r.table) for r in routed.pod.routes] == [
+        ("10.50.0.0/16", 0, 150),
+        ("10.9.0.0/16", 253, 254),
+    ]
     addressed = nic({"interface": {"addresses": ["192.0.2.5/24"]}})
     addresses.plan_pod(addressed)
-    assert addressed.pod.addresses == ["192.0.2.5/24"] and addressed.pod.routes == []
+    assert addressed.pod.addresses == ["192.0.2.5/24"] and addressed.pod.routes == [HOST_ROUTE]
+    reqs = addresses.Addresses().requests(addressed)
+    (carried,) = [r for r in reqs if "10.50.0.0/16" in r.what]
+    assert errno.ENETUNREACH in carried.ignore
+    same_dst = nic({"routes": [{"destination": "10.50.0.0/16", "gateway": "10.5.0.9", "table": 150}]})
+    addresses.plan_pod(same_dst)
+    assert [(r.dst, r.gateway, r.table) for r in same_dst.pod.routes] == [("10.50.0.0/16", "10.5.0.9", 150)]
 
 
 def test_dhcp_copies_no_host_address() -> None:
     planned = nic({"interface": {"dhcp": True}})
     addresses.plan_pod(planned)
-    assert planned.pod.addresses == [] and planned.pod.routes == []
+    assert planned.pod.addresses == [] and planned.pod.routes == [HOST_ROUTE]
     assert planned.records["addresses"]["addresses"] == ["10.5.0.2/24", "fd05::2/64"], "given back all the same"
 
 
@@ -97,6 +115,7 @@ def test_addresses_then_the_link_up_then_link_scope_routes_first() -> None:
         ("address", "192.0.2.5/24"),
         ("link-up", "up=True"),
         ("route", "192.0.3.0/24 via - table 254"),
+        ("route", "10.50.0.0/16 via 10.5.0.1 table 150"),  # the host's policy table, carried
         ("route", "10.1.0.0/16 via 192.0.2.1 table 254"),
     ]
 
@@ -106,6 +125,6 @@ def test_the_return_gives_the_host_its_addresses_and_routes_and_always_the_link_
     addresses.plan_pod(planned)
     moved = MovedDevice("d0", "eth5", "net1", records=planned.records)
     steps = [(r.step, r.device) for r in addresses.Addresses().restore_requests(moved, 7)]
-    assert steps == [("address", "d0"), ("address", "d0"), ("link-up", "d0"), ("route", "d0")]
+    assert steps == [("address", "d0"), ("address", "d0"), ("link-up", "d0"), ("route", "d0"), ("route", "d0")]
     bare = MovedDevice("d0", "eth5", "net1")
     assert [r.step for r in addresses.Addresses().restore_requests(bare, 7)] == ["link-up"]

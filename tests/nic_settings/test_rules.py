@@ -26,8 +26,8 @@ pytestmark = pytest.mark.kernel
 HOST_RULES = [Rule(priority=150, src="10.5.0.0/24", table=150), Rule(priority=151, iifname="eth5", table=151)]
 
 
-def _pod_rules(params: dict[str, object], vrf: bool = False) -> list[Rule]:
-    return pod_rules(decode_config(params, "p"), None, "eth5", "net1", HOST_RULES, vrf)
+def _pod_rules(params: dict[str, object], vrf: bool = False, tables: tuple[int, ...] = ()) -> list[Rule]:
+    return pod_rules(decode_config(params, "p"), None, "eth5", "net1", HOST_RULES, vrf, tables)
 
 
 def test_host_rules_follow_the_renamed_nic() -> None:
@@ -38,10 +38,17 @@ def test_claim_rules_replace_the_hosts() -> None:
     assert _pod_rules({"rules": [{"source": "10.5.0.0/24", "table": 9}]}) == [Rule(src="10.5.0.0/24", table=9)]
 
 
-def test_no_host_rule_with_a_vrf_dhcp_or_claim_addresses() -> None:
-    assert _pod_rules({"interface": {"vrf": {"name": "blue"}}}, vrf=True) == []
+def test_no_host_rule_with_a_vrf_dhcp_or_claim_addresses_but_those_of_its_policy_tables() -> None:
+    """As dranet: the rules looking up a table the NIC has routes in come along whatever the claim sets."""
+    assert _pod_rules({"interface": {"vrf": {"name": "blue"}}}, vrf=True, tables=(150,)) == []
     assert _pod_rules({"interface": {"dhcp": True}}) == []
     assert _pod_rules({"interface": {"addresses": ["192.0.2.5/24"]}}) == []
+    assert _pod_rules({"interface": {"addresses": ["192.0.2.5/24"]}}, tables=(150,)) == [HOST_RULES[0]]
+    claim = {"rules": [{"source": "10.5.0.0/24", "table": 9}]}
+    assert _pod_rules(claim, tables=(151,)) == [
+        Rule(priority=151, iifname="net1", table=151),
+        Rule(src="10.5.0.0/24", table=9),
+    ]
 
 
 @pytest.mark.root
@@ -101,6 +108,32 @@ def test_host_rules_and_neighbors_of_the_nic_go_along_and_come_back(
     node.hooks.stop_pod_sandbox(node.pod)
     assert rules(node.host) == host_rules
     assert neighbors(node.host, node.nic) == [("10.61.0.9", "02:00:00:00:61:09", ["PERMANENT"])]
+    assert link_facts(node.nic, node.host) == before
+
+
+@pytest.mark.root
+def test_routes_and_rules_of_other_tables_are_copied_with_claim_addresses(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """dranet's e2e "route rules and routes with non-default table are copied": the NIC's routes of a
+    table other than main and the rules that use it reach the pod although the claim sets its own
+    address, and nothing of them is left behind or lost on the host."""
+    node = Node(netns_factory, tmp_path)
+    sh(node.host, "route", "add", "10.90.0.0/16", "via", "10.61.0.1", "dev", node.nic, "table", "100")
+    sh(node.host, "route", "add", "10.91.0.0/16", "dev", node.nic, "table", "100")
+    sh(node.host, "rule", "add", "from", "10.61.0.2", "table", "100", "priority", "100")
+    sh(node.host, "rule", "add", "fwmark", "7", "table", "100", "priority", "101")  # not one a NIC owns
+    host_rules = rules(node.host)
+    before = link_facts(node.nic, node.host)
+    params = {"interface": {"name": "net1", "addresses": ["10.92.0.5/24"]}}
+    prepare_claim(node.store, node.uid, [{"ifname": node.nic, "config": {"opaque": [params]}}])
+    node.hooks.run_pod_sandbox(node.pod)
+    # The gateway 10.61.0.1 is not reachable from the claim's address: that route is left out.
+    assert [r["dst"] for r in ipj(node.pod_ns, "route", "show", "table", "100")] == ["10.91.0.0/16"]
+    assert rules(node.pod_ns) == [(100, "10.61.0.2", None, None, None, "100")]
+    node.hooks.stop_pod_sandbox(node.pod)
+    assert rules(node.host) == host_rules
+    assert sorted(r["dst"] for r in ipj(node.host, "route", "show", "table", "100")) == ["10.90.0.0/16", "10.91.0.0/16"]
     assert link_facts(node.nic, node.host) == before
 
 
