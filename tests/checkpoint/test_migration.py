@@ -125,6 +125,7 @@ def test_the_records_are_where_the_settings_look_for_them(tmp_path: Path) -> Non
         "neighbor",
         "rule",
         "rule",
+        "sysctl",  # its IPv4 values, over rtnetlink at the index the NIC is found at
     ]
 
 
