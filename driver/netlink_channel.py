@@ -130,6 +130,12 @@ def attr(kind: int, data: bytes) -> bytes:
     return raw + b"\0" * (-len(raw) % 4)
 
 
+IFLA_EXT_MASK = 29
+RTEXT_FILTER_SKIP_STATS = 1 << 3
+SKIP_STATS = attr(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
+"""Appended to an RTM_GETLINK: the answer leaves out the (large) statistics blocks."""
+
+
 def attr_list(data: bytes, off: int = 0) -> list[tuple[int, bytes]]:
     """Attributes from ``off`` on, in order, repeats kept (type without flag bits, data)."""
     out = []

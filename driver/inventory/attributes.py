@@ -90,11 +90,16 @@ PRIORITY: tuple[str, ...] = (
     D + "pciSubsystem",
     D + "ipv4",
     D + "ipv6",
+    D + "ebpf",
+    D + "tcFilterNames",
+    D + "tcxProgramNames",
     D + "alias",
 )
 """Attribute keep-order when a device has more than 32 attributes (first = kept longest)."""
 
-LIST_ATTRIBUTES = frozenset({D + "ipv4", D + "ipv6", "gce.dra.net/ipAliases"})
+LIST_ATTRIBUTES = frozenset(
+    {D + "ipv4", D + "ipv6", D + "tcFilterNames", D + "tcxProgramNames", "gce.dra.net/ipAliases"}
+)
 """Comma-joined list attributes: shortened at an element boundary."""
 
 _RANK = {name: i for i, name in enumerate(PRIORITY)}

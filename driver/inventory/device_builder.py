@@ -163,6 +163,12 @@ class DeviceBuilder:
             out[D + "ipv4"] = ",".join(link.ipv4)
         if link and link.ipv6:
             out[D + "ipv6"] = ",".join(link.ipv6)
+        if link:  # as dranet: whether any TC bpf filter or tcx program is attached, and their names
+            out[D + "ebpf"] = bool(link.tc_filters or link.tcx_programs)
+            if link.tc_filters:
+                out[D + "tcFilterNames"] = ",".join(link.tc_filters)
+            if link.tcx_programs:
+                out[D + "tcxProgramNames"] = ",".join(link.tcx_programs)
         return out
 
     @staticmethod

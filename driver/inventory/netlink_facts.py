@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from driver import bpf_attachments
 from driver.netlink_channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
@@ -96,6 +97,8 @@ class LinkFacts:
     loopback: bool = False
     ipv4: list[str] = field(default_factory=list)
     ipv6: list[str] = field(default_factory=list)
+    tc_filters: tuple[str, ...] = ()  # names of the TC `bpf` filters of its clsact qdisc
+    tcx_programs: tuple[str, ...] = ()  # names of its tcx programs
 
 
 @dataclass
@@ -231,12 +234,15 @@ class LinkQuery:
         finally:
             if fd is not None:
                 os.close(fd)
+
         try:
             sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
             self.strict = True
         except OSError:  # kernels before 4.20: filter the full dump ourselves
             self.strict = False
         self.chan = NetlinkChannel(sock)
+        self.netns = netns
+        self._bpf = True  # the bpf system call answers (not: no CAP_BPF/SYS_ADMIN, no tcx, seccomp)
 
     def close(self) -> None:
         """Close the socket."""
@@ -263,6 +269,7 @@ class LinkQuery:
         for link in facts.links.values():
             link.ipv4.sort()
             link.ipv6.sort()
+        self._add_programs(index.values())
         body = RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, RT_TABLE_MAIN if self.strict else 0, 0, 0, 0, 0)
         routes = [parse_route(p) for p in self.chan.dump(RTM_GETROUTE, body)]
         facts.default_route_ifnames = {index[i].ifname for i in default_route_oifs(routes) if i in index}
@@ -283,7 +290,42 @@ class LinkQuery:
                 _add_address(link, found[1], found[2])
         link.ipv4.sort()
         link.ipv6.sort()
+        self._add_programs([link])
         return link
+
+    def _add_programs(self, links: Iterable[LinkFacts]) -> None:
+        """The eBPF programs' names of ``links`` (dranet's ``tcFilterNames``/``tcxProgramNames``): TC
+        filters only where a clsact qdisc is (one qdisc dump), tcx on every link (two ``bpf``
+        queries each). A link whose programs cannot be listed gets none, with a log line; a
+        ``bpf`` call refused (no privileges, no tcx) is not asked again."""
+        try:
+            with_qdisc = bpf_attachments.qdisc_links(self.chan)
+        except OSError as exc:
+            log.debug("qdiscs not listed", extra={"kv": {"error": str(exc)}})
+            with_qdisc = set()
+        fd = open_netns(self.netns) if self.netns and self._bpf else None
+        try:
+            for link in links:
+                if link.loopback or (not self._bpf and link.index not in with_qdisc):
+                    continue
+                found = self._programs(link, fd, link.index in with_qdisc)
+                if found is None:
+                    continue
+                link.tc_filters, link.tcx_programs = found.tc_filters, found.tcx_programs
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _programs(self, link: LinkFacts, fd: int | None, tc: bool) -> bpf_attachments.AttachedNames | None:
+        try:
+            return bpf_attachments.attached_names(self.chan, fd, link.index, tc=tc, tcx=self._bpf)
+        except (OSError, bpf_attachments.EbpfError) as exc:
+            if self._bpf and isinstance(exc, OSError) and exc.errno in (errno.EPERM, errno.EACCES, errno.ENOSYS):
+                self._bpf = False
+                log.info("tcx programs of links not listed: bpf refused", extra={"kv": {"error": str(exc)}})
+                return self._programs(link, fd, tc)
+            log.debug("eBPF programs not listed", extra={"kv": {"link": link.ifname, "error": str(exc)}})
+            return None
 
 
 def collect(netns: str | None = None) -> NetlinkFacts:

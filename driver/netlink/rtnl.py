@@ -57,6 +57,7 @@ from driver.netlink_channel import (
     RTM_NEWROUTE,
     RTMSG,
     RTN_UNICAST,
+    SKIP_STATS,
     SOL_NETLINK,
     NetlinkChannel,
     Reply,
@@ -105,10 +106,6 @@ class Route:
 
 
 IFF_UP = 0x1
-IFLA_EXT_MASK = 29
-RTEXT_FILTER_SKIP_STATS = 1 << 3
-SKIP_STATS = attr(IFLA_EXT_MASK, struct.pack("=I", RTEXT_FILTER_SKIP_STATS))
-"""Appended to an RTM_GETLINK: the answer leaves out the (large) statistics blocks."""
 
 
 _ROUTE_FIELDS = tuple(f.name for f in fields(Route))

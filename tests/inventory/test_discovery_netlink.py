@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import bpf_progs
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
 REPO = str(Path(__file__).resolve().parents[2])
@@ -88,3 +91,29 @@ def test_exclude_interfaces_in_netns(netns_factory) -> None:
     )
     names = {d["name"] for d in json.loads(out.stdout)}
     assert a not in names and b in names
+
+
+def test_ebpf_programs_are_published_by_name(netns_factory) -> None:
+    """As dranet: ``dra.net/ebpf`` on every netdev, the TC ``bpf`` filters' and tcx programs' names
+    of a NIC that has them (listed over rtnetlink and the bpf system call), and gone once removed."""
+    ns = netns_factory.netns()
+    a, b = netns_factory.veth(netns=ns, peer_netns=ns)
+    fds = bpf_progs.attach_all(ns, a, tcx_name=b"dranet_tcx")
+    try:
+        devices = scan_in(ns)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    attrs = devices[a]["attributes"]
+    assert attrs["dra.net/ebpf"] is True
+    assert attrs["dra.net/tcFilterNames"] == "dranet_test"
+    if bpf_progs.has_tcx():
+        assert attrs["dra.net/tcxProgramNames"] == "dranet_tcx"
+    quiet = devices[b]["attributes"]
+    assert quiet["dra.net/ebpf"] is False and "dra.net/tcFilterNames" not in quiet
+    assert "dra.net/tcxProgramNames" not in quiet
+    ip("-n", ns, "link", "set", a, "xdpgeneric", "off")
+    subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", a, "clsact"], check=True)
+    again = scan_in(ns)[a]["attributes"]
+    assert "dra.net/tcFilterNames" not in again
+    assert again["dra.net/ebpf"] is bpf_progs.has_tcx()  # the tcx program stays until detached

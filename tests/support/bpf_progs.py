@@ -47,12 +47,12 @@ def has_tcx() -> bool:
     return kernel_features.detect().has("tcx")
 
 
-def attach_all(netns: str, ifname: str) -> list[int]:
-    """An XDP (generic), a clsact ingress ``bpf`` filter and, where the kernel has tcx, a tcx ingress
-    program on ``ifname``; their fds."""
+def attach_all(netns: str, ifname: str, tcx_name: bytes = b"dranet_test") -> list[int]:
+    """An XDP (generic), a clsact ingress ``bpf`` filter (named ``dranet_test``) and, where the kernel
+    has tcx, a tcx ingress program (loaded as ``tcx_name``) on ``ifname``; their fds."""
     index = _index(netns, ifname)
     xdp, cls = load(PROG_TYPE_XDP, XDP_PASS), load(PROG_TYPE_SCHED_CLS, TC_ACT_OK)
-    tcx = load(PROG_TYPE_SCHED_CLS, 0) if has_tcx() else None
+    tcx = load(PROG_TYPE_SCHED_CLS, 0, tcx_name) if has_tcx() else None
     subprocess.run(["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", ifname, "clsact"], check=True)
     fd = open_netns(netns)
     rtnl = NetlinkChannel(netlink_socket(socket.NETLINK_ROUTE, fd))
