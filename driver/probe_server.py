@@ -49,12 +49,12 @@ Answer = tuple[int, bytes, str]
 
 
 def parse_bind_address(address: str) -> tuple[str, int]:
-    """``":9177"`` -> ``("0.0.0.0", 9177)``; ``"127.0.0.1:0"`` -> ephemeral port; ``"[::1]:80"`` works."""
+    """``":9177"`` -> ``("", 9177)``: every address of both families (an IPv6-only node's kubelet
+    probes its IPv6 address); ``"127.0.0.1:0"`` -> ephemeral port; ``"[::1]:80"`` works."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"--bind-address {address!r}: expected [host]:port")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    return host.strip("[]"), int(port)
 
 
 def response(status: int, body: bytes, content_type: str, head_only: bool = False) -> bytes:
@@ -150,7 +150,7 @@ class ProbeServer:
         while True:
             try:
                 self._server = await asyncio.start_server(
-                    self._serve, self.host, self.port, reuse_address=True, limit=MAX_HEAD
+                    self._serve, self.host or None, self.port, reuse_address=True, limit=MAX_HEAD
                 )
                 break
             except OSError as exc:

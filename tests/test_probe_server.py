@@ -91,8 +91,23 @@ async def test_other_paths_methods_and_bad_clients() -> None:
         await server.stop()
 
 
+async def test_the_default_address_answers_on_ipv4_and_ipv6() -> None:
+    """``:PORT`` (the chart's) listens on both families: an IPv6-only node's kubelet probes over IPv6."""
+    with socket.socket(socket.AF_INET6) as probe:  # a port free on both families
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        probe.bind(("::", 0))
+        port = probe.getsockname()[1]
+    server = ProbeServer(f":{port}", Metrics(), lambda: True)
+    await server.start()
+    try:
+        assert (await get(f"http://127.0.0.1:{port}/healthz"))[0] == 200
+        assert (await get(f"http://[::1]:{port}/healthz"))[0] == 200
+    finally:
+        await server.stop()
+
+
 def test_bind_address_errors() -> None:
-    assert parse_bind_address(":9177") == ("0.0.0.0", 9177)
+    assert parse_bind_address(":9177") == ("", 9177)  # every address, IPv4 and IPv6
     assert parse_bind_address("[::1]:80") == ("::1", 80)
     with pytest.raises(ValueError, match="--bind-address"):
         parse_bind_address("localhost")

@@ -102,7 +102,7 @@ async def serve(options: WebhookOptions, tls: TLSFiles, stop: asyncio.Event) -> 
             health.add_routes([aiohttp.web.get("/healthz", healthz)])
             runners.append(aiohttp.web.AppRunner(health, handle_signals=False))
             await runners[1].setup()
-            await aiohttp.web.TCPSite(runners[1], "0.0.0.0", options.health_port).start()
+            await aiohttp.web.TCPSite(runners[1], options.listen or None, options.health_port).start()
         log.info("serving admission reviews", extra={"kv": {"port": options.port, "healthPort": options.health_port}})
         if manager is not None:
             await manager.start()  # the TLS port accepts connections: failurePolicy Fail never meets a dead one
