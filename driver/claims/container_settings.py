@@ -61,13 +61,15 @@ def interfaces_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
 
 
 def roce_gid_index(sysfs_root: str, rdma_device: str, address: str) -> int | None:
-    """The index of the RoCE v2 GID the kernel made for ``address`` (an IPv4 address of a
-    sub-interface of the RDMA device's netdev) on the device's Ethernet port; None when there is none.
+    """The index of the RoCE v2 GID the kernel made for ``address`` (an address of a sub-interface
+    of the RDMA device's netdev: an IPv4 one is in the table as ``::ffff:a.b.c.d``, an IPv6 one as
+    itself) on the device's Ethernet port; None when there is none.
 
     The GID table (``/sys/class/infiniband/<dev>/ports/<n>/gids/<i>``, ``gid_attrs/types/<i>``)
     holds one entry per address of the port's netdev and its upper devices (macvlan, ipvlan): a
     pod sharing a RoCE NIC must use its own, or its traffic carries another pod's address."""
-    mapped = ipaddress.IPv6Address(f"::ffff:{address}").exploded
+    ip = ipaddress.ip_address(address)
+    mapped = (ipaddress.IPv6Address(f"::ffff:{ip}") if ip.version == 4 else ip).exploded
     ports = Path(sysfs_root, "class/infiniband", rdma_device, "ports")
     try:
         port_dirs = sorted(ports.iterdir())
@@ -92,15 +94,17 @@ def _read(path: Path) -> str:
 def gid_env(
     devices: Iterable[PreparedDevice], addresses: Mapping[str, Sequence[str]], sysfs_root: str
 ) -> dict[str, str]:
-    """``NCCL_IB_GID_INDEX`` of the RoCE GID of the pod's own sub-interface address, when every RDMA
-    sub-interface of the pod has one and they agree (NCCL takes one index for every HCA)."""
+    """``NCCL_IB_GID_INDEX`` of the RoCE GID of the pod's own sub-interface address (its IPv4 one
+    first, else a global IPv6 one: IPv6-only clusters), when every RDMA sub-interface of the pod
+    has one and they agree (NCCL takes one index for every HCA)."""
     found = set()
     for d in devices:
         rdma = d.snapshot.host.rdma_device
         if not (d.sub_interface and rdma and d.config.rdma_env_enabled):
             continue
-        v4 = [a.split("/", 1)[0] for a in addresses.get(d.device, ()) if ":" not in a]
-        index = next((i for i in (roce_gid_index(sysfs_root, rdma, a) for a in v4) if i is not None), None)
+        ips = [a.split("/", 1)[0] for a in addresses.get(d.device, ())]
+        ips = [a for a in ips if ":" not in a] + [a for a in ips if ":" in a and not a.lower().startswith("fe80")]
+        index = next((i for i in (roce_gid_index(sysfs_root, rdma, a) for a in ips) if i is not None), None)
         if index is None:
             return {}
         found.add(index)

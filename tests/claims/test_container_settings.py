@@ -10,7 +10,7 @@ from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.merge import configs_for_request
 from driver.api.v1alpha1.network_config import NetworkConfig, NumaConfig, RdmaConfig
 from driver.checkpoint.state import PreparedDevice
-from driver.claims.container_settings import container_env, interfaces_env, settings_for_container
+from driver.claims.container_settings import container_env, interfaces_env, roce_gid_index, settings_for_container
 from driver.claims.numa_pinning import cpuset_for, format_cpulist, numa_pin_node, parse_cpulist
 from driver.model.device import Device, HostFacts
 from tests.support.claims import allocation_config
@@ -111,3 +111,25 @@ def test_interfaces_env_names_the_pod_side_interfaces_sorted():
     assert interfaces_env([nic("x", None, NetworkConfig())]) == {}
     env = settings_for_container(devs[:2]).env
     assert env == {"DRANET_INTERFACES": "ib0,ib3"}
+
+
+def test_the_roce_gid_of_an_ipv4_or_an_ipv6_address(tmp_path: Path) -> None:
+    """The GID table holds an IPv4 address as ``::ffff:a.b.c.d`` and an IPv6 one as itself; the
+    RoCE v2 entry is the one NCCL needs (IPv6-only clusters too)."""
+    port = tmp_path / "class/infiniband/mlx5_0/ports/1"
+    (port / "gids").mkdir(parents=True)
+    (port / "gid_attrs/types").mkdir(parents=True)
+    (port / "link_layer").write_text("Ethernet\n")
+    table = [
+        ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"),
+        ("0000:0000:0000:0000:0000:ffff:0a50:0001", "RoCE v2"),
+        ("fd00:0080:0000:0000:0000:0000:0000:0005", "IB/RoCE v1"),
+        ("fd00:0080:0000:0000:0000:0000:0000:0005", "RoCE v2"),
+    ]
+    for i, (gid, kind) in enumerate(table):
+        (port / "gids" / str(i)).write_text(gid + "\n")
+        (port / "gid_attrs/types" / str(i)).write_text(kind + "\n")
+    assert roce_gid_index(str(tmp_path), "mlx5_0", "10.80.0.1") == 1
+    assert roce_gid_index(str(tmp_path), "mlx5_0", "fd00:80::5") == 3
+    assert roce_gid_index(str(tmp_path), "mlx5_0", "fd00:80::6") is None
+    assert roce_gid_index(str(tmp_path), "mlx5_1", "10.80.0.1") is None
