@@ -234,7 +234,6 @@ class LinkQuery:
         finally:
             if fd is not None:
                 os.close(fd)
-
         try:
             sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
             self.strict = True

@@ -66,7 +66,7 @@ from driver.netlink_channel import (
     pick_attrs,
 )
 
-RT_TABLE_LOCAL = 255
+RT_TABLE_DEFAULT, RT_TABLE_LOCAL = 253, 255
 RTPROT_KERNEL = 2
 RT_SCOPE_UNIVERSE = 0
 

@@ -36,6 +36,7 @@ from driver.checkpoint.state import MovedDevice
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import (
     RT_SCOPE_UNIVERSE,
+    RT_TABLE_DEFAULT,
     RT_TABLE_LOCAL,
     Request,
     Route,
@@ -49,8 +50,6 @@ from driver.netlink.rtnl import (
 from driver.netlink_channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
-MAIN_TABLE = 254  # claim config table 0 means the main table
-
 
 def config_route(cfg: RouteConfig) -> Route:
     """A validated claim-config route as the netlink layer's :class:`Route`."""
@@ -60,7 +59,7 @@ def config_route(cfg: RouteConfig) -> Route:
         dst=cfg.destination,
         gateway=cfg.gateway,
         prefsrc=cfg.source,
-        table=cfg.table or MAIN_TABLE,
+        table=cfg.table or RT_TABLE_MAIN,  # claim config table 0 means the main table
         scope=cfg.scope,
         family=socket.AF_INET6 if version == 6 else socket.AF_INET,
     )
@@ -93,9 +92,6 @@ def record_host(rtnl: Rtnl, hosts: Sequence[LinkState]) -> None:
             found = restorable_route(payload, by_index)
             if found is not None:
                 by_index[found[0]].routes.append(found[1])
-
-
-RT_TABLE_DEFAULT = 253
 
 
 def policy_tables(routes: Sequence[Route]) -> set[int]:

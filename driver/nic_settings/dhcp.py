@@ -32,11 +32,11 @@ from driver.dhcp.wire import Lease
 from driver.model.device import Device
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError, Request, Route, Rtnl, deladdr, newaddr, newroute
+from driver.netlink_channel import RT_TABLE_MAIN
 from driver.nic_settings.setting import Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)
 RT_SCOPE_LINK = 253
-MAIN_TABLE = 254
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ def lease_routes(lease: Lease, table: int | None = None) -> list[Route]:
     """The lease's classless static routes (option 121) through its NIC, in ``table`` (None: main; a VRF's
     table when the NIC is in one); on-link ones have link scope."""
     return [
-        Route(dst=dst, gateway=gw, scope=0 if gw else RT_SCOPE_LINK, family=socket.AF_INET, table=table or MAIN_TABLE)
+        Route(
+            dst=dst, gateway=gw, scope=0 if gw else RT_SCOPE_LINK, family=socket.AF_INET, table=table or RT_TABLE_MAIN
+        )
         for dst, gw in lease.routes
     ]
 
