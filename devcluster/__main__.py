@@ -8,7 +8,8 @@
 ``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
 names every node's NICs (``ib`` gives ib0..ib7), ``--runtime`` every node's container runtime
-(``containerd``, the default, or ``crio``: CRI-O built by ``python -m devcluster.builders.crio``).
+(``containerd``, the default, or ``crio``: CRI-O built by ``python -m devcluster.builders.crio``),
+``--ip-family`` its networks' (``ipv4``, the default, ``ipv6`` or ``dual``: see node_layout.py).
 ``DRANET_K8S_VERSION`` picks the Kubernetes release (default the newest supported; see
 devcluster/builders/versions.py).
 """
@@ -25,9 +26,11 @@ from pathlib import Path
 from devcluster.cluster.node_layout import (
     DEFAULT_BASE,
     DEFAULT_CIDR,
+    DEFAULT_IP_FAMILY,
     DEFAULT_NAME,
     DEFAULT_NODES,
     DEFAULT_RUNTIME,
+    IP_FAMILIES,
     RUNTIMES,
     LayoutError,
     NodeLayout,
@@ -36,7 +39,13 @@ from devcluster.cluster.node_layout import (
 
 def _layout(a: argparse.Namespace) -> NodeLayout:
     return NodeLayout(
-        name=a.name, root=Path(a.root), nodes=a.nodes, cluster_cidr=a.cidr, nic_prefix=a.nic_prefix, runtime=a.runtime
+        name=a.name,
+        root=Path(a.root),
+        nodes=a.nodes,
+        cluster_cidr=a.cidr,
+        nic_prefix=a.nic_prefix,
+        runtime=a.runtime,
+        ip_family=a.ip_family,
     )
 
 
@@ -55,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cidr", default=os.environ.get("DRANET_DEVCLUSTER_CIDR", DEFAULT_CIDR))
     ap.add_argument("--nic-prefix", default="ib")
     ap.add_argument("--runtime", choices=RUNTIMES, default=os.environ.get("DRANET_DEVCLUSTER_RUNTIME", DEFAULT_RUNTIME))
+    ap.add_argument(
+        "--ip-family",
+        choices=IP_FAMILIES,
+        default=os.environ.get("DRANET_DEVCLUSTER_IP_FAMILY", DEFAULT_IP_FAMILY),
+        help="the node, pod and service networks and the rails: IPv4, IPv6, or both (IPv4 first)",
+    )
     set_help = "a chart value at install (helm --set), e.g. sharing.filter=...; repeatable"
     ap.add_argument("--set", dest="set_values", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     a = ap.parse_args(argv)

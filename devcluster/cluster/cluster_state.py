@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from devcluster.cluster import node_host
-from devcluster.cluster.node_layout import NodeLayout
+from devcluster.cluster.node_layout import DEFAULT_IP_FAMILY, NodeLayout
 from driver.kube.errors import KubeError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +35,7 @@ class ClusterState:
     cluster_cidr: str = ""
     k8s_version: str = ""
     runtime: str = "containerd"
+    ip_family: str = DEFAULT_IP_FAMILY
     server: str = ""
     kubeconfig: str = ""
     kubectl: str = ""

@@ -30,6 +30,7 @@ from typing import Any
 
 from devcluster.builders.binaries import ControlPlaneBinaries, ensure_control_plane
 from devcluster.cluster import certs
+from devcluster.cluster.node_layout import SERVICE_RANGES
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
 
@@ -89,6 +90,8 @@ class ControlPlaneOptions:
     # Where the apiserver listens (and its serving certificate's extra SAN). A real node uses
     # its CNI bridge address, so pods reach the apiserver without a service proxy.
     bind_address: str = "127.0.0.1"
+    # The Services' virtual ranges, the primary first (its family must be the bind address's).
+    service_ip_ranges: tuple[str, ...] = (SERVICE_RANGES[4],)
     # Processes outlive the Python process that started them (``devcluster up``).
     detached: bool = False
 
@@ -171,7 +174,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self.server = f"https://{bind}:{api_port}"
+        self.server = f"https://{_url_host(bind)}:{api_port}"
         api = [
             str(b.kube_apiserver),
             f"--etcd-servers={etcd_url}",
@@ -186,7 +189,7 @@ class ControlPlane:
             f"--service-account-issuer={self.server}",
             f"--service-account-key-file={c.sa_pub}",
             f"--service-account-signing-key-file={c.sa_key}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-cluster-ip-range=" + ",".join(self.options.service_ip_ranges),
             "--allow-privileged=true",
             "--disable-admission-plugins=" + ",".join(self.options.disable_admission_plugins),
             "--endpoint-reconciler-type=none",
@@ -446,3 +449,8 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _url_host(host: str) -> str:
+    """``host`` as a URL's authority has it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host

@@ -88,7 +88,7 @@ def corefile(layout: NodeLayout, ready_port: int) -> str:
     """kubeadm's Corefile, bound to the host link's address, reading the API with the admin
     kubeconfig (there is no in-cluster service account for a process)."""
     return f""".:53 {{
-    bind {layout.gateway}
+    bind {" ".join(layout.gateways)}
     errors
     ready 127.0.0.1:{ready_port}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{

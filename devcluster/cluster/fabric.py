@@ -3,7 +3,7 @@
 * The cluster network: a bridge (``cluster``) in the fabric namespace. Every node's ``eth0`` is
   a port (its node IP), and so is the host's one link into the cluster (``dn<name>``, address
   `NodeLayout.gateway`, where the apiserver and the cluster DNS listen). Each node routes its
-  pods' /24 over its pods' bridge and the other nodes' pod /24s via their node IPs, so pods on
+  pods' /24 (and /64 on IPv6) over its pods' bridge and the other nodes' pod ranges via their node IPs, so pods on
   different nodes reach each other without any encapsulation or NAT; the host routes every pod
   /24 via its node, so the control plane reaches pods (webhooks) and pods reach the apiserver.
 * The rails: NIC ``ib<r>`` of every node is a veth whose far end is a port of bridge ``rail<r>``
@@ -100,8 +100,22 @@ def create(layout: NodeLayout) -> None:
     _batch(lines, layout.fabric_netns)
     _ip("link", "add", layout.host_link, "type", "veth", "peer", "name", HOST_PORT, "netns", layout.fabric_netns)
     _batch([f"link set {HOST_PORT} master {CLUSTER_BRIDGE}", f"link set {HOST_PORT} up"], layout.fabric_netns)
-    prefix = layout.node_network.prefixlen
-    _batch([f"addr add {layout.gateway}/{prefix} dev {layout.host_link}", f"link set {layout.host_link} up"])
+    _batch([*_addr_lines(layout, layout.gateways, layout.host_link), f"link set {layout.host_link} up"])
+
+
+def _addr_lines(layout: NodeLayout, addresses: list[str], dev: str) -> list[str]:
+    """``ip addr add`` of one address per IP version on the cluster network. IPv6 ones skip
+    duplicate address detection: every address here is assigned once, by this module, and a
+    tentative address cannot be bound (the apiserver, the kubelet and CoreDNS bind them at once)."""
+    lines = []
+    for v, a in zip(layout.versions, addresses, strict=True):
+        prefix = layout.node_network_of(v).prefixlen
+        lines.append(f"addr add {a}/{prefix} dev {dev}" + (" nodad" if v == 6 else ""))
+    return lines
+
+
+def _rail_addr_lines(node: NodeSpec, rail_index: int, nic: str) -> list[str]:
+    return [f"addr add {a} dev {nic}" + (" nodad" if ":" in a else "") for a in node.rail_addresses(rail_index)]
 
 
 def add_node(node: NodeSpec) -> None:
@@ -115,30 +129,28 @@ def add_node(node: NodeSpec) -> None:
         _ip("link", "add", peer, "mtu", str(NIC_MTU), "type", "veth", "peer", "name", nic, "netns", ns, netns=fabric)
         lines += [f"link set {peer} master {rail(r)}", f"link set {peer} up"]
     _batch(lines, fabric)
-    prefix = layout.node_network.prefixlen
-    inside = [
-        "link set lo up",
-        f"addr add {node.ip}/{prefix} dev eth0",
-        "link set eth0 up",
-        f"route add default via {layout.gateway} dev eth0",
-    ]
+    inside = ["link set lo up", *_addr_lines(layout, node.ips, "eth0"), "link set eth0 up"]
+    inside += [f"route add default via {gw} dev eth0" for gw in layout.gateways]
     for other in layout.all_nodes:
         if other.index != node.index:
-            inside.append(f"route add {other.pod_subnet} via {other.ip} dev eth0")
+            for v in layout.versions:
+                inside.append(f"route add {other.pod_subnet_of(v)} via {other.ip_of(v)} dev eth0")
     for r, nic in enumerate(layout.nics):
         inside += [
             f"link set {nic} address {nic_mac(node, nic)} mtu {NIC_MTU}",
-            f"addr add {node.rail_address(r)} dev {nic}",
+            *_rail_addr_lines(node, r, nic),
             f"link set {nic} up",
         ]
     _batch(inside, ns)
     # The node forwards between its pods' bridge and the cluster network.
+    forwarding = {4: "net.ipv4.ip_forward=1", 6: "net.ipv6.conf.all.forwarding=1"}
     subprocess.run(
-        ["nsenter", f"--net={node.netns_path}", "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"],
+        ["nsenter", f"--net={node.netns_path}", "sysctl", "-q", "-w", *(forwarding[v] for v in layout.versions)],
         check=True,
         capture_output=True,
     )
-    _ip("route", "replace", node.pod_subnet, "via", node.ip, "dev", layout.host_link)
+    for v in layout.versions:
+        _ip("route", "replace", node.pod_subnet_of(v), "via", node.ip_of(v), "dev", layout.host_link)
 
 
 def remove_node(node: NodeSpec) -> None:
@@ -146,7 +158,8 @@ def remove_node(node: NodeSpec) -> None:
     for link in (node.uplink_peer, *(node.peer(n) for n in node.layout.nics)):
         if netns_exists(node.layout.fabric_netns):
             _ip("link", "del", link, netns=node.layout.fabric_netns, check=False)
-    _ip("route", "del", node.pod_subnet, "dev", node.layout.host_link, check=False)
+    for v in node.layout.versions:
+        _ip("route", "del", node.pod_subnet_of(v), "dev", node.layout.host_link, check=False)
 
 
 def remove(layout: NodeLayout) -> None:
@@ -186,7 +199,7 @@ def plug_nic(node: NodeSpec, nic: str) -> None:
     _batch(
         [
             f"link set {nic} address {nic_mac(node, nic)} mtu {NIC_MTU}",
-            f"addr add {node.rail_address(r)} dev {nic}",
+            *_rail_addr_lines(node, r, nic),
             f"link set {nic} up",
         ],
         node.netns,

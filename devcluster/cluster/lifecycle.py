@@ -125,6 +125,8 @@ def prepare(progress: Progress = _say) -> Binaries:
 def api_env(server: str) -> list[dict[str, str]]:
     """The apiserver's address for pods (there is no Service VIP: no kube-proxy)."""
     host, port = server.removeprefix("https://").rsplit(":", 1)
+    # The kubelet's own variable holds an IPv6 address bare; clients add the brackets.
+    host = host.removeprefix("[").removesuffix("]")
     return [{"name": "KUBERNETES_SERVICE_HOST", "value": host}, {"name": "KUBERNETES_SERVICE_PORT", "value": port}]
 
 
@@ -206,6 +208,7 @@ def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] 
         cluster_cidr=layout.cluster_cidr,
         k8s_version=K8S_RELEASE.version,
         runtime=layout.runtime,
+        ip_family=layout.ip_family,
     )
     try:
         _up(layout, bins, st, progress, set_values)
@@ -230,7 +233,8 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     layout.base.mkdir(parents=True, exist_ok=True)
     st.save(layout)
     progress(
-        f"[up] fabric: cluster network {layout.node_network} (host {layout.gateway}), "
+        f"[up] fabric: cluster network {', '.join(str(layout.node_network_of(v)) for v in layout.versions)} "
+        f"(host {', '.join(layout.gateways)}), "
         f"{len(layout.nics)} rails; Kubernetes {K8S_RELEASE.version}, {layout.nodes} node(s) on {layout.runtime}"
     )
     fabric.create(layout)
@@ -240,6 +244,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
         feature_gates=dict(K8S_RELEASE.feature_gates),
         runtime_config=dict(K8S_RELEASE.runtime_config),
         bind_address=layout.gateway,
+        service_ip_ranges=tuple(layout.service_ranges),
         detached=True,
         keep_dir=True,
         disable_admission_plugins=("TaintNodesByCondition",),
@@ -258,7 +263,7 @@ def _up(layout: NodeLayout, bins: Binaries, st: ClusterState, progress: Progress
     st.save(layout)
     kube = KubeClient.from_kubeconfig(str(layout.kubeconfig))
 
-    progress(f"[up] cluster DNS (CoreDNS {coredns.VERSION}) at {layout.gateway}:53")
+    progress(f"[up] cluster DNS (CoreDNS {coredns.VERSION}) at {', '.join(layout.gateways)} port 53")
     st.dns_ready_port = free_port()
     layout.corefile.write_text(coredns.corefile(layout, st.dns_ready_port))
     spawn(layout, "coredns", [str(bins.coredns), "-conf", str(layout.corefile)], None, st)

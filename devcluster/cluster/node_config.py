@@ -109,7 +109,11 @@ def cni_conflist(node: NodeSpec) -> str:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "ranges": [[{"subnet": node.pod_subnet, "gateway": node.pod_gateway}]],
+                    # One range set per IP version: a dual-stack pod gets one address of each.
+                    "ranges": [
+                        [{"subnet": node.pod_subnet_of(v), "gateway": node.pod_gateway_of(v)}]
+                        for v in node.layout.versions
+                    ],
                 },
             },
         ],
@@ -119,7 +123,7 @@ def cni_conflist(node: NodeSpec) -> str:
 
 def resolv_conf(node: NodeSpec) -> str:
     """The node's resolver: the cluster DNS (pods with ``dnsPolicy: Default`` get it too)."""
-    return f"nameserver {node.layout.gateway}\n"
+    return "".join(f"nameserver {gw}\n" for gw in node.layout.gateways)
 
 
 def kubelet_config(
@@ -135,14 +139,15 @@ def kubelet_config(
         "failSwapOn": False,
         # No CAP_SYS_RESOURCE here: the kubelet cannot lower its own score to -999.
         "oomScoreAdj": 0,
-        "address": node.ip,
+        # One address, so a dual-stack kubelet listens on both families ("::" is v4-mapped too).
+        "address": node.ip if len(node.ips) == 1 else "::",
         "port": KUBELET_PORT,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": KUBELET_HEALTHZ_PORT,
         "readOnlyPort": 0,
         "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
         "authorization": {"mode": "AlwaysAllow"},
-        "clusterDNS": [node.layout.gateway],
+        "clusterDNS": node.layout.gateways,
         "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": str(node.resolv_conf),
         "evictionHard": {

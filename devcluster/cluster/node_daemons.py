@@ -148,7 +148,7 @@ def start_kubelet(node: NodeSpec, st: ClusterState, binaries: NodeBinaries) -> i
         f"--config={node.kubelet_config}",
         f"--kubeconfig={node.layout.kubeconfig}",
         f"--hostname-override={node.name}",
-        f"--node-ip={node.ip}",
+        f"--node-ip={','.join(node.ips)}",
         f"--root-dir={IN_NODE.kubelet_root}",
         f"--node-labels={NODE_LABEL}={node.layout.name}",
         "--v=2",

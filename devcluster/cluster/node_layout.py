@@ -16,6 +16,7 @@ Unix socket paths must stay under 108 bytes, so the default base is short.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,14 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 ND_H100_NICS: tuple[str, ...] = tuple(f"ib{i}" for i in range(8))
 # The rails: NIC i of every node is on rail i, one L2 segment each (as on a rail-optimized fabric).
 RAIL_NET = "172.16.0.0/16"
+RAIL_NET6 = "fd16:ac10::/48"  # rail i is its /64 number i
+# The address families of the node, pod and service networks and of the rails: IPv4 only,
+# IPv6 only, or dual-stack (IPv4 first, as Kubernetes orders a dual-stack cluster by default).
+IP_FAMILIES = ("ipv4", "ipv6", "dual")
+DEFAULT_IP_FAMILY = "ipv4"
+_FAMILY_VERSIONS = {"ipv4": (4,), "ipv6": (6,), "dual": (4, 6)}
+# Virtual: no service proxy runs, so ranges equal across clusters never meet.
+SERVICE_RANGES = {4: "10.0.0.0/24", 6: "fd00:10::/112"}
 
 
 class LayoutError(ValueError):
@@ -82,8 +91,11 @@ class NodeLayout:
     nic_prefix: str = "ib"
     node_prefix: str = "nd-h100-v5"
     runtime: str = DEFAULT_RUNTIME
+    ip_family: str = DEFAULT_IP_FAMILY
 
     def __post_init__(self) -> None:
+        if self.ip_family not in IP_FAMILIES:
+            raise LayoutError(f"ip_family: {self.ip_family!r} must be one of {', '.join(IP_FAMILIES)}")
         if self.runtime not in RUNTIMES:
             raise LayoutError(f"runtime: {self.runtime!r} must be one of {', '.join(RUNTIMES)}")
         if not _NAME_RE.match(self.name):
@@ -156,14 +168,42 @@ class NodeLayout:
         return ipaddress.IPv4Network(self.cluster_cidr)
 
     @property
-    def node_network(self) -> ipaddress.IPv4Network:
-        """The cluster network the nodes' ``eth0`` and the host link are on (first /24)."""
-        return next(self._net.subnets(new_prefix=24))
+    def _net6(self) -> ipaddress.IPv6Network:
+        """The cluster's IPv6 range: a ULA /48 named after its IPv4 /20 (10.88.0.0/20 gives
+        fd0a:5800::/48), so two clusters' IPv6 ranges differ when their IPv4 ones do."""
+        o = self._net.network_address.packed
+        return ipaddress.IPv6Network(f"fd{o[0]:02x}:{o[1]:02x}{o[2]:02x}::/48")
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The IP versions of every network, the primary first: (4,), (6,) or (4, 6)."""
+        return _FAMILY_VERSIONS[self.ip_family]
+
+    @property
+    def node_network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        """The primary cluster network, where the nodes' ``eth0`` and the host link are."""
+        return self.node_network_of(self.versions[0])
+
+    def node_network_of(self, version: int) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        """The cluster network of one IP version: the /20's first /24, or the /48's first /64."""
+        if version == 4:
+            return next(self._net.subnets(new_prefix=24))
+        return next(self._net6.subnets(new_prefix=64))
 
     @property
     def gateway(self) -> str:
-        """The host link's address: apiserver, cluster DNS, and the nodes' default route."""
-        return str(self.node_network.network_address + 1)
+        """The host link's primary address: apiserver, cluster DNS, and the nodes' default route."""
+        return self.gateways[0]
+
+    @property
+    def gateways(self) -> list[str]:
+        """The host link's address of every IP version, the primary first."""
+        return [str(self.node_network_of(v).network_address + 1) for v in self.versions]
+
+    @property
+    def service_ranges(self) -> list[str]:
+        """The apiserver's ``--service-cluster-ip-range``, one per IP version, the primary first."""
+        return [SERVICE_RANGES[v] for v in self.versions]
 
     @property
     def nics(self) -> tuple[str, ...]:
@@ -215,23 +255,56 @@ class NodeSpec:
     # -- addresses ----------------------------------------------------------------------------
     @property
     def ip(self) -> str:
-        """``eth0``'s address: the Node's InternalIP, where its kubelet listens."""
-        return str(self.layout.node_network.network_address + 10 + self.index)
+        """``eth0``'s primary address: the Node's InternalIP, where its kubelet listens."""
+        return self.ip_of(self.layout.versions[0])
+
+    @property
+    def ips(self) -> list[str]:
+        """``eth0``'s address of every IP version, the primary first (the kubelet's ``--node-ip``)."""
+        return [self.ip_of(v) for v in self.layout.versions]
+
+    def ip_of(self, version: int) -> str:
+        return str(self.layout.node_network_of(version).network_address + 10 + self.index)
 
     @property
     def pod_subnet(self) -> str:
-        subnets = list(ipaddress.IPv4Network(self.layout.cluster_cidr).subnets(new_prefix=24))
-        return str(subnets[1 + self.index])
+        """The node's primary pod range."""
+        return self.pod_subnet_of(self.layout.versions[0])
+
+    @property
+    def pod_subnets(self) -> list[str]:
+        return [self.pod_subnet_of(v) for v in self.layout.versions]
+
+    def pod_subnet_of(self, version: int) -> str:
+        """The node's pod range of one IP version: the /20's /24 or the /48's /64 number 1 + index."""
+        if version == 4:
+            nets = self.layout._net.subnets(new_prefix=24)
+        else:
+            nets = self.layout._net6.subnets(new_prefix=64)
+        return str(next(itertools.islice(nets, 1 + self.index, None)))
 
     @property
     def pod_gateway(self) -> str:
-        """The node's address on its pods' bridge."""
-        return str(ipaddress.IPv4Network(self.pod_subnet).network_address + 1)
+        """The node's primary address on its pods' bridge."""
+        return self.pod_gateway_of(self.layout.versions[0])
+
+    def pod_gateway_of(self, version: int) -> str:
+        return str(ipaddress.ip_network(self.pod_subnet_of(version)).network_address + 1)
 
     def rail_address(self, rail: int) -> str:
-        """The host address of NIC ``rail`` (as IPoIB NICs carry one), with its prefix length."""
-        net = ipaddress.IPv4Network(RAIL_NET)
-        return f"{net.network_address + rail * 256 + 1 + self.index}/24"
+        """The primary host address of NIC ``rail`` (as IPoIB NICs carry one), with its prefix."""
+        return self.rail_addresses(rail)[0]
+
+    def rail_addresses(self, rail: int) -> list[str]:
+        """Every host address of NIC ``rail``, the primary first: one per IP version."""
+        out = []
+        for v in self.layout.versions:
+            if v == 4:
+                out.append(f"{ipaddress.IPv4Network(RAIL_NET).network_address + rail * 256 + 1 + self.index}/24")
+            else:
+                net = next(itertools.islice(ipaddress.IPv6Network(RAIL_NET6).subnets(new_prefix=64), rail, None))
+                out.append(f"{net.network_address + 1 + self.index}/64")
+        return out
 
     # -- fabric-side link names ---------------------------------------------------------------
     @property

@@ -69,6 +69,10 @@ from driver.netlink_channel import (
 RT_TABLE_DEFAULT, RT_TABLE_LOCAL = 253, 255
 RTPROT_KERNEL = 2
 RT_SCOPE_UNIVERSE = 0
+IFA_FLAGS = 8
+# ifa_flags: no duplicate address detection; detection failed (the address is in use on the link);
+# detection still running (the address cannot be bound yet).
+IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 
 
 class NetnsOpError(Exception):
@@ -307,11 +311,14 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(text)
 
 
-def newaddr(device: str, index: int, cidr: str, step: str = "address") -> Request:
-    """RTM_NEWADDR of ``cidr`` (global scope); an existing address is not an error."""
+def newaddr(device: str, index: int, cidr: str, step: str = "address", dad: bool = True) -> Request:
+    """RTM_NEWADDR of ``cidr`` (global scope); an existing address is not an error. ``dad`` False:
+    an IPv6 address usable at once, without duplicate address detection (one this link already
+    held and checked)."""
     iface = _interface(cidr)
     family = socket.AF_INET6 if iface.version == 6 else socket.AF_INET
-    body = IFADDRMSG.pack(family, iface.network.prefixlen, 0, RT_SCOPE_UNIVERSE, index)
+    flags = IFA_F_NODAD if iface.version == 6 and not dad else 0
+    body = IFADDRMSG.pack(family, iface.network.prefixlen, flags, RT_SCOPE_UNIVERSE, index)
     body += attr(IFA_LOCAL, iface.ip.packed) + attr(IFA_ADDRESS, iface.ip.packed)
     return Request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body, device, step, cidr, (errno.EEXIST,))
 
@@ -350,6 +357,23 @@ def dumped_address(payload: bytes, scope: int | None = None) -> tuple[int, str] 
     attrs = parse_attrs(payload, IFADDRMSG.size)
     raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)  # IFA_LOCAL: ours on point-to-point links
     return (index, f"{ipaddress.ip_address(raw)}/{prefixlen}") if raw else None
+
+
+def ipv6_address_states(rtnl: Rtnl, indexes: Container[int]) -> dict[tuple[int, str], int]:
+    """``(ifindex, CIDR) -> flags`` of every IPv6 address on the links ``indexes``, from one dump
+    (the 32-bit ``IFA_FLAGS`` where the kernel sends it: ``IFA_F_TENTATIVE``, ``IFA_F_DADFAILED``)."""
+    out: dict[tuple[int, str], int] = {}
+    for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_INET6, 0, 0, 0, 0)):
+        _family, prefixlen, flags, _scope, index = IFADDRMSG.unpack_from(payload)
+        if index not in indexes:
+            continue
+        attrs = parse_attrs(payload, IFADDRMSG.size)
+        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+        if raw:
+            wide = attrs.get(IFA_FLAGS)
+            cidr = f"{ipaddress.ip_address(raw)}/{prefixlen}"
+            out[(index, cidr)] = struct.unpack("=I", wide[:4])[0] if wide else flags
+    return out
 
 
 def deladdr(device: str, index: int, cidr: str, step: str = "address") -> Request:

@@ -19,14 +19,21 @@ driver sets it up on return too), where its host addresses and routes are added 
 
 The MTU a NIC gets must carry IPv6 when it gets an IPv6 address (1280 at least): a pod asking for
 less is refused here, before anything moves.
+
+IPv6 addresses the NIC held on the host (carried into the pod, or back home) skip duplicate address
+detection: the link already checked them, and a tentative address cannot be bound. New ones (the
+claim's, a share's lease) are detected, and the hook waits for that before the containers start
+(as the CNI bridge plugin settles its addresses); one found in use refuses the pod.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import struct
-from collections.abc import Sequence
+import time
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,13 +42,18 @@ from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig
 from driver.checkpoint.state import MovedDevice
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import (
+    IFA_F_DADFAILED,
+    IFA_F_TENTATIVE,
     RT_SCOPE_UNIVERSE,
     RT_TABLE_DEFAULT,
     RT_TABLE_LOCAL,
+    NetnsOpError,
     Request,
     Route,
     Rtnl,
+    canonical_cidr,
     dump_addresses,
+    ipv6_address_states,
     newaddr,
     newlink,
     newroute,
@@ -49,6 +61,12 @@ from driver.netlink.rtnl import (
 )
 from driver.netlink_channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+
+log = logging.getLogger(__name__)
+# Linux's detection takes a random delay of up to rtr_solicit_delay (1 s) plus one probe of
+# retrans_time (1 s) by default; more than that is a link that cannot finish it.
+DAD_WAIT_S = 3.0
+DAD_POLL_S = 0.05
 
 
 def config_route(cfg: RouteConfig) -> Route:
@@ -127,11 +145,17 @@ def pod_addresses(
 
 
 def config_requests(
-    device: str, index: int, addresses: Sequence[str], routes: Sequence[Route], optional: Sequence[Route] = ()
+    device: str,
+    index: int,
+    addresses: Sequence[str],
+    routes: Sequence[Route],
+    optional: Sequence[Route] = (),
+    checked: Container[str] = (),
 ) -> list[Request]:
     """Addresses, then link up, then routes (link-scope first so gateways resolve). ``optional``:
-    routes a pod may lack (a host policy route whose gateway the claim's addresses cannot reach)."""
-    reqs = [newaddr(device, index, a) for a in addresses]
+    routes a pod may lack (a host policy route whose gateway the claim's addresses cannot reach).
+    ``checked``: addresses this link held on the host, which skip IPv6 duplicate address detection."""
+    reqs = [newaddr(device, index, a, dad=a not in checked) for a in addresses]
     reqs.append(newlink(device, index, up=True, step="link-up"))
     for r in sorted(routes, key=lambda r: r.gateway is not None):
         req = newroute(device, index, r)
@@ -171,9 +195,47 @@ class Addresses(NicSetting):
     def requests(self, nic: Nic) -> list[Request]:
         tables = policy_tables(nic.host.routes)
         optional = [r for r in nic.pod.routes if r.table in tables and r in nic.host.routes]
-        return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes, optional)
+        # The host's own addresses, carried along the same link: usable in the pod at once.
+        return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes, optional, nic.host.addresses)
+
+    def after_configure(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Wait until the pod's new IPv6 addresses pass duplicate address detection: until then
+        the kernel will not bind them, and a container started at once could not listen on its
+        NIC's address. One in use on the link refuses the pod, naming it."""
+        new = {
+            (nic.index, canonical_cidr(a)): nic.name
+            for nic in nics
+            for a in nic.pod.addresses
+            if ":" in a and a not in nic.host.addresses
+        }
+        if new:
+            settle_ipv6(pod.rtnl, new, DAD_WAIT_S)
 
     def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
         kept = nic.records.get(self.name) or {}
         routes = [Route.from_dict(r) for r in kept.get("routes") or ()]
-        return config_requests(nic.device, index, kept.get("addresses") or (), routes)
+        addresses = kept.get("addresses") or ()
+        return config_requests(nic.device, index, addresses, routes, checked=addresses)
+
+
+def settle_ipv6(rtnl: Rtnl, addresses: Mapping[tuple[int, str], str], timeout: float) -> None:
+    """Poll until none of ``addresses`` (``(ifindex, CIDR) -> device``) is tentative any more;
+    :class:`NetnsOpError` for one whose detection failed. After ``timeout`` (a link without
+    carrier never finishes) the pod goes on with a warning: the address works once the link does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = ipv6_address_states(rtnl, {index for index, _ in addresses})
+        for key, device in addresses.items():
+            if states.get(key, 0) & IFA_F_DADFAILED:
+                reason = f"interface.addresses: {key[1]} is in use on the link (IPv6 duplicate address detection)"
+                raise NetnsOpError(device, "address", reason)
+        waiting = [key for key in addresses if states.get(key, 0) & IFA_F_TENTATIVE]
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "IPv6 addresses still tentative",
+                extra={"kv": {"addresses": [f"{addresses[k]} {k[1]}" for k in waiting], "waited_s": timeout}},
+            )
+            return
+        time.sleep(DAD_POLL_S)

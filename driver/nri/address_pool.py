@@ -27,6 +27,8 @@ from driver.config import IPNetwork
 from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Rtnl, dump_addresses
 from driver.netlink.sub_interfaces import LEASE, RECORD
 
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
 PROBES = 8
 """Free-looking addresses of a pool probed on the link for one lease before the pool is called
 overlapping (each costs the probe's wait)."""
@@ -93,10 +95,19 @@ def pool_of(parent: str, host_addresses: Iterable[str], pools: Mapping[str, IPNe
     pool = pools[parent]
     if pool is not None:
         return pool
-    subnet = next((i.network for i in map(ipaddress.ip_interface, host_addresses) if i.version == 4), None)
-    if subnet is None:
-        raise PoolError(f"the pool of {parent} is its subnet, but {parent} has no IPv4 address to take it from")
-    return subnet
+    subnets = _subnets(map(ipaddress.ip_interface, host_addresses))
+    if not subnets:
+        raise PoolError(
+            f"the pool of {parent} is its subnet, but {parent} has no IPv4 or global IPv6 address to take it from"
+        )
+    return subnets[0]
+
+
+def _subnets(interfaces: Iterable[IPInterface]) -> list[IPNetwork]:
+    """The NIC's own subnets, IPv4 first (an IPv6-only rail's is its IPv6 one). A link-local
+    subnet is never one: every link has the same fe80::/64."""
+    nets = [i.network for i in interfaces if not (i.version == 6 and i.ip.is_link_local)]
+    return sorted(nets, key=lambda n: n.version)
 
 
 def lease(
@@ -110,9 +121,12 @@ def lease(
     on the link (``answered(address)``: an ARP probe); :class:`PoolError` when there is none."""
     interfaces = [ipaddress.ip_interface(a) for a in host_addresses]
     pool = pool_of(parent, [str(i) for i in interfaces], pools)
-    subnet = next((i.network for i in interfaces if i.version == 4), None)
-    inside = subnet is not None and pool.version == subnet.version and pool.subnet_of(subnet)  # type: ignore[arg-type]
-    prefix = subnet.prefixlen if inside and subnet is not None else pool.prefixlen
+    # A pool inside one of the NIC's subnets takes that subnet's prefix (one link with the host).
+    inside = next(
+        (n for n in _subnets(interfaces) if n.version == pool.version and pool.subnet_of(n)),  # type: ignore[arg-type]
+        None,
+    )
+    prefix = inside.prefixlen if inside is not None else pool.prefixlen
     own = {str(i.ip) for i in interfaces}
     probed: list[str] = []
     for candidate in pool.hosts():

@@ -31,8 +31,11 @@ def test_the_first_free_address_of_the_pool_with_its_prefix() -> None:
         lease("ib0", ["10.1.0.1/24"], {"10.1.0.65": "x", "10.1.0.66": "y"}, pools)
     # A pool elsewhere: its own prefix.
     assert lease("ib1", [], {}, parse_sharing_pools("ib1=192.0.2.0/28")) == "192.0.2.1/28"
-    with pytest.raises(PoolError, match="ib2 has no IPv4 address"):
-        lease("ib2", ["fd00::1/64"], {}, {"ib2": None})
+    # An IPv6-only NIC's subnet is its global IPv6 one (its own address skipped); link-local is none.
+    assert lease("ib2", ["fe80::1/64", "fd00::1/64"], {}, {"ib2": None}) == "fd00::2/64"
+    assert lease("ib2", ["fd00::1/64"], {}, parse_sharing_pools("ib2=fd00::40/122")) == "fd00::41/64"
+    with pytest.raises(PoolError, match="ib2 has no IPv4 or global IPv6 address"):
+        lease("ib2", ["fe80::1/64"], {}, {"ib2": None})
 
 
 def test_no_pool_no_lease_and_the_refusal_says_what_to_set() -> None:

@@ -34,6 +34,16 @@ def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
 
 
 @pytest.fixture
+def ns(real_node: RealNode) -> Iterator[str]:
+    """A fresh, empty namespace (per test); modules that need more in it define their own."""
+    name = real_node.namespace()
+    try:
+        yield name
+    finally:
+        real_node.delete_namespace(name)
+
+
+@pytest.fixture
 def seed_ns(real_node: RealNode) -> Iterator[str]:
     """A fresh namespace with the seed's two ResourceClaimTemplates (per test)."""
     with seed_namespace(real_node) as name:

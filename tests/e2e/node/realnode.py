@@ -27,7 +27,7 @@ import pytest
 from devcluster.cluster import fabric, node_host, node_ns
 from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
-from devcluster.cluster.node_layout import DEFAULT_BASE, DEFAULT_RUNTIME, NodeLayout, NodeSpec
+from devcluster.cluster.node_layout import DEFAULT_BASE, DEFAULT_IP_FAMILY, DEFAULT_RUNTIME, NodeLayout, NodeSpec
 from devcluster.cluster.pods import Kubectl
 from driver.checkpoint import journal
 from driver.kube.client import RESOURCE_API, KubeClient
@@ -169,13 +169,15 @@ class RealNode:
         wait_for(gone, timeout, 0.5, f"namespace {ns} emptied")
 
 
-def random_layout(nodes: int = 2, runtime: str = DEFAULT_RUNTIME) -> NodeLayout:
+def random_layout(nodes: int = 2, runtime: str = DEFAULT_RUNTIME, ip_family: str = DEFAULT_IP_FAMILY) -> NodeLayout:
     """A cluster name and a /20 no other cluster on this host uses (random, checked against the
     host's routes)."""
     for _ in range(50):
         name = "e" + "".join(random.choice(string.ascii_lowercase) for _ in range(3)) + secrets.token_hex(2)
         cidr = f"10.{random.randint(64, 127)}.{16 * random.randint(0, 15)}.0/20"
-        layout = NodeLayout(name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr, runtime=runtime)
+        layout = NodeLayout(
+            name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr, runtime=runtime, ip_family=ip_family
+        )
         if not fabric.overlapping_routes(layout) and not layout.base.exists():
             return layout
     raise RuntimeError("no free address range for a test cluster (50 random /20s overlap host routes)")
@@ -218,7 +220,13 @@ def cluster_for_tests(
         found = cluster.running(NodeLayout(name=reuse))
         if found is None:
             pytest.fail(f"no running cluster named {reuse!r} to test")
-        layout = NodeLayout(name=reuse, nodes=found.nodes, cluster_cidr=found.cluster_cidr, runtime=found.runtime)
+        layout = NodeLayout(
+            name=reuse,
+            nodes=found.nodes,
+            cluster_cidr=found.cluster_cidr,
+            runtime=found.runtime,
+            ip_family=found.ip_family,
+        )
         st = found
     else:
         layout = new_layout()

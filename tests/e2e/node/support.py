@@ -186,3 +186,36 @@ def claim_config_template(
 def create_template(node: RealNode, tmpl: dict[str, Any]) -> None:
     ns = tmpl["metadata"]["namespace"]
     node.kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaimtemplates", tmpl)
+
+
+def nic_claim(ns: str, name: str, nic: str, addresses: list[str] | None) -> dict[str, Any]:
+    """A ResourceClaim for the NIC named ``nic`` (on whichever node), with static ``addresses``
+    (``None``: no config, the NIC keeps its host addresses)."""
+    selector = f'device.attributes["dra.net"]["ifName"] == "{nic}"'
+    exactly = {"deviceClassName": "dranet.net", "selectors": [{"cel": {"expression": selector}}]}
+    devices: dict[str, Any] = {"requests": [{"name": "nic", "exactly": exactly}]}
+    if addresses is not None:
+        params = {"apiVersion": "dra.net/v1alpha1", "kind": "NetworkConfig", "interface": {"addresses": addresses}}
+        devices["config"] = [{"requests": ["nic"], "opaque": {"driver": "dra.net", "parameters": params}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"devices": devices},
+    }
+
+
+def spread_pod(ns: str, name: str, claim: str, group: str) -> dict[str, Any]:
+    """A workload pod with ``claim``, kept off any node another pod of ``group`` runs on."""
+    pod = workload_pod(name, "-", claim=claim, namespace=ns, labels={"pair": group})
+    del pod["spec"]["nodeSelector"]
+    # ping needs a raw socket: containerd grants NET_RAW by default, CRI-O does not.
+    pod["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["NET_RAW"]}}
+    pod["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"pair": group}}, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        }
+    }
+    return pod

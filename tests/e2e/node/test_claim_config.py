@@ -34,15 +34,6 @@ pytestmark = E2E_MARKS
 
 
 @pytest.fixture
-def ns(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace()
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
-
-
-@pytest.fixture
 def host_nic(real_node: RealNode) -> Iterator[str]:
     """The node's last NIC, with a host address and a route (removed again afterwards)."""
     nic = real_node.layout.nics[-1]

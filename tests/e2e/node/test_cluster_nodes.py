@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,21 +14,11 @@ import pytest
 from devcluster.cluster import fabric
 from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
-from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
-from tests.e2e.node.support import delete_pod, pod_claim, wait_running
+from tests.e2e.node.support import delete_pod, nic_claim, pod_claim, spread_pod, wait_running
 
 pytestmark = E2E_MARKS
-
-
-@pytest.fixture
-def ns(real_node: RealNode) -> Iterator[str]:
-    name = real_node.namespace()
-    try:
-        yield name
-    finally:
-        real_node.delete_namespace(name)
 
 
 def test_every_node_ready_with_the_driver_and_its_own_nics(real_node: RealNode) -> None:
@@ -75,100 +64,66 @@ def test_every_node_ready_with_the_driver_and_its_own_nics(real_node: RealNode) 
     assert not published[names[0]] & published[names[1]], "two nodes publish the same NICs"
 
 
-def _nic_claim(ns: str, name: str, nic: str, address: str) -> dict[str, Any]:
-    """A ResourceClaim for the NIC named ``nic`` (on whichever node), with a static address."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "nic",
-                        "exactly": {
-                            "deviceClassName": "dranet.net",
-                            "selectors": [
-                                {"cel": {"expression": f'device.attributes["dra.net"]["ifName"] == "{nic}"'}}
-                            ],
-                        },
-                    }
-                ],
-                "config": [
-                    {
-                        "requests": ["nic"],
-                        "opaque": {
-                            "driver": "dra.net",
-                            "parameters": {
-                                "apiVersion": "dra.net/v1alpha1",
-                                "kind": "NetworkConfig",
-                                "interface": {"addresses": [address]},
-                            },
-                        },
-                    }
-                ],
-            }
-        },
-    }
+# Claim addresses per IP version of the cluster (a dual-stack claim sets both).
+CLAIM_ADDRESSES = {4: ("192.168.77.{}", 24), 6: ("fd77:77::{}", 64)}
 
 
-def _spread_pod(ns: str, name: str, claim: str, group: str) -> dict[str, Any]:
-    """A workload pod with ``claim``, kept off any node another pod of ``group`` runs on."""
-    pod = workload_pod(name, "-", claim=claim, namespace=ns, labels={"pair": group})
-    del pod["spec"]["nodeSelector"]
-    # ping needs a raw socket: containerd grants NET_RAW by default, CRI-O does not.
-    pod["spec"]["containers"][0]["securityContext"] = {"capabilities": {"add": ["NET_RAW"]}}
-    pod["spec"]["affinity"] = {
-        "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchLabels": {"pair": group}}, "topologyKey": "kubernetes.io/hostname"}
-            ]
-        }
-    }
-    return pod
-
-
-def test_pods_on_two_nodes_ping_each_other_over_their_claimed_nics(real_node: RealNode, ns: str) -> None:
+@pytest.mark.parametrize("addresses", ["claim", "rail"])
+def test_pods_on_two_nodes_ping_each_other_over_their_claimed_nics(
+    real_node: RealNode, ns: str, addresses: str
+) -> None:
+    """``claim``: the claim's config sets the NIC's addresses; ``rail``: none, so the NIC keeps
+    its host addresses on the rail (IPv4, IPv6 or both, as the cluster's family has them)."""
     layout, kube = real_node.layout, real_node.kube
-    rail = 2
+    rail = 2 if addresses == "claim" else 3
     nic = layout.nics[rail]
-    addrs = {"a": "192.168.77.1", "b": "192.168.77.2"}
     group = secrets.token_hex(3)
-    for who, ip in addrs.items():
-        kube.request(
-            "POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims", _nic_claim(ns, f"nic-{who}", nic, f"{ip}/24")
-        )
-        kube.request("POST", f"/api/v1/namespaces/{ns}/pods", _spread_pod(ns, f"pod-{who}", f"nic-{who}", group))
-    pods = {who: wait_running(real_node, ns, f"pod-{who}") for who in addrs}
+    pods: dict[str, dict[str, Any]] = {}
+    for i, who in enumerate("ab"):
+        cidrs = [CLAIM_ADDRESSES[v][0].format(1 + i) + f"/{CLAIM_ADDRESSES[v][1]}" for v in layout.versions]
+        claim = nic_claim(ns, f"nic-{who}", nic, cidrs if addresses == "claim" else None)
+        kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims", claim)
+        kube.request("POST", f"/api/v1/namespaces/{ns}/pods", spread_pod(ns, f"pod-{who}", f"nic-{who}", group))
+    pods = {who: wait_running(real_node, ns, f"pod-{who}") for who in "ab"}
     nodes = {who: p["spec"]["nodeName"] for who, p in pods.items()}
     assert nodes["a"] != nodes["b"], f"required anti-affinity: {nodes}"
     index = {s.name: s.index for s in layout.all_nodes}
-    for who in addrs:
+    # Every address the NIC has in each pod, one per IP version of the cluster.
+    addrs: dict[str, list[str]] = {}
+    for i, who in enumerate("ab"):
         claim = pod_claim(real_node, ns, f"pod-{who}")
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert result["pool"] == nodes[who], "the claim's NIC is on the pod's own node"
         # The NIC left its node for the pod.
         assert nic not in real_node.host_nics(index[nodes[who]])
+        if addresses == "claim":
+            want = [CLAIM_ADDRESSES[v][0].format(1 + i) + f"/{CLAIM_ADDRESSES[v][1]}" for v in layout.versions]
+        else:
+            want = layout.node(index[nodes[who]]).rail_addresses(rail)
         out = real_node.kubectl.exec(ns, f"pod-{who}", "ip", "-o", "addr", "show", "dev", nic)
-        assert f"inet {addrs[who]}/24" in out, out
+        for cidr in want:
+            assert f"{'inet6' if ':' in cidr else 'inet'} {cidr}" in out, out
+        addrs[who] = [c.split("/")[0] for c in want]
     before = fabric.rail_counters(layout)
-    out = real_node.kubectl.exec(ns, "pod-a", "ping", "-c", "5", "-W", "2", "-I", nic, addrs["b"], timeout=60)
-    assert re.search(r"5 packets transmitted, 5 (packets )?received", out), out
-    route = real_node.kubectl.exec(ns, "pod-a", "ip", "route", "get", addrs["b"])
-    assert f"dev {nic}" in route and "eth0" not in route, route
-    back = real_node.kubectl.exec(ns, "pod-b", "ping", "-c", "3", "-W", "2", addrs["a"], timeout=60)
-    assert re.search(r"3 packets transmitted, 3 (packets )?received", back), back
+    for a_ip, b_ip in zip(addrs["a"], addrs["b"], strict=True):
+        out = real_node.kubectl.exec(ns, "pod-a", "ping", "-c", "5", "-W", "2", "-I", nic, b_ip, timeout=60)
+        assert re.search(r"5 packets transmitted, 5 (packets )?received", out), out
+        route = real_node.kubectl.exec(ns, "pod-a", "ip", "route", "get", b_ip)
+        assert f"dev {nic}" in route and "eth0" not in route, route
+        back = real_node.kubectl.exec(ns, "pod-b", "ping", "-c", "3", "-W", "2", a_ip, timeout=60)
+        assert re.search(r"3 packets transmitted, 3 (packets )?received", back), back
     after = fabric.rail_counters(layout)
-    # Eight echo requests and replies (98 bytes on the wire each) crossed the rail's switch
-    # ports of both nodes; the other rails carried none of it.
-    for who in addrs:
+    # Eight echo requests and replies per IP version (98 bytes or more on the wire each) crossed
+    # the rail's switch ports of both nodes; the other rails carried none of it.
+    echoes = 16 * len(addrs["a"])
+    for who in "ab":
         i = index[nodes[who]]
         sent = sum(after[(i, nic)]) - sum(before[(i, nic)])
-        assert sent >= 16 * 98, (nodes[who], sent)
+        assert sent >= echoes * 98, (nodes[who], sent)
         for other in layout.nics:
             if other != nic:
-                assert sum(after[(i, other)]) - sum(before[(i, other)]) < 16 * 98, (nodes[who], other)
-    for who in addrs:
+                assert sum(after[(i, other)]) - sum(before[(i, other)]) < echoes * 98, (nodes[who], other)
+    for who in "ab":
         delete_pod(real_node, ns, f"pod-{who}")
-    for who in addrs:
+    for who in "ab":
         wait_for(lambda i=index[nodes[who]]: nic in real_node.host_nics(i), 60, 0.2, f"{nic} back on {nodes[who]}")

@@ -6,6 +6,7 @@ The driver is upgraded (helm) to share ib0 with an address pool for the module, 
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from collections.abc import Iterator
 
@@ -32,7 +33,8 @@ from tests.e2e.node.support import (
 
 pytestmark = E2E_MARKS
 NIC = "ib0"
-POOL = "10.250.0.0/24"
+# The node's pool for ib0's shares, of the cluster's primary IP version.
+POOLS = {4: "10.250.0.0/24", 6: "fd25:250::/120"}
 SHARE_EXPR = f'device.attributes["dra.net"].ifName == "{NIC}"'
 
 
@@ -65,7 +67,8 @@ def sharing(real_node: RealNode) -> Iterator[RealNode]:
     if not accepted:
         pytest.skip(f"the cluster cannot share NICs: {why}")
     # The expression holds no comma: helm's --set would split it.
-    _upgrade(real_node, f"sharing.filter={SHARE_EXPR}", f"sharing.pools.{NIC}={POOL}")
+    pool = POOLS[real_node.layout.versions[0]]
+    _upgrade(real_node, f"sharing.filter={SHARE_EXPR}", f"sharing.pools.{NIC}={pool}")
     try:
         wait_for(lambda: _shared_published(real_node), 60, 0.5, f"{NIC} published shared")
         yield real_node
@@ -136,7 +139,8 @@ def test_eight_pods_share_ib0_by_bandwidth_each_with_its_own_sub_interface(shari
         wait_running(node, ns, pod, timeout=180)
     views = {pod: pod_view(node.kubectl, ns, pod).interfaces["net1"] for pod in pods}
     addresses = {pod: v.addresses[0].split("/")[0] for pod, v in views.items()}
-    assert len(set(addresses.values())) == 8 and all(a.startswith("10.250.0.") for a in addresses.values())
+    pool = ipaddress.ip_network(POOLS[node.layout.versions[0]])
+    assert len(set(addresses.values())) == 8 and all(ipaddress.ip_address(a) in pool for a in addresses.values())
     assert len({v.mac for v in views.values()}) == 8, "each pod has its own MAC"
     claims = {pod: pod_claim(node, ns, pod) for pod in pods}
     results = [c["status"]["allocation"]["devices"]["results"][0] for c in claims.values()]
