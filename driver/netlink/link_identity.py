@@ -4,12 +4,13 @@ A pod with ``NET_ADMIN`` in its namespace can rename links, set any MAC and crea
 own, so a name or a MAC found in a pod proves nothing. What it cannot change: the ifindex the
 driver chose for the NIC in the pod (``IFLA_NEW_IFINDEX`` with the move: a link keeps its index
 while it stays in one namespace), the permanent address a NIC driver burned in, the bus device
-under a physical NIC (its PCI address), the link's kind, and, for a veth, where its peer is
-(another namespace, which a pod cannot reach). :class:`LinkIdentity` holds those facts, read
-from netlink when the NIC moves; :meth:`LinkIdentity.matches` tells whether a link found at the
-recorded index is still that NIC. A NIC whose identity has neither a permanent address nor a
-parent (a virtual NIC) is never searched for by anything but its recorded index: a veth dies
-with its namespace and cannot come back, so nothing else can be it.
+under a physical NIC (its PCI address), the link's kind, and, for a veth, that its peer is in
+another namespace (a pod cannot reach one to put its own link's peer there).
+:class:`LinkIdentity` holds those facts, read from netlink when the NIC moves;
+:meth:`LinkIdentity.matches` tells whether a link found at the recorded index is still that NIC.
+A NIC whose identity has neither a permanent address nor a parent (a virtual NIC) is never
+searched for by anything but its recorded index: a veth dies with its namespace and cannot come
+back, so nothing else can be it.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ class LinkIdentity:
     permanent_mac: str | None = None
     parent: str | None = None
     kind: str | None = None
-    # The pod's view of a veth's peer: (its ifindex, the netnsid of its namespace). Recorded once
-    # the NIC is in the pod; a link the pod made itself has its peer in the pod (no netnsid).
+    # The pod's view of a veth's peer when the NIC moved in: (its ifindex, the netnsid of its
+    # namespace); a link the pod made itself has its peer in the pod (no netnsid).
     peer: tuple[int, int] | None = None
 
     @classmethod
@@ -57,7 +58,10 @@ class LinkIdentity:
         if (link.permanent_mac or None) != self.permanent_mac or link.parent != self.parent or link.kind != self.kind:
             return False
         if in_pod and self.peer is not None:
-            return (link.peer, link.peer_netnsid) == self.peer
+            # Its peer still outside the pod. Where outside may change: the driver moves the other
+            # end of a veth pair into another pod (dranet's PBR and VRF set-ups); a link the pod
+            # made itself has its peer inside.
+            return link.peer is not None and link.peer_netnsid is not None
         return True
 
     def recognises(self, link: LinkInfo) -> bool:

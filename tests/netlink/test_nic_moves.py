@@ -255,6 +255,26 @@ def test_a_link_at_the_nics_index_that_is_not_it_is_left_alone(ns: Namespaces, n
     assert link_facts(a) is None
 
 
+def test_a_veth_whose_peer_moved_into_another_pod_still_comes_home(ns: Namespaces, netns_factory) -> None:
+    """A veth pair's two ends claimed by two pods (dranet's PBR and VRF tests): the second pod's
+    move takes the peer away from where the first pod saw it. The first NIC is still found at its
+    index (its peer is outside the pod) and comes home."""
+    a, peer = _nic(netns_factory)
+    pod_ns, other_ns = netns_factory.netns(), netns_factory.netns()
+    state = record(ns, a)
+    returned, errors = _move(ns, state, f"/run/netns/{pod_ns}", PodLinkConfig(ifname="net1"))
+    assert errors == [None, None]
+    with ns.pod(f"/run/netns/{pod_ns}") as (pod_rtnl, _):
+        link = pod_rtnl.link("net1")
+        assert link is not None
+        returned.identity = LinkIdentity.of(link, in_pod=True)
+    assert returned.identity.peer is not None
+    ip("link", "set", peer, "netns", other_ns)
+    return_one(ns, f"/run/netns/{pod_ns}", returned)
+    assert link_facts(a) is not None, "home"
+    assert link_facts("net1", netns=pod_ns) is None
+
+
 def test_return_when_pod_netns_is_gone_finds_the_nic_the_kernel_gave_back(ns: Namespaces, netns_factory) -> None:
     a, _ = _nic(netns_factory)
     pod_ns = netns_factory.netns()

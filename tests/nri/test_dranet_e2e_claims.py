@@ -9,16 +9,22 @@ pod's namespace is read with ``ip`` instead of ``kubectl exec``."""
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
+from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.checkpoint.store import CheckpointStore
 from driver.model.untrusted import load_yaml_documents
+from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
-from harness.nri import link_facts, prepare_claim
+from harness.nri import link_facts, pod_json, prepare_claim
 from tests.api.v1alpha1.test_dranet_examples import dranet_parameters
+from tests.support import kernel
 from tests.support.hook_node import Node, ipj, rules, sh, sysctl
 
 pytestmark = [pytest.mark.root]
@@ -92,3 +98,39 @@ def test_ipv6_subnet_route(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     assert f"fd36::3:0:e:0:0/96 dev {node.nic} proto kernel metric 256 pref medium" in routes, routes
     assert not [r for r in routes if r.startswith("fd36::3:0:e:0:0/96") and "metric 1024" in r], routes
     node.hooks.stop_pod_sandbox(node.pod)
+
+
+@pytest.mark.kernel
+def test_validate_vrf_routing(netns_factory: NetnsFactory, tmp_path: Path) -> None:
+    """e2e.bats "validate vrf routing": two pods whose NIC is in VRF ``test-vrf`` with a default
+    route in it, a router pod with both NICs in its own ``test-vrf`` and forwarding on, and a ping
+    from pod 1 to pod 2 across the router. The node's two veth pairs as the bats test makes them;
+    the claims' parameters from resourceclaim_vrf.yaml, in its order (pod 1, pod 2, the router's
+    two requests). Runs where the kernel has VRF links (the stock-kernel tier's 6.1)."""
+    host = netns_factory.netns()
+    kernel.skip_unless(kernel.has_link_kind(host, "vrf", "table", "10"), "VRF links")
+    links = ("vrf-test-pod-1", "vrf-rtr-1", "vrf-test-pod-2", "vrf-rtr-2")
+    for a, b in (links[:2], links[2:]):
+        sh(host, "link", "add", a, "type", "veth", "peer", "name", b)
+    for link in links:
+        sh(host, "link", "set", "up", "dev", link)
+    pod1, pod2, rtr1, rtr2 = dranet_parameters(load_yaml_documents((MANIFESTS / "resourceclaim_vrf.yaml").read_text()))
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    hooks = NRIHooks(store, host_netns=f"/run/netns/{host}")
+    pods = {}
+    for name, devices in (
+        ("pod-vrf-1", [("vrf-test-pod-1", pod1)]),
+        ("pod-vrf-router", [("vrf-rtr-1", rtr1), ("vrf-rtr-2", rtr2)]),
+        ("pod-vrf-2", [("vrf-test-pod-2", pod2)]),
+    ):
+        netns, uid = netns_factory.netns(), secrets.token_hex(8)
+        prepare_claim(store, uid, [{"ifname": link, "config": {"opaque": [params]}} for link, params in devices])
+        pods[name] = (netns, json_format.ParseDict(pod_json(uid, f"/run/netns/{netns}"), api.PodSandbox()))
+        hooks.run_pod_sandbox(pods[name][1])
+    ping = ["busybox", "ping", "-I", "eth1", "-c", "1", "-W", "5", "10.10.20.1"]  # -I: the VRF's domain
+    out = subprocess.run(["ip", "netns", "exec", pods["pod-vrf-1"][0], *ping], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for netns, pod in pods.values():
+        assert "test-vrf" in [link["ifname"] for link in ipj(netns, "link", "show", "type", "vrf")]
+        hooks.stop_pod_sandbox(pod)
+    assert set(links) <= {link["ifname"] for link in ipj(host, "link", "show")}, "every NIC home"

@@ -75,7 +75,7 @@ def attach_all(netns: str, ifname: str, tcx_name: bytes = b"dranet_test") -> lis
 
 
 def tcx_count(netns: str, ifname: str) -> int:
-    """How many tcx ingress programs ``ifname`` has."""
+    """How many tcx ingress programs ``ifname`` has (``netns``: a name or a namespace file's path)."""
     index = _index(netns, ifname)
     fd = open_netns(netns)
     try:
@@ -103,5 +103,7 @@ def attach_xdp_link(netns: str, ifname: str) -> tuple[int, int]:
 
 
 def _index(netns: str, ifname: str) -> int:
-    out = subprocess.run(["ip", "-n", netns, "-o", "link", "show", ifname], capture_output=True, text=True, check=True)
+    """``ifname``'s index in ``netns``: a name under /run/netns, or a namespace file's path."""
+    enter = ["nsenter", f"--net={netns}", "ip"] if "/" in netns else ["ip", "-n", netns]
+    out = subprocess.run([*enter, "-o", "link", "show", ifname], capture_output=True, text=True, check=True)
     return int(out.stdout.split(":")[0])

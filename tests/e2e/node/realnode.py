@@ -17,7 +17,7 @@ import random
 import secrets
 import string
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,10 +209,14 @@ def leftovers(layout: NodeLayout) -> list[str]:
 
 @contextlib.contextmanager
 def cluster_for_tests(
-    request: pytest.FixtureRequest, new_layout: Callable[[], NodeLayout], reuse: str | None = None
+    request: pytest.FixtureRequest,
+    new_layout: Callable[[], NodeLayout],
+    reuse: str | None = None,
+    set_values: Sequence[str] = (),
 ) -> Iterator[RealNode]:
-    """A cluster ``devcluster up`` starts from ``new_layout()``, removed at the end, after which
-    nothing of it may be left on the host; or the running cluster named ``reuse``, left running.
+    """A cluster ``devcluster up`` starts from ``new_layout()`` (chart values ``set_values`` over
+    the dev ones), removed at the end, after which nothing of it may be left on the host; or the
+    running cluster named ``reuse``, left running.
     A 403 anywhere in the drivers' logs (current and previous container) fails the run."""
     if os.geteuid() != 0:
         pytest.skip("the real node needs root")
@@ -234,9 +238,9 @@ def cluster_for_tests(
         capman = request.config.pluginmanager.getplugin("capturemanager")
         if capman is not None:
             with capman.global_and_fixture_disabled():  # progress lines of a cold build stay visible
-                st = cluster.up(layout)
+                st = cluster.up(layout, set_values=set_values)
         else:
-            st = cluster.up(layout)
+            st = cluster.up(layout, set_values=set_values)
         print(
             f"\n[real nodes] {layout.name} ({layout.nodes} nodes, {layout.runtime}) up in "
             f"{time.monotonic() - t0:.1f}s ({st.timings})"
