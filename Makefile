@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-oldest-k8s soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-oldest-k8s test-dranet-ip-families soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
@@ -38,6 +38,9 @@ test: binaries  ## every test (torch-only tests deselected: they need the 5 GB [
 test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes (v1.34)
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(MAKE) binaries
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(PY) -m pytest -q -p no:cacheprovider -m "not torch" tests/e2e/node
+
+test-dranet-ip-families: binaries  ## dranet's e2e suite on an IPv4, an IPv6-only and a dual-stack node (make test: IPv4)
+	DRANET_E2E_DRANET_IP_FAMILIES=ipv4,ipv6,dual $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_dranet_e2e_cluster.py
 
 soak: binaries  ## long churn: 20 create/delete cycles of the seed's two-worker MPIJob (and 200 pod cycles)
 	DRANET_MPI_CHURN_CYCLES=20 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_mpi_churn.py tests/e2e/node/test_churn.py

@@ -64,21 +64,25 @@ def netns_exists(name: str) -> bool:
     return Path(f"/run/netns/{name}").exists()
 
 
+# The first word of an ``ip route`` line when it is a route type, not a destination.
+_NOT_A_PREFIX = ("default", "broadcast", "local", "unreachable", "prohibit", "blackhole", "multicast", "anycast")
+
+
 def overlapping_routes(layout: NodeLayout) -> list[str]:
-    """Host routes that overlap the cluster's address range (another cluster, or the host's own)."""
-    mine = ipaddress.IPv4Network(layout.cluster_cidr)
-    out = _ip("-4", "route", "show", "table", "all", check=False).stdout.splitlines()
+    """Host routes that overlap the cluster's address ranges (another cluster, or the host's own)."""
     found = []
-    for line in out:
-        dest = line.split()[0] if line.split() else ""
-        if dest in ("default", "broadcast", "local", "unreachable", "prohibit", "blackhole"):
-            continue
-        try:
-            net = ipaddress.IPv4Network(dest, strict=False)
-        except ValueError:
-            continue
-        if net.overlaps(mine) and f"dev {layout.host_link}" not in line and not net.is_loopback:
-            found.append(line.strip())
+    for mine in layout.ranges:
+        out = _ip(f"-{mine.version}", "route", "show", "table", "all", check=False).stdout.splitlines()
+        for line in out:
+            dest = line.split()[0] if line.split() else ""
+            if dest in _NOT_A_PREFIX:
+                continue
+            try:
+                net = ipaddress.ip_network(dest, strict=False)
+            except ValueError:
+                continue
+            if net.overlaps(mine) and f"dev {layout.host_link}" not in line and not net.is_loopback:  # type: ignore[arg-type]
+                found.append(line.strip())
     return found
 
 
@@ -89,7 +93,8 @@ def create(layout: NodeLayout) -> None:
     clash = overlapping_routes(layout)
     if clash:
         raise FabricError(
-            f"cluster_cidr {layout.cluster_cidr} overlaps host routes ({'; '.join(clash[:3])}): another "
+            f"cluster_cidr {layout.cluster_cidr} ({', '.join(map(str, layout.ranges))}) overlaps host routes "
+            f"({'; '.join(clash[:3])}): another "
             "cluster uses it; pick another range (--cidr)"
         )
     if not netns_exists(layout.fabric_netns):

@@ -168,6 +168,11 @@ class NodeLayout:
         return ipaddress.IPv4Network(self.cluster_cidr)
 
     @property
+    def ranges(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """The cluster's address range of every IP version it uses (the /20, the /48)."""
+        return [self._net if v == 4 else self._net6 for v in self.versions]
+
+    @property
     def _net6(self) -> ipaddress.IPv6Network:
         """The cluster's IPv6 range: a ULA /48 named after its IPv4 /20 (10.88.0.0/20 gives
         fd0a:5800::/48), so two clusters' IPv6 ranges differ when their IPv4 ones do."""
@@ -277,10 +282,8 @@ class NodeSpec:
 
     def pod_subnet_of(self, version: int) -> str:
         """The node's pod range of one IP version: the /20's /24 or the /48's /64 number 1 + index."""
-        if version == 4:
-            nets = self.layout._net.subnets(new_prefix=24)
-        else:
-            nets = self.layout._net6.subnets(new_prefix=64)
+        net = self.layout._net if version == 4 else self.layout._net6
+        nets = net.subnets(new_prefix=24 if version == 4 else 64)
         return str(next(itertools.islice(nets, 1 + self.index, None)))
 
     @property

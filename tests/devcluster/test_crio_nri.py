@@ -80,9 +80,13 @@ def test_dranet_registers_with_crio_nri(nd_h100_sysfs: Path) -> None:
         text = log.read_text()
         assert "runtime=cri-o version=1.34.0" in text, text[-3000:]
         assert "NRI plugin registered name=dra.net" in text
-        runtime_text = (base / "crio.log").read_text()
-        # CRI-O's logfmt escapes the quotes around the plugin name.
-        assert re.search(r'plugin \\?"00-dra\.net\\?" connected and synchronized', runtime_text), runtime_text[-2000:]
+        # CRI-O's logfmt escapes the quotes around the plugin name. It logs the line once the
+        # driver's Synchronize reply is in, which may be a moment after the driver logged its own.
+        connected = re.compile(r'plugin \\?"00-dra\.net\\?" connected and synchronized')
+        try:
+            _wait(lambda: connected.search((base / "crio.log").read_text()), 30, "CRI-O's connected line")
+        except AssertionError:
+            raise AssertionError((base / "crio.log").read_text()[-2000:]) from None
     finally:
         for proc in (driver, runtime):
             if proc is not None and proc.poll() is None:

@@ -32,6 +32,7 @@ def test_ipv6_networks_come_from_a_ula_named_after_the_ipv4_range() -> None:
     assert node.pod_subnet == "fd0a:5810:0:2::/64" and node.pod_gateway == "fd0a:5810:0:2::1"
     assert node.rail_addresses(3) == ["fd16:ac10:0:3::2/64"]
     assert layout.service_ranges == ["fd00:10::/112"]
+    assert layout.ranges == [ipaddress.ip_network("fd0a:5810::/48")]  # what `up` checks the host's routes against
     # Another /20, another /48: two clusters never share an IPv6 range.
     other = NodeLayout(name="oth", cluster_cidr="10.88.32.0/20", ip_family="ipv6")
     assert not ipaddress.ip_network(other.node(0).pod_subnet).overlaps(ipaddress.ip_network(node.pod_subnet))
@@ -42,6 +43,7 @@ def test_dual_stack_lists_ipv4_first_in_every_config() -> None:
     node = layout.node(0)
     assert node.ips == ["10.88.0.10", "fd0a:5800::a"] and node.ip == "10.88.0.10"
     assert node.rail_addresses(0) == ["172.16.0.1/24", "fd16:ac10::1/64"]
+    assert [str(r) for r in layout.ranges] == ["10.88.0.0/20", "fd0a:5800::/48"]
     ranges = json.loads(cni_conflist(node))["plugins"][0]["ipam"]["ranges"]
     assert ranges == [
         [{"subnet": "10.88.1.0/24", "gateway": "10.88.1.1"}],

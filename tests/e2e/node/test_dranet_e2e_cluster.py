@@ -30,6 +30,8 @@ What had to change, per test, and why:
 Not ported here: VRF (this kernel has no VRF links; the stock-kernel tier's 6.1 runs a real VRF
 through the hooks, tests/nic_settings/test_vrf.py).
 
+``DRANET_E2E_DRANET_IP_FAMILIES=ipv4,ipv6,dual`` runs it on an IPv4, an IPv6-only and a
+dual-stack node in turn (``make test-dranet-ip-families``; ``make test`` runs IPv4 only).
 ``DRANET_E2E_DRANET_CLUSTER=<name>`` tests a running cluster of that name instead, left running
 (``python -m devcluster up --nodes 1 --name <name>`` with the ``--set`` values of `DRANET_VALUES`).
 """
@@ -37,6 +39,7 @@ through the hooks, tests/nic_settings/test_vrf.py).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -63,15 +66,19 @@ AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.54"
 # The chart as a dranet user installs it: every netdev, the node's own /sys.
 DRANET_VALUES = ("filter=", "extraArgs=null", "extraVolumes=null", "extraVolumeMounts=null")
 REUSE_ENV = "DRANET_E2E_DRANET_CLUSTER"
+# The node networks' IP families to run the suite on, one cluster each (`make test` runs ipv4;
+# `make test-dranet-ip-families` all three).
+FAMILIES_ENV = "DRANET_E2E_DRANET_IP_FAMILIES"
 DRIVER_PODS = "app.kubernetes.io/component=driver"
 DUMMY_SELECTOR = 'device.attributes["dra.net"].type == "dummy"'
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=os.environ.get(FAMILIES_ENV, "ipv4").split(","))
 def real_node(request: pytest.FixtureRequest) -> Iterator[RealNode]:
     """One real node with the driver installed as dranet users install it, dranet's DeviceClass,
-    and our workload image under agnhost's name."""
-    with cluster_for_tests(request, lambda: random_layout(nodes=1), os.environ.get(REUSE_ENV), DRANET_VALUES) as node:
+    and our workload image under agnhost's name; one per IP family of `FAMILIES_ENV`."""
+    layout = functools.partial(random_layout, nodes=1, ip_family=request.param)
+    with cluster_for_tests(request, layout, os.environ.get(REUSE_ENV), DRANET_VALUES) as node:
         cluster.tag_image(node.layout, WORKLOAD_IMAGE, AGNHOST)
         node.kubectl.run("apply", "-f", str(MANIFESTS / "deviceclass.yaml"))
         yield node
