@@ -109,18 +109,18 @@ def create(layout: NodeLayout) -> None:
 
 
 def _addr_lines(layout: NodeLayout, addresses: list[str], dev: str) -> list[str]:
-    """``ip addr add`` of one address per IP version on the cluster network. IPv6 ones skip
-    duplicate address detection: every address here is assigned once, by this module, and a
-    tentative address cannot be bound (the apiserver, the kubelet and CoreDNS bind them at once)."""
-    lines = []
-    for v, a in zip(layout.versions, addresses, strict=True):
-        prefix = layout.node_network_of(v).prefixlen
-        lines.append(f"addr add {a}/{prefix} dev {dev}" + (" nodad" if v == 6 else ""))
-    return lines
+    """``ip addr add`` of one address per IP version on the cluster network."""
+    return [
+        _addr_add(f"{a}/{layout.node_network_of(v).prefixlen}", dev)
+        for v, a in zip(layout.versions, addresses, strict=True)
+    ]
 
 
-def _rail_addr_lines(node: NodeSpec, rail_index: int, nic: str) -> list[str]:
-    return [f"addr add {a} dev {nic}" + (" nodad" if ":" in a else "") for a in node.rail_addresses(rail_index)]
+def _addr_add(cidr: str, dev: str) -> str:
+    """``ip addr add``; an IPv6 address skips duplicate address detection: every address here is
+    assigned once, by this module, and a tentative one cannot be bound (the apiserver, the kubelet
+    and CoreDNS bind theirs at once)."""
+    return f"addr add {cidr} dev {dev}" + (" nodad" if ":" in cidr else "")
 
 
 def add_node(node: NodeSpec) -> None:
@@ -143,7 +143,7 @@ def add_node(node: NodeSpec) -> None:
     for r, nic in enumerate(layout.nics):
         inside += [
             f"link set {nic} address {nic_mac(node, nic)} mtu {NIC_MTU}",
-            *_rail_addr_lines(node, r, nic),
+            *(_addr_add(a, nic) for a in node.rail_addresses(r)),
             f"link set {nic} up",
         ]
     _batch(inside, ns)
@@ -204,7 +204,7 @@ def plug_nic(node: NodeSpec, nic: str) -> None:
     _batch(
         [
             f"link set {nic} address {nic_mac(node, nic)} mtu {NIC_MTU}",
-            *_rail_addr_lines(node, r, nic),
+            *(_addr_add(a, nic) for a in node.rail_addresses(r)),
             f"link set {nic} up",
         ],
         node.netns,

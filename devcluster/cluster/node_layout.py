@@ -37,9 +37,9 @@ RAIL_NET = "172.16.0.0/16"
 RAIL_NET6 = "fd16:ac10::/48"  # rail i is its /64 number i
 # The address families of the node, pod and service networks and of the rails: IPv4 only,
 # IPv6 only, or dual-stack (IPv4 first, as Kubernetes orders a dual-stack cluster by default).
-IP_FAMILIES = ("ipv4", "ipv6", "dual")
-DEFAULT_IP_FAMILY = "ipv4"
 _FAMILY_VERSIONS = {"ipv4": (4,), "ipv6": (6,), "dual": (4, 6)}
+IP_FAMILIES = tuple(_FAMILY_VERSIONS)
+DEFAULT_IP_FAMILY = "ipv4"
 # Virtual: no service proxy runs, so ranges equal across clusters never meet.
 SERVICE_RANGES = {4: "10.0.0.0/24", 6: "fd00:10::/112"}
 

@@ -364,15 +364,10 @@ def ipv6_address_states(rtnl: Rtnl, indexes: Container[int]) -> dict[tuple[int, 
     (the 32-bit ``IFA_FLAGS`` where the kernel sends it: ``IFA_F_TENTATIVE``, ``IFA_F_DADFAILED``)."""
     out: dict[tuple[int, str], int] = {}
     for payload in rtnl.dump(RTM_GETADDR, IFADDRMSG.pack(socket.AF_INET6, 0, 0, 0, 0)):
-        _family, prefixlen, flags, _scope, index = IFADDRMSG.unpack_from(payload)
-        if index not in indexes:
-            continue
-        attrs = parse_attrs(payload, IFADDRMSG.size)
-        raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
-        if raw:
-            wide = attrs.get(IFA_FLAGS)
-            cidr = f"{ipaddress.ip_address(raw)}/{prefixlen}"
-            out[(index, cidr)] = struct.unpack("=I", wide[:4])[0] if wide else flags
+        found = dumped_address(payload)
+        if found is not None and found[0] in indexes:
+            wide = parse_attrs(payload, IFADDRMSG.size).get(IFA_FLAGS)
+            out[found] = struct.unpack("=I", wide[:4])[0] if wide else IFADDRMSG.unpack_from(payload)[2]
     return out
 
 
