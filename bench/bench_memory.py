@@ -122,6 +122,8 @@ async def measure(devices: int, idle: float, work: Path, nri: bool, heap: Path |
                 str(work / "sys"),
                 "--kubelet-root",
                 str(work / "kubelet"),
+                "--cdi-dir",
+                str(work / "cdi"),
                 "--state-dir",
                 str(work / "state"),
                 "--runtime-dir",

@@ -9,7 +9,13 @@ hit them alike, on the same node:
 * ``4-nic``: the same pod with a claim for 4 RDMA NICs on NUMA node 0 (dra.net only: DRA
   allocation by the scheduler, the claim from its template, NodePrepareResources, the NRI
   RunPodSandbox move of 4 veths + configuration, CreateContainer device nodes + env);
-* ``seed-aligned``: the training example's aligned template (4 GPUs from the GPU double + 4 NICs).
+* ``seed-aligned``: the training example's aligned template (4 GPUs from the GPU double + 4 NICs);
+* ``4-nic-ext``: the same 4 NICs asked for as an extended resource (``resources.limits``, no
+  claim in the pod: the scheduler makes the claim from a DeviceClass with ``extendedResourceName``).
+
+``--metadata-off`` then measures the device metadata's cost: the ``4-nic`` arm again with the
+driver upgraded to ``deviceMetadata.enabled=false``, in ABBA blocks (on, off, off, on; two
+rollouts) on the same node.
 
 Latency = from the POST returning to the first poll (every 10 ms) that sees the pod Ready.
 Goal: the 4-NIC pod's p99 minus the bare pod's p99 <= the bare kernel moves of 4 veths
@@ -34,14 +40,31 @@ from devcluster.cluster.pods import workload_pod
 from devcluster.demo.allocation import ALIGNED, EXAMPLE_DIR
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
+from driver.model.device import ATTRIBUTE_DOMAIN
 
 NAMESPACE = "bench"
 KERNEL_MOVES_MS = 64.0  # 4 veth moves into a netns on this VM (RCU-bound), see bench_nri
 GOAL_EXTRA_MS = 50.0
+EXTENDED_CLASS, EXTENDED_NAME = "bench-ext.dranet.net", "example.com/rdma-nic"
+_ATTRS = f'device.attributes["{ATTRIBUTE_DOMAIN}"]'
+NUMA0_RDMA = f'{_ATTRS}["rdma"] == true && {_ATTRS}["numaNode"] == 0'
+
+
+def extended_class() -> dict[str, Any]:
+    """RDMA NICs of NUMA node 0 by extended resource name: the ``4-nic`` arm's NICs, without a claim."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": EXTENDED_CLASS},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.driver == "{ATTRIBUTE_DOMAIN}" && {NUMA0_RDMA}'}}],
+            "extendedResourceName": EXTENDED_NAME,
+        },
+    }
 
 
 def nic_template(name: str) -> dict[str, Any]:
-    expr = 'device.attributes["dra.net"]["rdma"] == true && device.attributes["dra.net"]["numaNode"] == 0'
+    expr = NUMA0_RDMA
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -70,9 +93,13 @@ def _ready(pod: dict[str, Any]) -> bool:
 
 
 def start_once(kube: KubeClient, node: str, name: str, template: str | None) -> float:
-    """Create, time until Ready (seconds), delete and wait until gone (not timed)."""
+    """Create, time until Ready (seconds), delete and wait until gone (not timed). ``template``
+    :data:`EXTENDED_NAME`: no claim, 4 of the extended resource instead."""
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
-    body = workload_pod(name, node, template, namespace=NAMESPACE)
+    extended = template == EXTENDED_NAME
+    body = workload_pod(name, node, None if extended else template, namespace=NAMESPACE)
+    if extended:
+        body["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED_NAME: "4"}}
     t0 = time.monotonic()
     kube.request("POST", path, body)
     while True:
@@ -101,6 +128,32 @@ def start_once(kube: KubeClient, node: str, name: str, template: str | None) -> 
     return elapsed
 
 
+def _set_metadata(kube: KubeClient, layout: NodeLayout, enabled: bool) -> None:
+    """Upgrade the driver to ``deviceMetadata.enabled=<enabled>`` and wait for the rollout."""
+    ds = kube.request("GET", f"/apis/apps/v1/namespaces/{cluster.NAMESPACE}/daemonsets/{cluster.RELEASE}")
+    image = ds["spec"]["template"]["spec"]["containers"][0]["image"]
+    cluster.helm_upgrade(layout, image, f"deviceMetadata.enabled={str(enabled).lower()}")
+    wait_for(lambda: cluster.driver_rollout_done(kube, image), 180, 0.5, f"driver rollout (metadata {enabled})")
+
+
+def metadata_ab(kube: KubeClient, layout: NodeLayout, runs: int) -> None:
+    """The 4-nic arm with and without device metadata, in ABBA blocks of ``runs / 2`` pods."""
+    block = max(1, runs // 2)
+    results: dict[bool, list[float]] = {True: [], False: []}
+    for n, enabled in enumerate((True, False, False, True)):
+        if n in (1, 3):  # the driver changes between A and B only
+            _set_metadata(kube, layout, enabled)
+            start_once(kube, layout.node_name, f"meta-warm-{n}", "nic4")
+        for i in range(block):
+            results[enabled].append(1000 * start_once(kube, layout.node_name, f"meta-{n}-{i}", "nic4"))
+    print(f"\n4-nic pod start with and without device metadata (ms), {2 * block} runs each, ABBA blocks:")
+    for enabled, ms in results.items():
+        label = "metadata on" if enabled else "metadata off"
+        print(f"  {label:<13} median {statistics.median(ms):7.1f}   p99 {pct(ms, 99):7.1f}")
+    on, off = results[True], results[False]
+    print(f"  on - off: median {statistics.median(on) - statistics.median(off):+.1f} ms")
+
+
 def cold_setup_seconds() -> dict[str, float]:
     """Build times the cache recorded (``build-seconds`` of each Go tool) and image builds."""
     out = {}
@@ -112,6 +165,8 @@ def cold_setup_seconds() -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--metadata-off", action="store_true", help="also the 4-nic arm without device metadata")
+    ap.add_argument("--metadata-only", action="store_true", help="only the metadata on/off comparison")
     a = ap.parse_args(argv)
     dev = NodeLayout()
     own = cluster.running(dev) is None
@@ -142,13 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for d in seed:
             d["metadata"]["namespace"] = NAMESPACE
-        for obj in [nic_template("nic4"), *seed]:
+        for obj in [nic_template("nic4"), *seed, extended_class()]:
             try:
                 create_objects(kube, [obj], NAMESPACE)
             except KubeError as exc:
                 if not isinstance(exc, Conflict):
                     raise
-        arms = {"no-claim": None, "4-nic": "nic4", "seed-aligned": ALIGNED}
+        if a.metadata_only:
+            metadata_ab(kube, layout, a.runs)
+            return 0
+        arms = {"no-claim": None, "4-nic": "nic4", "seed-aligned": ALIGNED, "4-nic-ext": EXTENDED_NAME}
         results: dict[str, list[float]] = {k: [] for k in arms}
         for warm in range(2):  # first pods pay one-time costs (image, caches): not counted
             for arm, tmpl in arms.items():
@@ -164,13 +222,17 @@ def main(argv: list[str] | None = None) -> int:
             )
         base = results["no-claim"]
         goal = KERNEL_MOVES_MS + GOAL_EXTRA_MS
-        for arm in ("4-nic", "seed-aligned"):
+        for arm in ("4-nic", "seed-aligned", "4-nic-ext"):
             d_med = statistics.median(results[arm]) - statistics.median(base)
             d_p99 = pct(results[arm], 99) - pct(base, 99)
             print(
                 f"  {arm} - no-claim: median +{d_med:.1f} ms, p99 +{d_p99:.1f} ms "
                 f"(goal p99 <= {goal:.0f} ms: ratio {d_p99 / goal:.2f})"
             )
+        ext, claim = results["4-nic-ext"], results["4-nic"]
+        print(f"  4-nic-ext / 4-nic: median ratio {statistics.median(ext) / statistics.median(claim):.3f}")
+        if a.metadata_off:
+            metadata_ab(kube, layout, a.runs)
         return 0
     finally:
         if own:

@@ -101,6 +101,8 @@ async def run(calls: int, concurrent: int, work: Path, state_dir: Path) -> dict[
                 str(work / "sys"),
                 "--kubelet-root",
                 str(work / "kubelet"),
+                "--cdi-dir",
+                str(work / "cdi"),
                 "--state-dir",
                 str(state_dir),
                 "--runtime-dir",

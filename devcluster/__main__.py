@@ -9,7 +9,11 @@
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
 names every node's NICs (``ib`` gives ib0..ib7), ``--runtime`` every node's container runtime
 (``containerd``, the default, or ``crio``: CRI-O built by ``python -m devcluster.builders.crio``),
-``--ip-family`` its networks' (``ipv4``, the default, ``ipv6`` or ``dual``: see node_layout.py).
+``--ip-family`` its networks' (``ipv4``, the default, ``ipv6`` or ``dual``: see node_layout.py),
+``--topology`` the machine every node is (``nd-h100-v5``, the default: Azure ND H100 v5; ``dgx-h100``:
+a GPU and an IB NIC under each PCIe switch, as GPU-NIC pair templates need; any bundled topology
+with IPoIB NICs, or a YAML path): its fixture sysfs, its IPoIB NICs on the rails, its GPUs in the
+GPU double's slice, and the node names (``dgx-h100-0``, ...). ``status`` and ``down`` need only ``--name``.
 ``DRANET_K8S_VERSION`` picks the Kubernetes release (default the newest supported; see
 devcluster/builders/versions.py).
 """
@@ -30,11 +34,13 @@ from devcluster.cluster.node_layout import (
     DEFAULT_NAME,
     DEFAULT_NODES,
     DEFAULT_RUNTIME,
+    DEFAULT_TOPOLOGY,
     IP_FAMILIES,
     RUNTIMES,
     LayoutError,
     NodeLayout,
 )
+from devcluster.doubles.sysfs_fixture import topologies
 
 
 def _layout(a: argparse.Namespace) -> NodeLayout:
@@ -46,6 +52,7 @@ def _layout(a: argparse.Namespace) -> NodeLayout:
         nic_prefix=a.nic_prefix,
         runtime=a.runtime,
         ip_family=a.ip_family,
+        topology=a.topology,
     )
 
 
@@ -69,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=IP_FAMILIES,
         default=os.environ.get("DRANET_DEVCLUSTER_IP_FAMILY", DEFAULT_IP_FAMILY),
         help="the node, pod and service networks and the rails: IPv4, IPv6, or both (IPv4 first)",
+    )
+    ap.add_argument(
+        "--topology",
+        default=os.environ.get("DRANET_DEVCLUSTER_TOPOLOGY", DEFAULT_TOPOLOGY),
+        metavar="NAME",
+        help=f"every node's machine: one of {', '.join(topologies())} (with IPoIB NICs), or a YAML path",
     )
     set_help = "a chart value at install (helm --set), e.g. sharing.filter=...; repeatable"
     ap.add_argument("--set", dest="set_values", action="append", default=[], metavar="KEY=VALUE", help=set_help)

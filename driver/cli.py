@@ -21,6 +21,10 @@ from driver.cli_flags import ENV_PREFIX, EnvError, HelpFormatter, add_global_fla
 from driver.config import DEVICE_CLASS, PROFILE_PROVIDERS, TAINT_EFFECTS, default, parse_feature_gates
 from driver.logs import LOG_FORMATS
 
+PAIR_MODES = ("pcie-root", "pcie-switch")
+"""``dranet templates --pair``: driver.inventory.topology.PAIR_MODES, named here so that building the
+parser does not import the inventory (a test keeps the two equal)."""
+
 GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 GO_NO_EFFECT = {
@@ -172,6 +176,14 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
         action="store_false",
         help="do not connect to the container runtime (tests, discovery-only nodes)",
     )
+    run.add_argument(
+        "--no-device-metadata",
+        dest="device_metadata",
+        action="store_false",
+        help="do not write device metadata files for the containers (KEP-5304; see --cdi-dir)",
+    )
+    cdi_help = "where the runtime reads CDI specs: the device metadata files' bind mounts"
+    _configured(run, "--cdi-dir", help=cdi_help)
     kubeconfig_help = "API credentials (--manage-configuration): $KUBECONFIG, else the in-cluster service account"
     run.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help=kubeconfig_help)
     filter_help = "CEL expression over `device` (DeviceClass syntax) or `attributes` (the Go driver's syntax)"
@@ -267,8 +279,13 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     _add_node_flags(topo)
     _add_output_flag(topo)
 
-    tmpl = sub.add_parser("templates", help="print NUMA-aligned ResourceClaimTemplates for this node", **_SUB)
+    tmpl = sub.add_parser("templates", help="print NUMA-aligned (or GPU-NIC pair) ResourceClaimTemplates", **_SUB)
     tmpl.add_argument("--gpus", type=int, required=True, help="GPUs (and as many RDMA NICs) per claim")
+    pair_help = (
+        "one RDMA NIC per GPU: pcie-root (matchAttribute on resource.kubernetes.io/pcieRoot per pair) or "
+        "pcie-switch (by bus ID, pairs under one PCIe switch: PIX/PXB); unset: NUMA-aligned"
+    )
+    tmpl.add_argument("--pair", choices=PAIR_MODES, default=None, help=pair_help)
     _add_node_flags(tmpl)
     _add_class_flags(tmpl)
 

@@ -129,6 +129,9 @@ class DriverConfig:
     host_netns: str = HOST_NETNS
     nri_socket: str = "/var/run/nri/nri.sock"
     nri_enabled: bool = True
+    # Device metadata files in the containers (KEP-5304), bind-mounted by CDI specs in cdi_dir.
+    device_metadata: bool = True
+    cdi_dir: str = "/var/run/cdi"
     kubeconfig: str | None = None  # None: in-cluster config
     filter: str = DEFAULT_FILTER  # empty string disables filtering
     # Shared NICs: CEL in --filter's syntax; empty shares none (see driver/inventory/sharing.py).

@@ -76,6 +76,8 @@ class DriverProcess:
             str(self.sysfs_root),
             "--kubelet-root",
             str(self.kubelet_root),
+            "--cdi-dir",
+            str(self.kubelet_root / "cdi"),
             "--state-dir",
             str(self.state_dir),
             "--runtime-dir",

@@ -2,7 +2,8 @@
 
 A cluster has one control plane (host network namespace) and ``nodes`` real nodes. Each node
 (:class:`NodeSpec`) is isolated the way a kind node is, without a container engine: its own
-network namespace (``eth0`` on the cluster network, ``ib0``..``ib7`` on the rails, its pods'
+network namespace (``eth0`` on the cluster network, its NICs on the rails: ``ib0``..``ib7`` for
+the default ND H100 v5 topology, the topology's IPoIB netdevs for another, its pods'
 bridge), its own mount namespace (the standard node paths below, bind-mounted from the node's
 directory under the base), its own cgroup root. Inside a node the paths are the standard ones
 (:class:`InNode`), so the chart's defaults apply unchanged; from the host, every node file is
@@ -18,8 +19,12 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
+
+from devcluster.doubles import sysfs_fixture
 
 DEFAULT_BASE = Path("/var/lib/dranet-dev")
 DEFAULT_NAME = "dev"
@@ -32,6 +37,10 @@ MAX_NODES = 14  # one /24 of the cluster's /20 for the node network, one per nod
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 # ND H100 v5: the 8 InfiniBand NICs the sysfs fixture describes (ib0..ib7 on NUMA 0 and 1).
 ND_H100_NICS: tuple[str, ...] = tuple(f"ib{i}" for i in range(8))
+# The machine every node is (devcluster/doubles/topologies/<name>.yaml): its fixture sysfs, its
+# NICs, its GPUs (the GPU double publishes the fixture's). `up --topology` picks another.
+DEFAULT_TOPOLOGY = "nd-h100-v5"
+IFNAMSIZ = 15  # the longest interface name: a fabric port is named n<node index><nic>
 # The rails: NIC i of every node is on rail i, one L2 segment each (as on a rail-optimized fabric).
 RAIL_NET = "172.16.0.0/16"
 RAIL_NET6 = "fd16:ac10::/48"  # rail i is its /64 number i
@@ -46,6 +55,16 @@ SERVICE_RANGES = {4: "10.0.0.0/24", 6: "fd00:10::/112"}
 
 class LayoutError(ValueError):
     """A cluster name, address range or base directory that cannot be used; names the field."""
+
+
+def rail_nics(topology: str) -> tuple[str, ...]:
+    """The NICs a topology puts on the rails: its PCI functions' IPoIB netdevs (``ib*``: the
+    compute fabric), in the order the topology lists them. Its Ethernet functions (storage, the
+    uplink) stay in the fixture sysfs, so the driver publishes them, but get no cable."""
+    if topology == DEFAULT_TOPOLOGY:
+        return ND_H100_NICS  # the same names, without reading the YAML on every layout
+    topo = sysfs_fixture.load_topology(topology)
+    return tuple(n["name"] for dev in topo.get("pci") or [] for n in dev.get("net") or [] if n["name"].startswith("ib"))
 
 
 @dataclass(frozen=True)
@@ -68,7 +87,7 @@ class InNode:
     crio_namespaces_dir: str = "/var/run"
     crio_log_dir: str = "/var/log/crio/pods"
     cdi_dir: str = "/var/run/cdi"
-    # The node's fixture sysfs tree (PCI, NUMA, RDMA facts of an ND H100 v5), as the driver reads it.
+    # The node's fixture sysfs tree (PCI, NUMA, RDMA facts of the layout's topology), as the driver reads it.
     fixture_sysfs: str = "/run/dranet-fixture/sys"
     # Host directories the node's own are bind-mounted over (created when missing, never removed:
     # a directory removed on the host would detach the mounts other clusters' nodes hold on it).
@@ -86,14 +105,16 @@ class NodeLayout:
     name: str = DEFAULT_NAME
     root: Path = DEFAULT_BASE
     nodes: int = DEFAULT_NODES
-    topology: str = "nd-h100-v5"
+    topology: str = DEFAULT_TOPOLOGY
     cluster_cidr: str = DEFAULT_CIDR
     nic_prefix: str = "ib"
-    node_prefix: str = "nd-h100-v5"
+    node_prefix: str = ""  # empty: the topology's name (nd-h100-v5-0, dgx-h100-0, ...)
     runtime: str = DEFAULT_RUNTIME
     ip_family: str = DEFAULT_IP_FAMILY
+    _rails: tuple[str, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
+        self._check_topology()
         if self.ip_family not in IP_FAMILIES:
             raise LayoutError(f"ip_family: {self.ip_family!r} must be one of {', '.join(IP_FAMILIES)}")
         if self.runtime not in RUNTIMES:
@@ -114,6 +135,26 @@ class NodeLayout:
             raise LayoutError(f"cluster_cidr: {self.cluster_cidr} must be an IPv4 network of /20 or larger")
         if len(str(self.node(MAX_NODES - 1).run_dir / "containerd" / "containerd.sock.ttrpc")) > 100:
             raise LayoutError(f"root: {self.root} is too long for unix socket paths (108 bytes)")
+        longest = max(self.nics, key=len)
+        if len(self.node(MAX_NODES - 1).peer(longest)) > IFNAMSIZ:
+            raise LayoutError(
+                f"nic_prefix: {self.nic_prefix!r} makes NIC {longest!r} too long for its fabric port "
+                f"{self.node(MAX_NODES - 1).peer(longest)!r} ({IFNAMSIZ} bytes at most)"
+            )
+
+    def _check_topology(self) -> None:
+        """Read the topology's rails and, unless given, name the nodes after it."""
+        try:
+            rails = rail_nics(self.topology)
+        except (ValueError, OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+            raise LayoutError(f"topology: {exc}") from None
+        if not rails:
+            raise LayoutError(f"topology: {self.topology!r} has no InfiniBand netdev (ib*) to put on the rails")
+        object.__setattr__(self, "_rails", rails)
+        if not self.node_prefix:
+            object.__setattr__(self, "node_prefix", Path(self.topology).stem)
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$", self.node_prefix):
+            raise LayoutError(f"node_prefix: {self.node_prefix!r} must be a DNS label of at most 42 characters")
 
     # -- the cluster ------------------------------------------------------------------------
     @property
@@ -212,8 +253,9 @@ class NodeLayout:
 
     @property
     def nics(self) -> tuple[str, ...]:
-        """The NIC names of every node (``ib0``..``ib7`` by default)."""
-        return tuple(n.replace("ib", self.nic_prefix, 1) for n in ND_H100_NICS)
+        """The NIC names of every node, one rail each: the topology's IPoIB netdevs with ``ib``
+        replaced by ``nic_prefix`` (``ib0``..``ib7`` by default; ``ibp24s0``.. on dgx-h100)."""
+        return tuple(n.replace("ib", self.nic_prefix, 1) for n in self._rails)
 
     def node(self, index: int) -> NodeSpec:
         """Node ``index`` (0-based)."""
@@ -347,7 +389,7 @@ class NodeSpec:
 
     @property
     def sysfs(self) -> Path:
-        """The node's ND H100 v5 fixture sysfs tree (at `InNode.fixture_sysfs` inside)."""
+        """The node's fixture sysfs tree of the layout's topology (at `InNode.fixture_sysfs` inside)."""
         return self.dir / "sysfs"
 
     @property

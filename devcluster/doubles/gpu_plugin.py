@@ -8,7 +8,9 @@ writes a CDI spec (``<cdi dir>/gpu.nvidia.com-<claim uid>.json``) whose devices 
 environment variables in the container (``NVIDIA_VISIBLE_DEVICES`` with the GPUs' UUIDs and
 one ``DRA_GPU_<index>`` per GPU with its UUID and PCI address), so a pod shows which GPUs it
 got. It also keeps the node's GPU ResourceSlice published (`devcluster.doubles.gpu_double`): the
-kubelet wipes a node's slices when it starts.
+kubelet wipes a node's slices when it starts. The GPUs are those of the node's fixture sysfs
+(``--sysfs-root``, the node's own by default: the layout's topology), so their ``pciBusID`` and
+``pcieRoot`` are the machine's.
 
     python -m devcluster.doubles.gpu_plugin --kubeconfig K --node-name N --kubelet-root R --cdi-dir D
 """
@@ -23,7 +25,7 @@ import signal
 import threading
 import uuid
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,9 @@ log = logging.getLogger(__name__)
 DRIVER = gpu_double.GPU_DRIVER
 CDI_KIND = "nvidia.com/gpu"
 CDI_VERSION = "0.5.0"  # env only: the lowest version that covers what we use
+NODE_FIXTURE_SYSFS = "/run/dranet-fixture/sys"
+"""Where a dev-cluster node has its fixture sysfs (node_layout's ``InNode.fixture_sysfs``; the doubles
+sit below the cluster in the layering, so the path is named here too and a test keeps the two equal)."""
 
 
 def gpu_uuid(node: str, pci_bus_id: str) -> str:
@@ -57,6 +62,7 @@ class GpuPluginConfig:
     node_name: str
     kubelet_root: Path
     cdi_dir: Path
+    gpus: list[gpu_double.FakeGPU] = field(default_factory=gpu_double.nd_h100_v5_gpus)
 
     @property
     def registration_socket(self) -> Path:
@@ -112,7 +118,7 @@ class _Registration(reg_grpc.RegistrationServicer):
 class _DRA(v1_grpc.DRAPluginServicer):
     def __init__(self, cfg: GpuPluginConfig, kube: KubeClient) -> None:
         self.cfg, self.kube = cfg, kube
-        self.by_name = {f"gpu-{g.index}": g for g in gpu_double.nd_h100_v5_gpus()}
+        self.by_name = {f"gpu-{g.index}": g for g in cfg.gpus}
 
     def _prepare_one(self, claim: Any) -> v1_pb.NodePrepareResourceResponse:
         try:
@@ -175,7 +181,7 @@ def serve(cfg: GpuPluginConfig, kube: KubeClient, stop: threading.Event, republi
     try:
         while not stop.is_set():
             try:
-                gpu_double.install(kube, cfg.node_name)  # no-op while the slice exists
+                gpu_double.install(kube, cfg.node_name, cfg.gpus)  # no-op while the slice exists
             except (KubeError, OSError) as exc:
                 log.warning("publishing the GPU slice failed", extra={"kv": {"error": str(exc)[:200]}})
             stop.wait(republish_every)
@@ -186,19 +192,29 @@ def serve(cfg: GpuPluginConfig, kube: KubeClient, stop: threading.Event, republi
         cfg.dra_socket.unlink(missing_ok=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point: serve until SIGTERM/SIGINT."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The plugin's flags. ``--sysfs-root`` defaults to the node's own fixture (the plugin runs in the
+    node's mount namespace, where node_daemons starts it without the flag)."""
     ap = argparse.ArgumentParser(prog="python -m devcluster.doubles.gpu_plugin", description=__doc__.splitlines()[0])
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--node-name", required=True)
     ap.add_argument("--kubelet-root", required=True, type=Path)
     ap.add_argument("--cdi-dir", required=True, type=Path)
-    a = ap.parse_args(argv)
+    ap.add_argument("--sysfs-root", default=NODE_FIXTURE_SYSFS, help="the node's (fixture) sysfs: its GPUs")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: serve until SIGTERM/SIGINT."""
+    a = parse_args(argv)
     setup_logging("info", "text")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serve(GpuPluginConfig(a.node_name, a.kubelet_root, a.cdi_dir), KubeClient.from_kubeconfig(a.kubeconfig), stop)
+    gpus = gpu_double.fixture_gpus(a.sysfs_root)
+    log.info("gpus", extra={"kv": {"sysfs": a.sysfs_root, "gpus": [(g.pci_bus_id, g.pcie_root) for g in gpus]}})
+    cfg = GpuPluginConfig(a.node_name, a.kubelet_root, a.cdi_dir, gpus)
+    serve(cfg, KubeClient.from_kubeconfig(a.kubeconfig), stop)
     return 0
 
 

@@ -5,7 +5,8 @@
 ``class/net``, ``class/infiniband``, ``class/infiniband_verbs``, ``class/infiniband_mad``,
 ``class/misc/rdma_cm`` and ``devices/system/node``. Every symlink is relative, as in the
 kernel, so the tree can be moved or read through any root. Topologies live in
-``devcluster/doubles/topologies/<name>.yaml`` (see ``nd-h100-v5.yaml`` for the full schema).
+``devcluster/doubles/topologies/<name>.yaml`` (see ``nd-h100-v5.yaml`` for the full schema; a PCI
+function's ``vpd: {name, ro: {KEYWORD: value}}`` writes its binary ``vpd`` file, see ``gb300.yaml``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def load_topology(name: str) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"topology {name!r}: no such file {path} (known: {', '.join(topologies())})")
     with open(path, encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        # libyaml's loader when present: a dev cluster's layout reads its topology on every use.
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _rid_to_bdf(domain: int, rid: int) -> str:
@@ -45,6 +47,25 @@ def _bdf_to_rid(bdf: str) -> tuple[int, int]:
     dom, bus, devfn = bdf.split(":")
     dev, fn = devfn.split(".")
     return int(dom, 16), (int(bus, 16) << 8) | (int(dev, 16) << 3) | int(fn)
+
+
+def vpd_image(name: str, read_only: dict[str, str]) -> bytes:
+    """A PCI VPD image as a device's ``vpd`` sysfs file returns it: the identifier string (large
+    resource 0x82), the read-only keywords (0x90, closed by ``RV`` with the checksum that makes
+    every byte up to it sum to zero), the end tag (0x78)."""
+    ident = name.encode("ascii")
+    out = bytearray([0x82, *len(ident).to_bytes(2, "little")]) + ident
+    body = bytearray()
+    for key, value in read_only.items():
+        raw = value.encode("ascii")
+        if len(key) != 2 or len(raw) > 255:
+            raise ValueError(f"vpd keyword {key!r}: two characters and a value of at most 255 bytes")
+        body += key.encode("ascii") + bytes([len(raw)]) + raw
+    body += b"RV\x01"  # RV's one byte: the checksum, filled in below
+    out += bytes([0x90, *(len(body) + 1).to_bytes(2, "little")]) + body
+    out.append((-sum(out)) & 0xFF)
+    out.append(0x78)
+    return bytes(out)
 
 
 def _mac(seed: int, prefix: str = "0c:42:a1") -> str:
@@ -64,6 +85,12 @@ class Builder:
         path = self.out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{content}\n")
+
+    def write_bytes(self, rel: Path | str, content: bytes) -> None:
+        """A binary attribute (``vpd``), as it is: no trailing newline."""
+        path = self.out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
 
     def link(self, rel: Path | str, target: Path | str) -> None:
         """A relative symlink ``rel`` -> ``target`` (both relative to the root)."""
@@ -182,6 +209,8 @@ class Builder:
         self.write(fdir / "enable", 1)
         if spec.get("driver"):
             self.link(fdir / "driver", f"bus/pci/drivers/{spec['driver']}")
+        if spec.get("vpd"):
+            self.write_bytes(fdir / "vpd", vpd_image(spec["vpd"].get("name", ""), spec["vpd"].get("ro", {})))
         self.link(f"bus/pci/devices/{bdf}", fdir)
         for net in spec.get("net", []):
             self.netdev(fdir, net)

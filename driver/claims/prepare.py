@@ -34,6 +34,7 @@ from typing import Any, Generic, TypeVar
 from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder, ClaimError
+from driver.claims.device_metadata import DeviceMetadataWriter, MetadataError
 from driver.dra.protocol import ClaimRef, PrepareResult, ResultDevice
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
@@ -228,13 +229,16 @@ class Preparer:
         after_commit: Callable[[list[str]], None] | None = None,
         on_unprepare: Callable[[PreparedClaim], None] | None = None,
         on_error: Callable[[ClaimRef, str], None] | None = None,
+        metadata: DeviceMetadataWriter | None = None,
     ) -> None:
         """``builder`` builds each claim's record (and resolves its profiles); ``after_commit`` is
         called with the claim UIDs just persisted (tests use it to crash the process between the
         checkpoint write and the response); ``on_unprepare`` gets each claim that unprepare removed
         (the claim status writer drops our entries); ``on_error`` gets each claim answered with an
-        error (the status writer posts an event on it)."""
+        error (the status writer posts an event on it); ``metadata`` writes each prepared claim's
+        device metadata files and adds their CDI devices to the answer (None: no metadata)."""
         self.kube, self.store, self.builder = kube, store, builder
+        self.metadata = metadata
         self.profiles = builder.profiles
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.on_error = on_error
@@ -281,22 +285,50 @@ class Preparer:
             claim = self._lookup(ref)
         except ClaimError as exc:
             return PrepareResult(error=str(exc))
-        if isinstance(claim, PreparedClaim):
-            return result_of(claim)  # the kubelet's retry: answered from the checkpoint
+        if isinstance(claim, PreparedClaim):  # the kubelet's retry: answered from the checkpoint
+            return self._with_metadata(claim, None, lambda: self._get_claim(ref))
         record = self._build(ref, claim)
         if isinstance(record, PrepareResult):
             return record
+        # The metadata files first: once the claim is durable a retry answers from the checkpoint
+        # alone (no GET), also after a crash right after the write, so its files must be there.
+        written = self._with_metadata(record, claim)
+        if written.error:
+            return written
         try:
             [outcome] = self._commit.apply(lambda state: record_claims(state, [record]))
         except Exception as exc:  # noqa: BLE001 - the kubelet gets an error for this claim, never none
+            self._drop_metadata(record)
             return PrepareResult(error=f"not prepared: {exc}")
         if isinstance(outcome, ClaimError):
+            self._drop_metadata(record)
             if self.profiles:  # refused: free what it resolved
                 self.profiles.release_devices(record.uid, [(d.snapshot, d.config) for d in record.devices])
             return PrepareResult(error=str(outcome))
         if self.after_commit is not None:
             self.after_commit([outcome.uid])
-        return result_of(outcome)
+        return written if outcome is record else self._with_metadata(outcome, None, lambda: self._get_claim(ref))
+
+    def _drop_metadata(self, record: PreparedClaim) -> None:
+        """The files of a claim that was not stored (refused, or the write failed)."""
+        if self.metadata is not None:
+            _best_effort("device metadata removal", record, self.metadata.unprepared, record)
+
+    def _with_metadata(
+        self,
+        record: PreparedClaim,
+        claim: dict[str, Any] | None,
+        fetch: Callable[[], dict[str, Any]] | None = None,
+    ) -> PrepareResult:
+        """(pool thread) The kubelet's answer for a claim, with its device metadata files written
+        where missing (``claim``: the ResourceClaim just fetched; else ``fetch`` gets it if needed)."""
+        result = result_of(record)
+        if self.metadata is None:
+            return result
+        try:
+            return self.metadata.prepared(record, result, claim, fetch)
+        except (MetadataError, ClaimError) as exc:
+            return PrepareResult(error=str(exc))
 
     def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim | PrepareResult:
         """(pool thread) The record of a claim not prepared yet, or its answer instead: its error, or
@@ -377,6 +409,8 @@ class Preparer:
             if self.profiles is not None:
                 profiled = [(d.snapshot, d.config) for d in claim.devices]
                 _best_effort("profile release", claim, self.profiles.release_devices, claim.uid, profiled)
+            if self.metadata is not None:
+                _best_effort("device metadata removal", claim, self.metadata.unprepared, claim)
             if self.on_unprepare is not None:
                 _best_effort("on_unprepare", claim, self.on_unprepare, claim)
 

@@ -20,12 +20,13 @@ import gc
 import logging
 import socket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
+from driver.claims.device_metadata import DeviceMetadataWriter, MetadataPaths, MetadataStatusSink
 from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
@@ -145,12 +146,23 @@ class Daemon:
             profiles=profile_resolver(config),
             sysfs_root=config.sysfs_root,
         )
+        # Device metadata files for the containers, bind-mounted by CDI (no feature gate needed).
+        self.metadata = (
+            DeviceMetadataWriter(
+                MetadataPaths(config.driver_name, config.plugin_dir, config.cdi_dir),
+                config.sysfs_root,
+                foreign=self._node_devices_of,
+            )
+            if config.device_metadata
+            else None
+        )
         self.preparer = Preparer(
             kube,
             store,
             builder,
             on_unprepare=self._claim_unprepared,
             on_error=lambda ref, error: self.status_writer.prepare_failed(ref.namespace, ref.name, ref.uid, error),
+            metadata=self.metadata,
         )
         self.hooks: HandoverHooks | None = None  # the NRI hooks, once the NRI task built them
         # The kubelet plugin, the ResourceSlices and device health, from the DRA kit.
@@ -179,6 +191,18 @@ class Daemon:
             claim_port=self.lease.request_port,
             port_file=config.probe_port_file,
         )
+
+    def _node_devices_of(self, driver: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """Another driver's devices on this node, by (pool, name): their attributes (a GPU's bus ID
+        for the metadata's GPU pairing). One LIST, only for a claim holding that driver's devices."""
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        selector = f"spec.driver={driver},spec.nodeName={self.config.node_name}"
+        for item in self.kube.list_resource_slice(selector).get("items") or []:
+            spec = item.get("spec") or {}
+            pool = (spec.get("pool") or {}).get("name", "")
+            for device in spec.get("devices") or []:
+                found[(pool, device.get("name", ""))] = device.get("attributes") or {}
+        return found
 
     def _claim_unprepared(self, claim: PreparedClaim) -> None:
         # NICs the runtime never asked back (no StopPodSandbox) go home first, then the status.
@@ -408,7 +432,9 @@ class Daemon:
 
         hooks = NRIHooks(
             self.store,
-            status=self.status_writer,
+            status=self.status_writer
+            if self.metadata is None
+            else MetadataStatusSink(self.metadata, self.status_writer),
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,

@@ -71,6 +71,7 @@ PRIORITY: tuple[str, ...] = (
     S + "pciBusID",
     S + "pcieRoot",
     D + "pciAddress",
+    D + "dataDirectPciAddress",
     D + "rdmaDevice",
     D + "ifName",
     D + "linkLayer",

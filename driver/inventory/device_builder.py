@@ -21,7 +21,7 @@ from driver.inventory.names import netdev_device_name, pci_device_name
 from driver.inventory.netlink_facts import ARPHRD_ENCAP, LinkFacts
 from driver.inventory.numa_list import numa_node_list
 from driver.inventory.rdma import RdmaDevice
-from driver.inventory.sysfs import SysfsReader, pcie_root_of
+from driver.inventory.sysfs import SysfsReader, data_direct_for, is_data_direct_function, pcie_root_of
 from driver.model.device import INT64_MAX, STANDARD_DOMAIN, AttributeValue, Device, HostFacts
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,11 @@ class Netdev:
     virtual: bool
     link: LinkFacts | None
     master: str | None
+
+
+class NotANetworkDevice(ValueError):
+    """A PCI function of network class that is no NIC (a ConnectX-8 Data Direct DMA engine): the
+    scan skips it with this reason instead of publishing a device no pod could use."""
 
 
 class PciIds:
@@ -114,7 +119,13 @@ class DeviceBuilder:
         return Device(dev_name, attrs.finalize(values, dev_name), host)
 
     def pci_device(self, sysfs: SysfsReader, bdf: str, netdevs: list[Netdev], rdma: RdmaDevice | None) -> Device:
-        """The device of PCI function ``bdf`` with its (non-excluded) netdevs and RDMA device."""
+        """The device of PCI function ``bdf`` with its (non-excluded) netdevs and RDMA device.
+
+        Raises :class:`NotANetworkDevice` for a Data Direct DMA function: it may report a network
+        class, but it has no port, netdev or RDMA device of its own (its NIC is published instead).
+        """
+        if not netdevs and rdma is None and is_data_direct_function(sysfs, bdf):
+            raise NotANetworkDevice("a ConnectX-8 Data Direct DMA function: it carries the DMA of its NIC, not traffic")
         values, host = self._pci_attributes(sysfs, bdf)
         if netdevs:
             # A multi-port function (rare) publishes its first netdev by name; the device is the function.
@@ -193,6 +204,17 @@ class DeviceBuilder:
         host = HostFacts(pci_address=bdf)
         real = sysfs.resolve(base)
         root = pcie_root_of(real) if real else None
+        direct = data_direct_for(sysfs, bdf)
+        if direct.function is not None and direct.function.pcie_root:
+            # The NIC's RDMA DMA goes through its Data Direct function: the GPU it pairs with (and
+            # that a claim's matchAttribute on pcieRoot must find) is under that function's root.
+            root = direct.function.pcie_root
+            out[D + "dataDirectPciAddress"] = direct.function.pci_address
+        elif direct.problem:
+            log.warning(
+                "Data Direct function not used: pcieRoot is the NIC function's own",
+                extra={"kv": {"pci": bdf, "reason": direct.problem, "pcieRoot": root}},
+            )
         if root:
             out[S + "pcieRoot"] = sys.intern(root)  # shared by every function under the host bridge
         vid, did = _hex4(sysfs.read(f"{base}/vendor")), _hex4(sysfs.read(f"{base}/device"))

@@ -239,6 +239,9 @@ class SysfsReader:
     _dirs: dict[str, list[str]] = field(default_factory=dict, repr=False)
     _real_dirs: dict[str, str | None] = field(default_factory=dict, repr=False)
     _link_names: dict[str, str | None] = field(default_factory=dict, repr=False)
+    _raw: dict[str, ReadAnswer] = field(default_factory=dict, repr=False)
+    data_direct: DataDirectIndex | None = field(default=None, repr=False)
+    """This scan's ConnectX-8 Data Direct functions (:func:`data_direct_for`), found on first use."""
 
     def __post_init__(self) -> None:
         self.root = os.path.realpath(self.root)
@@ -292,6 +295,18 @@ class SysfsReader:
         if real is None:
             return None
         return f"{self.root}/{real}/{rest}" if rest else f"{self.root}/{real}"
+
+    def read_bytes(self, rel: str) -> ReadAnswer:
+        """A binary file's bytes as they are (``vpd``), a problem text when it exists but cannot be
+        read, or None when missing. Memoised; unlike :meth:`read` a problem is returned to the
+        caller, not recorded in :attr:`problems` (binary files are optional facts)."""
+        answer = self._raw.get(rel, _UNSET)
+        if answer is _UNSET:
+            directory, _, name = rel.rpartition("/")
+            real_dir = self._fast_dir(directory)
+            answer = None if real_dir is None else self.io.read(f"{real_dir}/{name}")
+            self._raw[rel] = answer
+        return answer  # type: ignore[return-value]
 
     def read_int(self, rel: str, base: int = 10) -> int | None:
         """A file parsed as an integer (``base`` 16 accepts a ``0x`` prefix), or None."""
@@ -484,3 +499,217 @@ class _Known:
         self.file_values: tuple[str | None, ...] = ()
         self.links: tuple[str, ...] = ()
         self.link_values: tuple[str | None, ...] = ()
+
+
+# -- ConnectX-8 "Data Direct" ------------------------------------------------------------------
+#
+# A ConnectX-8 can do its RDMA DMA through a separate PCI function, the "Data Direct" DMA engine
+# (15b3:2100), which sits in the PCIe switch next to the GPU while the NIC's own function (the one
+# with the netdev) hangs off another root port. The kernel's mlx5_ib binds the two when the DMA
+# function's driver probes: it reads the VPD read-only keyword ``VU`` of the DMA function and
+# compares it with the vuid the firmware reports for the RDMA device (drivers/infiniband/hw/mlx5/
+# data_direct.c). That affiliation is only visible to user space through a verbs ioctl
+# (mlx5dv_get_data_direct_sysfs_path), never in sysfs; rdma-core's rdma_topo and mstflint match the
+# two functions by the VPD keyword ``V3`` that both carry. The NIC's GPU pairs with the DMA
+# function's PCIe root, not its netdev's, so that is the root to publish.
+
+MELLANOX_VENDOR = 0x15B3
+DATA_DIRECT_DEVICE_IDS = frozenset({0x2100})
+"""Device IDs of mlx5 Data Direct DMA functions: the kernel's ``mlx5_data_direct_pci_table`` and
+rdma_topo's ``cx_dma`` (ConnectX-8)."""
+PRE_DATA_DIRECT_DEVICE_IDS = frozenset(
+    {0x1013, 0x1014, 0x1015, 0x1016, 0x1017, 0x1018, 0x1019, 0x101A, 0x101B, 0x101C, 0x101D, 0x101F, 0x1021}
+    | {0xA2D2, 0xA2D6, 0xA2DC}
+)
+"""Mellanox functions that cannot have a Data Direct function (ConnectX-4 to ConnectX-7 and their
+VFs, BlueField-1 to 3): a node full of them never pays for the search. Any other Mellanox function
+(ConnectX-8 ``0x1023``, the shared VF ID ``0x101e``, IDs newer than this list) is looked up."""
+VPD_MATCH_KEYWORDS = ("VU", "V3")
+"""VPD read-only keywords that tie a NIC to its DMA function, in trust order: ``VU`` is what the
+kernel matches, ``V3`` (the card's UUID) what rdma_topo and mstflint match."""
+VPD_MAX = 32768
+"""PCI VPD is at most 32 KiB (a 15-bit address)."""
+_VPD_READ_ONLY, _VPD_END_ITEM = 0x90, 0x0F
+
+
+def vpd_keywords(data: bytes) -> dict[str, str]:
+    """The read-only (VPD-R) keywords of a PCI VPD image with printable ASCII values, or ``{}``.
+
+    Resources: a large one (tag bit 7 set) has a 16-bit little-endian length after its tag, a small
+    one its length in the tag's low 3 bits; the small item 0xF ends the image. A truncated or
+    malformed image gives what was whole before the damage, never an exception.
+    """
+    out: dict[str, str] = {}
+    data = data[:VPD_MAX]
+    i = 0
+    while i < len(data):
+        tag = data[i]
+        if tag & 0x80:
+            if i + 3 > len(data):
+                break
+            start, length = i + 3, int.from_bytes(data[i + 1 : i + 3], "little")
+        elif tag >> 3 == _VPD_END_ITEM:
+            break
+        else:
+            start, length = i + 1, tag & 0x07
+        end = start + length
+        if end > len(data):
+            break
+        if tag == _VPD_READ_ONLY:
+            j = start
+            while j + 3 <= end:
+                size = data[j + 2]
+                if j + 3 + size > end:
+                    break
+                key, value = data[j : j + 2], data[j + 3 : j + 3 + size]
+                j += 3 + size
+                if not (key.isascii() and key.isalnum() and value.isascii()):
+                    continue
+                text = value.decode("ascii").strip("\x00 \t\r\n")
+                if key != b"RV" and text.isprintable() and text:
+                    out.setdefault(key.decode("ascii"), text)
+        i = end
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class DataDirectFunction:
+    """One Data Direct DMA function: where it is and the VPD keywords that name its NIC."""
+
+    pci_address: str
+    pcie_root: str | None
+    real_path: str
+    driver: str | None
+    keywords: tuple[tuple[str, str], ...]
+
+    def keyword(self, name: str) -> str | None:
+        """The value of VPD keyword ``name``, or None."""
+        return next((v for k, v in self.keywords if k == name), None)
+
+
+@dataclass(frozen=True, slots=True)
+class DataDirectMatch:
+    """What :func:`data_direct_for` found for one NIC function.
+
+    ``function`` is set when the NIC's DMA goes through a Data Direct function that can carry it
+    (matched, bound to a driver, under a known root). ``problem`` says why a NIC that looked like
+    it has one got none; both None: the NIC has no Data Direct function (the common case)."""
+
+    function: DataDirectFunction | None = None
+    keyword: str | None = None
+    problem: str | None = None
+
+
+@dataclass
+class DataDirectIndex:
+    """The Data Direct functions of one scan, and the ones whose VPD could not be used."""
+
+    functions: list[DataDirectFunction] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)  # BDF -> why its VPD gave no keyword
+
+    @classmethod
+    def scan(cls, sysfs: SysfsReader) -> DataDirectIndex:
+        """Find every Data Direct function (by vendor and device ID) and read its VPD keywords.
+
+        ``vendor`` and ``device`` are immutable identity files (the scan's identity cache vouches
+        for them), so after the first scan this costs a lookup per function, and a VPD read only
+        on machines that have Data Direct functions."""
+        index = cls()
+        for bdf in sysfs.listdir("bus/pci/devices"):
+            base = f"bus/pci/devices/{bdf}"
+            if sysfs.read_int(f"{base}/vendor", 16) != MELLANOX_VENDOR:
+                continue
+            if sysfs.read_int(f"{base}/device", 16) not in DATA_DIRECT_DEVICE_IDS:
+                continue
+            keywords, problem = _vpd_of(sysfs, base)
+            if problem:
+                index.unreadable[bdf] = problem
+                continue
+            real = sysfs.resolve(base) or ""
+            index.functions.append(
+                DataDirectFunction(
+                    pci_address=bdf,
+                    pcie_root=pcie_root_of(real),
+                    real_path=real,
+                    driver=sysfs.link_name(f"{base}/driver"),
+                    keywords=tuple(sorted(keywords.items())),
+                )
+            )
+        return index
+
+    def match(self, sysfs: SysfsReader, bdf: str) -> DataDirectMatch:
+        """The Data Direct function of NIC function ``bdf`` (see :class:`DataDirectMatch`)."""
+        if not self.functions and not self.unreadable:
+            return DataDirectMatch()
+        base = f"bus/pci/devices/{bdf}"
+        keywords, problem = _vpd_of(sysfs, base)
+        if problem and sysfs.resolve(f"{base}/physfn"):
+            keywords, problem = _vpd_of(sysfs, f"{base}/physfn")  # a VF: the card's VPD is its PF's
+        if problem:
+            return DataDirectMatch(problem=f"Data Direct functions are present but the NIC's {problem}")
+        for name in VPD_MATCH_KEYWORDS:
+            value = keywords.get(name)
+            found = [f for f in self.functions if value is not None and f.keyword(name) == value]
+            if len(found) > 1:
+                listed = ", ".join(f.pci_address for f in found)
+                return DataDirectMatch(problem=f"Data Direct functions {listed} all match its VPD {name}: ambiguous")
+            if found:
+                return self._usable(found[0], name)
+        if self.unreadable:
+            why = "; ".join(f"{b}: {p}" for b, p in sorted(self.unreadable.items()))
+            return DataDirectMatch(problem=f"no Data Direct function matches its VPD, and some cannot be read ({why})")
+        return DataDirectMatch()
+
+    @staticmethod
+    def _usable(function: DataDirectFunction, keyword: str) -> DataDirectMatch:
+        """The match, or why the matched function cannot carry the NIC's DMA."""
+        if not function.driver:
+            # mlx5_ib affiliates the NIC with the DMA function only when the latter's driver probes.
+            problem = f"its Data Direct function {function.pci_address} (VPD {keyword}) is bound to no driver"
+            return DataDirectMatch(keyword=keyword, problem=problem)
+        if function.pcie_root is None:
+            problem = f"its Data Direct function {function.pci_address} is under no PCI host bridge"
+            return DataDirectMatch(keyword=keyword, problem=problem)
+        return DataDirectMatch(function=function, keyword=keyword)
+
+
+def _vpd_of(sysfs: SysfsReader, base: str) -> tuple[dict[str, str], str | None]:
+    """The VPD keywords of the function at ``base`` (a relative path), or why there are none."""
+    answer = sysfs.read_bytes(f"{base}/vpd")
+    if isinstance(answer, str):
+        return {}, f"VPD cannot be read: {answer}"
+    if not answer:
+        return {}, "VPD is missing or empty"
+    keywords = vpd_keywords(answer)
+    if not any(k in keywords for k in VPD_MATCH_KEYWORDS):
+        return {}, f"VPD has no {' or '.join(VPD_MATCH_KEYWORDS)} keyword"
+    return keywords, None
+
+
+def may_have_data_direct(vendor: int | None, device: int | None) -> bool:
+    """Whether a function with these IDs could do its DMA through a Data Direct function."""
+    return vendor == MELLANOX_VENDOR and device not in PRE_DATA_DIRECT_DEVICE_IDS | DATA_DIRECT_DEVICE_IDS
+
+
+def data_direct_for(sysfs: SysfsReader, bdf: str) -> DataDirectMatch:
+    """The Data Direct function carrying the DMA of NIC function ``bdf`` (see :class:`DataDirectMatch`).
+
+    Read-only and cheap for every other function: non-Mellanox and pre-ConnectX-8 functions are
+    answered from their (memoised) IDs; the scan's Data Direct functions are looked for once per
+    :class:`SysfsReader`.
+    """
+    base = f"bus/pci/devices/{bdf}"
+    if not may_have_data_direct(sysfs.read_int(f"{base}/vendor", 16), sysfs.read_int(f"{base}/device", 16)):
+        return DataDirectMatch()
+    if sysfs.data_direct is None:
+        sysfs.data_direct = DataDirectIndex.scan(sysfs)
+    return sysfs.data_direct.match(sysfs, bdf)
+
+
+def is_data_direct_function(sysfs: SysfsReader, bdf: str) -> bool:
+    """Whether ``bdf`` is itself a Data Direct DMA function (a DMA engine, not a NIC)."""
+    base = f"bus/pci/devices/{bdf}"
+    return (
+        sysfs.read_int(f"{base}/vendor", 16) == MELLANOX_VENDOR
+        and sysfs.read_int(f"{base}/device", 16) in DATA_DIRECT_DEVICE_IDS
+    )

@@ -1,7 +1,8 @@
 """``kubectl dranet`` (the ``kubectl-dranet`` console script): commands, flags, exit codes.
 
 Exit codes: 0 done; 1 the answer is "no" (``doctor`` found a failure, ``templates`` found no NUMA
-node that fits, a claim is not allocated yet); 2 a usage or API error (the message says which).
+node that fits or no GPU/NIC pairs, a claim is not allocated yet); 2 a usage or API error (the
+message says which).
 """
 
 from __future__ import annotations
@@ -18,7 +19,17 @@ import yaml
 from driver import __version__
 from driver.cli_flags import EnvError, HelpFormatter, add_global_flags, apply_env
 from driver.config import DEVICE_CLASS, DRIVER_NAME
-from driver.inventory.topology import NoAlignmentError, aligned_choices, render_template
+from driver.inventory.topology import (
+    PAIR_MODES,
+    PCIE_ROOT,
+    PCIE_SWITCH,
+    NoAlignmentError,
+    NoPairingError,
+    aligned_choices,
+    pair_templates,
+    render_pair_template,
+    render_template,
+)
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeConfigError, KubeError, NotFound
 from driver.kubectl import claims, cluster, doctor, output
@@ -67,9 +78,14 @@ def build_parser(environ: dict[str, str] | None = None) -> argparse.ArgumentPars
     nodes.add_argument("--node", default=None, help="only this node")
     topo = sub.add_parser("topology", help="the GPU/NIC NUMA matrix of one node (like `dranet topology`)")
     topo.add_argument("--node", required=True, help="the node")
-    tmpl = sub.add_parser("templates", help="NUMA-aligned ResourceClaimTemplates for one node (YAML)")
+    tmpl = sub.add_parser("templates", help="NUMA-aligned (or GPU-NIC pair) ResourceClaimTemplates for one node")
     tmpl.add_argument("--node", required=True, help="the node")
     tmpl.add_argument("--gpus", type=int, default=None, help="GPUs and RDMA NICs per claim; default: the most that fit")
+    pair_help = (
+        f"one RDMA NIC per GPU: {PCIE_ROOT} (matchAttribute on resource.kubernetes.io/pcieRoot per pair); "
+        f"{PCIE_SWITCH} needs the PCIe switches, which slices lack (run `dranet templates` on the node)"
+    )
+    tmpl.add_argument("--pair", choices=PAIR_MODES, default=None, help=pair_help)
     tmpl.add_argument("--nic-class", default=DEVICE_CLASS, help="DeviceClass of the NIC request")
     tmpl.add_argument("--gpu-class", default="", help="DeviceClass of the GPU request; empty: the GPUs' driver name")
     claim = sub.add_parser("claim", help="what a ResourceClaim got: interfaces, addresses, RDMA devices, NUMA")
@@ -133,18 +149,33 @@ def cmd_topology(kube: KubeClient, args: argparse.Namespace, out: TextIO) -> int
 
 
 def cmd_templates(kube: KubeClient, args: argparse.Namespace, out: TextIO) -> int:
+    if getattr(args, "pair", None) == PCIE_SWITCH:
+        sys.stderr.write(
+            f"kubectl dranet templates: --pair {PCIE_SWITCH} needs the PCIe switches between GPUs and NICs, which "
+            f"ResourceSlices do not carry: run `dranet templates --pair {PCIE_SWITCH}` on the node (the driver "
+            f"pod has it), or use --pair {PCIE_ROOT}\n"
+        )
+        return 2
     view = _node_view(kube, args, args.node)
     topo = topology_of(view)
     gpu_class = args.gpu_class or next((g.driver for g in view.gpus), "")
     gpus = args.gpus
-    if gpus is None:  # the most GPUs (each with an RDMA NIC) one NUMA node holds
-        gpus = max((min(s["gpus"], s["rdmaNics"]) for s in view.numa_summary()), default=0)
     try:
-        choices = aligned_choices(topo, gpus)
-    except NoAlignmentError as err:
+        if getattr(args, "pair", None) == PCIE_ROOT:
+            if gpus is None:  # every GPU that has an RDMA NIC under its own root
+                gpus = max(1, pair_templates(topo, 1, PCIE_ROOT)[0].available)
+            source = f"kubectl dranet templates --node {args.node}"
+            docs = [
+                render_pair_template(t, args.nic_class, gpu_class, source, switches_known=False)
+                for t in pair_templates(topo, gpus, PCIE_ROOT)
+            ]
+        else:
+            if gpus is None:  # the most GPUs (each with an RDMA NIC) one NUMA node holds
+                gpus = max((min(s["gpus"], s["rdmaNics"]) for s in view.numa_summary()), default=0)
+            docs = [render_template(c, gpus, args.nic_class, gpu_class) for c in aligned_choices(topo, gpus)]
+    except (NoAlignmentError, NoPairingError) as err:
         sys.stderr.write(f"kubectl dranet templates: node {args.node}: {err}\n")
         return 1
-    docs = [render_template(c, gpus, args.nic_class, gpu_class) for c in choices]
     if args.output == "table":
         out.write("---\n".join(docs))
     else:

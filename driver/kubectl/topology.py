@@ -1,10 +1,12 @@
 """``kubectl dranet topology`` and ``templates``: the local commands' matrix and aligned claim
-templates, built from one node's ResourceSlices instead of its sysfs.
+templates, built from one node's ResourceSlices instead of its sysfs. With them come each GPU's
+own NIC (``pairs``) and the ``--pair pcie-root`` templates.
 
 The same :class:`driver.inventory.topology.Topology` is filled in and printed by the same code, so
 the two views cannot drift. What slices do not carry is left out, not guessed: PCIe switches
-(two devices under one root complex show as ``PHB``, never ``PIX``/``PXB``) and the NUMA nodes'
-CPU lists.
+(two devices under one root complex show as ``PHB``, never ``PIX``/``PXB``, so ``--pair
+pcie-switch`` is refused) and the NUMA nodes' CPU lists. A NIC's ``pcieRoot`` is the published
+one: for a ConnectX-8 with a Data Direct function, that function's root (the GPU's).
 """
 
 from __future__ import annotations

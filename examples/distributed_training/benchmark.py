@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N817 - PyT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # mfu.py, placement.py beside us
 
+import device_metadata
 import mfu
 import placement
 
@@ -182,13 +183,21 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     peak, peak_source = mfu.peak_tflops_for(device_name)
 
     # Bind before the process group and the model exist, so their threads and memory start local.
+    # The pod's NICs from the DRA device metadata files (none: the driver's DRANET_* variables).
+    nics = device_metadata.read_nics()
     binding = placement.Binding(None, (), "-", "disabled (--numa-bind off)")
     if args.numa_bind == "auto":
-        binding = placement.bind_rank(args.device_bus_id or bus_id, args.sysfs_root)
-    hca, hca_source = placement.nccl_ib_hca(os.environ)
+        binding = placement.bind_rank(
+            args.device_bus_id or bus_id, args.sysfs_root, device_metadata.common_numa_node(nics)
+        )
+    hca, hca_source = placement.nccl_ib_hca(os.environ, nics)
     if hca and backend == "nccl":
         os.environ["NCCL_IB_HCA"] = hca
-    gloo_if, gloo_source = placement.gloo_socket_ifname(os.environ)
+    paired = device_metadata.nic_for_gpu(nics, bus_id)
+    if paired is not None:
+        nic = f"{paired.interface} ({paired.rdma_device}, path {paired.gpu_path})"
+        log.info("GPU %s pairs with NIC %s in the device metadata", bus_id, nic)
+    gloo_if, gloo_source = placement.gloo_socket_ifname(os.environ, nics)
     if gloo_if and backend == "gloo":
         os.environ["GLOO_SOCKET_IFNAME"] = gloo_if  # read when the process group is made
     if args.cpu:
@@ -214,6 +223,8 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     )
 
     dist.init_process_group(backend=backend, rank=rank_env.rank, world_size=rank_env.world_size)
+    # NCCL barriers name this rank's GPU (PyTorch 2.x warns when they guess it from the context).
+    barrier_kw: dict[str, Any] = {} if args.cpu else {"device_ids": [rank_env.local_rank]}
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
@@ -254,7 +265,7 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     for _ in range(args.warmup):
         step()
     sync()
-    dist.barrier()
+    dist.barrier(**barrier_kw)
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
@@ -283,7 +294,7 @@ def run_rank(args: argparse.Namespace, rank_env: RankEnv) -> str | None:
     # Every rank is past the last collective before any tears the group down, and DDP (whose
     # reducer holds the group) goes first: without both, a gloo rank of PyTorch 1.13 hung at exit
     # in the process group's destructor about every other run of 8 ranks on 2 cores.
-    dist.barrier()
+    dist.barrier(**barrier_kw)
     # (Rebinding clears the cells step() closes over, so the reducer really goes.)
     ddp = opt = model = batches = None  # type: ignore[assignment]
     dist.destroy_process_group()

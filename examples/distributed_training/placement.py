@@ -17,8 +17,12 @@ import ctypes
 import ctypes.util
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # loaded by file path in the tests: no import at run time
+    from device_metadata import Nic
 
 log = logging.getLogger("placement")
 
@@ -145,9 +149,12 @@ def apply_binding(binding: Binding) -> Binding:
     return Binding(binding.node, binding.cpus, "preferred", binding.reason)
 
 
-def bind_rank(pci_bus_id: str | None, sysfs_root: str = "/sys") -> Binding:
-    """Bind the calling process to the NUMA node of its GPU (``pci_bus_id``; None on CPU)."""
+def bind_rank(pci_bus_id: str | None, sysfs_root: str = "/sys", nic_node: int | None = None) -> Binding:
+    """Bind the calling process to the NUMA node of its GPU (``pci_bus_id``; None on CPU), else
+    to ``nic_node``, the node of the pod's NICs (from the device metadata)."""
     node = device_numa_node(pci_bus_id, sysfs_root) if pci_bus_id else None
+    if node is None:
+        node = nic_node
     binding = plan_binding(node, numa_nodes(sysfs_root), set(os.sched_getaffinity(0)))
     return apply_binding(binding)
 
@@ -169,34 +176,42 @@ class RepinWorker:
             os.sched_setaffinity(0, set(self.cpus))
 
 
-def nccl_ib_hca(env: Mapping[str, str]) -> tuple[str | None, str]:
+def nccl_ib_hca(env: Mapping[str, str], nics: Sequence[Nic] = ()) -> tuple[str | None, str]:
     """The ``NCCL_IB_HCA`` value this rank should use and where it came from.
 
-    ``NCCL_IB_HCA`` (set by the user or injected by the driver) wins as is. Otherwise the
-    driver's ``DRANET_RDMA_DEVICES`` (comma-separated RDMA devices of this pod's claim) becomes
-    the exact-match form ``=mlx5_0,mlx5_1``: without ``=`` NCCL treats each name as a prefix,
-    and ``mlx5_1`` would also select ``mlx5_10``..``mlx5_19``.
+    ``NCCL_IB_HCA`` (set by the user or injected by the driver) wins as is. Otherwise the RDMA
+    devices of the pod's NICs in the device metadata files (``nics``), else the driver's
+    ``DRANET_RDMA_DEVICES`` (comma-separated RDMA devices of this pod's claim), in the exact-match
+    form ``=mlx5_0,mlx5_1``: without ``=`` NCCL treats each name as a prefix, and ``mlx5_1``
+    would also select ``mlx5_10``..``mlx5_19``.
     """
     current = env.get("NCCL_IB_HCA", "").strip()
     if current:
         return current, "NCCL_IB_HCA"
+    from_metadata = sorted({n.rdma_device for n in nics if n.rdma_device})
+    if from_metadata:
+        return "=" + ",".join(from_metadata), "device metadata"
     devices = [d.strip() for d in env.get("DRANET_RDMA_DEVICES", "").split(",") if d.strip()]
     if devices:
         return "=" + ",".join(devices), "DRANET_RDMA_DEVICES"
     return None, "unset: NCCL picks HCAs itself"
 
 
-def gloo_socket_ifname(env: Mapping[str, str]) -> tuple[str | None, str]:
+def gloo_socket_ifname(env: Mapping[str, str], nics: Sequence[Nic] = ()) -> tuple[str | None, str]:
     """The ``GLOO_SOCKET_IFNAME`` this rank should use and where it came from.
 
-    ``GLOO_SOCKET_IFNAME`` (set by the user) wins as is. Otherwise the driver's
-    ``DRANET_INTERFACES`` (the pod's interfaces from dra.net claims, comma-separated, in the same
-    order on every worker): gloo opens one device per interface and spreads collectives over
-    them, each talking to the same-numbered interface of its peers, i.e. rail to rail.
+    ``GLOO_SOCKET_IFNAME`` (set by the user) wins as is. Otherwise the pod's interfaces from the
+    device metadata files (``nics``), else the driver's ``DRANET_INTERFACES`` (the pod's
+    interfaces from dra.net claims, comma-separated), sorted so every worker lists them in the
+    same order: gloo opens one device per interface and spreads collectives over them, each
+    talking to the same-numbered interface of its peers, i.e. rail to rail.
     """
     current = env.get("GLOO_SOCKET_IFNAME", "").strip()
     if current:
         return current, "GLOO_SOCKET_IFNAME"
+    from_metadata = sorted({n.interface for n in nics})
+    if from_metadata:
+        return ",".join(from_metadata), "device metadata"
     names = [n.strip() for n in env.get("DRANET_INTERFACES", "").split(",") if n.strip()]
     if names:
         return ",".join(names), "DRANET_INTERFACES"

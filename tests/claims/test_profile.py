@@ -48,6 +48,7 @@ async def kubelet_plugin(hook: ProfileWebhook) -> AsyncIterator[tuple[KubeletPlu
         config = DriverConfig(
             node_name=NODE,
             kubelet_root=str(tmp / "kubelet"),
+            cdi_dir=str(tmp / "cdi"),
             state_dir=str(tmp / "state"),
             profile_provider="webhook",
             webhook_url=hook.url,

@@ -80,6 +80,7 @@ async def test_own_moves_cause_no_rescan_and_no_update(
         node_name=f"node-{prefix}",
         sysfs_root="/sys",
         kubelet_root=str(work / "kubelet"),
+        cdi_dir=str(work / "cdi"),
         state_dir=str(work / "state"),
         runtime_dir=str(work / "run"),
         nri_socket=nri_harness.socket,

@@ -84,6 +84,8 @@ class Env:
             str(self.dir / "sys"),
             "--kubelet-root",
             str(self.dir / "kubelet"),
+            "--cdi-dir",
+            str(self.dir / "cdi"),
             "--state-dir",
             str(self.dir / "state"),
             "--runtime-dir",

@@ -25,7 +25,7 @@ from devcluster.builders.binaries import cache_root
 from harness.fake_apiserver import FakeAPIServer
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository: the driver process imports `driver` from there
 
 
 def _wait(pred: object, timeout: float, what: str) -> None:
@@ -60,7 +60,8 @@ def test_dranet_registers_with_crio_nri(nd_h100_sysfs: Path) -> None:
         driver = subprocess.Popen(
             [sys.executable, "-m", "driver", "--log-format", "text", "run", "--node-name", "n1"]
             + ["--kubeconfig", str(base / "kubeconfig"), "--sysfs-root", str(nd_h100_sysfs)]
-            + ["--kubelet-root", str(base / "kubelet"), "--state-dir", str(base / "state")]
+            + ["--kubelet-root", str(base / "kubelet"), "--cdi-dir", str(base / "cdi")]
+            + ["--state-dir", str(base / "state")]
             + [
                 "--runtime-dir",
                 str(base / "rt"),

@@ -6,12 +6,23 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from driver.cli import main
-from driver.inventory.topology import NODE, PHB, PIX, PXB, SYS, UNKNOWN, read_topology
+from driver.inventory.topology import (
+    NODE,
+    PHB,
+    PIX,
+    PXB,
+    SYS,
+    UNKNOWN,
+    NoPairingError,
+    pair_templates,
+    read_topology,
+)
 
 # Azure ND96isr H100 v5 (shared/reference/topologies.md): NUMA, GPU, NIC, RDMA device.
 ND_H100_V5 = [
@@ -113,7 +124,7 @@ def test_nd_h100_v5_matrix(nd_h100_sysfs: Path) -> None:
 def test_topology_json_output_shape(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--log-format", "text", "topology", "--sysfs-root", str(nd_h100_sysfs), "-o", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) == {"gpus", "nics", "matrix", "numaNodes", "legend"}
+    assert set(doc) == {"gpus", "nics", "matrix", "pairs", "numaNodes", "legend"}
     # Without netlink (a fixture) the uplink's VF is listed too, as the ninth NIC.
     assert len(doc["gpus"]) == 8 and len(doc["nics"]) == 9
     assert doc["nics"][8]["rdma_device"] == "mlx5_an0"
@@ -260,3 +271,157 @@ def test_unknown_numa_is_never_guessed(sysfs_trees, capsys: pytest.CaptureFixtur
     assert topo.nics and all(n.numa_node is None for n in topo.nics)
     assert main(["--log-format", "text", "templates", "--gpus", "1", "--sysfs-root", root]) == 1
     assert "no NUMA information" in capsys.readouterr().err
+
+
+# -- GPU-NIC pairs -------------------------------------------------------------------------------
+
+# dgx-h100.yaml: each GPU and its compute NIC behind one PCIe switch (GPU bus -> NIC bus, RDMA device).
+DGX_H100_PAIRS = {
+    "0000:1b:00.0": ("0000:18:00.0", "mlx5_0"),
+    "0000:43:00.0": ("0000:40:00.0", "mlx5_1"),
+    "0000:52:00.0": ("0000:4f:00.0", "mlx5_2"),
+    "0000:61:00.0": ("0000:5e:00.0", "mlx5_3"),
+    "0000:9d:00.0": ("0000:9a:00.0", "mlx5_4"),
+    "0000:c3:00.0": ("0000:c0:00.0", "mlx5_5"),
+    "0000:d1:00.0": ("0000:ce:00.0", "mlx5_6"),
+    "0000:df:00.0": ("0000:dc:00.0", "mlx5_7"),
+}
+EXAMPLE = (
+    Path(__file__).resolve().parents[2] / "examples/distributed_training/resource-claim-template-gpu-nic-pairs.yaml"
+)
+
+
+def _templates(capsys: pytest.CaptureFixture[str], root: Path, *argv: str) -> tuple[int, str, str]:
+    code = main(["--log-format", "text", "templates", "--sysfs-root", str(root), *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _requests(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r["exactly"] for r in doc["spec"]["spec"]["devices"]["requests"]}
+
+
+def test_dgx_matrix_shows_the_path_class_and_each_gpus_own_nic(
+    sysfs_trees: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sysfs_trees.get("dgx-h100")
+    topo = read_topology(str(root))
+    by_bus = {e.pci_bus_id: e for e in topo.gpus + topo.nics}
+    for gpu, (nic, _) in DGX_H100_PAIRS.items():
+        assert topo.relation(by_bus[gpu], by_bus[nic]) == PIX
+    assert topo.relation(by_bus["0000:1b:00.0"], by_bus["0000:40:00.0"]) == NODE  # another switch, same socket
+    assert topo.relation(by_bus["0000:1b:00.0"], by_bus["0000:9a:00.0"]) == SYS
+    assert main(["--log-format", "text", "topology", "--sysfs-root", str(root)]) == 0
+    out = capsys.readouterr().out
+    pairs = out[out.index("Pairs (") :].splitlines()[1:9]
+    assert [line.split()[:2] for line in pairs] == [[f"GPU{i}", PIX] for i in range(8)]
+    assert all(rdma in line for line, (_, rdma) in zip(pairs, DGX_H100_PAIRS.values(), strict=True))
+    assert main(["--log-format", "text", "topology", "--sysfs-root", str(root), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["gpuPciBusID"]: (p["nicPciBusID"], p["rdmaDevice"], p["path"]) for p in doc["pairs"]} == {
+        gpu: (nic, rdma, PIX) for gpu, (nic, rdma) in DGX_H100_PAIRS.items()
+    }
+    assert all(p["pcieRoot"] and p["pcieRoot"].startswith("pci0000:") for p in doc["pairs"])
+    assert doc["matrix"]["GPU0"]["NIC0"] == PIX  # the first NIC by bus ID is GPU0's
+
+
+def test_pcie_root_template_pairs_by_a_constraint_per_pair(
+    sysfs_trees: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _templates(capsys, sysfs_trees.get("dgx-h100"), "--gpus", "4", "--pair", "pcie-root")
+    assert code == 0, err
+    (doc,) = list(yaml.safe_load_all(out))
+    assert doc["metadata"]["name"] == "4gpu-4nic-pcie-root"
+    devices = doc["spec"]["spec"]["devices"]
+    # Each GPU right before its NIC: the scheduler settles a pair before it tries the next.
+    assert [r["name"] for r in devices["requests"]] == [f"{k}-{i}" for i in range(4) for k in ("gpu", "nic")]
+    assert devices["constraints"] == [
+        {"requests": [f"gpu-{i}", f"nic-{i}"], "matchAttribute": "resource.kubernetes.io/pcieRoot"} for i in range(4)
+    ]
+    for name, req in _requests(doc).items():
+        assert req["count"] == 1
+        if name.startswith("gpu"):
+            assert req == {"deviceClassName": "gpu.nvidia.com", "count": 1}
+        else:
+            assert req["deviceClassName"] == "dranet.net"
+            assert req["selectors"] == [{"cel": {"expression": 'device.attributes["dra.net"]["rdma"] == true'}}]
+    assert "pciBusID" not in yaml.safe_dump(devices)  # portable: no bus IDs
+    comments = [line for line in out.splitlines() if line.startswith("#   gpu-")]
+    assert len(comments) == 4 and all(line.endswith(": PIX") for line in comments)
+
+
+def test_pcie_switch_templates_pair_by_bus_id_under_one_switch(
+    sysfs_trees: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = sysfs_trees.get("dgx-h100")
+    code, out, err = _templates(capsys, root, "--gpus", "4", "--pair", "pcie-switch")
+    assert code == 0, err
+    docs = list(yaml.safe_load_all(out))
+    assert [d["metadata"]["name"] for d in docs] == ["4gpu-4nic-pcie-switch-0", "4gpu-4nic-pcie-switch-1"]
+    topo = read_topology(str(root))
+    by_bus = {e.pci_bus_id: e for e in topo.gpus + topo.nics}
+    seen = set()
+    for doc in docs:
+        requests = _requests(doc)
+        assert "constraints" not in doc["spec"]["spec"]["devices"]
+        numa = set()
+        for i in range(4):
+            gpu_expr = requests[f"gpu-{i}"]["selectors"][0]["cel"]["expression"]
+            nic_expr = requests[f"nic-{i}"]["selectors"][0]["cel"]["expression"]
+            gpu, nic = (e.split('== "')[-1].rstrip('"') for e in (gpu_expr, nic_expr))
+            assert DGX_H100_PAIRS[gpu][0] == nic and 'device.attributes["dra.net"]["rdma"] == true' in nic_expr
+            assert topo.relation(by_bus[gpu], by_bus[nic]) in (PIX, PXB)
+            numa.add(by_bus[gpu].numa_node)
+            seen.add(gpu)
+        assert len(numa) == 1  # grouped by NUMA node, like the aligned templates
+    assert seen == set(DGX_H100_PAIRS)
+    assert sum(1 for line in out.splitlines() if line.startswith("#   gpu-") and line.endswith(": PIX")) == 8
+
+
+@pytest.mark.parametrize("mode", ["pcie-root", "pcie-switch"])
+def test_azure_nd_cannot_pair_and_says_why(nd_h100_sysfs: Path, capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    code, out, err = _templates(capsys, nd_h100_sysfs, "--gpus", "4", "--pair", mode, "--exclude-interfaces", "eth0")
+    assert code == 1 and out == ""
+    assert "Traceback" not in err
+    what = "a PCIe root" if mode == "pcie-root" else "a PCIe switch"
+    assert f"dranet templates: no RDMA NIC shares {what} with GPU 0001:00:00.0 (root pci0001:00)" in err
+    assert "as on Azure ND VMs" in err and "use the NUMA-aligned templates (without --pair)" in err
+    # Without --pair, the same node gets its NUMA-aligned templates as before.
+    assert _templates(capsys, nd_h100_sysfs, "--gpus", "4")[0] == 0
+
+
+def test_pairing_errors_name_the_gpu_and_what_holds_its_nic(tmp_path: Path) -> None:
+    """One switch, two GPUs, one NIC: the second GPU's only NIC is the first's."""
+    tree = TreeBuilder(tmp_path / "sys")
+    sw = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    tree.pci(sw + ["0000:02:00.0"], "0000:03:00.0", "0x030200", "0x10de", 0, driver="nvidia")
+    tree.pci(sw + ["0000:02:01.0"], "0000:04:00.0", "0x020000", "0x15b3", 0, "mlx5_core", "mlx5_0", "eth1")
+    tree.pci(sw + ["0000:02:02.0"], "0000:05:00.0", "0x030200", "0x10de", 0, driver="nvidia")
+    tree.numa({0: "0-7"})
+    topo = read_topology(str(tmp_path / "sys"))
+    assert [len(t.pairs) for t in pair_templates(topo, 1, "pcie-switch")] == [1]
+    with pytest.raises(NoPairingError) as err:
+        pair_templates(topo, 2, "pcie-root")
+    assert str(err.value) == (
+        "only 1 of 2 GPUs pair, --gpus asks for 2; every RDMA NIC that shares a PCIe root with GPU 0000:05:00.0 "
+        "is paired with another GPU: NIC 0000:04:00.0 (with GPU 0000:03:00.0)"
+    )
+    with pytest.raises(NoPairingError, match=r"--gpus 3: this node has 2 GPUs"):
+        pair_templates(topo, 3, "pcie-root")
+    with pytest.raises(NoPairingError, match="at least 1"):
+        pair_templates(topo, 0, "pcie-switch")
+
+
+def test_the_example_is_what_the_generator_writes(sysfs_trees: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _templates(capsys, sysfs_trees.get("dgx-h100"), "--gpus", "4", "--pair", "pcie-root")
+    assert code == 0
+    example = EXAMPLE.read_text()
+    assert example.endswith(out)  # the example's own header, then the generator's output unchanged
+    assert yaml.safe_load(example)["metadata"]["name"] == "4gpu-4nic-pcie-root"
+
+
+def test_the_cli_knows_the_pair_modes() -> None:
+    from driver import cli
+    from driver.inventory import topology
+
+    assert cli.PAIR_MODES == topology.PAIR_MODES

@@ -44,7 +44,8 @@ def metrics_driver(sysfs: Path, *extra: str, timeout: float = 30) -> Iterator[Me
     proc = subprocess.Popen(
         [sys.executable, "-m", "driver", "--log-format", "json", "run", "--no-nri", "--node-name", "n1"]
         + ["--kubeconfig", str(d / "kubeconfig"), "--sysfs-root", str(sysfs)]
-        + ["--kubelet-root", str(d / "kubelet"), "--state-dir", str(d / "state"), "--runtime-dir", str(d / "run")]
+        + ["--kubelet-root", str(d / "kubelet"), "--cdi-dir", str(d / "cdi")]
+        + ["--state-dir", str(d / "state"), "--runtime-dir", str(d / "run")]
         + ["--bind-address", "127.0.0.1:0", *extra],
         cwd=ROOT,
         stdout=log,

@@ -299,7 +299,8 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     script = (
         'exec 2>&1; mkdir -p /tmp/newer /tmp/newer-run /tmp/newer-kubelet && printf %s "$1" | base64 -d '
         "> /tmp/newer/checkpoint.json && timeout -s INT 20 dranet --log-format=text run --state-dir=/tmp/newer "
-        "--runtime-dir=/tmp/newer-run --kubelet-root=/tmp/newer-kubelet --no-nri --bind-address=127.0.0.1:0; "
+        "--runtime-dir=/tmp/newer-run --kubelet-root=/tmp/newer-kubelet --no-device-metadata --no-nri "
+        "--bind-address=127.0.0.1:0; "
         "echo exit=$?"
     )
     encoded = base64.b64encode(json.dumps(data).encode()).decode()
