@@ -9,8 +9,9 @@ For each request of a prepared claim with devices of ours, three things:
   read-only at the protocol's path in the container,
   ``/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json``
   (``resourceclaimtemplates/<pod claim name>/...`` for a claim made from a template);
-- the CDI device ``<driver>/metadata=<claim uid>_<request>`` in the NodePrepareResources answer,
-  which the kubelet hands to the runtime for every container that uses the claim.
+- a CDI device ``<driver>/metadata=<claim uid>_<request>_<device>`` per device in the
+  NodePrepareResources answer, which the kubelet hands to the runtime for every container that
+  uses the claim (one per device: see :func:`cdi_device_name`).
 
 The protocol needs no feature gate: the kubelet has passed CDI devices through since 1.31, so the
 file appears on 1.34 as on 1.37, wherever the runtime has CDI (containerd 2, CRI-O).
@@ -104,12 +105,22 @@ class MetadataPaths:
     def cdi_spec(self, uid: str, request: str) -> Path:
         return Path(self.cdi_dir, f"{self.driver_name}_metadata_{uid}_{request}.json")
 
-    def cdi_device_id(self, uid: str, request: str) -> str:
-        return f"{self.driver_name}/metadata={uid}_{request}"
+    def cdi_device_id(self, uid: str, request: str, device: str) -> str:
+        return f"{self.driver_name}/metadata={cdi_device_name(uid, request, device)}"
 
     def container_file(self, claim_name: str, pod_claim_name: str | None, request: str) -> str:
         sub, name = (TEMPLATES_SUBDIR, pod_claim_name) if pod_claim_name else (CLAIMS_SUBDIR, claim_name)
         return f"{CONTAINER_DIR}/{sub}/{name}/{request}/{self.driver_name}-metadata.json"
+
+
+def cdi_device_name(uid: str, request: str, device: str) -> str:
+    """One CDI device per NIC, each mounting its request's file (CDI keeps one mount per path).
+
+    Not one per request: the kubelet reports each device's health in the pod status under its
+    first CDI device, and merges devices sharing one, so a shared ID would hide every NIC's health
+    but one (the Go helper's single ID per request does that to a driver with no CDI devices of its
+    own)."""
+    return f"{uid}_{request}_{device}"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -179,14 +190,16 @@ class DeviceMetadataWriter:
                 self._write_requests(record, missing, claim)
         except (OSError, ValueError, KeyError) as exc:
             raise MetadataError(f"device metadata of ResourceClaim {record.namespace}/{record.name}: {exc}") from exc
-        ids = {r: self.paths.cdi_device_id(record.uid, r) for r in requests}
         return PrepareResult(
             devices=[
                 ResultDevice(
                     request_names=d.request_names,
                     pool=d.pool,
                     device=d.device,
-                    cdi_device_ids=[*d.cdi_device_ids, *(ids[r] for r in d.request_names if r in ids)],
+                    cdi_device_ids=[
+                        *d.cdi_device_ids,
+                        *(self.paths.cdi_device_id(record.uid, r, d.device) for r in d.request_names if r in requests),
+                    ],
                     share_id=d.share_id,
                 )
                 for d in result.devices
@@ -218,24 +231,16 @@ class DeviceMetadataWriter:
             self._write_cdi(record, request, pod_claim)
 
     def _write_cdi(self, record: PreparedClaim, request: str, pod_claim: str | None) -> None:
-        name = f"{record.uid}_{request}"
+        mount = {
+            "hostPath": str(self.paths.file(record.namespace, record.name, request)),
+            "containerPath": self.paths.container_file(record.name, pod_claim, request),
+            "options": ["ro", "bind"],
+        }
+        names = [cdi_device_name(record.uid, request, d.device) for d in record.devices if d.request == request]
         spec = {
-            "cdiVersion": CDI_DIGIT_NAME_VERSION if name[:1].isdigit() else CDI_VERSION,
+            "cdiVersion": CDI_DIGIT_NAME_VERSION if record.uid[:1].isdigit() else CDI_VERSION,
             "kind": f"{self.paths.driver_name}/metadata",
-            "devices": [
-                {
-                    "name": name,
-                    "containerEdits": {
-                        "mounts": [
-                            {
-                                "hostPath": str(self.paths.file(record.namespace, record.name, request)),
-                                "containerPath": self.paths.container_file(record.name, pod_claim, request),
-                                "options": ["ro", "bind"],
-                            }
-                        ]
-                    },
-                }
-            ],
+            "devices": [{"name": name, "containerEdits": {"mounts": [mount]}} for name in names],
         }
         _write_atomic(self.paths.cdi_spec(record.uid, request), json.dumps(spec, indent=2).encode())
 

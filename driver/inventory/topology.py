@@ -329,6 +329,9 @@ class AlignedChoice:
     numa_node: int
     gpu_bus_ids: list[str]
     gpu_device_class: str
+    numa_published: bool = True
+    """False on a host of one NUMA node whose PCI functions report ``numa_node = -1`` (a VM):
+    every device is on that node, but the NICs publish no ``numaNode`` to select on."""
 
 
 class NoAlignmentError(Exception):
@@ -340,7 +343,14 @@ def aligned_choices(topo: Topology, gpus: int) -> list[AlignedChoice]:
     if gpus < 1:
         raise NoAlignmentError("--gpus must be at least 1")
     counts: dict[int, tuple[list[PciEndpoint], int]] = {}
-    for node in sorted({e.numa_node for e in topo.gpus + topo.nics if e.numa_node is not None}):
+    every = topo.gpus + topo.nics
+    # One NUMA node and no function saying where it sits (numa_node = -1, as in VMs whose
+    # firmware gives no proximity): every device is on that node, so nothing needs aligning.
+    single = len(topo.numa_cpulists) == 1 and all(e.numa_node is None for e in every)
+    if single:
+        (node,) = topo.numa_cpulists
+        counts[node] = (list(topo.gpus), sum(1 for n in topo.nics if n.rdma_device))
+    for node in sorted({e.numa_node for e in every if e.numa_node is not None}):
         node_gpus = [g for g in topo.gpus if g.numa_node == node]
         rdma_nics = sum(1 for n in topo.nics if n.numa_node == node and n.rdma_device)
         counts[node] = (node_gpus, rdma_nics)
@@ -351,12 +361,18 @@ def aligned_choices(topo: Topology, gpus: int) -> list[AlignedChoice]:
             vendor = int(picked[0].vendor, 16) if picked[0].vendor else None
             choices.append(
                 AlignedChoice(
-                    node, [g.pci_bus_id for g in picked], GPU_VENDOR_CLASSES.get(vendor or 0, DEFAULT_GPU_DEVICE_CLASS)
+                    node,
+                    [g.pci_bus_id for g in picked],
+                    GPU_VENDOR_CLASSES.get(vendor or 0, DEFAULT_GPU_DEVICE_CLASS),
+                    numa_published=not single,
                 )
             )
     if not choices:
         have = (
-            ", ".join(f"NUMA {n}: {len(g)} GPUs, {r} RDMA NICs" for n, (g, r) in counts.items())
+            ", ".join(
+                f"NUMA {n}{' (the only node; sysfs numa_node = -1)' if single else ''}: {len(g)} GPUs, {r} RDMA NICs"
+                for n, (g, r) in counts.items()
+            )
             or "no NUMA information"
         )
         raise NoAlignmentError(f"no NUMA node has {gpus} GPUs and {gpus} RDMA NICs ({have})")
@@ -367,6 +383,11 @@ def render_template(choice: AlignedChoice, gpus: int, nic_class: str = DEVICE_CL
     """One ResourceClaimTemplate in the examples' form (folded CEL, bus IDs in a list); the GPU
     request names ``gpu_class``, else the class of the GPUs' vendor."""
     ids = ", ".join(f'"{b}"' for b in choice.gpu_bus_ids)
+    nic_numa = (
+        f' &&\n                device.attributes["{DRIVER_NAME}"]["numaNode"] == {choice.numa_node}'
+        if choice.numa_published
+        else ""
+    )
     return f"""apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -391,8 +412,7 @@ spec:
           selectors:
           - cel:
               expression: >-
-                device.attributes["{DRIVER_NAME}"]["rdma"] == true &&
-                device.attributes["{DRIVER_NAME}"]["numaNode"] == {choice.numa_node}
+                device.attributes["{DRIVER_NAME}"]["rdma"] == true{nic_numa}
 """
 
 

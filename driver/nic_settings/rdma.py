@@ -270,11 +270,17 @@ class RdmaDevice(NicSetting):
         deadline = time.monotonic() + UNREGISTER_WAIT
         while left.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        try:
-            add_soft_device(host, record["soft"], record.get("type", "rxe"), nic.host_ifname)
-        except RdmaMoveError as exc:
-            log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
-            return
+        while True:
+            try:
+                add_soft_device(host, record["soft"], record.get("type", "rxe"), nic.host_ifname)
+            except RdmaMoveError as exc:
+                log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+                return
+            # EEXIST with no device in sysfs: the old one had left sysfs but not yet the RDMA core's
+            # names (its unregistration still running); it is gone a moment later, so add again.
+            if left.exists() or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
         host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
         log.info(
             "soft RDMA device made again on its NIC",

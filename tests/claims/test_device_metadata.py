@@ -73,13 +73,18 @@ async def test_prepare_writes_the_file_the_cdi_spec_and_answers_the_cdi_device(
     _template_claim(api)
     out = (await meta_preparer.prepare([ClaimRef("ns", "pod-devices-x7k2p", UID)]))[UID]
     assert out.error == ""
-    assert [d.cdi_device_ids for d in out.devices] == [[f"dra.net/metadata={UID}_nic"]] * 2
+    # One CDI device per NIC (the kubelet reports each device's health under its first CDI device).
+    assert [d.cdi_device_ids for d in out.devices] == [
+        [f"dra.net/metadata={UID}_nic_pci-0000-8a-00-0"],
+        [f"dra.net/metadata={UID}_nic_pci-0000-8a-00-1"],
+    ]
 
     spec = json.loads(Path(paths.cdi_dir, f"dra.net_metadata_{UID}_nic.json").read_text())
     # The UID starts with a digit: a device name the CDI library takes from spec version 0.5.0 on.
     assert spec["kind"] == "dra.net/metadata" and spec["cdiVersion"] == "0.5.0"
-    [device] = spec["devices"]
-    assert device["name"] == f"{UID}_nic"
+    assert [d["name"] for d in spec["devices"]] == [f"{UID}_nic_pci-0000-8a-00-0", f"{UID}_nic_pci-0000-8a-00-1"]
+    device = spec["devices"][0]
+    assert spec["devices"][1]["containerEdits"] == device["containerEdits"]  # the same file, one mount
     [mount] = device["containerEdits"]["mounts"]
     # A template's claim: keyed by the pod's claim name (the generated name is not predictable).
     assert mount["containerPath"] == f"{CONTAINER_DIR}/resourceclaimtemplates/devices/nic/dra.net-metadata.json"
@@ -260,7 +265,8 @@ def test_the_upstream_decoder_accepts_our_files(tmp_path: Path, paths: MetadataP
     assert decoded["gvk"] == "metadata.resource.k8s.io/v1beta1, Kind=DeviceMetadata"
     assert decoded["generation"] == 2 and decoded["devices"] == 2
     assert decoded["interfaces"] == ["net1", ""]
-    assert decoded["cdiDevices"] == [paths.cdi_device_id(UID, "nic")]  # the CDI library loads our spec
+    # The CDI library loads our spec.
+    assert decoded["cdiDevices"] == [paths.cdi_device_id(UID, "nic", d.device) for d in devices]
 
 
 @pytest.mark.parametrize("uid", [UID, "b20f8e34-9509-44dc-9218-b5b873892828"], ids=["digit-first", "letter-first"])
@@ -276,4 +282,4 @@ def test_the_cdi_library_loads_the_spec_for_every_uid(paths: MetadataPaths, uid:
     args = [str(decoder_binary()), str(paths.file("ns", "c1", "nic")), str(paths.cdi_spec(uid, "nic"))]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["cdiDevices"] == [paths.cdi_device_id(uid, "nic")]
+    assert json.loads(out.stdout)["cdiDevices"] == [paths.cdi_device_id(uid, "nic", devices[0].device)]

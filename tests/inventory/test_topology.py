@@ -20,8 +20,11 @@ from driver.inventory.topology import (
     SYS,
     UNKNOWN,
     NoPairingError,
+    PciEndpoint,
+    aligned_choices,
     pair_templates,
     read_topology,
+    render_template,
 )
 
 # Azure ND96isr H100 v5 (shared/reference/topologies.md): NUMA, GPU, NIC, RDMA device.
@@ -265,12 +268,18 @@ def test_pcie_switch_relations(tmp_path: Path) -> None:
 
 
 def test_unknown_numa_is_never_guessed(sysfs_trees, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    # A VM whose PCI devices all report numa_node = -1: no NUMA shown, no template offered.
+    # A VM whose PCI devices all report numa_node = -1 (the H200 VM of docs/gpu-check.md): no NUMA
+    # shown; its one NUMA node holds every device (no GPU in this fixture, so still no template),
+    # and a template on it selects no numaNode (its NICs publish none).
     root = str(sysfs_trees.get("vm-no-numa"))
     topo = read_topology(root)
     assert topo.nics and all(n.numa_node is None for n in topo.nics)
     assert main(["--log-format", "text", "templates", "--gpus", "1", "--sysfs-root", root]) == 1
-    assert "no NUMA information" in capsys.readouterr().err
+    assert "NUMA 0 (the only node; sysfs numa_node = -1): 0 GPUs, 2 RDMA NICs" in capsys.readouterr().err
+    topo.gpus.append(PciEndpoint("GPU0", "0000:00:07.0", None, "pci0000:00", vendor="0x10de"))
+    (choice,) = aligned_choices(topo, 1)
+    assert not choice.numa_published
+    assert "numaNode" not in render_template(choice, 1)
 
 
 # -- GPU-NIC pairs -------------------------------------------------------------------------------

@@ -137,7 +137,9 @@ def test_link_down_on_a_held_nic_reaches_the_pod_status_and_the_slice(
     nic = node.layout.nics[0]
     device = _devices(node)[nic]["name"]
     assert device in devs
-    resource = f"dra.net/{node.node}/{device}"
+    # The kubelet names a device by its first CDI device: the NIC's device metadata mount
+    # (dra.net/metadata=<claim uid>_<request>_<device>), dra.net/<pool>/<device> without one.
+    resource = f"dra.net/metadata={claim['metadata']['uid']}_nic_{device}"
     wait_for(lambda: _health(node, ns, "trainer").get(resource) == "Healthy", 60, 0.2, f"{resource} Healthy")
 
     links.add(nic)
