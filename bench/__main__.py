@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ON_REQUEST = frozenset({"bench_cluster_scale", "bench_apiserver_load"})
-"""Cluster-scale benchmarks (minutes each): run only when named (``make bench-scale``)."""
+ON_REQUEST = frozenset({"bench_cluster_scale", "bench_apiserver_load", "bench_vs_go"})
+"""Run only when named: the cluster-scale benchmarks (minutes each, ``make bench-scale``), and the
+comparison with the Go driver (it needs the Go driver's source: ``DRANET_GO_SOURCE``)."""
 
 
 def main(argv: list[str]) -> int:
