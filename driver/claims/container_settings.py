@@ -91,6 +91,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def pod_gid_index(sysfs_root: str, rdma_device: str, cidrs: Iterable[str]) -> int | None:
+    """The RoCE v2 GID index of the first of a pod's addresses (CIDRs) that has one: its IPv4 ones
+    first, else a global IPv6 one (IPv6-only clusters); never a link-local one."""
+    ips = [a.split("/", 1)[0] for a in cidrs]
+    ips = [a for a in ips if ":" not in a] + [a for a in ips if ":" in a and not a.lower().startswith("fe80")]
+    return next((i for i in (roce_gid_index(sysfs_root, rdma_device, a) for a in ips) if i is not None), None)
+
+
 def gid_env(
     devices: Iterable[PreparedDevice], addresses: Mapping[str, Sequence[str]], sysfs_root: str
 ) -> dict[str, str]:
@@ -102,9 +110,7 @@ def gid_env(
         rdma = d.snapshot.host.rdma_device
         if not (d.sub_interface and rdma and d.config.rdma_env_enabled):
             continue
-        ips = [a.split("/", 1)[0] for a in addresses.get(d.device, ())]
-        ips = [a for a in ips if ":" not in a] + [a for a in ips if ":" in a and not a.lower().startswith("fe80")]
-        index = next((i for i in (roce_gid_index(sysfs_root, rdma, a) for a in ips) if i is not None), None)
+        index = pod_gid_index(sysfs_root, rdma, addresses.get(d.device, ()))
         if index is None:
             return {}
         found.add(index)

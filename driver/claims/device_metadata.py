@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
-from driver.claims.container_settings import roce_gid_index
+from driver.claims.container_settings import pod_gid_index
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import PrepareResult, ResultDevice
 from driver.inventory import topology
-from driver.inventory.attributes import PRIORITY
+from driver.inventory.attributes import attribute_rank
 from driver.model.device import ATTRIBUTE_DOMAIN, STANDARD_DOMAIN, AttributeValue, attribute_to_api
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ digit (a claim UID may): the CDI library refuses a spec that claims less than it
 runtime with CDI reads both (the minimum, as the Go helper's ``MinimumRequiredVersion``)."""
 MAX_ATTRIBUTES = 32  # the protocol's limit per device, as a ResourceSlice's
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
-_RANK = {name: i for i, name in enumerate(PRIORITY)}
 PATH_RANK = {c: i for i, c in enumerate((topology.PIX, topology.PXB, topology.PHB, topology.NODE, topology.SYS))}
 
 
@@ -361,16 +360,9 @@ class DeviceMetadataWriter:
         return entry
 
     def _gid_index(self, d: PreparedDevice, result: DeviceResult) -> int | None:
-        """The RoCE v2 GID index of the pod's first address on the NIC (IPv4 first), if it has one."""
+        """The RoCE v2 GID index of the pod's address on the NIC, if it has one."""
         rdma = d.snapshot.host.rdma_device
-        if not rdma or result.no_rdma:
-            return None
-        ips = [a.split("/", 1)[0] for a in result.ips]
-        for ip in [a for a in ips if ":" not in a] + [a for a in ips if ":" in a and not a.lower().startswith("fe80")]:
-            index = roce_gid_index(self.sysfs_root, rdma, ip)
-            if index is not None:
-                return index
-        return None
+        return pod_gid_index(self.sysfs_root, rdma, result.ips) if rdma and not result.no_rdma else None
 
     # -- unprepare -----------------------------------------------------------------------------
 
@@ -379,11 +371,6 @@ class DeviceMetadataWriter:
         shutil.rmtree(self.paths.claim_dir(claim.namespace, claim.name), ignore_errors=True)
         for request in {d.request for d in claim.devices}:
             self.paths.cdi_spec(claim.uid, request).unlink(missing_ok=True)
-
-
-def attribute_rank(name: str) -> int:
-    """A published attribute's keep-rank (lower first), as the slices rank them."""
-    return _RANK.get(name, len(_RANK))
 
 
 def pair_up(

@@ -106,6 +106,11 @@ LIST_ATTRIBUTES = frozenset(
 _RANK = {name: i for i, name in enumerate(PRIORITY)}
 
 
+def attribute_rank(name: str) -> int:
+    """``name``'s keep-rank when a device has too many attributes (lower is kept longer)."""
+    return _RANK.get(name, len(PRIORITY))
+
+
 def shorten(name: str, value: str, limit: int = MAX_ATTRIBUTE_VALUE_LENGTH) -> str:
     """``value`` cut to at most ``limit`` UTF-8 bytes (the apiserver counts bytes), safely."""
     # isascii() is O(1) in CPython: the common short ASCII value skips the encode.
@@ -166,7 +171,7 @@ def capped(attributes: dict[str, AttributeValue], limit: int, device: str = "") 
     if len(attributes) <= limit:
         return attributes
     out = dict(attributes)
-    ranked = sorted(out, key=lambda n: (_RANK.get(n, len(PRIORITY)), n))
+    ranked = sorted(out, key=lambda n: (attribute_rank(n), n))
     dropped = ranked[limit:]
     log.warning(
         "too many attributes, dropping lowest-priority ones", extra={"kv": {"device": device, "dropped": dropped}}
