@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import shutil
 import signal
 import statistics
@@ -167,6 +168,7 @@ def main() -> int:
     ap.add_argument("--concurrent", type=int, default=100)
     ap.add_argument("--profile", type=int, default=0, help="rounds of 2 prepares sampled by py-spy")
     ap.add_argument("--keep-profile", help="copy py-spy's raw stacks into this directory")
+    ap.add_argument("--driver-args", default="", help="extra `dranet run` flags, e.g. --no-device-metadata")
     a = ap.parse_args()
     if a.profile and shutil.which("py-spy") is None:
         print("--profile needs py-spy (a sampling profiler; not a dependency of the driver): pip install -e '.[bench]'")
@@ -178,7 +180,12 @@ def main() -> int:
             cp.create_node(NODE)
             create_objects(kube, seed_docs()[0])
             drv = DriverProcess(
-                cp.kubeconfig, NODE, build_fixture("nd-h100-v5", work / "sysfs"), work / "drv", log_level="warning"
+                cp.kubeconfig,
+                NODE,
+                build_fixture("nd-h100-v5", work / "sysfs"),
+                work / "drv",
+                extra_args=shlex.split(a.driver_args),
+                log_level="warning",
             )  # per-claim info logs are not what we measure
             drv.start()
             try:
@@ -193,6 +200,7 @@ def main() -> int:
                     print(f"profiled prepares: {ms(lat)}")
                     print(prepare_breakdown(sorted(work.glob("round*.txt")), len(lat)))
                     if a.keep_profile:
+                        Path(a.keep_profile).mkdir(parents=True, exist_ok=True)
                         for f in work.glob("round*.txt"):
                             shutil.copy(f, Path(a.keep_profile) / f.name)
             finally:

@@ -166,7 +166,12 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     _configured(run, "--driver-name", help="DRA driver name: the slices' driver, the kubelet socket names")
     _add_node_flags(run)
     _configured(run, "--kubelet-root", "--kubelet-root-dir", help="the kubelet's --root-dir (its plugin sockets)")
-    _configured(run, "--state-dir", help="prepared-claims checkpoint (on disk)")
+    _configured(run, "--state-dir", help="prepared-claims checkpoint (tmpfs: survives driver restarts, not reboots)")
+    _configured(
+        run,
+        "--legacy-state-dir",
+        help="older drivers' prepared claims on disk: used while written during this boot, else retired ('': none)",
+    )
     _configured(run, "--runtime-dir", help="pod network state (tmpfs: survives driver restarts, cleared by reboots)")
     _configured(run, "--host-netns", help="the host network namespace NICs return to (hostNetwork pod: its own)")
     _configured(run, "--nri-socket", help="the container runtime's NRI socket")

@@ -124,7 +124,10 @@ class DriverConfig:
     driver_name: str = DRIVER_NAME
     sysfs_root: str = "/sys"
     kubelet_root: str = "/var/lib/kubelet"
-    state_dir: str = "/var/lib/dranet"  # prepared claims (disk: survives reboots)
+    # Prepared claims: tmpfs, as their kernel objects (see driver/checkpoint/location.py).
+    state_dir: str = "/run/dranet/claims"
+    # Older drivers' claims on disk: used while written during this boot, else retired.
+    legacy_state_dir: str = "/var/lib/dranet"
     runtime_dir: str = "/run/dranet"  # pod network state (tmpfs: cleared by a reboot, like the netns)
     host_netns: str = HOST_NETNS
     nri_socket: str = "/var/run/nri/nri.sock"

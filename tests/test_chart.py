@@ -281,7 +281,12 @@ def test_default_mounts_and_pod_spec(helm: str) -> None:
     assert mounts["nri"] == ("/var/run/nri", "/var/run/nri")
     assert mounts["netns"] == ("/var/run/netns", "/var/run/netns")
     assert mounts["infiniband"] == ("/dev/infiniband", "/dev/infiniband")
-    assert mounts["state"] == ("/var/lib/dranet", "/var/lib/dranet")
+    # The claims live on the runtime dir's tmpfs (one mount); the older drivers' disk dir is
+    # mounted for an update in place.
+    assert "state" not in mounts and mounts["runtime"] == ("/run/dranet", "/run/dranet")
+    assert mounts["legacy-state"] == ("/var/lib/dranet", "/var/lib/dranet")
+    cfg = config_from_args(build_parser().parse_args(driver_args(docs)))
+    assert (cfg.state_dir, cfg.legacy_state_dir) == ("/run/dranet/claims", "/var/lib/dranet")
     ds = one(docs, "DaemonSet")
     spec = ds["spec"]["template"]["spec"]
     c = spec["containers"][0]

@@ -77,7 +77,7 @@ def test_every_flag_has_help_showing_its_default_and_variable() -> None:
                 if "default:" not in formatted:
                     missing.append(f"{name} {flag}: default not shown")
     assert not missing, missing
-    assert "(default: /var/lib/dranet; env DRANET_STATE_DIR)" in " ".join(
+    assert "(default: /run/dranet/claims; env DRANET_STATE_DIR)" in " ".join(
         subcommands(parser)["run"].format_help().split()
     )
 

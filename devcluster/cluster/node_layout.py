@@ -455,5 +455,10 @@ class NodeSpec:
         return self.host_path(IN_NODE.driver_runtime_dir)
 
     @property
+    def driver_claims_dir(self) -> Path:
+        """Host side of the driver's prepared claims (the chart's stateDir, under its runtimeDir)."""
+        return self.driver_runtime_dir / "claims"
+
+    @property
     def cdi_dir(self) -> Path:
         return self.host_path(IN_NODE.cdi_dir)

@@ -2,8 +2,9 @@
 
 For each request of a prepared claim with devices of ours, three things:
 
-- a file ``<plugin dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json`` on the
-  host (where the Go kubelet-plugin helper keeps its own), holding one ``DeviceMetadata`` object
+- a file ``<runtime dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json`` on the
+  host (tmpfs, as the CDI specs and the claims: the Go kubelet-plugin helper keeps its own in its
+  plugin directory, on disk, for no reader but the runtime), holding one ``DeviceMetadata`` object
   per API version, newest first (``metadata.resource.k8s.io/v1beta1``, then ``v1alpha1``);
 - a CDI spec ``<cdi dir>/<driver>_metadata_<claim uid>_<request>.json`` that bind-mounts it
   read-only at the protocol's path in the container,
@@ -23,7 +24,8 @@ NICs are configured in the pod, before any container starts (generation + 1): ``
 (the pod-side name, addresses, MAC), the MTU and the RoCE GID index.
 
 The files are derived state: a lost one is written again from the checkpoint and the
-ResourceClaim, so they are written without a sync (a temporary file renamed over the old one:
+ResourceClaim (at the next prepare, and at every start: a reboot empties them while the kubelet
+prepares nothing again), so they are compact JSON written without a sync (a temporary file renamed over the old one:
 never half-written). The metadata file is also where the pod claim name lives between calls, so
 the checkpoint's format is unchanged.
 """
@@ -92,11 +94,11 @@ class MetadataPaths:
     """Where the files of one driver live on the host and in the containers."""
 
     driver_name: str
-    plugin_dir: str  # the DRA socket's directory: the same path in and out of the driver's container
+    directory: str  # the runtime dir (tmpfs, as /var/run/cdi): the same path in and out of the driver's container
     cdi_dir: str
 
     def claim_dir(self, namespace: str, name: str) -> Path:
-        return Path(self.plugin_dir, METADATA_SUBDIR, f"{namespace}_{name}")
+        return Path(self.directory, METADATA_SUBDIR, f"{namespace}_{name}")
 
     def file(self, namespace: str, name: str, request: str) -> Path:
         return self.claim_dir(namespace, name) / request / "metadata.json"
@@ -132,11 +134,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _json(obj: Any) -> bytes:
+    """Compact JSON: with ``indent`` the standard library encodes in Python, ten times slower than
+    its C encoder, and these files are read by programs."""
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
 def encode_stream(document: dict[str, Any], versions: Sequence[str] = VERSIONS) -> bytes:
     """One JSON object per version, newest first, each on its own lines (the protocol's stream)."""
     return b"".join(
-        json.dumps({"kind": "DeviceMetadata", "apiVersion": f"{GROUP}/{v}", **document}, indent=2).encode() + b"\n"
-        for v in versions
+        _json({"kind": "DeviceMetadata", "apiVersion": f"{GROUP}/{v}", **document}) + b"\n" for v in versions
     )
 
 
@@ -241,7 +248,7 @@ class DeviceMetadataWriter:
             "kind": f"{self.paths.driver_name}/metadata",
             "devices": [{"name": name, "containerEdits": {"mounts": [mount]}} for name in names],
         }
-        _write_atomic(self.paths.cdi_spec(record.uid, request), json.dumps(spec, indent=2).encode())
+        _write_atomic(self.paths.cdi_spec(record.uid, request), _json(spec))
 
     def _document(
         self, record: PreparedClaim, pod_claim: str | None, generation: int, request: str, devices: list[dict[str, Any]]
@@ -377,6 +384,8 @@ def pair_up(
     sysfs_root: str, gpus: Sequence[tuple[str, str, str]], nics: Sequence[tuple[str, str]]
 ) -> dict[str, GpuPair]:
     """NIC device -> GPU, one NIC per GPU, the closest PCIe paths paired first (ties by bus ID)."""
+    if not gpus or not nics:
+        return {}
     ends = {bdf: topology.pci_endpoint(sysfs_root, bdf) for bdf in {g[2] for g in gpus} | {n[1] for n in nics}}
     options = sorted(
         (PATH_RANK.get(path, len(PATH_RANK)), nic_bdf, gpu_bdf, nic, driver, gpu, path)

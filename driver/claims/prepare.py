@@ -330,6 +330,21 @@ class Preparer:
         except (MetadataError, ClaimError) as exc:
             return PrepareResult(error=str(exc))
 
+    def restore_metadata(self) -> list[str]:
+        """(thread, at start) Every stored claim's metadata files and CDI specs written again where
+        missing: a reboot empties /run and /var/run/cdi and the kubelet does not prepare its claims
+        again, yet their containers mount the files. Returns the claims whose files stay missing."""
+        if self.metadata is None:
+            return []
+        failed = []
+        for record in self.store.read(lambda s: list(s.claims.values())):
+            ref = ClaimRef(namespace=record.namespace, name=record.name, uid=record.uid)
+            written = self._with_metadata(record, None, lambda ref=ref: self._get_claim(ref))  # type: ignore[misc]
+            if written.error:
+                log.warning("device metadata not restored", extra={"kv": {"claim": record.uid, "error": written.error}})
+                failed.append(f"{record.namespace}/{record.name}")
+        return failed
+
     def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim | PrepareResult:
         """(pool thread) The record of a claim not prepared yet, or its answer instead: its error, or
         nothing to prepare."""

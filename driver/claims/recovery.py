@@ -147,7 +147,8 @@ async def rebuild_prepared_claims(preparer: Preparer, kube: KubeClient) -> Recov
 
         await asyncio.to_thread(preparer.store.update, record)
         report.rebuilt = [f"{r.namespace}/{r.name}" for r in records]
-    log.warning(
+    log.log(
+        logging.WARNING if report.rebuilt or report.failed else logging.INFO,
         "rebuilt prepared claims from the API server",
         extra={"kv": {"rebuilt": report.rebuilt, "failed": report.failed}},
     )

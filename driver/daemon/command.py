@@ -12,7 +12,9 @@ import asyncio
 import logging
 import resource
 import signal
+from dataclasses import replace
 
+from driver.checkpoint import location
 from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.profile import check_at_start, profile_resolver
@@ -27,6 +29,11 @@ log = logging.getLogger(__name__)
 
 
 async def _main(config: DriverConfig) -> int:
+    try:
+        config = replace(config, state_dir=location.resolve(config.state_dir, config.legacy_state_dir))
+    except (OSError, ValueError) as exc:
+        log.error("cannot choose the state directory", extra={"kv": {"error": str(exc)}})
+        return 1
     try:
         store = CheckpointStore(config.state_dir, config.runtime_dir)
     except CheckpointError as exc:

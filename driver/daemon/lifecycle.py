@@ -20,8 +20,10 @@ import gc
 import logging
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from driver.checkpoint import location
 from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
@@ -149,7 +151,7 @@ class Daemon:
         # Device metadata files for the containers, bind-mounted by CDI (no feature gate needed).
         self.metadata = (
             DeviceMetadataWriter(
-                MetadataPaths(config.driver_name, config.plugin_dir, config.cdi_dir),
+                MetadataPaths(config.driver_name, config.runtime_dir, config.cdi_dir),
                 config.sysfs_root,
                 foreign=self._node_devices_of,
             )
@@ -268,6 +270,21 @@ class Daemon:
         self.claims_damage += f" (the API server could not be asked: {report.api_error}; retrying)"
         self.background.spawn("claims-rebuild", self._retry_rebuild)
 
+    async def _record_claims_after_boot(self) -> None:
+        """No prepared claims at the first start after a reboot (the tmpfs is new): the kubelet will
+        not prepare the claims of the pods it restarts, so record the API server's; retried in the
+        background while it cannot be asked."""
+        report = await rebuild_prepared_claims(self.preparer, self.kube)
+        if report.api_error is not None:
+            self.background.spawn("claims-after-boot", self._retry_after_boot)
+
+    async def _retry_after_boot(self) -> None:
+        while True:
+            await asyncio.sleep(REBUILD_RETRY)
+            if (await rebuild_prepared_claims(self.preparer, self.kube)).api_error is None:
+                await asyncio.to_thread(self.preparer.restore_metadata)
+                return
+
     async def _retry_rebuild(self) -> None:
         while self.claims_damage is not None:
             await asyncio.sleep(REBUILD_RETRY)
@@ -343,9 +360,13 @@ class Daemon:
             await self.device_sync.rescan()
         except Exception:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
+        rebooted = await asyncio.to_thread(location.rebooted, Path(self.config.plugin_dir, location.BOOT_MARKER))
+        # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
         if self.store.claims_quarantined:
-            # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
             await self._rebuild_claims()
+        elif self.store.started_empty and rebooted:
+            await self._record_claims_after_boot()
+        await asyncio.to_thread(self.preparer.restore_metadata)
         self.status_writer.start()
         await self.dra.start()
         try:

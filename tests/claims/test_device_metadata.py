@@ -90,7 +90,7 @@ async def test_prepare_writes_the_file_the_cdi_spec_and_answers_the_cdi_device(
     assert mount["containerPath"] == f"{CONTAINER_DIR}/resourceclaimtemplates/devices/nic/dra.net-metadata.json"
     assert mount["options"] == ["ro", "bind"]
     host = Path(mount["hostPath"])
-    assert host == Path(paths.plugin_dir, "dra-device-metadata/ns_pod-devices-x7k2p/nic/metadata.json")
+    assert host == Path(paths.directory, "dra-device-metadata/ns_pod-devices-x7k2p/nic/metadata.json")
     assert host.stat().st_mode & 0o777 == 0o644
 
     objects = _stream(host)

@@ -122,7 +122,7 @@ class RealNode:
     def checkpoint(self, node: int = 0) -> dict[str, Any]:
         """The driver's prepared claims as saved (host side of the node's stateDir): the snapshot
         with the journal's records for it applied, as the driver reads them at start."""
-        state_dir = self.spec(node).driver_state_dir
+        state_dir = self.spec(node).driver_claims_dir
         path, journal_path = state_dir / "checkpoint.json", state_dir / "checkpoint.journal"
         snapshot = path.read_bytes() if path.exists() else None
         data: dict[str, Any] = json.loads(snapshot) if snapshot else {}

@@ -90,7 +90,7 @@ def test_the_seed_pod_reads_its_nics_from_the_metadata_file(real_node: RealNode,
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["devices"] == 4
 
-    plugin_dir = real_node.spec(0).kubelet_root / "plugins/dra.net/dra-device-metadata"
+    plugin_dir = real_node.spec(0).driver_runtime_dir / "dra-device-metadata"
     host_dir = plugin_dir / f"{seed_ns}_{claim['metadata']['name']}"
     cdi = real_node.spec(0).cdi_dir / f"dra.net_metadata_{claim['metadata']['uid']}_nic.json"
     assert host_dir.is_dir() and cdi.is_file()

@@ -343,7 +343,7 @@ def _plant(node: RealNode, version: int) -> None:
     """Rewrite the driver's ``pods.json`` as a driver of ``version`` would have written it, under the
     state files' lock (the running instance reloads it at its next read)."""
     path = node.spec(0).driver_runtime_dir / "pods.json"
-    lock = os.open(node.spec(0).driver_state_dir / "checkpoint.lock", os.O_RDONLY)
+    lock = os.open(node.spec(0).driver_claims_dir / "checkpoint.lock", os.O_RDONLY)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = _as_written_by(json.loads(path.read_text()), version)
