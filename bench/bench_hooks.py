@@ -239,7 +239,15 @@ class Bench:
             self.node,
             Path("/sys"),
             self.workdir / "drv",
-            extra_args=["--filter", self.filter, "--runtime-dir", str(self.runtime_dir)],
+            # Claims and pod state on tmpfs, as on a node (/run/dranet, /run/dranet/claims).
+            extra_args=[
+                "--filter",
+                self.filter,
+                "--runtime-dir",
+                str(self.runtime_dir),
+                "--state-dir",
+                str(self.runtime_dir / "claims"),
+            ],
             nri_socket=self.harness.socket,
             exclude_interfaces=",".join(["eth0"] + [n.ifname for n in self.floor_nics]),
             log_level=self.args.driver_log_level,

@@ -174,6 +174,7 @@ def main() -> int:
         print("--profile needs py-spy (a sampling profiler; not a dependency of the driver): pip install -e '.[bench]'")
         return 2
     work = Path(tempfile.mkdtemp(prefix="dn-bench-"))
+    run_dir = Path(tempfile.mkdtemp(prefix="dn-bench-run-", dir="/dev/shm"))  # tmpfs, as /run/dranet
     try:
         with ControlPlane(ensure_control_plane()) as cp:
             kube = cp.kube()
@@ -184,7 +185,13 @@ def main() -> int:
                 NODE,
                 build_fixture("nd-h100-v5", work / "sysfs"),
                 work / "drv",
-                extra_args=shlex.split(a.driver_args),
+                extra_args=[
+                    "--runtime-dir",
+                    str(run_dir),
+                    "--state-dir",
+                    str(run_dir / "claims"),
+                    *shlex.split(a.driver_args),
+                ],
                 log_level="warning",
             )  # per-claim info logs are not what we measure
             drv.start()
@@ -229,6 +236,7 @@ def main() -> int:
                     big.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
     return 0
 
 

@@ -7,7 +7,7 @@ a fetched snapshot; see ``bench/go_driver.py``), cached outside the work tree by
 One real control plane; two nodes in it, one per driver, so each publishes its own pool. Each
 driver runs as it does on a node: this one is ``dranet run`` on the host's ``/sys`` (NRI plugin,
 kubelet plugin with a connected health stream, /metrics, link watch, publisher, status writer;
-claims in ``--state-dir`` on disk, pod state in ``--runtime-dir`` on tmpfs), the Go one is its
+claims and pod state on tmpfs, as ``/run/dranet``), the Go one is its
 ``dranet`` binary (its bbolt database on tmpfs, as ``/var/run/dranet`` is on a node). Each has its
 own containerd/nri runtime harness (``harness/nri_harness``) on a private socket, its own kubelet
 root with the registration and DRA sockets (registered like the kubelet's plugin watcher does),
@@ -396,6 +396,8 @@ class VsGo:
                 f'has({ifname}) && {ifname}.startsWith("{p}a")',
                 "--runtime-dir",
                 str(self.runtime_dir / "py"),
+                "--state-dir",
+                str(self.runtime_dir / "py" / "claims"),
                 *self.args.driver_args,
             ],
             nri_socket=self.harness["py"].socket,

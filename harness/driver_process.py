@@ -82,6 +82,7 @@ class DriverProcess:
             str(self.state_dir),
             "--runtime-dir",
             str(self.state_dir / "run"),
+            "--legacy-state-dir=",  # never the host's /var/lib/dranet
             "--kubeconfig",
             str(self.kubeconfig),
             *(["--nri-socket", self.nri_socket] if self.nri_socket else ["--no-nri"]),

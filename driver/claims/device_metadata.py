@@ -36,7 +36,9 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,6 +170,9 @@ class DeviceMetadataWriter:
         """``foreign`` finds another driver's device attributes (a GPU's ``pciBusID``) for the
         pairing; without it NICs are not paired."""
         self.paths, self.sysfs_root, self.foreign, self.versions = paths, sysfs_root, foreign, tuple(versions)
+        # The pod-start rewrite runs beside the kubelet's calls: an unprepare never races it into
+        # leaving a file behind.
+        self._files_lock = threading.Lock()
         self.domain = ATTRIBUTE_DOMAIN  # our attributes' domain, whatever the driver's name
 
     # -- prepare -----------------------------------------------------------------------------
@@ -318,7 +323,10 @@ class DeviceMetadataWriter:
 
     def network_ready(self, claim: PreparedClaim, results: Iterable[DeviceResult]) -> None:
         """The NICs are configured in the pod: add what the pod sees to the claim's files."""
-        by_device = {r.device: r for r in results}
+        with self._files_lock:
+            self._network_ready(claim, {r.device: r for r in results})
+
+    def _network_ready(self, claim: PreparedClaim, by_device: dict[str, DeviceResult]) -> None:
         for request in sorted({d.request for d in claim.devices}):
             path = self.paths.file(claim.namespace, claim.name, request)
             try:
@@ -375,9 +383,10 @@ class DeviceMetadataWriter:
 
     def unprepared(self, claim: PreparedClaim) -> None:
         """Remove the claim's files and CDI specs (none there: nothing to do)."""
-        shutil.rmtree(self.paths.claim_dir(claim.namespace, claim.name), ignore_errors=True)
-        for request in {d.request for d in claim.devices}:
-            self.paths.cdi_spec(claim.uid, request).unlink(missing_ok=True)
+        with self._files_lock:
+            shutil.rmtree(self.paths.claim_dir(claim.namespace, claim.name), ignore_errors=True)
+            for request in {d.request for d in claim.devices}:
+                self.paths.cdi_spec(claim.uid, request).unlink(missing_ok=True)
 
 
 def pair_up(
@@ -403,21 +412,57 @@ def pair_up(
     return out
 
 
+SETTLE_TIMEOUT = 5.0
+"""Seconds a container of a pod waits for its metadata rewrite (a few ms): then it starts with the
+prepare-time file, as after a failed rewrite."""
+
+
 class MetadataStatusSink:
-    """The NRI hooks' status sink with the metadata update first: the files are rewritten in
-    RunPodSandbox, before any container starts; the claim status write stays asynchronous."""
+    """The NRI hooks' status sink with the metadata update: RunPodSandbox queues the rewrite of the
+    files (off its path, like the claim status write) and :meth:`settle`, called before a container
+    of the pod is created, waits for it: the containers mount the files, and the runtime creates
+    them only after RunPodSandbox answered."""
 
     def __init__(self, metadata: DeviceMetadataWriter, status: Any) -> None:
         self.metadata, self.status = metadata, status
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="device-metadata")
+        self._pending: dict[str, set[Future[None]]] = {}  # pod UID -> its rewrites not done yet
+        self._lock = threading.Lock()
 
     def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
+        future = self._writer.submit(self._rewrite, pod_uid, claim, list(results))
+        with self._lock:
+            self._pending.setdefault(pod_uid, set()).add(future)
+        future.add_done_callback(lambda f: self._done(pod_uid, f))
+        self.status.pod_network_ready(pod_uid, claim, results)
+
+    def _rewrite(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
         try:
             self.metadata.network_ready(claim, results)
         except Exception as exc:  # noqa: BLE001 - the pod runs; its file keeps the prepare-time facts
             log.warning(
                 "device metadata not updated", extra={"kv": {"pod": pod_uid, "claim": claim.uid, "error": str(exc)}}
             )
-        self.status.pod_network_ready(pod_uid, claim, results)
+
+    def _done(self, pod_uid: str, future: Future[None]) -> None:
+        with self._lock:
+            left = self._pending.get(pod_uid)
+            if left is not None:
+                left.discard(future)
+                if not left:
+                    del self._pending[pod_uid]
+
+    def settle(self, pod_uid: str, timeout: float = SETTLE_TIMEOUT) -> None:
+        """The pod's queued rewrites are on the node (a failed one is logged: the file keeps the
+        prepare-time facts)."""
+        with self._lock:
+            futures = list(self._pending.get(pod_uid, ()))
+        if futures and wait(futures, timeout).not_done:
+            log.warning("device metadata rewrite still running: container created", extra={"kv": {"pod": pod_uid}})
+
+    def close(self) -> None:
+        """Finish the queued rewrites (at shutdown)."""
+        self._writer.shutdown(wait=True)
 
     def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         self.status.pod_network_failed(pod_uid, claim, device, step, message)

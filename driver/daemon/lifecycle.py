@@ -167,6 +167,7 @@ class Daemon:
             metadata=self.metadata,
         )
         self.hooks: HandoverHooks | None = None  # the NRI hooks, once the NRI task built them
+        self.metadata_sink: MetadataStatusSink | None = None  # their status sink, with metadata on
         # The kubelet plugin, the ResourceSlices and device health, from the DRA kit.
         self.dra: Helper[Device] = Helper(
             NetworkDriver(self.preparer, self.device_sync, health),
@@ -451,11 +452,11 @@ class Daemon:
         from driver.nri.hooks import NRIHooks
         from driver.nri.plugin import NRIPlugin
 
+        sink = None if self.metadata is None else MetadataStatusSink(self.metadata, self.status_writer)
+        self.metadata_sink = sink
         hooks = NRIHooks(
             self.store,
-            status=self.status_writer
-            if self.metadata is None
-            else MetadataStatusSink(self.metadata, self.status_writer),
+            status=self.status_writer if sink is None else sink,
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
@@ -463,6 +464,7 @@ class Daemon:
             pools=self.sharing_pools,
             on_host_change=self.device_sync.request_rescan,
             kernel=self.kernel,
+            before_containers=None if sink is None else sink.settle,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)
@@ -479,6 +481,8 @@ class Daemon:
         await asyncio.to_thread(self._compact_state)  # no claim changes from here: the whole file for the next instance
         if self.hooks is not None:
             await asyncio.to_thread(self.hooks.retire)
+        if self.metadata_sink is not None:  # the pods' queued metadata, before another instance acts
+            await asyncio.to_thread(self.metadata_sink.close)
         await asyncio.to_thread(self.lease.release)
         self.device_sync.cloud.stop()
         await self.background.stop()

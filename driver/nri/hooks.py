@@ -219,7 +219,9 @@ class NRIHooks:
     devices move with their netdev (detected at daemon start); ``status`` gets each RunPodSandbox's
     outcome per claim (a sink that raises never fails the hook); ``on_host_change``: a hook changed
     the host's devices in a way link events do not tell (a soft RDMA device made again);
-    ``kernel``: the kernel's features (without ``moveIfindex`` a NIC keeps its ifindex in the pod).
+    ``kernel``: the kernel's features (without ``moveIfindex`` a NIC keeps its ifindex in the pod);
+    ``before_containers(pod_uid)``: called before a container of a pod with our devices is adjusted
+    (the status sink's queued device metadata is written by then).
     """
 
     def __init__(
@@ -237,9 +239,11 @@ class NRIHooks:
         probe_wait: float = PROBE_WAIT,
         on_host_change: Callable[[], None] | None = None,
         kernel: KernelFeatures | None = None,
+        before_containers: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.status = status
+        self.before_containers = before_containers
         self.host = HostNetns(Namespaces(host_netns), sysfs_root, rdma_exclusive, on_host_change, kernel)
         self.own = hook_activity or HookActivity()
         self.steps = StepClock(fault_after)
@@ -693,6 +697,8 @@ class NRIHooks:
             devices = [d for c in claims for d in c.devices]
             if not devices:
                 return None
+            if self.before_containers is not None:  # what the pod's start queued for its containers
+                self.before_containers(pod.uid)
             # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
             requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
             state = self._pod_state(pod.uid)

@@ -169,6 +169,8 @@ async def test_pod_start_adds_network_data_and_bumps_the_generation(
     ]
     sink.pod_network_ready("pod-1", record, results)
     assert seen == ["pod-1"]  # the status writer still gets it
+    sink.settle("pod-1")  # what CreateContainer waits for
+    assert sink._pending == {}  # nothing kept for a pod once its rewrites are done
     doc = decode_first(paths.file("ns", "pod-devices-x7k2p", "nic").read_bytes())
     assert doc["metadata"]["generation"] == 2 and doc["podClaimName"] == "devices"
     first, second = doc["requests"][0]["devices"]
@@ -181,6 +183,8 @@ async def test_pod_start_adds_network_data_and_bumps_the_generation(
     assert second["networkData"] == {"interfaceName": "ib1"}
     assert first["attributes"]["dra.net/ifName"] == {"string": "ib0"}  # the host's name stays too
     sink.pod_network_ready("pod-2", record, results)  # the pod's next sandbox
+    sink.settle("pod-2")
+    sink.close()
     assert decode_first(paths.file("ns", "pod-devices-x7k2p", "nic").read_bytes())["metadata"]["generation"] == 3
 
 
