@@ -4,11 +4,13 @@ still describes this boot.
 A prepared claim describes kernel objects (NICs moved into pod namespaces, sub-interfaces, RDMA
 devices) that a reboot destroys or returns, so its record must outlive a driver crash, not a
 reboot: tmpfs (``/run/dranet/claims``) has exactly that lifetime, and a sync there costs nothing.
-After a reboot the kubelet does not prepare its claims again (its own checkpoint says they are
-prepared), so the daemon, finding no claims at all on the first start of a boot that is not the
-node's first (the boot ID it keeps on disk, in its kubelet plugin directory, differs), records
-every claim the API server allocates to this node and reserves for a pod before it serves
-(:mod:`driver.claims.recovery`), with the NICs as this boot names them.
+After a reboot the kubelet (1.37) prepares each claim again as it restarts the claim's pods: a
+claim it reads back from its own checkpoint is not marked prepared. The driver does not depend on
+that (a kubelet that keeps running while the tmpfs is emptied prepares nothing): finding its
+claims directory new (no lock file) on a node where a driver ran before (a marker on disk, in its
+kubelet plugin directory), the daemon records every claim the API server allocates to this node
+and reserves for a pod before it serves (:mod:`driver.claims.recovery`), with the NICs as this
+boot names them; the kubelet's prepares are then answered from them.
 
 Drivers before this one kept the claims on disk (``/var/lib/dranet``). Updated in place, the
 node's running pods are in that directory, and the older instance of a rolling update still
@@ -27,9 +29,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
-BOOT_MARKER = "boot_id"
-"""The file in the driver's kubelet plugin directory (on disk) with the boot ID of its last start."""
+RAN_MARKER = "ran-here"
+"""The file in the driver's kubelet plugin directory (on disk): a driver has started on this node."""
 
 CLAIM_FILES = ("checkpoint.json", "checkpoint.journal")
 """The files that hold prepared claims (the store's snapshot and journal)."""
@@ -51,20 +52,13 @@ def boot_time(proc_root: str = "/proc") -> float:
     raise ValueError(f"no btime in {proc_root}/stat")
 
 
-def rebooted(marker: Path, boot_id_path: str = BOOT_ID) -> bool:
-    """Whether the node booted again since a driver last started on it: ``marker`` (on disk) holds
-    the boot ID of the last start, and is brought up to date. False on the node's first start."""
-    current = Path(boot_id_path).read_text().strip()
-    try:
-        last: str | None = marker.read_text().strip()
-    except FileNotFoundError:
-        last = None
-    if last != current:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_name(f".{marker.name}.tmp")
-        tmp.write_text(current + "\n")
-        os.replace(tmp, marker)
-    return last is not None and last != current
+def ran_before(marker: Path) -> bool:
+    """Whether a driver started on this node before: ``marker`` (on disk, created now if missing)."""
+    if marker.exists():
+        return True
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("a dranet driver has run on this node: empty claims at start mean a reboot\n")
+    return False
 
 
 def choose_state_dir(state_dir: str, legacy_dir: str, booted: float) -> StateLocation:

@@ -7,8 +7,8 @@ old or the new state, never a torn one:
 - ``<state dir>/checkpoint.json``: :class:`~driver.checkpoint.state.PreparedClaim` entries written
   by NodePrepareResources. On tmpfs (``/run/dranet/claims``): a claim describes kernel objects a
   reboot undoes, so it must outlive a driver restart, not a reboot, and a sync there is free; after
-  a reboot the kubelet does not prepare again, and the daemon records the node's claims from the
-  API server (:mod:`driver.checkpoint.location`).
+  a reboot the daemon records the node's claims from the API server before it serves
+  (:mod:`driver.checkpoint.location`).
 - ``<runtime dir>/pods.json``: :class:`~driver.checkpoint.state.PodNetState` entries the NRI hooks
   write *before* each netlink step (write-ahead), so a restarted driver knows which NICs may sit in
   which namespace and under which name. This belongs on tmpfs (``/run/dranet``): it survives driver
@@ -186,9 +186,10 @@ class CheckpointStore:
         # The snapshot is not in this driver's form (an older version, pods from before the split)
         # or not known to be durable: the next change of the claims rewrites it whole.
         self._rewrite = False
+        # A directory no store ever opened (its lock file stays): a node's first start, or the first
+        # after a reboot emptied the tmpfs (or someone removed it).
+        self.started_empty = not any(p.exists() for p in (self.path, self.journal_path, self._lock_path))
         with self._lock, self._cross_process():
-            # No claims file at all: a first start, or the first after a reboot emptied the tmpfs.
-            self.started_empty = not (self.path.exists() or self.journal_path.exists())
             # Under the lock: a leftover temporary file is then never another instance's write.
             self._state = self._load(cleanup=True)
             self._save_salvaged()

@@ -332,8 +332,8 @@ class Preparer:
 
     def restore_metadata(self) -> list[str]:
         """(thread, at start) Every stored claim's metadata files and CDI specs written again where
-        missing: a reboot empties /run and /var/run/cdi and the kubelet does not prepare its claims
-        again, yet their containers mount the files. Returns the claims whose files stay missing."""
+        missing: a reboot empties /run and /var/run/cdi, and a container that restarts in a running
+        pod mounts them without any prepare. Returns the claims whose files stay missing."""
         if self.metadata is None:
             return []
         failed = []

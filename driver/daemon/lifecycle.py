@@ -272,9 +272,10 @@ class Daemon:
         self.background.spawn("claims-rebuild", self._retry_rebuild)
 
     async def _record_claims_after_boot(self) -> None:
-        """No prepared claims at the first start after a reboot (the tmpfs is new): the kubelet will
-        not prepare the claims of the pods it restarts, so record the API server's; retried in the
-        background while it cannot be asked."""
+        """A new claims directory on a node where a driver ran before (a reboot emptied the tmpfs):
+        record the API server's claims of this node before serving, for the NRI hooks and the
+        kubelet alike (see driver/checkpoint/location.py); retried in the background while it
+        cannot be asked."""
         report = await rebuild_prepared_claims(self.preparer, self.kube)
         if report.api_error is not None:
             self.background.spawn("claims-after-boot", self._retry_after_boot)
@@ -361,11 +362,11 @@ class Daemon:
             await self.device_sync.rescan()
         except Exception:
             log.exception("initial scan failed; serving an empty inventory until the next resync")
-        rebooted = await asyncio.to_thread(location.rebooted, Path(self.config.plugin_dir, location.BOOT_MARKER))
+        ran_before = await asyncio.to_thread(location.ran_before, Path(self.config.plugin_dir, location.RAN_MARKER))
         # Before the kubelet plugin serves: the NRI hooks and the kubelet must find them.
         if self.store.claims_quarantined:
             await self._rebuild_claims()
-        elif self.store.started_empty and rebooted:
+        elif self.store.started_empty and ran_before:
             await self._record_claims_after_boot()
         await asyncio.to_thread(self.preparer.restore_metadata)
         self.status_writer.start()

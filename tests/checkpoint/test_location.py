@@ -1,12 +1,12 @@
 """Where the prepared claims live: tmpfs, or the older drivers' disk directory while it describes
-this boot; and how a start tells a reboot from the node's first start."""
+this boot; and how a start tells a node where a driver ran from a new one."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from driver.checkpoint.location import boot_time, choose_state_dir, rebooted
+from driver.checkpoint.location import boot_time, choose_state_dir, ran_before
 
 BOOTED = 1_700_000_000.0
 
@@ -62,16 +62,10 @@ def test_the_same_directory_is_never_legacy(tmp_path: Path) -> None:
     assert where.directory == str(legacy) and not where.retired and (legacy / "checkpoint.json").exists()
 
 
-def test_a_reboot_is_a_new_boot_id_and_never_the_first_start(tmp_path: Path) -> None:
-    boot_id = tmp_path / "boot_id"
-    marker = tmp_path / "plugins" / "dra.net" / "boot_id"
-    boot_id.write_text("aaaa\n")
-    assert rebooted(marker, str(boot_id)) is False  # the node's first start
-    assert marker.read_text().strip() == "aaaa"
-    assert rebooted(marker, str(boot_id)) is False  # a driver restart in the same boot
-    boot_id.write_text("bbbb\n")
-    assert rebooted(marker, str(boot_id)) is True
-    assert rebooted(marker, str(boot_id)) is False and marker.read_text().strip() == "bbbb"
+def test_a_node_where_a_driver_ran_is_told_from_a_new_one(tmp_path: Path) -> None:
+    marker = tmp_path / "plugins" / "dra.net" / "ran-here"
+    assert ran_before(marker) is False and marker.exists()  # the node's first start
+    assert ran_before(marker) is True  # every later one
 
 
 def test_boot_time_is_read_from_proc(tmp_path: Path) -> None:

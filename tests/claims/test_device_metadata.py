@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -287,3 +289,37 @@ def test_the_cdi_library_loads_the_spec_for_every_uid(paths: MetadataPaths, uid:
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["cdiDevices"] == [paths.cdi_device_id(uid, "nic", devices[0].device)]
+
+
+def test_the_pod_start_rewrite_is_off_the_hook_and_containers_wait_for_it(tmp_path: Path) -> None:
+    """RunPodSandbox only queues the rewrite; CreateContainer (``settle``) waits for it, and a stuck
+    one holds a container back only for the timeout."""
+    release, started = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    class SlowWriter:
+        def network_ready(self, claim: Any, results: list[DeviceResult]) -> None:
+            started.set()
+            release.wait(10)
+            written.append(claim)
+
+    class Status:
+        def pod_network_ready(self, pod_uid: str, claim: Any, results: list[DeviceResult]) -> None:
+            pass
+
+    sink = MetadataStatusSink(SlowWriter(), Status())  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    sink.pod_network_ready("pod-1", "claim-1", [])  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 0.5 and started.wait(5) and written == []
+    threading.Timer(0.3, release.set).start()
+    sink.settle("pod-1")
+    assert written == ["claim-1"] and time.monotonic() - t0 >= 0.3
+    sink.settle("pod-unknown")  # nothing queued: returns at once
+    release.clear()
+    sink.pod_network_ready("pod-2", "claim-2", [])  # type: ignore[arg-type]
+    t1 = time.monotonic()
+    sink.settle("pod-2", timeout=0.2)  # stuck: the container is created with the prepare-time file
+    assert 0.2 <= time.monotonic() - t1 < 2 and written == ["claim-1"]
+    release.set()
+    sink.close()
+    assert written == ["claim-1", "claim-2"] and sink._pending == {}

@@ -216,7 +216,8 @@ def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_a
         uid, pod_ns = secrets.token_hex(8), netns_factory.netns()
         prepare_claim(store, uid, [{**share, "share_id": f"s{i}", "config": _config("net1", address)}])
         pods.append(_pod(uid, f"/run/netns/{pod_ns}"))
-    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", sysfs_root=sysfs)
+    settled: list[str] = []  # the daemon's device metadata sink waits here for the pod's rewrite
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net", sysfs_root=sysfs, before_containers=settled.append)
     envs = []
     for pod in pods:
         hooks.run_pod_sandbox(pod)
@@ -225,6 +226,7 @@ def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_a
         rdma_cm = ["/dev/infiniband/rdma_cm"] if os.path.exists("/dev/infiniband/rdma_cm") else []
         assert adjust is not None and [d.path for d in adjust.linux.devices] == ["/dev/infiniband/uverbs0", *rdma_cm]
         envs.append({e.key: e.value for e in adjust.env})
+    assert settled == [pod.uid for pod in pods]
     assert envs[0]["NCCL_IB_HCA"] == envs[1]["NCCL_IB_HCA"] == "=mlx5_0"
     assert envs[0]["NCCL_IB_GID_INDEX"] == "3", "the RoCE v2 GID of the pod's own address"
     assert "NCCL_IB_GID_INDEX" not in envs[1], "no GID for that address: NCCL chooses"
