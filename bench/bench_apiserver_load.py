@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from bench.api_objects import create_allocated_claim
 from bench.scale_fleet import GPU_DRIVER, Fleet, fixture_gpus, gpu_slice
 from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster import certs
@@ -197,29 +198,17 @@ class Bench:
             self.cp.stop()
 
 
-def allocated_claim(
+def gpu_nic_claim(
     kube: KubeClient, ns: str, name: str, node: str, nics: list[str], gpus: list[str]
 ) -> tuple[str, str, str]:
     """A claim of ``nics`` and ``gpus`` on ``node``, allocated the way the scheduler writes it."""
-    body = {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": len(nics)}},
-                    {"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": len(gpus)}},
-                ]
-            }
-        },
-    }
-    claim = kube.request("POST", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims", body)
     results = [{"request": "nic", "driver": "dra.net", "pool": node, "device": d} for d in nics]
     results += [{"request": "gpu", "driver": GPU_DRIVER, "pool": node, "device": g} for g in gpus]
-    claim["status"] = {"allocation": {"devices": {"results": results}}}
-    kube.request("PUT", f"{RESOURCE_API}/namespaces/{ns}/resourceclaims/{name}/status", claim)
-    return (ns, name, claim["metadata"]["uid"])
+    requests = [
+        {"name": "nic", "exactly": {"deviceClassName": "dranet.net", "count": len(nics)}},
+        {"name": "gpu", "exactly": {"deviceClassName": GPU_DRIVER, "count": len(gpus)}},
+    ]
+    return create_allocated_claim(kube, ns, name, requests, results)
 
 
 ND_NICS = [f"pci-01{i:02x}-00-00-0" for i in range(1, 9)]
@@ -263,7 +252,7 @@ def main(argv: list[str]) -> int:
         fleet.grow(args.extra_nodes)
         for n in fleet.nodes:  # 2 claims per simulated node: what a driver's start lists
             for k in range(2):
-                allocated_claim(kube, CLAIM_NS, f"{n.name}-{k}", n.name, [], ND_GPUS[4 * k : 4 * k + 4])
+                gpu_nic_claim(kube, CLAIM_NS, f"{n.name}-{k}", n.name, [], ND_GPUS[4 * k : 4 * k + 4])
         say(
             f"cluster: {args.extra_nodes} simulated GPU nodes, {2 * args.extra_nodes} allocated claims, "
             "+ the drivers' nodes"
@@ -306,7 +295,7 @@ def main(argv: list[str]) -> int:
         # -- per claim -----------------------------------------------------------------------
         node = b.nodes[0]
         claims = [
-            allocated_claim(kube, CLAIM_NS, f"c{i}", node.name, ND_NICS[:4] if i % 2 == 0 else ND_NICS[4:], ND_GPUS[:4])
+            gpu_nic_claim(kube, CLAIM_NS, f"c{i}", node.name, ND_NICS[:4] if i % 2 == 0 else ND_NICS[4:], ND_GPUS[:4])
             for i in range(args.claims)
         ]
         audit.mark()

@@ -50,6 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import health_watch
+from bench.api_objects import bound_pod, nic_claim, published_devices, published_ifnames
 from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic, Pyroute2Floor, open_cost_ms
 from bench.stats import Row, abba, median, pct, process_cpu_seconds, rss_mb, table
 from devcluster.builders.binaries import ensure_control_plane
@@ -57,7 +59,6 @@ from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_f
 from devcluster.demo.allocation import seed_docs
 from driver.inventory.device_filter import DeviceFilter
 from driver.inventory.discovery import Scanner
-from driver.kube.client import RESOURCE_API
 from driver.netlink.rtnl import Route
 from harness.bounds import at_the_bounds
 from harness.driver_process import DriverProcess
@@ -254,13 +255,7 @@ class Bench:
         ).start(timeout=60)
         res = self.harness.cmd("wait-sync", count=1, timeout=30)
         assert res["ok"], f"{res}\n{self.driver.log_tail()}"
-        self.health_proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.health_watch", self.driver.registration_socket, self.driver.dra_socket],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.health_proc.stdout is not None
-        assert json.loads(self.health_proc.stdout.readline()).get("watching"), "health stream did not start"
+        self.health_proc = health_watch.start(self.driver.registration_socket, self.driver.dra_socket)
         want = {n.ifname for n in self.hook_nics} | set(self.storm_links) | set(self.conc_links)
         wait_for(lambda: self.published_ifnames() == want, 60, what="slices with the benchmark's NICs")
         self.floor = Floor(self.floor_nics, f"/run/netns/{self.floor_ns}")
@@ -270,12 +265,10 @@ class Bench:
         self.pod = self.make_pod_claim()
 
     def published_ifnames(self) -> set[str]:
-        return {d.get("attributes", {}).get("dra.net/ifName", {}).get("string") for d in self.published_devices()}
+        return published_ifnames(self.kube, self.node)
 
     def published_devices(self) -> list[dict[str, Any]]:
-        q = {"fieldSelector": f"spec.driver=dra.net,spec.nodeName={self.node}"}
-        items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices", query=q)["items"]
-        return [d for s in items for d in s["spec"].get("devices") or []]
+        return published_devices(self.kube, self.node)
 
     def _claim(
         self,
@@ -287,18 +280,10 @@ class Bench:
     ) -> tuple[str, str, str]:
         """A claim allocated to ``ifnames`` (one request each, with a full NetworkConfig; ``heavy``:
         the heaviest config, :func:`heavy_params`; ``params``: each NIC's config as given)."""
-        reqs = [{"name": f"nic{i}", "exactly": {"deviceClassName": "dranet.net"}} for i in range(len(ifnames))]
-        body = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": reqs}},
-        }
-        claim = self.kube.request("POST", f"{RESOURCE_API}/namespaces/default/resourceclaims", body)
         configs = []
         for i, _ in enumerate(ifnames):
             nic = self.hook_nics[i]
-            given = (
+            configs.append(
                 params[i]
                 if params is not None
                 else heavy_params(nic, i, self.args)
@@ -308,46 +293,11 @@ class Bench:
                     "routes": [{"destination": nic.pod_route.dst, "gateway": nic.pod_route.gateway}],
                 }
             )
-            configs.append(
-                {"source": "FromClaim", "requests": [f"nic{i}"], "opaque": {"driver": "dra.net", "parameters": given}}
-            )
-        status: dict[str, Any] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": f"nic{i}", "driver": "dra.net", "pool": self.node, "device": ifname}
-                        for i, ifname in enumerate(ifnames)
-                    ],
-                    "config": configs,
-                }
-            }
-        }
-        if pod:
-            status["reservedFor"] = [{"resource": "pods", "name": pod[0], "uid": pod[1]}]
-        claim["status"] = status
-        self.kube.request("PUT", f"{RESOURCE_API}/namespaces/default/resourceclaims/{name}/status", claim)
-        return ("default", name, claim["metadata"]["uid"])
+        return nic_claim(self.kube, name, self.node, ifnames, configs, pod)
 
     def _pod(self, name: str, claims: list[str]) -> str:
         """A real Pod object bound to the node (so its claims' reservations stay); its UID."""
-        refs = [{"name": f"nics{i}", "resourceClaimName": c} for i, c in enumerate(claims)]
-        pod_obj = self.kube.request(
-            "POST",
-            "/api/v1/namespaces/default/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeName": self.node,
-                    "resourceClaims": refs,
-                    "containers": [
-                        {"name": "c", "image": "pause", "resources": {"claims": [{"name": r["name"]} for r in refs]}}
-                    ],
-                },
-            },
-        )
-        return str(pod_obj["metadata"]["uid"])
+        return bound_pod(self.kube, self.node, name, claims)
 
     def _prepared(self, claims: list[tuple[str, str, str]]) -> None:
         resp = asyncio.run(self._kubelet(lambda k: k.prepare(claims)))

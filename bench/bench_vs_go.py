@@ -64,6 +64,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import health_watch
+from bench.api_objects import bound_pod, nic_claim, published_ifnames
 from bench.bench_hooks import _nic_set, mirrored
 from bench.floors import FLOORS, HOST_MTU, POD_MTU, Floor, Nic
 from bench.go_driver import SOURCE_ENV, GoDriver, GoSource, SourceError, build, go_filter, go_version, locate
@@ -71,7 +73,6 @@ from bench.stats import median, pct, process_cpu_seconds, rss_mb
 from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import seed_docs
-from driver.kube.client import RESOURCE_API
 from harness.driver_process import DriverProcess
 from harness.kubelet_client import ClaimTuple, KubeletClient
 from harness.netns import NetnsFactory
@@ -287,7 +288,7 @@ class Cycles:
     def cpu_ms(self, arm: str) -> float:
         """Mean CPU ms per own cycle minus the mean over the floor cycles."""
         own, idle = self.cpu[arm], self.idle_cpu[arm]
-        return 1e3 * (sum(own) / max(1, len(own)) - sum(idle) / max(1, len(idle)))
+        return _mean_ms(own) - _mean_ms(idle)
 
 
 @dataclass
@@ -406,13 +407,7 @@ class VsGo:
         ).start(timeout=60)
         self._synced("py")
         # The kubelet's side: registration and the health stream this driver offers (the Go one has none).
-        self.health_proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.health_watch", self.py.registration_socket, self.py.dra_socket],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.health_proc.stdout is not None
-        assert json.loads(self.health_proc.stdout.readline()).get("watching"), "health stream did not start"
+        self.health_proc = health_watch.start(self.py.registration_socket, self.py.dra_socket)
 
         self.go = GoDriver(
             self.go_binary,
@@ -455,69 +450,16 @@ class VsGo:
         return proc.popen.pid
 
     def published(self, arm: str) -> set[str]:
-        q = {"fieldSelector": f"spec.driver=dra.net,spec.nodeName={self.nodes[arm]}"}
-        items = self.kube.request("GET", f"{RESOURCE_API}/resourceslices", query=q)["items"]
-        devices = [d for s in items for d in s["spec"].get("devices") or []]
-        return {d.get("attributes", {}).get("dra.net/ifName", {}).get("string") for d in devices}
+        return published_ifnames(self.kube, self.nodes[arm])
 
     def _pod(self, arm: str, name: str) -> str:
         """A real Pod object bound to the arm's node, using one claim named like it; its UID."""
-        pod = self.kube.request(
-            "POST",
-            "/api/v1/namespaces/default/pods",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name},
-                "spec": {
-                    "nodeName": self.nodes[arm],
-                    "resourceClaims": [{"name": "nics", "resourceClaimName": name}],
-                    "containers": [{"name": "c", "image": "pause", "resources": {"claims": [{"name": "nics"}]}}],
-                },
-            },
-        )
-        return str(pod["metadata"]["uid"])
+        return bound_pod(self.kube, self.nodes[arm], name, [name])
 
     def _claim(self, arm: str, name: str, nics: list[Nic], pod: tuple[str, str]) -> ClaimTuple:
         """A claim allocated on the arm's node to ``nics`` (a request and a :func:`nic_params` config
         each), reserved for ``pod``."""
-        claim = self.kube.request(
-            "POST",
-            f"{RESOURCE_API}/namespaces/default/resourceclaims",
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "metadata": {"name": name},
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {"name": f"nic{i}", "exactly": {"deviceClassName": "dranet.net"}} for i in range(len(nics))
-                        ]
-                    }
-                },
-            },
-        )
-        claim["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": f"nic{i}", "driver": "dra.net", "pool": self.nodes[arm], "device": n.ifname}
-                        for i, n in enumerate(nics)
-                    ],
-                    "config": [
-                        {
-                            "source": "FromClaim",
-                            "requests": [f"nic{i}"],
-                            "opaque": {"driver": "dra.net", "parameters": nic_params(n)},
-                        }
-                        for i, n in enumerate(nics)
-                    ],
-                }
-            },
-            "reservedFor": [{"resource": "pods", "name": pod[0], "uid": pod[1]}],
-        }
-        self.kube.request("PUT", f"{RESOURCE_API}/namespaces/default/resourceclaims/{name}/status", claim)
-        return ("default", name, claim["metadata"]["uid"])
+        return nic_claim(self.kube, name, self.nodes[arm], [n.ifname for n in nics], [nic_params(n) for n in nics], pod)
 
     def _client(self, arm: str) -> KubeletClient:
         if arm == "py":
@@ -723,6 +665,11 @@ def _load() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
+def _mean_ms(seconds: Sequence[float]) -> float:
+    """The mean of CPU seconds per window, in ms (0 without windows)."""
+    return 1e3 * sum(seconds) / max(1, len(seconds))
+
+
 def report(
     b: VsGo, argv: Sequence[str], source: GoSource, cycles: Cycles, prep: Prepares | None, memory: dict[str, float]
 ) -> str:
@@ -749,8 +696,8 @@ def report(
     for arm in ARMS:
         own, idle = cycles.cpu[arm], cycles.idle_cpu[arm]
         lines.append(
-            f"{ARM_NAMES[arm]} CPU: {1e3 * sum(own) / max(1, len(own)):.1f} ms per own cycle, "
-            f"{1e3 * sum(idle) / max(1, len(idle)):.1f} ms per floor cycle (idle, others' NICs moving); "
+            f"{ARM_NAMES[arm]} CPU: {_mean_ms(own):.1f} ms per own cycle, "
+            f"{_mean_ms(idle):.1f} ms per floor cycle (idle, others' NICs moving); "
             f"RSS peak {memory.get(f'{arm}_peak', 0.0):.1f} MB"
         )
         if arm in cycles.first_diff:
@@ -765,8 +712,8 @@ def report(
         for arm in ARMS:
             own, idle = prep.cpu[arm], prep.idle_cpu[arm]
             lines.append(
-                f"{ARM_NAMES[arm]}: CPU per prepare + unprepare window {1e3 * sum(own) / max(1, len(own)):.1f} ms"
-                f" (per GET window {1e3 * sum(idle) / max(1, len(idle)):.1f} ms); "
+                f"{ARM_NAMES[arm]}: CPU per prepare + unprepare window {_mean_ms(own):.1f} ms"
+                f" (per GET window {_mean_ms(idle):.1f} ms); "
                 f"NodePrepareResources with no claims (the gRPC round trip) median {median(prep.empty[arm]):.2f} "
                 f"ms p99 {p99(prep.empty[arm]):.2f} ms"
             )

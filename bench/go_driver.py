@@ -42,6 +42,7 @@ from pathlib import Path
 
 from devcluster.builders.binaries import cache_root
 from devcluster.cluster.controlplane import free_port
+from harness.driver_process import log_tail, read_log, stop_group
 from harness.kubelet_client import KubeletClient
 
 SOURCE_ENV = "DRANET_GO_SOURCE"
@@ -359,27 +360,12 @@ class GoDriver:
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM to its process group (it waits for pods in their NRI grace period), SIGKILL after ``timeout``."""
-        p = self.popen
-        if p is None:
-            return None
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-            except ProcessLookupError:
-                pass
-        self.popen = None
-        return p.returncode
+        p, self.popen = self.popen, None
+        return stop_group(p, signal.SIGTERM, timeout)
 
     def log(self) -> str:
         """Everything it logged so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-n:])
+        return log_tail(self.log_path, n)

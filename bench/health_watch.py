@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import sys
 
 from harness.kubelet_client import KubeletClient
@@ -33,6 +34,17 @@ async def _watch(registration: str, dra: str) -> int:
         await stop.wait()
         task.cancel()
     return messages
+
+
+def start(registration_socket: str, dra_socket: str) -> subprocess.Popen[str]:
+    """This watcher as a process beside the bench, once its health stream is open (the kubelet's
+    side: registered, watching)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.health_watch", registration_socket, dra_socket], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert json.loads(proc.stdout.readline()).get("watching"), "health stream did not start"
+    return proc
 
 
 def main(argv: list[str]) -> int:

@@ -112,20 +112,8 @@ class DriverProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Signal the process group (SIGTERM: clean shutdown; SIGKILL: crash); returns exit code."""
-        p = self.popen
-        if p is None:
-            return None
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, sig)
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=timeout)
-            except ProcessLookupError:
-                pass
-        self.popen = None
-        return p.returncode
+        p, self.popen = self.popen, None
+        return stop_group(p, sig, timeout)
 
     def restart(self) -> DriverProcess:
         """Clean stop, then start again with the same state dir and kubelet root."""
@@ -134,10 +122,35 @@ class DriverProcess:
 
     def log(self) -> str:
         """Everything the driver logged so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-n:])
+        return log_tail(self.log_path, n)
+
+
+def stop_group(p: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+    """Signal a daemon started with its own process group, SIGKILL after ``timeout``; its exit code."""
+    if p is None:
+        return None
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, sig)
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=timeout)
+        except ProcessLookupError:
+            pass
+    return p.returncode
+
+
+def read_log(path: Path) -> str:
+    """Everything a daemon logged to ``path`` so far ("" before it wrote any)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def log_tail(path: Path, n: int = 40) -> str:
+    return "\n".join(read_log(path).splitlines()[-n:])

@@ -193,7 +193,9 @@ class DeviceMetadataWriter:
             return result
         requests = sorted({d.request for d in record.devices})
         try:
-            missing = [r for r in requests if not self._complete(record, r)]
+            # A claim just fetched is written whole (its files exist only if a crash came between
+            # them and the commit, and are the same): no stat on the prepare path.
+            missing = requests if claim is not None else [r for r in requests if not self._complete(record, r)]
             if missing:
                 if claim is None and fetch is not None:
                     if any(not self.paths.file(record.namespace, record.name, r).is_file() for r in missing):
@@ -231,7 +233,7 @@ class DeviceMetadataWriter:
             pairs = self.gpu_pairs(record, claim)
         for request in requests:
             path = self.paths.file(record.namespace, record.name, request)
-            if path.is_file():  # only the CDI spec is gone (a reboot empties /var/run): keep the file
+            if claim is None and path.is_file():  # only the CDI spec is gone: keep the file
                 pod_claim = decode_first(path.read_bytes()).get("podClaimName")
             else:
                 devices = [d for d in record.devices if d.request == request]

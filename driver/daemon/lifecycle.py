@@ -278,21 +278,16 @@ class Daemon:
         cannot be asked."""
         report = await rebuild_prepared_claims(self.preparer, self.kube)
         if report.api_error is not None:
-            self.background.spawn("claims-after-boot", self._retry_after_boot)
+            self.background.spawn("claims-after-boot", self._retry_rebuild)
 
-    async def _retry_after_boot(self) -> None:
+    async def _retry_rebuild(self) -> None:
+        """Until the API server answers: record this node's claims, then write their metadata files."""
         while True:
             await asyncio.sleep(REBUILD_RETRY)
             if (await rebuild_prepared_claims(self.preparer, self.kube)).api_error is None:
+                self.claims_damage = None
                 await asyncio.to_thread(self.preparer.restore_metadata)
                 return
-
-    async def _retry_rebuild(self) -> None:
-        while self.claims_damage is not None:
-            await asyncio.sleep(REBUILD_RETRY)
-            report = await rebuild_prepared_claims(self.preparer, self.kube)
-            if report.api_error is None:
-                self.claims_damage = None
 
     def serving(self) -> bool:
         """Ready (``/readyz``): alive, registered with the kubelet and (with NRI) synchronized with the
