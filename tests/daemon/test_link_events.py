@@ -63,13 +63,13 @@ async def test_own_moves_cause_no_rescan_and_no_update(
     prefix = f"ow{secrets.token_hex(3)}"
     peer_ns, pod_ns = netns_factory.netns(), netns_factory.netns()
     nics = []
-    for i, suffix in enumerate("ab"):
+    for suffix in "ab":
         name, peer = netns_factory.veth(f"{prefix}{suffix}", f"q{prefix[1:]}{suffix}", peer_netns=peer_ns)
-        net = f"10.{200 + i}.{secrets.randbelow(250)}"
+        sub, routed = netns_factory.subnet(), netns_factory.subnet()
         ip("-n", peer_ns, "link", "set", peer, "up")
         ip("link", "set", name, "mtu", "1500", "up")
-        ip("addr", "add", f"{net}.1/24", "dev", name)
-        ip("route", "add", f"10.{210 + i}.{secrets.randbelow(250)}.0/24", "via", f"{net}.254", "dev", name)
+        ip("addr", "add", sub.cidr(1), "dev", name)
+        ip("route", "add", str(routed.v4), "via", sub.ip(254), "dev", name)
         nics.append(name)
     before = {n: link_facts(n) for n in nics}
     indexes = {_index(n) for n in nics}

@@ -13,7 +13,7 @@ import secrets
 import socket
 import subprocess
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from driver.netlink.nic_home import ReturnItem
 from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError, Route, Rtnl
 from driver.nic_settings import addresses
+from harness.netns import NetnsFactory, Subnet
 from harness.nri import configure_host_nic, ip, link_facts
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
@@ -46,22 +47,42 @@ def ns() -> Iterator[Namespaces]:
         n.close()
 
 
-def _nic(netns_factory) -> tuple[str, str]:
+@dataclass(frozen=True)
+class HostNic:
+    """A host veth (``name``, its ``peer``) on ``sub`` (.1, ::1), with a route via .254 (::fe) to
+    ``routed`` in the main table, to ``in_table`` in table 4321, to ``metric`` with metric 99."""
+
+    name: str
+    peer: str
+    sub: Subnet
+    routed: Subnet
+    in_table: Subnet
+    metric: Subnet
+
+
+def _host_nic(netns_factory: NetnsFactory) -> HostNic:
     a, pa = netns_factory.veth()
+    nic = HostNic(a, pa, *(netns_factory.subnet() for _ in range(4)))
+    gateway = nic.sub.ip(254)
     configure_host_nic(
         a,
         pa,
-        "10.41.0.1/24",
+        nic.sub.cidr(1),
         [
-            ["10.42.0.0/16", "via", "10.41.0.254"],
-            ["10.43.0.0/16", "via", "10.41.0.254", "table", "4321"],
-            ["10.44.0.0/16", "via", "10.41.0.254", "metric", "99"],
+            [str(nic.routed.v4), "via", gateway],
+            [str(nic.in_table.v4), "via", gateway, "table", "4321"],
+            [str(nic.metric.v4), "via", gateway, "metric", "99"],
         ],
         mtu=1450,
     )
-    ip("-6", "addr", "add", "fd41::1/64", "dev", a, "nodad")
-    ip("-6", "route", "add", "fd42::/64", "via", "fd41::fe", "dev", a)
-    return a, pa
+    ip("-6", "addr", "add", nic.sub.cidr6(1), "dev", a, "nodad")
+    ip("-6", "route", "add", str(nic.routed.v6), "via", nic.sub.ip6(254), "dev", a)
+    return nic
+
+
+def _nic(netns_factory: NetnsFactory) -> tuple[str, str]:
+    nic = _host_nic(netns_factory)
+    return nic.name, nic.peer
 
 
 def record(ns: Namespaces, ifname: str) -> LinkState:
@@ -95,19 +116,22 @@ def configure(rtnl: Rtnl, cfg: PodLinkConfig, link: LinkInfo) -> dict[str, nic_m
 
 
 def test_record_host_keeps_what_the_kernel_does_not_recreate(ns: Namespaces, netns_factory) -> None:
-    a, _ = _nic(netns_factory)
+    nic = _host_nic(netns_factory)
+    a, gateway = nic.name, nic.sub.ip(254)
     state = record(ns, a)
     assert (state.ifname, state.mtu) == (a, 1450)
     assert state.mac == link_facts(a)["mac"]
-    assert sorted(state.addresses) == ["10.41.0.1/24", "fd41::1/64"]  # no fe80:: (link scope)
+    assert sorted(state.addresses) == [nic.sub.cidr(1), nic.sub.cidr6(1)]  # no fe80:: (link scope)
     got = sorted((r.dst, r.gateway, r.table, r.priority) for r in state.routes if r.family == socket.AF_INET)
-    assert got == [
-        ("10.42.0.0/16", "10.41.0.254", 254, None),
-        ("10.43.0.0/16", "10.41.0.254", 4321, None),
-        ("10.44.0.0/16", "10.41.0.254", 254, 99),
-    ]
+    assert got == sorted(
+        [
+            (str(nic.routed.v4), gateway, 254, None),
+            (str(nic.in_table.v4), gateway, 4321, None),
+            (str(nic.metric.v4), gateway, 254, 99),
+        ]
+    )
     v6 = [r for r in state.routes if r.family == socket.AF_INET6]
-    assert [(r.dst, r.gateway) for r in v6] == [("fd42::/64", "fd41::fe")]  # no proto-kernel prefix routes
+    assert [(r.dst, r.gateway) for r in v6] == [(str(nic.routed.v6), nic.sub.ip6(254))]  # no proto-kernel prefix routes
     with pytest.raises(KeyError, match="nosuch"):
         nic_moves.record_links(ns, [f"nosuch{secrets.token_hex(2)}"])
 

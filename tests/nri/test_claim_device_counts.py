@@ -22,8 +22,8 @@ pytestmark = pytest.mark.root
 def test_counts_through_run_stop_and_unprepare(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     nic1, peer1 = netns_factory.veth()
     nic2, peer2 = netns_factory.veth()
-    configure_host_nic(nic1, peer1, "192.168.215.1/24", [])
-    configure_host_nic(nic2, peer2, "192.168.216.1/24", [])
+    configure_host_nic(nic1, peer1, netns_factory.subnet().cidr(1), [])
+    configure_host_nic(nic2, peer2, netns_factory.subnet().cidr(1), [])
     pod_ns = netns_factory.netns()
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     uid = secrets.token_hex(8)

@@ -53,13 +53,14 @@ def _setup(netns_factory, tmp_path: Path) -> tuple[str, str, list[str], dict]:
     names, before = [], {}
     for i in range(NICS):
         a, pa = netns_factory.veth()
+        sub, routed, in_table = netns_factory.subnet(), netns_factory.subnet(), netns_factory.subnet()
         configure_host_nic(
             a,
             pa,
-            f"10.9{i}.0.1/24",
+            sub.cidr(1),
             [
-                [f"10.{100 + i}.0.0/16", "via", f"10.9{i}.0.254"],
-                [f"10.{110 + i}.0.0/16", "via", f"10.9{i}.0.254", "table", str(500 + i)],
+                [str(routed.v4), "via", sub.ip(254)],
+                [str(in_table.v4), "via", sub.ip(254), "table", str(500 + i)],
             ],
             mtu=1400 + i,
         )

@@ -38,14 +38,15 @@ def test_full_pod_lifecycle(nri_harness: Harness, netns_factory, driver_procs, t
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     b, pb = netns_factory.veth()
+    sub_a, routed_a, in_table, sub_b, routed_b = (netns_factory.subnet() for _ in range(5))
     configure_host_nic(
         a,
         pa,
-        "10.61.0.1/24",
-        [["10.62.0.0/16", "via", "10.61.0.254"], ["10.63.0.0/16", "via", "10.61.0.254", "table", "1234"]],
+        sub_a.cidr(1),
+        [[str(routed_a.v4), "via", sub_a.ip(254)], [str(in_table.v4), "via", sub_a.ip(254), "table", "1234"]],
         mtu=1400,
     )
-    configure_host_nic(b, pb, "10.64.0.1/24", [["10.65.0.0/16", "via", "10.64.0.254", "metric", "77"]])
+    configure_host_nic(b, pb, sub_b.cidr(1), [[str(routed_b.v4), "via", sub_b.ip(254), "metric", "77"]])
     before = {a: link_facts(a), b: link_facts(b)}
     assert before[a]["routes"] and before[b]["routes"]
 
@@ -99,7 +100,7 @@ def test_full_pod_lifecycle(nri_harness: Harness, netns_factory, driver_procs, t
     assert ("172.30.0.0/16", "192.168.77.1", "main", None) in net1["routes"]
     # NIC b: no config -> host name, host addresses and routes copied.
     nb = link_facts(b, netns=pod_ns)
-    assert nb is not None and nb["addresses"] == ["10.64.0.1/24"] and nb["routes"] == before[b]["routes"]
+    assert nb is not None and nb["addresses"] == [sub_b.cidr(1)] and nb["routes"] == before[b]["routes"]
     assert link_facts(a) is None and link_facts(b) is None
 
     res = nri_harness.cmd("create", pod=pod, container={"id": "c1", "name": "main"})
@@ -139,7 +140,8 @@ def test_failure_rolls_back_and_names_device(nri_harness: Harness, netns_factory
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
     b, _ = netns_factory.veth()
-    configure_host_nic(a, pa, "10.71.0.1/24", [["10.72.0.0/16", "via", "10.71.0.254"]])
+    sub, routed = netns_factory.subnet(), netns_factory.subnet()
+    configure_host_nic(a, pa, sub.cidr(1), [[str(routed.v4), "via", sub.ip(254)]])
     before = link_facts(a)
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
@@ -168,7 +170,8 @@ def test_synchronize_returns_nics_of_pods_gone_while_down(
 ) -> None:
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
-    configure_host_nic(a, pa, "10.81.0.1/24", [["10.82.0.0/16", "via", "10.81.0.254"]])
+    sub, routed = netns_factory.subnet(), netns_factory.subnet()
+    configure_host_nic(a, pa, sub.cidr(1), [[str(routed.v4), "via", sub.ip(254)]])
     before = link_facts(a)
     store = CheckpointStore(tmp_path)
     pod_uid = f"uid-{secrets.token_hex(4)}"
@@ -292,7 +295,8 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(
 
     pod_ns = netns_factory.netns()
     a, pa = netns_factory.veth()
-    configure_host_nic(a, pa, "10.91.0.1/24", [])
+    sub = netns_factory.subnet()
+    configure_host_nic(a, pa, sub.cidr(1), [])
     before = ioctl_features(a)
     assert before["tx-checksum-ip-generic"] and not before["rx-gro"]
     store = CheckpointStore(tmp_path)
@@ -319,7 +323,7 @@ def test_ethtool_features_set_in_pod_and_restored_on_host(
 
     assert nri_harness.cmd("stop", pod=pod)["ok"]
     assert ioctl_features(a) == before
-    assert link_facts(a)["addresses"] == ["10.91.0.1/24"]
+    assert link_facts(a)["addresses"] == [sub.cidr(1)]
 
 
 def test_unknown_ethtool_feature_fails_before_any_move(

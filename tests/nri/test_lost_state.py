@@ -34,7 +34,7 @@ def test_nics_of_a_running_pod_come_back_after_pods_json_was_lost(
     names, before = [], {}
     for i in range(2):
         a, pa = netns_factory.veth()
-        configure_host_nic(a, pa, f"10.7{i}.0.1/24", [], mtu=1450 + i)
+        configure_host_nic(a, pa, netns_factory.subnet().cidr(1), [], mtu=1450 + i)
         names.append(a)
         before[a] = link_facts(a)
     pod_uid = f"uid-{secrets.token_hex(4)}"

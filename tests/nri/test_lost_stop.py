@@ -33,7 +33,8 @@ def _pod(uid: str, netns: str) -> api.PodSandbox:
 
 def test_unprepare_returns_nics_the_runtime_never_asked_back(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.213.1/24", [["10.213.0.0/16", "via", "192.168.213.254"]], mtu=1450)
+    sub, routed = netns_factory.subnet(), netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [[str(routed.v4), "via", sub.ip(254)]], mtu=1450)
     before = link_facts(nic)
     pod_ns = netns_factory.netns()
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
@@ -57,7 +58,7 @@ def test_unprepare_returns_nics_the_runtime_never_asked_back(netns_factory: Netn
 
 def test_unprepare_after_a_normal_stop_changes_nothing(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.214.1/24", [])
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [])
     pod_ns = netns_factory.netns()
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     uid = secrets.token_hex(8)
@@ -96,7 +97,7 @@ def test_a_veth_its_pod_ended_with_while_no_driver_ran_is_a_clean_reported_loss(
     touches nothing else, and tells the claim (a PCI NIC, which comes back by itself, is restored:
     tests/inventory/test_real_pci_numa.py, in the stock-kernel tier)."""
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.223.1/24", [])
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [])
     pod_ns = netns_factory.netns()
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     uid = secrets.token_hex(8)

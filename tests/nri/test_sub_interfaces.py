@@ -65,7 +65,8 @@ def test_each_share_is_a_sub_interface_the_nic_stays_and_the_pods_reach_each_oth
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.215.1/24", [["10.215.0.0/16", "via", "192.168.215.254"]], mtu=1500)
+    sub, routed = netns_factory.subnet(), netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [[str(routed.v4), "via", sub.ip(254)]], mtu=1500)
     before = link_facts(nic)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
@@ -100,7 +101,7 @@ def test_two_shares_of_one_nic_in_one_pod_and_a_name_the_pod_has_are_refused(
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.216.1/24", [])
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [])
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
@@ -116,7 +117,7 @@ def test_two_shares_of_one_nic_in_one_pod_and_a_name_the_pod_has_are_refused(
 
 def test_a_gone_namespace_took_its_sub_interface_along(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.217.1/24", [])
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [])
     before = link_facts(nic)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
@@ -150,7 +151,8 @@ def test_killed_after_every_step_no_sub_interface_is_left_and_the_nic_is_untouch
     step: str, pooled: bool, netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.218.1/24", [["10.218.0.0/16", "via", "192.168.218.254"]])
+    sub, routed = netns_factory.subnet(), netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [[str(routed.v4), "via", sub.ip(254)]])
     before = link_facts(nic)
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
@@ -206,7 +208,7 @@ def test_every_pod_sharing_an_rdma_nic_gets_its_devices_and_the_gid_of_its_own_a
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.221.1/24", [])
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [])
     sysfs = _roce_sysfs(tmp_path / "sys", "10.80.0.1")
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
     rdma = {"rdma_device": "mlx5_0", "char_devices": [{"path": "/dev/infiniband/uverbs0", "major": 231, "minor": 192}]}
@@ -246,7 +248,8 @@ def test_a_lost_pod_state_finds_the_sub_interface_and_its_lease_again(
     parent), records it with its address as its lease, and the return deletes it; the NIC is never
     mistaken for a NIC the pod holds."""
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.222.1/24", [])
+    sub = netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [])
     before = link_facts(nic)
     pod_ns, uid = netns_factory.netns(), secrets.token_hex(8)
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
@@ -257,7 +260,7 @@ def test_a_lost_pod_state_finds_the_sub_interface_and_its_lease_again(
     hooks = NRIHooks(store, host_netns="/proc/self/ns/net", pools={nic: None})
     hooks.synchronize([pod], [])
     [m] = store.read(lambda s: s.pods[uid].devices)
-    assert m.records[SUB_INTERFACE]["lease"] == "192.168.222.2/24" and m.records[SUB_INTERFACE]["parent"] == nic
+    assert m.records[SUB_INTERFACE]["lease"] == sub.cidr(2) and m.records[SUB_INTERFACE]["parent"] == nic
     hooks.stop_pod_sandbox(pod)
     assert set(_links(pod_ns)) == {"lo"} and link_facts(nic) == before
 
@@ -269,7 +272,7 @@ def test_a_share_is_planned_against_its_nics_limits_and_refused_in_the_drivers_w
     in use" at link-up) is refused before anything is made, naming the field: an MTU above the
     NIC's, the NIC's own MAC, another share's MAC (naming its pod), a MAC for an ipvlan."""
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.216.1/24", [], mtu=1500)
+    configure_host_nic(nic, peer, netns_factory.subnet().cidr(1), [], mtu=1500)
     before = link_facts(nic)
     assert before is not None
     store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
