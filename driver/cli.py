@@ -197,7 +197,10 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
     _configured(run, "--sharing-filter", help=sharing_help)
     max_help = "sub-interfaces one shared NIC carries (its dra.net/interfaces capacity)"
     _configured(run, "--sharing-max-interfaces", type=int, help=max_help)
-    pools_help = "address pools of shared NICs' sub-interfaces, IFNAME=CIDR,...; default: each NIC's subnet"
+    pools_help = (
+        "address pools of shared NICs' sub-interfaces, IFNAME=CIDR,... (IFNAME=subnet: the NIC's subnet); "
+        "the node's dra.net/sharing-pools annotation overrides them, live"
+    )
     _configured(run, "--sharing-pools", help=pools_help)
     _configured(run, "--bind-address", help="address of /healthz, /readyz, /livez and /metrics")
     port_file_help = "file written while this instance serves --bind-address (a container's own: exec startup probe)"

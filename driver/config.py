@@ -19,6 +19,9 @@ DEVICE_CLASS = "dranet.net"
 STATE_DAMAGED_EVENT = "DranetStateDamaged"
 """The reason of the Warning event a driver posts on its Node when it found its prepared claims
 damaged at start (``kubectl dranet doctor`` lists them)."""
+FILES_MENDED_EVENT = "DranetFilesMended"
+"""The reason of the Warning event a driver posts on its Node when it wrote again a device metadata
+file or CDI spec it found missing or damaged (at most one a minute, with the count since the last)."""
 
 HOST_NETNS = "/proc/self/ns/net"
 """The host network namespace NICs return to: the daemon's own, opened at start (a hostNetwork
@@ -91,9 +94,22 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 SHARING_POOLS_ANNOTATION = f"{DRIVER_NAME}/sharing-pools"
 """The Node annotation giving this node's own address pools (``ib0=10.77.5.0/26,...``, the syntax of
-``--sharing-pools``), over the flag's: a range per node, which a DaemonSet-wide flag cannot give."""
+``--sharing-pools``), over the flag's: a range per node, which a DaemonSet-wide flag cannot give.
+The driver watches its Node: a change is in effect for the next lease, without a restart."""
 SUBNET_POOL = "subnet"
 """A pool entry naming the subnet of the NIC's host address (right when no other node is on it)."""
+NODE_SETTING_REFUSED_EVENT = "DranetNodeSettingRefused"
+"""The reason of the Warning event a driver posts on its Node for an annotation of its own it cannot
+use (the message names the annotation, the entry and why, and what stays in effect)."""
+LEASE_OUTSIDE_POOL_EVENT = "DranetLeaseOutsidePool"
+"""The reason of the Warning event a driver posts on its Node when running shares hold addresses
+outside their NIC's pool as it is now (a range changed or removed under them): they keep them."""
+NODE_WATCH_SECONDS = 300
+"""Seconds one watch of the driver's own Node lasts before the API server ends it and the driver
+resumes it from the last resourceVersion it saw (no GET: nothing is missed between the two)."""
+NODE_WATCH_RETRY_MAX = 30.0
+"""Most seconds between two attempts to watch the driver's Node while the API server cannot answer
+or refuses (from 1 s, doubling); the Node's settings stay as last read meanwhile."""
 
 
 def parse_sharing_pools(text: str, what: str = "--sharing-pools") -> dict[str, IPNetwork | None]:

@@ -10,7 +10,8 @@ is a ``success``: the Go driver's ``noop`` is not told apart); ``claim_devices_a
 :meth:`Metrics.watch_claim_devices`). Ours on top: ``dra_plugin_claim_errors_total`` and
 ``state_write_failures_total{file}`` (:meth:`Metrics.watch_state_writes`: a state file that could
 not be saved, e.g. a full or read-only disk; ``file`` is ``checkpoint.json``, ``pods.json`` or
-``checkpoint.lock``).
+``checkpoint.lock``), ``state_files_mended_total{kind,reason}`` (:meth:`Metrics.watch_state_files_mended`:
+a device metadata file or CDI spec found missing or damaged and written again).
 
 A private :class:`CollectorRegistry` (not the client's global default) lets tests and
 several in-process drivers each have their own counters; it carries the client's process,
@@ -113,6 +114,30 @@ class StateWriteFailures(Collector):
         family = CounterMetricFamily(self.NAME, self.HELP, labels=["file"])
         for name, count in sorted(dict(self.counts()).items()):
             family.add_metric([name], count)
+        yield family
+
+
+class StateFilesMended(Collector):
+    """``state_files_mended_total{kind,reason}``: files the driver owns that it found missing or
+    damaged and wrote again (``kind``: ``metadata``, a device metadata file, or ``cdi``, its CDI
+    spec; ``reason``: ``missing``, ``unreadable``, ``truncated``, ``unparsable``, ``differs``), read at
+    scrape from the metadata writer's own count."""
+
+    NAME = f"{NAMESPACE}_{SUBSYSTEM}_state_files_mended"
+    HELP = "Files the driver owns (device metadata files, their CDI specs) found missing or damaged and written again."
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self.counts = counts
+
+    def describe(self) -> Iterator[CounterMetricFamily]:
+        """The counter without samples."""
+        yield CounterMetricFamily(self.NAME, self.HELP, labels=["kind", "reason"])
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One sample per (kind, reason) that ever happened."""
+        family = CounterMetricFamily(self.NAME, self.HELP, labels=["kind", "reason"])
+        for (kind, reason), count in sorted(dict(self.counts()).items()):
+            family.add_metric([kind, reason], count)
         yield family
 
 
@@ -242,6 +267,14 @@ class Metrics:
             ["kind"],
             **own,
         )
+        self.pod_network_problems = Counter(
+            "pod_network_problems",
+            "Pods whose claims' status reports a problem found after RunPodSandbox, by reason: "
+            "ipv6-address-in-use (an address found in use on the link: the pod's containers do not start), "
+            "started-without-driver (the pod started while the driver was not connected to the runtime).",
+            ["reason"],
+            **own,
+        )
         self.device_healthy = DeviceHealth()
         self.registry.register(self.device_healthy)
         self.state_damage = Gauge(
@@ -264,6 +297,10 @@ class Metrics:
             ["feature"],
             **own,
         )
+
+    def count_pod_network_problem(self, reason: str) -> None:
+        """One more pod with the problem ``reason`` (see ``pod_network_problems``)."""
+        self.pod_network_problems.labels(reason).inc()
 
     def set_state_damage(self, damage: list[tuple[str, str]]) -> None:
         """``state_damage{file, what}`` = 1 for each damaged state file found at start."""
@@ -292,6 +329,10 @@ class Metrics:
     def watch_state_writes(self, counts: Callable[[], dict[str, int]]) -> None:
         """Publish ``state_write_failures_total{file}`` from ``counts()`` (file name -> failures)."""
         self.registry.register(StateWriteFailures(counts))
+
+    def watch_state_files_mended(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        """Publish ``state_files_mended_total{kind,reason}`` from ``counts()`` ((kind, reason) -> files)."""
+        self.registry.register(StateFilesMended(counts))
 
     def count_inventory_update(self, kind: str, n: int = 1) -> None:
         """Count ``n`` inventory rebuilds of ``kind`` (``full_scan`` or ``link``)."""

@@ -329,7 +329,7 @@ def test_deviceclass_is_the_seed_one(helm: str) -> None:
 
 
 EXPECTED_RULES = [
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "watch"]},
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceslices"],

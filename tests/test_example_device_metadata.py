@@ -12,6 +12,7 @@ from pathlib import Path
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.device_metadata import DeviceMetadataWriter, GpuPair, MetadataPaths
 from driver.claims.status_entries import DeviceResult
+from driver.dra.protocol import PrepareResult
 from driver.model.device import Device, HostFacts
 from harness import load_example_module
 
@@ -38,7 +39,7 @@ def _claim_files(tmp_path: Path) -> list[str]:
     writer = DeviceMetadataWriter(paths)
     pairs = {"nic-3": GpuPair("gpu-1", "gpu.nvidia.com", "0000:1b:00.0", "PIX")}
     writer.gpu_pairs = lambda record, claim: pairs  # type: ignore[method-assign]
-    writer._write_requests(claim, ["nic"], {"metadata": {"annotations": {}}})
+    writer.prepared(claim, PrepareResult(), {"metadata": {"annotations": {}}})
     writer.network_ready(claim, [DeviceResult("nic-3", "net3"), DeviceResult("nic-2", "net2")])
     return [str(paths.file("ns", "c1", "nic"))]
 

@@ -33,11 +33,15 @@ A record is a header and a payload (the store's JSON of the claims put and remov
   that is not whole and valid: a record torn by a crash was never acknowledged (its sync had not
   returned), so dropping it loses nothing anyone was told was saved. A crash tears only the last
   record, so bytes that fail their check *followed by a valid record of the same run* are damage
-  (a flipped bit, a bad sector), not a tear: the records after them are kept and applied, and
-  :attr:`Parsed.damage` says what was lost (the store then moves the file aside and rebuilds from
-  the API server what it cannot read). A last record that is whole but fails its checksum is
-  either a tear or damage to an acknowledged record: :attr:`Parsed.suspect` says so, and the store
-  rebuilds from the API server to be sure.
+  (a flipped bit, a bad sector, bytes inserted or cut out), not a tear: reading resumes at the
+  run's next valid record (the one due next included), the records after them are kept and
+  applied, and :attr:`Parsed.damage` says what was lost (the store then moves the file aside and
+  rebuilds from the API server what it cannot read). The checksum covers neither the magic nor the
+  length, so a record whose magic or length alone is damaged is still read: its checksum finds its
+  end (where its length says, where a later record begins, or the file's end). A run's sequence
+  skipping ahead from one valid record to the next is damage too (records cut out whole). A last
+  record that is whole but fails its checksum is either a tear or damage to an acknowledged
+  record: :attr:`Parsed.suspect` says so, and the store rebuilds from the API server to be sure.
 
 Every system call of a write goes through :class:`~driver.checkpoint.files.FileOps`, like the
 snapshot's (the fault tests kill the process after each one).
@@ -165,37 +169,46 @@ def _valid_at(view: memoryview, at: int) -> tuple[int, int, int, bytes, int] | N
     return length, epoch, seq, rec_base, begin + length
 
 
-def _mended(view: memoryview, at: int, expected: Callable[[int, int, bytes], bool]) -> tuple[int, bool] | None:
-    """A record at ``at`` whose magic or length field alone is damaged (the checksum covers neither):
-    (its payload length, whether it runs to the end of the file) when, with the magic assumed and
-    the length either as written or up to the end of the file, its checksum holds and its header
-    names the run's next record (``expected(epoch, seq, base)``); None otherwise."""
+def _mended(data: bytes, at: int, expected: Callable[[int, int, bytes], bool]) -> int | None:
+    """The payload length of a record at ``at`` whose magic or length field alone is damaged (the
+    checksum covers neither), when its header names the run's next record (``expected(epoch, seq,
+    base)``) and, with the magic assumed, its checksum holds over the payload up to one of the ends
+    it can have: the one its length field names, one where a later record's magic begins (a middle
+    record's length smashed: the next record follows it), or the end of the file. None otherwise.
+    The nearest end whose checksum holds is taken (another would be a crc32 collision)."""
+    view = memoryview(data)
     if len(view) - at < _HEADER.size:
         return None
     _magic, length, crc, epoch, seq, rec_base = _HEADER.unpack_from(view, at)
     if not expected(epoch, seq, rec_base):
         return None
     begin = at + _HEADER.size
-    head_crc = zlib.crc32(view[at + _CRC_FROM : begin])
-    for candidate in dict.fromkeys((length, len(view) - begin)):
-        if begin + candidate <= len(view) and zlib.crc32(view[begin : begin + candidate], head_crc) == crc:
-            return candidate, begin + candidate == len(view)
+    ends, found = {begin + length, len(view)}, begin
+    while (found := data.find(MAGIC, found)) != -1:
+        ends.add(found)
+        found += 1
+    running, done = zlib.crc32(view[at + _CRC_FROM : begin]), begin
+    for end in sorted(e for e in ends if e <= len(view)):
+        running, done = zlib.crc32(view[done:end], running), end  # one pass over the rest of the file
+        if running == crc:
+            return end - begin
     return None
 
 
 def _record_at(
-    view: memoryview, at: int, expected: Callable[[int, int, bytes], bool]
+    data: bytes, at: int, expected: Callable[[int, int, bytes], bool]
 ) -> tuple[tuple[int, int, int, bytes, int] | None, bool]:
     """The record at ``at`` as :func:`_valid_at` gives it, else mended (:func:`_mended`), and
     whether it had to be mended."""
+    view = memoryview(data)
     found = _valid_at(view, at)
     if found is not None:
         return found, False
-    mended = _mended(view, at, expected)
-    if mended is None:
+    length = _mended(data, at, expected)
+    if length is None:
         return None, False
     _magic, _length, _crc, epoch, seq, rec_base = _HEADER.unpack_from(view, at)
-    return (mended[0], epoch, seq, rec_base, at + _HEADER.size + mended[0]), True
+    return (length, epoch, seq, rec_base, at + _HEADER.size + length), True
 
 
 def _resume(data: bytes, after: int, continues: Callable[[int, int, bytes], bool]) -> int | None:
@@ -243,7 +256,9 @@ class _Reader:
     def continues(self, epoch: int, seq: int, rec_base: bytes) -> bool:
         """Whether a valid record found past damage belongs to the run being read."""
         if self.tail is not None:
-            return (epoch, rec_base) == (self.tail.epoch, self.tail.base) and seq > self.tail.seq
+            # ``tail.seq`` is already the sequence of the record due next: past bytes inserted before
+            # it, or the remains of a record before it, that record is found again, never skipped.
+            return (epoch, rec_base) == (self.tail.epoch, self.tail.base) and seq >= self.tail.seq
         # The run's first records are damaged: one of the snapshot's run, or of a run started on it.
         return (self.at is not None and epoch == self.at.epoch) or rec_base == self.base
 
@@ -256,7 +271,7 @@ class _Reader:
     def read(self) -> Parsed:
         offset = 0
         while offset < len(self.data):
-            found, mended = _record_at(self.view, offset, self.expected)
+            found, mended = _record_at(self.data, offset, self.expected)
             if mended:
                 self.damaged.append(f"the magic or length field of the record at byte {offset} (its payload checks)")
             if found is None:
@@ -288,10 +303,12 @@ class _Reader:
             if first is None:  # the run's first records were damaged: this one continues it
                 first = self.at.seq if self.at is not None and epoch == self.at.epoch else 0
             self.held_below = first
-        elif (epoch, rec_base) != (self.tail.epoch, self.tail.base) or not (
-            seq == self.tail.seq or (self.gap and seq > self.tail.seq)
-        ):
+        elif (epoch, rec_base) != (self.tail.epoch, self.tail.base) or seq < self.tail.seq:
             return False  # the rest of an older run, beyond this one's end
+        elif seq > self.tail.seq and not self.gap:
+            # The run's own epoch (random per run) skipping ahead with nothing unreadable between:
+            # its records in between were cut out whole, not a run's end.
+            self.damaged.append(f"records {self.tail.seq}-{seq - 1} (missing: byte {offset} holds record {seq})")
         if seq >= self.held_below:
             self.start = offset if self.start is None else self.start
             self.payloads.append(bytes(self.view[end - length : end]))

@@ -35,6 +35,59 @@ RETURNING = "returning"
 RETURNED = "returned"
 
 
+@dataclass(frozen=True)
+class GpuPair:
+    """The GPU of the same claim a NIC pairs with, and the PCIe path between them (its device
+    metadata's ``dra.net/gpu*`` attributes)."""
+
+    device: str  # the GPU's DRA device name
+    driver: str
+    pci_bus_id: str
+    path: str  # PIX, PXB, PHB, NODE, SYS
+
+    def to_dict(self) -> dict[str, str]:
+        """Checkpoint form."""
+        return {"device": self.device, "driver": self.driver, "pciBusID": self.pci_bus_id, "path": self.path}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> GpuPair | None:
+        """Inverse of :meth:`to_dict`; None for anything else (never a half-read pair)."""
+        if not isinstance(data, dict):
+            return None
+        device, driver, bus_id, path = (data.get(k) for k in ("device", "driver", "pciBusID", "path"))
+        if isinstance(device, str) and isinstance(driver, str) and isinstance(bus_id, str) and isinstance(path, str):
+            return cls(device, driver, bus_id, path)
+        return None
+
+
+@dataclass(frozen=True)
+class MetadataFacts:
+    """What a device's metadata file says that only the ResourceClaim told at prepare: the pod's own
+    name for the claim (``resource.kubernetes.io/pod-claim-name``: a template's claim is mounted
+    under it) and the claim's GPU this NIC pairs with. Kept so that a lost or damaged file is written
+    again byte for byte, with no GET."""
+
+    pod_claim_name: str | None = None
+    gpu: GpuPair | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Checkpoint form: only what is set (``{}``: known to be neither)."""
+        out: dict[str, Any] = {}
+        if self.pod_claim_name:
+            out["podClaimName"] = self.pod_claim_name
+        if self.gpu is not None:
+            out["gpu"] = self.gpu.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MetadataFacts | None:
+        """Inverse of :meth:`to_dict`; None when absent or not an object (a record from before)."""
+        if not isinstance(data, dict):
+            return None
+        name = data.get("podClaimName")
+        return cls(name if isinstance(name, str) and name else None, GpuPair.from_dict(data.get("gpu")))
+
+
 @dataclass
 class PreparedDevice:
     """One allocated device of a prepared claim, with what pod start will need."""
@@ -56,6 +109,10 @@ class PreparedDevice:
     # What the allocation consumed of the NIC's capacity (``consumedCapacity``, quantities as the API
     # wrote them), for the metrics of capacity used. Written only when set.
     consumed: dict[str, str] = field(default_factory=dict)
+    # The device metadata's prepare-time facts (None: not recorded, metadata off or a record from
+    # before: the ResourceClaim is asked again). Here, on the device, because an older driver
+    # reads a device's known keys only, where a new key of the claim's would fail its reader.
+    metadata: MetadataFacts | None = None
 
     @property
     def sub_interface(self) -> bool:
@@ -100,6 +157,8 @@ class PreparedDevice:
             out["shareID"] = self.share_id
         if self.consumed:
             out["consumedCapacity"] = dict(self.consumed)
+        if self.metadata is not None:  # absent in older files; ignored by older drivers
+            out["deviceMetadata"] = self.metadata.to_dict()
         return out
 
     @classmethod
@@ -120,6 +179,7 @@ class PreparedDevice:
             data.get("shared") is True,
             share_id if isinstance(share_id, str) and share_id else None,
             {str(k): str(v) for k, v in consumed.items()} if isinstance(consumed, dict) else {},
+            MetadataFacts.from_dict(data.get("deviceMetadata")),
         )
 
 
@@ -173,6 +233,9 @@ class MovedDevice:
     identity: dict[str, Any] | None = None
     # Per NIC setting (driver.nic_settings), under its name: what undoing it needs, as the setting
     # wrote it (the host's values, what it did in the pod). Only settings the claim uses have one.
+    # Also what the pod's device metadata file says of the NIC (``deviceMetadata``, written by
+    # driver.claims.device_metadata): a reader takes the names it knows and ignores the others,
+    # where a new field here would fail an older driver's reader.
     records: dict[str, Any] = field(default_factory=dict)
 
 
@@ -292,8 +355,9 @@ _MOVED_FIELDS = tuple(f.name for f in fields(MovedDevice) if f.name not in (*_V4
 
 
 def pod_version(pod: dict[str, Any]) -> int:
-    """The version one pod's plain form (:func:`pod_json`) needs: 5 when a NIC carries a setting's
-    record, else 4 when the pod or a NIC carries a field version 3 does not know, else 2."""
+    """The version one pod's plain form (:func:`pod_json`) needs: 5 when a NIC carries a record (a
+    setting's, or what its device metadata file says: version 4 has no ``records``), else 4 when the
+    pod or a NIC carries a field version 3 does not know, else 2."""
     if any("records" in d for d in pod["devices"]):
         return SCHEMA_VERSION
     if "created" in pod or any(set(_V4_POD_FIELDS) & d.keys() for d in pod["devices"]):

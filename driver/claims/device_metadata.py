@@ -21,13 +21,18 @@ What the file says about each NIC: its published attributes, and what the driver
 Prepare writes generation 1 (the attributes, the RDMA character devices, and in a claim that also
 holds GPUs the GPU each NIC pairs with, best PCIe path first); RunPodSandbox rewrites it once the
 NICs are configured in the pod, before any container starts (generation + 1): ``networkData``
-(the pod-side name, addresses, MAC), the MTU and the RoCE GID index.
+(the pod-side name, addresses, MAC), the pod link's MTU and the RoCE GID index.
 
-The files are derived state: a lost one is written again from the checkpoint and the
-ResourceClaim (at the next prepare, and at every start: a reboot empties them while the kubelet
-prepares nothing again), so they are compact JSON written without a sync (a temporary file renamed over the old one:
-never half-written). The metadata file is also where the pod claim name lives between calls, so
-the checkpoint's format is unchanged.
+Each file is a pure function of durable state, rendered the same way at its first write and at
+every rewrite, so a file written again holds the bytes a container read before: the
+:class:`~driver.checkpoint.state.PreparedClaim`, what only the ResourceClaim told at prepare (the
+pod claim name, each NIC's GPU: :class:`~driver.checkpoint.state.MetadataFacts` on each device), and
+the pod's view of each NIC (:class:`NicView`, in the pod's state under :data:`VIEW_RECORD`, written
+before the file). The files the driver owns (the metadata file and the CDI spec of each request)
+are checked (:meth:`DeviceMetadataWriter.keep`) at start, before each container of a pod is
+created, and every few seconds in the background, and written again when missing, unreadable,
+damaged or different: compact JSON on tmpfs, without a sync, always a temporary file renamed over
+the old one (never half-written by the driver).
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from driver.checkpoint.state import PreparedClaim, PreparedDevice
+from driver.checkpoint.state import DriverState, GpuPair, MetadataFacts, PreparedClaim, PreparedDevice
+from driver.checkpoint.store import CheckpointStore
 from driver.claims.container_settings import pod_gid_index
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import PrepareResult, ResultDevice
@@ -52,6 +59,8 @@ from driver.inventory.attributes import attribute_rank
 from driver.model.device import ATTRIBUTE_DOMAIN, STANDARD_DOMAIN, AttributeValue, attribute_to_api
 
 log = logging.getLogger(__name__)
+
+__all__ = ["GpuPair"]  # the pairing's record lives with the claims (driver.checkpoint.state)
 
 GROUP = "metadata.resource.k8s.io"
 VERSIONS = ("v1beta1", "v1alpha1")
@@ -65,30 +74,32 @@ CDI_VERSION, CDI_DIGIT_NAME_VERSION = "0.3.0", "0.5.0"
 digit (a claim UID may): the CDI library refuses a spec that claims less than it uses, and every
 runtime with CDI reads both (the minimum, as the Go helper's ``MinimumRequiredVersion``)."""
 MAX_ATTRIBUTES = 32  # the protocol's limit per device, as a ResourceSlice's
+MAX_IPS = 16  # NetworkDeviceData.ips limit
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+GPU_ATTRIBUTES = ("gpu", "gpuPciBusID", "gpuPath")
+"""A paired NIC's attributes (in our domain): the GPU's device name, its PCI address, the PCIe path."""
 PATH_RANK = {c: i for i, c in enumerate((topology.PIX, topology.PXB, topology.PHB, topology.NODE, topology.SYS))}
+VIEW_RECORD = "deviceMetadata"
+"""The name of a NIC's :class:`NicView` among its records in the pod's state."""
+METADATA, CDI = "metadata", "cdi"
+"""The kinds of files the driver owns per request: the metadata file, the CDI spec that mounts it."""
+MISSING, UNREADABLE, TRUNCATED, UNPARSABLE, DIFFERS = "missing", "unreadable", "truncated", "unparsable", "differs"
+"""What was wrong with an owned file written again (the log's, the metric's and the event's words)."""
+
+_Stamp = tuple[int, int, int, int]
+"""(size, mtime_ns, ctime_ns, inode) of a file as the driver last wrote or checked it: any write,
+truncation or replacement since changes one of them."""
 
 
 class MetadataError(Exception):
     """A metadata file or CDI spec could not be written (the claim's prepare fails with it)."""
 
 
-@dataclass(frozen=True)
-class GpuPair:
-    """The GPU of the same claim a NIC pairs with, and the PCIe path between them."""
-
-    device: str  # the GPU's DRA device name
-    driver: str
-    pci_bus_id: str
-    path: str  # PIX, PXB, PHB, NODE, SYS
-
-    def attributes(self, domain: str) -> dict[str, AttributeValue]:
-        return {f"{domain}/gpu": self.device, f"{domain}/gpuPciBusID": self.pci_bus_id, f"{domain}/gpuPath": self.path}
-
-
 ForeignLookup = Callable[[str], Mapping[tuple[str, str], Mapping[str, Any]]]
 """driver -> (pool, device) -> attributes in API form: another driver's devices on this node, from
 its ResourceSlices."""
+ClaimFetch = Callable[[PreparedClaim], Mapping[str, Any]]
+"""The ResourceClaim of a prepared claim, from the API server (raises when it cannot be had)."""
 
 
 @dataclass(frozen=True)
@@ -126,14 +137,149 @@ def cdi_device_name(uid: str, request: str, device: str) -> str:
     return f"{uid}_{request}_{device}"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, never half-written (readable 0644: the container reads it as any user)."""
+@dataclass(frozen=True)
+class NicView:
+    """What the pod sees of one NIC of a claim, as its metadata file says it: kept in the pod's state
+    (:data:`VIEW_RECORD` among the NIC's records) so a file written again after any loss, by this
+    driver or a restarted one, is the one the pod's containers read."""
+
+    claim: str  # the claim's UID
+    generation: int  # the file's generation once the pod's sandbox started
+    interface_name: str
+    ips: tuple[str, ...] = ()  # CIDRs
+    hardware_address: str | None = None
+    mtu: int | None = None  # the link's MTU in the pod
+    gid_index: int | None = None  # RoCE v2 GID index of the pod's address
+
+    def to_record(self) -> dict[str, Any]:
+        """The record's plain form (what is set only)."""
+        out: dict[str, Any] = {"claim": self.claim, "generation": self.generation, "interfaceName": self.interface_name}
+        if self.ips:
+            out["ips"] = list(self.ips)
+        if self.hardware_address:
+            out["hardwareAddress"] = self.hardware_address
+        if self.mtu is not None:
+            out["mtu"] = self.mtu
+        if self.gid_index is not None:
+            out["gidIndex"] = self.gid_index
+        return out
+
+    @classmethod
+    def from_record(cls, data: Any) -> NicView | None:
+        """Inverse of :meth:`to_record`; None for anything else (the NIC then has no view)."""
+        if not isinstance(data, dict):
+            return None
+        claim, generation, name = data.get("claim"), data.get("generation"), data.get("interfaceName")
+        ips, mac, mtu, gid = data.get("ips", []), data.get("hardwareAddress"), data.get("mtu"), data.get("gidIndex")
+        if not (isinstance(claim, str) and isinstance(name, str) and isinstance(generation, int)):
+            return None
+        if not (isinstance(ips, list) and all(isinstance(ip, str) for ip in ips)):
+            return None
+        if (mac is not None and not isinstance(mac, str)) or not all(v is None or _is_int(v) for v in (mtu, gid)):
+            return None
+        return cls(claim, generation, name, tuple(ips), mac, mtu, gid) if _is_int(generation) else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ClaimView:
+    """A claim's NICs as the pod that started last with it sees them (device -> view)."""
+
+    generation: int
+    nics: Mapping[str, NicView]
+
+
+def claim_view(state: DriverState, claim_uid: str) -> ClaimView | None:
+    """The claim's view in the durable state: its NICs' views in the pod with the highest generation
+    (a claim shared by pods: the one whose start wrote the file last), None when no pod has one."""
+    best: tuple[int, str] | None = None
+    found: ClaimView | None = None
+    for pod_uid, pod in state.pods.items():
+        views = {
+            m.device: v
+            for m in pod.devices
+            if (v := NicView.from_record(m.records.get(VIEW_RECORD))) is not None and v.claim == claim_uid
+        }
+        if not views:
+            continue
+        generation = max(v.generation for v in views.values())
+        if best is None or (generation, pod_uid) > best:
+            best = (generation, pod_uid)
+            found = ClaimView(generation, {d: v for d, v in views.items() if v.generation == generation})
+    return found
+
+
+def _put_views(state: DriverState, pod_uid: str, claim_uid: str, views: Mapping[str, NicView]) -> bool:
+    """Record the pod's view of the claim's NICs in its state; False (nothing done) when the pod
+    holds no NIC any more or the claim is gone (unprepared)."""
+    pod = state.pods.get(pod_uid)
+    if pod is None or claim_uid not in state.claims or not any(m.device in views for m in pod.devices):
+        return False
+    devices = [
+        replace(m, records={**m.records, VIEW_RECORD: views[m.device].to_record()}) if m.device in views else m
+        for m in pod.devices
+    ]
+    state.pods[pod_uid] = replace(pod, devices=devices)
+    return True
+
+
+@dataclass(frozen=True)
+class ClaimFacts:
+    """The prepare-time facts of a claim's files: the pod claim name and each NIC's GPU."""
+
+    pod_claim_name: str | None = None
+    pairs: Mapping[str, GpuPair] = field(default_factory=dict)  # our device -> its GPU
+
+    @classmethod
+    def of_record(cls, record: PreparedClaim) -> ClaimFacts | None:
+        """The facts the checkpoint holds, None for a record without them (from before, or metadata off)."""
+        if not record.devices or any(d.metadata is None for d in record.devices):
+            return None
+        facts = [d.metadata for d in record.devices if d.metadata is not None]
+        pairs = {d.device: d.metadata.gpu for d in record.devices if d.metadata is not None and d.metadata.gpu}
+        return cls(facts[0].pod_claim_name, pairs)
+
+    def apply(self, record: PreparedClaim) -> PreparedClaim:
+        """``record`` with these facts on each device (what the checkpoint keeps)."""
+        devices = [
+            replace(d, metadata=MetadataFacts(self.pod_claim_name, self.pairs.get(d.device))) for d in record.devices
+        ]
+        return replace(record, devices=devices)
+
+
+@dataclass(frozen=True)
+class Mend:
+    """One owned file written again: which, what was wrong, whose."""
+
+    kind: str  # METADATA or CDI
+    reason: str  # MISSING, UNREADABLE, TRUNCATED, UNPARSABLE, DIFFERS
+    path: str
+    claim: str  # namespace/name
+
+
+def _write_atomic(path: Path, data: bytes) -> _Stamp:
+    """``data`` at ``path``, never half-written (readable 0644: the container reads it as any user);
+    returns the file's stamp."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-    os.chmod(tmp, 0o644)
+        os.fchmod(f.fileno(), 0o644)
     os.replace(tmp, path)
+    return _stamp(os.stat(path))  # after the rename, which changes the file's ctime
+
+
+def _stamp(st: os.stat_result) -> _Stamp:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _read(path: Path) -> tuple[bytes, _Stamp]:
+    """The file's bytes and stamp, from one open (a rename in between cannot mix two files)."""
+    with open(path, "rb") as f:
+        return f.read(), _stamp(os.fstat(f.fileno()))
 
 
 def _json(obj: Any) -> bytes:
@@ -157,8 +303,40 @@ def decode_first(data: bytes) -> dict[str, Any]:
     return obj
 
 
+def decode_stream(data: bytes) -> list[dict[str, Any]]:
+    """Every object of a metadata stream; ValueError when any is not a JSON object."""
+    text, decoder, pos = data.decode(), json.JSONDecoder(), 0
+    out: list[dict[str, Any]] = []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            return out
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except RecursionError:
+            raise ValueError("nested too deep") from None
+        if not isinstance(obj, dict):
+            raise ValueError("not a DeviceMetadata object")
+        out.append(obj)
+
+
+def _cdi_parses(data: bytes) -> bool:
+    try:
+        return isinstance(json.loads(data), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
+def _damage(data: bytes, expected: bytes, parses: bool) -> str:
+    """What is wrong with an owned file holding ``data`` where ``expected`` belongs."""
+    if expected.startswith(data):
+        return TRUNCATED  # empty, or cut short (a write that never finished)
+    return DIFFERS if parses else UNPARSABLE
+
+
 class DeviceMetadataWriter:
-    """Writes, updates and removes the metadata files and CDI specs of our claims."""
+    """Writes, checks, mends and removes the metadata files and CDI specs of our claims."""
 
     def __init__(
         self,
@@ -168,39 +346,54 @@ class DeviceMetadataWriter:
         versions: Sequence[str] = VERSIONS,
     ) -> None:
         """``foreign`` finds another driver's device attributes (a GPU's ``pciBusID``) for the
-        pairing; without it NICs are not paired."""
+        pairing; without it NICs are not paired. The checkpoint and the API server are bound by
+        the :class:`~driver.claims.prepare.Preparer` (:meth:`bind`)."""
         self.paths, self.sysfs_root, self.foreign, self.versions = paths, sysfs_root, foreign, tuple(versions)
-        # The pod-start rewrite runs beside the kubelet's calls: an unprepare never races it into
-        # leaving a file behind.
+        self.store: CheckpointStore | None = None  # the durable state the files are rendered from
+        self.fetch: ClaimFetch | None = None
+        # One writer of the files at a time (prepare retries, the pod-start rewrite, the checks,
+        # unprepare): an unprepare never races a rewrite into leaving a file behind.
         self._files_lock = threading.Lock()
+        self._written: dict[Path, _Stamp] = {}  # each owned file as last written or found right
+        self._claim_paths: dict[str, tuple[Path, ...]] = {}  # claim UID -> its files
+        self._facts: dict[str, ClaimFacts] = {}  # claim UID -> facts of a record without them
+        self._mends_lock = threading.Lock()
+        self._mends: list[Mend] = []  # not reported yet (the daemon's Node event)
+        self.mended: dict[tuple[str, str], int] = {}  # (kind, reason) -> files written again (the metric)
         self.domain = ATTRIBUTE_DOMAIN  # our attributes' domain, whatever the driver's name
+
+    def bind(self, store: CheckpointStore, fetch: ClaimFetch | None) -> None:
+        """Render from ``store``; ``fetch`` gets a ResourceClaim whose facts the record lacks."""
+        self.store, self.fetch = store, fetch
 
     # -- prepare -----------------------------------------------------------------------------
 
-    def prepared(
-        self,
-        record: PreparedClaim,
-        result: PrepareResult,
-        claim: Mapping[str, Any] | None,
-        fetch: Callable[[], Mapping[str, Any]] | None = None,
-    ) -> PrepareResult:
-        """``result`` with each device's CDI metadata device, the files written where missing.
+    def with_facts(self, record: PreparedClaim, claim: Mapping[str, Any]) -> PreparedClaim:
+        """``record`` holding what its files need of the ResourceClaim ``claim`` just fetched."""
+        return self._facts_of_claim(record, claim).apply(record)
 
-        ``claim`` is the ResourceClaim just fetched; None when prepare answered from the checkpoint:
-        the files are then kept as they are, and a lost one is written again from ``fetch()`` (the
-        pod claim name and the GPUs are in the ResourceClaim, not in the checkpoint)."""
+    def prepared(self, record: PreparedClaim, result: PrepareResult, claim: Mapping[str, Any] | None) -> PrepareResult:
+        """``result`` with each device's CDI metadata device, the claim's files written.
+
+        ``claim`` is the ResourceClaim just fetched: the files are written whole (they exist only
+        if a crash came between them and the commit, and are the same), no stat on the prepare
+        path. None when prepare answered from the checkpoint: the files are checked and written
+        again where missing or damaged."""
         if result.error:
             return result
         requests = sorted({d.request for d in record.devices})
         try:
-            # A claim just fetched is written whole (its files exist only if a crash came between
-            # them and the commit, and are the same): no stat on the prepare path.
-            missing = requests if claim is not None else [r for r in requests if not self._complete(record, r)]
-            if missing:
-                if claim is None and fetch is not None:
-                    if any(not self.paths.file(record.namespace, record.name, r).is_file() for r in missing):
-                        claim = fetch()
-                self._write_requests(record, missing, claim)
+            if claim is None:
+                self.keep_claim(record, full=True)
+            else:
+                facts = ClaimFacts.of_record(record) or self._facts_of_claim(record, claim)
+                with self._files_lock:
+                    for request in requests:
+                        self._put(
+                            self.paths.file(record.namespace, record.name, request),
+                            self._render(record, request, facts, None),
+                        )
+                        self._put(self.paths.cdi_spec(record.uid, request), self._render_cdi(record, request, facts))
         except (OSError, ValueError, KeyError) as exc:
             raise MetadataError(f"device metadata of ResourceClaim {record.namespace}/{record.name}: {exc}") from exc
         return PrepareResult(
@@ -219,34 +412,75 @@ class DeviceMetadataWriter:
             ]
         )
 
-    def _complete(self, record: PreparedClaim, request: str) -> bool:
-        return (
-            self.paths.file(record.namespace, record.name, request).is_file()
-            and self.paths.cdi_spec(record.uid, request).is_file()
+    def _facts_of_claim(self, record: PreparedClaim, claim: Mapping[str, Any]) -> ClaimFacts:
+        """The facts as the ResourceClaim tells them (remembered for a record that lacks them)."""
+        pod_claim = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_ANNOTATION)
+        facts = ClaimFacts(
+            pod_claim if isinstance(pod_claim, str) and pod_claim else None, self.gpu_pairs(record, claim)
         )
+        self._facts[record.uid] = facts
+        return facts
 
-    def _write_requests(self, record: PreparedClaim, requests: list[str], claim: Mapping[str, Any] | None) -> None:
-        pod_claim = None
+    def _claim_facts(self, record: PreparedClaim) -> ClaimFacts:
+        """The claim's prepare-time facts: from the checkpoint; for a record from before, as found
+        earlier, or in its own files (when each is this claim's), or from the ResourceClaim."""
+        facts = ClaimFacts.of_record(record) or self._facts.get(record.uid) or self._facts_in_files(record)
+        if facts is not None:
+            return facts
+        if self.fetch is None:
+            return ClaimFacts()  # nobody to ask: a claim by name without GPUs (tests' writers)
+        return self._facts_of_claim(record, self.fetch(record))
+
+    def _facts_in_files(self, record: PreparedClaim) -> ClaimFacts | None:
+        """The facts as the claim's files say them (a record written before they were kept)."""
+        pod_claim: str | None = None
         pairs: dict[str, GpuPair] = {}
-        if claim is not None:
-            pod_claim = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_ANNOTATION)
-            pairs = self.gpu_pairs(record, claim)
-        for request in requests:
-            path = self.paths.file(record.namespace, record.name, request)
-            if claim is None and path.is_file():  # only the CDI spec is gone: keep the file
-                pod_claim = decode_first(path.read_bytes()).get("podClaimName")
-            else:
-                devices = [d for d in record.devices if d.request == request]
-                doc = self._document(
-                    record, pod_claim, 1, request, [self._device(d, pairs.get(d.device)) for d in devices]
-                )
-                _write_atomic(path, encode_stream(doc, self.versions))
-            self._write_cdi(record, request, pod_claim)
+        for request in sorted({d.request for d in record.devices}):
+            try:
+                doc = decode_first(self.paths.file(record.namespace, record.name, request).read_bytes())
+            except (OSError, ValueError):
+                return None
+            if (doc.get("metadata") or {}).get("uid") != record.uid:
+                return None
+            name: Any = doc.get("podClaimName")
+            pod_claim = name if isinstance(name, str) else None
+            requests: Any = doc.get("requests") or [{}]
+            for entry in requests[0].get("devices") or []:
+                attrs: Any = entry.get("attributes") or {}
+                gpu, bus_id, path = ((attrs.get(f"{self.domain}/{k}") or {}).get("string") for k in GPU_ATTRIBUTES)
+                if isinstance(gpu, str) and isinstance(bus_id, str) and isinstance(path, str):
+                    pairs[entry.get("name", "")] = GpuPair(gpu, "", bus_id, path)
+        facts = ClaimFacts(pod_claim, pairs)
+        self._facts[record.uid] = facts
+        return facts
 
-    def _write_cdi(self, record: PreparedClaim, request: str, pod_claim: str | None) -> None:
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render(self, record: PreparedClaim, request: str, facts: ClaimFacts, view: ClaimView | None) -> bytes:
+        """The metadata file of ``request``: generation 1 at prepare, the pod's view once it started."""
+        devices = []
+        for d in (d for d in record.devices if d.request == request):
+            entry = self._device(d, facts.pairs.get(d.device))
+            nic = view.nics.get(d.device) if view is not None else None
+            devices.append(entry if nic is None else self._with_view(entry, nic))
+        doc: dict[str, Any] = {
+            "metadata": {
+                "name": record.name,
+                "namespace": record.namespace,
+                "uid": record.uid,
+                "generation": view.generation if view is not None else 1,
+            }
+        }
+        if facts.pod_claim_name:
+            doc["podClaimName"] = facts.pod_claim_name
+        doc["requests"] = [{"name": request, "devices": devices}]
+        return encode_stream(doc, self.versions)
+
+    def _render_cdi(self, record: PreparedClaim, request: str, facts: ClaimFacts) -> bytes:
+        """The CDI spec of ``request``: one device per NIC, each mounting the request's file."""
         mount = {
             "hostPath": str(self.paths.file(record.namespace, record.name, request)),
-            "containerPath": self.paths.container_file(record.name, pod_claim, request),
+            "containerPath": self.paths.container_file(record.name, facts.pod_claim_name, request),
             "options": ["ro", "bind"],
         }
         names = [cdi_device_name(record.uid, request, d.device) for d in record.devices if d.request == request]
@@ -255,23 +489,7 @@ class DeviceMetadataWriter:
             "kind": f"{self.paths.driver_name}/metadata",
             "devices": [{"name": name, "containerEdits": {"mounts": [mount]}} for name in names],
         }
-        _write_atomic(self.paths.cdi_spec(record.uid, request), _json(spec))
-
-    def _document(
-        self, record: PreparedClaim, pod_claim: str | None, generation: int, request: str, devices: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "metadata": {
-                "name": record.name,
-                "namespace": record.namespace,
-                "uid": record.uid,
-                "generation": generation,
-            }
-        }
-        if pod_claim:
-            doc["podClaimName"] = pod_claim
-        doc["requests"] = [{"name": request, "devices": devices}]
-        return doc
+        return _json(spec)
 
     def _device(self, d: PreparedDevice, pair: GpuPair | None) -> dict[str, Any]:
         """One device entry: what the driver did first, then the published attributes by rank,
@@ -281,7 +499,8 @@ class DeviceMetadataWriter:
         if chars:
             own[f"{self.domain}/rdmaCharDevices"] = chars[:64]
         if pair is not None:
-            own |= pair.attributes(self.domain)
+            values = (pair.device, pair.pci_bus_id, pair.path)
+            own |= {f"{self.domain}/{k}": v for k, v in zip(GPU_ATTRIBUTES, values, strict=True)}
         published = {k: v for k, v in d.snapshot.attributes.items() if k not in own}
         ranked = sorted(published, key=lambda n: (attribute_rank(n), n))
         attributes = own | {n: published[n] for n in ranked[: max(0, MAX_ATTRIBUTES - len(own))]}
@@ -291,6 +510,30 @@ class DeviceMetadataWriter:
             "name": d.device,
             "attributes": {k: attribute_to_api(v) for k, v in sorted(attributes.items())},
         }
+
+    def _with_view(self, entry: dict[str, Any], nic: NicView) -> dict[str, Any]:
+        """A device entry with what the pod sees: ``networkData`` and the pod-side attributes (the
+        lowest-ranked published ones make room for them)."""
+        network: dict[str, Any] = {"interfaceName": nic.interface_name}
+        if nic.ips:
+            network["ips"] = list(nic.ips)[:MAX_IPS]
+        if nic.hardware_address:
+            network["hardwareAddress"] = nic.hardware_address
+        entry = {**entry, "networkData": network}
+        attrs = dict(entry.get("attributes") or {})
+        pod_side: dict[str, Any] = {f"{self.domain}/podInterfaceName": attribute_to_api(nic.interface_name[:64])}
+        if nic.mtu is not None:
+            pod_side[f"{self.domain}/podMTU"] = attribute_to_api(nic.mtu)
+        if nic.gid_index is not None:
+            pod_side[f"{self.domain}/roceGIDIndex"] = attribute_to_api(nic.gid_index)
+        for name in pod_side:
+            attrs.pop(name, None)
+        room = MAX_ATTRIBUTES - len(pod_side)
+        if len(attrs) > room:  # drop the lowest-ranked published ones to make room
+            keep = sorted(attrs, key=lambda n: (not n.startswith(f"{self.domain}/gpu"), attribute_rank(n), n))[:room]
+            attrs = {k: attrs[k] for k in keep}
+        entry["attributes"] = dict(sorted((attrs | pod_side).items()))
+        return entry
 
     # -- GPU pairing ---------------------------------------------------------------------------
 
@@ -323,63 +566,227 @@ class DeviceMetadataWriter:
 
     # -- pod start -----------------------------------------------------------------------------
 
-    def network_ready(self, claim: PreparedClaim, results: Iterable[DeviceResult]) -> None:
-        """The NICs are configured in the pod: add what the pod sees to the claim's files."""
+    def network_ready(self, claim: PreparedClaim, results: Iterable[DeviceResult], pod_uid: str | None = None) -> None:
+        """The NICs are configured in pod ``pod_uid``: its view of them goes into its state first
+        (nothing when the pod stopped meanwhile), then into the claim's files (generation + 1)."""
+        by_device = {r.device: r for r in results}
         with self._files_lock:
-            self._network_ready(claim, {r.device: r for r in results})
+            generation = self._generation(claim) + 1
+            views = {
+                d.device: self._view(claim.uid, generation, d, by_device[d.device])
+                for d in claim.devices
+                if d.device in by_device
+            }
+            if self.store is not None and pod_uid is not None:
+                if not self.store.update(lambda s: _put_views(s, pod_uid, claim.uid, views)):
+                    log.debug("device metadata: pod gone, not rewritten", extra={"kv": {"pod": pod_uid}})
+                    return
+            facts = self._claim_facts(claim)
+            view = ClaimView(generation, views)
+            for request in sorted({d.request for d in claim.devices}):
+                self._put(
+                    self.paths.file(claim.namespace, claim.name, request), self._render(claim, request, facts, view)
+                )
+                cdi = self.paths.cdi_spec(claim.uid, request)
+                if not self._unchanged([cdi]):
+                    self._check(CDI, cdi, self._render_cdi(claim, request, facts), claim)
 
-    def _network_ready(self, claim: PreparedClaim, by_device: dict[str, DeviceResult]) -> None:
-        for request in sorted({d.request for d in claim.devices}):
-            path = self.paths.file(claim.namespace, claim.name, request)
-            try:
-                current = decode_first(path.read_bytes())
-            except FileNotFoundError:
-                continue  # metadata off when the claim was prepared
-            entries = {e.get("name"): e for r in current.get("requests", []) for e in r.get("devices", [])}
-            devices = []
-            for d in (d for d in claim.devices if d.request == request):
-                old = entries.get(d.device) or {}
-                result = by_device.get(d.device)
-                devices.append(self._with_network(d, old, result))
-            doc = {**current, "requests": [{"name": request, "devices": devices}]}
-            doc["metadata"] = {**current.get("metadata", {}), "generation": int(current["metadata"]["generation"]) + 1}
-            doc.pop("kind", None)
-            doc.pop("apiVersion", None)
-            _write_atomic(path, encode_stream(doc, self.versions))
-
-    def _with_network(self, d: PreparedDevice, old: dict[str, Any], result: DeviceResult | None) -> dict[str, Any]:
-        entry = {**old} if old else self._device(d, None)
-        if result is None:
-            return entry
-        network: dict[str, Any] = {"interfaceName": result.interface_name}
-        if result.ips:
-            network["ips"] = list(result.ips)[:16]
-        if result.hardware_address:
-            network["hardwareAddress"] = result.hardware_address
-        entry["networkData"] = network
-        attrs = dict(entry.get("attributes") or {})
-        mtu = (d.config.interface.mtu if d.config.interface else None) or d.snapshot.attributes.get(
-            f"{self.domain}/mtu"
-        )
-        pod_side: dict[str, Any] = {f"{self.domain}/podInterfaceName": attribute_to_api(result.interface_name[:64])}
-        if isinstance(mtu, int):
-            pod_side[f"{self.domain}/podMTU"] = attribute_to_api(mtu)
-        gid = self._gid_index(d, result)
-        if gid is not None:
-            pod_side[f"{self.domain}/roceGIDIndex"] = attribute_to_api(gid)
-        for name in pod_side:
-            attrs.pop(name, None)
-        room = MAX_ATTRIBUTES - len(pod_side)
-        if len(attrs) > room:  # drop the lowest-ranked published ones to make room
-            keep = sorted(attrs, key=lambda n: (not n.startswith(f"{self.domain}/gpu"), attribute_rank(n), n))[:room]
-            attrs = {k: attrs[k] for k in keep}
-        entry["attributes"] = dict(sorted((attrs | pod_side).items()))
-        return entry
-
-    def _gid_index(self, d: PreparedDevice, result: DeviceResult) -> int | None:
-        """The RoCE v2 GID index of the pod's address on the NIC, if it has one."""
+    def _view(self, claim_uid: str, generation: int, d: PreparedDevice, result: DeviceResult) -> NicView:
+        """One NIC as the pod sees it. Its MTU is the pod link's (a claim's ``interface.mtu`` only
+        when the hooks did not say: the published attribute is the host's at the last scan)."""
+        mtu = result.mtu if result.mtu is not None else (d.config.interface.mtu if d.config.interface else None)
         rdma = d.snapshot.host.rdma_device
-        return pod_gid_index(self.sysfs_root, rdma, result.ips) if rdma and not result.no_rdma else None
+        gid = pod_gid_index(self.sysfs_root, rdma, result.ips) if rdma and not result.no_rdma else None
+        ips = tuple(result.ips)[:MAX_IPS]
+        return NicView(claim_uid, generation, result.interface_name, ips, result.hardware_address, mtu, gid)
+
+    def _generation(self, claim: PreparedClaim) -> int:
+        """The claim's generation now: its files' (when they are its own), else the highest a pod's
+        view of it holds, else 1 (prepare's)."""
+        found = [1]
+        for request in sorted({d.request for d in claim.devices}):
+            try:
+                doc = decode_first(self.paths.file(claim.namespace, claim.name, request).read_bytes())
+            except (OSError, ValueError):
+                continue
+            meta = doc.get("metadata") or {}
+            if meta.get("uid") == claim.uid and _is_int(meta.get("generation")):
+                found.append(meta["generation"])
+        if self.store is not None:
+            view = self.store.read(lambda s: claim_view(s, claim.uid))
+            if view is not None:
+                found.append(view.generation)
+        return max(found)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def keep_pod(self, pod_uid: str) -> None:
+        """Before a container of the pod starts: its claims' files as they should be (a stat each
+        when they are as last written; logged, never raised: the container starts anyway)."""
+        if self.store is not None:
+            self.keep(self.store.read(lambda s: s.claims_for_pod(pod_uid)))
+
+    def keep_all(self, full: bool = False) -> list[str]:
+        """Every prepared claim's files checked (``full``: read and compared, else a stat each when
+        they are as last written) and written again where needed; the claims that failed."""
+        if self.store is None:
+            return []
+        return self.keep(self.store.read(lambda s: list(s.claims.values())), full=full)
+
+    def keep(self, records: Iterable[PreparedClaim], full: bool = False) -> list[str]:
+        """:meth:`keep_claim` for each claim, one failure never stopping the others (each logged);
+        returns the claims (``namespace/name``) whose files could not be made right."""
+        failed = []
+        for record in records:
+            try:
+                self.keep_claim(record, full=full)
+            except Exception as exc:  # noqa: BLE001 - a claim that cannot be kept is logged; the others go on
+                log.warning(
+                    "device metadata files not kept",
+                    extra={"kv": {"claim": f"{record.namespace}/{record.name}", "error": str(exc)}},
+                )
+                failed.append(f"{record.namespace}/{record.name}")
+        return failed
+
+    def keep_claim(self, record: PreparedClaim, full: bool = False) -> None:
+        """The claim's files compared with what durable state says they hold, and each missing,
+        unreadable, damaged or different one written again (logged, counted, reported); without
+        ``full``, files whose stamp is the one last written are taken as right. Raises
+        :class:`MetadataError` when the files cannot be rendered or written."""
+        requests = sorted({d.request for d in record.devices})
+        with self._files_lock:
+            todo = {p for p in self._paths(record) if full or not self._unchanged([p])}
+            if not todo:
+                return
+            prepared, view = True, None
+            if self.store is not None:
+                prepared, view = self.store.read(lambda s: (record.uid in s.claims, claim_view(s, record.uid)))
+            if not prepared:
+                return  # unprepared meanwhile: its files are gone for good
+            try:
+                facts = self._claim_facts(record)
+            except Exception as exc:
+                raise MetadataError(f"the ResourceClaim's facts for its device metadata: {exc}") from exc
+            for request in requests:
+                path, spec = (
+                    self.paths.file(record.namespace, record.name, request),
+                    self.paths.cdi_spec(record.uid, request),
+                )
+                if path in todo:
+                    # No pod's view: the file a pod's start wrote is kept (see _same_claim).
+                    kept = None if view else partial(self._same_claim, record=record, request=request, facts=facts)
+                    self._check(METADATA, path, self._render(record, request, facts, view), record, kept)
+                if spec in todo:
+                    self._check(CDI, spec, self._render_cdi(record, request, facts), record)
+
+    def _paths(self, record: PreparedClaim) -> tuple[Path, ...]:
+        """The claim's files, each request's metadata file and CDI spec (made once: a path costs
+        more to build than the stat that checks it)."""
+        paths = self._claim_paths.get(record.uid)
+        if paths is None:
+            requests = sorted({d.request for d in record.devices})
+            paths = tuple(
+                path
+                for r in requests
+                for path in (self.paths.file(record.namespace, record.name, r), self.paths.cdi_spec(record.uid, r))
+            )
+            self._claim_paths[record.uid] = paths
+        return paths
+
+    def _unchanged(self, paths: Iterable[Path]) -> bool:
+        """Whether each file is the one last written or checked (same size, times and inode)."""
+        for path in paths:
+            known = self._written.get(path)
+            if known is None:
+                return False
+            try:
+                if _stamp(os.stat(path)) != known:
+                    return False
+            except OSError:
+                return False
+        return True
+
+    def _check(
+        self,
+        kind: str,
+        path: Path,
+        expected: bytes,
+        record: PreparedClaim,
+        accept: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """``path`` holds ``expected`` (or what ``accept`` takes), else it is written again."""
+        try:
+            data, stamp = _read(path)
+        except FileNotFoundError:
+            reason = MISSING
+        except OSError:
+            reason = UNREADABLE
+        else:
+            if data == expected or (accept is not None and accept(data)):
+                self._written[path] = stamp
+                return
+            parses = self._parses(data) if kind == METADATA else _cdi_parses(data)
+            reason = _damage(data, expected, parses)
+        self._put(path, expected)
+        self._mended(Mend(kind, reason, str(path), f"{record.namespace}/{record.name}"))
+
+    def _parses(self, data: bytes) -> bool:
+        """Whether ``data`` is a stream of one object per version written."""
+        try:
+            return len(decode_stream(data)) == len(self.versions)
+        except ValueError:
+            return False
+
+    def _same_claim(self, data: bytes, record: PreparedClaim, request: str, facts: ClaimFacts) -> bool:
+        """Whether ``data`` is a whole metadata file of this claim's request, whatever its pod part
+        and generation: what a pod's start wrote before its state was dropped (the pod stopped, a
+        driver of before kept no view), which the next start counts on."""
+        try:
+            objects = decode_stream(data)
+        except ValueError:
+            return False
+        if [o.get("apiVersion") for o in objects] != [f"{GROUP}/{v}" for v in self.versions]:
+            return False
+        first = objects[0]
+        if any({**o, "apiVersion": ""} != {**first, "apiVersion": ""} for o in objects):
+            return False
+        meta, requests = first.get("metadata") or {}, first.get("requests")
+        names = [d.device for d in record.devices if d.request == request]
+        return (
+            first.get("kind") == "DeviceMetadata"
+            and (meta.get("uid"), meta.get("name"), meta.get("namespace"))
+            == (record.uid, record.name, record.namespace)
+            and _is_int(meta.get("generation"))
+            and first.get("podClaimName") == facts.pod_claim_name
+            and isinstance(requests, list)
+            and len(requests) == 1
+            and isinstance(requests[0], dict)
+            and requests[0].get("name") == request
+            and [e.get("name") if isinstance(e, dict) else None for e in requests[0].get("devices") or []] == names
+        )
+
+    def _put(self, path: Path, data: bytes) -> None:
+        self._written[path] = _write_atomic(path, data)
+
+    def _mended(self, mend: Mend) -> None:
+        log.warning(
+            "owned file written again",
+            extra={"kv": {"file": mend.path, "kind": mend.kind, "reason": mend.reason, "claim": mend.claim}},
+        )
+        with self._mends_lock:
+            self.mended[(mend.kind, mend.reason)] = self.mended.get((mend.kind, mend.reason), 0) + 1
+            self._mends.append(mend)
+
+    def mend_counts(self) -> dict[tuple[str, str], int]:
+        """(kind, reason) -> files written again since start (the metric, read at scrape)."""
+        with self._mends_lock:
+            return dict(self.mended)
+
+    def take_mends(self) -> list[Mend]:
+        """The files written again since the last call (for the daemon's Node event)."""
+        with self._mends_lock:
+            out, self._mends = self._mends, []
+        return out
 
     # -- unprepare -----------------------------------------------------------------------------
 
@@ -389,6 +796,10 @@ class DeviceMetadataWriter:
             shutil.rmtree(self.paths.claim_dir(claim.namespace, claim.name), ignore_errors=True)
             for request in {d.request for d in claim.devices}:
                 self.paths.cdi_spec(claim.uid, request).unlink(missing_ok=True)
+            for path in self._paths(claim):
+                self._written.pop(path, None)
+            self._facts.pop(claim.uid, None)
+            self._claim_paths.pop(claim.uid, None)
 
 
 def pair_up(
@@ -416,14 +827,14 @@ def pair_up(
 
 SETTLE_TIMEOUT = 5.0
 """Seconds a container of a pod waits for its metadata rewrite (a few ms): then it starts with the
-prepare-time file, as after a failed rewrite."""
+file as it was, as after a failed rewrite."""
 
 
 class MetadataStatusSink:
     """The NRI hooks' status sink with the metadata update: RunPodSandbox queues the rewrite of the
     files (off its path, like the claim status write) and :meth:`settle`, called before a container
-    of the pod is created, waits for it: the containers mount the files, and the runtime creates
-    them only after RunPodSandbox answered."""
+    of the pod is created, waits for it and checks the pod's files: the containers mount the files,
+    and the runtime creates them only after RunPodSandbox answered."""
 
     def __init__(self, metadata: DeviceMetadataWriter, status: Any) -> None:
         self.metadata, self.status = metadata, status
@@ -440,7 +851,7 @@ class MetadataStatusSink:
 
     def _rewrite(self, pod_uid: str, claim: PreparedClaim, results: list[DeviceResult]) -> None:
         try:
-            self.metadata.network_ready(claim, results)
+            self.metadata.network_ready(claim, results, pod_uid)
         except Exception as exc:  # noqa: BLE001 - the pod runs; its file keeps the prepare-time facts
             log.warning(
                 "device metadata not updated", extra={"kv": {"pod": pod_uid, "claim": claim.uid, "error": str(exc)}}
@@ -456,11 +867,16 @@ class MetadataStatusSink:
 
     def settle(self, pod_uid: str, timeout: float = SETTLE_TIMEOUT) -> None:
         """The pod's queued rewrites are on the node (a failed one is logged: the file keeps the
-        prepare-time facts)."""
+        prepare-time facts), and its claims' files are as they should be (a lost or damaged one
+        written again: a restarted container mounts them with no prepare and no sandbox start)."""
         with self._lock:
             futures = list(self._pending.get(pod_uid, ()))
         if futures and wait(futures, timeout).not_done:
             log.warning("device metadata rewrite still running: container created", extra={"kv": {"pod": pod_uid}})
+        try:
+            self.metadata.keep_pod(pod_uid)
+        except Exception as exc:  # noqa: BLE001 - the container is created in any case
+            log.warning("device metadata files not checked", extra={"kv": {"pod": pod_uid, "error": str(exc)}})
 
     def close(self) -> None:
         """Finish the queued rewrites (at shutdown)."""

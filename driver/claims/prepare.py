@@ -239,6 +239,8 @@ class Preparer:
         device metadata files and adds their CDI devices to the answer (None: no metadata)."""
         self.kube, self.store, self.builder = kube, store, builder
         self.metadata = metadata
+        if metadata is not None:  # its files are rendered from the checkpoint, facts it lacks from a GET
+            metadata.bind(store, lambda r: self._get_claim(ClaimRef(namespace=r.namespace, name=r.name, uid=r.uid)))
         self.profiles = builder.profiles
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.on_error = on_error
@@ -286,10 +288,12 @@ class Preparer:
         except ClaimError as exc:
             return PrepareResult(error=str(exc))
         if isinstance(claim, PreparedClaim):  # the kubelet's retry: answered from the checkpoint
-            return self._with_metadata(claim, None, lambda: self._get_claim(ref))
+            return self._with_metadata(claim, None)
         record = self._build(ref, claim)
         if isinstance(record, PrepareResult):
             return record
+        if self.metadata is not None:  # what its files need of the claim, kept with the record
+            record = self.metadata.with_facts(record, claim)
         # The metadata files first: once the claim is durable a retry answers from the checkpoint
         # alone (no GET), also after a crash right after the write, so its files must be there.
         written = self._with_metadata(record, claim)
@@ -307,43 +311,32 @@ class Preparer:
             return PrepareResult(error=str(outcome))
         if self.after_commit is not None:
             self.after_commit([outcome.uid])
-        return written if outcome is record else self._with_metadata(outcome, None, lambda: self._get_claim(ref))
+        return written if outcome is record else self._with_metadata(outcome, None)
 
     def _drop_metadata(self, record: PreparedClaim) -> None:
         """The files of a claim that was not stored (refused, or the write failed)."""
         if self.metadata is not None:
             _best_effort("device metadata removal", record, self.metadata.unprepared, record)
 
-    def _with_metadata(
-        self,
-        record: PreparedClaim,
-        claim: dict[str, Any] | None,
-        fetch: Callable[[], dict[str, Any]] | None = None,
-    ) -> PrepareResult:
+    def _with_metadata(self, record: PreparedClaim, claim: dict[str, Any] | None) -> PrepareResult:
         """(pool thread) The kubelet's answer for a claim, with its device metadata files written
-        where missing (``claim``: the ResourceClaim just fetched; else ``fetch`` gets it if needed)."""
+        (``claim``: the ResourceClaim just fetched), or checked and mended (None: a retry)."""
         result = result_of(record)
         if self.metadata is None:
             return result
         try:
-            return self.metadata.prepared(record, result, claim, fetch)
+            return self.metadata.prepared(record, result, claim)
         except (MetadataError, ClaimError) as exc:
             return PrepareResult(error=str(exc))
 
     def restore_metadata(self) -> list[str]:
-        """(thread, at start) Every stored claim's metadata files and CDI specs written again where
-        missing: a reboot empties /run and /var/run/cdi, and a container that restarts in a running
-        pod mounts them without any prepare. Returns the claims whose files stay missing."""
+        """(thread, at start) Every stored claim's metadata files and CDI specs read, compared with
+        what the checkpoint says they hold (the pod's view included) and written again where
+        missing or damaged: a reboot empties /run and /var/run/cdi, and a container that restarts
+        in a running pod mounts them without any prepare. Returns the claims whose files stay wrong."""
         if self.metadata is None:
             return []
-        failed = []
-        for record in self.store.read(lambda s: list(s.claims.values())):
-            ref = ClaimRef(namespace=record.namespace, name=record.name, uid=record.uid)
-            written = self._with_metadata(record, None, lambda ref=ref: self._get_claim(ref))  # type: ignore[misc]
-            if written.error:
-                log.warning("device metadata not restored", extra={"kv": {"claim": record.uid, "error": written.error}})
-                failed.append(f"{record.namespace}/{record.name}")
-        return failed
+        return self.metadata.keep_all(full=True)
 
     def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim | PrepareResult:
         """(pool thread) The record of a claim not prepared yet, or its answer instead: its error, or

@@ -36,6 +36,7 @@ class DeviceResult:
     parent: str | None = None  # a sub-interface's NIC (its host name); None: the NIC itself
     kind: str | None = None  # a sub-interface's link kind (macvlan, ipvlan)
     no_rdma: str | None = None  # why the NIC's RDMA device is not in the pod (None: it is, or it has none)
+    mtu: int | None = None  # the link's MTU in the pod, read back once set (None: not known)
 
 
 @dataclass

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 async def _main(config: DriverConfig) -> int:
     try:
-        config = replace(config, state_dir=location.resolve(config.state_dir, config.legacy_state_dir))
+        state_dir = location.resolve(config.state_dir, config.legacy_state_dir, runtime_dir=config.runtime_dir)
+        config = replace(config, state_dir=state_dir)
     except (OSError, ValueError) as exc:
         log.error("cannot choose the state directory", extra={"kv": {"error": str(exc)}})
         return 1

@@ -16,10 +16,12 @@ competes with them for the interpreter lock.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,16 +30,22 @@ from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
-from driver.claims.device_metadata import DeviceMetadataWriter, MetadataPaths, MetadataStatusSink
+from driver.claims.device_metadata import DeviceMetadataWriter, Mend, MetadataPaths, MetadataStatusSink
 from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.claims.status import ClaimStatusWriter
 from driver.config import (
+    FILES_MENDED_EVENT,
+    LEASE_OUTSIDE_POOL_EVENT,
+    NODE_SETTING_REFUSED_EVENT,
+    NODE_WATCH_RETRY_MAX,
+    NODE_WATCH_SECONDS,
     SHARING_POOLS_ANNOTATION,
     STATE_DAMAGED_EVENT,
     UNHEALTHY_TAINT_KEY,
     DriverConfig,
+    IPNetwork,
     parse_sharing_pools,
 )
 from driver.daemon.device_sync import DeviceSync
@@ -46,7 +54,7 @@ from driver.dra.field_support import consumable_capacity_accepted, list_attribut
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
 from driver.health.monitor import HealthMonitor
-from driver.kube.client import KubeClient
+from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
@@ -73,8 +81,29 @@ STATE_WRITE_RETRY_S = 5.0
 """Seconds between retries of a failed state write (see :meth:`Daemon._state_write_retry_loop`)."""
 REBUILD_RETRY = 30.0
 """Seconds between attempts to rebuild damaged prepared claims while the API server cannot be asked."""
+KEEP_FILES_INTERVAL = 2.0
+"""Seconds between two checks of the files the driver owns (each claim's device metadata files and
+CDI specs: a stat each while they are as last written). A damaged CDI spec fails the runtime's CDI
+resolution before any NRI hook is called, so only this check mends it before the kubelet tries the
+container again (its back-off starts at 10 s)."""
+KEEP_FILES_FULL_EVERY = 30
+"""Every this many checks the files are read and compared whole (a change that kept a file's size,
+times and inode escapes the stat)."""
+MENDED_EVENT_INTERVAL = 60.0
+"""Seconds at least between two Node events about files written again (what comes in between is
+counted in the next one): a loop that keeps breaking a file cannot flood the API server."""
 LIST_ATTRIBUTE = f"{STANDARD_DOMAIN}/numaNode"
 """The attribute published as an int list with ``DRAListTypeAttributes`` (asked of the apiserver at start)."""
+
+
+@dataclass
+class NodeSeen:
+    """What the daemon last read of its own Node: the resourceVersion its watch resumes from, and the
+    text of the annotation it takes settings from (a change of anything else changes none)."""
+
+    resource_version: str = ""
+    pools_text: str | None = None
+    read: bool = False  # the Node was read once: its settings are applied
 
 
 class NetworkDriver:
@@ -111,6 +140,7 @@ class Daemon:
         self.metrics.watch_state_writes(lambda: store.write_failures)
         self.metrics.watch_shares(lambda: store.read(share_usage))
         self.sharing_pools = parse_sharing_pools(config.sharing_pools)  # a bad entry stops the daemon here
+        self.node_seen = NodeSeen()  # the Node's settings, read at start and kept current (_watch_node)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
@@ -228,24 +258,126 @@ class Daemon:
         return out
 
     async def _node_pools(self) -> None:
-        """This node's own address pools (its ``dra.net/sharing-pools`` annotation) over the flag's:
-        a range per node, which the DaemonSet-wide flag cannot give. A bad annotation is logged
-        naming it and the flag's pools are kept."""
+        """This node's own settings before anything starts (the address pools the NRI hooks begin
+        with); :meth:`_watch_node` keeps them current from here. A node that cannot be read now keeps
+        the flags' until the watch reads it."""
         try:
             node = await asyncio.to_thread(self.kube.read_node, self.config.node_name)
         except KubeError as exc:
             log.warning("cannot read this node for its address pools", extra={"kv": {"error": str(exc)}})
             return
-        text = ((node.get("metadata") or {}).get("annotations") or {}).get(SHARING_POOLS_ANNOTATION)
-        if not text:
-            return
+        await self._node_changed(node)
+
+    async def _watch_node(self) -> None:
+        """This node's settings as they change, without a restart: a watch of its Node alone (field
+        selector on its name) resumed from the resourceVersion last seen when the API server ends it;
+        one that cannot be resumed (expired, broken, refused) starts over with a GET, with backoff."""
+        delay, failing = 1.0, False
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                if not self.node_seen.resource_version:
+                    await self._node_changed(await asyncio.to_thread(self.kube.read_node, self.config.node_name))
+                await self._node_watch_once()
+            except Exception as exc:  # noqa: BLE001 - a broken watch starts over; the settings stay meanwhile
+                self.node_seen.resource_version = ""
+                (log.debug if failing else log.warning)(
+                    "cannot watch this node: its settings stay as last read until it can",
+                    extra={"kv": {"error": str(exc), "retry_s": delay}},
+                )
+                failing = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, NODE_WATCH_RETRY_MAX)
+                continue
+            if failing:
+                log.info("watching this node again")
+            delay, failing = 1.0, False
+            await asyncio.sleep(max(0.0, 1.0 - (loop.time() - started)))  # a server ending every watch at once
+
+    async def _node_watch_once(self) -> None:
+        """One watch of this node's Node from the resourceVersion last seen, until the API server ends
+        it (its timeout, or an ERROR event: the resourceVersion is too old, and a GET starts over)."""
+        resp = await asyncio.to_thread(
+            self.kube.watch_node, self.config.node_name, self.node_seen.resource_version, NODE_WATCH_SECONDS
+        )
+        events = watch_events(resp)
+        ended = False
         try:
-            own = parse_sharing_pools(text, f"node annotation {SHARING_POOLS_ANNOTATION}")
+            while (event := await asyncio.to_thread(next, events, None)) is not None:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    log.debug("node watch expired: reading the node again", extra={"kv": {"status": obj}})
+                    self.node_seen.resource_version = ""
+                elif kind == "BOOKMARK":
+                    self.node_seen.resource_version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                elif kind in ("ADDED", "MODIFIED"):
+                    await self._node_changed(obj)
+            ended = True
+        finally:
+            if not ended:  # cancelled (the daemon stops) or failed: the reading thread returns now
+                close_watch(resp)
+                with contextlib.suppress(ValueError):  # still running in its thread: it ends on its own
+                    events.close()
+
+    async def _node_changed(self, node: dict[str, Any]) -> None:
+        """Apply the settings of this node's Node object, then say what an admin must know: a refused
+        annotation (a Warning event on the Node naming it) and leases outside the pools now."""
+        first, before = not self.node_seen.read, self.sharing_pools
+        refused = self._apply_node(node)
+        if refused is not None:
+            await asyncio.to_thread(self.status_writer.post_node_event, NODE_SETTING_REFUSED_EVENT, refused)
+        if first or self.sharing_pools is not before:
+            await self._report_leases_outside()
+
+    def _apply_node(self, node: dict[str, Any]) -> str | None:
+        """Take this node's address pools from its Node object (on the event loop, where the NRI hooks
+        are built from :attr:`sharing_pools`); the message of a refused annotation, else None. A bad
+        annotation changes nothing: the pools in effect stay, so a typo never takes a range away."""
+        meta = node.get("metadata") or {}
+        self.node_seen.resource_version = str(meta.get("resourceVersion") or "")
+        self.node_seen.read = True
+        text = (meta.get("annotations") or {}).get(SHARING_POOLS_ANNOTATION)
+        if text == self.node_seen.pools_text:
+            return None
+        self.node_seen.pools_text = text
+        try:
+            own = parse_sharing_pools(text or "", f"node annotation {SHARING_POOLS_ANNOTATION}")
         except ValueError as exc:
-            log.error("bad address pools on this node: ignored", extra={"kv": {"error": str(exc)}})
+            kept = _pools_text(self.sharing_pools)
+            log.error("bad address pools on this node: ignored", extra={"kv": {"error": str(exc), "in_effect": kept}})
+            return f"{exc}: ignored, the address pools in effect stay ({kept})"
+        pools = {**parse_sharing_pools(self.config.sharing_pools), **own}
+        if pools == self.sharing_pools:
+            return None
+        self.sharing_pools = pools
+        if self.hooks is not None:
+            self.hooks.hooks.set_pools(pools)
+        log.info("address pools of this node", extra={"kv": {"pools": _pools_text(pools), "annotation": text}})
+        return None
+
+    async def _report_leases_outside(self) -> None:
+        """Shares holding addresses outside their NIC's pool as it is now keep them (until their pods
+        end; no other share is given one meanwhile): logged and a Warning event on the Node."""
+        if not self.config.nri_enabled:
             return
-        self.sharing_pools = {**self.sharing_pools, **own}
-        log.info("address pools of this node", extra={"kv": {k: str(v or "subnet") for k, v in own.items()}})
+        from driver.nri.address_pool import leases_outside
+
+        pools = self.sharing_pools
+        outside = await asyncio.to_thread(self.store.read, lambda s: leases_outside(s, pools))
+        if not outside:
+            return
+        named = [str(lease) for lease in outside]
+        log.warning(
+            "shares hold addresses outside their NIC's address pool: they keep them until their pods end",
+            extra={"kv": {"leases": named, "pools": _pools_text(pools)}},
+        )
+        listed = "; ".join(named[:10]) + (f"; and {len(named) - 10} more" if len(named) > 10 else "")
+        message = (
+            f"{len(named)} running share(s) hold addresses outside their NIC's address pool now "
+            f"({_pools_text(pools)}): {listed}. They keep them until their pods end; no other share gets them meanwhile"
+        )
+        await asyncio.to_thread(self.status_writer.post_node_event, LEASE_OUTSIDE_POOL_EVENT, message)
 
     def _damage(self) -> list[tuple[str, str]]:
         """(file, what) of each state file found damaged at start."""
@@ -430,16 +562,44 @@ class Daemon:
 
     def _start_background(self) -> None:
         spawn, sync = self.background.spawn, self.device_sync
+        metadata = self.metadata
+        self.metrics.watch_state_files_mended(lambda: metadata.mend_counts() if metadata is not None else {})
+        if metadata is not None:
+            spawn("keep-files", self._keep_files_loop)
         spawn("rescan", sync.rescan_loop)
         spawn("state-write-retry", self._state_write_retry_loop)
         spawn("health", self.dra.watch_health)
         spawn("lease", self._act_when_leased)
         spawn("probe-port", self._yield_probe_port)
+        spawn("node-settings", self._watch_node)
         if self.config.host_sysfs:
             spawn("link-updates", sync.link_update_loop)
             spawn("link-watch", LinkWatcher(sync.on_link_events, on_overflow=sync.request_rescan).run)
         if self.config.nri_enabled:
             spawn("nri", self._run_nri)
+
+    async def _keep_files_loop(self) -> None:
+        """While this instance acts: every claim's files checked every :data:`KEEP_FILES_INTERVAL`
+        (between hooks) and written again where missing or damaged; what was written again (also
+        by the check at start and before containers) goes into a Warning event on the Node, at most
+        one per :data:`MENDED_EVENT_INTERVAL`."""
+        metadata = self.metadata
+        if metadata is None:
+            return
+        loop = asyncio.get_running_loop()
+        pending: list[Mend] = []
+        last_event, rounds = float("-inf"), 0
+        while True:
+            await asyncio.sleep(KEEP_FILES_INTERVAL)
+            if self.lease.held:
+                rounds += 1
+                await self.hook_activity.idle()
+                await asyncio.to_thread(metadata.keep_all, rounds % KEEP_FILES_FULL_EVERY == 0)
+            pending += metadata.take_mends()
+            if pending and loop.time() - last_event >= MENDED_EVENT_INTERVAL:
+                last_event = loop.time()
+                await asyncio.to_thread(self.status_writer.post_node_event, FILES_MENDED_EVENT, _mended(pending))
+                pending = []
 
     async def _run_nri(self) -> None:
         # Built inside the guard: a failing constructor (e.g. no access to the host netns) is
@@ -461,6 +621,7 @@ class Daemon:
             on_host_change=self.device_sync.request_rescan,
             kernel=self.kernel,
             before_containers=None if sink is None else sink.settle,
+            on_problem=self.metrics.count_pod_network_problem,
         )
         # Acts only while this instance holds the node lease (another instance may be connected).
         self.hooks = HandoverHooks(hooks, self.lease, self.config.runtime_dir)
@@ -487,6 +648,25 @@ class Daemon:
         self.device_sync.scanner.close()
         self.lease.close()
         log.info("daemon stopped")
+
+
+def _mended(mends: Sequence[Mend]) -> str:
+    """The Node event's message about files written again: how many, why, which (the first few)."""
+    counts: dict[str, int] = {}
+    for m in mends:
+        counts[f"{m.kind} {m.reason}"] = counts.get(f"{m.kind} {m.reason}", 0) + 1
+    why = ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
+    files = sorted({m.path for m in mends})
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    return (
+        f"dranet wrote again {len(mends)} file(s) it owns that were missing or damaged ({why}): {shown}; "
+        "containers that mount them start with what they read before"
+    )
+
+
+def _pools_text(pools: dict[str, IPNetwork | None]) -> str:
+    """Address pools as an admin writes them (``ib0=10.77.5.0/26,ib1=subnet``; ``none``)."""
+    return ",".join(f"{nic}={pool or 'subnet'}" for nic, pool in sorted(pools.items())) or "none"
 
 
 def _kernel_features() -> KernelFeatures:

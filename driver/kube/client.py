@@ -11,6 +11,8 @@ blocking; async callers wrap them in ``asyncio.to_thread``. Failures are typed
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Generator
 from typing import Any
 from urllib.parse import quote
 
@@ -39,6 +41,28 @@ def segment(value: str) -> str:
     if value in ("", ".", "..") or "/" in value or "%" in value:
         raise ValueError(f"{value[:100]!r} is not an object name")
     return quote(value, safe="")
+
+
+def watch_events(resp: Any) -> Generator[dict[str, Any], None, None]:
+    """The events of a WATCH response, one JSON object per line, until the server ends it; the
+    connection goes back to its pool then (or when the iterator is closed)."""
+    buf = b""
+    try:
+        for chunk in resp.stream(4096, decode_content=True):
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    yield load_json(line)
+    finally:
+        if hasattr(resp, "release_conn"):
+            resp.release_conn()
+
+
+def close_watch(resp: Any) -> None:
+    """End a WATCH from another thread than its reader's: its read returns (urllib3 >= 2.3)."""
+    with contextlib.suppress(Exception):  # best effort: the reader ends at the watch's timeout anyway
+        resp.shutdown()
 
 
 class KubeClient:
@@ -187,6 +211,18 @@ class KubeClient:
     def read_node(self, name: str) -> dict[str, Any]:
         """GET a Node."""
         return self.request("GET", f"/api/v1/nodes/{segment(name)}")
+
+    def watch_node(self, name: str, resource_version: str, timeout_seconds: int = 300) -> Any:
+        """Open a WATCH on the one Node ``name`` (field selector on its name) from ``resource_version``;
+        the streaming response (:func:`watch_events` reads it, :func:`close_watch` ends it)."""
+        query = [
+            ("watch", "true"),
+            ("fieldSelector", f"metadata.name={segment(name)}"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_seconds)),
+        ]
+        return self.api.send(ApiRequest("GET", "/api/v1/nodes", query, timeout=(10, timeout_seconds + 30)))
 
     def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a core/v1 Event."""

@@ -72,7 +72,7 @@ RT_SCOPE_UNIVERSE = 0
 IFA_FLAGS = 8
 # ifa_flags: no duplicate address detection; detection failed (the address is in use on the link);
 # detection still running (the address cannot be bound yet).
-IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
+IFA_F_NODAD, IFA_F_OPTIMISTIC, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x04, 0x08, 0x40
 
 
 class NetnsOpError(Exception):
@@ -314,10 +314,11 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 def newaddr(device: str, index: int, cidr: str, step: str = "address", dad: bool = True) -> Request:
     """RTM_NEWADDR of ``cidr`` (global scope); an existing address is not an error. ``dad`` False:
     an IPv6 address usable at once, without duplicate address detection (one this link already
-    held and checked)."""
+    held and checked); True: detected optimistically (RFC 4429), usable at once too where the
+    link's ``optimistic_dad`` is set (the kernel drops the flag where it is not)."""
     iface = _interface(cidr)
     family = socket.AF_INET6 if iface.version == 6 else socket.AF_INET
-    flags = IFA_F_NODAD if iface.version == 6 and not dad else 0
+    flags = (IFA_F_OPTIMISTIC if dad else IFA_F_NODAD) if iface.version == 6 else 0
     body = IFADDRMSG.pack(family, iface.network.prefixlen, flags, RT_SCOPE_UNIVERSE, index)
     body += attr(IFA_LOCAL, iface.ip.packed) + attr(IFA_ADDRESS, iface.ip.packed)
     return Request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body, device, step, cidr, (errno.EEXIST,))

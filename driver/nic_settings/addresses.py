@@ -21,19 +21,20 @@ The MTU a NIC gets must carry IPv6 when it gets an IPv6 address (1280 at least):
 less is refused here, before anything moves.
 
 IPv6 addresses the NIC held on the host (carried into the pod, or back home) skip duplicate address
-detection: the link already checked them, and a tentative address cannot be bound. New ones (the
-claim's, a share's lease) are detected, and the hook waits for that before the containers start
-(as the CNI bridge plugin settles its addresses); one found in use refuses the pod.
+detection: the link already checked them. New ones (the claim's, a share's lease) are detected
+optimistically (RFC 4429): the link's ``optimistic_dad`` is set in the pod first
+(:mod:`driver.nic_settings.sysctls`), so the address can be bound at once, and the hook does not
+wait for the outcome; :mod:`driver.nri.dad_watch` follows it (an address found in use keeps the
+pod's containers from starting, and the claim says why). What is still tentative when the NICs are
+configured is left in ``PodNetns.tentative`` for it.
 """
 
 from __future__ import annotations
 
 import errno
-import logging
 import socket
 import struct
-import time
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -43,6 +44,7 @@ from driver.checkpoint.state import MovedDevice
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import (
     IFA_F_DADFAILED,
+    IFA_F_OPTIMISTIC,
     IFA_F_TENTATIVE,
     RT_SCOPE_UNIVERSE,
     RT_TABLE_DEFAULT,
@@ -62,12 +64,6 @@ from driver.netlink.rtnl import (
 from driver.netlink_channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
-log = logging.getLogger(__name__)
-# Linux's detection takes a random delay of up to rtr_solicit_delay (1 s) plus one probe of
-# retrans_time (1 s) by default; more than that is a link that cannot finish it.
-DAD_WAIT_S = 3.0
-DAD_POLL_S = 0.05
-
 
 def config_route(cfg: RouteConfig) -> Route:
     """A validated claim-config route as the netlink layer's :class:`Route`."""
@@ -81,6 +77,12 @@ def config_route(cfg: RouteConfig) -> Route:
         scope=cfg.scope,
         family=socket.AF_INET6 if version == 6 else socket.AF_INET,
     )
+
+
+def new_ipv6(nic: Nic) -> list[str]:
+    """The IPv6 addresses the NIC gets in the pod that its link did not hold on the host (they go
+    through duplicate address detection)."""
+    return [a for a in nic.pod.addresses if ":" in a and a not in nic.host.addresses]
 
 
 def keeps_host_addresses(config: NetworkConfig) -> bool:
@@ -199,43 +201,23 @@ class Addresses(NicSetting):
         return config_requests(nic.name, nic.index, nic.pod.addresses, nic.pod.routes, optional, nic.host.addresses)
 
     def after_configure(self, nics: Sequence[Nic], pod: PodNetns) -> None:
-        """Wait until the pod's new IPv6 addresses pass duplicate address detection: until then
-        the kernel will not bind them, and a container started at once could not listen on its
-        NIC's address. One in use on the link refuses the pod, naming it."""
-        new = {
-            (nic.index, canonical_cidr(a)): nic.name
-            for nic in nics
-            for a in nic.pod.addresses
-            if ":" in a and a not in nic.host.addresses
-        }
-        if new:
-            settle_ipv6(pod.rtnl, new, DAD_WAIT_S)
+        """Leave the pod's new IPv6 addresses still under detection in ``pod.tentative`` (one
+        address dump; none when no NIC gets one), flagged by whether the kernel took them
+        optimistically; one already found in use refuses the pod, naming it."""
+        new = {(nic.index, canonical_cidr(a)): nic.name for nic in nics for a in new_ipv6(nic)}
+        if not new:
+            return
+        states = ipv6_address_states(pod.rtnl, {index for index, _ in new})
+        for key, device in new.items():
+            flags = states.get(key, 0)
+            if flags & IFA_F_DADFAILED:
+                reason = f"interface.addresses: {key[1]} is in use on the link (IPv6 duplicate address detection)"
+                raise NetnsOpError(device, "address", reason)
+            if flags & IFA_F_TENTATIVE:
+                pod.tentative[key] = (device, bool(flags & IFA_F_OPTIMISTIC))
 
     def restore_requests(self, nic: MovedDevice, index: int) -> list[Request]:
         kept = nic.records.get(self.name) or {}
         routes = [Route.from_dict(r) for r in kept.get("routes") or ()]
         addresses = kept.get("addresses") or ()
         return config_requests(nic.device, index, addresses, routes, checked=addresses)
-
-
-def settle_ipv6(rtnl: Rtnl, addresses: Mapping[tuple[int, str], str], timeout: float) -> None:
-    """Poll until none of ``addresses`` (``(ifindex, CIDR) -> device``) is tentative any more;
-    :class:`NetnsOpError` for one whose detection failed. After ``timeout`` (a link without
-    carrier never finishes) the pod goes on with a warning: the address works once the link does."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = ipv6_address_states(rtnl, {index for index, _ in addresses})
-        for key, device in addresses.items():
-            if states.get(key, 0) & IFA_F_DADFAILED:
-                reason = f"interface.addresses: {key[1]} is in use on the link (IPv6 duplicate address detection)"
-                raise NetnsOpError(device, "address", reason)
-        waiting = [key for key in addresses if states.get(key, 0) & IFA_F_TENTATIVE]
-        if not waiting:
-            return
-        if time.monotonic() >= deadline:
-            log.warning(
-                "IPv6 addresses still tentative",
-                extra={"kv": {"addresses": [f"{addresses[k]} {k[1]}" for k in waiting], "waited_s": timeout}},
-            )
-            return
-        time.sleep(DAD_POLL_S)

@@ -127,6 +127,9 @@ class PodNetns:
     ) -> None:
         self.host, self.path = host, path
         self.names: Collection[str] = ()
+        # (ifindex, CIDR) -> (device, usable while tentative): the new IPv6 addresses still under
+        # duplicate address detection once the NICs are configured (driver.nri.dad_watch follows them).
+        self.tentative: dict[tuple[int, str], tuple[str, bool]] = {}
         self.created = created
         self.on_created = on_created or (lambda _link: None)
         self._fd = -1

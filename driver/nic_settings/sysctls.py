@@ -18,6 +18,7 @@ duration (:func:`~driver.netlink_channel.inside_netns`) and back.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import struct
@@ -27,9 +28,16 @@ from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.checkpoint.state import MovedDevice
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
 from driver.netlink_channel import attr, inside_netns
+from driver.nic_settings.addresses import new_ipv6
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 from driver.nic_settings.writable_proc_sys import WritableProcSys
 
+log = logging.getLogger(__name__)
+
+OPTIMISTIC_DAD = {"ipv6/optimistic_dad": 1, "ipv6/use_optimistic": 1}
+"""Written for a NIC that gets new IPv6 addresses, before they are added: they are then detected
+optimistically (RFC 4429): bound and used at once, and preferred as a source like any other, while
+the kernel probes the link (a NIC that changes namespace has the new namespace's defaults, 0)."""
 OPTIONAL = frozenset({"ipv6/forwarding"})
 """Keys a NIC may lack (no IPv6 on it: ``ipv6.disable=1``, an MTU below 1280): skipped, not an error."""
 
@@ -168,6 +176,18 @@ class Sysctls(NicSetting):
                     nic.records[self.name] = read(host.fd, nic.host.ifname, list(keys))
                 except (SysctlError, OSError) as exc:
                     raise SettingRefused(nic.name, "sysctl", str(exc)) from exc
+
+    def in_pod(self, nics: Sequence[Nic], pod: PodNetns) -> None:
+        """Optimistic duplicate address detection on the NICs that get new IPv6 addresses. Where it
+        cannot be set (a kernel without it, ``/proc/sys`` not writable) the addresses are detected
+        the usual way, and the pod's containers wait for that (:mod:`driver.nri.dad_watch`)."""
+        for nic in nics:
+            if not new_ipv6(nic):
+                continue
+            try:
+                write(pod.fd, nic.pod.ifname, OPTIMISTIC_DAD, proc_sys=pod.host.proc_sys)
+            except (SysctlError, OSError) as exc:
+                log.info("optimistic IPv6 address detection not set", extra={"kv": {"nic": nic.name, "why": str(exc)}})
 
     def after_configure(self, nics: Sequence[Nic], pod: PodNetns) -> None:
         for nic in nics:

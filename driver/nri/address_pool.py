@@ -4,7 +4,8 @@ A share of a NIC whose config sets neither ``interface.addresses`` nor ``dhcp`` 
 of its NIC's pool. A pool is a range this node alone hands out: the Node's annotation
 ``dra.net/sharing-pools`` (``ib0=10.77.5.0/26,...``: one range per node, which a DaemonSet-wide
 setting cannot give), else ``--sharing-pools`` (the chart's ``sharing.pools``); ``subnet`` as a
-range means the subnet of the NIC's IPv4 host address, for a subnet that is this node's own.
+range means the subnet of the NIC's IPv4 host address, for a subnet that is this node's own. The
+daemon watches its Node: a changed annotation is the pools of the next lease, within seconds.
 There is no default: a subnet spanning nodes, handed out by each, gives one address twice, so a
 share with neither an address nor a pool is refused, saying what to set.
 
@@ -14,16 +15,19 @@ probe, :mod:`driver.netlink.arp_probe`, answered within a bounded wait). The add
 prefix of the NIC's subnet when the pool lies in it (so the pods and the host are on one link),
 else the pool's. A lease is part of the sub-interface's record (``subInterface.lease``), written
 ahead with it, so it is held as long as that record: a driver restart keeps it, and it is free
-again once the pod's state is dropped at the return.
+again once the pod's state is dropped at the return. A pool changed under running shares leaves
+their leases as they are: each stays its share's until its pod ends (:func:`in_use` counts every
+lease, in any range), and one outside its NIC's pool now is reported (:func:`leases_outside`).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from driver.checkpoint.state import RETURNED, DriverState
-from driver.config import IPNetwork
+from driver.config import SHARING_POOLS_ANNOTATION, SUBNET_POOL, IPNetwork
 from driver.netlink.rtnl import RT_SCOPE_UNIVERSE, Rtnl, dump_addresses
 from driver.netlink.sub_interfaces import LEASE, RECORD
 
@@ -84,13 +88,48 @@ def in_use(state: DriverState, host: Mapping[str, tuple[str, str]], skip: Iterab
     return out
 
 
+@dataclass(frozen=True, order=True)
+class LeaseOutside:
+    """A running share's lease outside its NIC's pool as it is now (the range changed or was removed
+    under it): the share keeps it, and no other share is given it while its pod runs."""
+
+    pod: str  # namespace/name
+    parent: str  # the shared NIC
+    lease: str  # the address as leased, with its prefix
+
+    def __str__(self) -> str:
+        return f"{self.lease} of pod {self.pod} (a share of {self.parent})"
+
+
+def leases_outside(state: DriverState, pools: Mapping[str, IPNetwork | None]) -> list[LeaseOutside]:
+    """The leases of running shares that their NIC's pool in ``pools`` does not hold: its range moved,
+    or it has none any more. A pool of ``subnet`` is not judged: it is the NIC's host subnet, read
+    when a lease is handed out."""
+    out = []
+    for pod in state.pods.values():
+        for m in pod.devices:
+            sub = m.records.get(RECORD) or {}
+            parent = str(sub.get("parent") or "")
+            if m.step == RETURNED or not sub.get(LEASE) or (parent in pools and pools[parent] is None):
+                continue
+            try:
+                address = ipaddress.ip_interface(str(sub[LEASE])).ip
+            except ValueError:  # not a lease this driver wrote: nothing to judge it by
+                continue
+            pool = pools.get(parent)
+            if pool is None or address not in pool:
+                out.append(LeaseOutside(f"{pod.namespace}/{pod.name}", parent, str(sub[LEASE])))
+    return sorted(out)
+
+
 def pool_of(parent: str, host_addresses: Iterable[str], pools: Mapping[str, IPNetwork | None]) -> IPNetwork:
     """The range ``parent``'s shares lease from; :class:`PoolError` when it has none."""
     if parent not in pools:
         raise PoolError(
-            f"no address pool for {parent} on this node: annotate the node dra.net/sharing-pools={parent}=<CIDR> "
-            f"(a range only this node hands out; 'subnet' for the NIC's own subnet when no other node is on it), "
-            "or set interface.addresses or interface.dhcp in the claim"
+            f"no address pool for {parent} on this node: annotate the node {SHARING_POOLS_ANNOTATION}={parent}=<CIDR> "
+            f"(a range only this node hands out; '{SUBNET_POOL}' for the NIC's own subnet when no other node is "
+            "on it): the driver takes it within seconds, without a restart, and this pod gets an address of it "
+            "at the kubelet's next retry of its sandbox; or give the claim interface.addresses or interface.dhcp"
         )
     pool = pools[parent]
     if pool is not None:

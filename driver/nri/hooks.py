@@ -88,6 +88,7 @@ from driver.nri import address_pool
 from driver.nri.address_pool import PoolError
 from driver.nri.adoption import adopt
 from driver.nri.container_adjustment import container_adjustment
+from driver.nri.dad_watch import DadWatch
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,9 @@ PROBE_WAIT = 0.1
 longer; a pod start waits on this, and a host that holds an address answers in microseconds)."""
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
+SYNC_ATTACH_BUDGET_S = 1.0
+"""Seconds of a Synchronize that may go to pods that started while no driver was connected (about
+0.1 s each): the call has the runtime's 2 s; pods past it are reported instead."""
 
 
 class HookError(Exception):
@@ -240,6 +244,7 @@ class NRIHooks:
         on_host_change: Callable[[], None] | None = None,
         kernel: KernelFeatures | None = None,
         before_containers: Callable[[str], None] | None = None,
+        on_problem: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.status = status
@@ -253,10 +258,20 @@ class NRIHooks:
         # dra.net/sharing-pools annotation over --sharing-pools.
         self.pools = dict(pools or {})
         self.probe_wait = probe_wait  # seconds an ARP probe of a lease waits for an answer (0: no probe)
+        # Counts what a pod met that its claim's status reports (the problems' metric): a reason.
+        self.on_problem = on_problem or (lambda _reason: None)
+        # The pods' new IPv6 addresses under duplicate address detection, off the hooks' path.
+        self.dad = DadWatch(on_failed=self._address_in_use)
         self._lock = threading.RLock()
+
+    def set_pools(self, pools: Mapping[str, IPNetwork | None]) -> None:
+        """The node's address pools changed (its annotation, watched by the daemon): the next lease
+        takes them. Leases held stay their shares' (``address_pool.in_use`` counts each, in any range)."""
+        self.pools = dict(pools)  # one rebinding: a lease reads either the old pools or the new
 
     def close(self) -> None:
         """Close the host's sockets (the pinned namespaces stay: their NICs are still out)."""
+        self.dad.close()
         self.host.ns.close()
 
     def _netdevs(self, pod_uid: str) -> list[Netdev]:
@@ -498,6 +513,10 @@ class NRIHooks:
         self.store.update(lambda s: s.pods.__setitem__(pod.uid, _in_pod_state(s.pods[pod.uid], nics, links)))
         self.pins.pin(pod.uid, target.path)
         self.steps.step("run:committed")
+        if target.tentative:  # followed in the background: the pod's containers may use them at once
+            pending = {key: device for key, (device, _) in target.tentative.items()}
+            usable = all(optimistic for _, optimistic in target.tentative.values())
+            self.dad.watch(pod.uid, self.pins.path(pod.uid, target.path), pending, usable)
         self._ready(pod, nics)
 
     def _move(self, nic: Nic) -> Move:
@@ -578,6 +597,7 @@ class NRIHooks:
         state = self._pod_state(pod_uid)
         if state is None:
             return ""
+        self.dad.forget(pod_uid)
         self.own.expect(
             names=[m.host_ifname for m in state.devices if m.step != RETURNED],
             indexes=[m.host_index for m in state.devices if m.step != RETURNED and m.host_index],
@@ -697,31 +717,74 @@ class NRIHooks:
             devices = [d for c in claims for d in c.devices]
             if not devices:
                 return None
+            if self._missed(pod):  # its RunPodSandbox never reached the driver: its NICs now, first
+                with self._lock:
+                    if self._missed(pod):
+                        self._attach_late(pod, [container])
+            self._check_addresses(pod)
             if self.before_containers is not None:  # what the pod's start queued for its containers
                 self.before_containers(pod.uid)
-            # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
-            requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
-            state = self._pod_state(pod.uid)
-            devices = _without_stay_home_rdma(devices, state.devices if state is not None else [])
-            addresses = _sub_interface_addresses(devices, state.devices if state is not None else [])
-            settings = settings_for_container(devices, self.host.sysfs_root, requested or None, addresses)
-            if settings.skipped_pin:
-                log.warning(
-                    "numa.pin not applied",
-                    extra={"kv": {"pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}},
-                )
-            return container_adjustment(devices, settings)
+            return self._adjustment(pod, container)
+
+    def _adjustment(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
+        """What the pod's claims give ``container`` (None: nothing)."""
+        devices = [d for c in self.store.read(lambda s: s.claims_for_pod(pod.uid)) for d in c.devices]
+        # Narrow, never widen, the cpuset the kubelet chose (CPU manager exclusive CPUs).
+        requested = container.linux.resources.cpu.cpus if container.HasField("linux") else ""
+        state = self._pod_state(pod.uid)
+        devices = _without_stay_home_rdma(devices, state.devices if state is not None else [])
+        addresses = _sub_interface_addresses(devices, state.devices if state is not None else [])
+        settings = settings_for_container(devices, self.host.sysfs_root, requested or None, addresses)
+        if settings.skipped_pin:
+            log.warning(
+                "numa.pin not applied",
+                extra={"kv": {"pod": pod.uid, "container": container.name, "reason": settings.skipped_pin}},
+            )
+        return container_adjustment(devices, settings)
+
+    def _check_addresses(self, pod: api.PodSandbox) -> None:
+        """Refuse the pod's containers while one of its IPv6 addresses is in use on its link; where
+        the kernel could not add them optimistically, wait (briefly) until they can be bound."""
+        if not self.dad.wait(pod.uid):
+            log.warning("IPv6 addresses still tentative: container created", extra={"kv": {"pod": pod.uid}})
+        failed = self.dad.failure(pod.uid)
+        if failed is not None:
+            raise HookError(
+                f"pod {pod.namespace}/{pod.name}: device {failed.device}: address failed: {failed}; the pod's "
+                "containers do not start (the kernel does not use the address): free it on the link and delete "
+                "the pod, or give the claim another address"
+            )
+
+    def _address_in_use(self, pod_uid: str, device: str, cidr: str, message: str) -> None:
+        """(the detection's thread) An IPv6 address of the pod is in use on its link: its claim's
+        ``Ready`` False naming it, a Warning event on the pod, counted."""
+        del cidr
+        self.on_problem("ipv6-address-in-use")
+        claims = self.store.read(
+            lambda s: [c for c in s.claims_for_pod(pod_uid) if any(d.device == device for d in c.devices)]
+        )
+        if self.status is None:
+            return
+        for claim in claims:
+            try:
+                self.status.pod_network_failed(pod_uid, claim, device, "address", f"device {device}: {message}")
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": pod_uid}})
 
     # -- Synchronize / Shutdown -------------------------------------------------------------
     def synchronize(self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:
         """Reconcile the checkpoint with the runtime's pods after a (re)connect.
 
         Gone pods: return their NICs. Pods with NICs mid-move: roll back (the hook
-        never reported success). Mid-return: finish returning. Pods with claims but
-        no state are never attached "late" (the runtime lists stopped-but-not-removed
-        sandboxes too, so that could put NICs into a dead pod); but NICs of theirs already
-        in their netns (the pod state file was lost) are recorded again (:mod:`driver.nri.adoption`).
+        never reported success). Mid-return: finish returning. Pods with claims but no state:
+        NICs of theirs already in their netns (the pod state file was lost) are recorded again
+        (:mod:`driver.nri.adoption`); a live one that has none started while no driver was
+        connected and gets them now if it has containers, else at its first CreateContainer
+        (:meth:`_attach_unattended`; a sandbox whose namespace is gone or whose containers all
+        stopped is left alone: it is ending; so is one whose RunPodSandbox reached the driver and
+        failed: the runtime fails that sandbox).
         """
+        started = time.monotonic()
         with self._lock, self.own.hook():
             self.host.rtnl()  # warm up the socket here, not in the first RunPodSandbox
             alive = {p.uid: p for p in pods}
@@ -743,6 +806,88 @@ class NRIHooks:
             for pod in pods:
                 if pod.uid not in known:
                     self._adopt(pod)
+            # Only pods the driver never heard of: one it has a record of saw its hook fail (the
+            # runtime fails such a sandbox), and was rolled back above.
+            self._attach_unattended([p for p in pods if p.uid not in known], containers, started)
+
+    def _attach_unattended(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container], started: float
+    ) -> None:
+        """The pods that started while no driver was connected to the runtime (its NRI connection
+        lost, a handover's gap) and have containers already: live, with prepared NICs and no state.
+        Each gets its NICs now, in its running namespace, within the runtime's budget for this call,
+        and its claims say that its containers were created without what the driver gives them
+        (``Ready`` False with the reason, a Warning event); counted. A pod without containers yet
+        gets its NICs at its first CreateContainer (:meth:`create_container`), with nothing
+        missing; a sandbox with every container stopped is ending, and is left alone."""
+        live = (api.CONTAINER_CREATED, api.CONTAINER_RUNNING, api.CONTAINER_PAUSED)
+        by_pod: dict[str, list[api.Container]] = {}
+        for c in containers:
+            if c.state in live:
+                by_pod.setdefault(c.pod_sandbox_id, []).append(c)
+        for pod in pods:
+            own = by_pod.get(pod.id, [])
+            if not own or not self._missed(pod):
+                continue
+            if time.monotonic() - started > SYNC_ATTACH_BUDGET_S:
+                self.on_problem("started-without-driver")
+                why = (
+                    "it started while the driver was not connected to the container runtime, and more such pods "
+                    "than fit the runtime's time limit were found at the reconnect: delete the pod to start it "
+                    "with its NICs"
+                )
+                self._report_pod(pod, self._netdevs(pod.uid), "late attach", f"pod {pod.namespace}/{pod.name}: {why}")
+                continue
+            try:
+                self._attach_late(pod, own)
+            except HookError:
+                continue
+            self._report_late_containers(pod, own, self._netdevs(pod.uid))
+
+    def _missed(self, pod: api.PodSandbox) -> bool:
+        """Whether the pod has prepared NICs, none of them attached, and a live namespace: its
+        RunPodSandbox never reached the driver."""
+        netns = pod_netns_path(pod)
+        return bool(netns and self._pod_state(pod.uid) is None and self._netdevs(pod.uid) and _netns_alive(netns))
+
+    def _attach_late(self, pod: api.PodSandbox, containers: Sequence[api.Container]) -> None:
+        """The NICs of a pod whose RunPodSandbox never reached the driver, now; :class:`HookError`
+        as RunPodSandbox's (reported by the attach: ``Ready`` False with the step and the reason)."""
+        self.on_problem("started-without-driver")
+        log.warning(
+            "pod started while the driver was not connected to the runtime: attaching its NICs now",
+            extra={"kv": {"pod": pod.uid, "containers": [c.name for c in containers]}},
+        )
+        self._attach(pod, pod_netns_path(pod), self._netdevs(pod.uid))
+
+    def _report_late_containers(
+        self, pod: api.PodSandbox, containers: Sequence[api.Container], netdevs: list[Netdev]
+    ) -> None:
+        """Containers created before the NICs came lack what the driver gives each container (RDMA
+        character devices, ``NCCL_IB_HCA``, the NUMA cpuset) where their claims give any: say so."""
+        needed = containers and self._adjustment(pod, containers[0]) is not None
+        if not needed:
+            return
+        names = ", ".join(sorted({c.name for c in containers}))
+        message = (
+            f"pod {pod.namespace}/{pod.name}: its NICs are in the pod now, but its containers ({names}) were "
+            "created while the driver was not connected to the container runtime, without their RDMA devices "
+            "and environment: delete the pod to start them with those"
+        )
+        self._report_pod(pod, netdevs, "container setup", message)
+
+    def _report_pod(self, pod: api.PodSandbox, netdevs: list[Netdev], step: str, message: str) -> None:
+        """A problem of the whole pod after its NICs' fate was decided: ``Ready`` False on the first
+        NIC of each of its claims (naming ``step``), a Warning event on the pod."""
+        log.error("pod network problem", extra={"kv": {"pod": pod.uid, "step": step, "error": message}})
+        if self.status is None:
+            return
+        for claim in {c.uid: c for c, _ in netdevs}.values():
+            first = next(d.device for c, d in netdevs if c.uid == claim.uid)
+            try:
+                self.status.pod_network_failed(pod.uid, claim, first, step, message)
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
 
     def _report_unattended(self, held: PodNetState, outcome: Mapping[str, str | NetnsOpError]) -> None:
         """A pod that ended while no driver was connected (no StopPodSandbox reached us, its
@@ -787,6 +932,18 @@ class NRIHooks:
     def shutdown(self) -> None:
         """The runtime is going away; NIC state stays in the checkpoint."""
         log.info("NRI shutdown received")
+
+
+def _netns_alive(path: str) -> bool:
+    """Whether ``path`` is a network namespace (a stopped sandbox's is unmounted, then removed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return is_netns_fd(fd)
+    finally:
+        os.close(fd)
 
 
 def _netdevs_of(state: DriverState, pod_uid: str) -> list[Netdev]:
@@ -969,11 +1126,14 @@ def _in_pod_state(state: PodNetState, nics: Sequence[Nic], links: dict[str, Link
 
 def _device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
     """What the claim's status says of a NIC in the pod: its name, addresses, MAC, for a
-    sub-interface its kind and the NIC it hangs from, and why its RDMA device stayed out."""
+    sub-interface its kind and the NIC it hangs from, why its RDMA device stayed out, and its MTU
+    as the pod has it (the link read back after the move set it: a claim that sets none keeps
+    the NIC's, which need not be the one published at the last scan)."""
     sub = nic.records.get(SUB_INTERFACE) or {}
     no_rdma = rdma.stays_home(nic.records.get(rdma.RdmaDevice.name))
+    mtu = nic.link.mtu if nic.link is not None else None
     return DeviceResult(
-        nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"), no_rdma
+        nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"), no_rdma, mtu
     )
 
 

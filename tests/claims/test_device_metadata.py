@@ -12,11 +12,13 @@ import shutil
 import subprocess
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from driver.checkpoint.state import IN_POD, DriverState, MovedDevice, PodNetState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
 from driver.claims.device_metadata import (
@@ -30,7 +32,7 @@ from driver.claims.device_metadata import (
 )
 from driver.claims.prepare import Preparer
 from driver.claims.status_entries import DeviceResult
-from driver.dra.protocol import ClaimRef
+from driver.dra.protocol import ClaimRef, PrepareResult
 from driver.kube.client import KubeClient
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
@@ -126,7 +128,7 @@ async def test_a_claim_by_name_is_under_resourceclaims(
 
 
 async def test_a_retry_keeps_the_file_and_a_lost_cdi_spec_is_written_again(
-    api: FakeAPIServer, meta_preparer: Preparer, paths: MetadataPaths
+    api: FakeAPIServer, meta_preparer: Preparer, paths: MetadataPaths, tmp_path: Path
 ) -> None:
     _template_claim(api)
     ref = ClaimRef("ns", "pod-devices-x7k2p", UID)
@@ -145,11 +147,34 @@ async def test_a_retry_keeps_the_file_and_a_lost_cdi_spec_is_written_again(
     assert "resourceclaimtemplates/devices/" in spec["devices"][0]["containerEdits"]["mounts"][0]["containerPath"]
     assert api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/") == gets  # from the file
 
-    shutil.rmtree(paths.claim_dir("ns", "pod-devices-x7k2p"))  # both gone: rebuilt from a GET
+    shutil.rmtree(paths.claim_dir("ns", "pod-devices-x7k2p"))  # both gone: from the checkpoint alone
     paths.cdi_spec(UID, "nic").unlink()
     assert await meta_preparer.prepare([ref]) == first
     assert decode_first(file.read_bytes())["podClaimName"] == "devices"
+    assert api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/") == gets
+
+    # A record an older driver wrote (no facts kept), read by a restarted driver: one GET.
+    record = meta_preparer.store.read(lambda s: s.claims[UID])
+    older = replace(record, devices=[replace(d, metadata=None) for d in record.devices])
+    meta_preparer.store.update(lambda s: s.claims.__setitem__(UID, older))
+    shutil.rmtree(paths.claim_dir("ns", "pod-devices-x7k2p"))
+    paths.cdi_spec(UID, "nic").unlink()
+    store = CheckpointStore(tmp_path / "state")
+    restarted = Preparer(meta_preparer.kube, store, meta_preparer.builder, metadata=DeviceMetadataWriter(paths))
+    assert await restarted.prepare([ref]) == first
+    assert decode_first(file.read_bytes())["podClaimName"] == "devices"
     assert api.count("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/") == gets + 1
+
+
+def _pods_hold(store: CheckpointStore, record: PreparedClaim, *pods: str) -> None:
+    """Each pod's state holding the claim's NICs, in the pod (what RunPodSandbox commits)."""
+
+    def put(s: DriverState) -> None:
+        for pod in pods:
+            moved = [MovedDevice(d.device, f"ib{i}", f"net{i}", step=IN_POD) for i, d in enumerate(record.devices)]
+            s.pods[pod] = PodNetState(pod, devices=moved)
+
+    store.update(put)
 
 
 async def test_pod_start_adds_network_data_and_bumps_the_generation(
@@ -169,6 +194,7 @@ async def test_pod_start_adds_network_data_and_bumps_the_generation(
         DeviceResult("pci-0000-8a-00-0", "net1", ["192.168.7.2/24", "fd07::2/64"], "0c:42:a1:00:00:01"),
         DeviceResult("pci-0000-8a-00-1", "ib1"),
     ]
+    _pods_hold(meta_preparer.store, record, "pod-1", "pod-2")  # as RunPodSandbox leaves them
     sink.pod_network_ready("pod-1", record, results)
     assert seen == ["pod-1"]  # the status writer still gets it
     sink.settle("pod-1")  # what CreateContainer waits for
@@ -257,7 +283,7 @@ def test_the_upstream_decoder_accepts_our_files(tmp_path: Path, paths: MetadataP
     devices = [PreparedDevice("nic", NODE, name, dev) for name, dev in inventory(2).items()]
     claim = PreparedClaim(UID, "ns", "c1", ["pod-1"], devices)
     writer = DeviceMetadataWriter(paths)
-    writer._write_requests(claim, ["nic"], {"metadata": {"annotations": {}}})
+    writer.prepared(claim, PrepareResult(), {"metadata": {"annotations": {}}})
     writer.network_ready(claim, [DeviceResult(devices[0].device, "net1", ["10.0.0.2/24"], "0c:42:a1:00:00:01")])
     out = subprocess.run(
         [str(binary), str(paths.file("ns", "c1", "nic")), str(paths.cdi_spec(UID, "nic"))],
@@ -284,7 +310,7 @@ def test_the_cdi_library_loads_the_spec_for_every_uid(paths: MetadataPaths, uid:
 
     devices = [PreparedDevice("nic", NODE, name, dev) for name, dev in inventory(1).items()]
     claim = PreparedClaim(uid, "ns", "c1", [], devices)
-    DeviceMetadataWriter(paths)._write_requests(claim, ["nic"], None)
+    DeviceMetadataWriter(paths).prepared(claim, PrepareResult(), {})
     args = [str(decoder_binary()), str(paths.file("ns", "c1", "nic")), str(paths.cdi_spec(uid, "nic"))]
     out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
@@ -298,10 +324,13 @@ def test_the_pod_start_rewrite_is_off_the_hook_and_containers_wait_for_it(tmp_pa
     written: list[str] = []
 
     class SlowWriter:
-        def network_ready(self, claim: Any, results: list[DeviceResult]) -> None:
+        def network_ready(self, claim: Any, results: list[DeviceResult], pod_uid: str) -> None:
             started.set()
             release.wait(10)
             written.append(claim)
+
+        def keep_pod(self, pod_uid: str) -> None:
+            pass
 
     class Status:
         def pod_network_ready(self, pod_uid: str, claim: Any, results: list[DeviceResult]) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -95,6 +96,10 @@ class Tally:
     by_scenario: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # families this kernel cannot run, and why
+    # Per kind of journal damage: the records it left intact and how many of them a restart read, the
+    # records with only their magic or length damaged and how many were read all the same, and the
+    # claims of records it left torn at the file's end (dropped as a crash's tear would be).
+    journal_records: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def problem(self, what: str) -> None:
         if len(self.problems) < 20:
@@ -522,13 +527,41 @@ class StubKube:
 
 
 CORRUPTED_FIELDS = {"magic": 0, "length": 5, "crc": 9, "epoch": 13, "sequence": 21, "base": 28, "payload": 60}
-"""One byte of each part of a journal record (header: magic, length, crc, epoch, sequence, base)."""
+"""A byte of each part of a journal record (header: magic, length, crc, epoch, sequence, base)."""
+
+INSERTED = bytes(range(0xA0, 0xA0 + 37))
+"""Bytes inserted into the journal (no record's magic in them); as many are cut out."""
+
+JOURNAL_DAMAGE = ("flipped", "bytes inserted", "bytes cut out", "truncated")
+"""What is done to the journal at a byte: that byte flipped, :data:`INSERTED` put before it, as many
+bytes cut out from it on, the file cut there."""
+
+
+def damaged_journal(journal: bytes, at: int, kind: str) -> bytes:
+    """``journal`` with one of :data:`JOURNAL_DAMAGE` at byte ``at``."""
+    if kind == "flipped":
+        return journal[:at] + bytes([journal[at] ^ 0x40]) + journal[at + 1 :]
+    if kind == "bytes inserted":
+        return journal[:at] + INSERTED + journal[at:]
+    if kind == "bytes cut out":
+        return journal[:at] + journal[at + len(INSERTED) :]
+    return journal[:at]
+
+
+def intact_records(extents: list[range], at: int, kind: str) -> set[int]:
+    """The records whose own bytes (header, payload) ``kind`` at byte ``at`` leaves untouched."""
+    end = {"flipped": at + 1, "bytes inserted": at, "bytes cut out": at + len(INSERTED)}.get(kind, sys.maxsize)
+    return {i for i, extent in enumerate(extents) if extent.stop <= at or extent.start >= end}
 
 
 def corruption_scenario(tally: Tally, root: Path) -> None:
-    """One byte of one acknowledged record of the claims journal damaged, for every part of every
-    record: after the restart and, when the store says claims may be missing, the rebuild from the
-    API server (the daemon's way), every claim the kubelet was told was prepared is there."""
+    """The claims journal's acknowledged records damaged, in every part of every record, each of
+    :data:`JOURNAL_DAMAGE`: at the restart every record the damage left intact is read (counted in
+    :attr:`Tally.journal_records`), and after the rebuild from the API server the store asks for (the
+    daemon's way) every claim the kubelet was told was prepared is there, but those of records the
+    damage left torn at the file's end (bytes cut out of or into them, the file cut, no intact record
+    after them): a crash leaves such a tear of a record it never acknowledged, and no reader can tell
+    them apart (counted, as ``torn``)."""
     node = "node-f"
     pods = ["p"]
     claims = {
@@ -547,27 +580,44 @@ def corruption_scenario(tally: Tally, root: Path) -> None:
             if asyncio.run(first.prepare([ref]))[ref.uid].error:
                 raise RuntimeError(f"prepare {ref.name} fails without a fault")
         journal = (template / CheckpointStore.JOURNAL_FILENAME).read_bytes()
-    offsets, at = [], 0
-    while at < len(journal):
-        offsets.append(at)
-        at += 40 + int.from_bytes(journal[at + 4 : at + 8], "little")
-    for position, start in enumerate(offsets):
-        for part, delta in CORRUPTED_FIELDS.items():
-            name = f"journal record {position} damaged ({part})"
-            tally.faults += 1
-            tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
-            with fresh_state(root) as state:
-                shutil.copytree(template, state, dirs_exist_ok=True)
-                data = bytearray(journal)
-                data[start + delta] ^= 0x40
-                (state / CheckpointStore.JOURNAL_FILENAME).write_bytes(bytes(data))
-                restarted = preparer(state)
-                if restarted.store.claims_quarantined:
-                    asyncio.run(rebuild_prepared_claims(restarted, restarted.kube))  # type: ignore[arg-type]
-                lost = {ref.uid for ref in refs} - set(restarted.store.read(lambda s: list(s.claims)))
-                tally.lost_claims += len(lost)
-                if lost:
-                    tally.problem(f"{name}: {sorted(lost)} answered prepared, missing after restart and rebuild")
+    extents: list[range] = []
+    while (at := extents[-1].stop if extents else 0) < len(journal):
+        extents.append(range(at, at + 40 + int.from_bytes(journal[at + 4 : at + 8], "little")))
+    if len(extents) != len(refs):
+        raise RuntimeError(f"{len(extents)} journal records for {len(refs)} prepares")
+    cases = itertools.product(enumerate(extents), JOURNAL_DAMAGE, CORRUPTED_FIELDS.items())
+    for (position, extent), kind, (part, delta) in cases:
+        name = f"journal record {position} {kind} ({part})"
+        tally.faults += 1
+        tally.by_scenario[name] = tally.by_scenario.get(name, 0) + 1
+        whole = intact_records(extents, extent.start + delta, kind)
+        intact = {refs[i].uid for i in whole}
+        # Its magic or length alone flipped, a record is still read (its checksum covers neither).
+        mendable = {refs[position].uid} if kind == "flipped" and delta < 8 else set()
+        # A flip leaves every record whole: a damaged one is always told from a tear.
+        torn = set() if kind == "flipped" else {ref.uid for i, ref in enumerate(refs) if i > max(whole, default=-1)}
+        count = tally.journal_records.setdefault(
+            kind, dict.fromkeys(("intact", "kept", "mendable", "mended", "torn"), 0)
+        )
+        with fresh_state(root) as state:
+            shutil.copytree(template, state, dirs_exist_ok=True)
+            damaged = damaged_journal(journal, extent.start + delta, kind)
+            (state / CheckpointStore.JOURNAL_FILENAME).write_bytes(damaged)
+            restarted = preparer(state)
+            read = set(restarted.store.read(lambda s: list(s.claims)))
+            count["intact"] += len(intact)
+            count["kept"] += len(intact & read)
+            count["mendable"] += len(mendable)
+            count["mended"] += len(mendable & read)
+            if (intact | mendable) - read:
+                tally.problem(f"{name}: records of {sorted((intact | mendable) - read)} not read at the restart")
+            if restarted.store.claims_quarantined:
+                asyncio.run(rebuild_prepared_claims(restarted, restarted.kube))  # type: ignore[arg-type]
+            lost = {ref.uid for ref in refs} - set(restarted.store.read(lambda s: list(s.claims)))
+            count["torn"] += len(lost & torn)
+            tally.lost_claims += len(lost - torn)
+            if lost - torn:
+                tally.problem(f"{name}: {sorted(lost - torn)} answered prepared, missing after restart and rebuild")
 
 
 def prepare_scenario(tally: Tally, root: Path, journal: bool) -> None:

@@ -1,9 +1,11 @@
 """kill -9 after every netlink operation and every state-file step of prepare, RunPodSandbox and
 StopPodSandbox (1, 2 and 3 NICs, with and without a full config; moves the kernel refuses half-way;
-a share of a NIC as a sub-interface, with a claim address and a pool lease), and one damaged byte
-in every part of every record of the claims journal: no NIC stranded, no claim lost (after the
-rebuild from the API server a damaged journal asks for), the state file valid at every restart, no
-link the driver does not own touched. The
+a share of a NIC as a sub-interface, with a claim address and a pool lease), and every part of every
+record of the claims journal damaged (a byte flipped, bytes inserted, bytes cut out, the file cut
+there): no NIC stranded, every intact journal record read at the restart, no claim lost (after the
+rebuild from the API server a damaged journal asks for; but those of records left torn at the
+journal's end, which no reader can tell from a crash's tear), the state file valid at every restart,
+no link the driver does not own touched. The
 engine is tests/faults/runner.py; it runs in a throwaway "host" namespace so its veths, addresses
 and routes never touch the node's."""
 
@@ -44,7 +46,12 @@ def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -
         print(
             f"\nfault injection: {summary['faults']} faults injected, {summary['stranded']} NICs stranded, "
             f"{summary['lost_claims']} claims lost, {summary['invalid_state']} invalid state files, "
-            f"{summary['foreign_touched']} foreign links touched, {summary['seconds']} s"
+            f"{summary['foreign_touched']} foreign links touched, {summary['seconds']} s; journal records "
+            f"kept/intact (mended/mendable, torn) by damage: "
+            + ", ".join(
+                f"{kind} {n['kept']}/{n['intact']} ({n['mended']}/{n['mendable']}, {n['torn']})"
+                for kind, n in summary["journal_records"].items()
+            )
         )
     assert summary["problems"] == [], summary["problems"]
     assert summary["faults"] >= MIN_FAULTS
@@ -52,7 +59,10 @@ def test_every_step_killed_nothing_lost(netns_factory, tmp_path: Path, capsys) -
     assert summary["foreign_touched"] == 0
     assert any("refused" in name for name in summary["by_scenario"]), summary["by_scenario"]
     damaged = {name: n for name, n in summary["by_scenario"].items() if name.startswith("journal record")}
-    assert len(damaged) == 4 * 7, damaged  # every part of every record of the claims journal
+    assert len(damaged) == 4 * 4 * 7, damaged  # every part of every record of the claims journal, 4 kinds of damage
+    journal = summary["journal_records"]
+    assert set(journal) == {"flipped", "bytes inserted", "bytes cut out", "truncated"}, journal
+    assert all(n["kept"] == n["intact"] > 0 and n["mended"] == n["mendable"] for n in journal.values()), journal
     assert all(n > 0 for n in summary["by_scenario"].values()), summary["by_scenario"]
 
 

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from driver.checkpoint.state import IN_POD, RETURNED, DriverState, MovedDevice, PodNetState
 from driver.checkpoint.store import CheckpointStore
 from driver.config import parse_sharing_pools
-from driver.nri.address_pool import PoolError, lease
+from driver.netlink.sub_interfaces import LEASE, RECORD
+from driver.nri.address_pool import LeaseOutside, PoolError, in_use, lease, leases_outside
 from driver.nri.hooks import SUB_INTERFACE, HookError, NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import configure_host_nic, link_facts, prepare_claim
@@ -44,6 +46,47 @@ def test_no_pool_no_lease_and_the_refusal_says_what_to_set() -> None:
         lease("ib0", ["10.1.0.1/24"], {}, {})
     assert "no address pool for ib0 on this node: annotate the node dra.net/sharing-pools=ib0=<CIDR>" in str(info.value)
     assert "interface.addresses or interface.dhcp" in str(info.value)
+    # What the admin will see once they did what it says: no restart, the pod at the kubelet's retry.
+    assert "the driver takes it within seconds, without a restart" in str(info.value)
+    assert "this pod gets an address of it at the kubelet's next retry" in str(info.value)
+
+
+def _share(pod: str, parent: str, leased: str, step: str = IN_POD) -> PodNetState:
+    """A running pod with one share of ``parent`` holding ``leased`` (its record as the hooks write it)."""
+    record = {"kind": "macvlan", "parent": parent, "parentIndex": 7, LEASE: leased}
+    device = MovedDevice(device="shared", host_ifname=parent, pod_ifname="net1", step=step, records={RECORD: record})
+    return PodNetState(pod_uid=f"uid-{pod}", namespace="ns", name=pod, devices=[device])
+
+
+def test_a_pool_changed_under_running_shares_never_hands_their_addresses_out() -> None:
+    """A lease outside the new range stays its share's; a new range that holds it skips it."""
+    state = DriverState(pods={"uid-a": _share("a", "ib0", "10.9.0.2/24"), "uid-b": _share("b", "ib0", "10.9.0.3/24")})
+    taken = in_use(state, {})
+    # A new range holding a's address (.1, .2): the free one; one holding both (.2, .3): none left.
+    assert lease("ib0", [], taken, parse_sharing_pools("ib0=10.9.0.0/30")) == "10.9.0.1/30"
+    with pytest.raises(PoolError, match="exhausted: 2 addresses in use"):
+        lease("ib0", [], taken, parse_sharing_pools("ib0=10.9.0.2/31"))
+
+
+def test_leases_outside_the_pools_now_are_named() -> None:
+    state = DriverState(
+        pods={
+            "uid-a": _share("a", "ib0", "10.9.0.2/24"),  # inside the new range
+            "uid-b": _share("b", "ib0", "10.8.0.5/24"),  # the range moved away from it
+            "uid-c": _share("c", "ib1", "10.7.0.5/24"),  # ib1's pool removed
+            "uid-d": _share("d", "ib2", "192.0.2.9/24"),  # a pool of 'subnet': the host's, not judged
+            "uid-e": _share("e", "ib0", "10.8.0.6/24", step=RETURNED),  # gone home: no lease held
+        }
+    )
+    pools = parse_sharing_pools("ib0=10.9.0.0/29,ib2=subnet")
+    assert leases_outside(state, pools) == [
+        LeaseOutside("ns/b", "ib0", "10.8.0.5/24"),
+        LeaseOutside("ns/c", "ib1", "10.7.0.5/24"),
+    ]
+    assert str(leases_outside(state, pools)[0]) == "10.8.0.5/24 of pod ns/b (a share of ib0)"
+    assert leases_outside(state, parse_sharing_pools("ib0=10.8.0.0/16,ib1=10.7.0.0/24,ib2=subnet")) == [
+        LeaseOutside("ns/a", "ib0", "10.9.0.2/24")
+    ]
 
 
 def test_an_address_answering_on_the_link_is_never_leased() -> None:
@@ -71,7 +114,8 @@ def test_shares_without_addresses_get_unique_leases_freed_at_the_end_and_kept_ac
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.219.1/24", [])
+    sub = netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [])
     before = link_facts(nic)
     state, run = str(tmp_path / "state"), str(tmp_path / "run")
     pools = parse_sharing_pools(f"{nic}=subnet")
@@ -91,7 +135,7 @@ def test_shares_without_addresses_get_unique_leases_freed_at_the_end_and_kept_ac
         got.append(f"{inet['local']}/{inet['prefixlen']}")
         [m] = hooks.store.read(lambda s, u=pod.uid: s.pods[u].devices)
         assert m.records[SUB_INTERFACE]["lease"] == got[-1]
-    assert got == ["192.168.219.2/24", "192.168.219.3/24", "192.168.219.4/24"]
+    assert got == [sub.cidr(2), sub.cidr(3), sub.cidr(4)]
     assert link_facts(nic) == before
     # The first pod ends: its address is free again, the next pod gets it.
     hooks.stop_pod_sandbox(pods[0][0])
@@ -99,14 +143,15 @@ def test_shares_without_addresses_get_unique_leases_freed_at_the_end_and_kept_ac
     prepare_claim(hooks.store, uid, [{"ifname": nic, "device": "shared", "share_id": "s3"}])
     hooks.run_pod_sandbox(_pod(uid, f"/run/netns/{pod_ns}"))
     [inet] = [a for a in _links(pod_ns)[nic]["addr_info"] if a["family"] == "inet"]
-    assert inet["local"] == "192.168.219.2"
+    assert inet["local"] == sub.ip(2)
 
 
 @pytest.mark.root
 def test_an_exhausted_pool_refuses_the_pod_naming_it(netns_factory: NetnsFactory, tmp_path: Path) -> None:
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.220.1/24", [])
-    pools = parse_sharing_pools(f"{nic}=192.168.220.64/31")
+    sub = netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [])
+    pools = parse_sharing_pools(f"{nic}={sub.ip(64)}/31")
     hooks = NRIHooks(
         CheckpointStore(str(tmp_path / "s"), str(tmp_path / "r")), host_netns="/proc/self/ns/net", pools=pools
     )
@@ -128,10 +173,11 @@ def test_no_address_in_use_is_leased_or_taken(netns_factory: NetnsFactory, tmp_p
     the link holds (another node's, answering ARP) is skipped; a share asking for an address this
     node's host holds is refused, naming it and its holder."""
     nic, peer = netns_factory.veth()
-    configure_host_nic(nic, peer, "192.168.221.1/24", [])
+    sub = netns_factory.subnet()
+    configure_host_nic(nic, peer, sub.cidr(1), [])
     other = netns_factory.netns()  # another node on the rail: the peer's end holds .2
     subprocess.run(["ip", "link", "set", peer, "netns", other], check=True)
-    subprocess.run(["ip", "-n", other, "addr", "add", "192.168.221.2/24", "dev", peer], check=True)
+    subprocess.run(["ip", "-n", other, "addr", "add", sub.cidr(2), "dev", peer], check=True)
     subprocess.run(["ip", "-n", other, "link", "set", peer, "up"], check=True)
     pools = parse_sharing_pools(f"{nic}=subnet")
     hooks = NRIHooks(
@@ -146,8 +192,8 @@ def test_no_address_in_use_is_leased_or_taken(netns_factory: NetnsFactory, tmp_p
         [inet] = [a for a in _links(pod_ns)["net1" if interface else nic]["addr_info"] if a["family"] == "inet"]
         return f"{inet['local']}/{inet['prefixlen']}"
 
-    assert start("a", {"addresses": ["192.168.221.3/24"]}) == "192.168.221.3/24"
-    assert start("b", None) == "192.168.221.4/24", "not .2 (answers ARP on the link), not .3 (share a's)"
+    assert start("a", {"addresses": [sub.cidr(3)]}) == sub.cidr(3)
+    assert start("b", None) == sub.cidr(4), "not .2 (answers ARP on the link), not .3 (share a's)"
     with pytest.raises(HookError) as info:
-        start("c", {"addresses": ["192.168.221.1/24"]})
-    assert f"interface.addresses: 192.168.221.1/24 is in use by the host's {nic}" in str(info.value)
+        start("c", {"addresses": [sub.cidr(1)]})
+    assert f"interface.addresses: {sub.cidr(1)} is in use by the host's {nic}" in str(info.value)

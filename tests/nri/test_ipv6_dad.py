@@ -1,19 +1,28 @@
 """IPv6 duplicate address detection through the real hooks: a pod's containers start with every IPv6
-address of its NICs bindable. The host's own addresses (carried in, and back home) skip detection;
-a claim's new address is detected before RunPodSandbox returns, and one in use on the link refuses
-the pod, naming the address, with the NIC back home as it was."""
+address of its NICs bindable, and RunPodSandbox never waits for the detection. The host's own
+addresses (carried in, and back home) skip it; a claim's new address is detected optimistically
+(bindable at once) and followed in the background (:mod:`driver.nri.dad_watch`): one in use on the
+link keeps the pod's containers from starting, naming the address, and its claim says so. Where the
+kernel cannot add it optimistically, the pod's containers wait (briefly) for the detection."""
 
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
+from dranet_proto import nri_v1alpha1_pb2 as api
+from driver.checkpoint.state import PreparedClaim
+from driver.nic_settings import sysctls
+from driver.nri.dad_watch import CONTAINER_WAIT_S
 from driver.nri.hooks import HookError
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, prepare_claim
-from tests.support.hook_node import Node, ipj, sh
+from tests.support.hook_node import Node, ipj, sh, sysctl
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
@@ -24,21 +33,66 @@ def _v6(netns: str, dev: str) -> dict[str, dict[str, object]]:
     return {f"{a['local']}/{a['prefixlen']}": a for a in link["addr_info"] if a.get("scope") == "global"}
 
 
-def _bind(netns: str, address: str) -> subprocess.CompletedProcess[str]:
-    code = f"import socket; socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).bind(('{address}', 0))"
-    return subprocess.run(["ip", "netns", "exec", netns, "python3", "-c", code], capture_output=True, text=True)
+def _bind(netns: str, *addresses: str) -> subprocess.CompletedProcess[str]:
+    code = "import socket,sys\nfor a in sys.argv[1:]: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).bind((a, 0))"
+    cmd = ["ip", "netns", "exec", netns, "python3", "-c", code, *addresses]
+    return subprocess.run(cmd, capture_output=True, text=True)
 
 
-def test_a_claims_ipv6_address_is_bindable_when_the_containers_start(
+def _container() -> api.Container:
+    return json_format.ParseDict({"id": "c1", "name": "main"}, api.Container())
+
+
+def _settled(netns: str, dev: str, cidr: str, timeout: float = 5.0) -> dict[str, object]:
+    """The address once the kernel decided (not tentative any more, or found in use)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = _v6(netns, dev)[cidr]
+        if not got.get("tentative") or got.get("dadfailed") or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+class Sink:
+    """Records the hooks' status reports."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[str, str, str, str]] = []
+        self.ready: list[str] = []
+
+    def pod_network_ready(self, pod_uid: str, claim: PreparedClaim, results: list[Any]) -> None:
+        self.ready.append(pod_uid)
+
+    def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
+        self.failed.append((pod_uid, device, step, message))
+
+    def nic_returned_unattended(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def test_a_claims_ipv6_address_is_bindable_at_once_and_the_hook_does_not_wait_for_detection(
     netns_factory: NetnsFactory, tmp_path: Path
 ) -> None:
     node = Node(netns_factory, tmp_path)
     node.run({"addresses": ["fd61::2/64"]})
     got = _v6(node.pod_ns, node.nic)
-    assert "fd61::2/64" in got and not got["fd61::2/64"].get("tentative"), got
+    # Still under detection when the hook returned (it did not wait), and optimistic: usable now.
+    assert got["fd61::2/64"].get("tentative") and got["fd61::2/64"].get("optimistic"), got
+    assert sysctl(node.pod_ns, f"ipv6/conf/{node.nic}/optimistic_dad") == 1
+    assert node.hooks.dad.pending() == 1
     bound = _bind(node.pod_ns, "fd61::2")
     assert bound.returncode == 0, bound.stderr
+    assert node.hooks.dad.wait(node.uid, timeout=0), "optimistic: the containers need not wait"
+    node.hooks.create_container(node.pod, _container())  # nothing to refuse
+    settled = _settled(node.pod_ns, node.nic, "fd61::2/64")
+    assert not settled.get("tentative") and not settled.get("dadfailed"), settled
+    deadline = time.monotonic() + 5
+    while node.hooks.dad.pending() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert node.hooks.dad.pending() == 0, "the detection's outcome was followed to its end"
+    assert node.hooks.dad.failure(node.uid) is None
     node.hooks.stop_pod_sandbox(node.pod)
+    node.hooks.close()
 
 
 def test_the_hosts_ipv6_address_is_usable_at_once_in_the_pod_and_back_home(
@@ -50,8 +104,9 @@ def test_the_hosts_ipv6_address_is_usable_at_once_in_the_pod_and_back_home(
     prepare_claim(node.store, node.uid, [{"ifname": node.nic}])
     node.hooks.run_pod_sandbox(node.pod)
     got = _v6(node.pod_ns, node.nic)
-    # Added without detection: no wait in the hook, and bindable at once.
+    # Added without detection: nothing followed, and bindable at once.
     assert "fd62::2/64" in got and not got["fd62::2/64"].get("tentative") and got["fd62::2/64"].get("nodad"), got
+    assert node.hooks.dad.pending() == 0
     assert _bind(node.pod_ns, "fd62::2").returncode == 0
     node.hooks.stop_pod_sandbox(node.pod)
     home = _v6(node.host, node.nic)
@@ -60,13 +115,79 @@ def test_the_hosts_ipv6_address_is_usable_at_once_in_the_pod_and_back_home(
     assert link_facts(node.nic, node.host) == before
 
 
-def test_an_ipv6_address_in_use_on_the_link_refuses_the_pod(netns_factory: NetnsFactory, tmp_path: Path) -> None:
+def test_an_ipv6_address_in_use_on_the_link_keeps_the_containers_from_starting(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
     node = Node(netns_factory, tmp_path)
+    sink = Sink()
+    problems: list[str] = []
+    node.hooks.status = sink
+    node.hooks.on_problem = problems.append
     sh(node.fabric, "-6", "addr", "add", "fd63::2/64", "dev", node.peer, "nodad")
     before = link_facts(node.nic, node.host)
+    node.run({"addresses": ["fd63::2/64"]})  # the pod starts: detection goes on without it
+    assert sink.ready == [node.uid]
+    deadline = time.monotonic() + 5
+    while not sink.failed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sink.failed, "the duplicate was reported"
+    pod_uid, device, step, message = sink.failed[0]
+    assert (pod_uid, device, step) == (
+        node.uid,
+        node.store.read(lambda s: s.pods[node.uid].devices[0].device),
+        "address",
+    )
+    assert "fd63::2/64 is in use on the link" in message and "IPv6 duplicate address detection" in message
+    assert problems == ["ipv6-address-in-use"]
     with pytest.raises(HookError) as info:
-        node.run({"addresses": ["fd63::2/64"]})
+        node.hooks.create_container(node.pod, _container())
     assert "address failed: interface.addresses: fd63::2/64 is in use on the link" in str(info.value), info.value
-    assert "IPv6 duplicate address detection" in str(info.value)
+    assert "containers do not start" in str(info.value)
+    node.hooks.stop_pod_sandbox(node.pod)
     assert link_facts(node.nic, node.host) == before, "the NIC is back home as it was"
     assert node.store.read(lambda s: node.uid not in s.pods)
+    assert node.hooks.dad.failure(node.uid) is None, "forgotten with the pod"
+    node.hooks.close()
+
+
+def test_where_the_kernel_cannot_detect_optimistically_the_containers_wait_for_detection(
+    netns_factory: NetnsFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = sysctls.write
+
+    def refuse_optimistic(ns_fd: int, ifname: str, values: dict[str, int], **kwargs: Any) -> None:
+        if values == sysctls.OPTIMISTIC_DAD:
+            raise sysctls.SysctlError(f"/proc/sys/net/ipv6/conf/{ifname}/optimistic_dad: no such setting")
+        real_write(ns_fd, ifname, values, **kwargs)
+
+    monkeypatch.setattr(sysctls, "write", refuse_optimistic)
+    node = Node(netns_factory, tmp_path)
+    node.run({"addresses": ["fd64::2/64"]})
+    got = _v6(node.pod_ns, node.nic)["fd64::2/64"]
+    assert got.get("tentative") and not got.get("optimistic"), got
+    assert _bind(node.pod_ns, "fd64::2").returncode != 0, "a tentative address without the flag cannot be bound"
+    start = time.monotonic()
+    node.hooks.create_container(node.pod, _container())
+    waited = time.monotonic() - start
+    got = _v6(node.pod_ns, node.nic)["fd64::2/64"]
+    if got.get("tentative"):  # the kernel took longer than the containers' wait: they start anyway
+        assert waited >= CONTAINER_WAIT_S * 0.9
+    else:
+        assert _bind(node.pod_ns, "fd64::2").returncode == 0
+    node.hooks.stop_pod_sandbox(node.pod)
+    node.hooks.close()
+
+
+def test_sixty_four_new_ipv6_addresses_are_bindable_when_the_hook_returns(
+    netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    node = Node(netns_factory, tmp_path)
+    addresses = [f"fd65::{i + 2:x}/64" for i in range(64)]
+    node.run({"addresses": addresses})
+    got = _v6(node.pod_ns, node.nic)
+    assert set(addresses) <= set(got)
+    assert all(got[a].get("optimistic") or not got[a].get("tentative") for a in addresses), got
+    bound = _bind(node.pod_ns, *(a.split("/")[0] for a in addresses))
+    assert bound.returncode == 0, bound.stderr
+    node.hooks.stop_pod_sandbox(node.pod)
+    node.hooks.close()
