@@ -8,6 +8,7 @@ deps:  ## install the project and its test dependencies (system packages too)
 	bash hack/install-deps.sh
 
 binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd, CRI-O), CoreDNS, the MPI Operator and the images
+	@mkdir -p build && date +%s > build/.binaries-started
 	$(PY) -m devcluster.builders.binaries --all
 	$(PY) -m devcluster.builders.components
 	$(PY) -m devcluster.builders.crio
@@ -19,6 +20,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 	$(PY) -m devcluster.builders.stock_kernel "" bullseye
+	@echo "[binaries] every component ready in $$(( $$(date +%s) - $$(cat build/.binaries-started) )) s (cached under $${DRANET_CACHE_DIR:-~/.cache/dranet})"
 
 demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
@@ -32,8 +34,8 @@ up: binaries  ## a local cluster with two real nodes, left running (prints KUBEC
 down:  ## remove everything `make up` started
 	$(PY) -m devcluster down
 
-test: binaries  ## every test (torch-only tests deselected: they need the 5 GB [example] extra)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not torch"
+test: binaries  ## every test, in tiers on two lanes, with a table of each tier's count and seconds (torch-only tests deselected: they need the 5 GB [example] extra; docs/testing.md)
+	$(PY) hack/test_tiers.py
 
 test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes (v1.34)
 	DRANET_K8S_VERSION=$${DRANET_K8S_VERSION:-v1.34.10} $(MAKE) binaries

@@ -16,16 +16,13 @@ deleted, their NICs home, between runs. Arms alternate ABBA by family.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from bench.real_nodes import bench_cluster, driver_metrics, hook_buckets
 from bench.stats import abba, median, pct
-from devcluster.cluster import lifecycle as cluster
-from devcluster.cluster.node_layout import NodeLayout
 from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import NotFound
@@ -109,28 +106,6 @@ def _clean(kube: KubeClient, names: list[str]) -> None:
     raise TimeoutError("pods or claims not gone")
 
 
-def _hook_histogram(layout: NodeLayout, kube: KubeClient) -> dict[str, float]:
-    """``le`` -> count of successful RunPodSandbox hooks on node 0 (the driver's /metrics)."""
-    pods = kube.request(
-        "GET",
-        f"/api/v1/namespaces/{cluster.NAMESPACE}/pods",
-        query={
-            "labelSelector": "app.kubernetes.io/component=driver",
-            "fieldSelector": f"spec.nodeName={layout.node(0).name}",
-        },
-    )["items"]
-    args = next(p for p in pods if p["status"].get("phase") == "Running")["spec"]["containers"][0]["args"]
-    port = int(next(a for a in args if a.startswith("--bind-address=")).rsplit(":", 1)[1])
-    with urllib.request.urlopen(f"http://{layout.node(0).ip}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    out: dict[str, float] = {}
-    for labels, value in re.findall(r"nri_plugin_requests_latency_seconds_bucket\{([^}]*)\} (\S+)", text):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if got.get("method") == "RunPodSandbox" and got.get("status") == "success":
-            out[got["le"]] = float(value)
-    return out
-
-
 def _bucket_of(before: dict[str, float], after: dict[str, float]) -> str:
     """The smallest bucket the one new hook fell in."""
     for le in sorted((k for k in after if k != "+Inf"), key=float):
@@ -144,11 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="runs per family")
     ap.add_argument("--pods", type=int, default=8, help="pods started together (one NIC each, at most the node's NICs)")
     a = ap.parse_args(argv)
-    dev = NodeLayout()
-    own = cluster.running(dev) is None
-    layout = NodeLayout(name="benchtog", cluster_cidr="10.86.0.0/20") if own else dev
-    try:
-        st = cluster.up(layout, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    with bench_cluster("benchtog", "10.86.0.0/20") as (layout, st):
         kube = KubeClient.from_kubeconfig(st.kubeconfig)
         try:
             kube.request(
@@ -176,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"    IPv{family}: alone {t:5.2f} s, {len(specs)} together: last {max(times):5.2f} s", file=sys.stderr
             )
-        before = _hook_histogram(layout, kube)
+        before = hook_buckets(driver_metrics(kube, layout), "RunPodSandbox")
         (many,) = _start(kube, node, [("many", nics[0], [_address(6, 0, 2 + i) for i in range(64)])])
-        bucket = _bucket_of(before, _hook_histogram(layout, kube))
+        bucket = _bucket_of(before, hook_buckets(driver_metrics(kube, layout), "RunPodSandbox"))
         _clean(kube, ["many"])
         print(f"\n{a.pods} one-NIC pods created at once on one node vs one alone, create -> Ready, {a.runs} runs each:")
         for family in (4, 6):
@@ -190,9 +161,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"  one pod with 64 new IPv6 addresses: Ready in {many:5.2f} s; its RunPodSandbox {bucket}")
         return 0
-    finally:
-        if own:
-            cluster.down(layout, progress=lambda _m: None)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from driver.kube.client import KubeClient
 from driver.model.device import Device
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE, inventory
+from tests.support.damage import empty, half, zero
 
 UID = "0b5c7a52-1111-4222-8333-944455556666"
 CLAIM = "pod-devices-x7k2p"
@@ -130,23 +131,11 @@ async def node(api: FakeAPIServer, tmp_path: Path) -> AsyncIterator[Node]:
     sink.close()
 
 
-def _empty(path: Path) -> None:
-    path.write_bytes(b"")
-
-
-def _half(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-def _zero(path: Path) -> None:
-    path.write_bytes(bytes(path.stat().st_size))
-
-
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "deleted": (Path.unlink, "missing"),
-    "emptied": (_empty, "truncated"),
-    "half-written": (_half, "truncated"),
-    "zeroed": (_zero, "unparsable"),
+    "emptied": (empty, "truncated"),
+    "half-written": (half, "truncated"),
+    "zeroed": (zero, "unparsable"),
 }
 """How a file is damaged, and the reason the driver gives when it writes it again."""
 CASES = [(kind, damage) for kind in (METADATA, CDI) for damage in DAMAGE]
@@ -210,7 +199,7 @@ def test_the_background_check_mends_a_cdi_spec_with_a_stat_per_file(
     monkeypatch.setattr(device_metadata, "_read", counting)
     assert node.writer.keep_all() == []
     assert reads == []  # as last written: a stat each, nothing read
-    _half(node.file(CDI))
+    half(node.file(CDI))
     assert node.writer.keep_all() == []
     assert reads == [node.file(CDI)] and node.file(CDI).read_bytes() == node.read[CDI]
     assert node.writer.keep_all(full=True) == [] and len(reads) == 3  # the periodic full pass reads both

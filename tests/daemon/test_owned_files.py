@@ -15,14 +15,11 @@ import asyncio
 import json
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from driver.config import DriverConfig
 from driver.daemon.lifecycle import Daemon
 from driver.inventory.names import netdev_device_name
 from driver.kube.client import KubeClient
@@ -30,10 +27,11 @@ from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from harness.kubelet_client import KubeletClient
 from harness.netns import NetnsFactory
 from harness.nri import Harness, ip, link_facts, pod_json
+from tests.support.daemon_config import node_config, work_dir
+from tests.support.damage import DAMAGE, empty, half, zero
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-IFNAME = 'device.attributes["dra.net"].ifName'
 POD_MTU = 1450  # the NIC's MTU once prepared: not the one the scan before published (1500)
 KUBELET_BACKOFF = 10.0
 """Seconds the kubelet waits before it tries a container that failed to start again: a broken CDI
@@ -48,21 +46,6 @@ async def _until(pred: Callable[[], object], what: str, timeout: float = 20.0) -
         await asyncio.sleep(0.05)
 
 
-def _empty(path: Path) -> None:
-    path.write_bytes(b"")
-
-
-def _zero(path: Path) -> None:
-    path.write_bytes(bytes(path.stat().st_size))
-
-
-def _half(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
-DAMAGE = {"deleted": Path.unlink, "emptied": _empty, "zeroed": _zero, "half-written": _half}
-
-
 async def test_a_restarted_container_reads_its_files_as_before(
     nri_harness: Harness, netns_factory: NetnsFactory
 ) -> None:
@@ -74,22 +57,9 @@ async def test_a_restarted_container_reads_its_files_as_before(
     node, pod_uid, device = f"node-{prefix}", f"uid-{secrets.token_hex(4)}", netdev_device_name(nic)
     api = FakeAPIServer().start()
     api.add_claim(make_claim("ns", "c1", "uid-c1", [result(device, node, "a")], pods=[pod_uid]))
-    work = Path(tempfile.mkdtemp(prefix="dn-of-", dir="/tmp"))  # short: unix socket paths
+    work = work_dir("of")
     run_dir = work / "run"
-    config = DriverConfig(
-        node_name=node,
-        sysfs_root="/sys",
-        kubelet_root=str(work / "kubelet"),
-        cdi_dir=str(run_dir / "cdi"),
-        state_dir=str(run_dir / "dranet/claims"),
-        runtime_dir=str(run_dir / "dranet"),
-        legacy_state_dir="",
-        nri_socket=nri_harness.socket,
-        kubeconfig=str(api.write_kubeconfig(work / "kubeconfig")),
-        filter=f'has({IFNAME}) && {IFNAME}.startsWith("{prefix}")',
-        bind_address="127.0.0.1:0",
-        publish_interval=0.2,
-    )
+    config = node_config(node, prefix, nri_harness.socket, api.write_kubeconfig(work / "kubeconfig"), work)
     meta = run_dir / "dranet/dra-device-metadata/ns_c1/a/metadata.json"
     spec = run_dir / "cdi/dra.net_metadata_uid-c1_a.json"
     pod = pod_json(pod_uid, "")
@@ -136,7 +106,7 @@ async def test_a_restarted_container_reads_its_files_as_before(
                 await container_starts()
                 assert meta.read_bytes() == read, f"metadata file {name}: not written again as read"
             # The runtime reads the CDI spec before any hook: the background check mends it.
-            _half(spec)
+            half(spec)
             await _until(lambda: spec.read_bytes() == cdi, "the CDI spec written again", KUBELET_BACKOFF)
             await _until(
                 lambda: any(e["reason"] == "DranetFilesMended" for _, e in api.posted_events), "the Node event", 10
@@ -151,7 +121,7 @@ async def test_a_restarted_container_reads_its_files_as_before(
         # A driver restart: the pod's view comes back from its state, before the kubelet plugin serves.
         for name, spoil in DAMAGE.items():
             spoil(meta)
-            _zero(spec)
+            zero(spec)
             daemon, task = await start(2 + list(DAMAGE).index(name))
             try:
                 assert meta.read_bytes() == read, f"metadata file {name}: not restored as read"
@@ -161,7 +131,7 @@ async def test_a_restarted_container_reads_its_files_as_before(
 
         daemon, task = await start(2 + len(DAMAGE))
         try:
-            _empty(meta)
+            empty(meta)
             await container_starts()
             assert meta.read_bytes() == read
             assert (await asyncio.to_thread(nri_harness.cmd, "stop", pod=pod))["ok"]

@@ -19,14 +19,12 @@ import json
 import secrets
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from driver.checkpoint import location
 from driver.checkpoint.store import CheckpointStore
-from driver.config import DriverConfig
 from driver.daemon.lifecycle import Daemon
 from driver.inventory.names import netdev_device_name
 from driver.kube.client import KubeClient
@@ -34,10 +32,10 @@ from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from harness.kubelet_client import KubeletClient
 from harness.netns import NetnsFactory
 from harness.nri import Harness, ip, link_facts, pod_json
+from tests.support.daemon_config import node_config, work_dir
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-IFNAME = 'device.attributes["dra.net"].ifName'
 ALL_CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
@@ -88,22 +86,9 @@ async def test_after_a_reboot_every_pod_restarts_with_its_nics(
             pods=[pod_uid],
         )
     )
-    work = Path(tempfile.mkdtemp(prefix="dn-rb-", dir="/tmp"))  # short: unix socket paths
+    work = work_dir("rb")
     run_dir = work / "run"
-    config = DriverConfig(
-        node_name=node,
-        sysfs_root="/sys",
-        kubelet_root=str(work / "kubelet"),
-        cdi_dir=str(run_dir / "cdi"),
-        state_dir=str(run_dir / "dranet/claims"),
-        runtime_dir=str(run_dir / "dranet"),
-        legacy_state_dir="",
-        nri_socket=nri_harness.socket,
-        kubeconfig=str(api.write_kubeconfig(work / "kubeconfig")),
-        filter=f'has({IFNAME}) && {IFNAME}.startsWith("{prefix}")',
-        bind_address="127.0.0.1:0",
-        publish_interval=0.2,
-    )
+    config = node_config(node, prefix, nri_harness.socket, api.write_kubeconfig(work / "kubeconfig"), work)
 
     async def start() -> tuple[Daemon, asyncio.Task[int]]:
         store = CheckpointStore(config.state_dir, config.runtime_dir)

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import string
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -108,6 +109,24 @@ class RealNode:
             ):
                 out.append(pid)
         return out
+
+    def kill_driver(self, meanwhile: Callable[[], object] | None = None, node: int = 0) -> None:
+        """kill -9 the driver of ``node``, run ``meanwhile`` (before its container is restarted),
+        and wait until it is back: a new process, in a restarted container that is Ready again (the
+        pod's status alone can still say Ready from before the kill)."""
+        (pid,) = self.driver_pids(node)
+        restarts = self.driver_pod(node)["status"]["containerStatuses"][0]["restartCount"]
+        os.kill(pid, signal.SIGKILL)
+        if meanwhile is not None:
+            meanwhile()
+        wait_for(
+            lambda: self.driver_pod(node)["status"]["containerStatuses"][0]["restartCount"] > restarts,
+            60,
+            0.2,
+            "the driver container restarted",
+        )
+        self.wait_driver_ready(node=node)
+        wait_for(lambda: self.driver_pids(node) and pid not in self.driver_pids(node), 30, 0.2, "a new driver process")
 
     def driver_usage(self, node: int = 0) -> tuple[int, int]:
         """(RSS in KiB, open fds) of the one running driver process of ``node``."""

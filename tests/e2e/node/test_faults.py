@@ -9,8 +9,6 @@ back.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
 from pathlib import Path
@@ -48,19 +46,7 @@ def _node_ready(real_node: RealNode) -> bool:
 
 
 def _kill_driver(real_node: RealNode) -> None:
-    (pid,) = real_node.driver_pids()
-    restarts = real_node.driver_pod()["status"]["containerStatuses"][0]["restartCount"]
-    os.kill(pid, signal.SIGKILL)
-    # Back means: a new process, in a restarted container that is Ready again (the pod's
-    # status alone can still say Ready from before the kill).
-    wait_for(
-        lambda: real_node.driver_pod()["status"]["containerStatuses"][0]["restartCount"] > restarts,
-        60,
-        0.2,
-        "the driver container restarted",
-    )
-    real_node.wait_driver_ready()
-    wait_for(lambda: real_node.driver_pids() and pid not in real_node.driver_pids(), 30, 0.2, "a new driver process")
+    real_node.kill_driver()
 
 
 def _answers(path: Path) -> bool:

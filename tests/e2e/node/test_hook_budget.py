@@ -22,10 +22,10 @@ import os
 import re
 import socket
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+from bench.real_nodes import driver_metrics, hook_buckets
 from devcluster.cluster.controlplane import wait_for
 from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API
@@ -47,25 +47,12 @@ SYS_PIDFD_GETFD = 438  # x86_64 and aarch64
 
 
 def _metrics(real_node: RealNode) -> str:
-    args = real_node.driver_pod()["spec"]["containers"][0]["args"]
-    port = int(next(a for a in args if a.startswith("--bind-address=")).rsplit(":", 1)[1])
-    with urllib.request.urlopen(f"http://{real_node.spec(0).ip}:{port}/metrics", timeout=5) as r:
-        return r.read().decode()
-
-
-def _hook_buckets(text: str, method: str) -> dict[str, float]:
-    """``le`` -> cumulative count of the successful ``method`` hooks."""
-    out: dict[str, float] = {}
-    for labels, value in re.findall(r"nri_plugin_requests_latency_seconds_bucket\{([^}]*)\} (\S+)", text):
-        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if got.get("method") == method and got.get("status") == "success":
-            out[got["le"]] = float(value)
-    return out
+    return driver_metrics(real_node.kube, real_node.layout)
 
 
 def _slow_hooks(real_node: RealNode, method: str, under: str) -> float:
     """How many ``method`` hooks took longer than ``under`` seconds (a bucket bound)."""
-    buckets = _hook_buckets(_metrics(real_node), method)
+    buckets = hook_buckets(_metrics(real_node), method)
     assert buckets, "no latency histogram of the hook"
     return buckets["+Inf"] - buckets[under]
 

@@ -13,10 +13,8 @@ sent to no node) while the files are damaged, so the restarted driver is the one
 from __future__ import annotations
 
 import copy
-import os
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from devcluster.demo.allocation import ALIGNED
 from driver.claims.device_metadata import decode_first
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import delete_pod, events_for, get_pod, pod_claim, seed_namespace, wait_running
+from tests.support.damage import empty, half, zero
 
 pytestmark = E2E_MARKS
 
@@ -82,39 +81,11 @@ def _restart(real_node: RealNode, ns: str, container: str) -> str:
     return _read(real_node, ns, container)
 
 
-def _empty(path: Path) -> None:
-    path.write_bytes(b"")
-
-
-def _zero(path: Path) -> None:
-    path.write_bytes(bytes(path.stat().st_size))
-
-
-def _half(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-
-
 def _driver_away(real_node: RealNode, away: bool) -> None:
     """The DaemonSet sent to no node (its pod stops), or back."""
     selector = {"dranet.dev/nowhere": "true" if away else None}  # None: only that key goes
     patch = {"spec": {"template": {"spec": {"nodeSelector": selector}}}}
     real_node.kube.request("PATCH", DS_PATH, patch, content_type="application/strategic-merge-patch+json")
-
-
-def _kill_driver(real_node: RealNode, damage: Callable[[], None]) -> None:
-    """kill -9 the driver, ``damage`` the files at once (before its container is restarted), wait
-    until a new driver process is Ready."""
-    (pid,) = real_node.driver_pids()
-    restarts = real_node.driver_pod()["status"]["containerStatuses"][0]["restartCount"]
-    os.kill(pid, signal.SIGKILL)
-    damage()
-    wait_for(
-        lambda: real_node.driver_pod()["status"]["containerStatuses"][0]["restartCount"] > restarts,
-        60,
-        0.2,
-        "the driver container restarted",
-    )
-    real_node.wait_driver_ready()
 
 
 @pytest.mark.timeout(600)
@@ -139,9 +110,9 @@ def test_a_restarted_container_reads_the_same_document(real_node: RealNode, seed
         # the runtime resolves before that hook) by the driver's background check.
         for what, spoil, path in [
             ("metadata deleted", Path.unlink, meta),
-            ("metadata emptied", _empty, meta),
-            ("metadata zeroed", _zero, meta),
-            ("CDI spec half-written", _half, spec),
+            ("metadata emptied", empty, meta),
+            ("metadata zeroed", zero, meta),
+            ("CDI spec half-written", half, spec),
         ]:
             spoil(path)
             assert _restart(real_node, seed_ns, next(containers)) == read, f"{what}: another document"
@@ -154,14 +125,14 @@ def test_a_restarted_container_reads_the_same_document(real_node: RealNode, seed
         try:
             wait_for(lambda: not real_node.driver_pids(), 60, 0.2, "the driver gone")
             meta.unlink()
-            _half(spec)
+            half(spec)
         finally:
             _driver_away(real_node, False)
         real_node.wait_driver_ready()
         assert meta.read_bytes() == host_meta and spec.read_bytes() == host_spec
         assert _restart(real_node, seed_ns, next(containers)) == read, "after a driver restart: another document"
 
-        _kill_driver(real_node, lambda: (_zero(meta), _empty(spec)))
+        real_node.kill_driver(lambda: (zero(meta), empty(spec)))
         assert _restart(real_node, seed_ns, next(containers)) == read, "after kill -9: another document"
         assert meta.read_bytes() == host_meta and spec.read_bytes() == host_spec
 
