@@ -5,10 +5,10 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 .PHONY: deps demo demo-fast test test-oldest-k8s test-dranet-ip-families soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
+	@mkdir -p build && date +%s > build/.binaries-started
 	bash hack/install-deps.sh
 
 binaries: deps  ## build or reuse the control plane, the nodes (kubelet, containerd, CRI-O), CoreDNS, the MPI Operator and the images
-	@mkdir -p build && date +%s > build/.binaries-started
 	$(PY) -m devcluster.builders.binaries --all
 	$(PY) -m devcluster.builders.components
 	$(PY) -m devcluster.builders.crio
@@ -20,7 +20,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 	$(PY) -m devcluster.builders.stock_kernel "" bullseye
-	@echo "[binaries] every component ready in $$(( $$(date +%s) - $$(cat build/.binaries-started) )) s (cached under $${DRANET_CACHE_DIR:-~/.cache/dranet})"
+	@echo "[binaries] dependencies and every component ready in $$(( $$(date +%s) - $$(cat build/.binaries-started) )) s (cached under $${DRANET_CACHE_DIR:-~/.cache/dranet})"
 
 demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs
 	$(PY) -m devcluster.demo
