@@ -246,8 +246,35 @@ class Preparer:
         self.on_error = on_error
         self._commit = GroupCommit(store)
         self._pool: Executor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the daemon's: the journal's compaction is timed there
 
     # -- prepare ------------------------------------------------------------------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The daemon's event loop, where the journal's compaction is scheduled after each change."""
+        self._loop = loop
+
+    def _compact_later(self) -> None:
+        """(any thread) Have the loop schedule the journal's compaction (each change pushes it back)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._commit.schedule_compaction)
+
+    def prepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """(the kubelet's call, on the DRA server's thread) Prepare every claim: the usual single
+        claim start to end on this thread (its GET, build, files and durable write), several on
+        the pool concurrently; an entry for each claim UID, never an exception."""
+        answers: list[PrepareResult | BaseException]
+        if len(claims) == 1:
+            try:
+                answers = [self._prepare(claims[0])]
+            except Exception as exc:  # noqa: BLE001 - the checkpoint failed: the whole call fails below
+                answers = [exc]
+        else:
+            pending = [self._io_pool().submit(self._prepare, c) for c in claims]
+            answers = [f.exception() or f.result() for f in pending]
+        self._compact_later()
+        return self._answered(claims, answers)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare every claim; the result has an entry for each claim UID, never an exception."""
@@ -260,6 +287,12 @@ class Preparer:
                 *(loop.run_in_executor(pool, self._prepare, c) for c in claims), return_exceptions=True
             )
         self._commit.schedule_compaction()
+        return self._answered(claims, answers)
+
+    def _answered(
+        self, claims: Sequence[ClaimRef], answers: Sequence[PrepareResult | BaseException]
+    ) -> dict[str, PrepareResult]:
+        """The kubelet's answer from each claim's outcome (a failed checkpoint fails the call)."""
         results: dict[str, PrepareResult] = {}
         for ref, answer in zip(claims, answers, strict=True):
             if isinstance(answer, BaseException):
@@ -389,23 +422,39 @@ class Preparer:
 
     # -- unprepare ----------------------------------------------------------------------------
 
+    def unprepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """(the kubelet's call, on the DRA server's thread) Forget the claims, then what follows
+        (NICs the runtime never asked back go home, files removed, the status cleared), all on
+        this thread; claim UID -> error ("" = success). Unknown UIDs succeed.
+
+        The answer comes once the claims are durably forgotten and their NICs are home or known
+        lost (the NRI hooks' lock is waited for): the kubelet may hand the devices to another pod
+        as soon as it has the answer."""
+        uids = [c.uid for c in claims]
+        try:
+            self._forget_then_release(uids)
+        except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
+            return {u: f"not unprepared: {exc}" for u in uids}
+        finally:
+            self._compact_later()
+        return {u: "" for u in uids}
+
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Forget the claims; returns claim UID -> error ("" = success). Unknown UIDs succeed."""
         uids = [c.uid for c in claims]
-
-        def forget(state: DriverState) -> list[PreparedClaim]:
-            return [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
-
-        def forget_then_release() -> None:  # one pool hand-off for the whole unprepare
-            self._released(uids, self._commit.apply(forget))
-
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._io_pool(), forget_then_release)
+        try:  # one pool hand-off for the whole unprepare
+            await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._forget_then_release, uids)
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
         finally:
             self._commit.schedule_compaction()
         return {u: "" for u in uids}
+
+    def _forget_then_release(self, uids: list[str]) -> None:
+        def forget(state: DriverState) -> list[PreparedClaim]:
+            return [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
+
+        self._released(uids, self._commit.apply(forget))
 
     def _released(self, uids: list[str], removed: list[PreparedClaim]) -> None:
         """(pool thread, the unprepare durable) What follows, claim by claim, best effort: the

@@ -119,6 +119,12 @@ class NetworkDriver:
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         return await self.preparer.unprepare(claims)
 
+    def prepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        return self.preparer.prepare_now(claims)
+
+    def unprepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        return self.preparer.unprepare_now(claims)
+
     def devices(self) -> list[Device]:
         return self.device_sync.devices()
 
@@ -466,6 +472,7 @@ class Daemon:
     async def run(self) -> int:
         """Run until :attr:`stopping` is set; returns the exit code."""
         self.device_sync.bind_loop()
+        self.preparer.bind_loop(asyncio.get_running_loop())
         if self.device_sync.list_numa:
             await self._check_list_attributes()
         if self.device_sync.sharing is not None:

@@ -3,13 +3,18 @@
 Both proto versions carry the same messages and go to the driver's
 :class:`~driver.dra.protocol.ClaimPreparer`; this module only converts between the protobuf
 messages and the driver's results, counts errors and times each call (:class:`RequestMetrics`).
+
+The calls are answered on the DRA server's own threads (:mod:`driver.dra.plugin`): a driver that
+prepares without the event loop (:class:`~driver.dra.protocol.BlockingPreparer`) runs start to end
+on the call's thread, with no hand-off; another one's coroutines are run on the daemon's loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -52,7 +57,7 @@ def _tolerant(message_type: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def add_to_server(service: DRAService, server: grpc.aio.Server) -> None:
+def add_to_server(service: DRAService, server: grpc.Server) -> None:
     """Register ``service`` under its proto version's DRAPlugin name, as the generated
     ``add_DRAPluginServicer_to_server`` does, but with :func:`_tolerant` deserializers."""
     pb = service.pb
@@ -73,10 +78,10 @@ def add_to_server(service: DRAService, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers(name, handlers)
 
 
-async def _refuse_unparsable(request: Any, context: grpc.aio.ServicerContext) -> None:
+def _refuse_unparsable(request: Any, context: grpc.ServicerContext) -> None:
     if isinstance(request, Unparsable):
         log.info("unparsable DRA request", extra={"kv": {"error": request.message}})
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
 
 
 def _claim_refs(request: Any) -> list[ClaimRef]:
@@ -99,25 +104,52 @@ def _prepare_response(pb: ModuleType, results: Mapping[str, PrepareResult], shar
     return response
 
 
+def blocking(
+    driver: ClaimPreparer, method: str, loop: asyncio.AbstractEventLoop | None
+) -> Callable[[Sequence[ClaimRef]], Any]:
+    """The driver's ``method`` (``prepare``, ``unprepare``) as a call that blocks its thread: its
+    ``<method>_now`` when it has one, else its coroutine run on ``loop``."""
+    now = getattr(driver, f"{method}_now", None)
+    if now is not None:
+        return now  # type: ignore[no-any-return]
+    coroutine = getattr(driver, method)
+    if loop is None:
+        raise ValueError(f"the driver has no {method}_now: its coroutine needs the daemon's event loop")
+
+    def run(claims: Sequence[ClaimRef]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine(claims), loop).result()
+
+    return run
+
+
 class DRAService:
     """NodePrepare/NodeUnprepare for one proto version; both versions share the driver."""
 
-    def __init__(self, pb: ModuleType, driver: ClaimPreparer, metrics: RequestMetrics | None, version: str) -> None:
+    def __init__(
+        self,
+        pb: ModuleType,
+        driver: ClaimPreparer,
+        metrics: RequestMetrics | None,
+        version: str,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         self.pb = pb
         self.driver = driver
         self.metrics = metrics
         self.version = version
+        self._prepare = blocking(driver, "prepare", loop)
+        self._unprepare = blocking(driver, "unprepare", loop)
 
     def _observe(self, method: str, ok: bool, start: float, claim_errors: int = 0) -> None:
         if self.metrics is not None:
             self.metrics.observe_request(method, ok, time.perf_counter() - start, claim_errors)
 
-    async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _refuse_unparsable(request, context)
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _refuse_unparsable(request, context)
         start = time.perf_counter()
         ok, failed = False, 0
         try:
-            results = await self.driver.prepare(_claim_refs(request))
+            results = self._prepare(_claim_refs(request))
             failed = sum(1 for r in results.values() if r.error)
             ok = not failed  # the Go driver: any claim error fails the call
             return _prepare_response(self.pb, results, share_ids=self.version == "v1")
@@ -129,14 +161,14 @@ class DRAService:
         finally:
             self._observe(PREPARE, ok, start, failed)
 
-    async def NodeUnprepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await _refuse_unparsable(request, context)
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
+        _refuse_unparsable(request, context)
         start = time.perf_counter()
         ok = False
         response = self.pb.NodeUnprepareResourcesResponse()
         errors: Mapping[str, str]
         try:
-            errors = await self.driver.unprepare(_claim_refs(request))
+            errors = self._unprepare(_claim_refs(request))
             ok = not any(errors.values())
         except Exception as exc:
             log.exception("NodeUnprepareResources failed")

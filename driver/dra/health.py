@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 
@@ -25,58 +26,74 @@ log = logging.getLogger(__name__)
 
 
 class DeviceHealthFeed:
-    """The current health of every published device; notifies streams when it changes."""
+    """The current health of every published device; wakes the streams (their server's threads)
+    when it changes."""
 
     def __init__(self) -> None:
         self._states: list[DeviceHealthState] = []
         self._version = 0
-        self._changed: asyncio.Condition | None = None
-
-    def _condition(self) -> asyncio.Condition:
-        if self._changed is None:  # created lazily inside the running loop
-            self._changed = asyncio.Condition()
-        return self._changed
+        self._closed = False
+        self._changed = threading.Condition()
 
     async def set(self, states: list[DeviceHealthState]) -> None:
-        """Replace the device list; wakes the streams only if something changed."""
+        """Replace the device list; wakes the streams only if something changed (never blocks)."""
         states = sorted(states, key=lambda s: (s.pool, s.device))
-        if states == self._states and self._version:
-            return
-        cond = self._condition()
-        async with cond:
+        with self._changed:
+            if states == self._states and self._version:
+                return
             self._states = states
             self._version += 1
-            cond.notify_all()
+            self._changed.notify_all()
 
     def snapshot(self) -> tuple[int, list[DeviceHealthState]]:
         """The version and the complete device list."""
-        return self._version, list(self._states)
+        with self._changed:
+            return self._version, list(self._states)
 
-    async def wait_change(self, seen: int, timeout: float | None = None) -> bool:
-        """Return True once the version differs from ``seen``; False after ``timeout`` seconds."""
-        cond = self._condition()
-        async with cond:
-            try:
-                await asyncio.wait_for(cond.wait_for(lambda: self._version != seen), timeout)
-            except TimeoutError:
-                return False
-            return True
+    def wait_change(self, seen: int, timeout: float | None = None) -> bool:
+        """(a stream's thread) True once the version differs from ``seen``; False after ``timeout``
+        seconds, or at once when the feed is closed or :meth:`wake` is called."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._version != seen or self._closed, timeout)
+            return self._version != seen and not self._closed
+
+    def wake(self) -> None:
+        """Wake every waiting stream (a stream whose caller went away checks and ends)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def open(self) -> None:
+        """Streams may be served (again): the server starts."""
+        with self._changed:
+            self._closed = False
+
+    def close(self) -> None:
+        """No more updates: every stream ends (the server stops)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
-    """``v1alpha1.DRAResourceHealth``: streams the feed's device health to the kubelet."""
+    """``v1alpha1.DRAResourceHealth``: streams the feed's device health to the kubelet, from a
+    thread of the DRA server (see :mod:`driver.dra.plugin`)."""
 
     def __init__(self, feed: DeviceHealthFeed, timeout_seconds: int, resend_seconds: float) -> None:
         self.feed = feed
         self.timeout_seconds = timeout_seconds
         self.resend_seconds = resend_seconds
 
-    async def NodeWatchResources(
-        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+    def NodeWatchResources(
+        self, request: health_pb.NodeWatchResourcesRequest, context: grpc.ServicerContext
+    ) -> Iterator[health_pb.NodeWatchResourcesResponse]:
         # Send the complete list at once, on every change, and again every resend_seconds:
         # the kubelet turns devices whose last update is older than its timeout into Unknown.
-        while True:
+        context.add_callback(self.feed.wake)  # the kubelet went away: end the stream now
+        while context.is_active() and not self.feed.closed:
             version, states = self.feed.snapshot()
             now = int(time.time())
             yield health_pb.NodeWatchResourcesResponse(
@@ -91,7 +108,7 @@ class DeviceHealthService(health_grpc.DRAResourceHealthServicer):
                     for s in states
                 ]
             )
-            await self.feed.wait_change(version, self.resend_seconds)
+            self.feed.wait_change(version, self.resend_seconds)
 
 
 class HealthWatch:

@@ -1,6 +1,6 @@
 """A DRA driver's kubelet plugin: registration and DRA gRPC servers on unix sockets.
 
-Two grpc.aio servers, as the Go helper (k8s.io/dynamic-resource-allocation/kubeletplugin):
+Two gRPC servers, as the Go helper (k8s.io/dynamic-resource-allocation/kubeletplugin):
 
 * ``<kubelet root>/plugins/<driver>/dra.sock`` serves ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``
   and the v1beta1 service (same messages; both go to the driver's :class:`~driver.dra.protocol.ClaimPreparer`),
@@ -8,7 +8,11 @@ Two grpc.aio servers, as the Go helper (k8s.io/dynamic-resource-allocation/kubel
 * ``<kubelet root>/plugins_registry/<driver>-reg.sock`` serves ``pluginregistration.Registration``.
 
 The DRA server starts first so the kubelet, which dials it right after registration,
-always finds it ready. Sockets are removed on stop, which deregisters the plugin.
+always finds it ready. It is grpcio's thread-pool server, not the asyncio one: a call runs on one
+of its threads from the request to the answer, where the asyncio server hands each call to the
+event loop and back (``bench/bench_grpc_server.py`` measures an empty call both ways); the health
+stream holds one of its threads while the kubelet watches. The registration server, called a few
+times in a driver's life, is an asyncio one. Sockets are removed on stop, which deregisters the plugin.
 
 The caller names the sockets. With an instance id (the pod UID) both carry its first
 8 characters (``<driver>-<id>-reg.sock``, ``dra-<id>.sock``: the naming of
@@ -29,6 +33,7 @@ import logging
 import os
 import re
 import socket
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -51,6 +56,9 @@ DEREGISTER_DELAY = 2.0
 """Seconds a stopping plugin keeps serving DRA calls after removing its registration socket."""
 STOP_GRACE = 5.0
 """Seconds in-flight DRA calls get to finish when the server stops."""
+DRA_THREADS = 8
+"""Threads of the DRA server: the kubelet's calls in flight at once (one per pod it starts or
+ends, each with its claims) and the health stream (one thread while the kubelet watches)."""
 
 
 def _listen_path(path: str) -> str:
@@ -129,7 +137,7 @@ class KubeletPlugin:
         self.registration_socket = os.path.abspath(registration_socket)
         self.supported_versions = DRA_SERVICES + ([HEALTH_SERVICE] if health is not None else [])
         self.registered: bool | None = None  # last NotifyRegistrationStatus verdict
-        self._dra: grpc.aio.Server | None = None
+        self._dra: grpc.Server | None = None
         self._reg: grpc.aio.Server | None = None
 
     @property
@@ -148,15 +156,17 @@ class KubeletPlugin:
         )
         if stale:
             log.info("removed sockets of driver instances that are gone", extra={"kv": {"sockets": stale}})
-        dra = grpc.aio.server()
+        loop = asyncio.get_running_loop()
+        dra = grpc.server(ThreadPoolExecutor(DRA_THREADS, thread_name_prefix="dra-grpc"))
         services: list[tuple[ModuleType, str]] = [(v1_pb, "v1"), (v1beta1_pb, "v1beta1")]
         for pb, version in services:
-            add_to_server(DRAService(pb, self.driver, self.metrics, version), dra)
+            add_to_server(DRAService(pb, self.driver, self.metrics, version, loop), dra)
         if self.health is not None:
+            self.health.open()
             service = DeviceHealthService(self.health, self.health_check_timeout, self.health_resend)
             health_grpc.add_DRAResourceHealthServicer_to_server(service, dra)
         dra.add_insecure_port(_listen_path(self.dra_socket))
-        await dra.start()
+        dra.start()
         self._dra = dra
         reg = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(RegistrationService(self), reg)
@@ -188,6 +198,9 @@ class KubeletPlugin:
             if dra is not None and deregister_delay > 0:
                 await asyncio.sleep(deregister_delay)
         if dra is not None:
-            await dra.stop(grace)
+            stopped = dra.stop(grace)
+            if self.health is not None:
+                self.health.close()  # the health stream's thread ends at once
+            await asyncio.to_thread(stopped.wait)
             _remove(self.dra_socket)
         log.info("kubelet plugin stopped")

@@ -1,7 +1,8 @@
 """What a DRA driver gives the kit, and the values that cross between them.
 
 A driver implements :class:`DRADriver`: ``prepare`` and ``unprepare`` answer the kubelet's
-NodePrepareResources / NodeUnprepareResources claim by claim (Go's ``kubeletplugin.DRAPlugin``),
+NodePrepareResources / NodeUnprepareResources claim by claim (Go's ``kubeletplugin.DRAPlugin``;
+with ``prepare_now``/``unprepare_now`` too, :class:`BlockingPreparer`, on the server's thread),
 ``devices`` is what its ResourceSlices list (Go's ``resourceslice.DriverResources``), ``health``
 says how each published device is. The kit calls them; it never looks inside a device beyond
 :class:`SliceDevice`.
@@ -77,6 +78,19 @@ class ClaimPreparer(Protocol):
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """Claim UID -> error ("" for success), for every claim asked."""
+        ...
+
+
+class BlockingPreparer(ClaimPreparer, Protocol):
+    """A driver that can answer the kubelet on the DRA server's thread, start to end, without the
+    event loop: the kit calls these (a call then costs no hand-off between threads)."""
+
+    def prepare_now(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        """As :meth:`prepare`, blocking the calling thread."""
+        ...
+
+    def unprepare_now(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        """As :meth:`unprepare`, blocking the calling thread."""
         ...
 
 
