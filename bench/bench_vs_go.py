@@ -101,6 +101,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=[],
         help="more flags for this driver's `dranet run`, one string: --driver-args='--no-device-metadata'",
     )
+    parser.add_argument(
+        "--together", type=int, default=10, help="cycles of the pods started and stopped together (0: none)"
+    )
+    parser.add_argument("--together-pods", type=int, default=8, help="pods of one NIC each in those cycles")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between operations")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds of quiet before the prepares and RSS")
     parser.add_argument("--floors", type=lambda v: v.split(","), default=list(FLOORS), help="floor candidates raced")
@@ -303,7 +307,26 @@ class Prepares:
     idle_cpu: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
 
 
-def rows_of(cycles: Cycles, prep: Prepares | None, memory: dict[str, float], floors: Sequence[str]) -> list[Any]:
+@dataclass
+class Together:
+    """Pods of one NIC each started together (their prepares at once, then their RunPodSandbox at
+    once) and stopped together (StopPodSandbox at once, then the unprepares), ms by driver: each
+    cycle's total and each pod's own time."""
+
+    start: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    start_pod: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    stop: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    stop_pod: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    pods: int = 0
+
+
+def rows_of(
+    cycles: Cycles,
+    prep: Prepares | None,
+    memory: dict[str, float],
+    floors: Sequence[str],
+    together: Together | None = None,
+) -> list[Any]:
     """The table of issue 37: prepare, unprepare, Run, Stop, CPU, RSS, NICs intact."""
     rows: list[Any] = []
     if prep is not None and prep.prepare["py"]:
@@ -318,6 +341,18 @@ def rows_of(cycles: Cycles, prep: Prepares | None, memory: dict[str, float], flo
     rows.append(
         Compared("StopPodSandbox, 4 NICs", cycles.stop["py"], cycles.stop["go"], cycles.floor_of("stop", floors)[1])
     )
+    if together is not None and together.start["py"]:
+        k = together.pods
+        rows.append(
+            Compared(f"{k} pods of 1 NIC started together: all started", together.start["py"], together.start["go"])
+        )
+        rows.append(
+            Compared("... each pod (prepare + RunPodSandbox)", together.start_pod["py"], together.start_pod["go"])
+        )
+        rows.append(Compared(f"{k} pods stopped together: all done", together.stop["py"], together.stop["go"]))
+        rows.append(
+            Compared("... each pod (StopPodSandbox + unprepare)", together.stop_pod["py"], together.stop_pod["go"])
+        )
     rows.append(Scalar("driver CPU per Run+Stop cycle (mean)", cycles.cpu_ms("py"), cycles.cpu_ms("go"), "ms", n=n))
     rows.append(Scalar("RSS at the end", memory.get("py", 0.0), memory.get("go", 0.0), "MB"))
     rows.append(
@@ -354,6 +389,8 @@ class VsGo:
         self.floor: Floor | None = None
         self.nics: dict[str, list[Nic]] = {}
         self.prep_nics: dict[str, list[Nic]] = {}
+        self.many_nics: dict[str, list[Nic]] = {}  # one per pod of the pods started together
+        self.many: dict[str, list[tuple[ClaimTuple, dict[str, Any]]]] = {arm: [] for arm in ARMS}
         self.pods: dict[str, dict[str, Any]] = {}
         self.running: set[str] = set()  # arms whose pod holds its NICs
         self.prepared: dict[str, list[ClaimTuple]] = {arm: [] for arm in ARMS}
@@ -363,7 +400,7 @@ class VsGo:
     # -- setup -------------------------------------------------------------------------------
     def setup(self) -> None:
         p = self.prefix
-        net = 100 + 10 * random.randrange(0, 14)  # 10.<net..net+9>.x.x: five NIC sets, a route each
+        net = 100 + 20 * random.randrange(0, 7)  # 10.<net..net+13>.x.x: seven NIC sets, a route each
         peer_ns = self.factory.netns()
         for k, (key, letter) in enumerate((("py", "a"), ("go", "g"), ("floor", "f"))):
             names = [f"{p}{letter}{i}" for i in range(4)]
@@ -371,7 +408,10 @@ class VsGo:
         for k, (arm, letter) in enumerate((("py", "a"), ("go", "g"))):
             names = [f"{p}{letter}{i}" for i in range(4, 8)]
             self.prep_nics[arm] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 6 + 2 * k))
-        for nic in self.nics["py"] + self.nics["go"]:
+        for k, (arm, letter) in enumerate((("py", "a"), ("go", "g"))):
+            names = [f"{p}{letter}t{i}" for i in range(self.args.together_pods if self.args.together else 0)]
+            self.many_nics[arm] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 10 + 2 * k))
+        for nic in self.nics["py"] + self.nics["go"] + self.many_nics["py"] + self.many_nics["go"]:
             self.home[nic.ifname] = home_facts(link_facts(nic.ifname))
         pod_ns = {arm: self.factory.netns() for arm in ARMS}
         floor_ns = self.factory.netns()
@@ -386,7 +426,7 @@ class VsGo:
             self.harness[arm] = Harness.start(self.harness_bin)
 
         ifname = 'device.attributes["dra.net"].ifName'
-        others = [n.ifname for n in self.nics["go"] + self.nics["floor"] + self.prep_nics["go"]]
+        others = [n.ifname for n in self.nics["go"] + self.nics["floor"] + self.prep_nics["go"] + self.many_nics["go"]]
         self.py = DriverProcess(
             self.cp.kubeconfig,
             self.nodes["py"],
@@ -422,7 +462,7 @@ class VsGo:
         self._synced("go")
 
         for arm in ARMS:
-            want = {n.ifname for n in self.nics[arm] + self.prep_nics[arm]}
+            want = {n.ifname for n in self.nics[arm] + self.prep_nics[arm] + self.many_nics[arm]}
             wait_for(lambda arm=arm, want=want: self.published(arm) == want, 60, what=f"{arm}'s slices")
         self.floor = Floor(self.nics["floor"], f"/run/netns/{floor_ns}")
 
@@ -435,6 +475,11 @@ class VsGo:
             self.pods[arm] = pod_json(uid, f"/run/netns/{pod_ns[arm]}", name=f"{arm}-pod")
             prep_uid = self._pod(arm, f"{arm}-prep")
             self.prep_claim[arm] = self._claim(arm, f"{arm}-prep", self.prep_nics[arm], (f"{arm}-prep", prep_uid))
+            for i, nic in enumerate(self.many_nics[arm]):
+                name = f"{arm}-t{i}"
+                uid = self._pod(arm, name)
+                claim = self._claim(arm, name, [nic], (name, uid))
+                self.many[arm].append((claim, pod_json(uid, f"/run/netns/{self.factory.netns()}", name=name)))
 
     def _synced(self, arm: str) -> None:
         res = self.harness[arm].cmd("wait-sync", count=1, timeout=30)
@@ -536,6 +581,61 @@ class VsGo:
                 for a in ARMS:
                     out.idle_cpu[a].append(cpu[a])
         return out
+
+    # -- pods started together ---------------------------------------------------------------
+    def together(self, n: int) -> Together:
+        """One warm-up cycle of each driver, then ``n`` cycles of each (A B B A): its pods'
+        prepares at once (the kubelet prepares each pod's claims on its own), their RunPodSandbox
+        at once; a pause; StopPodSandbox at once, the unprepares at once. Each NIC is checked
+        (and put back) after, untimed."""
+        out = Together(pods=len(self.many["py"]))
+
+        async def calls(arm: str, method: str) -> list[float]:
+            """Each pod's call, all at once over one connection: ms from the common start to its answer."""
+            async with self._client(arm) as k:
+                t0 = time.perf_counter()
+
+                async def one(claim: ClaimTuple) -> float:
+                    resp = await (k.prepare([claim]) if method == "prepare" else k.unprepare([claim]))
+                    if resp.claims[claim[2]].error:
+                        raise RuntimeError(f"{ARM_NAMES[arm]}: {method}: {resp.claims[claim[2]].error}")
+                    return (time.perf_counter() - t0) * 1e3
+
+                return list(await asyncio.gather(*(one(c) for c, _ in self.many[arm])))
+
+        for i, arm in enumerate(cycle_order(n + 1, ARMS)):
+            pods = [pod for _, pod in self.many[arm]]
+            t0 = time.perf_counter()
+            asyncio.run(calls(arm, "prepare"))
+            t1 = time.perf_counter()
+            run = self._together(arm, "run-all", pods)
+            t2 = time.perf_counter()
+            time.sleep(self.args.gap)
+            t3 = time.perf_counter()
+            stop = self._together(arm, "stop-all", pods)
+            t4 = time.perf_counter()
+            unprepared = asyncio.run(calls(arm, "unprepare"))
+            t5 = time.perf_counter()
+            for nic in self.many_nics[arm]:
+                if home_diff(self.home[nic.ifname], home_facts(link_facts(nic.ifname))):
+                    put_back(nic)
+            time.sleep(self.args.gap)
+            if i < len(ARMS):
+                continue
+            out.start[arm].append((t2 - t0) * 1e3)
+            out.stop[arm].append((t5 - t3) * 1e3)
+            # Each pod's own time, from the common start to its last answer: the prepares, then its
+            # RunPodSandbox; its StopPodSandbox, then the unprepares.
+            out.start_pod[arm] += [(t1 - t0) * 1e3 + r for r in run]
+            out.stop_pod[arm] += [(t4 - t3) * 1e3 + u for u in unprepared]
+            del stop
+        return out
+
+    def _together(self, arm: str, op: str, pods: list[dict[str, Any]]) -> list[float]:
+        res = self.harness[arm].cmd(op, pods=pods)
+        if not res["ok"]:
+            raise RuntimeError(f"{ARM_NAMES[arm]}: {op} failed: {res}\n{self.log_tail(arm)}")
+        return [float(s) * 1e3 for s in res["seconds"]]
 
     # -- prepare -----------------------------------------------------------------------------
     def prepare(self, n: int) -> Prepares:
@@ -671,7 +771,13 @@ def _mean_ms(seconds: Sequence[float]) -> float:
 
 
 def report(
-    b: VsGo, argv: Sequence[str], source: GoSource, cycles: Cycles, prep: Prepares | None, memory: dict[str, float]
+    b: VsGo,
+    argv: Sequence[str],
+    source: GoSource,
+    cycles: Cycles,
+    prep: Prepares | None,
+    memory: dict[str, float],
+    together: Together | None = None,
 ) -> str:
     """Everything printed after a run: context, the table, the details behind its rows."""
     floors = b.args.floors
@@ -682,7 +788,7 @@ def report(
         "Go driver command line: " + (shlex.join(b.go.command()) if b.go else "–"),
         "  (environment: NRI_PLUGIN_SOCKET=<fd of a connection to its NRI harness>, TMPDIR=<its workdir>)",
         "",
-        render(rows_of(cycles, prep, memory, floors)),
+        render(rows_of(cycles, prep, memory, floors, together)),
         "",
     ]
     for op in ("run", "stop"):
@@ -741,19 +847,24 @@ def main(argv: Sequence[str]) -> int:
         loads.append(_load())
         cycles = b.cycles(args.cycles)
         loads.append(_load())
+        together = b.together(args.together) if args.together else None
         if args.prepare:
             time.sleep(args.settle)  # the daemons' reactions to the last cycles are done
             prep = b.prepare(args.prepare)
             loads.append(_load())
         memory = b.memory()
-        out = report(b, argv, source, cycles, prep, memory)
+        out = report(b, argv, source, cycles, prep, memory, together)
     finally:
         b.close()
     print(out)
     print(f"load average (1/5/15 min) at start, after setup, the cycles, the prepares: {' | '.join(loads)}")
     print(f"wall time: {time.monotonic() - started:.0f} s (setup, measurement and cleanup; the Go build before it)")
     if args.json:
-        raw = {"cycles": dataclasses.asdict(cycles), "prepare": dataclasses.asdict(prep) if prep else None}
+        raw = {
+            "cycles": dataclasses.asdict(cycles),
+            "prepare": dataclasses.asdict(prep) if prep else None,
+            "together": dataclasses.asdict(together) if together else None,
+        }
         Path(args.json).write_text(json.dumps({**raw, "memory": memory}))
     return 0
 

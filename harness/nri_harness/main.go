@@ -11,6 +11,10 @@
 //	{"op":"stop","pod":<PodSandbox>}              StopPodSandbox
 //	{"op":"remove","pod":<PodSandbox>}            RemovePodSandbox (pod leaves the list)
 //	{"op":"noop","pod":<PodSandbox>}              RunPodSandbox timed N times ("count"): round trips
+//	{"op":"run-all","pods":[<PodSandbox>...]}     RunPodSandbox of every pod at once (pods started
+//	                                              together: the adaptation serializes them as in
+//	                                              containerd); "seconds": each one's, from the start
+//	{"op":"stop-all","pods":[<PodSandbox>...]}    StopPodSandbox of every pod at once, likewise
 //
 // PodSandbox/Container are protojson of nri.pkg.api.v1alpha1 messages. Answers are
 // {"ok":true,...} or {"ok":false,"error":"..."}.
@@ -126,6 +130,9 @@ func (h *harness) do(c command) (map[string]any, error) {
 		}
 		return map[string]any{}, nil
 	}
+	if c.Op == "run-all" || c.Op == "stop-all" {
+		return h.together(ctx, c)
+	}
 	pod, err := parsePod(c.Pod)
 	if err != nil {
 		return nil, err
@@ -181,6 +188,46 @@ func (h *harness) do(c command) (map[string]any, error) {
 		return map[string]any{}, err
 	}
 	return nil, fmt.Errorf("unknown op %q", c.Op)
+}
+
+// together runs RunPodSandbox (or StopPodSandbox) of every pod of c.Pods at once, each in its
+// own goroutine as containerd's CRI server does for pods the kubelet starts together; "seconds"
+// is, per pod in order, the time from the common start to its answer.
+func (h *harness) together(ctx context.Context, c command) (map[string]any, error) {
+	pods := make([]*api.PodSandbox, len(c.Pods))
+	for i, raw := range c.Pods {
+		p, err := parsePod(raw)
+		if err != nil {
+			return nil, err
+		}
+		pods[i] = p
+		if c.Op == "run-all" {
+			h.addPod(p)
+		}
+	}
+	seconds := make([]float64, len(pods))
+	errs := make([]error, len(pods))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, p := range pods {
+		wg.Add(1)
+		go func(i int, p *api.PodSandbox) {
+			defer wg.Done()
+			if c.Op == "run-all" {
+				errs[i] = h.runtime.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: p})
+			} else {
+				errs[i] = h.runtime.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: p})
+			}
+			seconds[i] = time.Since(start).Seconds()
+		}(i, p)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("pod %s: %w", pods[i].Name, err)
+		}
+	}
+	return map[string]any{"seconds": seconds}, nil
 }
 
 func main() {
