@@ -89,7 +89,23 @@ TIERS = (
     ),
     Tier("netlink/NRI", NETLINK, "compute", "root: network namespaces, veths, the Go NRI harness", workers=2),
     Tier(
+        "kernel 7.3",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU (TCG): trixie-backports' Linux 7 (amd64 flavour)",
+        keyword="backports",
+        nice=10,
+    ),
+    Tier(
         "kernel 6.1", ("tests/kernels",), "compute", "root, QEMU (TCG): Debian 12's kernel", keyword="debian12", nice=10
+    ),
+    Tier(
+        "kernel 6.12",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU (TCG): Debian 13's kernel",
+        keyword="debian13",
+        nice=10,
     ),
     Tier(
         "kernel 5.10", ("tests/kernels",), "compute", "root, QEMU (TCG): Debian 11's kernel", keyword="floor", nice=10

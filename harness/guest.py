@@ -18,18 +18,27 @@ multi-threaded. Here ``/dev/kvm`` is a paravirtual device stock kernels cannot u
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shlex
 import subprocess
 import sys
+import sysconfig
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devcluster.builders.binaries import cache_root
 from devcluster.builders.stock_kernel import GUEST_DIR, OUT_TAG, ROOT_TAG, StockKernel, ensure
 
 KVM_ENV = "DRANET_GUEST_KVM"
+PYCACHE_ENV = "PYTHONPYCACHEPREFIX"
+PROJECT = Path(__file__).resolve().parents[1]
+PROJECT_PACKAGES = ("driver", "dranet_proto", "harness", "devcluster", "tests", "bench")
+LIBRARY_SKIP = r"(/tests?/|/idlelib/|/tkinter/|/turtledemo/|/lib2to3/)"
+"""What of the standard library and site-packages no guest imports: not compiled."""
 PASS_ENV = ("LANG", "LC_ALL", "DRANET_CACHE_DIR", "XDG_CACHE_HOME", "PYTHONHASHSEED")
 """This machine's environment variables the guest's command sees too (with ``PATH`` and ``HOME``)."""
 
@@ -85,6 +94,7 @@ class GuestRun:
     wall_s: float  # QEMU start to exit
     folder: Path  # the run's folder (what the command wrote to /run/guest)
     release: str = ""
+    panics: tuple[str, ...] = ()  # each boot that died before the command started: its console's panic lines
 
 
 class GuestError(RuntimeError):
@@ -111,6 +121,64 @@ fi
 sync
 busybox poweroff -f
 """
+
+
+PANIC_MARKS = ("Kernel panic", "Oops:", "BUG:", "general protection fault")
+"""Console lines of a kernel that died (with ``panic=-1`` and ``-no-reboot``, QEMU then exits)."""
+BOOT_TRIES = 3
+"""Boots of one run that may die before its command starts: under multi-threaded TCG, Linux 7.3
+sometimes oopses a second in (int3 in ``sched_clock_cpu``, while the TSC's static keys are patched
+on the other vCPU); a boot that got as far as the command is never retried."""
+
+
+def panic_lines(console: str) -> list[str]:
+    """The lines of ``console`` from a kernel that died, and the few after the first (its cause)."""
+    lines = console.splitlines()
+    first = next((i for i, line in enumerate(lines) if any(m in line for m in PANIC_MARKS)), None)
+    return [] if first is None else lines[first : first + 6]
+
+
+def bytecode_prefix() -> Path:
+    """Where the guests find their bytecode (``PYTHONPYCACHEPREFIX``), under the cache."""
+    return cache_root() / "pycache"
+
+
+def _library_stamp() -> str:
+    """What the standard library and site-packages are, cheaply: their top-level entries and
+    times (an install or upgrade adds, removes or renames some)."""
+    parts = []
+    for key in ("stdlib", "purelib", "platlib"):
+        root = Path(sysconfig.get_paths()[key])
+        with os.scandir(root) as entries:
+            parts += [f"{e.path} {e.stat(follow_symlinks=False).st_mtime_ns}" for e in entries]
+    return hashlib.sha256("\n".join(sorted(set(parts))).encode()).hexdigest()
+
+
+def warm_bytecode(progress: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)) -> float:
+    """Valid ``.pyc`` files under :func:`bytecode_prefix` for what the guests import: this Python's
+    standard library and site-packages (compiled again when they change) and the project's packages
+    (checked at every call). Under TCG a process compiles what it imports a dozen times slower
+    than here, and each guest process would (this machine writes no bytecode: the guest's
+    ``__pycache__`` finds none, and what a guest writes goes with its tmpfs overlay). Seconds spent."""
+    start = time.monotonic()
+    prefix = bytecode_prefix()
+    prefix.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {PYCACHE_ENV: str(prefix)}
+
+    def compile_all(*dirs: str | Path, skip: str = "") -> None:
+        args = [sys.executable, "-m", "compileall", "-q", "-j", "0", *(["-x", skip] if skip else []), *map(str, dirs)]
+        subprocess.run(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    with open(prefix / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp, stamp_file = _library_stamp(), prefix / "library.stamp"
+        if not stamp_file.exists() or stamp_file.read_text() != stamp:
+            progress(f"[guest] compiling the standard library and site-packages for the guests, into {prefix}")
+            paths = sysconfig.get_paths()
+            compile_all(*dict.fromkeys(paths[k] for k in ("stdlib", "purelib", "platlib")), skip=LIBRARY_SKIP)
+            stamp_file.write_text(stamp)
+        compile_all(*(PROJECT / p for p in PROJECT_PACKAGES if (PROJECT / p).is_dir()))
+    return time.monotonic() - start
 
 
 def _accel() -> list[str]:
@@ -176,7 +244,10 @@ def run(
     if topology is not None and cpus < 2:
         raise ValueError("a two-node topology needs two CPUs")
     folder.mkdir(parents=True, exist_ok=True)
-    variables = {k: os.environ[k] for k in PASS_ENV if k in os.environ} | (env or {})
+    warm_bytecode()
+    variables = (
+        {k: os.environ[k] for k in PASS_ENV if k in os.environ} | {PYCACHE_ENV: str(bytecode_prefix())} | (env or {})
+    )
     path = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), *os.environ["PATH"].split(os.pathsep)]))
     (folder / "boot.sh").write_text(
         BOOT.format(
@@ -188,6 +259,45 @@ def run(
             command=command,
         )
     )
+    panics: list[str] = []
+    for attempt in range(1, BOOT_TRIES + 1):
+        for stale in ("rc", "boot_s", "output.txt", "console.log"):
+            (folder / stale).unlink(missing_ok=True)
+        wall, qemu_rc, qemu_out = _boot(kernel, folder, memory_mb, cpus, topology, qemu_args, timeout)
+        if (folder / "rc").exists():
+            break
+        console = _read(folder / "console.log")
+        died = panic_lines(console)
+        if died and not (folder / "boot_s").exists() and attempt < BOOT_TRIES:
+            panics.append("\n".join(died))
+            print(f"[guest] {kernel.release}: boot {attempt} died before its command, booting again", file=sys.stderr)
+            continue
+        raise GuestError(
+            f"the guest stopped before its command finished (qemu exit {qemu_rc}: {qemu_out.strip()}; "
+            f"{len(panics)} earlier boots died before their command); console:\n{_tail(folder / 'console.log')}"
+        )
+    return GuestRun(
+        rc=int((folder / "rc").read_text().strip() or -1),
+        output=_read(folder / "output.txt"),
+        console=_read(folder / "console.log"),
+        boot_s=float(_read(folder / "boot_s").strip() or 0),
+        wall_s=wall,
+        folder=folder,
+        release=kernel.release,
+        panics=tuple(panics),
+    )
+
+
+def _boot(
+    kernel: StockKernel,
+    folder: Path,
+    memory_mb: int,
+    cpus: int,
+    topology: Topology | None,
+    qemu_args: Sequence[str],
+    timeout: float,
+) -> tuple[float, int, str]:
+    """One QEMU boot to its exit: (seconds, QEMU's exit status, its output); :class:`GuestError` past ``timeout``."""
     start = time.monotonic()
     qemu = subprocess.Popen(
         qemu_command(kernel, folder, memory_mb, cpus, topology, qemu_args),
@@ -203,22 +313,7 @@ def run(
         raise GuestError(
             f"the guest did not finish in {timeout:.0f} s; console:\n{_tail(folder / 'console.log')}"
         ) from None
-    wall = time.monotonic() - start
-    rc_file = folder / "rc"
-    if not rc_file.exists():
-        raise GuestError(
-            f"the guest stopped before its command finished (qemu exit {qemu.returncode}: "
-            f"{qemu_out.decode(errors='replace').strip()}); console:\n{_tail(folder / 'console.log')}"
-        )
-    return GuestRun(
-        rc=int(rc_file.read_text().strip() or -1),
-        output=_read(folder / "output.txt"),
-        console=_read(folder / "console.log"),
-        boot_s=float(_read(folder / "boot_s").strip() or 0),
-        wall_s=wall,
-        folder=folder,
-        release=kernel.release,
-    )
+    return time.monotonic() - start, qemu.returncode, qemu_out.decode(errors="replace")
 
 
 def _read(path: Path) -> str:

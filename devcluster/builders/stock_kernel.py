@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gzip
 import hashlib
 import lzma
 import os
@@ -49,7 +50,7 @@ ROOT_TAG, OUT_TAG = "hostroot", "guestout"
 """The 9p mount tags of this machine's root (read-only) and of the run's own folder (writable)."""
 GUEST_DIR = "/run/guest"
 """Where the guest mounts the run's folder: the script it runs, what it writes back."""
-TOOLS = ("apt-get", "apt-cache", "dpkg-deb", "depmod", "cpio", "qemu-system-x86_64")
+TOOLS = ("apt-get", "apt-cache", "dpkg-deb", "depmod", "cpio", "zstd", "qemu-system-x86_64")
 
 Progress = Callable[[str], None]
 
@@ -131,13 +132,30 @@ def image_package(wanted: str = "") -> tuple[str, str, list[str]]:
     return package, candidate.group(1), options
 
 
+def split_parts(package: str, depends: str) -> list[str]:
+    """The packages an image package is split into (Linux 7 on: the image is a small package that
+    depends on ``linux-binary-<abi>``, the kernel, ``linux-modules-<abi>``, the modules, and
+    ``linux-base-<abi>``, their ``modules.builtin`` and config), from ``apt-cache depends``; none
+    for an image package that holds everything itself (6.12 and older)."""
+    abi = package.removeprefix("linux-image-")
+    wanted = re.compile(rf"linux-(?:base|binary|modules)-{re.escape(abi)}")
+    return sorted({d for d in re.findall(r"Depends:\s*(\S+)", depends) if wanted.fullmatch(d)})
+
+
 def _cache_dir(package: str, version: str) -> Path:
     return cache_root() / "stock-kernel" / f"{package}_{version.replace(':', '%')}"
 
 
-def boot_order(modules_dep: str, wanted: Iterable[str]) -> list[str]:
+def _module_name(path: str) -> str:
+    return Path(path).name.split(".ko")[0].replace("-", "_")
+
+
+def boot_order(modules_dep: str, wanted: Iterable[str], builtin: str = "") -> list[str]:
     """The module files (relative to the release folder) to load for ``wanted``, each after what it
-    needs, from ``modules.dep``'s ``path: dependency...`` lines."""
+    needs, from ``modules.dep``'s ``path: dependency...`` lines; those in ``builtin`` (the kernel's
+    ``modules.builtin``: Linux 7 builds virtio PCI in) need no file."""
+    inside = {_module_name(line) for line in builtin.split()}
+    wanted = [name for name in wanted if name not in inside]
     deps: dict[str, list[str]] = {}
     by_name: dict[str, str] = {}
     for line in modules_dep.splitlines():
@@ -145,7 +163,7 @@ def boot_order(modules_dep: str, wanted: Iterable[str]) -> list[str]:
         if not path:
             continue
         deps[path] = rest.split()
-        by_name[Path(path).name.split(".ko")[0].replace("-", "_")] = path
+        by_name[_module_name(path)] = path
     order: list[str] = []
 
     def visit(path: str) -> None:
@@ -199,21 +217,35 @@ def _cpio(src: Path, dest: Path) -> None:
         )
 
 
+def _uncompressed(module: Path, folder: Path) -> str:
+    """``module`` copied into ``folder`` as a plain ``.ko`` (busybox's insmod reads no ``.ko.xz``,
+    what Debian 13's modules are); its new name."""
+    name = module.name.split(".ko")[0] + ".ko"
+    data = module.read_bytes()
+    if module.name.endswith(".xz"):
+        data = lzma.decompress(data)
+    elif module.name.endswith(".zst"):
+        data = _unzstd(data)
+    elif module.name.endswith(".gz"):
+        data = gzip.decompress(data)
+    (folder / name).write_bytes(data)
+    return name
+
+
 def _initramfs(kernel: StockKernel, modules_dir: Path) -> None:
     """The initramfs of ``kernel``, whose modules the guest finds at ``modules_dir`` (their final place)."""
     release_dir = kernel.modules / kernel.release
-    order = boot_order((release_dir / "modules.dep").read_text(), BOOT_MODULES)
+    order = boot_order((release_dir / "modules.dep").read_text(), BOOT_MODULES, _read(release_dir / "modules.builtin"))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for sub in ("bin", "modules", "proc", "sys", "dev", "lower", "upper", "newroot"):
             (root / sub).mkdir()
         shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-        for path in order:
-            shutil.copy2(release_dir / path, root / "modules" / Path(path).name)
+        names = [_uncompressed(release_dir / path, root / "modules") for path in order]
         init = root / "init"
         init.write_text(
             INIT.format(
-                modules=" ".join(Path(p).name for p in order),
+                modules=" ".join(names),
                 root_tag=ROOT_TAG,
                 out_tag=OUT_TAG,
                 guest_dir=GUEST_DIR,
@@ -241,34 +273,56 @@ def _read(path: Path) -> str:
 
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _unzstd(data: bytes) -> bytes:
+    """The first zstd frame of ``data`` decompressed (``zstd``: the standard library has none before 3.14);
+    empty when it is not one."""
+    out = subprocess.run(["zstd", "-dcq"], input=data, capture_output=True, check=False)
+    return out.stdout  # trailing data after the frame makes zstd complain, after writing the frame
 
 
 def extract_vmlinux(bzimage: bytes) -> bytes:
-    """The ELF kernel inside an xz-compressed ``bzImage`` (what the kernel's own
-    ``scripts/extract-vmlinux`` does); :class:`StockKernelError` when there is none."""
-    start = bzimage.find(XZ_MAGIC)
-    while start != -1:
-        try:
-            elf = lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(bzimage[start:])
-        except lzma.LZMAError:
-            elf = b""
-        if elf.startswith(b"\x7fELF"):
-            return elf
-        start = bzimage.find(XZ_MAGIC, start + 1)
-    raise StockKernelError("no xz-compressed ELF kernel in the image")
+    """The ELF kernel inside a ``bzImage`` compressed with xz (Debian up to 6.12) or zstd (Linux 7's
+    packages), as the kernel's own ``scripts/extract-vmlinux`` finds it; :class:`StockKernelError`
+    when there is none."""
+    decoders: tuple[tuple[bytes, Callable[[bytes], bytes]], ...] = (
+        (XZ_MAGIC, lambda d: lzma.LZMADecompressor(format=lzma.FORMAT_XZ).decompress(d)),
+        (ZSTD_MAGIC, _unzstd),
+    )
+    for magic, decode in decoders:
+        start = bzimage.find(magic)
+        while start != -1:
+            try:
+                elf = decode(bzimage[start:])
+            except lzma.LZMAError:
+                elf = b""
+            if elf.startswith(b"\x7fELF"):
+                return elf
+            start = bzimage.find(magic, start + 1)
+    raise StockKernelError("no xz- or zstd-compressed ELF kernel in the image")
 
 
 def _unpack(package: str, version: str, options: list[str], dest: Path, progress: Progress) -> StockKernel:
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    progress(f"[stock kernel] downloading {package} {version} from Debian")
+    parts = [package, *split_parts(package, _run("apt-cache", *options, "depends", f"{package}={version}"))]
+    progress(f"[stock kernel] downloading {' '.join(parts)} {version} from Debian")
     subprocess.run(
-        ["apt-get", *options, "download", "-q", f"{package}={version}"], cwd=tmp, check=True, capture_output=True
+        ["apt-get", *options, "download", "-q", *(f"{p}={version}" for p in parts)],
+        cwd=tmp,
+        check=True,
+        capture_output=True,
     )
-    (deb,) = tmp.glob("*.deb")
-    _run("dpkg-deb", "-x", str(deb), str(tmp))
-    deb.unlink()
+    for deb in tmp.glob("*.deb"):
+        _run("dpkg-deb", "-x", str(deb), str(tmp))
+        deb.unlink()
+    usr_modules = tmp / "usr" / "lib" / "modules"
+    if usr_modules.is_dir() and not (tmp / "lib" / "modules").exists():  # a merged-/usr package (Debian 13 on)
+        (tmp / "lib").mkdir(exist_ok=True)
+        usr_modules.rename(tmp / "lib" / "modules")
     releases = [p.name for p in (tmp / "lib" / "modules").iterdir()]
     if len(releases) != 1:
         raise StockKernelError(f"{package}: expected one kernel release in lib/modules, found {releases}")
@@ -276,7 +330,12 @@ def _unpack(package: str, version: str, options: list[str], dest: Path, progress
     progress(f"[stock kernel] {release}: module index, boot image, initramfs")
     _run("depmod", "-b", str(tmp), release)
     kernel = StockKernel(package, version, release, tmp)
-    kernel.vmlinux.write_bytes(extract_vmlinux((tmp / "boot" / f"vmlinuz-{release}").read_bytes()))
+    # Linux 7's packages keep the image beside the modules, older ones under /boot.
+    images = [tmp / "boot" / f"vmlinuz-{release}", tmp / "lib" / "modules" / release / "vmlinuz"]
+    image = next((p for p in images if p.is_file()), None)
+    if image is None:
+        raise StockKernelError(f"{package}: no kernel image at {' or '.join(str(p.relative_to(tmp)) for p in images)}")
+    kernel.vmlinux.write_bytes(extract_vmlinux(image.read_bytes()))
     _initramfs(kernel, StockKernel(package, version, release, dest).modules)
     (tmp / "release").write_text(release)
     shutil.rmtree(dest, ignore_errors=True)
