@@ -153,13 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             for v in variants if r % 2 == 0 else list(reversed(variants)):
                 times[v] += _time_calls(servers[v][1], a.calls)
         print(
-            f"empty NodePrepareResources, {a.rounds} x {a.calls} calls per variant (protobuf: {api_implementation.Type()}, grpcio {grpc.__version__}, load {os.getloadavg()[0]:.2f}):"
+            f"empty NodePrepareResources, {a.rounds} x {a.calls} calls per variant (protobuf: "
+            f"{api_implementation.Type()}, grpcio {grpc.__version__}, load {os.getloadavg()[0]:.2f}):"
         )
         base = statistics.median(times[variants[0]])
         for v in variants:
             med, p99 = statistics.median(times[v]), pct(times[v], 99)
             print(
-                f"  {v:<14} median {med * 1e3:6.3f} ms   p99 {p99 * 1e3:6.3f} ms   median / {variants[0]}: {med / base:4.2f}"
+                f"  {v:<14} median {med * 1e3:6.3f} ms   p99 {p99 * 1e3:6.3f} ms"
+                f"   median / {variants[0]}: {med / base:4.2f}"
             )
         return 0
     finally:

@@ -15,17 +15,11 @@ back, so nothing else can be it.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from driver.netlink.link_info import LinkInfo
-from driver.netlink.rtnl import Rtnl
-
-INDEX_SEARCH_BASE = 1 << 20
-"""Where a free ifindex is looked for when the preferred one is taken: far above what the kernel
-hands out (it counts up from 1 per namespace), so a pick is almost always free at once."""
 
 
 @dataclass(frozen=True)
@@ -99,37 +93,3 @@ def find_by_identity(links: Sequence[LinkInfo], identity: LinkIdentity) -> LinkI
     """The one link of ``links`` (a namespace's dump) that only this NIC can be, or None."""
     found = [link for link in links if identity.recognises(link)]
     return found[0] if len(found) == 1 else None
-
-
-def free_indexes(
-    rtnl: Rtnl, preferred: Sequence[int], taken: set[int] | None = None, also: Rtnl | None = None
-) -> list[int]:
-    """An ifindex per entry of ``preferred``, free in ``rtnl``'s namespace and distinct: the preferred
-    one when free, else one far above what the kernel hands out (0: no preference). ``taken``: the
-    indexes in use when known (a dump); else one pipelined lookup per round. ``also``: another
-    namespace where the index must be free too (one pipelined lookup per round).
-
-    A link created between this check and the move makes the move fail (EBUSY) before it happens.
-    """
-    out = list(preferred)
-    rng = random.SystemRandom()
-    pending = list(range(len(out)))
-    for _ in range(8):
-        asked = [out[i] for i in pending if out[i] > 0]  # 0: no preference, nothing to look up
-        busy = set(taken) if taken is not None else set()
-        for ns in (rtnl if taken is None else None, also):
-            if ns is not None and asked:
-                busy |= {index for index, link in zip(asked, ns.links_by_index(asked), strict=True) if link}
-        used = {out[j] for j in range(len(out)) if j not in pending}
-        retry = []
-        for i in pending:
-            if out[i] <= 0 or out[i] in busy or out[i] in used:
-                retry.append(i)
-            else:
-                used.add(out[i])
-        if not retry:
-            return out
-        for i in retry:
-            out[i] = INDEX_SEARCH_BASE + rng.randrange(1 << 28)
-        pending = retry
-    raise OSError("no free interface index found")

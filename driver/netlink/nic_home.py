@@ -22,11 +22,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from driver.netlink.link_identity import LinkIdentity, find_by_identity, free_indexes
+from driver.netlink.link_identity import LinkIdentity, find_by_identity
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.namespaces import Namespaces, NetnsGone
 from driver.netlink.nic_moves import LinkState
-from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, free_indexes, newlink
 
 log = logging.getLogger(__name__)
 

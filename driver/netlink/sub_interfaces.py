@@ -99,7 +99,8 @@ def delete_subs(pod: Rtnl, subs: list[tuple[str, int, str, str, str | None]]) ->
     kernel's refusal)."""
     found = pod.links_by_index([index for _, index, _, _, _ in subs])
     todo = [s for s, link in zip(subs, found, strict=True) if is_ours(link, s[2], s[3], s[4])]
-    errors = pod.run_each([delsub(device, index, ifname) for device, index, ifname, _, _ in todo])
+    reqs = [delsub(device, index, ifname) for device, index, ifname, _, _ in todo]
+    errors = pod.run_each(reqs)
     out: dict[str, str | NetnsOpError] = {
         device: f"no sub-interface {ifname} at ifindex {index} (gone)" for device, index, ifname, _, _ in subs
     }

@@ -25,9 +25,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.checkpoint.state import MovedDevice
-from driver.netlink.link_identity import free_indexes
 from driver.netlink.namespaces import NetnsGone
-from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, free_indexes, newlink
 from driver.netlink_channel import (
     IFINFOMSG,
     IFLA_IFNAME,

@@ -2,18 +2,21 @@
 
 :func:`container_adjustment` turns a pod's prepared devices and the
 :class:`~driver.claims.container_settings.ContainerSettings` of their claim configs into the NRI
-``ContainerAdjustment`` the runtime applies to the container.
+``ContainerAdjustment`` the runtime applies to the container; :func:`without_stay_home_rdma` is
+the pod's devices as a container sees them.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dranet_proto import nri_v1alpha1_pb2 as api
-from driver.checkpoint.state import PreparedDevice
+from driver.checkpoint.state import MovedDevice, PreparedDevice
 from driver.claims.container_settings import ContainerSettings
 from driver.model.device import CharDevice
+from driver.nic_settings import rdma
 
 RDMA_CM = "/dev/infiniband/rdma_cm"  # connection manager: every RDMA consumer needs it, no device owns it
 
@@ -51,6 +54,18 @@ def container_adjustment(
             adjust.linux.resources.cpu.cpus = settings.cpuset.cpus
             adjust.linux.resources.cpu.mems = settings.cpuset.mems
     return adjust if adjust.ByteSize() else None
+
+
+def without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> list[PreparedDevice]:
+    """``devices`` as a container sees them: a NIC whose RDMA device could not come into the pod
+    (a soft one the move destroyed) has no RDMA device there, so no char devices and no HCA."""
+    out = list(devices)
+    stayed = {m.device for m in moved if rdma.stays_home(m.records.get(rdma.RdmaDevice.name))}
+    for i, d in enumerate(out):
+        if d.device in stayed and d.snapshot.host.rdma_device:
+            host = replace(d.snapshot.host, rdma_device=None, char_devices=[])
+            out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
+    return out
 
 
 def _stat_char(path: str) -> CharDevice | None:

@@ -34,7 +34,7 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.config import DRIVER_NAME
 from driver.metrics import FAILED, SUCCESS, Metrics
 from driver.nri import ttrpc
-from driver.nri.hooks import HookError
+from driver.nri.claim_reports import HookError
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, MuxError, encode
 
 log = logging.getLogger(__name__)

@@ -216,7 +216,7 @@ def test_the_hooks_report_the_links_mtu_in_the_pod() -> None:
     from driver.netlink.link_info import LinkInfo
     from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
     from driver.nic_settings.setting import Nic
-    from driver.nri.hooks import _device_result
+    from driver.nri.claim_reports import device_result as _device_result
 
     device = PreparedDevice("nic", NODE, "pci-0000-8a-00-0", _published()["pci-0000-8a-00-0"])
     nic = Nic(

@@ -60,7 +60,9 @@ from driver.claims.prepare import Preparer
 from driver.claims.recovery import rebuild_prepared_claims
 from driver.dra.protocol import ClaimRef
 from driver.netlink.rtnl import Rtnl
-from driver.nri.hooks import HookError, NRIHooks
+from driver.nri import pod_attach
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
 from harness.fake_apiserver import make_claim, result
 from harness.nri import prepare_claim
 from tests.claims.conftest import inventory
@@ -382,7 +384,7 @@ def nri_scenario(
     def child_work(state: Path, pod: api.PodSandbox) -> Callable[[FileOps], None]:
         def work(ops: FileOps) -> None:
             if refused:  # the kernel, not the hook's checks, refuses: a name or MTU that changed since
-                NRIHooks._check_names_and_mtus = lambda *args, **kwargs: None  # type: ignore[method-assign]
+                pod_attach.check_names_and_mtus = lambda *args, **kwargs: None  # type: ignore[assignment]
             hooks = NRIHooks(CheckpointStore(state, ops=ops))
             try:
                 (hooks.run_pod_sandbox if hook == "run" else hooks.stop_pod_sandbox)(pod)

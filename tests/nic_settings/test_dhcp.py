@@ -25,7 +25,9 @@ from driver.config import DHCP_TIMEOUT
 from driver.dhcp.wire import Lease
 from driver.netlink.rtnl import Route
 from driver.nic_settings.dhcp import lease_routes
-from driver.nri.hooks import HookError, NRIHooks, pod_netns_path
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
+from driver.nri.pod_netns import pod_netns_path
 from harness.netns import NetnsFactory
 from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
 from tests.support.dhcp_server import UdhcpdServer, start_udhcpd

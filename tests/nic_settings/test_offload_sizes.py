@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from driver.nic_settings import offload_sizes
-from driver.nri.hooks import HookError
+from driver.nri.claim_reports import HookError
 from harness.netns import NetnsFactory
 from harness.nri import link_facts
 from tests.support.hook_node import Node, sizes

@@ -17,7 +17,8 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.netlink_channel import NLMSGHDR, NetlinkChannel
 from driver.nic_settings import rdma
-from driver.nri.hooks import HookError, NRIHooks
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
 from harness.nri import pod_json, prepare_claim
 from tests.support import kernel
 

@@ -19,7 +19,7 @@ from driver.netlink.nic_moves import LinkState, PodLinkConfig
 from driver.netlink.rtnl import NetnsOpError
 from driver.nic_settings import vrf
 from driver.nic_settings.setting import HostNetns, Nic, PodNetns, SettingRefused
-from driver.nri.hooks import HookError
+from driver.nri.claim_reports import HookError
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, prepare_claim
 from tests.support import kernel

@@ -14,7 +14,9 @@ from driver.checkpoint.store import CheckpointStore
 from driver.config import parse_sharing_pools
 from driver.netlink.sub_interfaces import LEASE, RECORD
 from driver.nri.address_pool import LeaseOutside, PoolError, in_use, lease, leases_outside
-from driver.nri.hooks import SUB_INTERFACE, HookError, NRIHooks
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
+from driver.nri.shares import SUB_INTERFACE
 from harness.netns import NetnsFactory
 from harness.nri import configure_host_nic, link_facts, prepare_claim
 from tests.nri.test_sub_interfaces import _links, _pod

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from driver.checkpoint.store import CheckpointStore
-from driver.nri.hooks import RUN_STEPS, STOP_STEPS
+from driver.nri.step_clock import RUN_STEPS, STOP_STEPS
 from harness.nri import (
     DriverProcess,
     Harness,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from driver.nri.hooks import HookError
+from driver.nri.claim_reports import HookError
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, prepare_claim
 from tests.api.v1alpha1.test_dranet_examples import params_of

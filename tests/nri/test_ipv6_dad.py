@@ -18,8 +18,8 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.state import PreparedClaim
 from driver.nic_settings import sysctls
+from driver.nri.claim_reports import HookError
 from driver.nri.dad_watch import CONTAINER_WAIT_S
-from driver.nri.hooks import HookError
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, prepare_claim
 from tests.support.hook_node import Node, ipj, sh, sysctl

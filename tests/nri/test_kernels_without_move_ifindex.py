@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from driver.netlink.kernel_features import MOVE_IFINDEX, detect
-from driver.nri.hooks import HookError, NRIHooks
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts
 from tests.support import kernel

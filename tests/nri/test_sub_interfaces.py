@@ -16,7 +16,10 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
-from driver.nri.hooks import RUN_STEPS, STOP_STEPS, SUB_INTERFACE, HookError, NRIHooks
+from driver.nri.claim_reports import HookError
+from driver.nri.hooks import NRIHooks
+from driver.nri.shares import SUB_INTERFACE
+from driver.nri.step_clock import RUN_STEPS, STOP_STEPS
 from harness.netns import NetnsFactory
 from harness.nri import configure_host_nic, link_facts, pod_json, prepare_claim
 
