@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.checkpoint.state import PreparedClaim, PreparedDevice
-from driver.claims.device_metadata import DeviceMetadataWriter, GpuPair, MetadataPaths
+from driver.checkpoint.state import GpuPair, PreparedClaim, PreparedDevice
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import MetadataPaths
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import PrepareResult
 from driver.model.device import Device, HostFacts

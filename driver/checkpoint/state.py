@@ -234,7 +234,7 @@ class MovedDevice:
     # Per NIC setting (driver.nic_settings), under its name: what undoing it needs, as the setting
     # wrote it (the host's values, what it did in the pod). Only settings the claim uses have one.
     # Also what the pod's device metadata file says of the NIC (``deviceMetadata``, written by
-    # driver.claims.device_metadata): a reader takes the names it knows and ignores the others,
+    # driver.claims.metadata_document): a reader takes the names it knows and ignores the others,
     # where a new field here would fail an older driver's reader.
     records: dict[str, Any] = field(default_factory=dict)
 

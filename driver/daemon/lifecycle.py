@@ -30,7 +30,10 @@ from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.state import PreparedClaim, claim_device_counts, share_usage
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
-from driver.claims.device_metadata import DeviceMetadataWriter, Mend, MetadataPaths, MetadataStatusSink
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import MetadataPaths
+from driver.claims.metadata_sink import MetadataStatusSink
+from driver.claims.owned_files import Mend
 from driver.claims.prepare import Preparer
 from driver.claims.profile import profile_resolver
 from driver.claims.recovery import rebuild_prepared_claims

@@ -21,15 +21,16 @@ import pytest
 from driver.checkpoint.state import IN_POD, DriverState, MovedDevice, PodNetState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
-from driver.claims.device_metadata import (
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import (
     CONTAINER_DIR,
     MAX_ATTRIBUTES,
-    DeviceMetadataWriter,
+    MetadataDocument,
     MetadataPaths,
-    MetadataStatusSink,
     decode_first,
     pair_up,
 )
+from driver.claims.metadata_sink import MetadataStatusSink
 from driver.claims.prepare import Preparer
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import ClaimRef, PrepareResult
@@ -243,7 +244,7 @@ def test_at_most_32_attributes_with_the_drivers_own_first(paths: MetadataPaths) 
     attrs: dict[str, Any] = {f"dra.net/extra{i}": i for i in range(40)} | {"dra.net/rdma": True}
     host = HostFacts(char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)], rdma_device="mlx5_0")
     device = PreparedDevice("nic", NODE, "nic-0", Device("nic-0", attrs, host))
-    entry = DeviceMetadataWriter(paths)._device(device, None)
+    entry = MetadataDocument(paths, "dra.net")._device(device, None)
     assert len(entry["attributes"]) == MAX_ATTRIBUTES
     assert entry["attributes"]["dra.net/rdmaCharDevices"] == {"string": "uverbs0"}
     assert entry["attributes"]["dra.net/rdma"] == {"bool": True}  # ranked above the unknown ones

@@ -28,17 +28,12 @@ from driver.checkpoint.state import (
     PreparedDevice,
 )
 from driver.checkpoint.store import CheckpointStore
-from driver.claims import device_metadata
+from driver.claims import owned_files
 from driver.claims.claim_build import ClaimBuilder
-from driver.claims.device_metadata import (
-    CDI,
-    METADATA,
-    VIEW_RECORD,
-    DeviceMetadataWriter,
-    MetadataPaths,
-    MetadataStatusSink,
-    decode_first,
-)
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import VIEW_RECORD, MetadataPaths, decode_first
+from driver.claims.metadata_sink import MetadataStatusSink
+from driver.claims.owned_files import CDI, METADATA
 from driver.claims.prepare import Preparer
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import ClaimRef
@@ -190,13 +185,13 @@ def test_the_background_check_mends_a_cdi_spec_with_a_stat_per_file(
 ) -> None:
     """The runtime resolves CDI devices before any NRI hook: only the background check sees a broken spec."""
     reads: list[Path] = []
-    real_read = device_metadata._read
+    real_read = owned_files._read
 
     def counting(path: Path) -> tuple[bytes, Any]:
         reads.append(path)
         return real_read(path)
 
-    monkeypatch.setattr(device_metadata, "_read", counting)
+    monkeypatch.setattr(owned_files, "_read", counting)
     assert node.writer.keep_all() == []
     assert reads == []  # as last written: a stat each, nothing read
     half(node.file(CDI))

@@ -28,7 +28,7 @@ from devcluster.cluster.controlplane import create_objects, wait_for
 from devcluster.cluster.pods import pod_view, workload_pod
 from devcluster.demo.allocation import ALIGNED
 from devcluster.doubles.gpu_double import GPU_DRIVER
-from driver.claims.device_metadata import decode_first
+from driver.claims.metadata_document import decode_first
 from harness.metadata_decoder_build import decoder_binary
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (

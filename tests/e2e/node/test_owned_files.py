@@ -24,7 +24,7 @@ from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
 from devcluster.cluster.pods import KubectlError, workload_pod
 from devcluster.demo.allocation import ALIGNED
-from driver.claims.device_metadata import decode_first
+from driver.claims.metadata_document import decode_first
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import delete_pod, events_for, get_pod, pod_claim, seed_namespace, wait_running
 from tests.support.damage import empty, half, zero
