@@ -113,7 +113,7 @@ def bench_netlink(links: int, runs: int) -> tuple[list[float], list[float]] | No
     from pyroute2 import IPRoute
 
     from driver.inventory.netlink_facts import LinkQuery
-    from driver.netlink_channel import inside_netns, open_netns
+    from driver.netlink.channel import inside_netns, open_netns
 
     ns = f"dnbn{os.getpid() % 100000}"
     subprocess.run(["ip", "netns", "add", ns], check=True)

@@ -34,9 +34,9 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
+from driver.netlink.channel import inside_netns
 from driver.netlink.namespaces import Namespaces
 from driver.netlink.rtnl import Request, Route, Rtnl, newaddr, newlink, newroute
-from driver.netlink_channel import inside_netns
 
 POD_MTU = 1400
 HOST_MTU = 1500

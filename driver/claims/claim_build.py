@@ -26,10 +26,10 @@ from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
 from driver.model.device import Device
 from driver.netlink import mtu_limits
+from driver.netlink.channel import netlink_socket
 from driver.netlink.kernel_features import link_kind_supported
 from driver.netlink.rtnl import Rtnl
 from driver.netlink.sub_interfaces import KINDS, MACVLAN
-from driver.netlink_channel import netlink_socket
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting
 

@@ -62,11 +62,11 @@ from driver.kube.errors import KubeError
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
 from driver.netlink import kernel_features
+from driver.netlink.channel import netlink_socket
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.kernel_features import KernelFeatures
 from driver.netlink.link_watch import LinkWatcher
 from driver.netlink.rtnl import Rtnl
-from driver.netlink_channel import netlink_socket
 from driver.nic_settings import rdma
 from driver.node_lease import POLL_INTERVAL, NodeLease
 from driver.probe_server import ProbeServer

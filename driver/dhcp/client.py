@@ -1,7 +1,7 @@
 """The DHCP exchange on one NIC inside a pod's network namespace, within a deadline.
 
 One UDP socket, created in the pod's namespace (a socket lives in the netns of the thread that
-creates it: :func:`driver.netlink_channel.inside_netns`), bound to port 68 and to the NIC
+creates it: :func:`driver.netlink.channel.inside_netns`), bound to port 68 and to the NIC
 (``SO_BINDTODEVICE``). The NIC has no address yet, so the client asks for broadcast replies
 (the BROADCAST flag); the kernel delivers limited-broadcast datagrams to a socket bound to
 0.0.0.0 on a NIC without an IPv4 address. DISCOVER and REQUEST are retransmitted every
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from driver.dhcp import wire
 from driver.dhcp.wire import Lease, MessageError
-from driver.netlink_channel import inside_netns
+from driver.netlink.channel import inside_netns
 
 log = logging.getLogger(__name__)
 

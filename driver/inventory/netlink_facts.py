@@ -5,7 +5,7 @@ per device); the incremental update of one link asks for that link and its addre
 (:meth:`LinkQuery.link`). The uplink is recomputed on every full scan (the Go driver computes it
 once at start: a known bug).
 
-Hand-written rtnetlink through :mod:`driver.netlink_channel`, only the attributes discovery reads:
+Hand-written rtnetlink through :mod:`driver.netlink.channel`, only the attributes discovery reads:
 pyroute2 decodes every attribute of every link into objects, ~0.3 ms of Python per link. With
 520 links (``bench.bench_discovery``, same run, 2-vCPU VM) these dumps take 15 ms (median), the
 same through pyroute2's ``IPRoute`` 177 ms, on every full scan (the replay compares these facts first)
@@ -23,21 +23,12 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from driver import bpf_attachments
-from driver.netlink_channel import (
+from driver.netlink import bpf_attachments
+from driver.netlink.channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
     IFADDRMSG,
     IFINFOMSG,
-    IFLA_ADDRESS,
-    IFLA_IFALIAS,
-    IFLA_IFNAME,
-    IFLA_INFO_KIND,
-    IFLA_LINKINFO,
-    IFLA_MASTER,
-    IFLA_MTU,
-    IFLA_OPERSTATE,
-    IFLA_PERM_ADDRESS,
     NETLINK_GET_STRICT_CHK,
     NLM_F_REQUEST,
     RT_TABLE_MAIN,
@@ -53,11 +44,11 @@ from driver.netlink_channel import (
     RTNEXTHOP,
     SOL_NETLINK,
     NetlinkChannel,
-    mac_str,
     netlink_socket,
     open_netns,
     parse_attrs,
 )
+from driver.netlink.link_info import link_info
 
 log = logging.getLogger(__name__)
 
@@ -125,34 +116,25 @@ OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dor
 """IF_OPER_* (RFC 2863) as sysfs ``operstate`` spells them."""
 
 
-def _text(raw: bytes | None) -> str | None:
-    return raw.split(b"\0", 1)[0].decode(errors="replace") if raw else None
-
-
 def parse_link(payload: bytes) -> LinkFacts:
-    """One RTM_NEWLINK payload (a dump entry, a GET answer or an event) as :class:`LinkFacts`."""
-    _family, arphrd, index, flags, _change = IFINFOMSG.unpack_from(payload)
-    attrs = parse_attrs(payload, IFINFOMSG.size)
-    kind = None
-    if IFLA_LINKINFO in attrs:
-        kind = _text(parse_attrs(attrs[IFLA_LINKINFO], 0).get(IFLA_INFO_KIND))
-    mac, perm = attrs.get(IFLA_ADDRESS), attrs.get(IFLA_PERM_ADDRESS)
-    oper, master, mtu = attrs.get(IFLA_OPERSTATE), attrs.get(IFLA_MASTER), attrs.get(IFLA_MTU)
-    name = attrs.get(IFLA_IFNAME, b"")
+    """One RTM_NEWLINK payload (a dump entry, a GET answer or an event) as :class:`LinkFacts`, read
+    by netlink's one link parser (:func:`driver.netlink.link_info.link_info`)."""
+    link = link_info(payload)
+    oper = link.operstate
     return LinkFacts(
         # Any byte but NUL, '/' and whitespace is a valid name: decoded as os.listdir decodes it
         # (surrogate escapes), so a name that is not UTF-8 is the same str from netlink and sysfs.
-        ifname=os.fsdecode(name.split(b"\0", 1)[0]),
-        index=index,
-        arphrd=arphrd,
-        kind=kind,
-        mac=mac_str(mac) if mac else None,
-        permanent_mac=mac_str(perm) if perm else None,  # the kernel omits an all-zero one
-        mtu=struct.unpack("=I", mtu)[0] if mtu else None,
-        operstate=OPERSTATES[oper[0]] if oper and oper[0] < len(OPERSTATES) else None,
-        alias=_text(attrs.get(IFLA_IFALIAS)) or None,
-        master=struct.unpack("=I", master)[0] or None if master else None,
-        loopback=bool(flags & IFF_LOOPBACK) or arphrd == ARPHRD_LOOPBACK,
+        ifname=link.ifname,
+        index=link.index,
+        arphrd=link.arphrd,
+        kind=link.kind,
+        mac=link.mac or None,
+        permanent_mac=link.permanent_mac,  # None for none, and for an all-zero one
+        mtu=link.mtu,
+        operstate=OPERSTATES[oper] if oper is not None and oper < len(OPERSTATES) else None,
+        alias=link.alias,
+        master=link.master,
+        loopback=bool(link.flags & IFF_LOOPBACK) or link.arphrd == ARPHRD_LOOPBACK,
     )
 
 

@@ -1,6 +1,6 @@
 """The kernel's netlink: NICs moved between namespaces and back, found by what they are, watched.
 
-Two clients on the socket layer of :mod:`driver.netlink_channel`: ``rtnl`` (NETLINK_ROUTE,
+Two clients on the socket layer of :mod:`driver.netlink.channel`: ``rtnl`` (NETLINK_ROUTE,
 hand-packed: the pod path's requests, measured against pyroute2 in ``bench.bench_hooks``) and
 ``ethtool_genl`` (generic netlink, ethtool family, on pyroute2's message classes in
 ``ethtool_messages``); ``namespaces`` opens their sockets inside
@@ -11,6 +11,6 @@ batch, ``nic_home`` finds it again and brings it home; ``mtu_limits`` is what MT
 the NRI hooks announce the links they change (and that they are running), so their own events cost
 nothing. What a claim sets on a NIC (addresses, rules, sysctls, ...) is ``driver.nic_settings``'.
 
-May import: ``driver.netlink_channel`` (the socket layer and rtnetlink vocabulary), ``driver.config`` and
+May import: ``driver.netlink.channel`` (the socket layer and rtnetlink vocabulary), ``driver.config`` and
 pyroute2's message classes.
 """

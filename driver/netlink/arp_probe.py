@@ -15,7 +15,7 @@ import socket
 import struct
 import time
 
-from driver.netlink_channel import inside_netns
+from driver.netlink.channel import inside_netns
 
 ETH_P_ARP = 0x0806
 ETH_P_IP = 0x0800

@@ -3,7 +3,7 @@
 ``ETHTOOL_MSG_FEATURES_GET/SET`` and ``ETHTOOL_MSG_PRIVFLAGS_GET/SET``, and
 ``ETHTOOL_MSG_STRSET_GET`` for the kernel's feature-name table; the messages are pyroute2's
 classes (:mod:`driver.netlink.ethtool_messages`), pipelined on the package's
-:class:`~driver.netlink_channel.NetlinkChannel`. Features are read as compact bitsets (bit ``i``
+:class:`~driver.netlink.channel.NetlinkChannel`. Features are read as compact bitsets (bit ``i``
 is string ``i`` of the kernel's ``ETH_SS_FEATURES`` table, read once: no bit number is written
 here) and set by name; private flags, whose names are the NIC driver's own, are read and set by
 name. What a claim asks for is resolved and applied in :mod:`driver.netlink.ethtool`.
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, inside_netns
+from driver.netlink.channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, inside_netns
 
 NETLINK_GENERIC = 16  # not exported by the socket module
 ETH_SS_FEATURES = 4  # the string set naming the features' bits

@@ -34,8 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.netlink.rtnl import Request, Rtnl
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     IFLA_INFO_KIND,
     IFLA_LINKINFO,
@@ -45,6 +44,7 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     attr,
 )
+from driver.netlink.rtnl import Request, Rtnl
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     IFLA_IFNAME,
     NLMSGHDR,

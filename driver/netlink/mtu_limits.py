@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import socket
 
+from driver.netlink.channel import netlink_socket
 from driver.netlink.rtnl import Rtnl
-from driver.netlink_channel import netlink_socket
 
 
 def pf_mtu(ifname: str, sysfs_root: str = "/sys") -> tuple[str, int] | None:

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Iterator
 
 from driver.config import HOST_NETNS
+from driver.netlink.channel import libc, netlink_socket
 from driver.netlink.rtnl import Rtnl
-from driver.netlink_channel import libc, netlink_socket
 
 NSFS_MAGIC = 0x6E736673  # statfs f_type of a namespace file
 

@@ -1,6 +1,6 @@
 """Hand-packed rtnetlink: the hot path of NIC moves.
 
-:class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink_channel.NetlinkChannel` bound to
+:class:`Rtnl` is a ``NETLINK_ROUTE`` :class:`~driver.netlink.channel.NetlinkChannel` bound to
 one network namespace. Requests (:class:`Request`, built by :func:`newlink`, :func:`newaddr`,
 :func:`newroute`) are pipelined: all of a pod's addresses, link-ups and routes go to the kernel
 in one ``send`` and each one's ack or error is matched by sequence number; lookups of several
@@ -28,8 +28,7 @@ from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from driver.netlink.link_info import IFLA_NEW_IFINDEX, LinkInfo, link_info
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
     IFADDRMSG,
@@ -66,6 +65,7 @@ from driver.netlink_channel import (
     parse_attrs,
     pick_attrs,
 )
+from driver.netlink.link_info import IFLA_NEW_IFINDEX, LinkInfo, link_info
 
 RT_TABLE_DEFAULT, RT_TABLE_LOCAL = 253, 255
 RTPROT_KERNEL = 2

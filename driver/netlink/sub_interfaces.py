@@ -18,9 +18,7 @@ import errno
 import socket
 import struct
 
-from driver.netlink.link_info import IFLA_LINK, LinkInfo
-from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, mac_bytes
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     IFLA_ADDRESS,
     IFLA_IFNAME,
@@ -35,6 +33,8 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     attr,
 )
+from driver.netlink.link_info import IFLA_LINK, LinkInfo
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, mac_bytes
 
 RECORD = "subInterface"
 """The key of a sub-interface's record in the pod state (``MovedDevice.records``): ``{"kind",

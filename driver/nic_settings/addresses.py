@@ -41,6 +41,7 @@ from typing import Any
 from driver.api.v1alpha1.decode_interface import IPV6_MIN_MTU
 from driver.api.v1alpha1.network_config import NetworkConfig, RouteConfig
 from driver.checkpoint.state import MovedDevice
+from driver.netlink.channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.netlink.nic_moves import LinkState
 from driver.netlink.rtnl import (
     IFA_F_DADFAILED,
@@ -61,7 +62,6 @@ from driver.netlink.rtnl import (
     newroute,
     restorable_route,
 )
-from driver.netlink_channel import RT_TABLE_MAIN, RTA_OIF, RTM_GETROUTE, RTMSG, attr
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 

@@ -30,9 +30,9 @@ from driver.dhcp import client
 from driver.dhcp.client import DhcpError, Exchange
 from driver.dhcp.wire import Lease
 from driver.model.device import Device
+from driver.netlink.channel import RT_TABLE_MAIN
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError, Request, Route, Rtnl, deladdr, newaddr, newroute
-from driver.netlink_channel import RT_TABLE_MAIN
 from driver.nic_settings.setting import Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)

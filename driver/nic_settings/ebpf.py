@@ -21,7 +21,7 @@ import socket
 import struct
 from collections.abc import Sequence
 
-from driver.bpf_attachments import (
+from driver.netlink.bpf_attachments import (
     BPF_LINK_DETACH,
     BPF_LINK_GET_FD_BY_ID,
     BPF_PROG_DETACH,
@@ -43,8 +43,8 @@ from driver.bpf_attachments import (
     tcx_programs,
     xdp_programs,
 )
+from driver.netlink.channel import NLA_F_NESTED, attr, inside_netns
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
-from driver.netlink_channel import NLA_F_NESTED, attr, inside_netns
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 __all__ = ["BPF_PROG_QUERY", "TCMSG", "TC_PARENTS", "TCX_ATTACH", "Ebpf", "Program", "_bpf", "detach_all"]

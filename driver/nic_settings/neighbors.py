@@ -18,8 +18,8 @@ from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import MovedDevice
+from driver.netlink.channel import NLM_F_CREATE, attr, mac_str, parse_attrs
 from driver.netlink.rtnl import Request, Rtnl, mac_bytes
-from driver.netlink_channel import NLM_F_CREATE, attr, mac_str, parse_attrs
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
 RTM_NEWNEIGH, RTM_GETNEIGH = 28, 30

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import MovedDevice
 from driver.model.device import Device
+from driver.netlink.channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, netlink_socket, pick_attrs
 from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
-from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, netlink_socket, pick_attrs
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 IFLA_GSO_MAX_SIZE, IFLA_GRO_MAX_SIZE, IFLA_TSO_MAX_SIZE = 41, 58, 59

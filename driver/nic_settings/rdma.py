@@ -48,9 +48,9 @@ from pathlib import Path
 from driver.checkpoint.state import MovedDevice
 from driver.inventory.rdma import soft_device_problem
 from driver.inventory.sysfs import SysfsReader
+from driver.netlink.channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rtnl import NetnsOpError
-from driver.netlink_channel import NLM_F_ACK, NLM_F_REQUEST, NetlinkChannel, attr, parse_attrs, text
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from typing import Any
 
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.state import MovedDevice
+from driver.netlink.channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, parse_attrs, text
 from driver.netlink.rtnl import Request, Rtnl
-from driver.netlink_channel import NLM_F_CREATE, NLM_F_EXCL, RT_TABLE_MAIN, attr, parse_attrs, text
 from driver.nic_settings.addresses import keeps_host_addresses, policy_tables
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 

@@ -12,7 +12,7 @@ are not settable over rtnetlink, so they are written to the file; where that mou
 from the thread of :class:`~driver.nic_settings.writable_proc_sys.WritableProcSys`. Reads go to
 the files (readable everywhere). ``/proc/sys/net`` shows the network namespace of the thread that
 opens a file, so every file access runs with the thread moved into the target namespace for the
-duration (:func:`~driver.netlink_channel.inside_netns`) and back.
+duration (:func:`~driver.netlink.channel.inside_netns`) and back.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 from driver.api.v1alpha1.network_config import InterfaceConfig
 from driver.checkpoint.state import MovedDevice
+from driver.netlink.channel import attr, inside_netns
 from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, newlink
-from driver.netlink_channel import attr, inside_netns
 from driver.nic_settings.addresses import new_ipv6
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 from driver.nic_settings.writable_proc_sys import WritableProcSys

@@ -25,9 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from driver.checkpoint.state import MovedDevice
-from driver.netlink.namespaces import NetnsGone
-from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, free_indexes, newlink
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     IFLA_IFNAME,
     IFLA_INFO_KIND,
@@ -39,6 +37,8 @@ from driver.netlink_channel import (
     RTM_NEWLINK,
     attr,
 )
+from driver.netlink.namespaces import NetnsGone
+from driver.netlink.rtnl import NetnsOpError, Request, Rtnl, free_indexes, newlink
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
 
 log = logging.getLogger(__name__)

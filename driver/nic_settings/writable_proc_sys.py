@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from driver.netlink_channel import libc
+from driver.netlink.channel import libc
 
 T = TypeVar("T")
 PROC_SYS = "/proc/sys"

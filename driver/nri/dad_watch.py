@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from driver.netlink.channel import netlink_socket
 from driver.netlink.namespaces import is_netns_fd
 from driver.netlink.rtnl import IFA_F_DADFAILED, IFA_F_OPTIMISTIC, IFA_F_TENTATIVE, Rtnl, ipv6_address_states
-from driver.netlink_channel import netlink_socket
 
 log = logging.getLogger(__name__)
 

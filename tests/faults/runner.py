@@ -713,8 +713,8 @@ DEFAULT_FAMILIES = ("refused", "nri", "share", "prepare", "corruption")
 
 def kernel_has(kind: str) -> bool:
     """Whether this kernel makes ``kind`` links (asked in this namespace, nothing created)."""
+    from driver.netlink.channel import netlink_socket
     from driver.netlink.kernel_features import link_kind_supported
-    from driver.netlink_channel import netlink_socket
 
     rtnl = Rtnl(netlink_socket(socket.NETLINK_ROUTE))
     try:

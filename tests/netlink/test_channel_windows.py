@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFA_ADDRESS,
     IFA_LOCAL,
     IFADDRMSG,

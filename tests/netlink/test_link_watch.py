@@ -85,8 +85,8 @@ async def test_callback_errors_do_not_stop_the_watcher(netns_factory) -> None:
 def test_parse_events_reads_kind_index_and_name_only() -> None:
     import struct
 
+    from driver.netlink.channel import IFINFOMSG, IFLA_IFNAME, IFLA_MTU, NLMSGHDR, RTM_DELLINK, RTM_NEWLINK, attr
     from driver.netlink.link_watch import parse_events
-    from driver.netlink_channel import IFINFOMSG, IFLA_IFNAME, IFLA_MTU, NLMSGHDR, RTM_DELLINK, RTM_NEWLINK, attr
 
     def msg(kind: int, index: int, name: str) -> bytes:
         body = IFINFOMSG.pack(0, 1, index, 0, 0) + attr(IFLA_MTU, struct.pack("=I", 1500))

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
-from driver.netlink_channel import NLMSGHDR, NetlinkChannel
+from driver.netlink.channel import NLMSGHDR, NetlinkChannel
 from driver.nic_settings import rdma
 from driver.nri.claim_reports import HookError
 from driver.nri.hooks import NRIHooks

@@ -14,10 +14,10 @@ import pytest
 from driver.api.v1alpha1.decode import decode_config
 from driver.checkpoint.state import MovedDevice, PreparedClaim, PreparedDevice
 from driver.model.device import Device, HostFacts
+from driver.netlink.channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, pick_attrs
 from driver.netlink.link_info import LinkInfo
 from driver.netlink.nic_moves import LinkState, PodLinkConfig, PodLinkResult
 from driver.netlink.rtnl import SKIP_STATS, Request, Rtnl, newlink
-from driver.netlink_channel import IFINFOMSG, NLM_F_REQUEST, RTM_GETLINK, attr, pick_attrs
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 from harness.netns import NetnsFactory

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from driver.api.v1alpha1.network_config import InterfaceConfig
-from driver.netlink_channel import libc
+from driver.netlink.channel import libc
 from driver.nic_settings import sysctls
 from driver.nic_settings.writable_proc_sys import CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_REC, MS_REMOUNT, read_only
 from harness.netns import NetnsFactory

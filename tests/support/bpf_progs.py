@@ -11,7 +11,7 @@ import struct
 import subprocess
 
 from driver.netlink import kernel_features
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     NLA_F_NESTED,
     NLM_F_ACK,

@@ -18,8 +18,8 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
+from driver.netlink.channel import netlink_socket, open_netns
 from driver.netlink.rtnl import Rtnl
-from driver.netlink_channel import netlink_socket, open_netns
 from driver.nic_settings import offload_sizes
 from driver.nic_settings.registry import SETTINGS
 from driver.nic_settings.setting import NicSetting

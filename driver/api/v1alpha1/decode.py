@@ -123,7 +123,7 @@ here so a merged config (two configs for one request, a profile under it) is bou
 MAX_POD_REQUESTS = 200
 """Netlink requests that configure a pod's NICs: one per address, route, rule and neighbor, one per
 NIC to set it up, one more for a NIC in a VRF (:func:`configure_requests`). The NRI hook pipelines
-them in windows that fit the socket's receive buffer (:class:`~driver.netlink_channel.NetlinkChannel`),
+them in windows that fit the socket's receive buffer (:class:`~driver.netlink.channel.NetlinkChannel`),
 so any number applies; the bound keeps a pod start's configuration well inside the hook's 2-second
 budget (docs/configuration.md, Limits)."""
 

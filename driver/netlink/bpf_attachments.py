@@ -17,7 +17,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from driver.netlink_channel import (
+from driver.netlink.channel import (
     IFINFOMSG,
     NLM_F_REQUEST,
     RTM_GETLINK,
