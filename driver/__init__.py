@@ -4,8 +4,8 @@ Packages by concern, each may import only those below it (checked by the import-
 contracts in pyproject.toml; docs/architecture.md draws the picture):
 
 - ``cli``, ``daemon``, ``webhook``: entry points; only they wire components together.
-- ``nri``, ``health``, ``probe_server``: the node's faces to the container runtime, NIC health
-  and HTTP probes. Independent of each other.
+- ``nri``, ``health``: the node's faces to the container runtime and NIC health. Independent of
+  each other.
 - ``claims``: a claim's prepare, pod settings, claim status.
 - ``dra``: the DRA kubelet-plugin kit (kubelet gRPC, ResourceSlices, the health stream), for any
   driver; the network driver plugs into it (``daemon.lifecycle.NetworkDriver``).

@@ -14,9 +14,9 @@ from driver.checkpoint.state import (
     claim_device_counts,
 )
 from driver.checkpoint.store import CheckpointStore
+from driver.daemon.probe_server import ProbeServer
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
-from driver.probe_server import ProbeServer
 from tests.test_probe_server import get
 
 ALLOCATED = "dranet_driver_claim_devices_allocated"

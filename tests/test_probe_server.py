@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from driver.daemon.probe_server import MAX_HEAD, ProbeServer, parse_bind_address
 from driver.metrics import Metrics
-from driver.probe_server import MAX_HEAD, ProbeServer, parse_bind_address
 
 
 def _get(url: str, method: str = "GET") -> tuple[int, str, dict[str, str]]:

@@ -10,6 +10,7 @@ aside); ``errors`` (``CheckpointError``, ``CheckpointWriteError``) is below them
 The NICs of a pod keep what each NIC setting recorded to undo itself under the setting's name
 (``MovedDevice.records``): the settings own the records' content, the state only keeps them.
 
-May import: ``driver.api`` (the typed config prepared claims carry) and ``driver.model``. Never the
-claims, NRI, netlink or NIC settings packages: they all build on this state.
+May import: ``driver.api`` (the typed config prepared claims carry), ``driver.model`` and
+``driver.config``. Never the claims, NRI, netlink or NIC settings packages: they all build on this
+state.
 """

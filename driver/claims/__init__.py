@@ -10,5 +10,6 @@ May import: ``driver.dra`` (the kubelet's claim references and answers), ``drive
 ``driver.checkpoint``, ``driver.kube``, ``driver.netlink`` (prepare's MTU check),
 ``driver.nic_settings`` (each setting's check of a config against the NIC),
 ``driver.profiles`` (``profile``: the profile provider's config for a NIC),
+``driver.inventory`` (the PCIe topology and the attributes' ranks of the device metadata),
 ``driver.model``, ``driver.config``. Never the NRI, health or daemon packages.
 """

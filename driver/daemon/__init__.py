@@ -13,6 +13,9 @@
 While an NRI hook runs, background work waits; blocking work (sysfs walks, netlink dumps) runs in
 a worker thread so gRPC calls are answered meanwhile.
 
-May import: every package below it (dra, health, nri, probe_server, claims, checkpoint,
-inventory, kube, netlink, node_lease and the vocabulary); never ``driver.cli`` or ``driver.webhook``.
+May import: every package below it that it wires: ``driver.dra``, ``driver.health``,
+``driver.nri``, ``driver.claims``, ``driver.nic_settings``, ``driver.checkpoint``,
+``driver.inventory``, ``driver.kube``, ``driver.netlink``, ``driver.node_lease``,
+``driver.metrics``, ``driver.model`` and ``driver.config``; never ``driver.cli`` or
+``driver.webhook``.
 """

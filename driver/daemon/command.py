@@ -20,10 +20,10 @@ from driver.checkpoint.store import CheckpointStore
 from driver.claims.profile import check_at_start, profile_resolver
 from driver.config import DriverConfig, config_from_args
 from driver.daemon.lifecycle import Daemon
+from driver.daemon.probe_server import parse_bind_address
 from driver.inventory.device_filter import FilterError
 from driver.inventory.discovery_cli import sysfs_root_error
 from driver.kube.client import KubeClient
-from driver.probe_server import parse_bind_address
 
 log = logging.getLogger(__name__)
 

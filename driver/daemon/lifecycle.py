@@ -52,6 +52,7 @@ from driver.config import (
     parse_sharing_pools,
 )
 from driver.daemon.device_sync import DeviceSync
+from driver.daemon.probe_server import ProbeServer
 from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
 from driver.dra.helper import Helper
@@ -69,7 +70,6 @@ from driver.netlink.link_watch import LinkWatcher
 from driver.netlink.rtnl import Rtnl
 from driver.nic_settings import rdma
 from driver.node_lease import POLL_INTERVAL, NodeLease
-from driver.probe_server import ProbeServer
 
 if TYPE_CHECKING:  # imported when NRI starts: `dranet run --no-nri` loads no NRI code
     from driver.nri.handover import HandoverHooks

@@ -5,5 +5,5 @@ I/O); ``client`` runs the exchange (DISCOVER, OFFER, REQUEST, ACK) and the DHCPR
 socket created inside the pod's network namespace and bound to the NIC, within a deadline that
 fits the NRI hook. Why a small client of our own and not a library: docs/configuration.md, DHCP.
 
-May import: ``driver.netlink.channel`` (entering a netns) and ``driver.config``.
+May import: ``driver.netlink`` (its socket layer, to enter a pod's netns).
 """

@@ -4,5 +4,5 @@ assessed where it is: link, RDMA ports, netdev; the reason an unhealthy one is t
 The kit (``driver.dra``) runs the check periodically, streams it to the kubelet and taints the slices.
 
 May import: ``driver.dra`` (the health values), ``driver.checkpoint`` (where each NIC is),
-``driver.netlink`` (namespaces and the route socket), ``driver.model``, ``driver.netlink.channel``.
+``driver.netlink`` (namespaces and the route socket), ``driver.model``.
 """

@@ -9,5 +9,6 @@ the Go driver's syntax of it); ``topology`` and ``discovery_cli`` serve
 ``dranet topology|templates|discover``.
 
 May import: ``driver.model``, ``driver.api`` (the cloud providers' typed configs),
-``driver.netlink.channel`` (raw netlink), ``driver.config``.
+``driver.netlink`` (the socket layer, the one link parser and the eBPF attachments),
+``driver.config``.
 """

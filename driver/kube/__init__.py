@@ -2,5 +2,5 @@
 REST path), ``errors`` (typed: NotFound, Conflict, Forbidden, Unavailable), ``transport``
 (kubeconfig, in-cluster, or the kubernetes package's ApiClient when needed).
 
-May import: nothing of the driver.
+May import: ``driver.model`` (the bounded JSON parser of the API server's answers).
 """

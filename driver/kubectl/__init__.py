@@ -6,4 +6,8 @@ topology`` matrix and ``dranet templates`` rebuilt from ResourceSlices (:mod:`.t
 claim or a pod got (:mod:`.claims`) and whether the installation works (:mod:`.doctor`). It reads
 only what a namespace user may: ResourceSlices, DeviceClasses and the namespace's own claims and
 pods; what it may not read is reported as unknown, never guessed.
+
+May import: ``driver.kube`` (the API client), ``driver.inventory`` (the topology matrix and
+templates), ``driver.claims`` (the NUMA verdict), ``driver.netlink`` (the kernel floor the doctor
+checks), ``driver.cli_flags``, ``driver.model`` and ``driver.config``.
 """

@@ -11,6 +11,6 @@ batch, ``nic_home`` finds it again and brings it home; ``mtu_limits`` is what MT
 the NRI hooks announce the links they change (and that they are running), so their own events cost
 nothing. What a claim sets on a NIC (addresses, rules, sysctls, ...) is ``driver.nic_settings``'.
 
-May import: ``driver.netlink.channel`` (the socket layer and rtnetlink vocabulary), ``driver.config`` and
-pyroute2's message classes.
+May import: ``driver.config`` and pyroute2's message classes (the socket layer and the
+rtnetlink vocabulary are its own ``channel``).
 """

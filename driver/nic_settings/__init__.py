@@ -10,6 +10,6 @@ device following its netdev). Each reads its part of the typed claim config
 pod state (by its name), its undoing.
 
 May import: ``driver.checkpoint`` (the prepared devices and the pod state's records),
-``driver.netlink``, ``driver.dhcp``, ``driver.api``, ``driver.model``, ``driver.netlink.channel``,
-``driver.config``.
+``driver.netlink`` (with its socket layer and the eBPF attachments), ``driver.dhcp``,
+``driver.inventory`` (RDMA devices in sysfs), ``driver.api``, ``driver.model``, ``driver.config``.
 """

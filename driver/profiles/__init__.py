@@ -7,5 +7,5 @@ HTTP (or ``unix://``) endpoint asked for the profile's config at NodePrepareReso
 (``POST /ReleaseProfileConfig``), with dranet's JSON bodies. What is done with the answer (strict
 decoding, the merge under the claim's config) is :mod:`driver.claims.profile`'s.
 
-May import: ``driver.model`` (the bounded JSON parser) and ``driver.config``.
+May import: ``driver.model`` (the bounded JSON parser).
 """

@@ -12,6 +12,7 @@ are looked at. A rejection lists every problem as ``<field path>: <reason>``.
 - :mod:`driver.webhook.options`: the ``dranet webhook`` flags.
 - :mod:`driver.webhook.server`: the TLS server (certificate reloaded on renewal), ``/healthz``; the entry point.
 
-May import: ``driver.admission``, the claim config language (``driver.api.v1alpha1.validation``), ``driver.kube``
-and ``driver.config``; never ``driver.cli`` or ``driver.daemon``.
+May import: the claim config language (``driver.api.v1alpha1.validation``), ``driver.kube``,
+``driver.model`` (the bounded parser of a review) and ``driver.config``; never ``driver.cli`` or
+``driver.daemon``.
 """

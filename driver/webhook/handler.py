@@ -4,7 +4,7 @@
 whose ``dra.net`` configs do not decode is refused with every ``path: reason`` (code 422);
 anything else of those two resources is allowed. :class:`AdmissionHandler` is the aiohttp handler
 the server routes every POST path to: the body is read within :data:`READ_TIMEOUT`, parsed
-bounded (:func:`driver.admission.parse_review`: its size first, then its nesting in linear
+bounded (:func:`driver.webhook.admission.parse_review`: its size first, then its nesting in linear
 time) and judged within :data:`REQUEST_TIMEOUT`. A body that is not an AdmissionReview gets HTTP
 400 with the reason, a review that cannot be judged (no object, nested too deep, a resource this
 webhook does not judge, a failure while judging, no verdict in time) a clear answer: never a
@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp.web
 
-from driver.admission import Malformed, Review, denial, parse_review
 from driver.api.v1alpha1.validation import validate_claim_spec
+from driver.webhook.admission import Malformed, Review, denial, parse_review
 
 log = logging.getLogger(__name__)
 

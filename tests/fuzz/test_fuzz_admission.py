@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from driver.admission import Malformed, Review, parse_review
+from driver.webhook.admission import Malformed, Review, parse_review
 from tests.fuzz import FUZZ, LoopThread
 from tests.fuzz.test_fuzz_claim_config import json_texts
 from tests.support.admission import review_of, webhook_client
