@@ -6,7 +6,7 @@ describes it and the plain values that follow it at the same indentation up to t
 line, comment or mapping (``extraArgs`` .. ``extraVolumeMounts`` share one block); a comment after the value on
 the same line adds to that; a key without either takes its parent's description. The table has
 one row per value a user sets (a key whose value is not a mapping with keys), with its default
-as YAML. ``tests/test_chart_readme.py`` fails when README.md is not what this script writes, and
+as YAML. ``tests/repo/test_chart_conventions.py`` fails when README.md is not what this script writes, and
 when a value has no description.
 
 helm-docs (norwoodj/helm-docs) reads only comments marked ``# --``; this chart's comments are

@@ -4,7 +4,7 @@ Each row is a package of ``driver/`` (its docstring's first paragraph, then each
 first sentence of its docstring) or a module at the top of ``driver/`` (the first sentence of its
 docstring). A second table does the same for the tooling that is not shipped: ``devcluster/`` and
 ``harness/``, one row per package. Run ``make module-table`` (or this script) after adding, moving or redescribing a
-module; tests/test_docs_architecture.py fails when the committed table differs from what this writes.
+module; tests/repo/test_docs_architecture.py fails when the committed table differs from what this writes.
 The docstrings are read with ``ast``: nothing is imported.
 """
 

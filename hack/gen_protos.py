@@ -2,7 +2,7 @@
 
 Run ``make protos`` after editing a .proto file. The generated ``*_pb2.py``,
 ``*_pb2.pyi`` (type stubs, so type checkers see the message classes and their fields)
-and ``*_pb2_grpc.py`` files are committed; tests/test_protos.py regenerates them
+and ``*_pb2_grpc.py`` files are committed; tests/repo/test_protos.py regenerates them
 into a temp dir and fails if the committed ones differ.
 """
 

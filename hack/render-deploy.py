@@ -2,7 +2,7 @@
 """Render deploy/ (plain manifests for `kubectl apply -k`) from charts/dranet.
 
     python3 hack/render-deploy.py          # rewrite deploy/
-    python3 hack/render-deploy.py --check  # exit 1 if deploy/ differs (tests/test_deploy_sync.py)
+    python3 hack/render-deploy.py --check  # exit 1 if deploy/ differs (tests/repo/test_deploy_sync.py)
 
 deploy/ is the chart with default values in kube-system, except that the webhook lives in its
 own overlay (deploy/webhook/) with cert-manager TLS: the chart's default "helm" TLS mode

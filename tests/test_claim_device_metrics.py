@@ -17,7 +17,7 @@ from driver.checkpoint.store import CheckpointStore
 from driver.daemon.probe_server import ProbeServer
 from driver.metrics import Metrics
 from driver.model.device import Device, HostFacts
-from tests.test_probe_server import get
+from tests.daemon.test_probe_server import get
 
 ALLOCATED = "dranet_driver_claim_devices_allocated"
 READY = "dranet_driver_claim_devices_ready"

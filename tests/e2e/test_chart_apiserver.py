@@ -14,7 +14,7 @@ import pytest
 
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
-from tests.test_chart import render
+from tests.repo.test_chart import render
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,7 @@ from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError
 from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401 - pytest fixtures, used by name
 from tests.plugins.cluster import delete_node_and_slices
-from tests.test_chart import render
+from tests.repo.test_chart import render
 
 pytestmark = pytest.mark.cluster
 

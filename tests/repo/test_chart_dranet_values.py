@@ -14,7 +14,7 @@ import yaml
 from driver.cli import build_parser, go_flag_problems
 from driver.config import DEFAULT_FILTER, config_from_args
 from driver.inventory.device_filter import DRANET, DeviceFilter
-from tests.test_chart import CHART, KUBE_VERSION, driver_args, one, render, run_helm
+from tests.repo.test_chart import CHART, KUBE_VERSION, driver_args, one, render, run_helm
 
 GO_FILTER = '!("dra.net/type" in attributes) || attributes["dra.net/type"].StringValue  != "veth"'
 

@@ -1,5 +1,5 @@
 """The kernel floor: releases parsed, features judged by version or asked of the kernel, the start
-report, the metrics, and where the floor is written (the doctor's view: tests/test_doctor_checks.py)."""
+report, the metrics, and where the floor is written (the doctor's view: tests/kubectl/test_doctor_checks.py)."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_the_floor_is_written_where_admins_read_it() -> None:
 
     import yaml
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     floor = f"Linux {FLOOR[0]}.{FLOOR[1]}"
     chart = yaml.safe_load((root / "charts/dranet/Chart.yaml").read_text())
     assert chart["annotations"]["dranet.dev/supported-kernels"] == f"{floor} and newer"

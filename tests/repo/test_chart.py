@@ -15,7 +15,7 @@ import yaml
 from driver.cli import build_parser
 from driver.config import DEFAULT_FILTER, config_from_args
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "dranet"
 KUBE_VERSION = "1.34.0"
 # Kinds without a Kubernetes schema (cert-manager and Prometheus Operator CRDs).

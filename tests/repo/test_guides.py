@@ -26,7 +26,7 @@ from driver.kube.client import RESOURCE_API
 from driver.kube.errors import Conflict
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "workloads.md"
 MINIMAL = ROOT / "examples" / "minimal" / "pod-one-rdma-nic.yaml"
 TORCHRUN = ROOT / "examples" / "torchrun" / "torchrun-job.yaml"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.repo.test_chart import CHART, one, render
 from tests.support.metrics_driver import metrics_driver
-from tests.test_chart import CHART, one, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Metrics the rule queries that another part of the driver exports (its state-file writer);
 # listed here until they are in the scrape, and the test says when to drop the entry.
 NOT_YET_EXPORTED: set[str] = set()

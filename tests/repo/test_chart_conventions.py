@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_chart import CHART, KUBE_VERSION, ROOT, by_kind, one, render, run_helm
+from tests.repo.test_chart import CHART, KUBE_VERSION, ROOT, by_kind, one, render, run_helm
 
 WEBHOOK_LABELS = {"app.kubernetes.io/name": "dranet", "app.kubernetes.io/instance": "dranet"}
 

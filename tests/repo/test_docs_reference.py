@@ -11,7 +11,7 @@ from driver.cli import build_parser
 from driver.inventory import attributes
 from driver.metrics import Metrics
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "reference.md").read_text()
 
 
 def _run_flags() -> list[str]:

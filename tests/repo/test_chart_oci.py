@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("chart_oci", ROOT / "hack" / "chart-oci.py")
 assert spec and spec.loader
 chart_oci = importlib.util.module_from_spec(spec)

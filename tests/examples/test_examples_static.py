@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import yaml
 
-EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "examples" / "distributed_training"
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "distributed_training"
 ALIGNED = EXAMPLE_DIR / "mpi-job-4gpu-4nic-numa-aligned.yaml"
 UNALIGNED = EXAMPLE_DIR / "mpi-job-4gpu-4nic-numa-unaligned.yaml"
 KINDS = {

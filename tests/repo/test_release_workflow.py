@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.test_chart_oci import layout, layout_registry  # noqa: F401 - the layout fixture
+from tests.repo.test_chart_oci import layout, layout_registry  # noqa: F401 - the layout fixture
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yaml"
 ACTIONLINT_VERSION = "v1.7.12"
 
