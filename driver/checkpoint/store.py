@@ -13,8 +13,8 @@ old or the new state, never a torn one:
   write *before* each netlink step (write-ahead), so a restarted driver knows which NICs may sit in
   which namespace and under which name. This belongs on tmpfs (``/run/dranet``): it survives driver
   restarts, and a reboot (which destroys every pod namespace and returns every NIC) clears it,
-  which is exactly right. tmpfs also keeps fsync out of the RunPodSandbox budget (disk fsync p99
-  was 26 ms here).
+  which is exactly right. tmpfs also keeps a disk's fsync out of the RunPodSandbox budget
+  (docs/performance.md, "Small costs the code's choices rest on").
 
 An update writes only the file whose content changed; a prepare encodes only its new claims (group
 commit: one write per batch). With journaling on (the daemon: while it holds the node lease) a
@@ -171,7 +171,7 @@ class CheckpointStore:
         self._fold_path = self.directory / self.FOLD_FILENAME  # a compaction's new snapshot, before its rename
         self._lock_fd = -1  # open while an update holds the cross-process lock
         self._lock_depth = 0  # update() may nest (RLock): only the outermost takes the flock
-        # A prepare encodes only its new claims, not the whole node's state (14 ms for 100 claims):
+        # A prepare encodes only its new claims, not the whole node's state (docs/performance.md):
         # stored PreparedClaims are never mutated in place (prepare adds/removes whole claims).
         self._claims_json: _Encodings[PreparedClaim] = _Encodings(
             PreparedClaim.to_dict,

@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 def _load_cel() -> ModuleType:
     """The ``cel`` Rust extension, loaded without the package's ``__init__``.
 
-    ``import cel`` also imports its interactive CLI (prompt_toolkit), about 150 ms of a
-    ``dranet discover`` run; the extension alone loads in about 15 ms. Falls back to the normal
-    import if the package layout ever changes.
+    ``import cel`` also imports its interactive CLI (prompt_toolkit), ten times what the extension
+    alone takes to load (docs/performance.md, "Small costs the code's choices rest on"). Falls back
+    to the normal import if the package layout ever changes.
     """
     # The extension may only be initialised once per process (it installs a logger).
     for name in ("cel.cel", "cel"):

@@ -6,10 +6,11 @@ per device); the incremental update of one link asks for that link and its addre
 once at start: a known bug).
 
 Hand-written rtnetlink through :mod:`driver.netlink.channel`, only the attributes discovery reads:
-pyroute2 decodes every attribute of every link into objects, ~0.3 ms of Python per link. With
-520 links (``bench.bench_discovery``, same run, 2-vCPU VM) these dumps take 15 ms (median), the
-same through pyroute2's ``IPRoute`` 177 ms, on every full scan (the replay compares these facts first)
-and in ``dranet discover``; loading pyroute2 would also add ~8 MB to the daemon's idle memory.
+pyroute2 decodes every attribute of every link into objects, and the same dumps through its
+``IPRoute`` take about eleven times as long (``bench.bench_discovery`` with 520 links, dated in
+docs/performance.md, "pyroute2 or hand-packed netlink"), on every full scan (the replay compares
+these facts first) and in ``dranet discover``; loading pyroute2 would also add ~8 MB to the
+daemon's idle memory.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ KEPT_FILES_MAX = 8192
 """The most files a recording keeps open. Each open sysfs attribute holds a page of kernel memory
 (its seq_file buffer; 4.5 KiB with the open file, measured on Linux 6.18) charged to the pod's
 memory cgroup: 8192 files are 36 MiB, all of a ~1000-device node's. Past it a replay reopens
-each file (open, read, close: ~8 us on sysfs instead of ~1.6 us for a pread)."""
+each file (open, read, close: about five times a pread; docs/performance.md, "What makes it fast")."""
 
 
 def fd_budget() -> int:

@@ -11,11 +11,12 @@ the rtnetlink encoders) or pyroute2 message objects (:meth:`NetlinkChannel.excha
 ethtool); the whole reply messages are kept for pyroute2's classes to decode.
 :func:`netlink_socket` opens a socket inside another network namespace (:func:`inside_netns`).
 
-Why not pyroute2's sockets (measured by ``bench.bench_hooks`` and ``bench.pyroute2_floor``, see
-docs/performance.md): one ``IPRoute`` opened in a pod's namespace costs ~0.4-0.6 ms against
-~0.06-0.09 ms for this socket (``IPRoute(netns=...)`` forks a helper process: ~11 ms), its batch
-call (``nlm_request_batch``) raises for the first failed request instead of answering each one,
-and the floor's kernel work of one pod start through it costs at least 3.5 ms more.
+Why not pyroute2's sockets (measured by ``bench.bench_hooks`` and ``bench.pyroute2_floor``, the
+numbers in docs/performance.md, "pyroute2 or hand-packed netlink"): one ``IPRoute`` opened in a
+pod's namespace costs several times this socket (``IPRoute(netns=...)`` forks a helper process),
+its batch call (``nlm_request_batch``) raises for the first failed request instead of answering
+each one, and the floor's kernel work of one pod start through it costs more than the project's
+1 ms rule allows.
 
 Plumbing below both ``driver.netlink`` and ``driver.inventory``: imports the standard library only.
 """
@@ -76,7 +77,8 @@ def mac_str(raw: bytes) -> str:
 @functools.cache
 def libc() -> ctypes.CDLL:
     """The C library, for ``setns`` and ``fstatfs`` (errno kept); loaded once: each load builds
-    a new function-pointer class (~50 us, twice per pod start otherwise)."""
+    a new function-pointer class, twice per pod start otherwise (its cost: docs/performance.md,
+    "Small costs the code's choices rest on")."""
     return ctypes.CDLL(None, use_errno=True)
 
 

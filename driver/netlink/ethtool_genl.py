@@ -8,12 +8,11 @@ is string ``i`` of the kernel's ``ETH_SS_FEATURES`` table, read once: no bit num
 here) and set by name; private flags, whose names are the NIC driver's own, are read and set by
 name. What a claim asks for is resolved and applied in :mod:`driver.netlink.ethtool`.
 
-Cost on veths (2-vCPU VM): a features read ~0.2 ms (the kernel's compact answer is small; the
-verbose one cost more to build and parse than pyroute2's decoding), a set ~0.1 ms of which most is
-pyroute2's encoding (hand-packed: ~0.015 ms); the name table is read once per process (~3 ms). A pod
-cycle of 4 NICs with features (read on the host, set and read back in the pod, restored) takes
-~7.7 ms, ~1.5 ms more than with hand-packed messages: only pods whose claims set ethtool options
-pay it, and none of it is in ``bench.bench_hooks``' pod start.
+Features are read in the kernel's compact answer (the verbose one cost more to build and parse
+than pyroute2's decoding); most of a set is pyroute2's encoding; the name table is read once per
+process. A pod cycle of NICs with features costs a little more than hand-packed messages would
+(measured on veths: docs/performance.md, "pyroute2 or hand-packed netlink"): only pods whose claims
+set ethtool options pay it, and none of it is in ``bench.bench_hooks``' pod start.
 
 A genetlink socket acts on devices of the netns it was created in; the caller opens it there
 (:meth:`driver.netlink.namespaces.Namespaces.socket_in`, or :func:`open_socket`). Family ids are

@@ -7,7 +7,8 @@ decodes both ways the kernel answers: verbose (named bits) and compact (``VALUE`
 words, bit ``i`` being string ``i`` of the matching string set).
 
 Imported only by :mod:`driver.netlink.ethtool_genl` at its first request: loading pyroute2 costs the
-daemon ~8 MB of memory and ~0.2 s, which a node whose claims set no ethtool option never pays.
+daemon ~8 MB of memory and a noticeable start (docs/performance.md, "pyroute2 or hand-packed
+netlink"), which a node whose claims set no ethtool option never pays.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ settings' configuration requests of every NIC go in one pipelined batch and the 
 back (:func:`configure_pod_links`). Coming home is :mod:`driver.netlink.nic_home`.
 
 The hot path speaks raw rtnetlink (:class:`driver.netlink.rtnl.Rtnl`): pyroute2's sync API
-costs about 1 ms of Python per request, more than the kernel work of an address or a
-route, and raw requests can be pipelined (all addresses, link-ups and routes of a pod
+spends more Python per request than the kernel work of an address or a route (docs/performance.md,
+"pyroute2 or hand-packed netlink"), and raw requests can be pipelined (all addresses, link-ups and routes of a pod
 in one ``send``). The sockets of each namespace come from :class:`driver.netlink.namespaces.Namespaces`.
 """
 

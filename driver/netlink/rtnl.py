@@ -9,10 +9,10 @@ the driver needs is encoded here.
 
 Why not pyroute2's message classes: ``bench.bench_hooks`` runs the floor's kernel work of a pod
 start (4 moves and renames; addresses, link-ups, routes) through pyroute2 in the same cycles, and
-its messages sent in one batch on its socket cost at least +3.5 ms per RunPodSandbox and per
-StopPodSandbox over these (+4 to +8 ms; its asyncio API +8 to +12 ms); encoding one request costs ~0.045 ms in
-pyroute2 against ~0.003 ms here, and the driver's path sends about three times the floor's
-messages (docs/performance.md).
+its messages sent in one batch on its socket cost more per RunPodSandbox and per StopPodSandbox
+than the project's 1 ms rule allows (its asyncio API more still); encoding one request costs
+pyroute2 about fifteen times what it costs here, and the driver's path sends about three times the
+floor's messages (the numbers, dated: docs/performance.md, "pyroute2 or hand-packed netlink").
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ the hook right there and writes the answer. The runtime sends a plugin one event
 adaptation holds a lock per event), the hooks' netlink work is blocking (the host sockets are per
 thread) and they must not run concurrently anyway, so one thread loses nothing. It saves the pod
 start the hand-offs an event loop would add: the loop waking for the request, a worker thread
-woken for the hook, the loop woken again for the answer. Measured on this project's 2-vCPU VM
-against the containerd/nri harness, a hook that waits 75 ms (as the NIC moves do) answered
-0.75 ms after its wait this way, against 1.3-2.0 ms through an asyncio reader and a worker
-thread. :meth:`NRIPlugin.run` is the asyncio face the daemon supervises.
+woken for the hook, the loop woken again for the answer: a hook is answered sooner after its
+kernel wait this way than through an asyncio reader and a worker thread (measured against the
+containerd/nri harness: docs/performance.md, "What makes it fast"). :meth:`NRIPlugin.run` is the
+asyncio face the daemon supervises.
 """
 
 from __future__ import annotations
