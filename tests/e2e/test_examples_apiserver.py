@@ -11,13 +11,14 @@ Skipped only when the control plane binaries are absent (tests/plugins/cluster.p
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -166,13 +167,16 @@ def _gpu_slice_with_standard_numa(node: str, uid: str) -> dict[str, Any]:
     return body
 
 
-@pytest.fixture(scope="module")
-def nd_node(control_plane: ControlPlane) -> Iterator[Node]:
+@contextlib.contextmanager
+def simulated_nd_node(control_plane: ControlPlane, tag: str, extra_args: Sequence[str] = ()) -> Iterator[Node]:
+    """A simulated ND H100 v5 node: ``dranet run`` (with ``extra_args``) on the fixture sysfs, the
+    example's DeviceClass and the GPU double's, the GPUs published, a namespace for the pods; all
+    removed after. ``tag`` names the node, the namespace and the work folder."""
     kube = control_plane.kube()
-    name = f"nd-topo-{secrets.token_hex(3)}"
-    ns = f"topo-{secrets.token_hex(3)}"
-    work = Path(tempfile.mkdtemp(prefix="dn-topo-"))  # short: unix socket paths <= 108 bytes
-    driver = DriverProcess(control_plane.kubeconfig, name, work / "sysfs", work / "drv")
+    name = f"nd-{tag}-{secrets.token_hex(3)}"
+    ns = f"{tag}-{secrets.token_hex(3)}"
+    work = Path(tempfile.mkdtemp(prefix=f"dn-{tag}-"))  # short: unix socket paths <= 108 bytes
+    driver = DriverProcess(control_plane.kubeconfig, name, work / "sysfs", work / "drv", extra_args=list(extra_args))
     (dranet_class,) = load_yaml_docs(EXAMPLE_DIR / "device-class.yaml")
     made_classes: list[str] = []
     try:
@@ -198,6 +202,12 @@ def nd_node(control_plane: ControlPlane) -> Iterator[Node]:
             _delete(kube, f"{RESOURCE_API}/deviceclasses/{cls_name}")
         delete_node_and_slices(kube, name)
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def nd_node(control_plane: ControlPlane) -> Iterator[Node]:
+    with simulated_nd_node(control_plane, "topo") as node:
+        yield node
 
 
 def _schedule(node: Node, pod: str, template: str) -> list[dict[str, Any]]:

@@ -6,30 +6,15 @@ a template naming another group allocates nothing."""
 from __future__ import annotations
 
 import copy
-import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from devcluster.cluster.controlplane import ControlPlane, create_objects, load_yaml_docs, wait_for
-from devcluster.demo.allocation import build_fixture, pod_for_template, slice_devices
-from devcluster.doubles import gpu_double
+from devcluster.cluster.controlplane import ControlPlane, create_objects, load_yaml_docs
+from devcluster.demo.allocation import pod_for_template, slice_devices
 from driver.kube.client import RESOURCE_API
-from driver.kube.errors import KubeError
-from harness.driver_process import DriverProcess
-from tests.e2e.test_examples_apiserver import (
-    EXAMPLE_DIR,
-    Node,
-    _delete,
-    _gpu_slice_with_standard_numa,
-    _release,
-    _schedule,
-)
-from tests.plugins.cluster import delete_node_and_slices, list_slices
+from tests.e2e.test_examples_apiserver import EXAMPLE_DIR, Node, _release, _schedule, simulated_nd_node
 from tests.support.metadata_server import MetadataServer
 
 pytestmark = [pytest.mark.cluster]
@@ -39,45 +24,10 @@ GROUP = "8a2e6f1c-4b7d-4e93-9c05-3f1a7d2b6e48"  # tests/fixtures/cloud/azure/com
 
 @pytest.fixture(scope="module")
 def azure_node(control_plane: ControlPlane) -> Iterator[Node]:
-    kube = control_plane.kube()
-    name = f"nd-az-{secrets.token_hex(3)}"
-    ns = f"az-{secrets.token_hex(3)}"
-    work = Path(tempfile.mkdtemp(prefix="dn-az-"))
-    made: list[str] = []
     with MetadataServer("azure") as imds:
-        driver = DriverProcess(
-            control_plane.kubeconfig,
-            name,
-            work / "sysfs",
-            work / "drv",
-            extra_args=["--cloud-provider", "azure", "--cloud-metadata-url", imds.url],
-        )
-        try:
-            control_plane.create_node(name)
-            kube.request(
-                "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
-            )
-            build_fixture("nd-h100-v5", work / "sysfs")
-            driver.start()
-            (dranet_class,) = load_yaml_docs(EXAMPLE_DIR / "device-class.yaml")
-            for cls in (dranet_class, gpu_double.device_class()):
-                try:
-                    kube.request("POST", f"{RESOURCE_API}/deviceclasses", cls)
-                    made.append(cls["metadata"]["name"])
-                except KubeError as exc:
-                    if exc.status != 409:
-                        raise
-            uid = kube.read_node(name)["metadata"]["uid"]
-            kube.request("POST", f"{RESOURCE_API}/resourceslices", _gpu_slice_with_standard_numa(name, uid))
-            wait_for(lambda: list_slices(kube, name, "dra.net"), 30, what="dra.net slices")
-            yield Node(kube, name, ns, work / "sysfs")
-        finally:
-            driver.stop()
-            _delete(kube, f"/api/v1/namespaces/{ns}")
-            for cls_name in made:
-                _delete(kube, f"{RESOURCE_API}/deviceclasses/{cls_name}")
-            delete_node_and_slices(kube, name)
-            shutil.rmtree(work, ignore_errors=True)
+        extra = ["--cloud-provider", "azure", "--cloud-metadata-url", imds.url]
+        with simulated_nd_node(control_plane, "az", extra) as node:
+            yield node
 
 
 @pytest.mark.slow

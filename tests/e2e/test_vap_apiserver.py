@@ -17,6 +17,7 @@ from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import KubeError
 from tests.e2e.test_chart_apiserver import Created, created, namespace, unique_release  # noqa: F401 - pytest fixtures, used by name
 from tests.plugins.cluster import delete_node_and_slices
+from tests.plugins.least_privilege import pod_ref, request_token
 from tests.repo.test_chart import render
 
 pytestmark = pytest.mark.cluster
@@ -42,23 +43,6 @@ def token_client(control_plane: Any, token: str, tmp_path: Path) -> KubeClient:
     path = tmp_path / f"sa-{secrets.token_hex(3)}.kubeconfig"
     path.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
     return KubeClient.from_kubeconfig(str(path))
-
-
-def request_token(kube: KubeClient, ns: str, sa: str, pod: dict[str, Any] | None) -> str:
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if pod is not None:
-        spec["boundObjectRef"] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod["metadata"]["name"],
-            "uid": pod["metadata"]["uid"],
-        }
-    tr = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-    )
-    return tr["status"]["token"]
 
 
 def forbidden(call: Callable[[], Any]) -> KubeError:
@@ -121,7 +105,7 @@ def _check_policy(
             },
         }
     )
-    driver = token_client(control_plane, request_token(kube, ns, sa, pod), tmp_path)
+    driver = token_client(control_plane, request_token(kube, ns, sa, pod_ref(pod)), tmp_path)
 
     # The token carries the node name the policy keys on.
     review = driver.request(
@@ -174,7 +158,7 @@ def _check_policy(
     driver.request("DELETE", f"{RESOURCE_API}/resourceslices/{own_slice['metadata']['name']}")
 
     # A token of the same service account NOT bound to a pod has no node: no slice writes at all.
-    unbound = token_client(control_plane, request_token(kube, ns, sa, None), tmp_path)
+    unbound = token_client(control_plane, request_token(kube, ns, sa), tmp_path)
     err = forbidden(
         lambda: unbound.request("POST", f"{RESOURCE_API}/resourceslices", slice_obj(f"{own}-unbound-{tag}", own))
     )

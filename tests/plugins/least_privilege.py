@@ -122,17 +122,22 @@ class DriverIdentity:
         return KubeClient.from_kubeconfig(str(self.kubeconfig))
 
 
-def request_pod_token(kube: KubeClient, namespace: str, sa: str, pod: dict[str, Any]) -> str:
-    """TokenRequest for ``sa`` bound to ``pod`` (the kubelet's projected token does the same)."""
-    spec = {
-        "expirationSeconds": 3600,
-        "boundObjectRef": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": pod["metadata"]["name"],
-            "uid": pod["metadata"]["uid"],
-        },
-    }
+def bound_to(kind: str, name: str, uid: str) -> dict[str, str]:
+    """A TokenRequest's ``boundObjectRef``: the token is valid while that Pod or Node exists, and names it."""
+    return {"apiVersion": "v1", "kind": kind, "name": name, "uid": uid}
+
+
+def pod_ref(pod: dict[str, Any]) -> dict[str, str]:
+    """The ``boundObjectRef`` of ``pod`` (the kubelet's projected token is bound the same way)."""
+    return bound_to("Pod", pod["metadata"]["name"], pod["metadata"]["uid"])
+
+
+def request_token(kube: KubeClient, namespace: str, sa: str, bound: dict[str, str] | None = None) -> str:
+    """A TokenRequest token of ServiceAccount ``sa`` for an hour, bound to ``bound`` (:func:`bound_to`)
+    or to no object."""
+    spec: dict[str, Any] = {"expirationSeconds": 3600}
+    if bound is not None:
+        spec["boundObjectRef"] = bound
     tr = kube.request(
         "POST",
         f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
@@ -147,15 +152,8 @@ def write_service_account_kubeconfig(
     """A kubeconfig at ``out`` with a TokenRequest token of ServiceAccount ``sa``, bound to no pod.
     ``node``: the token is bound to that Node, as a node-local driver pod's token names its node
     (1.36+ authorizes a claim's status.devices per node)."""
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if node is not None:
-        uid = kube.read_node(node)["metadata"]["uid"]
-        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
-    token = kube.request(
-        "POST",
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
-    )["status"]["token"]
+    bound = bound_to("Node", node, kube.read_node(node)["metadata"]["uid"]) if node is not None else None
+    token = request_token(kube, namespace, sa, bound)
     out.write_text(kubeconfig_yaml(control_plane.server, control_plane.creds.ca_crt, token))
     return out
 
@@ -251,7 +249,7 @@ def least_privilege_identity(control_plane: ControlPlane, helm: str) -> Iterator
             kubeconfig_yaml(
                 control_plane.server,
                 control_plane.creds.ca_crt,
-                request_pod_token(kube, ns, sa, pod),
+                request_token(kube, ns, sa, pod_ref(pod)),
                 name="dranet-driver",
             )
         )
