@@ -282,6 +282,7 @@ def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed) -> No
     char devices and NCCL_IB_HCA, the claim's RDMA condition is True; rping, ib_write_bw and
     ib_send_lat run pod to pod, their bytes on the claimed NICs only; after both stops nothing is
     left. Twice: the second time with the driver restarted (new hooks over the same checkpoint)."""
+    assert not Path("/sys/class/infiniband", rdma.PROBE_RDMA).exists(), "the start's probe leaves no rxe device"
     first = _round(bed)
     bed.hooks.close()
     bed.hooks = _hooks(bed.host, bed.store, bed.statuses)
