@@ -159,7 +159,9 @@ def _counts(junit: Path) -> tuple[int, int, int]:
         else:
             passed += 1
         # A stock-kernel test stands for the tests its guest ran: they count too.
-        guest = {p.get("name"): int(p.get("value") or 0) for p in case.iter("property")}
+        # (its other properties, such as its boot's seconds, are not counts)
+        counted = {f"guest_{o}" for o in ("passed", "failed", "error", "skipped")}
+        guest = {p.get("name"): int(p.get("value") or 0) for p in case.iter("property") if p.get("name") in counted}
         passed += guest.get("guest_passed", 0)
         failed += guest.get("guest_failed", 0) + guest.get("guest_error", 0)
         skipped += guest.get("guest_skipped", 0)

@@ -37,6 +37,7 @@ class DeviceResult:
     kind: str | None = None  # a sub-interface's link kind (macvlan, ipvlan)
     no_rdma: str | None = None  # why the NIC's RDMA device is not in the pod (None: it is, or it has none)
     mtu: int | None = None  # the link's MTU in the pod, read back once set (None: not known)
+    rdma_in_pod: str | None = None  # the soft RDMA device made for the NIC in the pod (None: none made)
 
 
 @dataclass
@@ -154,7 +155,11 @@ def _ready_message(result: DeviceResult, pod_uid: str) -> str:
 
 
 def _rdma_condition(result: DeviceResult) -> dict[str, Any] | None:
-    """``RDMA`` False when the NIC went into the pod without its RDMA device (said only then)."""
+    """``RDMA`` False when the NIC went into the pod without its RDMA device; True when a soft one
+    was made for it in the pod (said only then)."""
+    if result.no_rdma is None and result.rdma_in_pod is not None:
+        message = f"Soft-RoCE device {result.rdma_in_pod} made in the pod's network namespace"
+        return {"type": RDMA, "status": "True", "reason": "RDMADeviceMadeInPod", "message": message[:MAX_MESSAGE]}
     if result.no_rdma is None:
         return None
     message = f"the pod has no RDMA device for this NIC: {result.no_rdma}"

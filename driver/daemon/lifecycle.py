@@ -153,6 +153,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.background = Supervisor()
         self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
+        self.rxe_in_pod = False  # probed at start: Soft-RoCE devices made again in the pods (Linux 7.1 on)
         self.kernel: KernelFeatures | None = None  # detected at start: what the kernel offers
         self.claims_damage: str | None = None  # damaged prepared claims, until rebuilt from the API
         # The NRI hooks announce themselves and the links they change here (shared with them).
@@ -493,6 +494,8 @@ class Daemon:
         if self.config.host_sysfs and self.config.nri_enabled:
             self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
+            self.rxe_in_pod, why = await asyncio.to_thread(rdma.rxe_netns_probe, self.config.sysfs_root)
+            log.info("Soft-RoCE in the pods' namespaces", extra={"kv": {"capable": self.rxe_in_pod, "why": why}})
         self.device_sync.cloud.start()
         await asyncio.to_thread(self.device_sync.cloud.wait, CLOUD_STARTUP_WAIT)
         try:
@@ -626,6 +629,7 @@ class Daemon:
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
             rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
+            rxe_in_pod=self.rxe_in_pod,
             hook_activity=self.hook_activity,
             pools=self.sharing_pools,
             on_host_change=self.device_sync.request_rescan,

@@ -51,9 +51,10 @@ log = logging.getLogger(__name__)
 FLOOR = (5, 10)
 """The oldest kernel supported: 5.10 (Amazon Linux 2, Debian 11); RHEL 9's 5.14 and Ubuntu 22.04's
 5.15 sit above it, without ``IFLA_NEW_IFINDEX``."""
-TESTED = ("5.10", "6.1", "6.18")
-"""The kernels the kernel-dependent tests run on: Debian 11's 5.10 (moves, returns, sub-interfaces)
-and Debian 12's 6.1 (all of them) in the stock-kernel tier, and the project's own 6.18."""
+TESTED = ("5.10", "6.1", "6.12", "6.18", "7.3")
+"""The kernels the kernel-dependent tests run on: Debian 11's 5.10 (moves, returns, sub-interfaces),
+Debian 12's 6.1 (all of them), Debian 13's 6.12 and trixie-backports' 7.3 (those that differ by
+kernel; on 7.3 RDMA between pods too) in the stock-kernel tier, and the project's own 6.18."""
 NETLINK_RDMA = 20
 
 

@@ -78,10 +78,14 @@ class HostNetns:
         rdma_exclusive: bool = False,
         on_change: Callable[[], None] | None = None,
         kernel: KernelFeatures | None = None,
+        rxe_in_pod: bool = False,
     ) -> None:
         self.ns = ns
         self.sysfs_root = sysfs_root
         self.rdma_exclusive = rdma_exclusive
+        self.rxe_in_pod = rxe_in_pod
+        """Whether a Soft-RoCE device made in a pod's namespace carries its traffic (Linux 7.1 on,
+        asked of the kernel at daemon start: :func:`driver.nic_settings.rdma.rxe_netns_probe`)."""
         self.kernel = kernel or kernel_features.detect()
         """What the kernel offers (the daemon's, found at its start; else judged here by version)."""
         self.on_change = on_change or (lambda: None)

@@ -151,12 +151,14 @@ class ClaimReports:
 
 def device_result(nic: Nic, result: PodLinkResult) -> DeviceResult:
     """What the claim's status says of a NIC in the pod: its name, addresses, MAC, for a
-    sub-interface its kind and the NIC it hangs from, why its RDMA device stayed out, and its MTU
+    sub-interface its kind and the NIC it hangs from, why its RDMA device stayed out (or the soft one
+    made for it in the pod), and its MTU
     as the pod has it (the link read back after the move set it: a claim that sets none keeps
     the NIC's, which need not be the one published at the last scan)."""
     sub = nic.records.get(SUB_INTERFACE) or {}
     no_rdma = rdma.stays_home(nic.records.get(rdma.RdmaDevice.name))
+    in_pod = rdma.made_in_pod(nic.records.get(rdma.RdmaDevice.name))
     mtu = nic.link.mtu if nic.link is not None else None
     return DeviceResult(
-        nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"), no_rdma, mtu
+        nic.name, result.ifname, result.addresses, result.mac, sub.get("parent"), sub.get("kind"), no_rdma, mtu, in_pod
     )

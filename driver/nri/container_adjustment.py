@@ -58,12 +58,22 @@ def container_adjustment(
 
 def without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> list[PreparedDevice]:
     """``devices`` as a container sees them: a NIC whose RDMA device could not come into the pod
-    (a soft one the move destroyed) has no RDMA device there, so no char devices and no HCA."""
+    (a soft one the move destroyed) has no RDMA device there, so no char devices and no HCA; one
+    whose soft device was made again in the pod has that one's char devices (new numbers)."""
     out = list(devices)
     stayed = {m.device for m in moved if rdma.stays_home(m.records.get(rdma.RdmaDevice.name))}
+    remade = {
+        m.device: record["char_devices"]
+        for m in moved
+        if rdma.made_in_pod(record := m.records.get(rdma.RdmaDevice.name)) and record.get("char_devices")
+    }
     for i, d in enumerate(out):
         if d.device in stayed and d.snapshot.host.rdma_device:
             host = replace(d.snapshot.host, rdma_device=None, char_devices=[])
+            out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
+        elif d.device in remade and d.snapshot.host.rdma_device:
+            chars = [CharDevice(path=c["path"], major=c["major"], minor=c["minor"]) for c in remade[d.device]]
+            host = replace(d.snapshot.host, char_devices=chars)
             out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
     return out
 

@@ -58,9 +58,11 @@ class NRIHooks:
     the kubelet plugin, so the hooks that move NICs take one lock. ``hook_activity`` announces each
     hook and the host links it changes, so their link events cost no scan and background work
     steps aside while the hook runs (the daemon shares it with them); ``rdma_exclusive``: RDMA
-    devices move with their netdev (detected at daemon start); ``status`` gets each RunPodSandbox's
-    outcome per claim (a sink that raises never fails the hook); ``on_host_change``: a hook changed
-    the host's devices in a way link events do not tell (a soft RDMA device made again);
+    devices move with their netdev (detected at daemon start); ``rxe_in_pod``: a Soft-RoCE device
+    is made again in the pod (the kernel's rxe has network namespaces, probed at start);
+    ``status`` gets each RunPodSandbox's outcome per claim (a sink that raises never fails the
+    hook); ``on_host_change``: a hook changed the host's devices in a way link events do not tell
+    (a soft RDMA device made again);
     ``kernel``: the kernel's features (without ``moveIfindex`` a NIC keeps its ifindex in the pod);
     ``before_containers(pod_uid)``: called before a container of a pod with our devices is adjusted
     (the status sink's queued device metadata is written by then); ``pools``: the shared NICs'
@@ -85,10 +87,13 @@ class NRIHooks:
         kernel: KernelFeatures | None = None,
         before_containers: Callable[[str], None] | None = None,
         on_problem: Callable[[str], None] | None = None,
+        rxe_in_pod: bool = False,
     ) -> None:
         self.store = store
         self.before_containers = before_containers
-        self.host = HostNetns(Namespaces(host_netns), sysfs_root, rdma_exclusive, on_host_change, kernel)
+        self.host = HostNetns(
+            Namespaces(host_netns), sysfs_root, rdma_exclusive, on_host_change, kernel, rxe_in_pod=rxe_in_pod
+        )
         self.own = hook_activity or HookActivity()
         self.steps = StepClock(fault_after)
         self.pins = NetnsPins()  # held while a pod has NICs: `claim_unprepared` returns them when no Stop comes
