@@ -182,7 +182,8 @@ def _run(tier: Tier, logs: Path, say: threading.Lock) -> Result:
     result = Result(tier, time.monotonic() - t0, *_counts(junit), code=code, log=log)
     with say:
         state = "passed" if result.ok else f"FAILED (exit {code})"
-        print(f"[tiers] {tier.name}: {state} in {result.seconds:.0f} s, log {log.relative_to(ROOT)}", flush=True)
+        shown = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
+        print(f"[tiers] {tier.name}: {state} in {result.seconds:.0f} s, log {shown}", flush=True)
     return result
 
 
@@ -244,7 +245,13 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_lane(lane: list[Tier]) -> None:
         for tier in lane:
-            results[tier.name] = _run(tier, logs, say)
+            try:
+                results[tier.name] = _run(tier, logs, say)
+            except Exception as exc:  # noqa: BLE001 (the runner's own fault: that tier fails, the others still run)
+                with say:
+                    print(f"[tiers] {tier.name}: the runner failed: {exc!r}", flush=True)
+                results[tier.name] = Result(tier, code=-1, log=logs / "runner-error.log")
+                results[tier.name].log.write_text(f"{tier.name}: {exc!r}\n")
 
     threads = [threading.Thread(target=run_lane, args=(lane,)) for lane in lanes if lane]
     for th in threads:

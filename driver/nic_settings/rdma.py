@@ -408,9 +408,9 @@ class RdmaDevice(NicSetting):
             if not rdma_device:
                 continue
             soft = soft_record(host.sysfs_root, rdma_device)
-            if soft is not None:
-                if soft["type"] == "rxe" and host.rxe_in_pod and not host.rdma_exclusive:
-                    soft = {"soft": soft["soft"], "type": "rxe", "in_pod": True}
+            if soft is not None and soft["type"] == "rxe" and host.rxe_in_pod and not host.rdma_exclusive:
+                nic.records[self.name] = {"soft": soft["soft"], "type": "rxe", "in_pod": True}
+            elif soft is not None:
                 nic.records[self.name] = soft
             elif host.rdma_exclusive:
                 nic.records[self.name] = rdma_device

@@ -65,7 +65,9 @@ def without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[Mo
     remade = {
         m.device: record["char_devices"]
         for m in moved
-        if rdma.made_in_pod(record := m.records.get(rdma.RdmaDevice.name)) and record.get("char_devices")
+        if isinstance(record := m.records.get(rdma.RdmaDevice.name), dict)
+        and rdma.made_in_pod(record)
+        and record.get("char_devices")
     }
     for i, d in enumerate(out):
         if d.device in stayed and d.snapshot.host.rdma_device:
