@@ -1,0 +1,56 @@
+"""make test's runner (hack/test_tiers.py): what its table counts from each tier's JUnit report."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _runner() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("test_tiers_runner", ROOT / "hack" / "test_tiers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="3">
+  <testcase classname="tests.a" name="test_passes"/>
+  <testcase classname="tests.a" name="test_skips"><skipped message="no"/></testcase>
+  <testcase classname="tests.kernels" name="test_guest">
+    <properties>
+      <property name="guest_passed" value="65"/>
+      <property name="guest_failed" value="1"/>
+      <property name="guest_error" value="2"/>
+      <property name="guest_skipped" value="3"/>
+      <property name="guest_boot_s" value="4.5"/>
+      <property name="guest_wall_s" value="185"/>
+    </properties>
+    <failure message="one guest test failed"/>
+  </testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_a_stock_kernel_test_counts_its_guests_tests_and_nothing_else_of_its_properties(tmp_path: Path) -> None:
+    junit = tmp_path / "tier.xml"
+    junit.write_text(JUNIT)
+    passed, failed, skipped = _runner()._counts(junit)
+    assert (passed, failed, skipped) == (1 + 65, 1 + 1 + 2, 1 + 3)
+
+
+def test_a_tier_without_a_report_counts_nothing(tmp_path: Path) -> None:
+    assert _runner()._counts(tmp_path / "missing.xml") == (0, 0, 0)
+
+
+def test_the_tiers_have_distinct_names_and_the_four_stock_kernels() -> None:
+    runner = _runner()
+    names = [t.name for t in runner.TIERS]
+    assert len(names) == len(set(names))
+    assert {"kernel 7.3", "kernel 6.12", "kernel 6.1", "kernel 5.10"} <= set(names)
