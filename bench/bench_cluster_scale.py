@@ -55,7 +55,7 @@ from bench.stats import median, pct
 from devcluster.builders.binaries import ensure_control_plane
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, create_objects, load_yaml_docs, wait_for
 from devcluster.demo.allocation import EXAMPLE_DIR, seed_docs
-from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.client import RESOURCE_API, KubeClient, watch_events
 from driver.kube.transport import ApiRequest
 
 NS = "scale"
@@ -212,17 +212,14 @@ class ClaimWatch:
             resp = self.kube.api.send(
                 ApiRequest("GET", f"{RESOURCE_API}/namespaces/{NS}/resourceclaims", query, timeout=(10, 620))
             )
-            buf = b""
+            events = watch_events(resp)
             try:
-                for chunk in resp.stream(65536, decode_content=True):
-                    buf += chunk
-                    while b"\n" in buf:
-                        line, buf = buf.split(b"\n", 1)
-                        self._event(json.loads(line), time.monotonic())
+                for event in events:
+                    self._event(event, time.monotonic())
                     if self.stop.is_set():
                         return
             finally:
-                resp.release_conn()
+                events.close()
 
     def _event(self, ev: dict[str, Any], now: float) -> None:
         obj = ev.get("object") or {}
