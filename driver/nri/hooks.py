@@ -36,7 +36,7 @@ from driver.nri.adoption import adopt
 from driver.nri.claim_reports import ClaimReports, HookError, StatusSink
 from driver.nri.container_adjustment import container_adjustment, without_stay_home_rdma
 from driver.nri.dad_watch import DadWatch
-from driver.nri.nic_return import NicReturn
+from driver.nri.nic_return import NicReturn, NodeParts
 from driver.nri.pod_attach import PodAttach
 from driver.nri.pod_netns import NetnsPins, netns_alive, pod_netns_path
 from driver.nri.pod_plan import Netdev, netdevs_of
@@ -102,19 +102,9 @@ class NRIHooks:
         # The pods' new IPv6 addresses under duplicate address detection, off the hooks' path.
         self.dad = DadWatch(on_failed=self.reports.address_in_use)
         self.shares = SharePlanner(store, self.host, pools, probe_wait)
-        self.returns = NicReturn(store, self.host, self.own, self.steps, self.pins, self.settings, self.dad)
-        self.attach = PodAttach(
-            store,
-            self.host,
-            self.own,
-            self.steps,
-            self.pins,
-            self.settings,
-            self.dad,
-            self.shares,
-            self.reports,
-            self.returns,
-        )
+        node = NodeParts(store, self.host, self.own, self.steps, self.pins, self.settings, self.dad)
+        self.returns = NicReturn(node)
+        self.attach = PodAttach(node, self.shares, self.reports, self.returns)
         self._lock = threading.RLock()
 
     @property

@@ -13,8 +13,7 @@ is home.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from driver.checkpoint.state import RETURNED, RETURNING, DriverState, MovedDevice, PodNetState
 from driver.checkpoint.store import CheckpointStore
@@ -33,38 +32,38 @@ from driver.nri.step_clock import StepClock
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class NodeParts:
+    """What the hooks' attach and return share on a node: the checkpoint's record of its pods, the
+    host's namespace, the hooks' announcements of the links they change, their step clock, the
+    pinned namespaces, the NIC settings (in order) and the IPv6 detection."""
+
+    store: CheckpointStore
+    host: HostNetns
+    own: HookActivity
+    steps: StepClock
+    pins: NetnsPins
+    settings: tuple[NicSetting, ...]
+    dad: DadWatch
+
+
 class NicReturn:
     """Gives a pod's NICs back: the checkpoint's record of them, the host's namespace, the hooks'
     announcements of the links they change, their step clock, the pinned namespaces, the settings
     (undone in reverse order) and the IPv6 detection (a pod's addresses forgotten)."""
 
-    def __init__(
-        self,
-        store: CheckpointStore,
-        host: HostNetns,
-        own: HookActivity,
-        steps: StepClock,
-        pins: NetnsPins,
-        settings: Sequence[NicSetting],
-        dad: DadWatch,
-    ) -> None:
-        self.store = store
-        self.host = host
-        self.own = own
-        self.steps = steps
-        self.pins = pins
-        self.settings = tuple(settings)
-        self.dad = dad
+    def __init__(self, node: NodeParts) -> None:
+        self.node = node
 
     def return_all(self, pod_uid: str, netns: str = "", outcome: dict[str, str | NetnsOpError] | None = None) -> str:
         """Return every NIC of the pod to the host as recorded; idempotent. Returns "" or the errors;
         ``outcome`` (when given) gets, per device, how it was found (``pod``, ``host``,
         ``netns-gone``) or why not."""
-        state = self.store.read(lambda s: s.pods.get(pod_uid))
+        state = self.node.store.read(lambda s: s.pods.get(pod_uid))
         if state is None:
             return ""
-        self.dad.forget(pod_uid)
-        self.own.expect(
+        self.node.dad.forget(pod_uid)
+        self.node.own.expect(
             names=[m.host_ifname for m in state.devices if m.step != RETURNED],
             indexes=[m.host_index for m in state.devices if m.step != RETURNED and m.host_index],
         )
@@ -74,31 +73,31 @@ class NicReturn:
             devices = [m if m.step == RETURNED else replace(m, step=RETURNING) for m in pod.devices]
             s.pods[pod_uid] = replace(pod, devices=devices)
 
-        self.store.update(plan)
-        self.steps.step("stop:planned")
-        netns = self.pins.path(pod_uid, netns or state.netns_path)
+        self.node.store.update(plan)
+        self.node.steps.step("stop:planned")
+        netns = self.node.pins.path(pod_uid, netns or state.netns_path)
         pending = [m for m in state.devices if m.step != RETURNED]
         moved = [m for m in pending if SUB_INTERFACE not in m.records]
-        source = PodNetns(self.host, netns, created=state.created)
+        source = PodNetns(self.node.host, netns, created=state.created)
         try:
-            for setting in reversed(self.settings):  # DHCP leases released, out of the VRFs, RDMA devices home
+            for setting in reversed(self.node.settings):  # DHCP leases released, out of the VRFs, RDMA devices home
                 setting.before_return([m for m in pending if setting.sub_interfaces or m in moved], source)
             deleted = delete_subs(source, [m for m in pending if m not in moved])
         finally:
             source.close()
         # Coming home, a NIC shows up in the host under its pod name before the rename.
-        self.own.expect(names=[m.pod_ifname for m in moved])
+        self.node.own.expect(names=[m.pod_ifname for m in moved])
         results: dict[str, str | NetnsOpError] = dict(deleted)
         results.update(
             nic_home.return_links(
-                self.host.ns,
+                self.node.host.ns,
                 netns,
                 [self._return_item(m) for m in moved],
-                announce=lambda indexes: self.own.expect(indexes=indexes),
-                choose_index=self.host.kernel.has(MOVE_IFINDEX),
+                announce=lambda indexes: self.node.own.expect(indexes=indexes),
+                choose_index=self.node.host.kernel.has(MOVE_IFINDEX),
             )
         )
-        self.steps.mark("stop:moved-and-restored")
+        self.node.steps.mark("stop:moved-and-restored")
         if outcome is not None:
             outcome.update(results)
         errors, done = self._after_return(pod_uid, state, results)
@@ -115,9 +114,9 @@ class NicReturn:
             s.pods[pod_uid] = replace(pod, devices=devices)
             return False
 
-        if self.store.update(commit):
-            self.pins.unpin(pod_uid)
-        self.steps.step("stop:committed")
+        if self.node.store.update(commit):
+            self.node.pins.unpin(pod_uid)
+        self.node.steps.step("stop:committed")
         return "; ".join(errors)
 
     def _return_item(self, m: MovedDevice) -> nic_home.ReturnItem:
@@ -138,7 +137,7 @@ class NicReturn:
             identity=LinkIdentity.from_dict(m.identity) if m.identity is not None else None,
             extra_macs=(m.pod_mac,) if m.pod_mac and m.pod_mac != m.host_mac else (),
             # In the settings' order, as the pod's configuration was built.
-            restores=lambda index: [r for s in self.settings for r in s.restore_requests(m, index)],
+            restores=lambda index: [r for s in self.node.settings for r in s.restore_requests(m, index)],
         )
 
     def _after_return(
@@ -158,10 +157,10 @@ class NicReturn:
                 done.append(m.device)
                 if SUB_INTERFACE in m.records:  # the NIC never left the host: nothing to restore there
                     returned[m.device] = f"sub-interface {m.pod_ifname} of {m.host_ifname}: {result}"
-                    self.steps.step(f"stop:returned-{i}")
+                    self.node.steps.step(f"stop:returned-{i}")
                     continue
-                for setting in reversed(self.settings):  # also right when the pod netns is gone
-                    setting.after_return(m, self.host)
+                for setting in reversed(self.node.settings):  # also right when the pod netns is gone
+                    setting.after_return(m, self.node.host)
                 returned[m.device] = f"{m.host_ifname} (found in {result})"
             except (NetnsOpError, OSError) as exc:
                 errors.append(str(exc))
@@ -170,7 +169,7 @@ class NicReturn:
                     # Retrying forever cannot bring it back; forget it (loudly).
                     done.append(m.device)
                 log.error("NIC return failed", extra={"kv": {"pod": pod_uid, "device": m.device, "error": str(exc)}})
-            self.steps.step(f"stop:returned-{i}")
+            self.node.steps.step(f"stop:returned-{i}")
         if returned:
             log.info("NICs returned", extra={"kv": {"pod": pod_uid, "devices": returned}})
         return errors, done

@@ -19,24 +19,20 @@ NIC's configuration going to the kernel in one pipelined batch. Any failure retu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import NoReturn
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.state import DriverState, PodNetState
-from driver.checkpoint.store import CheckpointStore
-from driver.netlink.hook_activity import HookActivity
 from driver.netlink.kernel_features import MOVE_IFINDEX
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.nic_moves import LinkState, Move, configure_pod_links, move_links, record_links, set_links
 from driver.netlink.rtnl import NetnsOpError, Request
-from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, SettingRefused
+from driver.nic_settings.setting import Nic, PodNetns, SettingRefused
 from driver.nri.address_pool import PoolError
 from driver.nri.claim_reports import ClaimReports, HookError
-from driver.nri.dad_watch import DadWatch
-from driver.nri.nic_return import NicReturn
-from driver.nri.pod_netns import NetnsPins
+from driver.nri.nic_return import NicReturn, NodeParts
 from driver.nri.pod_plan import (
     Netdev,
     check_in_pod,
@@ -48,7 +44,6 @@ from driver.nri.pod_plan import (
     pod_indexes,
 )
 from driver.nri.shares import SharePlanner, create_request
-from driver.nri.step_clock import StepClock
 
 
 class PodAttach:
@@ -57,26 +52,8 @@ class PodAttach:
     (the pod's new addresses followed), the shares' planner, the claims' reports and the return
     (every rollback)."""
 
-    def __init__(
-        self,
-        store: CheckpointStore,
-        host: HostNetns,
-        own: HookActivity,
-        steps: StepClock,
-        pins: NetnsPins,
-        settings: Sequence[NicSetting],
-        dad: DadWatch,
-        shares: SharePlanner,
-        reports: ClaimReports,
-        returns: NicReturn,
-    ) -> None:
-        self.store = store
-        self.host = host
-        self.own = own
-        self.steps = steps
-        self.pins = pins
-        self.settings = tuple(settings)
-        self.dad = dad
+    def __init__(self, node: NodeParts, shares: SharePlanner, reports: ClaimReports, returns: NicReturn) -> None:
+        self.node = node
         self.shares = shares
         self.reports = reports
         self.returns = returns
@@ -85,14 +62,14 @@ class PodAttach:
         """Plan every NIC against the host and the pod, then move them in; :class:`HookError` if any
         cannot go (nothing touched) or fails on the way (all returned)."""
         ifnames = [d.snapshot.host.ifname or "" for _, d in netdevs]  # netdevs_of: all have one
-        self.own.expect(names=ifnames)
+        self.node.own.expect(names=ifnames)
         try:
-            hosts = record_links(self.host.ns, ifnames, self.host.sysfs_root)
+            hosts = record_links(self.node.host.ns, ifnames, self.node.host.sysfs_root)
         except KeyError as exc:
             self.reports.failed(pod, netdevs, netdevs[0][1].device, "record", str(exc))
             raise HookError(f"pod {pod.namespace}/{pod.name}: record failed: {exc}") from exc
-        self.own.expect(indexes=[h.index for h in hosts.values()])
-        self.steps.mark("run:recorded")
+        self.node.own.expect(indexes=[h.index for h in hosts.values()])
+        self.node.steps.mark("run:recorded")
         try:
             leased = self.shares.leases(netdevs, hosts)
         except PoolError as exc:
@@ -100,7 +77,7 @@ class PodAttach:
             raise HookError(f"pod {pod.namespace}/{pod.name}: address pool failed: {exc}") from exc
         plans = zip(netdevs, ifnames, strict=True)
         nics = [nic_plan(c, d, hosts[name], leased.get(d.device)) for (c, d), name in plans]
-        target = PodNetns(self.host, netns, on_created=self._recorder(pod.uid))
+        target = PodNetns(self.node.host, netns, on_created=self._recorder(pod.uid))
         try:
             self._plan(pod, target, nics, hosts)
             self._move_in(pod, target, nics)
@@ -118,11 +95,11 @@ class PodAttach:
             self._refuse(pod, nics, nics[0].name, "netns", reason)
         target.names = set(links.values())
         try:
-            check_names_and_mtus(nics, target.names, self.host.sysfs_root)
+            check_names_and_mtus(nics, target.names, self.node.host.sysfs_root)
             self.shares.check(pod.uid, nics, hosts)
-            for setting in self.settings:
-                setting.plan(for_setting(setting, nics), self.host, target)
-            indexes = pod_indexes(self.host, target, nics, links)
+            for setting in self.node.settings:
+                setting.plan(for_setting(setting, nics), self.node.host, target)
+            indexes = pod_indexes(self.node.host, target, nics, links)
         except SettingRefused as exc:
             self._refuse(pod, nics, exc.device, exc.step, exc.reason)
         except OSError as exc:
@@ -145,41 +122,41 @@ class PodAttach:
         def plan(s: DriverState) -> None:
             s.pods[pod.uid] = state
 
-        self.store.update(plan)  # write-ahead: from here every NIC may be in the pod
-        self.steps.step("run:planned")
+        self.node.store.update(plan)  # write-ahead: from here every NIC may be in the pod
+        self.node.steps.step("run:planned")
         moves = [self._move(nic) for nic in nics]
         whole = [m for m, nic in zip(moves, nics, strict=True) if not nic.sub_interface]
         device, step = "", "move"
         try:
             # All moves in one pipelined send (the kernel still does them one by one); the
             # write-ahead state above already covers every NIC. Shares are made in the pod.
-            _raise_first(move_links(self.host.rtnl(), whole, target.fd, self.host.kernel.has(MOVE_IFINDEX)))
+            _raise_first(move_links(self.node.host.rtnl(), whole, target.fd, self.node.host.kernel.has(MOVE_IFINDEX)))
             step = "create"
             subs = [create_request(nic, target.fd) for nic in nics if nic.sub_interface]
-            _raise_first(self.host.rtnl().run_each(subs))
+            _raise_first(self.node.host.rtnl().run_each(subs))
             for i in range(len(nics)):
-                self.steps.step(f"run:moved-{i}")
+                self.node.steps.step(f"run:moved-{i}")
             step = "set link"
             # The settings by ifindex, and every NIC read back for the check, in one round trip.
             errors, found = set_links(target.rtnl, whole, [m.pod_index for m in moves])
             _raise_first(errors)
-            self.steps.step("run:set")
+            self.node.steps.step("run:set")
             step = "verify"
             links = check_in_pod(moves, nics, found)
             step = "in pod"
-            for setting in self.settings:
+            for setting in self.node.settings:
                 setting.in_pod(for_setting(setting, nics), target)
-            self.steps.step("run:in-pod")
+            self.node.steps.step("run:in-pod")
             step = "configure"
             reqs: list[Request] = [
-                r for nic in nics for s in self.settings if for_setting(s, [nic]) for r in s.requests(nic)
+                r for nic in nics for s in self.node.settings if for_setting(s, [nic]) for r in s.requests(nic)
             ]
             results = configure_pod_links(target.rtnl, reqs, {nic.name: (nic.pod, links[nic.name]) for nic in nics})
             for nic in nics:
                 nic.result = results[nic.name]
-            for setting in self.settings:
+            for setting in self.node.settings:
                 setting.after_configure(for_setting(setting, nics), target)
-            self.steps.step("run:configured")
+            self.node.steps.step("run:configured")
         except (NetnsOpError, NetnsGone, OSError) as exc:
             if isinstance(exc, NetnsOpError):
                 device, step, reason = exc.device, exc.step, exc.reason
@@ -192,19 +169,19 @@ class PodAttach:
                 msg += f"; rollback: {rollback}"
             self.reports.failed(pod, [(nic.claim, nic.device) for nic in nics], device, step, msg)
             raise HookError(msg) from exc
-        self.store.update(lambda s: s.pods.__setitem__(pod.uid, in_pod_state(s.pods[pod.uid], nics, links)))
-        self.pins.pin(pod.uid, target.path)
-        self.steps.step("run:committed")
+        self.node.store.update(lambda s: s.pods.__setitem__(pod.uid, in_pod_state(s.pods[pod.uid], nics, links)))
+        self.node.pins.pin(pod.uid, target.path)
+        self.node.steps.step("run:committed")
         if target.tentative:  # followed in the background: the pod's containers may use them at once
             pending = {key: device for key, (device, _) in target.tentative.items()}
             usable = all(optimistic for _, optimistic in target.tentative.values())
-            self.dad.watch(pod.uid, self.pins.path(pod.uid, target.path), pending, usable)
+            self.node.dad.watch(pod.uid, self.node.pins.path(pod.uid, target.path), pending, usable)
         self.reports.ready(pod, nics)
 
     def _move(self, nic: Nic) -> Move:
         """The NIC's two requests: into the pod at its planned ifindex and name, then its MTU, MAC and
         the settings' link attributes there."""
-        attrs = b"".join(setting.link_attrs(nic) for setting in self.settings if for_setting(setting, [nic]))
+        attrs = b"".join(setting.link_attrs(nic) for setting in self.node.settings if for_setting(setting, [nic]))
         return Move(nic.name, nic.host.index or 0, nic.pod.ifname, nic.pod_index, nic.pod.mtu, nic.pod.mac, attrs)
 
     def _recorder(self, pod_uid: str) -> Callable[[dict[str, object]], None]:
@@ -215,7 +192,7 @@ class PodAttach:
                 pod = s.pods[pod_uid]
                 s.pods[pod_uid] = replace(pod, created=[*pod.created, created])
 
-            self.store.update(add)
+            self.node.store.update(add)
 
         return record
 

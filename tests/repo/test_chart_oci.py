@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import threading
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.hack_scripts import load
+
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("chart_oci", ROOT / "hack" / "chart-oci.py")
-assert spec and spec.loader
-chart_oci = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(chart_oci)
+chart_oci = load("chart-oci.py", "chart_oci")
 
 
 def layout_registry(layout: Path, repo: str) -> ThreadingHTTPServer:

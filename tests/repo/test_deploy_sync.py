@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import yaml
+
+from tests.support.hack_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 
 def _render_module():
-    spec = importlib.util.spec_from_file_location("render_deploy", ROOT / "hack" / "render-deploy.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+    return load("render-deploy.py", "render_deploy")
 
 
 def test_deploy_matches_chart(helm: str) -> None:

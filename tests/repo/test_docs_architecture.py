@@ -3,21 +3,16 @@ hack/gen_module_table.py renders them: it cannot drift from the code."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from tests.support.hack_scripts import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gen_module_table", ROOT / "hack" / "gen_module_table.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("gen_module_table.py", "gen_module_table")
 
 
 def test_the_committed_module_table_is_what_the_generator_writes() -> None:

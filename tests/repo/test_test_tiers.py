@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.hack_scripts import load
+
 
 
 def _runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("test_tiers_runner", ROOT / "hack" / "test_tiers.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load("test_tiers.py", "test_tiers_runner")
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>

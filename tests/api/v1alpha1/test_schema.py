@@ -5,7 +5,6 @@ refuses on the way to the config."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -25,6 +24,7 @@ from driver.api.v1alpha1.validation import validate_object
 from driver.api.validate_cli import validate_file
 from driver.model.untrusted import load_yaml_documents
 from tests.api.v1alpha1.test_dranet_examples import dranet_parameters
+from tests.support.hack_scripts import load
 
 ROOT = Path(__file__).resolve().parents[3]
 P = "spec.devices.config[0].opaque.parameters"
@@ -37,11 +37,7 @@ EXAMPLES = [
 
 
 def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_schema", ROOT / "hack/gen_schema.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("gen_schema.py", "gen_schema")
 
 
 def test_the_committed_schema_is_what_the_generator_writes() -> None:
