@@ -8,7 +8,6 @@ from types import ModuleType
 from tests.support.hack_scripts import load
 
 
-
 def _runner() -> ModuleType:
     return load("test_tiers.py", "test_tiers_runner")
 
