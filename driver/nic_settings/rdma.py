@@ -249,21 +249,6 @@ def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, t
         channel.close()
 
 
-def add_soft_device(host: HostNetns, name: str, link_type: str, netdev: str) -> None:
-    """Make soft RDMA device ``name`` (``link_type``: rxe, siw) on ``netdev`` in the host's
-    namespace; one already there under that name is not an error. :class:`RdmaMoveError` otherwise."""
-    try:
-        channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
-    except OSError as exc:
-        raise RdmaMoveError(name, f"no RDMA netlink: {exc}") from exc
-    try:
-        (reply,) = channel.exchange([newlink_request(name, link_type, netdev)])
-    finally:
-        channel.close()
-    if reply.error and reply.error != errno.EEXIST:
-        raise RdmaMoveError(name, f"{link_type} on {netdev}: {reply.message or os.strerror(reply.error)}")
-
-
 def make_soft_device(channel: NetlinkChannel, name: str, link_type: str, netdev: str) -> None:
     """Make soft RDMA device ``name`` on ``netdev`` in ``channel``'s namespace; :class:`RdmaMoveError`
     when the kernel refuses (a name taken included)."""
@@ -271,6 +256,30 @@ def make_soft_device(channel: NetlinkChannel, name: str, link_type: str, netdev:
     if reply.error:
         why = f"{link_type} on {netdev}: {reply.message or os.strerror(reply.error)}"
         raise RdmaMoveError(name, why, reply.error)
+
+
+def make_once_freed(
+    channel: NetlinkChannel, sysfs_root: str, name: str, link_type: str, netdev: str, *, existing_ok: bool
+) -> None:
+    """Make soft RDMA device ``name`` on ``netdev`` in ``channel``'s namespace once an old one of
+    that name has gone. A NIC's move destroys its soft device from a work queue, a moment later:
+    its name may still be in sysfs, or have left sysfs but not yet the RDMA core's names (EEXIST),
+    so both are waited for, up to ``UNREGISTER_WAIT``. ``existing_ok``: a device of that name in
+    sysfs answering EEXIST is the one wanted (made already). :class:`RdmaMoveError` otherwise."""
+    left = Path(sysfs_root, "class/infiniband", name)
+    deadline = time.monotonic() + UNREGISTER_WAIT
+    while left.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    while True:
+        try:
+            make_soft_device(channel, name, link_type, netdev)
+            return
+        except RdmaMoveError as exc:
+            if exc.code == errno.EEXIST and existing_ok and left.exists():
+                return
+            if exc.code != errno.EEXIST or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
 
 
 def delete_soft_device(channel: NetlinkChannel, name: str, netdev: str | None = None) -> bool:
@@ -428,10 +437,6 @@ class RdmaDevice(NicSetting):
         recorded; or, when it cannot be, none there and the record saying why (the pod goes on)."""
         record = dict(nic.records[self.name])
         name = record["soft"]
-        # The move destroyed the host's device from a work queue: its name may be held a moment.
-        deadline = time.monotonic() + UNREGISTER_WAIT
-        while Path(pod.host.sysfs_root, "class/infiniband", name).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
         try:
             channel = NetlinkChannel(pod.host.ns.socket_in(pod.fd, NETLINK_RDMA))
         except OSError as exc:
@@ -439,15 +444,10 @@ class RdmaDevice(NicSetting):
             return
         try:
             why = None
-            while True:
-                try:
-                    make_soft_device(channel, name, "rxe", nic.pod.ifname)
-                    break
-                except RdmaMoveError as exc:  # EEXIST: the old one still leaving the RDMA core's names
-                    if exc.code != errno.EEXIST or time.monotonic() >= deadline:
-                        why = exc.reason
-                        break
-                    time.sleep(0.05)
+            try:
+                make_once_freed(channel, pod.host.sysfs_root, name, "rxe", nic.pod.ifname, existing_ok=False)
+            except RdmaMoveError as exc:
+                why = exc.reason
             chars = char_devices_of(pod.host.sysfs_root, name) if why is None else []
             if why is None and not chars:
                 why = "made without its uverbs char device"
@@ -520,21 +520,16 @@ class RdmaDevice(NicSetting):
         record = nic.records.get(self.name)
         if not isinstance(record, dict) or not record.get("soft"):
             return
-        left = Path(host.sysfs_root, "class/infiniband", record["soft"])
-        deadline = time.monotonic() + UNREGISTER_WAIT
-        while left.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        while True:
+        name, link_type = record["soft"], record.get("type", "rxe")
+        try:
+            channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
             try:
-                add_soft_device(host, record["soft"], record.get("type", "rxe"), nic.host_ifname)
-            except RdmaMoveError as exc:
-                log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
-                return
-            # EEXIST with no device in sysfs: the old one had left sysfs but not yet the RDMA core's
-            # names (its unregistration still running); it is gone a moment later, so add again.
-            if left.exists() or time.monotonic() >= deadline:
-                break
-            time.sleep(0.05)
+                make_once_freed(channel, host.sysfs_root, name, link_type, nic.host_ifname, existing_ok=True)
+            finally:
+                channel.close()
+        except (RdmaMoveError, OSError) as exc:
+            log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+            return
         host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
         log.info(
             "soft RDMA device made again on its NIC",
