@@ -221,7 +221,10 @@ def up(layout: NodeLayout, progress: Progress = _say, set_values: Sequence[str] 
         for node in layout.all_nodes:  # the pods' container logs
             if (node.log_dir / "pods").is_dir():
                 shutil.copytree(node.log_dir / "pods", failed_logs / f"n{node.index}-pods", symlinks=True)
-        down(layout, progress=lambda _m: None)
+        try:
+            down(layout, progress=lambda _m: None)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:  # must not hide why `up` failed
+            progress(f"up failed, and so did its cleanup: {type(e).__name__}: {e}")
         raise
     st.timings = {"prepare_s": round(t_prep, 1), "start_s": round(time.monotonic() - t0 - t_prep, 1)}
     st.ready = True

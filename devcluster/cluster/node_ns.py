@@ -19,6 +19,7 @@ Every node daemon runs through :func:`enter` (``nsenter`` into both namespaces) 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -52,9 +53,14 @@ def private_ns_dir(layout: NodeLayout) -> None:
     """``<base>/ns`` as a private bind mount of itself: the kernel refuses to bind a mount
     namespace file onto a shared mount (it could propagate into the namespace it names)."""
     layout.ns_dir.mkdir(parents=True, exist_ok=True)
-    if not _mounted(layout.ns_dir):
-        _run(["mount", "--bind", str(layout.ns_dir), str(layout.ns_dir)], "ns dir")
-    _run(["mount", "--make-private", str(layout.ns_dir)], "ns dir")
+    # Nodes boot side by side: the check and the bind go under one lock, or a second bind of the
+    # directory over itself would hide a node's namespace file already bound there (nsenter then
+    # reads an empty file, and the file can be neither unmounted nor removed by its path).
+    with open(layout.base / ".ns-dir.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _mounted(layout.ns_dir):
+            _run(["mount", "--bind", str(layout.ns_dir), str(layout.ns_dir)], "ns dir")
+        _run(["mount", "--make-private", str(layout.ns_dir)], "ns dir")
 
 
 def _setup_script(node: NodeSpec) -> str:
@@ -128,7 +134,10 @@ def destroy(node: NodeSpec) -> list[str]:
             out = subprocess.run(["umount", "-l", str(node.mnt_ns_file)], capture_output=True, text=True)
             if out.returncode != 0:
                 problems.append(f"mount namespace {node.mnt_ns_file}: {out.stderr.strip()}")
-    node.mnt_ns_file.unlink(missing_ok=True)
+    try:
+        node.mnt_ns_file.unlink(missing_ok=True)
+    except OSError as e:  # still a mount point (one hidden under another mount): the sweep unmounts below the base
+        problems.append(f"mount namespace file {node.mnt_ns_file}: {e.strerror}")
     if node.netns_path.exists():
         out = subprocess.run(["ip", "netns", "del", node.netns], capture_output=True, text=True)
         if out.returncode != 0:
