@@ -181,16 +181,43 @@ def _ipj(*args: str, netns: str | None = None) -> Any:
     return json.loads(out.stdout or "[]") if out.returncode == 0 else None
 
 
-def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, Any] | None]:
+DUMP = ("addr show", "route show table all", "route show table all root ::/0", "neigh show nud permanent")
+"""What one :func:`dump` asks ``ip`` (with ``-d``: each link's details beside its addresses; the
+``::/0`` root selects the IPv6 routes, as ``-6`` would outside a batch)."""
+
+
+@dataclass(frozen=True)
+class Dump:
+    """A namespace's links (by name, details and addresses), routes of every table, permanent neighbours."""
+
+    links: dict[str, dict[str, Any]]
+    routes: list[dict[str, Any]]
+    neighbors: list[dict[str, Any]]
+
+
+def dump(netns: str | None = None) -> Dump:
+    """One ``ip -batch`` of :data:`DUMP` (one process: under emulation each ``ip`` costs tens of ms)."""
+    cmd = ["ip", "-j", "-d"] + (["-n", netns] if netns else []) + ["-batch", "-"]
+    out = subprocess.run(cmd, input="\n".join(DUMP) + "\n", capture_output=True, text=True, check=False)
+    decoder, text, at, parts = json.JSONDecoder(), out.stdout, 0, []
+    while (at := len(text) - len(text[at:].lstrip())) < len(text):
+        part, at = decoder.raw_decode(text, at)
+        parts.append(part)
+    if out.returncode != 0 or len(parts) != len(DUMP):
+        where = netns or "the host"
+        raise RuntimeError(f"ip -batch in {where}: exit {out.returncode}, {len(parts)} answers: {out.stderr}")
+    links, routes4, routes6, neighbors = parts
+    return Dump({link["ifname"]: link for link in links}, routes4 + routes6, neighbors)
+
+
+def snapshot(names: list[str], netns: str | None = None, found: Dump | None = None) -> dict[str, dict[str, Any] | None]:
     """Everything a return must restore, per link name (None: not in that namespace), read with
-    ``ip`` (three calls for all links) and SIOCETHTOOL: an oracle independent of the code under test."""
-    links = {link["ifname"]: link for link in _ipj("addr", "show", netns=netns) or []}
-    routes = [r for fam in ("-4", "-6") for r in _ipj(fam, "route", "show", "table", "all", netns=netns) or []]
-    details = {link["ifname"]: link for link in _ipj("-d", "link", "show", netns=netns) or []}
-    neighbors = _ipj("neigh", "show", "nud", "permanent", netns=netns) or []
+    ``ip`` (one batch for all links, or ``found``) and SIOCETHTOOL: an oracle independent of the
+    code under test."""
+    found = found or dump(netns)
     out: dict[str, dict[str, Any] | None] = {}
     for name in names:
-        link = links.get(name)
+        link = found.links.get(name)
         if link is None:
             out[name] = None
             continue
@@ -204,12 +231,12 @@ def snapshot(names: list[str], netns: str | None = None) -> dict[str, dict[str, 
             ),
             "routes": sorted(
                 str((r.get("dst"), r.get("gateway"), r.get("table", "main")))
-                for r in routes
+                for r in found.routes
                 if r.get("dev") == name and r.get("protocol") != "kernel" and r.get("table") != "local"
             ),
             "features": {k: v for k, v in features.items() if k in ("tx-checksum-ip-generic", "rx-gro")},
-            "gso_max_size": details.get(name, {}).get("gso_max_size"),
-            "neighbors": sorted(f"{n['dst']} {n.get('lladdr')}" for n in neighbors if n.get("dev") == name),
+            "gso_max_size": link.get("gso_max_size"),
+            "neighbors": sorted(f"{n['dst']} {n.get('lladdr')}" for n in found.neighbors if n.get("dev") == name),
             "sysctls": _sysctls(name) if netns is None else None,
         }
     return out
@@ -314,10 +341,10 @@ is 65535), once the hook's own checks are out of the way."""
 
 def foreign(pod_netns: str) -> dict[str, Any]:
     """The links the driver does not own, as they are: the host's uplink and routes, the pod's eth0."""
-    routes = _ipj("route", "show", "table", "all")
+    host = dump()
     return {
-        "up0": facts("up0"),
-        "default": [r for r in routes or [] if r.get("dst") == "default"],
+        "up0": snapshot(["up0"], None, host)["up0"],
+        "default": [r for r in host.routes if r.get("dst") == "default"],
         "pod eth0": facts("eth0", pod_netns),
     }
 
