@@ -14,12 +14,13 @@ lacks. Every device, link and namespace made here is removed after, also on fail
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,8 @@ class Bed:
     hooks: NRIHooks
     statuses: Statuses
     store: CheckpointStore
+    # Each server its own port: a listen on the last server's port can find its service ID still held.
+    ports: Iterator[int] = field(default_factory=lambda: itertools.count(18600))
 
 
 def _link_bytes(netns: str) -> dict[str, int]:
@@ -179,21 +182,45 @@ def _run_pods(bed: Bed) -> list[str]:
     return claims
 
 
+def _listening(netns: str, pid: int, device: str) -> bool:
+    """Whether process ``pid`` listens with rdma_cm on ``device`` (``rdma resource show cm_id``):
+    a listen on every address is one id per device, and a device whose listen the kernel could not
+    register (its service ID still held by the last server on that port) rejects the connection."""
+    out = _run("rdma", "resource", "show", "cm_id", netns=netns, timeout=30)
+    return any(
+        line.startswith(f"link {device}/") and "state LISTEN" in line and f" pid {pid} " in f"{line} "
+        for line in out.stdout.splitlines()
+    )
+
+
 def _pair(server: list[str], client: list[str], a: Pod, b: Pod, timeout: float = 120) -> tuple[str, str]:
-    """``server`` in pod ``b``, then ``client`` in pod ``a``; both must succeed. (server, client) output."""
+    """``server`` in pod ``b``, then, once it listens on ``b``'s device, ``client`` in pod ``a``; both
+    must succeed. (server, client) output. On any failure both sides' output is in the message, and the
+    server never outlives the call."""
     srv = subprocess.Popen(
         ["ip", "netns", "exec", b.netns, *server], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    srv_out, cli_out, cli_rc = "", "", None
     try:
-        time.sleep(2)  # the server listening (rdma_cm bound) before the client connects
-        cli = _run(*client, netns=a.netns, timeout=timeout)
-        srv_out, _ = srv.communicate(timeout=timeout)
+        # Under emulation a fixed head start was once too short; the listen is what the client needs.
+        deadline = time.monotonic() + 60
+        while not _listening(b.netns, srv.pid, b.rxe) and srv.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            cli = _run(*client, netns=a.netns, timeout=timeout)
+            cli_out, cli_rc = cli.stdout + cli.stderr, cli.returncode
+        except subprocess.TimeoutExpired as e:
+            cli_out = f"(no exit in {timeout:.0f} s) {e.stdout or ''}{e.stderr or ''}"
+        srv_out, _ = srv.communicate(timeout=timeout if cli_rc == 0 else 10)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        srv_out = f"(no exit; killed) {srv.communicate()[0]}"
     finally:
         if srv.poll() is None:
             srv.kill()
             srv.wait()
-    assert cli.returncode == 0 and srv.returncode == 0, f"client:\n{cli.stdout}{cli.stderr}\nserver:\n{srv_out}"
-    return srv_out, cli.stdout
+    assert cli_rc == 0 and srv.returncode == 0, f"{' '.join(client[:1])}: client:\n{cli_out}\nserver:\n{srv_out}"
+    return srv_out, cli_out
 
 
 def _figure(output: str, header: str) -> list[str]:
@@ -231,24 +258,27 @@ def _round(bed: Bed) -> str:
 
     namespaces = [bed.host, a.netns, b.netns]
     before = {ns: _link_bytes(ns) for ns in namespaces}
+    port = str(next(bed.ports))
     rping = _pair(
-        ["rping", "-s", "-a", b.ip, "-C", "5", "-S", "256"],
-        ["rping", "-c", "-a", b.ip, "-C", "5", "-S", "256", "-v"],
+        ["rping", "-s", "-a", b.ip, "-p", port, "-C", "5", "-S", "256"],
+        ["rping", "-c", "-a", b.ip, "-p", port, "-C", "5", "-S", "256", "-v"],
         a,
         b,
     )
     pings = [line for line in rping[1].splitlines() if line.startswith("ping data:")]
     assert len(pings) == 5, rping
     size, iters = 65536, 200
+    port = str(next(bed.ports))
     bw = _pair(
-        ["ib_write_bw", "-R", "-d", b.rxe, "-s", str(size), "-n", str(iters)],
-        ["ib_write_bw", "-R", "-d", a.rxe, "-s", str(size), "-n", str(iters), b.ip],
+        ["ib_write_bw", "-R", "-d", b.rxe, "-p", port, "-s", str(size), "-n", str(iters)],
+        ["ib_write_bw", "-R", "-d", a.rxe, "-p", port, "-s", str(size), "-n", str(iters), b.ip],
         a,
         b,
     )
+    port = str(next(bed.ports))
     lat = _pair(
-        ["ib_send_lat", "-R", "-d", b.rxe, "-s", "64", "-n", "200"],
-        ["ib_send_lat", "-R", "-d", a.rxe, "-s", "64", "-n", "200", b.ip],
+        ["ib_send_lat", "-R", "-d", b.rxe, "-p", port, "-s", "64", "-n", "200"],
+        ["ib_send_lat", "-R", "-d", a.rxe, "-p", port, "-s", "64", "-n", "200", b.ip],
         a,
         b,
     )
