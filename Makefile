@@ -20,6 +20,7 @@ binaries: deps  ## build or reuse the control plane, the nodes (kubelet, contain
 	$(PY) -m devcluster.cluster.mpi_operator
 	$(PY) -m devcluster.cluster.mpijobs
 	$(PY) -m devcluster.builders.stock_kernel "" bullseye trixie trixie-backports
+	$(PY) -m devcluster.builders.qemu
 	@echo "[binaries] dependencies and every component ready in $$(( $$(date +%s) - $$(cat build/.binaries-started) )) s (cached under $${DRANET_CACHE_DIR:-~/.cache/dranet})"
 
 demo: binaries  ## two real nodes: the training example's MPIJobs run to MFU_RESULT over their claimed NICs

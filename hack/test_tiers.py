@@ -111,6 +111,14 @@ TIERS = (
         "kernel 5.10", ("tests/kernels",), "compute", "root, QEMU (TCG): Debian 11's kernel", keyword="floor", nice=10
     ),
     Tier(
+        "kernel 6.1: SR-IOV",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU 10 (TCG, bookworm-backports): Debian 12's kernel, igb PFs and their VFs, an IOMMU",
+        keyword="sriov",
+        nice=10,
+    ),
+    Tier(
         "apiserver e2e",
         ("tests/e2e",),
         "cluster",

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devcluster.builders.binaries import cache_root
+from devcluster.builders.qemu import SYSTEM, Qemu
 from devcluster.builders.stock_kernel import GUEST_DIR, OUT_TAG, ROOT_TAG, StockKernel, ensure
 
 KVM_ENV = "DRANET_GUEST_KVM"
@@ -48,10 +49,20 @@ class Topology:
     """Two NUMA nodes, each with its CPU, memory and an expander bridge (``pxb-pcie``) whose root
     ports hold ``nics_per_node`` e1000e NICs and ``gpus_per_node`` display controllers of a GPU
     vendor (QEMU's ``ati-vga``: PCI vendor 0x1002, what the topology tools take for an AMD GPU); the
-    NICs of one index across the nodes share a rail (a QEMU hub: frames stay inside QEMU)."""
+    NICs of one index across the nodes share a rail (a QEMU hub: frames stay inside QEMU).
+
+    ``igb_per_node``: SR-IOV PFs (QEMU's ``igb``, an 82576 with up to 7 VFs; QEMU 8.0 on, see
+    :mod:`devcluster.builders.qemu`) on each node's bridge too, the PFs of one index on one rail, and
+    an emulated Intel IOMMU (``intel_iommu=on iommu=pt``, as an SR-IOV server boots), so each VF
+    is in an IOMMU group of its own."""
 
     nics_per_node: int = 2
     gpus_per_node: int = 1
+    igb_per_node: int = 0
+
+    @property
+    def iommu(self) -> bool:
+        return self.igb_per_node > 0
 
     def qemu_args(self, memory_mb: int) -> list[str]:
         half = memory_mb // 2
@@ -79,6 +90,14 @@ class Topology:
                 args += [
                     "-device", f"pcie-root-port,id={port},bus={bus},chassis={chassis},slot={self.nics_per_node + i}",
                     "-device", f"ati-vga,bus={port}",
+                ]  # fmt: skip
+            for i in range(self.igb_per_node):
+                port, slot = f"sr{node}{i}", self.nics_per_node + self.gpus_per_node + i
+                mac = f"52:54:00:10:{node:02x}:{i:02x}"
+                args += [
+                    "-device", f"pcie-root-port,id={port},bus={bus},chassis={1 + node * 16 + slot},slot={slot}",
+                    "-netdev", f"hubport,id=s{node}{i},hubid={100 + i}",
+                    "-device", f"igb,bus={port},netdev=s{node}{i},mac={mac}",
                 ]  # fmt: skip
         return args
 
@@ -194,13 +213,19 @@ def qemu_command(
     cpus: int,
     topology: Topology | None,
     extra: Sequence[str] = (),
+    qemu: Qemu = SYSTEM,
 ) -> list[str]:
     """The QEMU command line of one boot (``extra``: more devices, e.g. a NIC wired to another guest)."""
+    iommu = topology is not None and topology.iommu
+    # The IOMMU before every PCI device (QEMU's rule), interrupt remapping for the VFs' MSI-X.
+    machine = ["-machine", "q35,kernel-irqchip=split"] if iommu else ["-machine", "q35"]
+    cmdline = "console=ttyS0 quiet panic=-1 rdinit=/init" + (" intel_iommu=on iommu=pt" if iommu else "")
     args = [
-        "qemu-system-x86_64", "-machine", "q35", *_accel(),
+        *qemu.command, *machine, *_accel(),
+        *(["-device", "intel-iommu,intremap=on,caching-mode=on"] if iommu else []),
         "-smp", str(cpus), "-m", f"{memory_mb}M",
         "-kernel", str(kernel.vmlinux), "-initrd", str(kernel.initramfs),
-        "-append", "console=ttyS0 quiet panic=-1 rdinit=/init",
+        "-append", cmdline,
         "-display", "none", "-monitor", "none", "-no-reboot", "-nodefaults",
         "-serial", f"file:{folder / 'console.log'}",
         "-virtfs", f"local,path=/,mount_tag={ROOT_TAG},security_model=none,readonly=on,multidevs=remap",
@@ -233,12 +258,13 @@ def run(
     cpus: int = 2,
     kernel: StockKernel | None = None,
     qemu_args: Sequence[str] = (),
+    qemu: Qemu = SYSTEM,
 ) -> GuestRun:
     """Boot the stock kernel, run ``command`` (a shell command line) as root in ``cwd``, power off.
 
     ``folder``: the run's folder (made if missing; the caller removes it); ``env`` adds variables
-    to the guest's environment; ``qemu_args``: more of QEMU's devices. :class:`GuestError` when
-    the guest does not finish in time.
+    to the guest's environment; ``qemu_args``: more of QEMU's devices; ``qemu``: which QEMU (the
+    SR-IOV guests need the backport's). :class:`GuestError` when the guest does not finish in time.
     """
     kernel = kernel or ensure()
     if topology is not None and cpus < 2:
@@ -263,7 +289,7 @@ def run(
     for attempt in range(1, BOOT_TRIES + 1):
         for stale in ("rc", "boot_s", "output.txt", "console.log"):
             (folder / stale).unlink(missing_ok=True)
-        wall, qemu_rc, qemu_out = _boot(kernel, folder, memory_mb, cpus, topology, qemu_args, timeout)
+        wall, qemu_rc, qemu_out = _boot(kernel, folder, memory_mb, cpus, topology, qemu_args, timeout, qemu)
         if (folder / "rc").exists():
             break
         console = _read(folder / "console.log")
@@ -296,24 +322,26 @@ def _boot(
     topology: Topology | None,
     qemu_args: Sequence[str],
     timeout: float,
+    qemu: Qemu = SYSTEM,
 ) -> tuple[float, int, str]:
     """One QEMU boot to its exit: (seconds, QEMU's exit status, its output); :class:`GuestError` past ``timeout``."""
     start = time.monotonic()
-    qemu = subprocess.Popen(
-        qemu_command(kernel, folder, memory_mb, cpus, topology, qemu_args),
+    proc = subprocess.Popen(
+        qemu_command(kernel, folder, memory_mb, cpus, topology, qemu_args, qemu),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        env={**os.environ, **qemu.env},
     )
     try:
-        qemu_out, _ = qemu.communicate(timeout=timeout)
+        qemu_out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        qemu.kill()
-        qemu.communicate()
+        proc.kill()
+        proc.communicate()
         raise GuestError(
             f"the guest did not finish in {timeout:.0f} s; console:\n{_tail(folder / 'console.log')}"
         ) from None
-    return time.monotonic() - start, qemu.returncode, qemu_out.decode(errors="replace")
+    return time.monotonic() - start, proc.returncode, qemu_out.decode(errors="replace")
 
 
 def _read(path: Path) -> str:

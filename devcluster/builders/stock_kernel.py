@@ -94,7 +94,7 @@ def missing_tools() -> list[str]:
     return [tool for tool in TOOLS if shutil.which(tool) is None] + ([] if BUSYBOX.exists() else [str(BUSYBOX)])
 
 
-def _apt_options(suite: str) -> list[str]:
+def apt_options(suite: str) -> list[str]:
     """apt options that read another Debian suite's index from a private folder of the cache (this
     machine's own sources and lists are left alone), fetched once."""
     state = cache_root() / "stock-kernel" / f"apt-{suite}"
@@ -117,7 +117,7 @@ def image_package(wanted: str = "") -> tuple[str, str, list[str]]:
     """(package, candidate version, apt options) of the kernel image to boot. ``wanted`` names an
     image package, or a Debian suite (``bullseye``: its ``linux-image-amd64``, 5.10); empty: the
     one this machine's ``linux-image-amd64`` depends on today."""
-    options = _apt_options(wanted) if wanted and not wanted.startswith("linux-image-") else []
+    options = apt_options(wanted) if wanted and not wanted.startswith("linux-image-") else []
     package = wanted if wanted.startswith("linux-image-") else ""
     if not package:
         deps = _run("apt-cache", *options, "depends", METAPACKAGE)

@@ -241,7 +241,27 @@ class DeviceBuilder:
         if physfn:
             out[D + "isSriovVf"] = True
             host.sriov_pf = os.path.basename(physfn)
+            out.update(self._pf_attributes(sysfs, host.sriov_pf, real))
         return out, host
+
+    @staticmethod
+    def _pf_attributes(sysfs: SysfsReader, pf: str, vf_real: str | None) -> dict[str, AttributeValue]:
+        """What a VF's claim may select on about its PF, under the names the SR-IOV DRA driver uses
+        for the same facts: the PF's address, its netdev, its device ID, the VF's index on it
+        (the PF's ``virtfn<N>`` link that leads to this VF)."""
+        base = f"bus/pci/devices/{pf}"
+        out: dict[str, AttributeValue] = {D + "pfPciAddress": pf}
+        names = sysfs.listdir(f"{base}/net")
+        if names:
+            out[D + "pfName"] = names[0]
+        did = _hex4(sysfs.read(f"{base}/device"))
+        if did:
+            out[D + "pfDeviceID"] = did
+        for entry in sysfs.listdir(base):
+            if entry.startswith("virtfn") and entry[6:].isdigit() and sysfs.resolve(f"{base}/{entry}") == vf_real:
+                out[D + "vfIndex"] = int(entry[6:])
+                break
+        return out
 
     @staticmethod
     def _rdma_attributes(rdma: RdmaDevice | None, out: dict[str, AttributeValue], host: HostFacts) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from driver.inventory.attributes import CLOUD_PRIORITY, PRIORITY, finalize, shorten
 
+VF_ONLY = {"dra.net/pfPciAddress", "dra.net/vfIndex", "dra.net/pfName", "dra.net/pfDeviceID"}
+"""What only a VF carries (its PF's facts): never on a device with ``sriovVfs`` (a PF)."""
+
 
 def test_short_values_untouched() -> None:
     assert shorten("dra.net/pciDevice", "MT2910 Family [ConnectX-7]") == "MT2910 Family [ConnectX-7]"
@@ -30,7 +33,7 @@ def test_list_with_no_whole_element_is_omitted() -> None:
 
 
 def test_cap_drops_lowest_priority_deterministically() -> None:
-    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY]
+    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in VF_ONLY]
     attrs: dict = {name: "v" for name in base}
     attrs.update({f"cloud.example/a{i:02d}": i for i in range(20)})
     out = finalize(attrs)
@@ -44,7 +47,7 @@ def test_cap_drops_lowest_priority_deterministically() -> None:
 
 def test_cloud_topology_outranks_descriptive_attributes() -> None:
     # Every attribute a GCE NIC can have (a ConnectX-8 Data Direct function is not one of them).
-    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n != "dra.net/dataDirectPciAddress"]
+    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in VF_ONLY and n != "dra.net/dataDirectPciAddress"]
     gce = [n for n in CLOUD_PRIORITY if n.startswith("gce.")]
     azure = [n for n in CLOUD_PRIORITY if n.startswith("azure.")]
     # A GCE NIC with every attribute (eBPF names and an alias too) is over by three: the end of the
@@ -58,3 +61,20 @@ def test_cloud_topology_outranks_descriptive_attributes() -> None:
     assert set(azure) | set(gce) <= set(out)
     dropped = set(attrs) - set(out)
     assert dropped == set(base[-(len(attrs) - 32) :])  # alias, ipv6, ipv4, ...: the end of PRIORITY
+
+
+def test_an_azure_vf_keeps_its_pf_and_placement_facts() -> None:
+    # Azure's RDMA NICs are mlx5 VFs: every attribute a VF can have, with Azure's placement ones.
+    vf = [
+        n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in ("dra.net/sriovVfs", "dra.net/dataDirectPciAddress")
+    ]
+    azure = [n for n in CLOUD_PRIORITY if n.startswith("azure.")]
+    attrs: dict = {name: "v" for name in (*vf, *azure)}
+    out = finalize(attrs)
+    assert VF_ONLY | set(azure) <= set(out)
+    assert set(attrs) - set(out) <= {
+        "dra.net/alias",
+        "dra.net/tcxProgramNames",
+        "dra.net/tcFilterNames",
+        "dra.net/ebpf",
+    }

@@ -132,6 +132,10 @@ def test_sriov_roce(sriov_sysfs: Path) -> None:
         D + "numaNode": 1,
         D + "sriov": False,
         D + "isSriovVf": True,
+        D + "pfPciAddress": "0000:86:00.0",
+        D + "pfName": "ens2f0np0",
+        D + "pfDeviceID": "101d",
+        D + "vfIndex": 1,
         D + "rdma": True,
         D + "rdmaDevice": "mlx5_67",
         D + "linkLayer": "Ethernet",
@@ -141,7 +145,12 @@ def test_sriov_roce(sriov_sysfs: Path) -> None:
         K + "numaNode": 1,
     }
     assert vf.host.sriov_pf == "0000:86:00.0"
-    assert sum(1 for d in devices if d.attributes.get(D + "isSriovVf")) == 120
+    vfs = [d for d in devices if d.attributes.get(D + "isSriovVf")]
+    assert len(vfs) == 120
+    # Each PF's published VFs, by index: 0..59 (60..63 are on vfio-pci), each index once.
+    for pf in ("0000:3b:00.0", "0000:86:00.0"):
+        indexes = sorted(d.attributes[D + "vfIndex"] for d in vfs if d.attributes[D + "pfPciAddress"] == pf)
+        assert indexes == list(range(60)), (pf, indexes)
 
 
 def test_single_socket(single_socket_sysfs: Path) -> None:

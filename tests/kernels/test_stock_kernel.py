@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.builders import qemu as qemu_builder
 from devcluster.builders.stock_kernel import GUEST_DIR, StockKernelError, ensure
 from harness import guest
 
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUEST_TIMEOUT = 2400  # s: a kernel's tests under TCG on 2 cores, with room
 GUEST_CPUS = 2  # one pytest worker per vCPU (xdist, a file per worker): the tier's time halves on 2 cores
 TOPOLOGY_ENV = "DRANET_GUEST_TOPOLOGY"  # set in the guest: tests of the guest's own PCI/NUMA machine run
+SRIOV_ENV = "DRANET_GUEST_SRIOV"  # set in the SR-IOV guest: its PFs must be there
 PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
 
 
@@ -49,6 +51,7 @@ class Kernel:
     tests: tuple[str, ...]  # the files whose ``kernel`` tests run there; empty: every ``kernel`` test
     min_tests: int  # fewer ran: the selection broke, not that they passed
     topology: bool  # the two-NUMA-node machine with PCI NICs
+    sriov: bool = False  # and an igb PF (SR-IOV) on each node, an IOMMU: the backport's QEMU
 
 
 FLOOR_TESTS = (
@@ -68,6 +71,8 @@ MODULE_TESTS = (
 DIFFERING_TESTS = (*FLOOR_TESTS, *MODULE_TESTS)
 RXE_NETNS_TESTS = ("tests/nic_settings/test_rxe_between_pods.py",)
 """RDMA between pods through Soft-RoCE made in their namespaces: Linux 7.1's rxe namespaces."""
+SRIOV_TESTS = ("tests/inventory/test_sriov_vfs.py",)
+"""Real VFs of QEMU's igb PFs (no other guest has a PF): discovery, the VF count, a VF in a pod."""
 NEWER_THAN_HOST_TESTS = (*MODULE_TESTS, *RXE_NETNS_TESTS)
 """What a kernel newer than this machine's 6.18 can still change: its RDMA core and Soft-RoCE (rxe
 namespaces came in 7.1), VRF and the offload limits. The moves, returns and sub-interfaces behave
@@ -81,6 +86,7 @@ KERNELS = {
     "debian12-6.1": Kernel("", "6.1.", (), 100, True),
     "debian13-6.12": Kernel("trixie", "6.12.", DIFFERING_TESTS, 60, False),
     "floor-5.10": Kernel("bullseye", "5.10.", FLOOR_TESTS, 30, False),
+    "sriov-6.1": Kernel("", "6.1.", SRIOV_TESTS, 3, True, sriov=True),
 }
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(GUEST_TIMEOUT + 300)]
@@ -160,15 +166,26 @@ def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         f" -p no:hypothesispytest -n {GUEST_CPUS} --dist loadfile --durations=0"
         f" --junitxml={GUEST_DIR}/junit.xml -o junit_family=xunit1 -o junit_logging=log {' '.join(files)}"
     )
+    if kernel.sriov:
+        try:
+            qemu = qemu_builder.ensure()
+        except StockKernelError as exc:
+            pytest.fail(f"the SR-IOV guest's QEMU cannot be had here: {exc}")
+        env, topology = {SRIOV_ENV: "1"}, guest.Topology(igb_per_node=1)
+    elif kernel.topology:
+        qemu, env, topology = qemu_builder.SYSTEM, {TOPOLOGY_ENV: "2x2"}, guest.Topology()
+    else:
+        qemu, env, topology = qemu_builder.SYSTEM, {}, None
     run = guest.run(
         command,
         folder,
         cwd=ROOT,
-        env={TOPOLOGY_ENV: "2x2"} if kernel.topology else {},
-        topology=guest.Topology() if kernel.topology else None,
+        env=env,
+        topology=topology,
         cpus=GUEST_CPUS,
         timeout=GUEST_TIMEOUT,
         kernel=image,
+        qemu=qemu,
     )
     junit = folder / "junit.xml"
     if not junit.exists():
