@@ -56,8 +56,9 @@ from driver.daemon.probe_server import ProbeServer
 from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
 from driver.dra.helper import Helper
-from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult
+from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult, SliceDevice
 from driver.health.monitor import HealthMonitor
+from driver.inventory import partitions
 from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
 from driver.metrics import Metrics
@@ -129,7 +130,10 @@ class NetworkDriver:
         return self.preparer.unprepare_now(claims)
 
     def devices(self) -> list[Device]:
-        return self.device_sync.devices()
+        return partitions.with_counters(self.device_sync.devices())
+
+    def counter_sets(self, devices: Sequence[SliceDevice]) -> list[dict[str, Any]]:
+        return partitions.counter_sets([d for d in devices if isinstance(d, Device)])
 
     async def health(self) -> list[DeviceHealthState]:
         return await self.monitor.check()
@@ -482,6 +486,7 @@ class Daemon:
         if self.device_sync.sharing is not None:
             await self._check_sharing()
         await self.dra.check_taints()
+        await self.dra.check_counters()
         await self._node_pools()
         self.kernel = await asyncio.to_thread(_kernel_features)
         kernel_features.report(self.kernel)

@@ -6,7 +6,8 @@ slices would be rewritten forever, or a value-less attribute makes the whole sli
 throw-away one-device slice of this node's pool, created as a dry run (validated and admitted,
 never stored), shows what the apiserver keeps: device taints (:func:`driver.dra.taints.device_taints_accepted`),
 list-valued attributes (:func:`list_attributes_accepted`), devices allocated many times with
-consumable capacity (:func:`consumable_capacity_accepted`).
+consumable capacity (:func:`consumable_capacity_accepted`), shared counters of partitionable devices
+(:func:`counter_sets_accepted`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError
 
 
-def probe_slice(driver_name: str, node_name: str, purpose: str, device: dict[str, Any]) -> dict[str, Any]:
-    """A one-device slice of this node's pool holding ``device``, named for ``purpose``."""
+def probe_slice(
+    driver_name: str, node_name: str, purpose: str, device: dict[str, Any], content: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A one-device slice of this node's pool holding ``device`` (or ``content`` instead of the
+    device list), named for ``purpose``."""
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -28,7 +32,7 @@ def probe_slice(driver_name: str, node_name: str, purpose: str, device: dict[str
             "driver": driver_name,
             "nodeName": node_name,
             "pool": {"name": node_name, "generation": 0, "resourceSliceCount": 1},
-            "devices": [device],
+            **(content if content is not None else {"devices": [device]}),
         },
     }
 
@@ -79,3 +83,21 @@ def consumable_capacity_accepted(kube: KubeClient, driver_name: str, node_name: 
     if stored.get("allowMultipleAllocations") is True and kept.get("requestPolicy"):
         return True, "accepted"
     return False, "the apiserver dropped allowMultipleAllocations (its DRAConsumableCapacity gate is off)"
+
+
+def counter_sets_accepted(kube: KubeClient, driver_name: str, node_name: str) -> tuple[bool, str]:
+    """(accepted, why): whether the apiserver keeps a slice's ``sharedCounters`` (KEP-4815,
+    partitionable devices: its ``DRAPartitionableDevices`` gate, beta since Kubernetes 1.36).
+    Without the gate it drops them silently: every publish would rewrite the counter slice, and
+    devices consuming from a set no slice holds would never be allocated."""
+    content = {"sharedCounters": [{"name": "counter-probe", "counters": {"probe": {"value": "2"}}}]}
+    try:
+        stored = kube.create_resource_slice(probe_slice(driver_name, node_name, "counters", {}, content), dry_run=True)
+    except KubeError as exc:
+        return False, f"the apiserver refused it: {exc}"
+    except Exception as exc:  # noqa: BLE001 - unreachable, TLS...: cannot tell, so publish none
+        return False, f"cannot ask the apiserver: {exc}"
+    kept = (stored.get("spec") or {}).get("sharedCounters") or []
+    if kept and kept[0].get("counters", {}).get("probe", {}).get("value") == "2":
+        return True, "accepted"
+    return False, "the apiserver dropped sharedCounters (its DRAPartitionableDevices gate is off)"

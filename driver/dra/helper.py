@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from typing import Generic
 
 from driver.dra.dra_service import RequestMetrics
+from driver.dra.field_support import counter_sets_accepted
 from driver.dra.health import DeviceHealthFeed, HealthWatch
 from driver.dra.plugin import DEREGISTER_DELAY, STOP_GRACE, KubeletPlugin
 from driver.dra.protocol import D, DeviceHealthState, DRADriver
@@ -72,6 +73,8 @@ class Helper(Generic[D]):
             kube, driver_name, node_name, interval=publish_interval, on_published=on_published, quiet=quiet
         )
         self.health = HealthWatch(driver.health, health_interval, self._health_changed, quiet=quiet)
+        # Shared counters published (KEP-4815): off when the apiserver would drop them (check_counters).
+        self.counters = True
 
     @property
     def serving(self) -> bool:
@@ -103,9 +106,19 @@ class Helper(Generic[D]):
         await self.plugin.stop(grace, deregister_delay)
 
     def devices_changed(self) -> None:
-        """The driver's devices changed: publish ``driver.devices()`` (coalesced) and check their health now."""
-        self.publisher.update(list(self.driver.devices()))
+        """The driver's devices changed: publish ``driver.devices()`` and the counter sets they consume
+        from (coalesced), and check their health now."""
+        devices = list(self.driver.devices())
+        self.publisher.update(devices, self.driver.counter_sets(devices) if self.counters else ())
         self.health.poke()
+
+    async def check_counters(self) -> None:
+        """Publish no shared counters when the apiserver would drop them (asked once, by dry run):
+        the devices are then published without ``consumesCounters`` too, each allocatable alone."""
+        accepted, why = await asyncio.to_thread(counter_sets_accepted, self.kube, self.driver_name, self.node_name)
+        if not accepted:
+            self.counters = False
+            log.warning("devices published without shared counters", extra={"kv": {"why": why}})
 
     async def publish(self) -> None:
         """Keep the node's ResourceSlices equal to the driver's devices, until cancelled."""

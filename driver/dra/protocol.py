@@ -101,6 +101,11 @@ class DRADriver(ClaimPreparer, Protocol[D_co]):
         """The devices to publish now (read when the driver says they changed, see ``Helper.devices_changed``)."""
         ...
 
+    def counter_sets(self, devices: Sequence[SliceDevice]) -> Sequence[Mapping[str, Any]]:
+        """The shared counters (v1 ``CounterSet`` entries) that ``devices`` (what :meth:`devices` gave)
+        consume from: devices published as partitions of one (KEP-4815); empty for none."""
+        ...
+
     async def health(self) -> list[DeviceHealthState]:
         """The health of every published device now (called every health interval and when poked)."""
         ...

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Generic
 
 from driver.dra.protocol import D
-from driver.dra.slices import SlicePlan, Taints, kept, plan_slices
+from driver.dra.slices import CounterSets, SlicePlan, Taints, kept, plan_slices
 from driver.kube.client import KubeClient
 from driver.kube.errors import Conflict, KubeError, NotFound
 
@@ -70,6 +70,7 @@ class SlicePublisher(Generic[D]):
         self.node_uid: str | None = None
         self._lock = threading.Lock()
         self._desired: list[D] | None = None
+        self._counter_sets: list[dict[str, Any]] = []  # the pool's shared counters, written with the devices
         self._taints: dict[str, list[dict[str, Any]]] = {}  # device -> taints, written with the devices
         self._version = 0  # bumped by every update() and every foreign slice event
         self._synced_version = -1
@@ -92,14 +93,15 @@ class SlicePublisher(Generic[D]):
 
     # -- producer side -----------------------------------------------------------------------
 
-    def update(self, devices: list[D]) -> None:
-        """Record the desired device set; the next write picks it up. Callable from any thread.
-        The same set again (a periodic rescan that found nothing new) costs nothing: no LIST."""
-        devices = list(devices)
+    def update(self, devices: list[D], counter_sets: CounterSets = ()) -> None:
+        """Record the desired device set and the counter sets its devices consume from; the next write
+        picks them up. Callable from any thread. The same again (a periodic rescan that found nothing
+        new) costs nothing: no LIST."""
+        devices, sets = list(devices), [dict(c) for c in counter_sets]
         with self._lock:
-            if devices == self._desired:
+            if devices == self._desired and sets == self._counter_sets:
                 return
-            self._desired = devices
+            self._desired, self._counter_sets = devices, sets
             self._version += 1
         self._poke()
 
@@ -239,11 +241,14 @@ class SlicePublisher(Generic[D]):
             with self._lock:
                 devices = list(self._desired or [])
                 taints = dict(self._taints)
+                sets = list(self._counter_sets)
                 version = self._version
             existing = self._slices(fresh=attempt > 0)
             names = {d.name for d in devices}
             taints = {k: v for k, v in taints.items() if k in names}
-            plan = plan_slices(devices, existing, self.driver_name, self.node_name, self.node_uid, taints=taints)
+            plan = plan_slices(
+                devices, existing, self.driver_name, self.node_name, self.node_uid, taints=taints, counter_sets=sets
+            )
             self.stats.syncs += 1
             try:
                 self._apply(plan)

@@ -21,26 +21,61 @@ from driver.dra.protocol import SliceDevice
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES_PER_SLICE = 128
 """``ResourceSliceMaxDevices``: the apiserver refuses a slice listing more devices."""
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+"""``ResourceSliceMaxDevicesWithTaintsOrConsumesCounters``: the limit of a slice in which a device
+has a taint or consumes counters."""
+MAX_COUNTER_SETS_PER_SLICE = 8
+"""``ResourceSliceMaxCounterSets``."""
 
 
 Taints = Mapping[str, list[dict[str, Any]]]
 """device name -> its ``taints`` (:mod:`driver.dra.taints`); devices not named have none."""
+CounterSets = Sequence[Mapping[str, Any]]
+"""The pool's shared counters (KEP-4815, partitionable devices): v1 ``CounterSet`` entries
+(``name``, ``counters``) that devices' ``consumesCounters`` draw from. They are published in slices
+of their own: a slice lists devices or counter sets, never both."""
+Content = dict[str, list[dict[str, Any]]]
+"""What one slice holds: ``{"devices": [...]}`` or ``{"sharedCounters": [...]}``."""
 
 
-def _chunks(devices: Iterable[SliceDevice], size: int, taints: Taints | None = None) -> list[list[dict[str, Any]]]:
+def _chunks(
+    devices: Iterable[SliceDevice], size: int, taints: Taints | None = None, counter_sets: CounterSets = ()
+) -> list[Content]:
     ordered = sorted(devices, key=lambda d: d.name)
     names = [d.name for d in ordered]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"duplicate device names in pool: {dup}")
     taints = taints or {}
+    sets = sorted((dict(c) for c in counter_sets), key=lambda c: c["name"])
+    known = {c["name"] for c in sets}
     seen: dict[tuple[str, Any], dict[str, Any]] = {}
     api = [
-        _share_equal_values(d.to_api(), seen) | ({"taints": taints[d.name]} if taints.get(d.name) else {})
+        _drawing_from(_share_equal_values(d.to_api(), seen), known)
+        | ({"taints": taints[d.name]} if taints.get(d.name) else {})
         for d in ordered
     ]
+    if any("taints" in d or "consumesCounters" in d for d in api):
+        size = min(size, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS)
+    out: list[Content] = [{"devices": api[i : i + size]} for i in range(0, len(api), size)]
+    step = MAX_COUNTER_SETS_PER_SLICE
+    out += [{"sharedCounters": sets[i : i + step]} for i in range(0, len(sets), step)]
     # An empty pool still gets one (empty) slice: "empty pool is different from no pool".
-    return [api[i : i + size] for i in range(0, len(api), size)] or [[]]
+    return out or [{"devices": []}]
+
+
+def _drawing_from(device: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """``device`` consuming only from counter sets the pool publishes: none when the apiserver cannot
+    store counters (the driver then passes no sets), and never a set another slice does not hold."""
+    consumes = device.get("consumesCounters")
+    if consumes is None:
+        return device
+    kept_ = [c for c in consumes if c.get("counterSet") in known]
+    if kept_:
+        device["consumesCounters"] = kept_
+    else:
+        del device["consumesCounters"]
+    return device
 
 
 def _share_equal_values(device: dict[str, Any], seen: dict[tuple[str, Any], dict[str, Any]]) -> dict[str, Any]:
@@ -72,13 +107,15 @@ def build_slices(
     generation: int = 1,
     max_devices: int = MAX_DEVICES_PER_SLICE,
     taints: Taints | None = None,
+    counter_sets: CounterSets = (),
 ) -> list[dict[str, Any]]:
     """resource.k8s.io/v1 ResourceSlice bodies (no names yet: ``generateName``) for the node's pool."""
-    return _bodies(_chunks(devices, max_devices, taints), driver_name, node_name, node_uid, generation)
+    chunks = _chunks(devices, max_devices, taints, counter_sets)
+    return _bodies(chunks, driver_name, node_name, node_uid, generation)
 
 
 def _bodies(
-    chunks: list[list[dict[str, Any]]], driver_name: str, node_name: str, node_uid: str, generation: int
+    chunks: list[Content], driver_name: str, node_name: str, node_uid: str, generation: int
 ) -> list[dict[str, Any]]:
     return [
         {
@@ -92,7 +129,7 @@ def _bodies(
                 "driver": driver_name,
                 "nodeName": node_name,
                 "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": chunk,
+                **chunk,
             },
         }
         for chunk in chunks
@@ -125,7 +162,7 @@ class SlicePlan:
 
 class KeptSlice(dict[str, Any]):
     """A slice as the publisher keeps it between syncs (:func:`kept`): its metadata and spec without
-    the devices, whose digest stands in for them (a plan compares devices by digest only)."""
+    the devices (or counter sets), whose digest stands in for them (a plan compares them by digest only)."""
 
     devices_digest: bytes = b""
 
@@ -136,20 +173,28 @@ def kept(obj: dict[str, Any]) -> KeptSlice:
     spec = dict(obj.get("spec") or {})
     meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
     out = KeptSlice(obj, metadata=meta, spec=spec)
-    out.devices_digest = _digest_of(spec.pop("devices", None) or [])
+    out.devices_digest = _digest_of(_content(spec))
+    spec.pop("devices", None)
+    spec.pop("sharedCounters", None)
     return out
 
 
+def _content(spec: dict[str, Any]) -> Content:
+    """What a slice's spec holds, as :func:`_chunks` makes it (an empty device list may come back absent)."""
+    counters = spec.get("sharedCounters")
+    return {"sharedCounters": counters} if counters else {"devices": spec.get("devices") or []}
+
+
 def _devices_key(s: dict[str, Any]) -> bytes:
-    """The digest of a slice's devices (kept, or computed from the list)."""
+    """The digest of a slice's devices or counter sets (kept, or computed from the spec)."""
     if isinstance(s, KeptSlice):
         return s.devices_digest
-    return _digest_of(s.get("spec", {}).get("devices") or [])
+    return _digest_of(_content(s.get("spec", {})))
 
 
-def _digest_of(devices: list[dict[str, Any]]) -> bytes:
-    # Canonical JSON of the device list: the API returns what we sent, key order aside.
-    text = json.dumps(devices, sort_keys=True, separators=(",", ":"))
+def _digest_of(content: Content) -> bytes:
+    # Canonical JSON of the slice's content: the API returns what we sent, key order aside.
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
@@ -175,6 +220,7 @@ def plan_slices(
     node_uid: str,
     max_devices: int = MAX_DEVICES_PER_SLICE,
     taints: Taints | None = None,
+    counter_sets: CounterSets = (),
 ) -> SlicePlan:
     """Decide which of ``existing`` (our driver's slices for this node) to delete, update, create.
 
@@ -186,7 +232,7 @@ def plan_slices(
     foreign = [s for s in existing if s.get("spec", {}).get("pool", {}).get("name") != node_name]  # obsolete
     current_gen = max((s["spec"]["pool"].get("generation", 0) for s in ours), default=0)
     owner = owner_reference(node_name, node_uid)
-    chunks = _chunks(devices, max_devices, taints)
+    chunks = _chunks(devices, max_devices, taints, counter_sets)
     wanted_keys = [_digest_of(c) for c in chunks]
     have_keys = [_devices_key(s) for s in ours]
     if (

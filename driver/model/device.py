@@ -173,6 +173,9 @@ class Device:
     attributes: dict[str, AttributeValue] = field(default_factory=dict)
     host: HostFacts = field(default_factory=HostFacts)
     share: ShareCapacity | None = None
+    # What an allocation of it takes from the pool's shared counters: counter set -> counter -> amount
+    # (an SR-IOV PF and its VFs, driver.inventory.partitions).
+    counters: dict[str, dict[str, int]] | None = None
 
     def to_api(self) -> dict[str, Any]:
         """The device as it appears in a ResourceSlice's ``spec.devices`` (v1 JSON)."""
@@ -183,6 +186,11 @@ class Device:
         if self.share is not None:
             out["allowMultipleAllocations"] = True
             out["capacity"] = self.share.to_api()
+        if self.counters:
+            out["consumesCounters"] = [
+                {"counterSet": name, "counters": {c: {"value": str(n)} for c, n in sorted(counters.items())}}
+                for name, counters in sorted(self.counters.items())
+            ]
         return out
 
     def to_dict(self) -> dict[str, Any]:

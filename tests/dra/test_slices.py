@@ -179,3 +179,65 @@ def test_equal_attribute_values_are_one_object_in_a_pool():
     [s] = build_slices([dev(1), dev(2)], DRIVER, NODE, UID)
     first, second = (d["attributes"] for d in s["spec"]["devices"])
     assert first["dra.net/rdma"] is second["dra.net/rdma"] and first == second
+
+
+def counted(i: int, pf: str = "sriov-a", take: int = 1) -> Device:
+    d = dev(i)
+    d.counters = {pf: {"vfs": take}}
+    return d
+
+
+SETS = [{"name": "sriov-a", "counters": {"vfs": {"value": "4"}}}]
+
+
+def test_counter_sets_get_a_slice_of_their_own():
+    bodies = build_slices([counted(0, take=4), counted(1)], DRIVER, NODE, UID, counter_sets=SETS)
+    assert len(bodies) == 2 and all(b["spec"]["pool"]["resourceSliceCount"] == 2 for b in bodies)
+    devices, counters = bodies[0]["spec"], bodies[1]["spec"]
+    assert "sharedCounters" not in devices and "devices" not in counters  # never both in one slice
+    assert counters["sharedCounters"] == SETS and counters["nodeName"] == NODE
+    assert [d["consumesCounters"] for d in devices["devices"]] == [
+        [{"counterSet": "sriov-a", "counters": {"vfs": {"value": "4"}}}],
+        [{"counterSet": "sriov-a", "counters": {"vfs": {"value": "1"}}}],
+    ]
+
+
+def test_a_device_consumes_only_from_sets_the_pool_publishes():
+    # No sets (the apiserver cannot store them): published as whole devices, nothing dangling.
+    [s] = build_slices([counted(0), counted(1, pf="sriov-b")], DRIVER, NODE, UID)
+    assert all("consumesCounters" not in d for d in s["spec"]["devices"])
+    bodies = build_slices([counted(0), counted(1, pf="sriov-b")], DRIVER, NODE, UID, counter_sets=SETS)
+    assert "consumesCounters" in bodies[0]["spec"]["devices"][0]
+    assert "consumesCounters" not in bodies[0]["spec"]["devices"][1]
+
+
+def test_more_than_8_counter_sets_take_more_slices():
+    sets = [{"name": f"sriov-{i:02d}", "counters": {"vfs": {"value": "1"}}} for i in range(9)]
+    bodies = build_slices([dev(0)], DRIVER, NODE, UID, counter_sets=sets)
+    assert [len(b["spec"].get("sharedCounters", [])) for b in bodies] == [0, 8, 1]
+
+
+@pytest.mark.parametrize("kind", ["taints", "counters"])
+def test_a_slice_with_taints_or_counters_lists_at_most_64_devices(kind: str):
+    # The apiserver's ResourceSliceMaxDevicesWithTaintsOrConsumesCounters: 128 would be refused.
+    if kind == "taints":
+        devices = [dev(i) for i in range(100)]
+        taint = [{"key": "dra.net/unhealthy", "value": "down", "effect": "NoSchedule"}]
+        bodies = build_slices(devices, DRIVER, NODE, UID, taints={devices[3].name: taint})
+    else:
+        bodies = build_slices([counted(i) for i in range(100)], DRIVER, NODE, UID, counter_sets=SETS)
+    sizes = [len(b["spec"]["devices"]) for b in bodies if "devices" in b["spec"]]
+    assert sizes == [64, 36], sizes
+    untainted = build_slices([dev(i) for i in range(100)], DRIVER, NODE, UID)
+    assert [len(b["spec"]["devices"]) for b in untainted] == [100]
+
+
+def test_a_pool_with_counters_is_unchanged_once_written_and_a_new_count_rewrites_it():
+    devices = [counted(0, take=4), counted(1)]
+    existing = apply([], plan_slices(devices, [], DRIVER, NODE, UID, counter_sets=SETS))
+    assert plan_slices(devices, [kept(s) for s in existing], DRIVER, NODE, UID, counter_sets=SETS).empty
+    more = [{"name": "sriov-a", "counters": {"vfs": {"value": "6"}}}]
+    plan = plan_slices(devices, [kept(s) for s in existing], DRIVER, NODE, UID, counter_sets=more)
+    assert not plan.empty and plan.generation == 2
+    after = apply(existing, plan)
+    assert [s["spec"]["sharedCounters"] for s in after if "sharedCounters" in s["spec"]] == [more]

@@ -66,6 +66,9 @@ class ToyDriver:
     def devices(self) -> list[Gadget]:
         return list(self.gadgets)
 
+    def counter_sets(self, devices: Sequence[Any]) -> list[dict[str, Any]]:
+        return []  # gadgets are whole devices
+
     async def health(self) -> list[DeviceHealthState]:
         return [
             DeviceHealthState(self.pool, g.name, g.name not in self.broken, "broken" if g.name in self.broken else "")

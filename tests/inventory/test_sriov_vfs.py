@@ -73,7 +73,7 @@ def pfs() -> Iterator[list[str]]:
     """Each PF with ``VFS`` VFs, their ``igbvf`` netdevs up to be found; no VFs again after."""
     found = _pfs()
     if len(found) < 2:
-        why = f"no two igb PFs with SR-IOV on this machine (found {found})"
+        why = f"this machine (kernel {os.uname().release}) has no two igb PFs with SR-IOV (found {found})"
         if os.environ.get(SRIOV_ENV):
             pytest.fail(f"the SR-IOV guest: {why}")
         pytest.skip(f"{why}: the stock-kernel tier's SR-IOV guest has them")

@@ -1,0 +1,170 @@
+"""An SR-IOV PF and its VFs through the real scheduler: published as partitions of one device
+(shared counters, KEP-4815), so a PF handed out whole and any of its VFs never go to claims at the
+same time, in either order or in one claim, while its VFs go to as many claims as it has.
+
+The node is the driver as a process on the fixture SR-IOV host (2 PFs of 64 VFs, 60 of each
+published); the real apiserver, scheduler and controller-manager allocate; no kubelet (pods stay
+bound and pending). Tests in this module run in file order and share one driver process.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
+from driver.dra.field_support import counter_sets_accepted
+from driver.kube.client import RESOURCE_API, KubeClient
+from harness.driver_process import DriverProcess
+from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+PF0, PF1 = "0000:3b:00.0", "0000:86:00.0"
+REQUEUE_WAIT = 90.0  # a pod waiting on a freed VF: the scheduler requeues it when the claim is deallocated
+
+
+def _request(name: str, expression: str) -> dict[str, Any]:
+    exactly = {"deviceClassName": "dranet.net", "selectors": [{"cel": {"expression": expression}}]}
+    return {"name": name, "exactly": exactly}
+
+
+def _whole(pf: str) -> str:
+    return f'device.attributes["dra.net"].pciAddress == "{pf}"'
+
+
+def _vf_of(pf: str) -> str:
+    return f'has(device.attributes["dra.net"].pfPciAddress) && device.attributes["dra.net"].pfPciAddress == "{pf}"'
+
+
+def template(name: str, *requests: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": list(requests)}}},
+    }
+
+
+@dataclass
+class Node:
+    kube: KubeClient
+    node: str
+    namespace: str
+
+    def schedule(self, pod: str, tmpl: str, within: float = 60) -> dict[str, Any]:
+        create_objects(self.kube, [pod_for_template(pod, tmpl, self.node)], self.namespace)
+        return wait_for(lambda: allocated_claim(self.kube, self.namespace, pod), within, what=f"{pod} allocated")
+
+    def unschedulable(self, pod: str, tmpl: str) -> dict[str, Any]:
+        create_objects(self.kube, [pod_for_template(pod, tmpl, self.node)], self.namespace)
+
+        def condition() -> dict[str, Any] | None:
+            p = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{pod}")
+            cond = [c for c in p.get("status", {}).get("conditions") or [] if c["type"] == "PodScheduled"]
+            return cond[0] if cond and cond[0]["status"] == "False" and cond[0].get("message") else None
+
+        cond = wait_for(condition, 60, what=f"{pod} PodScheduled=False")
+        assert cond["reason"] == "Unschedulable", cond
+        return cond
+
+
+def _devices(claim: dict[str, Any]) -> list[str]:
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+
+
+@pytest.fixture(scope="module")
+def node(control_plane: ControlPlane) -> Iterator[Node]:
+    kube = control_plane.kube()
+    accepted, why = counter_sets_accepted(kube, "dra.net", "probe-node")
+    if not accepted:
+        pytest.fail(f"the control plane (Kubernetes 1.36+) keeps no shared counters: {why}")
+    name, ns = f"sriov-{secrets.token_hex(3)}", f"sriov-{secrets.token_hex(3)}"
+    work = Path(tempfile.mkdtemp(prefix="dn-sriov-"))
+    driver = DriverProcess(control_plane.kubeconfig, name, work / "sysfs", work / "drv")
+    classes, _ = seed_docs()
+    try:
+        control_plane.create_node(name)
+        kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        build_fixture("sriov-roce", work / "sysfs")
+        driver.start()
+        create_objects(kube, classes)
+        create_objects(
+            kube,
+            [
+                template("pf0-whole", _request("pf", _whole(PF0))),
+                template("pf0-vf", _request("vf", _vf_of(PF0))),
+                template("pf1-vf", _request("vf", _vf_of(PF1))),
+                template("pf1-and-its-vf", _request("pf", _whole(PF1)), _request("vf", _vf_of(PF1))),
+            ],
+            ns,
+        )
+        yield Node(kube, name, ns)
+    finally:
+        driver.stop()
+        delete_if_present(kube, f"/api/v1/namespaces/{ns}")
+        delete_node_and_slices(kube, name)
+        for c in classes:
+            delete_if_present(kube, f"{RESOURCE_API}/deviceclasses/{c['metadata']['name']}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_each_pf_has_a_counter_set_its_vfs_and_it_draw_from(node: Node) -> None:
+    def published() -> list[dict[str, Any]] | None:
+        slices = list_slices(node.kube, node.node, "dra.net")
+        counts = {s["spec"]["pool"]["resourceSliceCount"] for s in slices}
+        whole = bool(slices) and counts == {len(slices)}
+        return slices if whole and any("sharedCounters" in s["spec"] for s in slices) else None
+
+    slices = wait_for(published, 30, what="the pool with its counter slice")
+    sets = {c["name"]: c["counters"] for s in slices for c in s["spec"].get("sharedCounters") or []}
+    assert sets == {
+        "sriov-0000-3b-00-0": {"vfs": {"value": "64"}},
+        "sriov-0000-86-00-0": {"vfs": {"value": "64"}},
+    }
+    devices = [d for s in slices for d in s["spec"].get("devices") or []]
+    assert all(len(s["spec"].get("devices") or []) <= 64 for s in slices)
+    draws = {d["name"]: d.get("consumesCounters") for d in devices}
+    assert draws["pci-0000-3b-00-0"] == [{"counterSet": "sriov-0000-3b-00-0", "counters": {"vfs": {"value": "64"}}}]
+    assert sum(1 for c in draws.values() if c and c[0]["counters"]["vfs"]["value"] == "1") == 120
+    generation = slices[0]["spec"]["pool"]["generation"]
+    time.sleep(3)  # the publisher's interval is 2 s: a pool the apiserver altered would be written again
+    assert {s["spec"]["pool"]["generation"] for s in list_slices(node.kube, node.node, "dra.net")} == {generation}
+
+
+def test_a_pf_taken_whole_keeps_its_vfs_from_other_claims_until_it_is_freed(node: Node) -> None:
+    whole = node.schedule("whole-0", "pf0-whole")
+    assert _devices(whole) == ["pci-0000-3b-00-0"]
+    node.unschedulable("vf-0", "pf0-vf")
+    delete_pod(node.kube, node.namespace, "whole-0")
+    vf = wait_for(lambda: allocated_claim(node.kube, node.namespace, "vf-0"), REQUEUE_WAIT, what="vf-0 allocated")
+    assert _devices(vf)[0].startswith("pci-0000-3b-") and _devices(vf) != ["pci-0000-3b-00-0"]
+
+
+def test_a_pf_with_a_vf_taken_cannot_be_taken_whole(node: Node) -> None:
+    # vf-0 (the test above) holds a VF of PF0.
+    node.unschedulable("whole-1", "pf0-whole")
+    delete_pod(node.kube, node.namespace, "whole-1")
+
+
+def test_one_claim_cannot_have_a_pf_and_one_of_its_vfs(node: Node) -> None:
+    cond = node.unschedulable("both", "pf1-and-its-vf")
+    assert "cannot allocate all claims" in cond["message"], cond
+    delete_pod(node.kube, node.namespace, "both")
+
+
+def test_the_vfs_of_one_pf_go_to_as_many_claims(node: Node) -> None:
+    claims = [node.schedule(f"vf1-{i}", "pf1-vf") for i in range(3)]
+    taken = [d for c in claims for d in _devices(c)]
+    assert len(set(taken)) == 3 and all(d.startswith("pci-0000-86-") and d != "pci-0000-86-00-0" for d in taken)
+    for i in range(3):
+        delete_pod(node.kube, node.namespace, f"vf1-{i}")
+    delete_pod(node.kube, node.namespace, "vf-0")
