@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import fcntl
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster.builders.binaries import cache_root
-from devcluster.builders.stock_kernel import Progress, StockKernelError, apt_options
+from devcluster.builders.stock_kernel import Progress, StockKernelError, apt_options, apt_unpack, run
 
 SUITE = "bookworm-backports"
 PACKAGES = ("qemu-system-x86", "qemu-system-data")
@@ -45,13 +44,6 @@ SYSTEM = Qemu()
 """This machine's QEMU, on PATH."""
 
 
-def _run(*args: str, cwd: Path | None = None) -> str:
-    out = subprocess.run(args, capture_output=True, text=True, cwd=cwd)
-    if out.returncode != 0:
-        raise StockKernelError(f"{' '.join(args)} failed ({out.returncode}): {(out.stderr or out.stdout).strip()}")
-    return out.stdout
-
-
 def _at(root: Path, version: str) -> Qemu:
     return Qemu(
         command=(str(root / "usr" / "bin" / BINARY), "-L", str(root / "usr" / "share" / "qemu")),
@@ -63,7 +55,7 @@ def _at(root: Path, version: str) -> Qemu:
 def ensure(progress: Progress = lambda msg: print(msg, file=sys.stderr, flush=True)) -> Qemu:
     """The backport's QEMU, unpacked into the cache on first use."""
     options = apt_options(SUITE)
-    table = _run("apt-cache", *options, "madison", PACKAGES[0])
+    table = run("apt-cache", *options, "madison", PACKAGES[0])
     rows = [line.split("|") for line in table.splitlines()]
     backport = [cols[1].strip() for cols in rows if len(cols) == 3 and SUITE in cols[2]]
     if not backport:
@@ -79,13 +71,10 @@ def ensure(progress: Progress = lambda msg: print(msg, file=sys.stderr, flush=Tr
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         progress(f"[qemu] downloading {' '.join(PACKAGES)} {version} from {SUITE} (igb NICs with SR-IOV)")
-        _run("apt-get", *options, "download", "-q", *(f"{p}={version}" for p in PACKAGES), cwd=tmp)
-        for deb in tmp.glob("*.deb"):
-            _run("dpkg-deb", "-x", str(deb), str(tmp))
-            deb.unlink()
+        apt_unpack([f"{p}={version}" for p in PACKAGES], options, tmp)
         (tmp / "no-modules").mkdir()
         qemu = _at(tmp, version)
-        _run(*qemu.command[:1], "--version")  # it runs here, with this machine's libraries
+        run(*qemu.command[:1], "--version")  # it runs here, with this machine's libraries
         (tmp / "version").write_text(version)
         shutil.rmtree(root, ignore_errors=True)
         tmp.rename(root)

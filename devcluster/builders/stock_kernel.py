@@ -82,7 +82,8 @@ class StockKernel:
         return self.root / "initramfs.img"
 
 
-def _run(*args: str, cwd: Path | None = None) -> str:
+def run(*args: str, cwd: Path | None = None) -> str:
+    """``args`` run to the end; its stdout, or :class:`StockKernelError` naming the command and its words."""
     out = subprocess.run(args, capture_output=True, text=True, cwd=cwd)
     if out.returncode != 0:
         raise StockKernelError(f"{' '.join(args)} failed ({out.returncode}): {(out.stderr or out.stdout).strip()}")
@@ -109,8 +110,17 @@ def apt_options(suite: str) -> list[str]:
         "-oAPT::Get::List-Cleanup=0",
     ]
     if not any(lists.glob("*Packages*")):
-        _run("apt-get", *options, "-qq", "update")
+        run("apt-get", *options, "-qq", "update")
     return options
+
+
+def apt_unpack(specs: Iterable[str], options: list[str], into: Path) -> None:
+    """``apt-get download`` of the ``package=version`` ``specs`` (with ``options``: another suite's
+    index), each unpacked into ``into`` with ``dpkg-deb -x`` and its ``.deb`` removed: never installed."""
+    run("apt-get", *options, "download", "-q", *specs, cwd=into)
+    for deb in into.glob("*.deb"):
+        run("dpkg-deb", "-x", str(deb), str(into))
+        deb.unlink()
 
 
 def image_package(wanted: str = "") -> tuple[str, str, list[str]]:
@@ -120,12 +130,12 @@ def image_package(wanted: str = "") -> tuple[str, str, list[str]]:
     options = apt_options(wanted) if wanted and not wanted.startswith("linux-image-") else []
     package = wanted if wanted.startswith("linux-image-") else ""
     if not package:
-        deps = _run("apt-cache", *options, "depends", METAPACKAGE)
+        deps = run("apt-cache", *options, "depends", METAPACKAGE)
         found = re.search(r"Depends:\s*(linux-image-\S+)", deps)
         if not found:
             raise StockKernelError(f"apt-cache depends {METAPACKAGE}: no linux-image package in {deps!r}")
         package = found.group(1)
-    policy = _run("apt-cache", *options, "policy", package)
+    policy = run("apt-cache", *options, "policy", package)
     candidate = re.search(r"Candidate:\s*(\S+)", policy)
     if not candidate or candidate.group(1) == "(none)":
         raise StockKernelError(f"{package} is not in this machine's package index (apt-get update?)")
@@ -308,17 +318,9 @@ def _unpack(package: str, version: str, options: list[str], dest: Path, progress
     tmp = dest.with_name(dest.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    parts = [package, *split_parts(package, _run("apt-cache", *options, "depends", f"{package}={version}"))]
+    parts = [package, *split_parts(package, run("apt-cache", *options, "depends", f"{package}={version}"))]
     progress(f"[stock kernel] downloading {' '.join(parts)} {version} from Debian")
-    subprocess.run(
-        ["apt-get", *options, "download", "-q", *(f"{p}={version}" for p in parts)],
-        cwd=tmp,
-        check=True,
-        capture_output=True,
-    )
-    for deb in tmp.glob("*.deb"):
-        _run("dpkg-deb", "-x", str(deb), str(tmp))
-        deb.unlink()
+    apt_unpack([f"{p}={version}" for p in parts], options, tmp)
     usr_modules = tmp / "usr" / "lib" / "modules"
     if usr_modules.is_dir() and not (tmp / "lib" / "modules").exists():  # a merged-/usr package (Debian 13 on)
         (tmp / "lib").mkdir(exist_ok=True)
@@ -328,7 +330,7 @@ def _unpack(package: str, version: str, options: list[str], dest: Path, progress
         raise StockKernelError(f"{package}: expected one kernel release in lib/modules, found {releases}")
     release = releases[0]
     progress(f"[stock kernel] {release}: module index, boot image, initramfs")
-    _run("depmod", "-b", str(tmp), release)
+    run("depmod", "-b", str(tmp), release)
     kernel = StockKernel(package, version, release, tmp)
     # Linux 7's packages keep the image beside the modules, older ones under /boot.
     images = [tmp / "boot" / f"vmlinuz-{release}", tmp / "lib" / "modules" / release / "vmlinuz"]
