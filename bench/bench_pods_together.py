@@ -7,10 +7,12 @@ a hook that waits (as an IPv6 duplicate address detection did) makes every pod a
 
 Per run and family, from the API create (wall clock) to Ready (polled every 50 ms): one pod alone,
 then ``--pods`` pods created at once, each with a one-NIC claim giving it a new address of that
-family (``rail i``: ``10.20i.0.5/24`` or ``fd7i::5/64``); then a pod whose claim gives one NIC 64
-new IPv6 addresses (the most a claim's requests allow beside a route or two), whose RunPodSandbox
-time is read from the driver's own hook histogram (/metrics: the bucket it fell in). Pods are
-deleted, their NICs home, between runs. Arms alternate ABBA by family.
+family (``rail i``: ``10.20i.0.5/24`` or ``fd7i::5/64``); the same with pods that claim nothing
+(the kubelet's and the runtime's own time for pods starting together: the floor the driver's arms
+are held against); then a pod whose claim gives one NIC 64 new IPv6 addresses (the most a claim's
+requests allow beside a route or two), whose RunPodSandbox time is read from the driver's own hook
+histogram (/metrics: the bucket it fell in). Pods are deleted, their NICs home, between runs. The
+three arms rotate (IPv4, IPv6, no claim; then IPv6, no claim, IPv4; ...): drift hits them alike.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.real_nodes import bench_cluster, driver_metrics, hook_buckets
-from bench.stats import abba, median, pct
+from bench.stats import median, pct
 from devcluster.cluster.pods import workload_pod
 from driver.kube.client import RESOURCE_API, KubeClient
 from driver.kube.errors import NotFound
@@ -51,6 +53,12 @@ def _claim(name: str, nic: str, addresses: list[str]) -> dict[str, Any]:
     }
 
 
+NO_CLAIM = 0
+"""The arm whose pods claim nothing."""
+ARMS = (4, 6, NO_CLAIM)
+LABELS = {4: "IPv4", 6: "IPv6", NO_CLAIM: "no claim"}
+
+
 def _address(family: int, rail: int, host: int = 5) -> str:
     return f"10.{200 + rail}.0.{host}/24" if family == 4 else f"fd{70 + rail}::{host:x}/64"
 
@@ -61,14 +69,15 @@ def _ready(kube: KubeClient, name: str) -> bool:
 
 
 def _start(kube: KubeClient, node: str, specs: list[tuple[str, str, list[str]]], timeout: float = 180) -> list[float]:
-    """Create each (pod, NIC, addresses) at once; seconds from the creates to each pod Ready."""
+    """Create each (pod, NIC, addresses) at once; seconds from the creates to each pod Ready. An
+    empty NIC: a pod that claims nothing."""
 
     def create(spec: tuple[str, str, list[str]]) -> None:
         name, nic, addresses = spec
-        kube.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims", _claim(name, nic, addresses))
-        kube.request(
-            "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", workload_pod(name, node, claim=name, namespace=NAMESPACE)
-        )
+        if nic:
+            kube.request("POST", f"{RESOURCE_API}/namespaces/{NAMESPACE}/resourceclaims", _claim(name, nic, addresses))
+        pod = workload_pod(name, node, claim=name if nic else None, namespace=NAMESPACE)
+        kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", pod)
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(len(specs)) as pool:
@@ -130,34 +139,36 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1)  # the namespace's default service account
         nics = list(layout.nics[: a.pods])
         node = layout.node_name
-        alone: dict[int, list[float]] = {4: [], 6: []}
-        together: dict[int, list[float]] = {4: [], 6: []}
+        alone: dict[int, list[float]] = {arm: [] for arm in ARMS}
+        together: dict[int, list[float]] = {arm: [] for arm in ARMS}
         for family in (4, 6):  # warm-up: the workload image's first start on the node
             _start(kube, node, [("warm", nics[0], [_address(family, 0)])])
             _clean(kube, ["warm"])
-        for label in abba(2 * a.runs):
-            family = 4 if label == "A" else 6
-            (t,) = _start(kube, node, [("alone", nics[0], [_address(family, 0)])])
-            _clean(kube, ["alone"])
-            alone[family].append(t)
-            specs = [(f"p{i}", nic, [_address(family, i)]) for i, nic in enumerate(nics)]
-            times = _start(kube, node, specs)
-            _clean(kube, [s[0] for s in specs])
-            together[family].append(max(times))
-            print(
-                f"    IPv{family}: alone {t:5.2f} s, {len(specs)} together: last {max(times):5.2f} s", file=sys.stderr
-            )
+        for run in range(a.runs):
+            for arm in ARMS[run % len(ARMS) :] + ARMS[: run % len(ARMS)]:
+                specs = [(f"p{i}", nic if arm else "", [_address(arm, i)] if arm else []) for i, nic in enumerate(nics)]
+                (t,) = _start(kube, node, [("alone", *specs[0][1:])])
+                _clean(kube, ["alone"])
+                alone[arm].append(t)
+                times = _start(kube, node, specs)
+                _clean(kube, [s[0] for s in specs])
+                together[arm].append(max(times))
+                print(
+                    f"    {LABELS[arm]}: alone {t:5.2f} s, {len(specs)} together: last {max(times):5.2f} s",
+                    file=sys.stderr,
+                )
         before = hook_buckets(driver_metrics(kube, layout), "RunPodSandbox")
         (many,) = _start(kube, node, [("many", nics[0], [_address(6, 0, 2 + i) for i in range(64)])])
         bucket = _bucket_of(before, hook_buckets(driver_metrics(kube, layout), "RunPodSandbox"))
         _clean(kube, ["many"])
         print(f"\n{a.pods} one-NIC pods created at once on one node vs one alone, create -> Ready, {a.runs} runs each:")
-        for family in (4, 6):
-            one, last = median(alone[family]), median(together[family])
+        floor = median(together[NO_CLAIM])
+        for arm in ARMS:
+            one, last = median(alone[arm]), median(together[arm])
             print(
-                f"  IPv{family}: alone median {one:5.2f} s (p99 {pct(alone[family], 99):5.2f}); "
-                f"{a.pods} together, the last: median {last:5.2f} s (p99 {pct(together[family], 99):5.2f}); "
-                f"ratio {last / one:4.2f}x"
+                f"  {LABELS[arm]}: alone median {one:5.2f} s (p99 {pct(alone[arm], 99):5.2f}); "
+                f"{a.pods} together, the last: median {last:5.2f} s (p99 {pct(together[arm], 99):5.2f}); "
+                f"ratio {last / one:4.2f}x; against {a.pods} pods that claim nothing {last / floor:4.2f}x"
             )
         print(f"  one pod with 64 new IPv6 addresses: Ready in {many:5.2f} s; its RunPodSandbox {bucket}")
         return 0

@@ -14,7 +14,7 @@ While an NRI hook runs, background work waits; blocking work (sysfs walks, netli
 a worker thread so gRPC calls are answered meanwhile.
 
 May import: every package below it that it wires: ``driver.dra``, ``driver.health``,
-``driver.nri``, ``driver.claims``, ``driver.nic_settings``, ``driver.checkpoint``,
+``driver.nri``, ``driver.claims``, ``driver.checkpoint``,
 ``driver.inventory``, ``driver.kube``, ``driver.netlink``, ``driver.node_lease``,
 ``driver.metrics``, ``driver.model`` and ``driver.config``; never ``driver.cli`` or
 ``driver.webhook``.

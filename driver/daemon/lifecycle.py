@@ -63,13 +63,12 @@ from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
 from driver.metrics import Metrics
 from driver.model.device import STANDARD_DOMAIN, Device, rdma_count
-from driver.netlink import kernel_features
+from driver.netlink import kernel_features, rdma_nldev
 from driver.netlink.channel import netlink_socket
 from driver.netlink.hook_activity import HookActivity
 from driver.netlink.kernel_features import KernelFeatures
 from driver.netlink.link_watch import LinkWatcher
 from driver.netlink.rtnl import Rtnl
-from driver.nic_settings import rdma
 from driver.node_lease import POLL_INTERVAL, NodeLease
 
 if TYPE_CHECKING:  # imported when NRI starts: `dranet run --no-nri` loads no NRI code
@@ -156,7 +155,7 @@ class Daemon:
         self.node_seen = NodeSeen()  # the Node's settings, read at start and kept current (_watch_node)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
-        self.rdma_mode = rdma.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
+        self.rdma_mode = rdma_nldev.UNKNOWN  # detected at start: exclusive mode moves RDMA devices with NICs
         self.rxe_in_pod = False  # probed at start: Soft-RoCE devices made again in the pods (Linux 7.1 on)
         self.kernel: KernelFeatures | None = None  # detected at start: what the kernel offers
         self.claims_damage: str | None = None  # damaged prepared claims, until rebuilt from the API
@@ -497,9 +496,9 @@ class Daemon:
             {f.name: f.available for f in self.kernel.features},
         )
         if self.config.host_sysfs and self.config.nri_enabled:
-            self.rdma_mode = await asyncio.to_thread(rdma.netns_mode)
+            self.rdma_mode = await asyncio.to_thread(rdma_nldev.netns_mode)
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
-            self.rxe_in_pod, why = await asyncio.to_thread(rdma.rxe_netns_probe, self.config.sysfs_root)
+            self.rxe_in_pod, why = await asyncio.to_thread(rdma_nldev.rxe_netns_probe, self.config.sysfs_root)
             log.info("Soft-RoCE in the pods' namespaces", extra={"kv": {"capable": self.rxe_in_pod, "why": why}})
         self.device_sync.cloud.start()
         await asyncio.to_thread(self.device_sync.cloud.wait, CLOUD_STARTUP_WAIT)
@@ -633,7 +632,7 @@ class Daemon:
             status=self.status_writer if sink is None else sink,
             host_netns=self.config.host_netns,
             sysfs_root=self.config.sysfs_root,
-            rdma_exclusive=self.rdma_mode == rdma.EXCLUSIVE,
+            rdma_exclusive=self.rdma_mode == rdma_nldev.EXCLUSIVE,
             rxe_in_pod=self.rxe_in_pod,
             hook_activity=self.hook_activity,
             pools=self.sharing_pools,

@@ -3,8 +3,10 @@
 All of the driver's netlink is here. ``channel`` is the one socket layer (framing, sequence
 numbers, pipelined requests, the rtnetlink vocabulary), with two clients over it: ``rtnl``
 (NETLINK_ROUTE, hand-packed: the pod path's requests, measured against pyroute2 in
-``bench.bench_hooks``) and ``ethtool_genl`` (generic netlink, ethtool family, on pyroute2's message
-classes in ``ethtool_messages``); ``namespaces`` opens their sockets inside a network namespace;
+``bench.bench_hooks``), ``ethtool_genl`` (generic netlink, ethtool family, on pyroute2's message
+classes in ``ethtool_messages``) and ``rdma_nldev`` (NETLINK_RDMA: the RDMA netns mode, RDMA
+devices moved, soft ones made and deleted, the probe of rxe's namespaces); ``namespaces`` opens
+their sockets inside a network namespace;
 ``bpf_attachments`` lists the eBPF programs attached to a link (for discovery and the NIC
 settings); ``link_info`` is the one parser of an ``RTM_NEWLINK`` answer (discovery reads links
 through it too), and with ``link_identity`` tells a NIC from every other link;

@@ -85,7 +85,7 @@ class HostNetns:
         self.rdma_exclusive = rdma_exclusive
         self.rxe_in_pod = rxe_in_pod
         """Whether a Soft-RoCE device made in a pod's namespace carries its traffic (Linux 7.1 on,
-        asked of the kernel at daemon start: :func:`driver.nic_settings.rdma.rxe_netns_probe`)."""
+        asked of the kernel at daemon start: :func:`driver.netlink.rdma_nldev.rxe_netns_probe`)."""
         self.kernel = kernel or kernel_features.detect()
         """What the kernel offers (the daemon's, found at its start; else judged here by version)."""
         self.on_change = on_change or (lambda: None)

@@ -62,6 +62,7 @@ FLOOR_TESTS = (
 """What differs on a kernel without ``IFLA_NEW_IFINDEX`` and before the 2025 rtnetlink change: the
 moves and returns, the refusal, the sub-interfaces made from the host straight into the pod."""
 MODULE_TESTS = (
+    "tests/netlink/test_rdma_nldev.py",
     "tests/nic_settings/test_rdma.py",
     "tests/nic_settings/test_soft_rdma.py",
     "tests/nic_settings/test_vrf.py",

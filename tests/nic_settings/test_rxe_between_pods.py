@@ -32,8 +32,8 @@ from driver.checkpoint.store import CheckpointStore
 from driver.claims.status_entries import DeviceResult
 from driver.inventory import rdma as rdma_inventory
 from driver.inventory.sysfs import SysfsReader
+from driver.netlink import rdma_nldev
 from driver.netlink.kernel_features import KernelFeatures
-from driver.nic_settings import rdma
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
@@ -54,7 +54,7 @@ def _capable() -> None:
     kernel.skip_unless(kernel.features().has("rdmaNetlink"), "RDMA core (RDMA netlink)")
     kernel.skip_unless(_run("modprobe", "rdma_rxe").returncode == 0, "Soft-RoCE (the rdma_rxe module)")
     _run("modprobe", "rdma_ucm")  # rdma_cm's char device, loaded on a node by rdma-core's service
-    capable, why = rdma.rxe_netns_probe()
+    capable, why = rdma_nldev.rxe_netns_probe()
     kernel.skip_unless(capable, f"Soft-RoCE in network namespaces (Linux 7.1's per-namespace rxe socket): {why}")
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     kernel.skip_unless(not missing, f"use for this test without {', '.join(missing)} (rdma-core, perftest)")
@@ -312,7 +312,7 @@ def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed) -> No
     char devices and NCCL_IB_HCA, the claim's RDMA condition is True; rping, ib_write_bw and
     ib_send_lat run pod to pod, their bytes on the claimed NICs only; after both stops nothing is
     left. Twice: the second time with the driver restarted (new hooks over the same checkpoint)."""
-    assert not Path("/sys/class/infiniband", rdma.PROBE_RDMA).exists(), "the start's probe leaves no rxe device"
+    assert not Path("/sys/class/infiniband", rdma_nldev.PROBE_RDMA).exists(), "the start's probe leaves no rxe device"
     first = _round(bed)
     bed.hooks.close()
     bed.hooks = _hooks(bed.host, bed.store, bed.statuses)

@@ -16,6 +16,7 @@ import pytest
 from driver.checkpoint.state import MovedDevice, PreparedDevice
 from driver.claims.status_entries import DeviceResult, _rdma_condition
 from driver.model.device import CharDevice, Device, HostFacts
+from driver.netlink import rdma_nldev
 from driver.netlink.channel import NLMSGHDR
 from driver.netlink.namespaces import NetnsGone
 from driver.nic_settings import rdma
@@ -132,12 +133,12 @@ def _moved_in(root: Path) -> None:
 
 
 def test_delete_and_port_dump_messages_byte_for_byte() -> None:
-    kind, flags, body = rdma.dellink_request(7)
+    kind, flags, body = rdma_nldev.dellink_request(7)
     assert (kind, flags) == ((5 << 10) + 4, 0x1 | 0x4)  # RDMA_NLDEV_CMD_DELLINK, NLM_F_REQUEST | NLM_F_ACK
     assert body == _attr(1, struct.pack("=I", 7))  # RDMA_NLDEV_ATTR_DEV_INDEX
-    assert rdma.RDMA_NLDEV_CMD_PORT_GET == 5 and rdma.RXE_PORT == 4791
+    assert rdma_nldev.RDMA_NLDEV_CMD_PORT_GET == 5 and rdma_nldev.RXE_PORT == 4791
     ports = [_port(2, "rxe1", None), _port(7, "rxe0", "eth9")]
-    assert rdma.parse_port_netdevs(ports) == {"rxe1": (2, None), "rxe0": (7, "eth9")}
+    assert rdma_nldev.parse_port_netdevs(ports) == {"rxe1": (2, None), "rxe0": (7, "eth9")}
 
 
 def test_the_plan_says_in_pod_only_where_the_kernel_allows_and_in_shared_mode(tmp_path: Path) -> None:
@@ -155,8 +156,8 @@ def test_made_in_the_pods_namespace_with_its_char_devices(tmp_path: Path) -> Non
     _moved_in(tmp_path)
     pod = SimpleNamespace(host=host, fd=11)
     rdma.RdmaDevice().in_pod([nic], pod)
-    assert host.ns.opened == [(11, rdma.NETLINK_RDMA)], "the socket is opened in the pod's namespace"
-    assert sock.sent == [(NEWLINK, rdma.newlink_request("rxe0", "rxe", "eth9")[2])]
+    assert host.ns.opened == [(11, rdma_nldev.NETLINK_RDMA)], "the socket is opened in the pod's namespace"
+    assert sock.sent == [(NEWLINK, rdma_nldev.newlink_request("rxe0", "rxe", "eth9")[2])]
     record = nic.records["rdma"]
     assert rdma.made_in_pod(record) == "rxe0" and rdma.stays_home(record) is None
     assert record["char_devices"] == [
@@ -187,7 +188,7 @@ def test_one_made_without_its_char_devices_is_deleted_again(tmp_path: Path) -> N
     _moved_in(tmp_path)
     rdma.RdmaDevice().in_pod([nic], SimpleNamespace(host=host, fd=11))
     assert sock.kinds() == [NEWLINK, PORT_GET, DELLINK]
-    assert sock.sent[-1][1] == rdma.dellink_request(7)[2]
+    assert sock.sent[-1][1] == rdma_nldev.dellink_request(7)[2]
     assert "uverbs" in nic.records["rdma"]["reason"]
 
 
@@ -200,8 +201,8 @@ def test_at_the_return_the_pods_device_is_deleted_first_only_while_its_netdev_is
     sock = FakeNldev(ports=[(2, "rxe1", None), (7, "rxe0", "eth9")])
     host = _host(str(tmp_path), sock)
     rdma.RdmaDevice().before_return([_moved(record)], SimpleNamespace(host=host, fd=11))
-    assert host.ns.opened == [(11, rdma.NETLINK_RDMA)]
-    assert sock.kinds() == [PORT_GET, DELLINK] and sock.sent[-1][1] == rdma.dellink_request(7)[2]
+    assert host.ns.opened == [(11, rdma_nldev.NETLINK_RDMA)]
+    assert sock.kinds() == [PORT_GET, DELLINK] and sock.sent[-1][1] == rdma_nldev.dellink_request(7)[2]
     # Home already (a restarted driver returning it again): the host's remade rxe0 is not the pod's.
     home = FakeNldev(ports=[(9, "rxe0", None)])
     rdma.RdmaDevice().before_return([_moved(record)], SimpleNamespace(host=_host(str(tmp_path), home), fd=11))
@@ -233,4 +234,7 @@ def test_containers_get_the_pods_device_char_devices_and_the_claim_says_rdma_tru
 
 
 def test_the_probe_is_not_asked_without_rdma_rxe(tmp_path: Path) -> None:
-    assert rdma.rxe_netns_probe(str(tmp_path)) == (False, "rdma_rxe is not loaded (no Soft-RoCE device on this node)")
+    assert rdma_nldev.rxe_netns_probe(str(tmp_path)) == (
+        False,
+        "rdma_rxe is not loaded (no Soft-RoCE device on this node)",
+    )
