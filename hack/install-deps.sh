@@ -19,9 +19,11 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   # The stock-kernel tier (tests/kernels, devcluster/builders/stock_kernel.py): QEMU boots Debian's
   # own kernel over this machine's root (kmod's depmod indexes its modules, cpio packs the
   # initramfs, zstd unpacks Linux 7's image); rdma-core, the verbs providers (rxe), pyverbs,
-  # perftest and the rdma_cm tools are what the guest's RDMA tests run. Without their recommends (QEMU's would add a GUI and firmware).
+  # perftest and the rdma_cm tools are what the guest's RDMA tests run, and Open MPI (with UCX) and
+  # Debian's mpi4py the allreduce between two pods. Without their recommends (QEMU's would add a GUI
+  # and firmware).
   lean=""
-  for pkg in qemu-system-x86 kmod cpio zstd rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest python3-pyverbs; do
+  for pkg in qemu-system-x86 kmod cpio zstd rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest python3-pyverbs openmpi-bin python3-mpi4py; do
     dpkg -s "$pkg" >/dev/null 2>&1 || lean="$lean $pkg"
   done
   # The Dockerfile test compares its apt pins with what Debian serves: it needs a package index.

@@ -1,6 +1,12 @@
 """RDMA between two pods over their claimed NICs, on a kernel whose Soft-RoCE has network namespaces
 (Linux 7.1 on): the hooks make each NIC's rxe device again inside its pod, and rping (rdma_cm),
-``ib_write_bw`` and ``ib_send_lat`` run from one pod's namespace to the other's.
+``ib_write_bw``, ``ib_send_lat`` and an Open MPI allreduce over UCX's verbs transports (no TCP in
+``UCX_TLS``, UCX_NET_DEVICES from the container's ``DRANET_RDMA_DEVICES`` as docs/workloads.md
+says) run from one pod's namespace to the other's, each pod with a hostname of its own.
+
+UCX's UD transport (which wires up its RC one) checks the destination GID of each packet it
+receives; the packets of rxe devices in two namespaces fail that check and are dropped, so the
+endpoints time out. ``UCX_UD_VERBS_ETH_DGID_CHECK=n`` turns the check off (docs/workloads.md).
 
 One "host" namespace holds two veth NICs wired to each other, each with an rxe device; two pods
 take one each, as RunPodSandbox does. The bytes each link of the pods' and the host's namespaces
@@ -14,9 +20,12 @@ lacks. Every device, link and namespace made here is removed after, also on fail
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -41,7 +50,24 @@ from tests.support import kernel
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel, pytest.mark.timeout(600)]
 SUBNET = "10.77.0"
-TOOLS = ("rdma", "rping", "ib_write_bw", "ib_send_lat")
+TOOLS = ("rdma", "rping", "ib_write_bw", "ib_send_lat", "mpirun", "unshare")
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, which python3-mpi4py is for
+ALLREDUCE_FLOATS = 1 << 20  # 4 MiB of float32 per rank
+ALLREDUCE = f"""import array, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+n = {ALLREDUCE_FLOATS}
+mine, total = array.array("f", [comm.rank + 1.0]) * n, array.array("f", [0.0]) * n
+comm.Allreduce([mine, MPI.FLOAT], [total, MPI.FLOAT])
+start = time.monotonic()
+for _ in range(10):
+    comm.Allreduce([mine, MPI.FLOAT], [total, MPI.FLOAT])
+want = comm.size * (comm.size + 1) / 2
+assert total[0] == want and total[n - 1] == want, (total[0], total[n - 1])
+print(f"rank {{comm.rank}}/{{comm.size}} on {{socket.gethostname()}}: sum {{total[0]}},"
+      f" 4 MiB allreduce {{(time.monotonic() - start) * 100:.0f}} ms", flush=True)
+"""
+UCX_ENV = {"UCX_TLS": "rc_verbs,ud_verbs,self", "UCX_UD_VERBS_ETH_DGID_CHECK": "n", "UCX_LOG_LEVEL": "info"}
 
 
 def _run(*args: str, netns: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -57,7 +83,9 @@ def _capable() -> None:
     capable, why = rdma_nldev.rxe_netns_probe()
     kernel.skip_unless(capable, f"Soft-RoCE in network namespaces (Linux 7.1's per-namespace rxe socket): {why}")
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
-    kernel.skip_unless(not missing, f"use for this test without {', '.join(missing)} (rdma-core, perftest)")
+    if _run(SYSTEM_PYTHON, "-c", "import mpi4py").returncode != 0:
+        missing.append("mpi4py")
+    kernel.skip_unless(not missing, f"use for this test without {', '.join(missing)} (make deps)")
 
 
 class Statuses:
@@ -232,12 +260,81 @@ def _figure(output: str, header: str) -> list[str]:
     return []
 
 
-def _round(bed: Bed) -> str:
+def _rxe_sent(netns: str, device: str) -> int:
+    """Bytes ``device`` has sent (``rdma statistic``: what rxe itself put on the wire)."""
+    out = _run("rdma", "statistic", "show", "link", f"{device}/1", netns=netns).stdout
+    found = re.search(r"\bsent_bytes (\d+)", out)
+    return int(found.group(1)) if found else 0
+
+
+def _allreduce(bed: Bed, envs: dict[str, dict[str, str]], folder: Path, timeout: float = 300) -> str:
+    """An Open MPI allreduce of two ranks, one per pod, over UCX's verbs transports only (``pml ucx``,
+    no TCP transport, no TCP BTL). mpirun runs in pod ``a``; its rsh agent starts the other rank's
+    daemon in pod ``b``, which reaches it over the claimed NICs. Each pod has a hostname of its own
+    (a UTS namespace, as a pod has), and each rank's UCX_NET_DEVICES comes from its container's
+    DRANET_RDMA_DEVICES. The ranks' lines and the bytes each rxe device sent."""
+    a, b = bed.pods
+    folder.mkdir(parents=True)
+    where = {pod.ip: pod.netns for pod in bed.pods}
+    cases = "".join(f"  {ip}) ns={ns};;\n" for ip, ns in where.items())
+    (folder / "agent.sh").write_text(
+        "#!/bin/sh\nhost=$1; shift\ncase $host in\n"
+        f"{cases}  *) echo unknown host $host >&2; exit 1;;\nesac\n"
+        'exec ip netns exec $ns unshare --uts sh -c "hostname $ns; $*"\n'
+    )
+    for pod in bed.pods:  # what a launch script does with the container's environment (docs/workloads.md)
+        devices = ",".join(f"{d}:1" for d in envs[pod.uid]["DRANET_RDMA_DEVICES"].split(","))
+        (folder / f"{pod.netns}.devices").write_text(devices)
+    (folder / "rank.sh").write_text(
+        f'#!/bin/sh\nexport UCX_NET_DEVICES="$(cat {folder}/$(ip netns identify $$).devices)"\n'
+        f"exec {SYSTEM_PYTHON} {folder}/allreduce.py\n"
+    )
+    (folder / "allreduce.py").write_text(ALLREDUCE)
+    for script in ("agent.sh", "rank.sh"):
+        (folder / script).chmod(0o755)
+    mpirun = [
+        "mpirun", "--allow-run-as-root", "-np", "2", "--host", f"{a.ip},{b.ip}",
+        "--mca", "plm_rsh_agent", str(folder / "agent.sh"), "--mca", "pml", "ucx", "--mca", "btl", "self",
+        "--mca", "osc", "^ucx", "--mca", "oob_tcp_if_include", f"{a.nic},{b.nic}",
+        "--mca", "pml_ucx_tls", "any", "--mca", "pml_ucx_devices", "any",
+        *[arg for key in UCX_ENV for arg in ("-x", key)], "-x", "PATH", str(folder / "rank.sh"),
+    ]  # fmt: skip
+    sent = {pod.uid: _rxe_sent(pod.netns, pod.rxe) for pod in bed.pods}
+    launch = ["ip", "netns", "exec", a.netns, "unshare", "--uts", "sh", "-c", f'hostname {a.netns}; exec "$@"', "sh"]
+    proc = subprocess.Popen(
+        [*launch, *mpirun],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **UCX_ENV},
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = "(no exit)"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the other pod's daemon and rank too
+        proc.wait()
+    ranks = sorted(line for line in out.splitlines() if line.startswith("rank "))
+    assert proc.returncode == 0 and len(ranks) == 2, f"mpirun ({proc.returncode}):\n{out[-6000:]}"
+    assert [r.split(" on ")[1].split(":")[0] for r in ranks] == [a.netns, b.netns], ranks
+    lanes = sorted(set(re.findall(r"tag\(([^)]*)\)", out)))
+    assert lanes and all("tcp" not in lane for lane in lanes), lanes
+    moved = {pod.uid: _rxe_sent(pod.netns, pod.rxe) - sent[pod.uid] for pod in bed.pods}
+    floor = 10 * ALLREDUCE_FLOATS * 4 // 2  # each rank sends at least half its vector per allreduce
+    assert all(n >= floor for n in moved.values()), f"the allreduce's bytes not on the rxe devices: {moved}"
+    return f"{'; '.join(r.split(': ', 1)[1] for r in ranks)}; UCX lanes {lanes}; rxe sent bytes {moved}"
+
+
+def _round(bed: Bed, folder: Path) -> str:
     """Both pods started, RDMA between them, both stopped, nothing left; the figures, as a line."""
     a, b = bed.pods
     before_facts = {pod.nic: link_facts(pod.nic, bed.host) for pod in bed.pods}
     bed.statuses.ready.clear()
     claims = _run_pods(bed)
+    envs: dict[str, dict[str, str]] = {}
     for pod in bed.pods:
         assert _links_in(pod.netns) == {pod.rxe: pod.nic}, "its rxe device made in the pod, on its NIC"
         record = bed.store.read(lambda s, uid=pod.uid: s.pods[uid].devices[0].records["rdma"])
@@ -255,6 +352,7 @@ def _round(bed: Bed) -> str:
         assert Path(f"/sys/class/infiniband_verbs/{uverbs}/dev").read_text().strip() == "%d:%d" % paths[verbs[0]]
         env = {e.key: e.value for e in adjustment.env}
         assert env.get("NCCL_IB_HCA") == f"={pod.rxe}", env
+        envs[pod.uid] = env
 
     namespaces = [bed.host, a.netns, b.netns]
     before = {ns: _link_bytes(ns) for ns in namespaces}
@@ -289,6 +387,13 @@ def _round(bed: Bed) -> str:
         assert moved[link] >= size * iters, (link, moved)  # the written data, at least, on each wire
     others = {link: n for link, n in moved.items() if link not in claimed}
     assert all(n == 0 for n in others.values()), f"RDMA traffic off the claimed NICs: {others}"
+    mpi = _allreduce(bed, envs, folder)
+    final = {ns: _link_bytes(ns) for ns in namespaces}
+    # Open MPI's daemon talks to its local rank over the pod's own loopback: inside the pod, no NIC.
+    own = {f"{a.netns}/lo", f"{b.netns}/lo"}
+    mpi_moved = {f"{ns}/{link}": final[ns][link] - after[ns].get(link, 0) for ns in namespaces for link in final[ns]}
+    off = {link: n for link, n in mpi_moved.items() if link not in claimed | own and n}
+    assert not off, f"MPI traffic off the claimed NICs: {off}"
 
     for pod in bed.pods:
         bed.hooks.stop_pod_sandbox(pod.sandbox)
@@ -303,18 +408,19 @@ def _round(bed: Bed) -> str:
     return (
         f"rping: {len(pings)} pings of 256 B; ib_write_bw {size} B x {iters} (#bytes #iterations BW-peak BW-average"
         f" MB/s, Mpps): {bw_row}; ib_send_lat 64 B x 200 (t_min t_max t_typical t_avg usec ...): {lat_row};"
-        f" bytes (rx+tx) per link: {moved}"
+        f" bytes (rx+tx) per link: {moved}; Open MPI + UCX: {mpi}; its bytes per link: {mpi_moved}"
     )
 
 
-def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed) -> None:
+def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed, tmp_path: Path) -> None:
     """Each pod's rxe device is made in its namespace under the host's name, the containers get its
-    char devices and NCCL_IB_HCA, the claim's RDMA condition is True; rping, ib_write_bw and
-    ib_send_lat run pod to pod, their bytes on the claimed NICs only; after both stops nothing is
-    left. Twice: the second time with the driver restarted (new hooks over the same checkpoint)."""
+    char devices and NCCL_IB_HCA, the claim's RDMA condition is True; rping, ib_write_bw,
+    ib_send_lat and an MPI allreduce over UCX verbs run pod to pod, their bytes on the claimed NICs
+    only; after both stops nothing is left. Twice: the second time with the driver restarted (new
+    hooks over the same checkpoint)."""
     assert not Path("/sys/class/infiniband", rdma_nldev.PROBE_RDMA).exists(), "the start's probe leaves no rxe device"
-    first = _round(bed)
+    first = _round(bed, tmp_path / "first")
     bed.hooks.close()
     bed.hooks = _hooks(bed.host, bed.store, bed.statuses)
-    second = _round(bed)
+    second = _round(bed, tmp_path / "second")
     print(f"\nfirst round: {first}\nafter the driver's restart: {second}")
