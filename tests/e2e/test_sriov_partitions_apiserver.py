@@ -1,6 +1,9 @@
 """An SR-IOV PF and its VFs through the real scheduler: published as partitions of one device
 (shared counters, KEP-4815), so a PF handed out whole and any of its VFs never go to claims at the
-same time, in either order or in one claim, while its VFs go to as many claims as it has.
+same time, in either order or in one claim, while its VFs go to as many claims as it has. Then the
+way off the SR-IOV device plugin (docs/sriov.md): the DeviceClasses the chart makes from
+``examples/sriov/values.yaml``, and a pod written for the device plugin (``resources.limits`` of
+the pools' names, no claim) getting VFs of the right PFs from the scheduler.
 
 The node is the driver as a process on the fixture SR-IOV host (2 PFs of 64 VFs, 60 of each
 published); the real apiserver, scheduler and controller-manager allocate; no kubelet (pods stay
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import secrets
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -19,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from devcluster.builders import helm
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
 from driver.dra.field_support import counter_sets_accepted
@@ -29,6 +35,7 @@ from tests.plugins.cluster import delete_if_present, delete_node_and_slices, lis
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PF0, PF1 = "0000:3b:00.0", "0000:86:00.0"
+REPO = Path(__file__).resolve().parents[2]
 REQUEUE_WAIT = 90.0  # a pod waiting on a freed VF: the scheduler requeues it when the claim is deallocated
 
 
@@ -168,3 +175,59 @@ def test_the_vfs_of_one_pf_go_to_as_many_claims(node: Node) -> None:
     for i in range(3):
         delete_pod(node.kube, node.namespace, f"vf1-{i}")
     delete_pod(node.kube, node.namespace, "vf-0")
+
+
+def _example_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses the chart renders from examples/sriov/values.yaml."""
+    rendered = subprocess.run(
+        [
+            helm.ensure(),
+            "template",
+            "dranet",
+            str(REPO / "charts/dranet"),
+            "-f",
+            str(REPO / "examples/sriov/values.yaml"),
+        ]
+        + ["--show-only", "templates/deviceclass.yaml", "--set", "deviceClass.create=false"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return [d for d in yaml.safe_load_all(rendered) if d]
+
+
+def test_a_device_plugin_pod_gets_vfs_of_its_pools_pfs(node: Node) -> None:
+    classes = _example_classes()
+    names = {c["spec"]["extendedResourceName"]: c["metadata"]["name"] for c in classes}
+    assert set(names) == {"intel.com/sriov_pool_a", "nvidia.com/sriov_rdma"}, names
+    create_objects(node.kube, classes)
+    try:
+        pod = pod_for_template("plugin-pod", "unused", node.node)
+        del pod["spec"]["resourceClaims"]
+        limits = {"intel.com/sriov_pool_a": "2", "nvidia.com/sriov_rdma": "1"}
+        pod["spec"]["containers"][0]["resources"] = {"limits": limits, "requests": limits}
+        create_objects(node.kube, [pod], node.namespace)
+
+        def allocated() -> dict[str, Any] | None:
+            p = node.kube.request("GET", f"/api/v1/namespaces/{node.namespace}/pods/plugin-pod")
+            status = p.get("status", {}).get("extendedResourceClaimStatus")
+            if not p["spec"].get("nodeName") or not status:
+                return None
+            claim = node.kube.read_namespaced_resource_claim(node.namespace, status["resourceClaimName"])
+            return claim if claim.get("status", {}).get("allocation") else None
+
+        claim = wait_for(allocated, 60, what="the device plugin pod's claim allocated")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        by_request = {r["request"]: [] for r in results}
+        for r in results:
+            by_request[r["request"]].append(r["device"])
+        pools = sorted(by_request.values(), key=len)
+        # One request per container and resource: PF0's pool (ens1f0np0) 2 VFs, PF1's RDMA pool 1.
+        assert [len(p) for p in pools] == [1, 2], by_request
+        assert all(d.startswith("pci-0000-86-") and d != "pci-0000-86-00-0" for d in pools[0]), by_request
+        assert all(d.startswith("pci-0000-3b-") and d != "pci-0000-3b-00-0" for d in pools[1]), by_request
+    finally:
+        delete_pod(node.kube, node.namespace, "plugin-pod")
+        for c in classes:
+            delete_if_present(node.kube, f"{RESOURCE_API}/deviceclasses/{c['metadata']['name']}")

@@ -92,6 +92,37 @@ def test_rdma_device_class(helm: str) -> None:
     assert expression == 'device.driver == "dra.net" && device.attributes["dra.net"].rdma == true'
 
 
+def test_extra_device_classes_from_the_sriov_example(helm: str, tmp_path: Path) -> None:
+    """examples/sriov/values.yaml: one DeviceClass per device plugin pool, its selector ANDed with
+    this driver's name (also a renamed driver), its extended resource name kept."""
+    values = yaml.safe_load((ROOT / "examples/sriov/values.yaml").read_text())
+    docs = render(helm, "driverName=net.example.com", values=values, tmp=tmp_path)
+    classes = {c["metadata"]["name"]: c for c in by_kind(docs, "DeviceClass")}
+    assert set(classes) == {"dranet.net", "sriov-pool-a.dranet.net", "sriov-rdma.dranet.net"}
+    pool = classes["sriov-pool-a.dranet.net"]["spec"]
+    assert pool["extendedResourceName"] == "intel.com/sriov_pool_a"
+    assert pool["selectors"][0]["cel"]["expression"] == (
+        'device.driver == "net.example.com" && (has(device.attributes["dra.net"].pfName) && '
+        'device.attributes["dra.net"].pfName == "ens1f0np0")'
+    )
+
+
+@pytest.mark.parametrize(
+    ("item", "why"),
+    [
+        ({"name": "a.dranet.net"}, "selector"),
+        ({"name": "A B", "selector": "true"}, "name"),
+        ({"name": "a", "selector": "true", "extendedResourceName": "no-slash"}, "extendedResourceName"),
+    ],
+)
+def test_schema_refuses_a_bad_extra_device_class(helm: str, tmp_path: Path, item: dict[str, Any], why: str) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"extraDeviceClasses": [item]}))
+    out = run_helm(helm, "template", "d", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(path))
+    assert out.returncode != 0, f"{item} was accepted"
+    assert "schema" in out.stderr.lower() and why in out.stderr, out.stderr
+
+
 def test_viewer_role(helm: str) -> None:
     docs = render(helm)
     (viewer,) = [r for r in by_kind(docs, "ClusterRole") if r["metadata"]["name"] == "dranet-viewer"]
