@@ -217,7 +217,11 @@ def test_a_device_plugin_pod_gets_vfs_of_its_pools_pfs(node: Node) -> None:
             claim = node.kube.read_namespaced_resource_claim(node.namespace, status["resourceClaimName"])
             return claim if claim.get("status", {}).get("allocation") else None
 
-        claim = wait_for(allocated, 60, what="the device plugin pod's claim allocated")
+        try:
+            claim = wait_for(allocated, 60, what="the device plugin pod's claim allocated")
+        except TimeoutError:
+            status = node.kube.request("GET", f"/api/v1/namespaces/{node.namespace}/pods/plugin-pod")["status"]
+            raise AssertionError(f"not allocated: {status}") from None
         results = claim["status"]["allocation"]["devices"]["results"]
         by_request = {r["request"]: [] for r in results}
         for r in results:
