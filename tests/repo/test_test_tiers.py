@@ -1,11 +1,16 @@
-"""make test's runner (hack/test_tiers.py): what its table counts from each tier's JUnit report."""
+"""make test's runner (hack/test_tiers.py): what its table counts from each tier's JUnit report,
+and what keeps its two lanes apart."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import ModuleType
 
+from tests.e2e.node.realnode import CLUSTER_SECOND_OCTETS
 from tests.support.hack_scripts import load
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _runner() -> ModuleType:
@@ -47,3 +52,17 @@ def test_the_tiers_have_distinct_names_and_the_four_stock_kernels() -> None:
     names = [t.name for t in runner.TIERS]
     assert len(names) == len(set(names))
     assert {"kernel 7.3", "kernel 6.12", "kernel 6.1", "kernel 5.10"} <= set(names)
+
+
+def test_no_test_names_an_address_in_the_clusters_range() -> None:
+    """The cluster lane's clusters put addresses of 10.104-10.127 on the host; the compute lane,
+    running beside them, must never give a NIC one of those (it would read as the host's)."""
+    octets = "|".join(str(o) for o in CLUSTER_SECOND_OCTETS)
+    address = re.compile(rf"\b10\.({octets})\.\d+\.\d+")
+    found = [
+        f"{path.relative_to(ROOT)}: {m.group(0)}"
+        for folder in ("tests", "harness", "bench", "devcluster")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for m in address.finditer(path.read_text())
+    ]
+    assert not found, found

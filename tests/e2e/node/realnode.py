@@ -188,12 +188,20 @@ class RealNode:
         wait_for(gone, timeout, 0.5, f"namespace {ns} emptied")
 
 
+CLUSTER_SECOND_OCTETS = range(104, 128)
+"""The second octets of 10/8 the clusters' ranges come from (104 to 127). A cluster puts its
+gateway address on a link in the host's namespace, and the netlink/NRI tier, running beside the
+cluster lane, gives NICs in that namespace addresses of its own (10.64-10.103 among them, e.g. the
+shares' 10.77.0.x): a cluster drawn there made a share's address look taken by the host. No test
+names an address in this range (tests/repo/test_test_tiers.py checks)."""
+
+
 def random_layout(nodes: int = 2, runtime: str = DEFAULT_RUNTIME, ip_family: str = DEFAULT_IP_FAMILY) -> NodeLayout:
     """A cluster name and a /20 no other cluster on this host uses (random, checked against the
-    host's routes)."""
+    host's routes), in ``CLUSTER_SECOND_OCTETS``."""
     for _ in range(50):
         name = "e" + "".join(random.choice(string.ascii_lowercase) for _ in range(3)) + secrets.token_hex(2)
-        cidr = f"10.{random.randint(64, 127)}.{16 * random.randint(0, 15)}.0/20"
+        cidr = f"10.{random.choice(CLUSTER_SECOND_OCTETS)}.{16 * random.randint(0, 15)}.0/20"
         layout = NodeLayout(
             name=name, root=DEFAULT_BASE, nodes=nodes, cluster_cidr=cidr, runtime=runtime, ip_family=ip_family
         )
