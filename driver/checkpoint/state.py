@@ -17,6 +17,7 @@ from driver.checkpoint.schema import (
     COMPATIBLE_VERSION,
     CONFIG_FIELDS_VERSION,
     IDENTITY_VERSION,
+    RECORDS_VERSION,
     SCHEMA_VERSION,
     check_version,
 )
@@ -122,10 +123,13 @@ class PreparedDevice:
 
     @property
     def needed_version(self) -> int:
-        """The oldest claims-file version whose readers handle this device right: a sub-interface (a
-        driver before version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
-        if self.sub_interface:
+        """The oldest claims-file version whose readers handle this device right: a VF's settings
+        (a driver before version 6 would move the VF without them), a sub-interface (a driver before
+        version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
+        if self.config.sriov is not None:
             return SCHEMA_VERSION
+        if self.sub_interface:
+            return RECORDS_VERSION
         return CONFIG_FIELDS_VERSION if self.needs_v3 else COMPATIBLE_VERSION
 
     @property
@@ -349,17 +353,22 @@ def pod_json(pod: PodNetState) -> dict[str, Any]:
     return out
 
 
+SRIOV_RECORD = "sriov"
+"""The record of a VF's settings through its PF (``driver.nic_settings.sriov_vf``'s name)."""
 _POD_FIELDS = tuple(f.name for f in fields(PodNetState) if f.name not in ("devices", "created"))
 _MOVED_FIELDS = tuple(f.name for f in fields(MovedDevice) if f.name not in (*_V4_POD_FIELDS, "records"))
 """The fields of :class:`PodNetState` and :class:`MovedDevice` always written (the rest only when set)."""
 
 
 def pod_version(pod: dict[str, Any]) -> int:
-    """The version one pod's plain form (:func:`pod_json`) needs: 5 when a NIC carries a record (a
-    setting's, or what its device metadata file says: version 4 has no ``records``), else 4 when the
-    pod or a NIC carries a field version 3 does not know, else 2."""
-    if any("records" in d for d in pod["devices"]):
+    """The version one pod's plain form (:func:`pod_json`) needs: 6 when a NIC carries the record of
+    a VF's settings through its PF (``sriov``, which version 5 does not undo), 5 when a NIC carries
+    another record (a setting's, or what its device metadata file says: version 4 has no
+    ``records``), else 4 when the pod or a NIC carries a field version 3 does not know, else 2."""
+    if any(SRIOV_RECORD in d.get("records", ()) for d in pod["devices"]):
         return SCHEMA_VERSION
+    if any("records" in d for d in pod["devices"]):
+        return RECORDS_VERSION
     if "created" in pod or any(set(_V4_POD_FIELDS) & d.keys() for d in pod["devices"]):
         return IDENTITY_VERSION
     return COMPATIBLE_VERSION

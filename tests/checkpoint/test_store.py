@@ -16,7 +16,13 @@ import pytest
 from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig
 from driver.checkpoint.errors import CheckpointError
 from driver.checkpoint.journal import Position, base_of, parse
-from driver.checkpoint.schema import COMPATIBLE_VERSION, CONFIG_FIELDS_VERSION, IDENTITY_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import (
+    COMPATIBLE_VERSION,
+    CONFIG_FIELDS_VERSION,
+    IDENTITY_VERSION,
+    RECORDS_VERSION,
+    SCHEMA_VERSION,
+)
 from driver.checkpoint.state import MovedDevice, PodNetState, PreparedClaim, PreparedDevice
 from driver.checkpoint.store import CheckpointStore
 from driver.model.device import CharDevice, Device, HostFacts
@@ -329,7 +335,7 @@ def test_version_1_files_are_migrated_to_typed_configs(tmp_path: Path) -> None:
     store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], step="returning")))
     store.update(lambda s: s.claims.__setitem__("u2", _claim("u2")))
     assert json.loads((state / "checkpoint.json").read_text())["version"] == COMPATIBLE_VERSION
-    assert json.loads((run / "pods.json").read_text())["version"] == SCHEMA_VERSION
+    assert json.loads((run / "pods.json").read_text())["version"] == RECORDS_VERSION
     assert "rdma_moved" not in (run / "pods.json").read_text()
     again = CheckpointStore(state, run)
     assert again.read(lambda s: s.claims["u1"].devices[0].config) == first.config
@@ -460,7 +466,7 @@ def test_a_newer_version_is_written_only_when_the_content_needs_it(tmp_path: Pat
     # A setting's record is version 5: a version-4 driver refuses it (it would not undo the setting).
     sysctls = {"sysctls": {"ipv4/arp_ignore": 0}}
     store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], records=sysctls)))
-    assert versions() == (CONFIG_FIELDS_VERSION, SCHEMA_VERSION)
+    assert versions() == (CONFIG_FIELDS_VERSION, RECORDS_VERSION)
     store.update(lambda s: s.pods.__setitem__("p1", _with_device(s.pods["p1"], records={})))
     assert versions()[1] == IDENTITY_VERSION
     store.update(lambda s: (s.claims.pop("u2"), s.pods.pop("p1")))
@@ -485,6 +491,6 @@ def test_a_share_is_written_as_version_5_and_read_back_from_snapshot_and_journal
     parsed = parse(journal.read_bytes() if journal.exists() else b"", base_of(snapshot), at)
     on_disk = [json.loads(snapshot), *(json.loads(p) for p in parsed.payloads)]
     [holder] = [d for d in on_disk if "u1" in (d.get("claims") or d.get("put") or {})]
-    assert holder["version"] == SCHEMA_VERSION
+    assert holder["version"] == RECORDS_VERSION
     again = CheckpointStore(tmp_path).read(lambda s: s.claims["u1"].devices[0])
     assert (again.share_id, again.consumed, again.sub_interface) == ("3f2d", {"dra.net/bandwidth": "40G"}, True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from driver.checkpoint.schema import SCHEMA_VERSION
 from driver.checkpoint.state import (
     IN_POD,
     DriverState,
@@ -265,7 +266,7 @@ def test_the_state_is_kept_where_an_older_driver_reads_past_it(node: Node) -> No
         "hardwareAddress": "0c:42:a1:00:00:01",
         "mtu": 4092,
     }
-    state = DriverState.from_json({"version": 5, "claims": claims, "pods": pods})
+    state = DriverState.from_json({"version": SCHEMA_VERSION, "claims": claims, "pods": pods})
     assert [d.metadata for d in state.claims[UID].devices] == [
         d.metadata for d in node.preparer.store.read(lambda s: s.claims[UID].devices)
     ]

@@ -24,6 +24,7 @@ from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.inventory.discovery import Scanner
 from driver.model.device import Device
+from driver.nri.claim_reports import HookError
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
@@ -175,4 +176,101 @@ def test_a_vf_moves_into_its_pod_and_comes_back_as_it_was(
         hooks.close()
     assert link_facts(ifname) == before
     assert link_facts(_netdev(pfs[1]) or "") == pf_before, "the PF untouched"
+    assert store.read(lambda s: s.pods) == {}
+
+
+def _vf_settings(pf: str, index: int) -> dict[str, object]:
+    """What the PF reports for its VF ``index`` (``ip -d link show``'s ``vfinfo_list``), without the
+    MAC and the counters."""
+    link = json.loads(
+        subprocess.run(
+            ["ip", "-j", "-d", "link", "show", _netdev(pf) or ""], capture_output=True, text=True, check=True
+        ).stdout
+    )[0]
+    info = next(v for v in link["vfinfo_list"] if v["vf"] == index)
+    vlan = (info.get("vlan_list") or [{}])[0]
+    return {
+        "vlan": vlan.get("vlan", 0),
+        "qos": vlan.get("qos", 0),
+        "spoofchk": info.get("spoofchk"),
+        "trust": info.get("trust"),
+        "max_tx_rate": info.get("max_tx_rate", info.get("tx_rate", 0)),
+        "min_tx_rate": info.get("min_tx_rate", 0),
+    }
+
+
+@pytest.fixture
+def pf_up(pfs: list[str]) -> Iterator[str]:
+    """The first PF with its link up (igb limits a VF's rate only while the PF has a link), down again after."""
+    pf = _netdev(pfs[0]) or ""
+    subprocess.run(["ip", "link", "set", pf, "up"], check=True)
+    try:
+        _wait(f"{pf}'s link", lambda: (PCI / pfs[0] / "net" / pf / "carrier").read_text().strip() == "1")
+        yield pfs[0]
+    finally:
+        subprocess.run(["ip", "link", "set", pf, "down"], check=True)
+
+
+def _vf_pod(
+    pf: str, netns_factory: NetnsFactory, tmp_path: Path, sriov: dict[str, object]
+) -> tuple[int, str, NRIHooks, api.PodSandbox, CheckpointStore]:
+    """VF 1 of ``pf``, up on the host (every NIC comes home up), prepared for a pod with ``sriov``
+    in its claim: (VF index, VF netdev, hooks, pod, store)."""
+    index = 1
+    ifname = _netdev(_vf(pf, index)) or ""
+    subprocess.run(["ip", "link", "set", ifname, "up"], check=True)
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = f"pod-vf-{index}"
+    config = {"opaque": [{"interface": {"name": "net1", "addresses": ["10.97.1.2/24"]}, "sriov": sriov}]}
+    prepare_claim(store, uid, [{"ifname": ifname, "config": config}])
+    pod = json_format.Parse(json.dumps(pod_json(uid, f"/run/netns/{pod_ns}")), api.PodSandbox())
+    return index, ifname, NRIHooks(store, host_netns="/proc/self/ns/net"), pod, store
+
+
+def test_a_vfs_settings_are_set_through_its_pf_and_put_back(
+    pf_up: str, netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """The claim's VLAN and priority, spoof checking off, trust on and a tx ceiling, read back
+    through the PF while the VF is in the pod; every one as before once it is home."""
+    sriov = {"vlan": 100, "vlanQoS": 3, "spoofChk": False, "trust": True, "maxTxRate": 100}
+    pf = pf_up
+    index, ifname, hooks, pod, store = _vf_pod(pf, netns_factory, tmp_path, sriov)
+    before, vf_before = _vf_settings(pf, index), link_facts(ifname)
+    assert (before["vlan"], before["spoofchk"], before["trust"], before["max_tx_rate"]) == (0, True, False, 0), before
+    try:
+        hooks.run_pod_sandbox(pod)
+        during = _vf_settings(pf, index)
+        assert during == {**before, "vlan": 100, "qos": 3, "spoofchk": False, "trust": True, "max_tx_rate": 100}
+        assert _vf_settings(pf, 0)["vlan"] == 0, "VF 0 untouched"
+        moved = store.read(lambda s: s.pods[pod.uid].devices[0].records)
+        assert moved["sriov"]["host"]["vlan"] == 0 and moved["sriov"]["pod"]["vlan"] == 100, "written ahead"
+        hooks.stop_pod_sandbox(pod)
+    finally:
+        hooks.close()
+    assert _vf_settings(pf, index) == before
+    assert link_facts(ifname) == vf_before
+    assert store.read(lambda s: s.pods) == {}
+
+
+def test_a_setting_the_pf_refuses_is_named_and_nothing_is_left_half_applied(
+    pf_up: str, netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """igb has no guaranteed rate (``igb_ndo_set_vf_bw``: EINVAL for any min_tx_rate): the pod is
+    refused naming the claim's field and the PF, the VLAN set in the same step is put back, the VF
+    is home as it was."""
+    pf = pf_up
+    index, ifname, hooks, pod, store = _vf_pod(
+        pf, netns_factory, tmp_path, {"vlan": 200, "minTxRate": 10, "maxTxRate": 100}
+    )
+    before, vf_before = _vf_settings(pf, index), link_facts(ifname)
+    try:
+        with pytest.raises(HookError) as info:
+            hooks.run_pod_sandbox(pod)
+    finally:
+        hooks.close()
+    message = str(info.value)
+    assert "sriov.minTxRate/maxTxRate" in message and _netdev(pf) in message, message
+    assert _vf_settings(pf, index) == before
+    assert link_facts(ifname) == vf_before
     assert store.read(lambda s: s.pods) == {}

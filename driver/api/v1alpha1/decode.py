@@ -17,6 +17,7 @@ from typing import Any
 
 from driver.api.v1alpha1.decode_interface import decode_interface, ipv6_mtu_error
 from driver.api.v1alpha1.decode_routing import decode_neighbors, decode_routes, decode_rules
+from driver.api.v1alpha1.decode_sriov import decode_sriov, sriov_combination_errors
 from driver.api.v1alpha1.fields import (
     ConfigError,
     FieldError,
@@ -34,6 +35,7 @@ from driver.api.v1alpha1.network_config import (
     NetworkConfig,
     NumaConfig,
     RdmaConfig,
+    SriovConfig,
 )
 
 TOP_LEVEL_FIELDS = [
@@ -47,6 +49,7 @@ TOP_LEVEL_FIELDS = [
     "profile",
     "rdma",
     "numa",
+    "sriov",
 ]
 MAX_PROFILE_LENGTH = 253
 
@@ -59,6 +62,34 @@ def _decode_profile(raw: Any, path: str, errs: FieldErrors) -> str | None:
         errs.add(path, f"must be a profile name of 1 to {MAX_PROFILE_LENGTH} printable characters without spaces")
         return None
     return name
+
+
+def _sections(
+    obj: dict[str, Any], path: str, errs: FieldErrors
+) -> tuple[EthtoolConfig | None, RdmaConfig | None, NumaConfig | None, SriovConfig | None]:
+    """The ``ethtool``, ``rdma``, ``numa`` and ``sriov`` sections (None: not set, or refused)."""
+    ethtool = None
+    if obj.get("ethtool") is not None:
+        eobj = read_object(obj["ethtool"], f"{path}.ethtool", ["features", "privateFlags"], errs)
+        if eobj is not None:
+            ethtool = EthtoolConfig(
+                features=read_bool_map(eobj.get("features"), f"{path}.ethtool.features", errs),
+                private_flags=read_bool_map(eobj.get("privateFlags"), f"{path}.ethtool.privateFlags", errs),
+            )
+    rdma = None
+    if obj.get("rdma") is not None:
+        robj = read_object(obj["rdma"], f"{path}.rdma", ["injectEnv"], errs)
+        if robj is not None:
+            rdma = RdmaConfig(inject_env=read_bool(robj.get("injectEnv"), f"{path}.rdma.injectEnv", errs))
+    numa = None
+    if obj.get("numa") is not None:
+        nobj = read_object(obj["numa"], f"{path}.numa", ["pin"], errs)
+        if nobj is not None:
+            numa = NumaConfig(pin=read_bool(nobj.get("pin"), f"{path}.numa.pin", errs))
+    sriov = None
+    if obj.get("sriov") is not None:
+        sriov = decode_sriov(obj["sriov"], f"{path}.sriov", errs)
+    return ethtool, rdma, numa, sriov
 
 
 def decode_config(raw: Any, path: str) -> NetworkConfig:
@@ -82,24 +113,7 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
     interface = None
     if obj.get("interface") is not None:
         interface = decode_interface(obj["interface"], f"{path}.interface", errs)
-    ethtool = None
-    if obj.get("ethtool") is not None:
-        eobj = read_object(obj["ethtool"], f"{path}.ethtool", ["features", "privateFlags"], errs)
-        if eobj is not None:
-            ethtool = EthtoolConfig(
-                features=read_bool_map(eobj.get("features"), f"{path}.ethtool.features", errs),
-                private_flags=read_bool_map(eobj.get("privateFlags"), f"{path}.ethtool.privateFlags", errs),
-            )
-    rdma = None
-    if obj.get("rdma") is not None:
-        robj = read_object(obj["rdma"], f"{path}.rdma", ["injectEnv"], errs)
-        if robj is not None:
-            rdma = RdmaConfig(inject_env=read_bool(robj.get("injectEnv"), f"{path}.rdma.injectEnv", errs))
-    numa = None
-    if obj.get("numa") is not None:
-        nobj = read_object(obj["numa"], f"{path}.numa", ["pin"], errs)
-        if nobj is not None:
-            numa = NumaConfig(pin=read_bool(nobj.get("pin"), f"{path}.numa.pin", errs))
+    ethtool, rdma, numa, sriov = _sections(obj, path, errs)
     config = NetworkConfig(
         interface=interface,
         routes=decode_routes(obj.get("routes"), f"{path}.routes", errs),
@@ -109,6 +123,7 @@ def decode_config(raw: Any, path: str) -> NetworkConfig:
         profile=_decode_profile(obj.get("profile"), f"{path}.profile", errs),
         rdma=rdma,
         numa=numa,
+        sriov=sriov,
     )
     errs.items.extend(combination_errors(config, path))
     if errs.items:
@@ -159,6 +174,11 @@ def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
         if config.rules:
             reason = "rules cannot be combined with interface.vrf (the VRF's table decides the lookup)"
             out.append(FieldError(f"{path}.rules", reason))
+    if config.sriov is not None and iface is not None and iface.type:
+        reason = "an SR-IOV VF's settings are its own: a sub-interface (interface.type) of it cannot take them"
+        out.append(FieldError(f"{path}.sriov", reason))
+    if config.sriov is not None:
+        out.extend(sriov_combination_errors(config.sriov, f"{path}.sriov"))
     entries = config_entries(config)
     if entries > MAX_NIC_ENTRIES:
         reason = (

@@ -136,6 +136,21 @@ class NumaConfig:
 
 
 @dataclass(frozen=True)
+class SriovConfig:
+    """An SR-IOV VF's settings that its PF holds (as the SR-IOV CNI sets them): applied through the PF
+    while the VF is in the pod, put back as they were when it comes home. None: left as it is."""
+
+    vlan: int | None = None  # 0-4094; 0: untagged
+    vlan_qos: int | None = None  # JSON "vlanQoS": 0-7, the 802.1p priority of the VF's VLAN
+    vlan_proto: str | None = None  # JSON "vlanProto": "802.1Q" (default) or "802.1ad"
+    spoof_chk: bool | None = None  # JSON "spoofChk": the PF drops frames whose source MAC is not the VF's
+    trust: bool | None = None  # the VF may change its MAC, go promiscuous, join more multicast groups
+    min_tx_rate: int | None = None  # JSON "minTxRate": Mbit/s guaranteed; 0: none
+    max_tx_rate: int | None = None  # JSON "maxTxRate": Mbit/s at most; 0: no limit
+    link_state: str | None = None  # JSON "linkState": "auto" (the PF's), "enable" or "disable"
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
     """The whole ``opaque.parameters`` object for ``dra.net``."""
 
@@ -147,6 +162,7 @@ class NetworkConfig:
     profile: str | None = None  # a named profile from the profile provider (``--profile-provider``)
     rdma: RdmaConfig | None = None
     numa: NumaConfig | None = None
+    sriov: SriovConfig | None = None
 
     @property
     def rdma_env_enabled(self) -> bool:
@@ -185,6 +201,7 @@ class NetworkConfig:
         accepted it; a wrong shape raises ``KeyError``/``TypeError``/``AttributeError``.
         """
         iface, eth, rdma, numa = (params.get(k) for k in ("interface", "ethtool", "rdma", "numa"))
+        sriov = params.get("sriov")
         routes, rules, neighbors = params.get("routes"), params.get("rules"), params.get("neighbors")
         return cls(
             interface=None if iface is None else _interface_from_json(iface),
@@ -199,6 +216,7 @@ class NetworkConfig:
             else EthtoolConfig(features=eth.get("features"), private_flags=eth.get("privateFlags")),
             rdma=None if rdma is None else RdmaConfig(inject_env=rdma.get("injectEnv")),
             numa=None if numa is None else NumaConfig(pin=numa.get("pin")),
+            sriov=None if sriov is None else SriovConfig(**{_PY_NAMES.get(k, k): v for k, v in sriov.items()}),
         )
 
 
@@ -213,6 +231,12 @@ _JSON_NAMES = {
     "disable_ebpf_programs": "disableEbpfPrograms",
     "arp_ignore": "arpIgnore",
     "arp_announce": "arpAnnounce",
+    "vlan_qos": "vlanQoS",
+    "vlan_proto": "vlanProto",
+    "spoof_chk": "spoofChk",
+    "min_tx_rate": "minTxRate",
+    "max_tx_rate": "maxTxRate",
+    "link_state": "linkState",
 }
 _PY_NAMES = {v: k for k, v in _JSON_NAMES.items()}
 

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin, get_type_hints
 
-from driver.api.v1alpha1 import decode, decode_interface, decode_routing
+from driver.api.v1alpha1 import decode, decode_interface, decode_routing, decode_sriov
 from driver.api.v1alpha1 import fields as readers
 from driver.api.v1alpha1 import network_config as nc
 from driver.api.v1alpha1.fields import FieldError, json_type_name
@@ -74,6 +74,7 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
     },
     ("NetworkConfig", "rdma"): {"description": "RDMA environment given to the consuming containers."},
     ("NetworkConfig", "numa"): {"description": "NUMA pinning of the consuming containers."},
+    ("NetworkConfig", "sriov"): {"description": "An SR-IOV VF's settings, set through its PF while it is in the pod."},
     ("InterfaceConfig", "name"): _IFNAME | {"description": "The interface name in the pod (default: the host's)."},
     ("InterfaceConfig", "addresses"): {
         "description": "CIDR addresses (192.0.2.5/24); default: the host's addresses and routes.",
@@ -125,6 +126,14 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
     ("EthtoolConfig", "private_flags"): {"propertyNames": {"minLength": 1}, "description": "flag name -> on."},
     ("RdmaConfig", "inject_env"): {"default": nc.RDMA_INJECT_ENV_DEFAULT},
     ("NumaConfig", "pin"): {"default": nc.NUMA_PIN_DEFAULT},
+    ("SriovConfig", "vlan"): {"minimum": 0, "maximum": decode_sriov.MAX_VLAN, "description": "VLAN ID; 0: untagged."},
+    ("SriovConfig", "vlan_qos"): {"minimum": 0, "maximum": decode_sriov.MAX_QOS, "description": "802.1p priority."},
+    ("SriovConfig", "vlan_proto"): {"enum": list(decode_sriov.VLAN_PROTOS), "default": "802.1Q"},
+    ("SriovConfig", "spoof_chk"): {"description": "The PF drops frames whose source MAC is not the VF's."},
+    ("SriovConfig", "trust"): {"description": "The VF may change its MAC and go promiscuous."},
+    ("SriovConfig", "min_tx_rate"): {"minimum": 0, "maximum": decode_sriov.MAX_RATE, "description": "Mbit/s."},
+    ("SriovConfig", "max_tx_rate"): {"minimum": 0, "maximum": decode_sriov.MAX_RATE, "description": "Mbit/s; 0: none."},
+    ("SriovConfig", "link_state"): {"enum": list(decode_sriov.LINK_STATES), "default": "auto"},
 }
 
 # JSON-only properties (no field of their own in the typed config), after the field named.

@@ -329,5 +329,5 @@ def test_mistakes_inside_the_config_are_the_decoders_to_name() -> None:
     (problem,) = validate_object(doc)
     assert [str(e) for e in problem.errors] == [
         "spec.spec.devices.config[0].opaque.parameters.mtu: unknown field "
-        "(allowed: apiVersion, kind, interface, routes, rules, neighbors, ethtool, profile, rdma, numa)"
+        "(allowed: apiVersion, kind, interface, routes, rules, neighbors, ethtool, profile, rdma, numa, sriov)"
     ]

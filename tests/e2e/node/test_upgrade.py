@@ -37,7 +37,7 @@ from devcluster.cluster import lifecycle as cluster
 from devcluster.cluster.controlplane import wait_for
 from devcluster.cluster.pods import pod_view
 from devcluster.demo.allocation import ALIGNED
-from driver.checkpoint.schema import _V4_RECORDS, COMPATIBLE_VERSION, SCHEMA_VERSION
+from driver.checkpoint.schema import _V4_RECORDS, COMPATIBLE_VERSION, RECORDS_VERSION, SCHEMA_VERSION
 from tests.e2e.node.realnode import E2E_MARKS, RealNode
 from tests.e2e.node.support import (
     NUMA1_RDMA,
@@ -388,7 +388,7 @@ def test_an_upgrade_reads_the_pod_state_older_drivers_wrote(
     wait_running(node, ns, "holder")
     claim_uid = pod_claim(node, ns, "holder")["metadata"]["uid"]
     recorded = node.pod_states()
-    assert recorded["version"] == SCHEMA_VERSION
+    assert recorded["version"] == RECORDS_VERSION
     (pod,) = recorded["pods"].values()
     assert all(d["records"]["addresses"]["routes"] for d in pod["devices"]), pod["devices"]
     for version, image in ((4, second), (2, first)):

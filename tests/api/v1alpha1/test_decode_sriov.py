@@ -1,0 +1,114 @@
+"""The ``sriov`` section: a VF's settings through its PF, decoded strictly with the kernel's ranges,
+errors naming the field, the canonical form round-tripping and a request's merged config checked again."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.api.v1alpha1.decode import decode_config
+from driver.api.v1alpha1.fields import ConfigError
+from driver.api.v1alpha1.merge import configs_for_request
+from driver.api.v1alpha1.network_config import InterfaceConfig, NetworkConfig, SriovConfig
+
+P = "spec.devices.config[0].opaque.parameters"
+FULL = {
+    "vlan": 100,
+    "vlanQoS": 3,
+    "vlanProto": "802.1ad",
+    "spoofChk": False,
+    "trust": True,
+    "minTxRate": 10,
+    "maxTxRate": 1000,
+    "linkState": "enable",
+}
+
+
+def _errors(sriov: object, **rest: object) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        decode_config({"sriov": sriov, **rest}, P)
+    return [str(e) for e in info.value.errors]
+
+
+def test_every_field_is_decoded_into_the_typed_model_and_round_trips() -> None:
+    config = decode_config({"sriov": FULL}, P)
+    assert config.sriov == SriovConfig(
+        vlan=100,
+        vlan_qos=3,
+        vlan_proto="802.1ad",
+        spoof_chk=False,
+        trust=True,
+        min_tx_rate=10,
+        max_tx_rate=1000,
+        link_state="enable",
+    )
+    params = config.to_parameters()
+    assert params["sriov"] == FULL
+    assert decode_config(params, P) == config
+    assert NetworkConfig.from_parameters(params) == config
+
+
+def test_an_unset_field_is_left_as_the_pf_has_it() -> None:
+    config = decode_config({"sriov": {"trust": True}}, P)
+    assert config.sriov == SriovConfig(trust=True)
+    assert config.to_parameters()["sriov"] == {"trust": True}
+
+
+@pytest.mark.parametrize(
+    ("sriov", "expected"),
+    [
+        ({"vlan": 4095}, f"{P}.sriov.vlan: "),
+        ({"vlan": -1}, f"{P}.sriov.vlan: "),
+        ({"vlan": "100"}, f"{P}.sriov.vlan: "),
+        ({"vlan": 5, "vlanQoS": 8}, f"{P}.sriov.vlanQoS: "),
+        ({"vlan": 5, "vlanProto": "802.1x"}, f"{P}.sriov.vlanProto: '802.1x' is not one of 802.1Q, 802.1ad"),
+        ({"linkState": "up"}, f"{P}.sriov.linkState: 'up' is not one of auto, enable, disable"),
+        ({"maxTxRate": 2**32}, f"{P}.sriov.maxTxRate: "),
+        ({"minTxRate": -5}, f"{P}.sriov.minTxRate: "),
+        ({"trust": "yes"}, f"{P}.sriov.trust: "),
+        ({"spoofchk": True}, f"{P}.sriov.spoofchk: unknown field"),
+        ({"vlanQoS": 2}, f"{P}.sriov.vlanQoS: needs a vlan other than 0"),
+        ({"vlan": 0, "vlanProto": "802.1ad"}, f"{P}.sriov.vlanProto: needs a vlan other than 0"),
+        ({"minTxRate": 500, "maxTxRate": 100}, f"{P}.sriov.minTxRate: 500 Mbit/s is above maxTxRate (100 Mbit/s)"),
+        ("on", f"{P}.sriov: "),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_field(sriov: object, expected: str) -> None:
+    errors = _errors(sriov)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(expected), errors
+
+
+def test_every_bad_field_is_named_at_once() -> None:
+    errors = _errors({"vlan": 9999, "linkState": "off", "trust": 1})
+    assert sorted(e.split(":")[0] for e in errors) == [f"{P}.sriov.{f}" for f in ("linkState", "trust", "vlan")]
+
+
+def test_the_qos_and_protocol_that_need_no_vlan_are_accepted() -> None:
+    assert decode_config({"sriov": {"vlanQoS": 0, "vlanProto": "802.1Q"}}, P).sriov == SriovConfig(
+        vlan_qos=0, vlan_proto="802.1Q"
+    )
+
+
+def test_a_sub_interface_of_a_vf_cannot_take_the_vfs_settings() -> None:
+    errors = _errors({"vlan": 10}, interface={"type": "macvlan"})
+    assert any(e.startswith(f"{P}.sriov: an SR-IOV VF's settings are its own") for e in errors), errors
+
+
+def test_a_requests_merged_config_is_checked_again() -> None:
+    """One config sets a floor, a later one a ceiling below it: each is valid, the merge is not."""
+    first = decode_config({"sriov": {"minTxRate": 500}}, P)
+    second = decode_config({"sriov": {"maxTxRate": 100}}, P)
+    merged = first.merged(second)
+    assert merged.sriov == SriovConfig(min_tx_rate=500, max_tx_rate=100)
+    entries = [
+        {"source": "FromClaim", "requests": ["nics"], "opaque": {"driver": "dra.net", "parameters": params}}
+        for params in ({"sriov": {"minTxRate": 500}}, {"sriov": {"maxTxRate": 100}})
+    ]
+    with pytest.raises(ConfigError) as info:
+        configs_for_request(entries, "nics")
+    assert any("sriov.minTxRate: 500 Mbit/s is above maxTxRate" in str(e) for e in info.value.errors)
+
+
+def test_a_vf_config_beside_an_interface_name_is_fine() -> None:
+    config = decode_config({"interface": {"name": "net1"}, "sriov": {"vlan": 7}}, P)
+    assert config.interface == InterfaceConfig(name="net1") and config.sriov == SriovConfig(vlan=7)
