@@ -9,6 +9,9 @@ docs/testing.md). Two lanes run side by side, each one tier at a time:
 - **cluster**: the apiserver e2e tier and each real-node cluster's tier, which mostly wait on
   kubelets, the apiserver and pods.
 
+A lane whose own tiers are done takes the last tier still queued in the other (``_next_tier``), so
+neither lane waits idle while the other has a queue.
+
 Each tier's output goes to its own log (``$DRANET_TEST_LOGS``, default ``build/test-logs/``); a
 failed tier's log tail is printed with its name. Every test of the suite is in exactly one tier:
 the runner collects the whole suite and the tiers' selections first and stops if they differ
@@ -27,6 +30,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,6 +227,21 @@ def table(results: Sequence[Result], wall: float) -> str:
     return "\n".join(lines)
 
 
+def _next_tier(own: deque[Tier], queues: Sequence[deque[Tier]], say: threading.Lock) -> Tier | None:
+    """The lane's next tier: the first of its own queue; once that is empty, the last of the
+    longest other queue (a lane never waits idle beside work it could do: the tiers' clusters,
+    namespaces and guests are all their own, so any two of them may run at once)."""
+    with say:
+        if own:
+            return own.popleft()
+        others = [q for q in queues if q is not own and q]
+        if not others:
+            return None
+        tier = max(others, key=len).pop()
+        print(f"[tiers] {tier.name}: taken by a lane that finished its own ({tier.lane} lane's tier)", flush=True)
+        return tier
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", default=[], help="run only this tier (by name; repeatable)")
@@ -248,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     lanes = [[t for t in chosen if t.lane == lane] for lane in ("compute", "cluster")]
     if a.serial:
         lanes = [[t for lane in lanes for t in lane]]
+    queues = [deque(lane) for lane in lanes if lane]
     results: dict[str, Result] = {}
     t0 = time.monotonic()
 
-    def run_lane(lane: list[Tier]) -> None:
-        for tier in lane:
+    def run_lane(own: deque[Tier]) -> None:
+        while (tier := _next_tier(own, queues, say)) is not None:
             try:
                 results[tier.name] = _run(tier, logs, say)
             except Exception as exc:  # noqa: BLE001 (the runner's own fault: that tier fails, the others still run)
@@ -261,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[tier.name] = Result(tier, code=-1, log=logs / "runner-error.log")
                 results[tier.name].log.write_text(f"{tier.name}: {exc!r}\n")
 
-    threads = [threading.Thread(target=run_lane, args=(lane,)) for lane in lanes if lane]
+    threads = [threading.Thread(target=run_lane, args=(queue,)) for queue in queues]
     for th in threads:
         th.start()
     for th in threads:

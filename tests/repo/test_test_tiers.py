@@ -4,6 +4,8 @@ and what keeps its two lanes apart."""
 from __future__ import annotations
 
 import re
+import threading
+from collections import deque
 from pathlib import Path
 from types import ModuleType
 
@@ -66,3 +68,19 @@ def test_no_test_names_an_address_in_the_clusters_range() -> None:
         for m in address.finditer(path.read_text())
     ]
     assert not found, found
+
+
+def test_a_lane_that_finished_its_own_takes_the_other_lanes_last_tier() -> None:
+    runner = _runner()
+    compute, cluster = (deque(t for t in runner.TIERS if t.lane == lane) for lane in ("compute", "cluster"))
+    first_cluster, last_cluster = cluster[0], cluster[-1]
+    queues = [compute, cluster]
+    say = threading.Lock()
+    while compute:
+        taken = runner._next_tier(compute, queues, say)
+        assert taken.lane == "compute"
+    assert runner._next_tier(compute, queues, say) is last_cluster, "the other lane's last"
+    assert runner._next_tier(cluster, queues, say) is first_cluster, "its own first"
+    while runner._next_tier(cluster, queues, say) is not None:
+        pass
+    assert runner._next_tier(compute, queues, say) is None and not cluster
