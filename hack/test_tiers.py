@@ -119,7 +119,15 @@ TIERS = (
         ("tests/kernels",),
         "compute",
         "root, QEMU 10 (TCG, bookworm-backports): Debian 12's kernel, igb PFs and their VFs, an IOMMU",
-        keyword="sriov",
+        keyword="sriov-6.1",
+        nice=10,
+    ),
+    Tier(
+        "kernel 7.3: SR-IOV",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU 10 (TCG, bookworm-backports): trixie-backports' Linux 7, igb PFs and their VFs, an IOMMU",
+        keyword="sriov-7.3",
         nice=10,
     ),
     Tier(
@@ -138,7 +146,8 @@ TIERS = (
     ),
     Tier("real nodes: CRI-O", (OWN_CLUSTERS[0],), "cluster", "root, a CRI-O node"),
     Tier("real nodes: GPU-NIC pairs", (OWN_CLUSTERS[1],), "cluster", "root, two nodes with a PCIe switch topology"),
-    Tier("real nodes: IPv6, dual-stack", (OWN_CLUSTERS[2],), "cluster", "root, an IPv6-only and a dual-stack cluster"),
+    Tier("real nodes: IPv6-only", (OWN_CLUSTERS[2],), "cluster", "root, an IPv6-only cluster", keyword="ipv6"),
+    Tier("real nodes: dual-stack", (OWN_CLUSTERS[2],), "cluster", "root, a dual-stack cluster", keyword="dual"),
     Tier("dranet's e2e suite", (OWN_CLUSTERS[3],), "cluster", "root, bats, a node installed as dranet users do"),
 )
 

@@ -1,10 +1,12 @@
 """The stock-kernel tier: the tests whose behaviour depends on the kernel (marked ``kernel``), run
 again under Debian's own kernels, booted by QEMU with this machine's userland (:mod:`harness.guest`):
 
-- **Debian 12's 6.1** (what Debian 12, COS and Amazon Linux 2023 run): every kernel test, on a
-  q35 machine with two NUMA nodes and PCI NICs behind each (:class:`harness.guest.Topology`);
-- **trixie-backports' 7.3** (Linux 7, whose Soft-RoCE has network namespaces: RDMA between pods,
-  ``RXE_NETNS_TESTS``) and **Debian 13's 6.12**: the tests whose behaviour differs by kernel;
+- **Debian 12's 6.1** (what Debian 12, COS and Amazon Linux 2023 run) and **trixie-backports' 7.3**
+  (Linux 7, whose Soft-RoCE has network namespaces: RDMA between pods, ``RXE_NETNS_TESTS``): every
+  kernel test, on a q35 machine with two NUMA nodes and PCI NICs behind each
+  (:class:`harness.guest.Topology`); both again with an ``igb`` PF on each node and an IOMMU, for
+  real SR-IOV VFs (``SRIOV_TESTS``);
+- **Debian 13's 6.12**: the tests whose behaviour differs by kernel;
 - **Debian 11's 5.10**, the driver's kernel floor (below ``IFLA_NEW_IFINDEX``, as RHEL 9's 5.14 and
   Ubuntu 22.04's 5.15 are): the NIC moves and returns, sub-interfaces, and the refusal a kernel that
   cannot choose a NIC's ifindex needs.
@@ -74,20 +76,15 @@ RXE_NETNS_TESTS = ("tests/nic_settings/test_rxe_between_pods.py",)
 """RDMA between pods through Soft-RoCE made in their namespaces: Linux 7.1's rxe namespaces."""
 SRIOV_TESTS = ("tests/inventory/test_sriov_vfs.py",)
 """Real VFs of QEMU's igb PFs (no other guest has a PF): discovery, the VF count, a VF in a pod."""
-NEWER_THAN_HOST_TESTS = (*MODULE_TESTS, *RXE_NETNS_TESTS)
-"""What a kernel newer than this machine's 6.18 can still change: its RDMA core and Soft-RoCE (rxe
-namespaces came in 7.1), VRF and the offload limits. The moves, returns and sub-interfaces behave
-there as on 6.18 (``IFLA_NEW_IFINDEX``, the 2025 rtnetlink change), where the netlink/NRI tier
-runs them."""
 KERNELS = {
-    # Not every kernel test (about 20 minutes more under TCG, past CI's budget): what differs from
-    # the host's 6.18 and what 7.1 made possible. 6.1 runs them all (the new ones skip there,
-    # naming the kernel), 6.12 every file that differs by kernel.
-    "backports-7.3": Kernel("trixie-backports", "7.3.", NEWER_THAN_HOST_TESTS, 20, True),
+    # 6.1 and 7.3 run every kernel test (what a kernel cannot do skips there, naming it), 6.12
+    # every file that differs by kernel, 5.10 the moves; the SR-IOV guests their PFs' VFs.
+    "backports-7.3": Kernel("trixie-backports", "7.3.", (), 100, True),
     "debian12-6.1": Kernel("", "6.1.", (), 100, True),
     "debian13-6.12": Kernel("trixie", "6.12.", DIFFERING_TESTS, 60, False),
     "floor-5.10": Kernel("bullseye", "5.10.", FLOOR_TESTS, 30, False),
-    "sriov-6.1": Kernel("", "6.1.", SRIOV_TESTS, 3, True, sriov=True),
+    "sriov-6.1": Kernel("", "6.1.", SRIOV_TESTS, 5, True, sriov=True),
+    "sriov-7.3": Kernel("trixie-backports", "7.3.", SRIOV_TESTS, 5, True, sriov=True),
 }
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(GUEST_TIMEOUT + 300)]

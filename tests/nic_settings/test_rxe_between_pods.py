@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -221,6 +222,33 @@ def _listening(netns: str, pid: int, device: str) -> bool:
     )
 
 
+CLOCK_SAMPLING_FAILED = "Correlation coefficient r^2"
+"""What perftest prints when its own measure of the CPU's clock (cycles against gettimeofday over a
+few sleeps) is too noisy to convert cycles to time, and it reports nothing: under emulation on a
+loaded host a vCPU descheduled mid-sample does that. The RDMA transfer itself ran."""
+PERFTEST_TRIES = 3
+
+
+def _perftest(bed: Bed, tool: str, args: list[str], a: Pod, b: Pod) -> tuple[str, str]:
+    """``tool`` (perftest, over rdma_cm) from pod ``a`` to pod ``b`` with ``args``; tried again, on a
+    new port, only when perftest could not time its own run (:data:`CLOCK_SAMPLING_FAILED`): every
+    other failure fails at once."""
+    for attempt in range(1, PERFTEST_TRIES + 1):
+        port = str(next(bed.ports))
+        try:
+            return _pair(
+                [tool, "-R", "-d", b.rxe, "-p", port, *args],
+                [tool, "-R", "-d", a.rxe, "-p", port, *args, b.ip],
+                a,
+                b,
+            )
+        except AssertionError as failed:
+            if CLOCK_SAMPLING_FAILED not in str(failed) or attempt == PERFTEST_TRIES:
+                raise
+            print(f"{tool}: perftest could not time its run (attempt {attempt}), again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def _pair(server: list[str], client: list[str], a: Pod, b: Pod, timeout: float = 120) -> tuple[str, str]:
     """``server`` in pod ``b``, then, once it listens on ``b``'s device, ``client`` in pod ``a``; both
     must succeed. (server, client) output. On any failure both sides' output is in the message, and the
@@ -366,20 +394,8 @@ def _round(bed: Bed, folder: Path) -> str:
     pings = [line for line in rping[1].splitlines() if line.startswith("ping data:")]
     assert len(pings) == 5, rping
     size, iters = 65536, 200
-    port = str(next(bed.ports))
-    bw = _pair(
-        ["ib_write_bw", "-R", "-d", b.rxe, "-p", port, "-s", str(size), "-n", str(iters)],
-        ["ib_write_bw", "-R", "-d", a.rxe, "-p", port, "-s", str(size), "-n", str(iters), b.ip],
-        a,
-        b,
-    )
-    port = str(next(bed.ports))
-    lat = _pair(
-        ["ib_send_lat", "-R", "-d", b.rxe, "-p", port, "-s", "64", "-n", "200"],
-        ["ib_send_lat", "-R", "-d", a.rxe, "-p", port, "-s", "64", "-n", "200", b.ip],
-        a,
-        b,
-    )
+    bw = _perftest(bed, "ib_write_bw", ["-s", str(size), "-n", str(iters)], a, b)
+    lat = _perftest(bed, "ib_send_lat", ["-s", "64", "-n", "200"], a, b)
     after = {ns: _link_bytes(ns) for ns in namespaces}
     moved = {f"{ns}/{link}": after[ns][link] - before[ns].get(link, 0) for ns in namespaces for link in after[ns]}
     claimed = {f"{a.netns}/{a.nic}", f"{b.netns}/{b.nic}"}
