@@ -1,5 +1,6 @@
 # The seed MPIJobs' image for this machine, made from Debian packages: the CPU build of PyTorch
-# (python3-torch, with gloo), Open MPI (mpirun, orted), OpenSSH (the workers' sshd, the
+# (python3-torch, with gloo), Open MPI (mpirun, orted) with UCX, mpi4py and the verbs providers
+# (rdma_allreduce.py over the pods' RDMA devices, Soft-RoCE's among them), OpenSSH (the workers' sshd, the
 # launcher's ssh), numactl/libnuma (placement.py's memory policy) and iproute2 (to look at the
 # pod's NICs). No CUDA and no registry: devcluster tags it in every node's containerd under the
 # name the seed's manifests use (registry.example.com/dranet/pytorch-mpi:25.09), whose real
@@ -10,7 +11,7 @@ FROM ${DEBIAN_IMAGE}
 # StrictModes would refuse its keys and ssh could not record known hosts (as upstream's base image).
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3-torch openmpi-bin openssh-server openssh-client numactl libnuma1 iproute2 procps \
+      python3-torch openmpi-bin python3-mpi4py ibverbs-providers openssh-server openssh-client numactl libnuma1 iproute2 procps \
  && apt-get clean && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
  && mkdir -p /run/sshd \
  && sed -i 's/^#\?PermitRootLogin .*/PermitRootLogin prohibit-password/' /etc/ssh/sshd_config \

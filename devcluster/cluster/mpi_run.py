@@ -45,6 +45,7 @@ class RunResult:
     mfu_line: str = ""
     notes: list[str] = field(default_factory=list)  # the benchmark's "benchmark: ..." lines
     gloo_interfaces: str = ""  # what rank 0 said it used
+    rdma_check: str = ""  # the launcher's "RDMA check: ..." line: whether the allreduce over RDMA ran
     report: mpijobs.JobReport | None = None  # pods, nodes and claims while the workers ran
     rail_bytes: dict[tuple[int, str], int] = field(default_factory=dict)  # (node, NIC) -> tx + rx
     launcher_log: str = ""
@@ -185,6 +186,8 @@ def follow(
             m = GLOO_RE.search(text)
             if m and "rank 0/" in text:
                 res.gloo_interfaces = m.group(1)
+        if text.startswith("RDMA check: ") and not res.rdma_check:
+            res.rdma_check = text
         if text.startswith("benchmark: ") and text not in res.notes:
             res.notes.append(text)
         if text.startswith("MFU_RESULT "):

@@ -59,6 +59,7 @@ def show_job(kube: KubeClient, kubectl: Kubectl, layout: NodeLayout, which: str)
     res = mpi_run.run(kube, kubectl, layout, NAMESPACE, which, on_workers_ready=inside)
     for note in res.notes:
         print(f"  {note}")
+    print(f"  launcher: {res.rdma_check or 'RDMA check: not reported'}")
     print(f"  launcher: gloo over {res.gloo_interfaces or '?'}; job {res.outcome} {res.ended_s:.1f}s after the apply")
     print(f"  {res.mfu_line or 'no MFU_RESULT (see the launcher log below)'}")
     if not res.mfu_line:
