@@ -96,23 +96,33 @@ TIERS = (
         "kernel 7.3",
         ("tests/kernels",),
         "compute",
-        "root, QEMU (TCG): trixie-backports' Linux 7 (amd64 flavour)",
+        "root, QEMU 10 (TCG, bookworm-backports): trixie-backports' Linux 7 (amd64 flavour)",
         keyword="backports",
         nice=10,
     ),
     Tier(
-        "kernel 6.1", ("tests/kernels",), "compute", "root, QEMU (TCG): Debian 12's kernel", keyword="debian12", nice=10
+        "kernel 6.1",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU 10 (TCG, bookworm-backports): Debian 12's kernel",
+        keyword="debian12",
+        nice=10,
     ),
     Tier(
         "kernel 6.12",
         ("tests/kernels",),
         "compute",
-        "root, QEMU (TCG): Debian 13's kernel",
+        "root, QEMU 10 (TCG, bookworm-backports): Debian 13's kernel",
         keyword="debian13",
         nice=10,
     ),
     Tier(
-        "kernel 5.10", ("tests/kernels",), "compute", "root, QEMU (TCG): Debian 11's kernel", keyword="floor", nice=10
+        "kernel 5.10",
+        ("tests/kernels",),
+        "compute",
+        "root, QEMU 10 (TCG, bookworm-backports): Debian 11's kernel",
+        keyword="floor",
+        nice=10,
     ),
     Tier(
         "kernel 6.1: SR-IOV",
@@ -131,24 +141,24 @@ TIERS = (
         nice=10,
     ),
     Tier(
-        "apiserver e2e",
-        ("tests/e2e",),
-        "cluster",
-        "a real etcd, apiserver, scheduler, controller-manager (no kubelet)",
-        ignore=(NODE,),
-    ),
-    Tier(
         "real nodes",
         (NODE,),
         "cluster",
         "root, two real nodes (kubelet, containerd) on one cluster, shared by every module",
         ignore=OWN_CLUSTERS,
     ),
-    Tier("real nodes: CRI-O", (OWN_CLUSTERS[0],), "cluster", "root, a CRI-O node"),
-    Tier("real nodes: GPU-NIC pairs", (OWN_CLUSTERS[1],), "cluster", "root, two nodes with a PCIe switch topology"),
+    Tier("dranet's e2e suite", (OWN_CLUSTERS[3],), "cluster", "root, bats, a node installed as dranet users do"),
     Tier("real nodes: IPv6-only", (OWN_CLUSTERS[2],), "cluster", "root, an IPv6-only cluster", keyword="ipv6"),
     Tier("real nodes: dual-stack", (OWN_CLUSTERS[2],), "cluster", "root, a dual-stack cluster", keyword="dual"),
-    Tier("dranet's e2e suite", (OWN_CLUSTERS[3],), "cluster", "root, bats, a node installed as dranet users do"),
+    Tier(
+        "apiserver e2e",
+        ("tests/e2e",),
+        "cluster",
+        "a real etcd, apiserver, scheduler, controller-manager (no kubelet)",
+        ignore=(NODE,),
+    ),
+    Tier("real nodes: CRI-O", (OWN_CLUSTERS[0],), "cluster", "root, a CRI-O node"),
+    Tier("real nodes: GPU-NIC pairs", (OWN_CLUSTERS[1],), "cluster", "root, two nodes with a PCIe switch topology"),
 )
 
 

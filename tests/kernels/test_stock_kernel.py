@@ -164,16 +164,19 @@ def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         f" -p no:hypothesispytest -n {GUEST_CPUS} --dist loadfile --durations=0"
         f" --junitxml={GUEST_DIR}/junit.xml -o junit_family=xunit1 -o junit_logging=log {' '.join(files)}"
     )
+    # The backport's QEMU for every guest: its igb for the SR-IOV ones, and its TCG runs a guest's
+    # process starts 2.5x faster than this machine's 7.2 (100 `ip` processes in 7.3's guest: 2.6 s
+    # against 6.6 s), which most of these tests are made of.
+    try:
+        qemu = qemu_builder.ensure()
+    except StockKernelError as exc:
+        pytest.fail(f"the guests' QEMU (bookworm-backports) cannot be had here: {exc}")
     if kernel.sriov:
-        try:
-            qemu = qemu_builder.ensure()
-        except StockKernelError as exc:
-            pytest.fail(f"the SR-IOV guest's QEMU cannot be had here: {exc}")
         env, topology = {SRIOV_ENV: "1"}, guest.Topology(igb_per_node=1)
     elif kernel.topology:
-        qemu, env, topology = qemu_builder.SYSTEM, {TOPOLOGY_ENV: "2x2"}, guest.Topology()
+        env, topology = {TOPOLOGY_ENV: "2x2"}, guest.Topology()
     else:
-        qemu, env, topology = qemu_builder.SYSTEM, {}, None
+        env, topology = {}, None
     run = guest.run(
         command,
         folder,
