@@ -145,6 +145,14 @@ busybox poweroff -f
 PANIC_MARKS = ("Kernel panic", "Oops:", "BUG:", "general protection fault")
 """Console lines of a kernel that died (with ``panic=-1`` and ``-no-reboot``, QEMU then exits)."""
 BOOT_TRIES = 3
+BOOT_DEADLINE_S = 300
+"""A boot that has not started its command by then hung (it takes ~5 s alone, ~20 s on a loaded
+machine): killed and booted again, as a boot that died."""
+STALL_S = 600
+"""A running command whose output has not grown for this long: the guest itself stopped (a test
+that hangs is ended by the tier's own per-test timeout well before), killed and booted again once."""
+WATCH_S = 5.0
+"""How often the watchdog looks at a running guest."""
 """Boots of one run that may die before its command starts: under multi-threaded TCG, Linux 7.3
 sometimes oopses a second in (int3 in ``sched_clock_cpu``, while the TSC's static keys are patched
 on the other vCPU); a boot that got as far as the command is never retried."""
@@ -298,22 +306,37 @@ def run(
         )
     )
     panics: list[str] = []
-    for attempt in range(1, BOOT_TRIES + 1):
+    deadline = time.monotonic() + timeout
+    stalls = 0
+    for attempt in range(1, BOOT_TRIES + 2):
         for stale in ("rc", "boot_s", "output.txt", "console.log"):
             (folder / stale).unlink(missing_ok=True)
-        wall, qemu_rc, qemu_out = _boot(kernel, folder, memory_mb, cpus, topology, qemu_args, timeout, qemu)
+        boot = _boot(kernel, folder, memory_mb, cpus, topology, qemu_args, deadline, qemu)
         if (folder / "rc").exists():
             break
         console = _read(folder / "console.log")
-        died = panic_lines(console)
-        if died and not (folder / "boot_s").exists() and attempt < BOOT_TRIES:
+        died = panic_lines(console) or (["(no console line for BOOT_DEADLINE_S)"] if boot.hung == "boot" else [])
+        if died and not (folder / "boot_s").exists() and len(panics) + 1 < BOOT_TRIES:
             panics.append("\n".join(died))
             print(f"[guest] {kernel.release}: boot {attempt} died before its command, booting again", file=sys.stderr)
             continue
+        if boot.hung == "stall" and not stalls and deadline - time.monotonic() > timeout / 2:
+            stalls += 1
+            panics.append(f"its output stood still for {STALL_S} s:\n{_tail(folder / 'output.txt', 10)}")
+            print(
+                f"[guest] {kernel.release}: boot {attempt} stopped running its command, booting again", file=sys.stderr
+            )
+            continue
+        what = {
+            "deadline": f"did not finish in {timeout:.0f} s",
+            "stall": f"printed nothing for {STALL_S} s",
+            "boot": f"did not start its command in {BOOT_DEADLINE_S} s",
+        }.get(boot.hung, "stopped before its command finished")
         raise GuestError(
-            f"the guest stopped before its command finished (qemu exit {qemu_rc}: {qemu_out.strip()}; "
-            f"{len(panics)} earlier boots died before their command); console:\n{_tail(folder / 'console.log')}"
+            f"the guest {what} (qemu exit {boot.rc}: {boot.output.strip()[-2000:]}; {len(panics)} earlier boots "
+            f"died or stalled); its output:\n{_tail(folder / 'output.txt')}\nconsole:\n{_tail(folder / 'console.log')}"
         )
+    wall = boot.wall_s
     return GuestRun(
         rc=int((folder / "rc").read_text().strip() or -1),
         output=_read(folder / "output.txt"),
@@ -326,6 +349,14 @@ def run(
     )
 
 
+@dataclass(frozen=True)
+class _Boot:
+    wall_s: float
+    rc: int  # QEMU's exit status (-9 when killed)
+    output: str  # QEMU's own output
+    hung: str = ""  # why it was killed: "boot", "stall" or "deadline"; "" when QEMU exited
+
+
 def _boot(
     kernel: StockKernel,
     folder: Path,
@@ -333,10 +364,11 @@ def _boot(
     cpus: int,
     topology: Topology | None,
     qemu_args: Sequence[str],
-    timeout: float,
+    deadline: float,
     qemu: Qemu = SYSTEM,
-) -> tuple[float, int, str]:
-    """One QEMU boot to its exit: (seconds, QEMU's exit status, its output); :class:`GuestError` past ``timeout``."""
+) -> _Boot:
+    """One QEMU boot to its exit, or killed at ``deadline`` (monotonic), when it has not started
+    its command in :data:`BOOT_DEADLINE_S`, or when its command printed nothing for :data:`STALL_S`."""
     start = time.monotonic()
     proc = subprocess.Popen(
         qemu_command(kernel, folder, memory_mb, cpus, topology, qemu_args, qemu),
@@ -345,15 +377,29 @@ def _boot(
         stderr=subprocess.STDOUT,
         env={**os.environ, **qemu.env},
     )
-    try:
-        qemu_out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise GuestError(
-            f"the guest did not finish in {timeout:.0f} s; console:\n{_tail(folder / 'console.log')}"
-        ) from None
-    return time.monotonic() - start, proc.returncode, qemu_out.decode(errors="replace")
+    hung, grown_at, size = "", start, -1
+    while True:
+        try:
+            qemu_out, _ = proc.communicate(timeout=WATCH_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now = time.monotonic()
+        output = folder / "output.txt"
+        current = output.stat().st_size if output.exists() else -1
+        if current != size:
+            size, grown_at = current, now
+        if now >= deadline:
+            hung = "deadline"
+        elif not (folder / "boot_s").exists() and now - start > BOOT_DEADLINE_S:
+            hung = "boot"
+        elif (folder / "boot_s").exists() and now - grown_at > STALL_S:
+            hung = "stall"
+        if hung:
+            proc.kill()
+            qemu_out, _ = proc.communicate()
+            break
+    return _Boot(time.monotonic() - start, proc.returncode, qemu_out.decode(errors="replace"), hung)
 
 
 def _read(path: Path) -> str:
