@@ -266,7 +266,7 @@ class DeviceMetadataWriter:
         """One NIC as the pod sees it. Its MTU is the pod link's (a claim's ``interface.mtu`` only
         when the hooks did not say: the published attribute is the host's at the last scan)."""
         mtu = result.mtu if result.mtu is not None else (d.config.interface.mtu if d.config.interface else None)
-        rdma = d.snapshot.host.rdma_device
+        rdma = result.rdma_in_pod or d.snapshot.host.rdma_device  # a share's own device in the pod
         gid = pod_gid_index(self.sysfs_root, rdma, result.ips) if rdma and not result.no_rdma else None
         ips = tuple(result.ips)[:MAX_IPS]
         return NicView(claim_uid, generation, result.interface_name, ips, result.hardware_address, mtu, gid)

@@ -40,7 +40,16 @@ namespace already gone took it with it. One that cannot be made in the pod (the 
 the name is taken) leaves no half-made device (one made but without its char devices is deleted):
 the pod starts without RDMA for that NIC, the record and the claim's ``RDMA`` condition say why,
 as for an older kernel, and the device is made again on the host at the return. Older kernels,
-exclusive mode, siw and shares keep the behaviour above.
+exclusive mode and siw keep the behaviour above.
+
+A share of such a NIC (a sub-interface in the pod, the NIC on the host with its rxe device) gets an
+rxe device of its own on its sub-interface, made in the pod the same way under a name stable for
+the share (:func:`share_device_name`: the host device's name and the share's), so that each pod's
+RDMA traffic leaves from its own address; the host's device is never touched, and at the return
+the share's device is deleted (with the sub-interface it would go anyway). Where the kernel cannot,
+a share keeps the host's device, as before. Verbs users (NCCL, UCX) name the share's device and its
+GID; rdma_cm finds the share's address on the host's device too (an upper device's addresses are its
+lower's GIDs) and binds there, so it does not reach a share's device.
 """
 
 from __future__ import annotations
@@ -126,11 +135,21 @@ def made_in_pod(record: object) -> str | None:
     return None
 
 
+def share_device_name(rdma_device: str, share: str) -> str:
+    """The rxe device a share of a NIC gets in its pod: the host device's name and the first
+    characters of the share's ID (every namespace sees every RDMA device in shared mode: the name
+    must be the node's only one)."""
+    tag = "".join(c for c in share.lower() if c.isalnum())[:8]
+    return f"{rdma_device}s{tag}"
+
+
 class RdmaDevice(NicSetting):
     """A NIC's RDMA device: moved with it in exclusive RDMA netns mode; a soft one left out of the
-    pod and made again once the NIC is home, or, where the kernel allows, made again in the pod."""
+    pod and made again once the NIC is home, or, where the kernel allows, made again in the pod; a
+    share's own rxe device on its sub-interface in the pod, where the kernel allows."""
 
     name = "rdma"
+    sub_interfaces = True
 
     def plan(self, nics: Sequence[Nic], host: HostNetns, pod: PodNetns) -> None:
         for nic in nics:
@@ -138,7 +157,13 @@ class RdmaDevice(NicSetting):
             if not rdma_device:
                 continue
             soft = soft_record(host.sysfs_root, rdma_device)
-            if soft is not None and soft["type"] == "rxe" and host.rxe_in_pod and not host.rdma_exclusive:
+            in_pod = soft is not None and soft["type"] == "rxe" and host.rxe_in_pod and not host.rdma_exclusive
+            if nic.sub_interface:  # the NIC stays on the host, its devices with it
+                if in_pod:
+                    share = share_device_name(rdma_device, nic.device.share_id or nic.claim.uid)
+                    nic.records[self.name] = {"soft": share, "type": "rxe", "in_pod": True, "share": True}
+                continue
+            if in_pod and soft is not None:
                 nic.records[self.name] = {"soft": soft["soft"], "type": "rxe", "in_pod": True}
             elif soft is not None:
                 nic.records[self.name] = soft
@@ -189,7 +214,8 @@ class RdmaDevice(NicSetting):
 
     def _not_in_pod(self, nic: Nic, record: dict[str, object], reason: str) -> None:
         log.warning("pod starts without its NIC's RDMA device", extra={"kv": {"device": nic.name, "reason": reason}})
-        nic.records[self.name] = {"soft": record["soft"], "type": record.get("type", "rxe"), "reason": reason}
+        kept = {"share": True} if record.get("share") else {}
+        nic.records[self.name] = {"soft": record["soft"], "type": record.get("type", "rxe"), "reason": reason, **kept}
 
     def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
         """Bring the RDMA devices back to the host, first (a gone pod netns returned them already);
@@ -239,8 +265,8 @@ class RdmaDevice(NicSetting):
         rolled back at once may find it still there under its name, so its name is waited for
         (briefly) before the new one is made."""
         record = nic.records.get(self.name)
-        if not isinstance(record, dict) or not record.get("soft"):
-            return
+        if not isinstance(record, dict) or not record.get("soft") or record.get("share"):
+            return  # a share's device was its own, in the pod; the host's never left
         name, link_type = record["soft"], record.get("type", "rxe")
         try:
             channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))

@@ -59,11 +59,12 @@ def container_adjustment(
 def without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[MovedDevice]) -> list[PreparedDevice]:
     """``devices`` as a container sees them: a NIC whose RDMA device could not come into the pod
     (a soft one the move destroyed) has no RDMA device there, so no char devices and no HCA; one
-    whose soft device was made again in the pod has that one's char devices (new numbers)."""
+    whose soft device was made again in the pod has that one's char devices (new numbers), and a
+    share the name of its own."""
     out = list(devices)
     stayed = {m.device for m in moved if rdma.stays_home(m.records.get(rdma.RdmaDevice.name))}
     remade = {
-        m.device: record["char_devices"]
+        m.device: (record["soft"], record["char_devices"])
         for m in moved
         if isinstance(record := m.records.get(rdma.RdmaDevice.name), dict)
         and rdma.made_in_pod(record)
@@ -74,8 +75,9 @@ def without_stay_home_rdma(devices: Sequence[PreparedDevice], moved: Sequence[Mo
             host = replace(d.snapshot.host, rdma_device=None, char_devices=[])
             out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
         elif d.device in remade and d.snapshot.host.rdma_device:
-            chars = [CharDevice(path=c["path"], major=c["major"], minor=c["minor"]) for c in remade[d.device]]
-            host = replace(d.snapshot.host, char_devices=chars)
+            name, made = remade[d.device]
+            chars = [CharDevice(path=c["path"], major=c["major"], minor=c["minor"]) for c in made]
+            host = replace(d.snapshot.host, rdma_device=name, char_devices=chars)
             out[i] = replace(d, snapshot=replace(d.snapshot, host=host))
     return out
 

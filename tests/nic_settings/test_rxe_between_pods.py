@@ -24,6 +24,7 @@ import contextlib
 import itertools
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,11 +40,13 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.state import PreparedClaim
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.container_settings import pod_gid_index
 from driver.claims.status_entries import DeviceResult
 from driver.inventory import rdma as rdma_inventory
 from driver.inventory.sysfs import SysfsReader
 from driver.netlink import rdma_nldev
 from driver.netlink.kernel_features import KernelFeatures
+from driver.nic_settings import rdma
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
@@ -217,16 +220,20 @@ loaded host a vCPU descheduled mid-sample does that. The RDMA transfer itself ra
 PERFTEST_TRIES = 3
 
 
-def _perftest(bed: Bed, tool: str, args: list[str], a: Pod, b: Pod) -> tuple[str, str]:
-    """``tool`` (perftest, over rdma_cm) from pod ``a`` to pod ``b`` with ``args``; tried again, on a
-    new port, only when perftest could not time its own run (:data:`CLOCK_SAMPLING_FAILED`): every
-    other failure fails at once."""
+def _perftest(
+    bed: Bed, tool: str, args: list[str], a: Pod, b: Pod, gids: tuple[int, int] | None = None
+) -> tuple[str, str]:
+    """``tool`` (perftest, over rdma_cm; with ``gids``, the GID index of ``a``'s and ``b``'s device,
+    over verbs alone, its QPs' addresses exchanged over TCP) from pod ``a`` to pod ``b`` with
+    ``args``; tried again, on a new port, only when perftest could not time its own run
+    (:data:`CLOCK_SAMPLING_FAILED`): every other failure fails at once."""
+    cm_a, cm_b = (["-x", str(gids[0])], ["-x", str(gids[1])]) if gids else (["-R"], ["-R"])
     for attempt in range(1, PERFTEST_TRIES + 1):
         port = str(next(bed.ports))
         try:
             return _pair(
-                [tool, "-R", "-d", b.rxe, "-p", port, *args],
-                [tool, "-R", "-d", a.rxe, "-p", port, *args, b.ip],
+                [tool, *cm_b, "-d", b.rxe, "-p", port, *args],
+                [tool, *cm_a, "-d", a.rxe, "-p", port, *args, b.ip],
                 a,
                 b,
             )
@@ -425,3 +432,54 @@ def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed, tmp_p
     bed.hooks = _hooks(bed.host, bed.store, bed.statuses)
     second = _round(bed, tmp_path / "second")
     print(f"\nfirst round: {first}\nafter the driver's restart: {second}")
+
+
+def test_two_shares_of_one_soft_roce_nic_each_get_an_rxe_device_of_their_own(bed: Bed) -> None:
+    """Two pods, each a share of the first NIC (a macvlan in the pod, the NIC and its rxe device on
+    the host): each gets an rxe device of its own on its sub-interface in its namespace, named for
+    its share, its char devices to the containers; ibv_rc_pingpong and ib_write_bw run between the
+    two shares' devices, each sending on its own, the host's device untouched; after both stops only
+    the host's device is left."""
+    nic = bed.pods[0]
+    found = rdma_inventory.scan_rdma(SysfsReader("/sys"))[nic.rxe]
+    chars = [{"path": c.path, "major": c.major, "minor": c.minor} for c in found.char_devices]
+    shares: list[Pod] = []
+    for i, pod in enumerate(bed.pods):
+        share_id, ip = f"{i}a{secrets.token_hex(4)}", f"{SUBNET}.{21 + i}"
+        config = {"opaque": [{"interface": {"type": "macvlan", "name": "net1", "addresses": [f"{ip}/24"]}}]}
+        claim = [
+            {"ifname": nic.nic, "rdma_device": nic.rxe, "char_devices": chars, "share_id": share_id, "config": config}
+        ]
+        prepare_claim(bed.store, pod.uid, claim)
+        bed.hooks.run_pod_sandbox(pod.sandbox)
+        name = rdma.share_device_name(nic.rxe, share_id)
+        assert _links_in(pod.netns) == {name: "net1"}, "the share's own device, on its sub-interface"
+        (result,) = bed.statuses.ready[pod.uid]
+        assert result.no_rdma is None and result.rdma_in_pod == name, result
+        container = api.Container(id=f"c-{pod.uid}", name="main", pod_sandbox_id=pod.sandbox.id)
+        env = {e.key: e.value for e in bed.hooks.create_container(pod.sandbox, container).env}
+        assert env.get("NCCL_IB_HCA") == f"={name}", env
+        shares.append(Pod(pod.uid, pod.netns, "net1", name, ip, pod.sandbox))
+    assert _links_in(bed.host).get(nic.rxe) == nic.nic, "the host's device stays on its NIC"
+    a, b = shares
+    # Each share's device has the GID of its own address; the host's device has them too (the kernel
+    # adds an upper device's addresses to its lower's GIDs), and rdma_cm binds to the first device
+    # with the address, the host's, while rxe hands a packet to the device of the link it came in on,
+    # the share's: so verbs with the share's device and GID, as NCCL and UCX use them, not rdma_cm.
+    gids = (pod_gid_index("/sys", a.rxe, [f"{a.ip}/24"]), pod_gid_index("/sys", b.rxe, [f"{b.ip}/24"]))
+    assert None not in gids, f"no RoCE v2 GID of the shares' addresses on their devices: {gids}"
+    port = str(next(bed.ports))
+    pingpong = _pair(
+        ["ibv_rc_pingpong", "-d", b.rxe, "-g", str(gids[1]), "-p", port, "-n", "20"],
+        ["ibv_rc_pingpong", "-d", a.rxe, "-g", str(gids[0]), "-p", port, "-n", "20", b.ip],
+        a,
+        b,
+    )
+    assert "20 iters" in pingpong[1], pingpong
+    sent = {pod.uid: _rxe_sent(pod.netns, pod.rxe) for pod in shares}
+    _perftest(bed, "ib_write_bw", ["-s", "65536", "-n", "50"], a, b, gids=(gids[0], gids[1]))
+    assert all(_rxe_sent(pod.netns, pod.rxe) > sent[pod.uid] for pod in shares), "each share's own device carried it"
+    for pod in bed.pods:
+        bed.hooks.stop_pod_sandbox(pod.sandbox)
+        assert _links_in(pod.netns) == {}, "the share's device deleted"
+    assert _links_in(bed.host) == {pod.rxe: pod.nic for pod in bed.pods}, "the host's devices as they were"

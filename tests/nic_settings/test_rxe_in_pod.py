@@ -117,6 +117,7 @@ def _nic() -> Any:
         records={},
         device=SimpleNamespace(snapshot=Device(name="nic-0", host=host)),
         pod=SimpleNamespace(ifname="eth9"),
+        sub_interface=False,
     )
 
 
@@ -238,3 +239,62 @@ def test_the_probe_is_not_asked_without_rdma_rxe(tmp_path: Path) -> None:
         False,
         "rdma_rxe is not loaded (no Soft-RoCE device on this node)",
     )
+
+
+def _share(share_id: str = "5f0c9e2a-77aa-4c1b-9d7e-1b2c3d4e5f60") -> Any:
+    """A share of the NIC: a sub-interface in the pod (``net1``), the NIC and its rxe0 on the host."""
+    nic = _nic()
+    nic.sub_interface = True
+    nic.device.share_id = share_id
+    nic.claim = SimpleNamespace(uid="claim-uid")
+    nic.pod = SimpleNamespace(ifname="net1")
+    return nic
+
+
+def test_a_share_gets_an_rxe_device_of_its_own_on_its_sub_interface(tmp_path: Path) -> None:
+    sock = FakeNldev()
+    host = _host(_sysfs(tmp_path), sock)
+    nic = _share()
+    rdma.RdmaDevice().plan([nic], host, SimpleNamespace())
+    name = rdma.share_device_name("rxe0", "5f0c9e2a-77aa-4c1b-9d7e-1b2c3d4e5f60")
+    assert name == "rxe0s5f0c9e2a"
+    assert nic.records["rdma"] == {"soft": name, "type": "rxe", "in_pod": True, "share": True}
+    rdma.RdmaDevice().in_pod([nic], SimpleNamespace(host=host, fd=11))
+    assert sock.sent[0] == (NEWLINK, rdma_nldev.newlink_request(name, "rxe", "net1")[2]), "on the sub-interface"
+    # No share's device is ever made on the host: the host's rxe0 never left its NIC.
+    moved = MovedDevice(device="nic-0", host_ifname="eth9", pod_ifname="net1", records={"rdma": nic.records["rdma"]})
+    home = FakeNldev()
+    rdma.RdmaDevice().after_return(moved, _host(str(tmp_path), home))
+    assert home.sent == []
+
+
+def test_a_share_keeps_the_hosts_device_where_the_kernel_cannot_and_in_exclusive_mode(tmp_path: Path) -> None:
+    root = _sysfs(tmp_path)
+    for host in (_host(root, FakeNldev(), rxe_in_pod=False), _host(root, FakeNldev(), exclusive=True)):
+        nic = _share()
+        rdma.RdmaDevice().plan([nic], host, SimpleNamespace())
+        assert nic.records == {}, "nothing moved, nothing made: the share keeps the host's device"
+
+
+def test_a_share_whose_device_cannot_be_made_stays_a_share_and_nothing_is_made_on_the_host(tmp_path: Path) -> None:
+    sock = FakeNldev(newlink_errno=errno.EEXIST)
+    host = _host(_sysfs(tmp_path), sock)
+    nic = _share()
+    rdma.RdmaDevice().plan([nic], host, SimpleNamespace())
+    rdma.RdmaDevice().in_pod([nic], SimpleNamespace(host=host, fd=11))
+    record = nic.records["rdma"]
+    assert record["share"] is True and "could not be made" in record["reason"] and rdma.made_in_pod(record) is None
+    moved = MovedDevice(device="nic-0", host_ifname="eth9", pod_ifname="net1", records={"rdma": record})
+    home = FakeNldev()
+    rdma.RdmaDevice().after_return(moved, _host(str(tmp_path), home))
+    assert home.sent == []
+
+
+def test_a_shares_containers_get_its_own_devices_name_and_char_devices() -> None:
+    host = HostFacts(ifname="eth9", rdma_device="rxe0", char_devices=[CharDevice("/dev/infiniband/uverbs0", 231, 192)])
+    device = PreparedDevice(request="nic", pool="node", device="nic-0", snapshot=Device(name="nic-0", host=host))
+    chars = [{"path": "/dev/infiniband/uverbs4", "major": 231, "minor": 196}]
+    record = {"soft": "rxe0sabc", "type": "rxe", "in_pod": True, "share": True, "char_devices": chars}
+    (seen,) = without_stay_home_rdma([device], [_moved(record)])
+    assert seen.snapshot.host.rdma_device == "rxe0sabc"
+    assert seen.snapshot.host.char_devices == [CharDevice("/dev/infiniband/uverbs4", 231, 196)]
