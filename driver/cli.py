@@ -202,6 +202,11 @@ def _add_run(sub: Any) -> argparse.ArgumentParser:
         "the node's dra.net/sharing-pools annotation overrides them, live"
     )
     _configured(run, "--sharing-pools", help=pools_help)
+    vfs_help = (
+        'VF counts set at start, JSON: [{"nicSelector": {"pfNames": [...], "rootDevices": [...], "vendor": ..., '
+        '"deviceID": ...}, "numVfs": N}]; empty: every PF as the admin left it'
+    )
+    _configured(run, "--sriov-vfs", help=vfs_help)
     _configured(run, "--bind-address", help="address of /healthz, /readyz, /livez and /metrics")
     port_file_help = "file written while this instance serves --bind-address (a container's own: exec startup probe)"
     _configured(run, "--probe-port-file", help=port_file_help)

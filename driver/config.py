@@ -104,6 +104,9 @@ use (the message names the annotation, the entry and why, and what stays in effe
 LEASE_OUTSIDE_POOL_EVENT = "DranetLeaseOutsidePool"
 """The reason of the Warning event a driver posts on its Node when running shares hold addresses
 outside their NIC's pool as it is now (a range changed or removed under them): they keep them."""
+VF_COUNT_REFUSED_EVENT = "DranetVfCountRefused"
+"""The reason of the Warning event a driver posts on its Node for a PF whose VF count ``sriov.vfs``
+asks for it could not set at start (the message names the entry, the PF and why; the count stays)."""
 NODE_WATCH_SECONDS = 300
 """Seconds one watch of the driver's own Node lasts before the API server ends it and the driver
 resumes it from the last resourceVersion it saw (no GET: nothing is missed between the two)."""
@@ -159,6 +162,9 @@ class DriverConfig:
     # Address pools of sub-interfaces whose claim sets no address: "ib0=10.77.5.0/26,..."; a NIC
     # without one uses the subnet of its IPv4 host address (see driver/nri/address_pool.py).
     sharing_pools: str = ""
+    # VF counts made at start, by PF selector (the chart's sriov.vfs, JSON; see
+    # driver/inventory/vf_counts.py): empty leaves every PF's count to the admin.
+    sriov_vfs: str = ""
     # Treated like the default-route uplink: never published, nor anything enslaved to them.
     exclude_interfaces: list[str] = field(default_factory=list)
     bind_address: str = ":9177"  # /healthz and /metrics

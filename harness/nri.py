@@ -220,7 +220,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
 
     Each device dict: ``ifname`` (host netdev), optional ``config`` (``{"opaque": [params, ...]}``,
     decoded and merged in order as prepare does), ``char_devices`` (list of CharDevice kwargs),
-    ``rdma_device``, ``numa_node``, ``permanent_mac``, ``attributes`` (the snapshot's published ones),
+    ``rdma_device``, ``numa_node``, ``permanent_mac``, ``pci_address``, ``attributes`` (the snapshot's published ones),
     ``share_id`` (a share of the NIC: the pod gets a sub-interface).
     """
     from driver.api.v1alpha1.decode import decode_config
@@ -243,6 +243,7 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
             rdma_device=d.get("rdma_device"),
             numa_node=d.get("numa_node"),
             char_devices=[CharDevice(**c) for c in d.get("char_devices", [])],
+            pci_address=d.get("pci_address"),
         )
         name = d.get("device", f"dev{i}-{secrets.token_hex(2)}")
         prepared.append(

@@ -54,7 +54,7 @@ async def _main(config: DriverConfig) -> int:
         return 1
     try:
         daemon = Daemon(config, kube, store)
-    except (FilterError, ValueError) as exc:  # --filter, --sharing-filter, --sharing-pools
+    except (FilterError, ValueError) as exc:  # --filter, --sharing-filter, --sharing-pools, --sriov-vfs
         log.error("invalid flag", extra={"kv": {"error": str(exc)}})
         return 2
     loop = asyncio.get_running_loop()

@@ -47,6 +47,7 @@ from driver.config import (
     SHARING_POOLS_ANNOTATION,
     STATE_DAMAGED_EVENT,
     UNHEALTHY_TAINT_KEY,
+    VF_COUNT_REFUSED_EVENT,
     DriverConfig,
     IPNetwork,
     parse_sharing_pools,
@@ -58,7 +59,7 @@ from driver.dra.field_support import consumable_capacity_accepted, list_attribut
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult, SliceDevice
 from driver.health.monitor import HealthMonitor
-from driver.inventory import partitions
+from driver.inventory import partitions, vf_counts
 from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
 from driver.metrics import Metrics
@@ -152,6 +153,7 @@ class Daemon:
         self.metrics.watch_state_writes(lambda: store.write_failures)
         self.metrics.watch_shares(lambda: store.read(share_usage))
         self.sharing_pools = parse_sharing_pools(config.sharing_pools)  # a bad entry stops the daemon here
+        self.vf_counts = vf_counts.decode(config.sriov_vfs)  # as does a bad sriov.vfs entry
         self.node_seen = NodeSeen()  # the Node's settings, read at start and kept current (_watch_node)
         self.stopping = asyncio.Event()
         self.background = Supervisor()
@@ -500,6 +502,8 @@ class Daemon:
             log.info("RDMA netns mode", extra={"kv": {"mode": self.rdma_mode}})
             self.rxe_in_pod, why = await asyncio.to_thread(rdma_nldev.rxe_netns_probe, self.config.sysfs_root)
             log.info("Soft-RoCE in the pods' namespaces", extra={"kv": {"capable": self.rxe_in_pod, "why": why}})
+        if self.vf_counts:
+            await self._set_vf_counts()  # before the first scan, which publishes the VFs made
         self.device_sync.cloud.start()
         await asyncio.to_thread(self.device_sync.cloud.wait, CLOUD_STARTUP_WAIT)
         try:
@@ -528,6 +532,19 @@ class Daemon:
         finally:
             await self.shutdown()
         return 0
+
+    async def _set_vf_counts(self) -> None:
+        """Each PF ``sriov.vfs`` selects gets its count (:mod:`driver.inventory.vf_counts`); a PF
+        whose VFs prepared claims hold keeps its count, and every refusal is a Node event."""
+        prepared = self.store.read(
+            lambda s: {
+                d.snapshot.host.pci_address for c in s.claims.values() for d in c.devices if d.snapshot.host.pci_address
+            }
+        )
+        outcomes = await asyncio.to_thread(vf_counts.apply, self.vf_counts, self.config.sysfs_root, prepared)
+        refused = "; ".join(o.refused for o in outcomes if o.refused)
+        if refused:
+            await asyncio.to_thread(self.status_writer.post_node_event, VF_COUNT_REFUSED_EVENT, refused)
 
     async def _check_list_attributes(self) -> None:
         accepted, why = await asyncio.to_thread(

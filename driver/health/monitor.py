@@ -7,7 +7,12 @@ without carrier is down (for a veth: its peer is down). The RDMA port states com
 The kit (:class:`driver.dra.health.HealthWatch`) runs :meth:`HealthMonitor.check` every
 ``--health-interval`` seconds and reports each change to the kubelet (``DRAResourceHealth``, the
 pod's ``allocatedResourcesStatus``) and as device taints in the ResourceSlice, whose value is the
-reason (:data:`LINK_DOWN`, :data:`PORT_NOT_ACTIVE`, :data:`NETDEV_MISSING`).
+reason (:data:`LINK_DOWN`, :data:`PORT_NOT_ACTIVE`, :data:`NETDEV_MISSING`, :data:`PF_LINK_DOWN`).
+
+An SR-IOV VF is only as up as its PF: where the PF's netdev (on the host, found by the VF's
+``physfn``, published or not) is down, administratively or without carrier, every VF of it is
+unhealthy (``PfLinkDown``), wherever the VF is: a VF's own carrier does not always follow its PF
+at once (igbvf learns it over the mailbox), and the scheduler must not give one out meanwhile.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ IN_POD_STEPS = ("in-pod",)  # a NIC whose move is complete: it lives in the pod 
 LINK_DOWN = "LinkDown"
 PORT_NOT_ACTIVE = "PortNotActive"
 NETDEV_MISSING = "NetdevMissing"
+PF_LINK_DOWN = "PfLinkDown"
 """Why a device is unhealthy: the value of its ``dra.net/unhealthy`` taint in the ResourceSlice."""
 
 
@@ -45,7 +51,12 @@ def _port_states(root: Path, rdma_device: str) -> list[str]:
 
 
 def assess(
-    device: Device, sysfs_root: str, in_use: bool, link: LinkFacts | None = None, netlink: bool = False
+    device: Device,
+    sysfs_root: str,
+    in_use: bool,
+    link: LinkFacts | None = None,
+    netlink: bool = False,
+    pf_link: LinkFacts | None = None,
 ) -> tuple[bool, str, str]:
     """(healthy, reason, message) of one device.
 
@@ -55,12 +66,16 @@ def assess(
     (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
     ``netlink``: the host's netlink has shown this netdev before, so its answer now (no link) wins
     over a sysfs tree that may not follow the links (``--sysfs-root`` with a mounted or fixture
-    tree); a netdev netlink never had (a fixture's) is judged by the tree alone.
+    tree); a netdev netlink never had (a fixture's) is judged by the tree alone. ``pf_link``: a
+    VF's PF's netdev, down when not administratively up or without carrier (``PfLinkDown``).
     """
     root = Path(sysfs_root)
     host = device.host
     if link is not None and link.admin_up and not link.carrier:
         return False, LINK_DOWN, f"link down: {link.ifname} ({link.where}) has no carrier, operstate {link.operstate}"
+    if pf_link is not None and not (pf_link.admin_up and pf_link.carrier):
+        state = "has no carrier" if pf_link.admin_up else "is down (administratively)"
+        return False, PF_LINK_DOWN, f"its PF {host.sriov_pf} ({pf_link.ifname}) {state}, operstate {pf_link.operstate}"
     if host.rdma_device:
         states = _port_states(root, host.rdma_device)
         if states and not any(s.endswith("ACTIVE") for s in states):
@@ -85,16 +100,28 @@ def device_health_states(
     in_use: Callable[[str], bool],
     links: dict[str, LinkFacts] | None = None,
     netlink_seen: Container[str] = (),
+    pf_links: dict[str, LinkFacts] | None = None,
 ) -> list[DeviceHealthState]:
     """Evaluate every published device; ``links``: device name -> its netdev's link, where known
     (``netlink_seen``: devices whose netdev the host's netlink has shown, so one without a link
-    now is gone)."""
+    now is gone); ``pf_links``: a PF's PCI address -> its netdev's link."""
     out = []
-    links = links or {}
+    links, pf_links = links or {}, pf_links or {}
     for name, device in devices.items():
-        healthy, reason, message = assess(device, sysfs_root, in_use(name), links.get(name), name in netlink_seen)
+        pf_link = pf_links.get(device.host.sriov_pf) if device.host.sriov_pf else None
+        in_pod = in_use(name)
+        healthy, reason, message = assess(device, sysfs_root, in_pod, links.get(name), name in netlink_seen, pf_link)
         out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out
+
+
+def pf_netdev(sysfs_root: str, pf: str) -> str | None:
+    """The netdev of the PF at PCI address ``pf`` on the host (its first, by name), if it has one."""
+    try:
+        names = sorted(p.name for p in (Path(sysfs_root) / "bus" / "pci" / "devices" / pf / "net").iterdir())
+    except OSError:
+        return None
+    return names[0] if names else None
 
 
 def _whereabouts(state: DriverState) -> tuple[set[str], dict[str, tuple[str, str, str]]]:
@@ -151,11 +178,18 @@ class HealthMonitor:
                 where[path] = pod
             elif device.host.ifname:
                 by_ifname[device.host.ifname] = name
+        # The VFs' PFs, asked for in the same host lookup: published or not, by their PCI function.
+        pfs = {pf: pf_netdev(self.sysfs_root, pf) for pf in {d.host.sriov_pf for d in devices.values()} if pf}
+        pf_names = {ifname: pf for pf, ifname in pfs.items() if ifname}
         links: dict[str, LinkFacts] = {}
+        pf_links: dict[str, LinkFacts] = {}
         seen: Container[str] = ()
         try:
-            for ifname, facts in self._probe.host(by_ifname).items():
-                links[by_ifname[ifname]] = facts
+            for ifname, facts in self._probe.host([*by_ifname, *(n for n in pf_names if n not in by_ifname)]).items():
+                if ifname in by_ifname:
+                    links[by_ifname[ifname]] = facts
+                if ifname in pf_names:
+                    pf_links[pf_names[ifname]] = facts
             self._netlink_seen.update(links)
             seen = self._netlink_seen
         except OSError as exc:
@@ -163,4 +197,4 @@ class HealthMonitor:
         for path, names in pods.items():
             for ifname, facts in self._probe.pod(path, names, where[path]).items():
                 links[names[ifname]] = facts
-        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links, seen)
+        return device_health_states(devices, self.pool, self.sysfs_root, allocated.__contains__, links, seen, pf_links)

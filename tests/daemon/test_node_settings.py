@@ -134,7 +134,7 @@ async def _next_watch(api: NodeApi, timeout: float = 5.0) -> Watch:
     return await asyncio.to_thread(api.watches.get, True, timeout)
 
 
-def _daemon(tmp_path: Path, api: NodeApi, flag_pools: str = "") -> Daemon:
+def _daemon(tmp_path: Path, api: NodeApi, flag_pools: str = "", sriov_vfs: str = "") -> Daemon:
     config = DriverConfig(
         node_name=NODE,
         kubelet_root=str(tmp_path / "kubelet"),
@@ -145,6 +145,7 @@ def _daemon(tmp_path: Path, api: NodeApi, flag_pools: str = "") -> Daemon:
         sysfs_root=str(tmp_path / "sys"),
         bind_address="127.0.0.1:0",
         sharing_pools=flag_pools,
+        sriov_vfs=sriov_vfs,
     )
     daemon = Daemon(config, KubeClient(api), CheckpointStore(config.state_dir, config.runtime_dir))
     # The NRI hooks as _run_nri builds them (only their address pools matter here).

@@ -18,6 +18,7 @@ from driver.health.links import LinkFacts
 from driver.health.monitor import (
     LINK_DOWN,
     NETDEV_MISSING,
+    PF_LINK_DOWN,
     PORT_NOT_ACTIVE,
     HealthMonitor,
     assess,
@@ -136,3 +137,39 @@ def test_netlink_says_a_netdev_is_gone_where_sysfs_does_not_follow() -> None:
         assert [s.healthy for s in states] == [True]
         states = device_health_states({"a": dev}, "p", tmp, lambda _n: False, {}, netlink_seen={"a"})
         assert [(s.healthy, s.reason) for s in states] == [(False, NETDEV_MISSING)]
+
+
+def test_a_vf_is_unhealthy_while_its_pf_is_down_published_or_not(netns_factory, tmp_path: Path) -> None:
+    """A VF's PF found by its PCI function (the tree's ``bus/pci/devices/<pf>/net``; here a veth
+    stands for the PF's netdev, unpublished): PF administratively down, then without carrier, makes
+    the VF ``PfLinkDown`` though its own link is up; the PF up again, the VF is healthy."""
+    fabric = netns_factory.netns()
+    pf_nic, pf_peer = netns_factory.veth(peer_netns=fabric)
+    vf_nic, vf_peer = netns_factory.veth(peer_netns=fabric)
+    for nic in (pf_nic, vf_nic):
+        ip("link", "set", nic, "up")
+    for peer in (pf_peer, vf_peer):
+        ip("-n", fabric, "link", "set", peer, "up")
+    (tmp_path / "bus/pci/devices/0000:41:00.0/net" / pf_nic).mkdir(parents=True)
+    devices = {"vf": Device("vf", host=HostFacts(ifname=vf_nic, pci_address="0000:41:00.1", sriov_pf="0000:41:00.0"))}
+    monitor = HealthMonitor(
+        CheckpointStore(tmp_path / "s", tmp_path / "r"), lambda: devices, "node", str(tmp_path), HOST_NETNS
+    )
+
+    def vf() -> DeviceHealthState:
+        (state,) = monitor.evaluate()
+        return state
+
+    assert (vf().healthy, vf().reason) == (True, "")
+    ip("link", "set", pf_nic, "down")
+    down = vf()
+    assert (down.healthy, down.reason) == (False, PF_LINK_DOWN)
+    assert f"its PF 0000:41:00.0 ({pf_nic}) is down (administratively)" in down.message
+    ip("link", "set", pf_nic, "up")
+    ip("-n", fabric, "link", "set", pf_peer, "down")
+    cut = vf()
+    assert (cut.reason, f"({pf_nic}) has no carrier" in cut.message) == (PF_LINK_DOWN, True), cut
+    ip("-n", fabric, "link", "set", pf_peer, "up")
+    assert (vf().healthy, vf().reason) == (True, "")
+    ip("-n", fabric, "link", "set", vf_peer, "down")
+    assert vf().reason == LINK_DOWN, "the VF's own link first"

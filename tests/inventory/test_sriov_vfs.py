@@ -22,6 +22,9 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
+from driver.config import HOST_NETNS
+from driver.health.monitor import PF_LINK_DOWN, HealthMonitor
+from driver.inventory import vf_counts
 from driver.inventory.discovery import Scanner
 from driver.model.device import Device
 from driver.nri.claim_reports import HookError
@@ -274,3 +277,74 @@ def test_a_setting_the_pf_refuses_is_named_and_nothing_is_left_half_applied(
     assert _vf_settings(pf, index) == before
     assert link_facts(ifname) == vf_before
     assert store.read(lambda s: s.pods) == {}
+
+
+def test_vf_counts_from_the_chart_are_set_once_and_kept_while_a_vf_is_prepared(pfs: list[str]) -> None:
+    """``sriov.vfs`` on real PFs: one selected by its PCI address, the other by the 82576's IDs; a
+    second start writes nothing; a PF whose VF a claim holds keeps its count; a count above the
+    PF's 7 is refused for that PF alone."""
+    first, second = pfs
+    counts = vf_counts.decode(
+        json.dumps(
+            [
+                {"nicSelector": {"rootDevices": [first]}, "numVfs": 3},
+                {"nicSelector": {"vendor": "8086", "deviceID": "10c9", "pfNames": [_netdev(second)]}, "numVfs": 1},
+            ]
+        )
+    )
+    outcomes = {o.pf: o for o in vf_counts.apply(counts, "/sys", prepared=())}
+    assert {pf: (o.before, o.after, o.refused) for pf, o in outcomes.items()} == {
+        first: (VFS, 3, ""),
+        second: (VFS, 1, ""),
+    }
+    assert [int((PCI / pf / "sriov_numvfs").read_text()) for pf in pfs] == [3, 1]
+    assert len([e for e in os.listdir(PCI / first) if e.startswith("virtfn")]) == 3
+    _wait("the new VFs' netdevs", lambda: all(_netdev(_vf(first, i)) for i in range(3)))
+    assert {d.attributes.get(D + "pfPciAddress") for d in _scan().values()} >= {first, second}
+
+    again = vf_counts.apply(counts, "/sys", prepared=())
+    assert [(o.before, o.after, o.refused) for o in again] == [(3, 3, ""), (1, 1, "")], "a restart changes nothing"
+
+    held = _vf(first, 2)
+    busy = vf_counts.decode(json.dumps([{"nicSelector": {"rootDevices": [first]}, "numVfs": 2}]))
+    (kept,) = vf_counts.apply(busy, "/sys", prepared={held})
+    assert kept.after == 3 and held in kept.refused and "sriov.vfs[0].numVfs" in kept.refused, kept
+    assert int((PCI / first / "sriov_numvfs").read_text()) == 3 and _vf(first, 2) == held
+
+    over = vf_counts.decode(
+        json.dumps(
+            [
+                {"nicSelector": {"rootDevices": [first]}, "numVfs": 8},
+                {"nicSelector": {"rootDevices": [second]}, "numVfs": 2},
+            ]
+        )
+    )
+    refused, applied = sorted(vf_counts.apply(over, "/sys", prepared=()), key=lambda o: o.pf != first)
+    assert "sriov.vfs[0].numVfs: 8 is above" in refused.refused and "(7)" in refused.refused, refused
+    assert (applied.after, applied.refused) == (2, ""), "the other PF still gets its count"
+
+
+def test_a_pf_set_down_makes_its_vfs_unhealthy_and_up_again_healthy(pfs: list[str], tmp_path: Path) -> None:
+    """The health check on real VFs: their PF's netdev down makes each of its VFs ``PfLinkDown``
+    (the other PF's VFs stay healthy); the PF up again, they are healthy."""
+    devices = {d.name: d for d in _scan().values() if d.host.sriov_pf}
+    assert len(devices) == VFS * len(pfs), devices
+    monitor = HealthMonitor(
+        CheckpointStore(tmp_path / "s", tmp_path / "r"), lambda: devices, "node", "/sys", HOST_NETNS
+    )
+    down_pf = pfs[0]
+    pf_name = _netdev(down_pf)
+    assert pf_name is not None
+    for pf in pfs:
+        subprocess.run(["ip", "link", "set", str(_netdev(pf)), "up"], check=True)
+    _wait("both PFs up with carrier", lambda: all(s.reason != PF_LINK_DOWN for s in monitor.evaluate()))
+    try:
+        subprocess.run(["ip", "link", "set", pf_name, "down"], check=True)
+        states = {devices[s.device].host.sriov_pf: s for s in monitor.evaluate() if not s.healthy}
+        assert set(states) == {down_pf}, "only the downed PF's VFs"
+        assert [s.reason for s in monitor.evaluate() if not s.healthy] == [PF_LINK_DOWN] * VFS
+        assert f"its PF {down_pf} ({pf_name}) is down" in states[down_pf].message
+    finally:
+        subprocess.run(["ip", "link", "set", pf_name, "up"], check=True)
+    # igb takes its link back up in a moment (the emulated autonegotiation): the VFs follow it.
+    _wait("the VFs healthy again", lambda: all(s.reason != PF_LINK_DOWN for s in monitor.evaluate()))
