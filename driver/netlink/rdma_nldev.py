@@ -68,6 +68,8 @@ RXE_PORT = 4791
 """RoCE v2's UDP port: rxe's socket listens on it (in the namespace of its link from Linux 7.1)."""
 UNREGISTER_WAIT = 5.0
 """Seconds a returning NIC waits for the kernel to finish unregistering its old soft RDMA device."""
+REMAKE_IN_HOOK = 1.0
+"""Of those, what StopPodSandbox waits (the runtime gives the hook 2 s); the rest, off the hook."""
 
 
 class RdmaMoveError(Exception):
@@ -202,15 +204,31 @@ def make_soft_device(channel: NetlinkChannel, name: str, link_type: str, netdev:
 
 
 def make_once_freed(
-    channel: NetlinkChannel, sysfs_root: str, name: str, link_type: str, netdev: str, *, existing_ok: bool
+    channel: NetlinkChannel,
+    sysfs_root: str,
+    name: str,
+    link_type: str,
+    netdev: str,
+    *,
+    existing_ok: bool,
+    wait: float = UNREGISTER_WAIT,
 ) -> None:
     """Make soft RDMA device ``name`` on ``netdev`` in ``channel``'s namespace once an old one of
     that name has gone. A NIC's move destroys its soft device from a work queue, a moment later:
     its name may still be in sysfs, or have left sysfs but not yet the RDMA core's names (EEXIST),
-    so both are waited for, up to ``UNREGISTER_WAIT``. ``existing_ok``: a device of that name in
-    sysfs answering EEXIST is the one wanted (made already). :class:`RdmaMoveError` otherwise."""
+    so both are waited for, up to ``wait`` seconds. ``existing_ok``: a registered device of that
+    name whose port is ``netdev`` is the one wanted (made already, e.g. by a return retried after a
+    crash); a name still in sysfs is not enough, the old device stays there while it unregisters.
+    :class:`RdmaMoveError` otherwise (``code`` EEXIST when the old name was not freed in time)."""
+
+    def made() -> bool:
+        found = parse_port_netdevs(channel.dump(nldev_type(RDMA_NLDEV_CMD_PORT_GET), b"")).get(name)
+        return found is not None and found[1] == netdev
+
+    if existing_ok and made():
+        return
     left = Path(sysfs_root, "class/infiniband", name)
-    deadline = time.monotonic() + UNREGISTER_WAIT
+    deadline = time.monotonic() + wait
     while left.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     while True:
@@ -218,7 +236,7 @@ def make_once_freed(
             make_soft_device(channel, name, link_type, netdev)
             return
         except RdmaMoveError as exc:
-            if exc.code == errno.EEXIST and existing_ok and left.exists():
+            if exc.code == errno.EEXIST and existing_ok and made():
                 return
             if exc.code != errno.EEXIST or time.monotonic() >= deadline:
                 raise

@@ -54,7 +54,9 @@ lower's GIDs) and binds there, so it does not reach a share's device.
 
 from __future__ import annotations
 
+import errno
 import logging
+import threading
 from collections.abc import Sequence
 
 from driver.checkpoint.state import MovedDevice
@@ -64,6 +66,8 @@ from driver.netlink.channel import NetlinkChannel
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rdma_nldev import (
     NETLINK_RDMA,
+    REMAKE_IN_HOOK,
+    UNREGISTER_WAIT,
     RdmaMoveError,
     delete_soft_device,
     make_once_freed,
@@ -73,6 +77,8 @@ from driver.netlink.rtnl import NetnsOpError
 from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns
 
 log = logging.getLogger(__name__)
+REMAKE_LATER = 6 * UNREGISTER_WAIT
+"""Seconds a soft device's remake waits off the hook for its old name to be freed."""
 
 
 def move_between(host: HostNetns, device: str, rdma_device: str, from_fd: int, to_fd: int) -> None:
@@ -268,17 +274,32 @@ class RdmaDevice(NicSetting):
         if not isinstance(record, dict) or not record.get("soft") or record.get("share"):
             return  # a share's device was its own, in the pod; the host's never left
         name, link_type = record["soft"], record.get("type", "rxe")
-        try:
-            channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
-            try:
-                make_once_freed(channel, host.sysfs_root, name, link_type, nic.host_ifname, existing_ok=True)
-            finally:
-                channel.close()
-        except (RdmaMoveError, OSError) as exc:
-            log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+        if not _remake(host, nic, name, link_type, REMAKE_IN_HOOK, later=True):
             return
-        host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
         log.info(
             "soft RDMA device made again on its NIC",
             extra={"kv": {"device": nic.device, "rdma": record["soft"], "netdev": nic.host_ifname}},
         )
+
+
+def _remake(host: HostNetns, nic: MovedDevice, name: str, link_type: str, wait: float, later: bool) -> bool:
+    """Make ``nic``'s soft device ``name`` again on it, at home, waiting up to ``wait`` s for its old
+    one's name. With ``later``: a name still held then (a loaded machine unregisters slowly: seen
+    past 5 s under emulation) is waited for off the hook, in a thread of its own, for the rest of
+    ``UNREGISTER_WAIT`` and more; False when not made (yet)."""
+    try:
+        channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
+        try:
+            make_once_freed(channel, host.sysfs_root, name, link_type, nic.host_ifname, existing_ok=True, wait=wait)
+        finally:
+            channel.close()
+    except (RdmaMoveError, OSError) as exc:
+        if later and isinstance(exc, RdmaMoveError) and exc.code == errno.EEXIST:
+            args = (host, nic, name, link_type, REMAKE_LATER, False)
+            threading.Thread(target=_remake, args=args, name=f"remake-{name}", daemon=True).start()
+            log.info("soft RDMA device made again once the kernel frees its name", extra={"kv": {"rdma": name}})
+            return False
+        log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+        return False
+    host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
+    return True

@@ -437,9 +437,9 @@ def test_rdma_runs_between_two_pods_over_their_claimed_nics_only(bed: Bed, tmp_p
 def test_two_shares_of_one_soft_roce_nic_each_get_an_rxe_device_of_their_own(bed: Bed) -> None:
     """Two pods, each a share of the first NIC (a macvlan in the pod, the NIC and its rxe device on
     the host): each gets an rxe device of its own on its sub-interface in its namespace, named for
-    its share, its char devices to the containers; ibv_rc_pingpong and ib_write_bw run between the
-    two shares' devices, each sending on its own, the host's device untouched; after both stops only
-    the host's device is left."""
+    its share, its char devices to the containers; ibv_rc_pingpong (50 round trips of 64 KiB) runs
+    between the two shares' devices, each sending its 3.2 MB on its own, the host's device untouched;
+    after both stops only the host's device is left."""
     nic = bed.pods[0]
     found = rdma_inventory.scan_rdma(SysfsReader("/sys"))[nic.rxe]
     chars = [{"path": c.path, "major": c.major, "minor": c.minor} for c in found.char_devices]
@@ -469,16 +469,16 @@ def test_two_shares_of_one_soft_roce_nic_each_get_an_rxe_device_of_their_own(bed
     gids = (pod_gid_index("/sys", a.rxe, [f"{a.ip}/24"]), pod_gid_index("/sys", b.rxe, [f"{b.ip}/24"]))
     assert None not in gids, f"no RoCE v2 GID of the shares' addresses on their devices: {gids}"
     port = str(next(bed.ports))
+    sent = {pod.uid: _rxe_sent(pod.netns, pod.rxe) for pod in shares}
     pingpong = _pair(
-        ["ibv_rc_pingpong", "-d", b.rxe, "-g", str(gids[1]), "-p", port, "-n", "20"],
-        ["ibv_rc_pingpong", "-d", a.rxe, "-g", str(gids[0]), "-p", port, "-n", "20", b.ip],
+        ["ibv_rc_pingpong", "-d", b.rxe, "-g", str(gids[1]), "-p", port, "-n", "50", "-s", "65536"],
+        ["ibv_rc_pingpong", "-d", a.rxe, "-g", str(gids[0]), "-p", port, "-n", "50", "-s", "65536", b.ip],
         a,
         b,
     )
-    assert "20 iters" in pingpong[1], pingpong
-    sent = {pod.uid: _rxe_sent(pod.netns, pod.rxe) for pod in shares}
-    _perftest(bed, "ib_write_bw", ["-s", "65536", "-n", "50"], a, b, gids=(gids[0], gids[1]))
-    assert all(_rxe_sent(pod.netns, pod.rxe) > sent[pod.uid] for pod in shares), "each share's own device carried it"
+    assert "50 iters" in pingpong[1], pingpong
+    moved = {pod.uid: _rxe_sent(pod.netns, pod.rxe) - sent[pod.uid] for pod in shares}
+    assert all(n >= 50 * 65536 for n in moved.values()), f"each share's own device sent its half: {moved}"
     for pod in bed.pods:
         bed.hooks.stop_pod_sandbox(pod.sandbox)
         assert _links_in(pod.netns) == {}, "the share's device deleted"
