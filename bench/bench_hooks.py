@@ -82,16 +82,21 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
-def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int) -> list[Nic]:
-    """Veths (peers in ``peer_ns``) configured like a host NIC: up, an address, a route."""
+def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int, ipv6: bool = False) -> list[Nic]:
+    """Veths (peers in ``peer_ns``) configured like a host NIC: up, an address, a route (IPv6 ones
+    in ``fd<net>::/16``, the address added as detected, as a host's has been for long)."""
     out = []
     for i, name in enumerate(names):
         factory.veth(name, f"p{name[1:]}", peer_netns=peer_ns)
         _ip("-n", peer_ns, "link", "set", f"p{name[1:]}", "up")
-        host_cidr = f"10.{net}.{i}.1/24"
-        host_route = Route(dst=f"10.{net + 1}.{i * 16}.0/20", gateway=f"10.{net}.{i}.254")
+        if ipv6:
+            host_cidr = f"fd{net:02x}:0:0:{i}::1/64"
+            host_route = Route(dst=f"fd{net + 1:02x}:0:{i * 16:x}::/60", gateway=f"fd{net:02x}:0:0:{i}::fe")
+        else:
+            host_cidr = f"10.{net}.{i}.1/24"
+            host_route = Route(dst=f"10.{net + 1}.{i * 16}.0/20", gateway=f"10.{net}.{i}.254")
         _ip("link", "set", name, "mtu", str(HOST_MTU), "up")
-        _ip("addr", "add", host_cidr, "dev", name)
+        _ip("addr", "add", host_cidr, "dev", name, *(["nodad"] if ipv6 else []))
         _ip("route", "add", host_route.dst or "", "via", host_route.gateway or "", "dev", name)
         index = json.loads(subprocess.run(["ip", "-j", "link", "show", name], capture_output=True, text=True).stdout)[
             0

@@ -105,6 +105,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--together", type=int, default=10, help="cycles of the pods started and stopped together (0: none)"
     )
     parser.add_argument("--together-pods", type=int, default=8, help="pods of one NIC each in those cycles")
+    parser.add_argument("--ipv6", action="store_true", help="the NICs' host addresses and routes IPv6 (default IPv4)")
     parser.add_argument("--gap", type=float, default=0.05, help="seconds between operations")
     parser.add_argument("--settle", type=float, default=3.0, help="seconds of quiet before the prepares and RSS")
     parser.add_argument("--floors", type=lambda v: v.split(","), default=list(FLOORS), help="floor candidates raced")
@@ -148,7 +149,7 @@ def _ip(*args: str) -> None:
 def put_back(nic: Nic) -> None:
     """The host config of ``nic`` again (MTU, up, address, route), untimed, idempotent."""
     _ip("link", "set", "dev", nic.ifname, "mtu", str(HOST_MTU), "up")
-    _ip("addr", "replace", nic.host_cidr, "dev", nic.ifname)
+    _ip("addr", "replace", nic.host_cidr, "dev", nic.ifname, *(["nodad"] if ":" in nic.host_cidr else []))
     _ip("route", "replace", nic.host_route.dst or "", "via", nic.host_route.gateway or "", "dev", nic.ifname)
 
 
@@ -404,13 +405,17 @@ class VsGo:
         peer_ns = self.factory.netns()
         for k, (key, letter) in enumerate((("py", "a"), ("go", "g"), ("floor", "f"))):
             names = [f"{p}{letter}{i}" for i in range(4)]
-            self.nics[key] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 2 * k))
+            self.nics[key] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 2 * k, self.args.ipv6))
         for k, (arm, letter) in enumerate((("py", "a"), ("go", "g"))):
             names = [f"{p}{letter}{i}" for i in range(4, 8)]
-            self.prep_nics[arm] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 6 + 2 * k))
+            self.prep_nics[arm] = keeps_its_network(
+                _nic_set(self.factory, peer_ns, names, net + 6 + 2 * k, self.args.ipv6)
+            )
         for k, (arm, letter) in enumerate((("py", "a"), ("go", "g"))):
             names = [f"{p}{letter}t{i}" for i in range(self.args.together_pods if self.args.together else 0)]
-            self.many_nics[arm] = keeps_its_network(_nic_set(self.factory, peer_ns, names, net + 10 + 2 * k))
+            self.many_nics[arm] = keeps_its_network(
+                _nic_set(self.factory, peer_ns, names, net + 10 + 2 * k, self.args.ipv6)
+            )
         for nic in self.nics["py"] + self.nics["go"] + self.many_nics["py"] + self.many_nics["go"]:
             self.home[nic.ifname] = home_facts(link_facts(nic.ifname))
         pod_ns = {arm: self.factory.netns() for arm in ARMS}
@@ -865,7 +870,14 @@ def main(argv: Sequence[str]) -> int:
             "prepare": dataclasses.asdict(prep) if prep else None,
             "together": dataclasses.asdict(together) if together else None,
         }
-        Path(args.json).write_text(json.dumps({**raw, "memory": memory}))
+        run = {
+            "argv": list(argv),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "family": "ipv6" if args.ipv6 else "ipv4",
+            "load_averages": loads,
+            "table": out,
+        }
+        Path(args.json).write_text(json.dumps({"run": run, **raw, "memory": memory}))
     return 0
 
 

@@ -4,6 +4,8 @@ the control plane: ``python -m bench.bench_vs_go``)."""
 
 from __future__ import annotations
 
+import json
+import secrets
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import go_driver
+from bench.bench_hooks import _nic_set
 from bench.bench_vs_go import (
     ARMS,
     Compared,
@@ -30,6 +33,7 @@ from bench.bench_vs_go import (
 from bench.floors import FLOORS, Nic
 from bench.go_driver import SOURCE_ENV, GoDriver, GoSource, SourceError, cache_key, go_filter, locate
 from driver.netlink.rtnl import Route
+from harness.netns import NetnsFactory
 
 # -- arguments -------------------------------------------------------------------------------------
 
@@ -38,7 +42,8 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SOURCE_ENV, raising=False)
     args = parse_args([])
     assert (args.cycles, args.prepare, args.floors, args.go_source, args.go_v) == (60, 100, list(FLOORS), None, 0)
-    assert args.driver_args == []
+    assert args.driver_args == [] and not args.ipv6
+    assert parse_args(["--ipv6"]).ipv6
 
 
 def test_options_and_the_source_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,3 +296,27 @@ def test_the_table_has_every_row_of_the_issue() -> None:
     assert all(line.count("|") == 10 for line in table)
     assert "| 4/4 | 0/4 |" in table[-1]
     assert [r.name for r in rows_of(cycles, None, {}, FLOORS)][0] == "RunPodSandbox, 4 NICs"
+
+
+@pytest.mark.root
+def test_an_ipv6_nic_set_is_configured_like_a_hosts(netns_factory: NetnsFactory) -> None:
+    """``--ipv6``: each veth has its IPv6 address (already detected) and a route through a gateway
+    on its link, what the drivers copy into the pod and must bring home."""
+    peer, name = netns_factory.netns(), f"b6{secrets.token_hex(3)}"
+    (nic,) = _nic_set(netns_factory, peer, [name], 200, ipv6=True)
+    assert (nic.host_cidr, nic.host_route.dst, nic.host_route.gateway) == (
+        "fdc8:0:0:0::1/64",
+        "fdc9:0:0::/60",
+        "fdc8:0:0:0::fe",
+    )
+    show = subprocess.run(["ip", "-j", "-6", "addr", "show", name], capture_output=True, text=True, check=True)
+    addrs = [
+        (a["local"], a.get("tentative", False))
+        for a in json.loads(show.stdout)[0]["addr_info"]
+        if a["scope"] == "global"
+    ]
+    assert addrs == [("fdc8::1", False)]
+    show = subprocess.run(["ip", "-j", "-6", "route", "show", "dev", name], capture_output=True, text=True, check=True)
+    assert [(r["dst"], r.get("gateway")) for r in json.loads(show.stdout) if r["dst"] == "fdc9::/60"] == [
+        ("fdc9::/60", "fdc8::fe")
+    ]
