@@ -41,6 +41,7 @@ import random
 import re
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -91,7 +92,9 @@ def _nic_set(factory: NetnsFactory, peer_ns: str, names: list[str], net: int, ip
         _ip("-n", peer_ns, "link", "set", f"p{name[1:]}", "up")
         if ipv6:
             host_cidr = f"fd{net:02x}:0:0:{i}::1/64"
-            host_route = Route(dst=f"fd{net + 1:02x}:0:{i * 16:x}::/60", gateway=f"fd{net:02x}:0:0:{i}::fe")
+            host_route = Route(
+                dst=f"fd{net + 1:02x}:0:{i * 16:x}::/60", gateway=f"fd{net:02x}:0:0:{i}::fe", family=socket.AF_INET6
+            )
         else:
             host_cidr = f"10.{net}.{i}.1/24"
             host_route = Route(dst=f"10.{net + 1}.{i * 16}.0/20", gateway=f"10.{net}.{i}.254")

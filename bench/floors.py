@@ -148,6 +148,9 @@ def _address(index: int, cidr: str) -> ifaddrmsg:
     ip, _, plen = cidr.partition("/")
     msg = ifaddrmsg()
     msg["family"], msg["prefixlen"], msg["index"] = _family(cidr), int(plen), index
+    # An IPv6 one as the driver adds a host's: already detected (IFA_F_NODAD), so its prefix route
+    # is there for the gateway of the route that follows it.
+    msg["flags"] = 0x02 if msg["family"] == socket.AF_INET6 else 0
     msg["attrs"] = [("IFA_LOCAL", ip), ("IFA_ADDRESS", ip)]
     msg["header"]["type"], msg["header"]["flags"] = RTM_NEWADDR, CREATE
     return msg

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import socket
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -304,6 +305,7 @@ def test_an_ipv6_nic_set_is_configured_like_a_hosts(netns_factory: NetnsFactory)
     on its link, what the drivers copy into the pod and must bring home."""
     peer, name = netns_factory.netns(), f"b6{secrets.token_hex(3)}"
     (nic,) = _nic_set(netns_factory, peer, [name], 200, ipv6=True)
+    assert nic.host_route.family == socket.AF_INET6
     assert (nic.host_cidr, nic.host_route.dst, nic.host_route.gateway) == (
         "fdc8:0:0:0::1/64",
         "fdc9:0:0::/60",
