@@ -68,8 +68,9 @@ RXE_PORT = 4791
 """RoCE v2's UDP port: rxe's socket listens on it (in the namespace of its link from Linux 7.1)."""
 UNREGISTER_WAIT = 5.0
 """Seconds a returning NIC waits for the kernel to finish unregistering its old soft RDMA device."""
-REMAKE_IN_HOOK = 1.0
-"""Of those, what StopPodSandbox waits (the runtime gives the hook 2 s); the rest, off the hook."""
+REMAKE_IN_HOOK = UNREGISTER_WAIT
+"""What StopPodSandbox waits for it (as long as it ever did); a name still held then is waited for
+off the hook, in a thread of its own."""
 
 
 class RdmaMoveError(Exception):
@@ -222,7 +223,11 @@ def make_once_freed(
     :class:`RdmaMoveError` otherwise (``code`` EEXIST when the old name was not freed in time)."""
 
     def made() -> bool:
-        found = parse_port_netdevs(channel.dump(nldev_type(RDMA_NLDEV_CMD_PORT_GET), b"")).get(name)
+        try:
+            dump = channel.dump(nldev_type(RDMA_NLDEV_CMD_PORT_GET), b"")
+        except OSError:  # a dump cut short by devices made or deleted meanwhile: not known made
+            return False
+        found = parse_port_netdevs(dump).get(name)
         return found is not None and found[1] == netdev
 
     if existing_ok and made():

@@ -54,9 +54,9 @@ lower's GIDs) and binds there, so it does not reach a share's device.
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from driver.checkpoint.state import MovedDevice
@@ -284,22 +284,28 @@ class RdmaDevice(NicSetting):
 
 def _remake(host: HostNetns, nic: MovedDevice, name: str, link_type: str, wait: float, later: bool) -> bool:
     """Make ``nic``'s soft device ``name`` again on it, at home, waiting up to ``wait`` s for its old
-    one's name. With ``later``: a name still held then (a loaded machine unregisters slowly: seen
-    past 5 s under emulation) is waited for off the hook, in a thread of its own, for the rest of
-    ``UNREGISTER_WAIT`` and more; False when not made (yet)."""
-    try:
-        channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
+    one's name. With ``later``: a device the kernel refuses then (its old one still tearing down: a
+    loaded machine unregisters slowly, seen past 5 s under emulation) is tried again off the hook,
+    in a thread of its own, for :data:`REMAKE_LATER` s; False when not made (yet)."""
+    deadline = time.monotonic() + wait
+    while True:
         try:
-            make_once_freed(channel, host.sysfs_root, name, link_type, nic.host_ifname, existing_ok=True, wait=wait)
-        finally:
-            channel.close()
-    except (RdmaMoveError, OSError) as exc:
-        if later and isinstance(exc, RdmaMoveError) and exc.code == errno.EEXIST:
-            args = (host, nic, name, link_type, REMAKE_LATER, False)
-            threading.Thread(target=_remake, args=args, name=f"remake-{name}", daemon=True).start()
-            log.info("soft RDMA device made again once the kernel frees its name", extra={"kv": {"rdma": name}})
-            return False
-        log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
-        return False
+            channel = NetlinkChannel(host.ns.socket_in(host.fd, NETLINK_RDMA))
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                make_once_freed(channel, host.sysfs_root, name, link_type, nic.host_ifname, existing_ok=True, wait=left)
+            finally:
+                channel.close()
+            break
+        except (RdmaMoveError, OSError) as exc:
+            if later:
+                args = (host, nic, name, link_type, REMAKE_LATER, False)
+                threading.Thread(target=_remake, args=args, name=f"remake-{name}", daemon=True).start()
+                log.info("soft RDMA device made again off the hook", extra={"kv": {"rdma": name, "error": str(exc)}})
+                return False
+            if time.monotonic() >= deadline:
+                log.error("soft RDMA device not made again", extra={"kv": {"device": nic.device, "error": str(exc)}})
+                return False
+            time.sleep(0.5)
     host.on_change()  # a new RDMA device: its char devices are known once the inventory rescans
     return True

@@ -63,3 +63,14 @@ def test_a_registered_device_on_the_nic_is_made_already(kernel: Kernel, tmp_path
     kernel.held_for = 1000
     with pytest.raises(RdmaMoveError):
         rdma_nldev.make_once_freed(kernel, str(tmp_path), "rxe0", "rxe", "eth1", existing_ok=True, wait=0.2)  # type: ignore[arg-type]
+
+
+def test_a_dump_cut_short_is_not_taken_for_made(kernel: Kernel, tmp_path: Path) -> None:
+    """The RDMA dump fails when devices are made or deleted meanwhile: then the device is made."""
+
+    def cut(*_args: object) -> list[bytes]:
+        raise OSError(errno.EINTR, "netlink dump interrupted")
+
+    kernel.dump = cut  # type: ignore[method-assign]
+    rdma_nldev.make_once_freed(kernel, str(tmp_path), "rxe0", "rxe", "eth1", existing_ok=True, wait=5)  # type: ignore[arg-type]
+    assert kernel.newlinks == 1 and kernel.registered == {"rxe0": "eth1"}
