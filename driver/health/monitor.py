@@ -109,8 +109,9 @@ def device_health_states(
     links, pf_links = links or {}, pf_links or {}
     for name, device in devices.items():
         pf_link = pf_links.get(device.host.sriov_pf) if device.host.sriov_pf else None
-        in_pod = in_use(name)
-        healthy, reason, message = assess(device, sysfs_root, in_pod, links.get(name), name in netlink_seen, pf_link)
+        healthy, reason, message = assess(
+            device, sysfs_root, in_use(name), links.get(name), name in netlink_seen, pf_link
+        )
         out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out
 

@@ -68,9 +68,6 @@ RXE_PORT = 4791
 """RoCE v2's UDP port: rxe's socket listens on it (in the namespace of its link from Linux 7.1)."""
 UNREGISTER_WAIT = 5.0
 """Seconds a returning NIC waits for the kernel to finish unregistering its old soft RDMA device."""
-REMAKE_IN_HOOK = UNREGISTER_WAIT
-"""What StopPodSandbox waits for it (as long as it ever did); a name still held then is waited for
-off the hook, in a thread of its own."""
 
 
 class RdmaMoveError(Exception):

@@ -66,7 +66,6 @@ from driver.netlink.channel import NetlinkChannel
 from driver.netlink.namespaces import NetnsGone
 from driver.netlink.rdma_nldev import (
     NETLINK_RDMA,
-    REMAKE_IN_HOOK,
     UNREGISTER_WAIT,
     RdmaMoveError,
     delete_soft_device,
@@ -274,7 +273,7 @@ class RdmaDevice(NicSetting):
         if not isinstance(record, dict) or not record.get("soft") or record.get("share"):
             return  # a share's device was its own, in the pod; the host's never left
         name, link_type = record["soft"], record.get("type", "rxe")
-        if not _remake(host, nic, name, link_type, REMAKE_IN_HOOK, later=True):
+        if not _remake(host, nic, name, link_type, UNREGISTER_WAIT, later=True):
             return
         log.info(
             "soft RDMA device made again on its NIC",
