@@ -2,7 +2,7 @@
 PY ?= python3
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-.PHONY: deps demo demo-fast test test-oldest-k8s test-dranet-ip-families soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
+.PHONY: deps demo demo-fast test test-oldest-k8s test-dranet-ip-families guest-node soak test-torch protos schema module-table bench bench-hooks bench-scale bench-mpijob binaries up down chart-oci image
 
 deps:  ## install the project and its test dependencies (system packages too)
 	@mkdir -p build && date +%s > build/.binaries-started
@@ -44,6 +44,9 @@ test-oldest-k8s:  ## the real-node e2e suite on the oldest supported Kubernetes 
 
 test-dranet-ip-families: binaries  ## dranet's e2e suite on an IPv4, an IPv6-only and a dual-stack node (make test: IPv4)
 	DRANET_E2E_DRANET_IP_FAMILIES=ipv4,ipv6,dual $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_dranet_e2e_cluster.py
+
+guest-node: binaries  ## a real node (containerd, kubelet, the driver) on Linux 7.3 under QEMU: RDMA between two of its pods (docs/testing.md)
+	$(PY) -m devcluster.guest_node
 
 soak: binaries  ## long churn: 20 create/delete cycles of the seed's two-worker MPIJob (and 200 pod cycles)
 	DRANET_MPI_CHURN_CYCLES=20 $(PY) -m pytest -q -p no:cacheprovider tests/e2e/node/test_mpi_churn.py tests/e2e/node/test_churn.py

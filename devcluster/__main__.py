@@ -1,9 +1,10 @@
-"""``python -m devcluster up|down|status``: a local cluster with real nodes (see cluster.py).
+"""``python -m devcluster up|down|status|sweep``: a local cluster with real nodes (see cluster.py).
 
     python -m devcluster up        # 2 nodes; prints KUBECONFIG=... and KUBECTL=..., leaves it running
     python -m devcluster up --nodes 1
     python -m devcluster status    # the same lines if it runs, exit 1 if not
     python -m devcluster down      # removes everything (also after a crashed `up`)
+    python -m devcluster sweep     # removes every cluster under --root a killed run left (make test runs it first)
 
 ``--name`` (default ``dev``) and ``--root`` (default /var/lib/dranet-dev) choose the cluster,
 ``--cidr`` its address range (a /20: node network and one pod /24 per node); ``--nic-prefix``
@@ -64,7 +65,7 @@ def _print_env(kubeconfig: str, kubectl: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code."""
     ap = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("command", choices=["up", "down", "status", "sweep"])
     ap.add_argument("--name", default=os.environ.get("DRANET_DEVCLUSTER_NAME", DEFAULT_NAME))
     ap.add_argument("--root", default=os.environ.get("DRANET_DEVCLUSTER_ROOT", str(DEFAULT_BASE)))
     ap.add_argument("--nodes", type=int, default=int(os.environ.get("DRANET_DEVCLUSTER_NODES", DEFAULT_NODES)))
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "down":
         report = cluster.down(layout)
         return 1 if report.problems else 0
+    if a.command == "sweep":
+        cluster.sweep_abandoned(layout.root)
+        return 0
     st = cluster.running(layout)
     if st:
         print(

@@ -90,6 +90,9 @@ class ControlPlaneOptions:
     # Where the apiserver listens (and its serving certificate's extra SAN). A real node uses
     # its CNI bridge address, so pods reach the apiserver without a service proxy.
     bind_address: str = "127.0.0.1"
+    # More names the serving certificate holds: a QEMU guest on the user network reaches this
+    # machine's 127.0.0.1 as 10.0.2.2 (devcluster.guest_node).
+    serving_hosts: tuple[str, ...] = ()
     # The Services' virtual ranges, the primary first (its family must be the bind address's).
     service_ip_ranges: tuple[str, ...] = (SERVICE_RANGES[4],)
     # Processes outlive the Python process that started them (``devcluster up``).
@@ -155,7 +158,8 @@ class ControlPlane:
         self.dir = Path(tempfile.mkdtemp(prefix="dranet-cp-", dir=self._base_dir))
         (self.dir / "logs").mkdir()
         bind = self.options.bind_address
-        self.creds = c = certs.generate(self.dir / "pki", hosts=tuple(dict.fromkeys(("localhost", "127.0.0.1", bind))))
+        hosts = tuple(dict.fromkeys(("localhost", "127.0.0.1", bind, *self.options.serving_hosts)))
+        self.creds = c = certs.generate(self.dir / "pki", hosts=hosts)
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import json
 import logging
 import shutil
 import subprocess
@@ -47,10 +48,10 @@ from devcluster.builders.binaries import K8S_RELEASE, ControlPlaneBinaries, ensu
 from devcluster.builders.components import NodeBinaries, ensure_node_binaries
 from devcluster.builders.driver_image import build_driver_image
 from devcluster.cluster import coredns, fabric, mpi_operator, mpijobs, node_daemons, node_host
-from devcluster.cluster.cluster_state import ClusterState, running, spawn, wait_pid
+from devcluster.cluster.cluster_state import ClusterState, pid_alive, running, spawn, wait_pid
 from devcluster.cluster.controlplane import ControlPlane, ControlPlaneOptions, free_port
 from devcluster.cluster.node_daemons import NODE_LABEL, NodeImages
-from devcluster.cluster.node_layout import IN_NODE, NodeLayout
+from devcluster.cluster.node_layout import DEFAULT_BASE, DEFAULT_CIDR, IN_NODE, LayoutError, NodeLayout
 from driver.kube.client import RESOURCE_API, KubeClient
 
 log = logging.getLogger(__name__)
@@ -379,6 +380,44 @@ def down(layout: NodeLayout, progress: Progress = _say) -> node_host.SweepReport
         progress(f"[down] {p}")
     progress(f"[down] cluster {layout.name!r} removed" + (" (with problems above)" if report.problems else ""))
     return report
+
+
+ABANDONED_AFTER_S = 900.0
+"""How long a cluster's state must have stood still, every recorded process gone, before another
+run takes it for abandoned: a cluster coming up saves its state at each step and records each
+daemon as it starts it, so one still coming up is never that quiet."""
+
+
+def sweep_abandoned(
+    root: Path = DEFAULT_BASE, quiet_s: float = ABANDONED_AFTER_S, progress: Progress = _say
+) -> list[str]:
+    """`down` of every cluster under ``root`` that a run killed before its own cleanup left behind
+    (its namespaces, links, mounts, cgroups and files): none of the processes its state records is
+    alive and the state has not changed for ``quiet_s``. A running cluster, or one coming up, is
+    left alone. The names of the clusters removed."""
+    swept = []
+    for state in sorted(root.glob("*/cluster.json")):
+        try:
+            raw = json.loads(state.read_text())
+            quiet = time.time() - state.stat().st_mtime
+            pids = [int(p) for p in (raw.get("pids") or {}).values()]
+            layout = NodeLayout(
+                name=state.parent.name,
+                root=root,
+                nodes=int(raw.get("nodes") or 1),
+                cluster_cidr=raw.get("cluster_cidr") or DEFAULT_CIDR,
+                runtime=raw.get("runtime") or "containerd",
+                ip_family=raw.get("ip_family") or "ipv4",
+            )
+        except (OSError, ValueError, TypeError, AttributeError, LayoutError):
+            continue  # not a state this code wrote: not ours to remove
+        if quiet < quiet_s or any(pid_alive(p) for p in pids):
+            continue
+        report = down(layout, progress=lambda _m: None)
+        problems = f" ({'; '.join(report.problems)})" if report.problems else ""
+        progress(f"[sweep] cluster {layout.name!r}, left by a run that ended before its cleanup: removed{problems}")
+        swept.append(layout.name)
+    return swept
 
 
 def healthz(url: str) -> bool:

@@ -1,0 +1,74 @@
+"""The guest node's pure parts: the pods' manifests and script, the spec the host hands the guest.
+(The node itself runs under QEMU with `make guest-node`, outside `make test`: docs/testing.md.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from devcluster.builders.components import NodeBinaries
+from devcluster.guest_node.spec import RAIL_MACS, GuestSpec, PodPair, pod_script
+
+
+def test_each_pod_claims_one_rail_nic_with_its_own_address() -> None:
+    pair = PodPair(round=2, node_name="guest", image="img")
+    docs = pair.manifests()
+    claims = [d for d in docs if d["kind"] == "ResourceClaim"]
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    assert [c["metadata"]["name"] for c in claims] == ["rdma-server-2", "rdma-client-2"]
+    for claim, mac in zip(claims, RAIL_MACS, strict=True):
+        [request] = claim["spec"]["devices"]["requests"]
+        assert f'mac == "{mac}"' in request["exactly"]["selectors"][0]["cel"]["expression"]
+    addresses = [c["spec"]["devices"]["config"][0]["opaque"]["parameters"]["interface"]["addresses"] for c in claims]
+    assert addresses == [["10.77.0.1/24"], ["10.77.0.2/24"]]
+    for pod, claim in zip(pods, claims, strict=True):
+        assert pod["spec"]["resourceClaims"] == [{"name": "nic", "resourceClaimName": claim["metadata"]["name"]}]
+        [container] = pod["spec"]["containers"]
+        assert container["resources"]["claims"] == [{"name": "nic"}]
+        # The host's tools and verbs providers read-only; only the results folder is writable.
+        writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+        assert writable == ["/shared"]
+        assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "guest"}
+
+
+def _fake_tool(folder: Path, name: str, fail_times: int) -> None:
+    """A stand-in for a perftest tool: fails ``fail_times`` times (the server not listening yet), then succeeds."""
+    count = folder / f"{name}.count"
+    (folder / name).write_text(
+        f"#!/bin/sh\nn=$(cat {count} 2>/dev/null || echo 0); echo $((n+1)) > {count}\n"
+        f'[ "$n" -ge {fail_times} ] || exit 3\necho ok "$@"\n'
+    )
+    (folder / name).chmod(0o755)
+
+
+def test_client_retries_until_the_server_listens_and_records_the_real_status(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    _fake_tool(tools, "ib_write_bw", 2)
+    _fake_tool(tools, "ib_send_lat", 0)
+    (tools / "rping").write_text("#!/bin/sh\nexit 7\n")  # never connects
+    (tools / "rping").chmod(0o755)
+    (tools / "sleep").write_text("#!/bin/sh\n")  # no waiting in the test
+    (tools / "sleep").chmod(0o755)
+    out = tmp_path / "out"
+    env = {"PATH": f"{tools}:{os.environ['PATH']}", "DRANET_RDMA_DEVICES": "rxe0,rxe1", "NCCL_IB_HCA": "=rxe0"}
+    done = subprocess.run(["sh", "-c", pod_script("client", str(out), "10.77.0.1")], env=env, timeout=60)
+    assert done.returncode == 0
+    assert (out / "ib_write_bw.rc").read_text().strip() == "0"
+    assert (out / "ib_write_bw.tries").read_text().strip() == "3"
+    assert "-d rxe0" in (out / "ib_write_bw.txt").read_text() and "10.77.0.1" in (out / "ib_write_bw.txt").read_text()
+    assert (out / "ib_send_lat.tries").read_text().strip() == "1"
+    # A tool that never succeeds: its own status after the last try, not the loop's.
+    assert (out / "rping.rc").read_text().strip() == "7"
+    assert (out / "rping.tries").read_text().strip() == "60"
+    assert "DRANET_RDMA_DEVICES=rxe0,rxe1" in (out / "env.txt").read_text()
+
+
+def test_spec_survives_the_trip_through_the_run_folder(tmp_path: Path) -> None:
+    nb = NodeBinaries(*(Path(f"/b/{n}") for n in ("kubelet", "kubectl", "containerd", "shim", "ctr", "runc", "cni")))
+    spec = GuestSpec.of("guest-7-3", "g73", [("localhost/pause:dev", "/c/pause.tar")], nb)
+    spec.save(tmp_path / "spec.json")
+    back = GuestSpec.load(tmp_path / "spec.json")
+    assert back == spec
+    assert back.binaries() == nb
