@@ -322,7 +322,7 @@ def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, repor
     before = g.request("counters")
     manifest = pair.yaml()
     kubectl(nb, kubeconfig, "apply", "-f", "-", stdin=manifest)
-    phases = g.wait_for(lambda: pods_done(kube, pair), 900, f"round {r}: both pods finished")
+    phases = g.wait_for(lambda: pods_done(kube, pair), 600, f"round {r}: both pods finished")
     ran_s = round(time.monotonic() - start, 1)
     kubectl(nb, kubeconfig, "delete", "--wait=false", "-f", "-", stdin=manifest)
     g.wait_for(lambda: pods_gone(kube, pair), 300, f"round {r}: both pods deleted")

@@ -235,6 +235,7 @@ def main() -> int:
         )
         kubelet_root = driver.kubelet_root
         kubelet_root.mkdir(parents=True, exist_ok=True)
+        driver.log_path.symlink_to(GUEST / "driver.log")  # the host reads it live, and after a crash
         daemons.spawn(
             "kubelet",
             [
@@ -260,9 +261,6 @@ def main() -> int:
         return 1
     finally:
         daemons.stop()
-        if daemons.driver is not None:
-            with contextlib.suppress(OSError):
-                (GUEST / "driver.log").write_text(daemons.driver.log())
 
 
 if __name__ == "__main__":

@@ -140,7 +140,7 @@ class PodPair:
         mounts.append({"name": "shared", "mountPath": SHARED})
         volumes = [{"name": k, "hostPath": {"path": outside}} for k, (outside, _) in host_dirs.items()]
         volumes.append({"name": "shared", "hostPath": {"path": "/run/guest"}})
-        peer = self.address("server")
+        peer, folder = self.address("server"), f"{SHARED}/{RESULTS}/{self.round}"
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -155,7 +155,7 @@ class PodPair:
                         "name": role,
                         "image": self.image,
                         "imagePullPolicy": "Never",
-                        "command": ["/bin/sh", "-c", pod_script(role, f"{SHARED}/{RESULTS}/{self.round}/{role}", peer)],
+                        "command": ["/bin/sh", "-c", pod_script(role, f"{folder}/{role}", peer, f"{folder}/server")],
                         "env": [{"name": "LD_LIBRARY_PATH", "value": POD_LIBS}],
                         "resources": {"claims": [{"name": "nic"}]},
                         "volumeMounts": mounts,
@@ -169,34 +169,48 @@ class PodPair:
         return yaml.safe_dump_all(self.manifests(), sort_keys=False)
 
 
-def pod_script(role: str, out: str, peer: str) -> str:
+LISTEN_WAIT_S = 120
+"""How long the client waits for the server to listen, and each server tool for its client."""
+
+
+def pod_script(role: str, out: str, peer: str, server_out: str) -> str:
     """What each pod runs: its view (RDMA devices, char devices, addresses, environment), then
-    ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. The
-    client tries each until the server listens (a minute at most); each tool's output and exit
-    status go to ``out``."""
+    ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. Each
+    tool's output and exit status go to ``out``. The server marks each tool ``<tool>.listening`` in
+    ``server_out`` once the kernel lists its rdma_cm listen (``rdma resource show cm_id``); the
+    client starts each tool only then, and tries again (ten times at most) only if it still fails.
+    No tool outlives :data:`LISTEN_WAIT_S` waiting for the other side."""
     q = shlex.quote
     tools = [
         ("ib_write_bw", f"ib_write_bw -d $dev -R -s 65536 -n {BW_ITERS} -p 18515", 18515),
         ("ib_send_lat", "ib_send_lat -d $dev -R -n 200 -p 18516", 18516),
-        ("rping", "rping -v -C 10", 0),
+        ("rping", "rping -v -C 10 -p 18517", 18517),
     ]
     lines = [
         'export PATH="$PATH:/usr/bin:/usr/sbin"',  # the image's busybox, then the host's tools
-        f"out={q(out)}; mkdir -p $out",
+        f"out={q(out)}; srv={q(server_out)}; mkdir -p $out",
         "dev=${DRANET_RDMA_DEVICES%%,*}",
         "ls /dev/infiniband > $out/chardevs.txt 2>&1",
         "ls /sys/class/infiniband > $out/sysfs-devices.txt 2>&1",
         "ip -o addr > $out/addresses.txt 2>&1",
         "env | grep -E '^(DRANET|NCCL|UCX)_' | sort > $out/env.txt",
     ]
-    for name, cmd, _port in tools:
+    wait = LISTEN_WAIT_S
+    for name, cmd, port in tools:
         if role == "server":
             run = f"{cmd} -s -a 0.0.0.0" if name == "rping" else cmd
-            lines.append(f"{run} > $out/{name}.txt 2>&1; echo $? > $out/{name}.rc")
+            lines += [
+                f"timeout {wait} {run} > $out/{name}.txt 2>&1 & pid=$!",
+                f"n=0; until rdma resource show cm_id 2>/dev/null | grep -Eq 'state LISTEN.*:{port}( |$)'; do "
+                f"n=$((n+1)); [ $n -ge {wait * 5} ] && break; kill -0 $pid 2>/dev/null || break; sleep 0.2; done",
+                f"touch $srv/{name}.listening; wait $pid; echo $? > $out/{name}.rc",
+            ]
         else:
             run = f"{cmd} -c -a {peer}" if name == "rping" else f"{cmd} {peer}"
-            lines.append(
-                f"n=1; while :; do {run} > $out/{name}.txt 2>&1; rc=$?; [ $rc -eq 0 ] || [ $n -ge 60 ] && break; "
-                f"n=$((n+1)); sleep 1; done; echo $rc > $out/{name}.rc; echo $n > $out/{name}.tries"
-            )
+            lines += [
+                f"n=0; until [ -e $srv/{name}.listening ]; do n=$((n+1)); [ $n -ge {wait} ] && break; sleep 1; done",
+                f"n=1; while :; do timeout {wait} {run} > $out/{name}.txt 2>&1; rc=$?; "
+                f"[ $rc -eq 0 ] || [ $n -ge 10 ] && break; n=$((n+1)); sleep 1; done; "
+                f"echo $rc > $out/{name}.rc; echo $n > $out/{name}.tries",
+            ]
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from devcluster.builders.components import NodeBinaries
@@ -42,7 +43,7 @@ def _fake_tool(folder: Path, name: str, fail_times: int) -> None:
     (folder / name).chmod(0o755)
 
 
-def test_client_retries_until_the_server_listens_and_records_the_real_status(tmp_path: Path) -> None:
+def test_client_tries_again_while_it_fails_and_records_the_real_status(tmp_path: Path) -> None:
     tools = tmp_path / "bin"
     tools.mkdir()
     _fake_tool(tools, "ib_write_bw", 2)
@@ -51,9 +52,12 @@ def test_client_retries_until_the_server_listens_and_records_the_real_status(tmp
     (tools / "rping").chmod(0o755)
     (tools / "sleep").write_text("#!/bin/sh\n")  # no waiting in the test
     (tools / "sleep").chmod(0o755)
-    out = tmp_path / "out"
+    out, server = tmp_path / "out", tmp_path / "server"
+    server.mkdir()
+    for tool in ("ib_write_bw", "ib_send_lat", "rping"):
+        (server / f"{tool}.listening").touch()  # what the server pod writes once the kernel lists its listen
     env = {"PATH": f"{tools}:{os.environ['PATH']}", "DRANET_RDMA_DEVICES": "rxe0,rxe1", "NCCL_IB_HCA": "=rxe0"}
-    done = subprocess.run(["sh", "-c", pod_script("client", str(out), "10.77.0.1")], env=env, timeout=60)
+    done = subprocess.run(["sh", "-c", pod_script("client", str(out), "10.77.0.1", str(server))], env=env, timeout=60)
     assert done.returncode == 0
     assert (out / "ib_write_bw.rc").read_text().strip() == "0"
     assert (out / "ib_write_bw.tries").read_text().strip() == "3"
@@ -61,7 +65,7 @@ def test_client_retries_until_the_server_listens_and_records_the_real_status(tmp
     assert (out / "ib_send_lat.tries").read_text().strip() == "1"
     # A tool that never succeeds: its own status after the last try, not the loop's.
     assert (out / "rping.rc").read_text().strip() == "7"
-    assert (out / "rping.tries").read_text().strip() == "60"
+    assert (out / "rping.tries").read_text().strip() == "10"
     assert "DRANET_RDMA_DEVICES=rxe0,rxe1" in (out / "env.txt").read_text()
 
 
@@ -72,3 +76,30 @@ def test_spec_survives_the_trip_through_the_run_folder(tmp_path: Path) -> None:
     back = GuestSpec.load(tmp_path / "spec.json")
     assert back == spec
     assert back.binaries() == nb
+
+
+def test_server_marks_each_tool_listening_once_the_kernel_lists_its_listen(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("ib_write_bw", "ib_send_lat", "rping"):
+        (tools / tool).write_text(f"#!/bin/sh\ntouch {tmp_path}/{tool}.ran\nsleep 0.5\necho served\n")
+        (tools / tool).chmod(0o755)
+    # The kernel's listing: a listen on each tool's port, once that tool runs.
+    (tools / "rdma").write_text(
+        "#!/bin/sh\n"
+        f"[ -e {tmp_path}/ib_write_bw.ran ] && echo 'link rxe2/1 cm-idn 0 state LISTEN ps TCP src-addr 0.0.0.0:18515'\n"
+        f"[ -e {tmp_path}/ib_send_lat.ran ] && echo 'link rxe2/1 cm-idn 1 state LISTEN ps TCP src-addr 0.0.0.0:18516'\n"
+        f"[ -e {tmp_path}/rping.ran ] && echo 'link rxe2/1 cm-idn 2 state LISTEN ps TCP src-addr 0.0.0.0:18517'\n"
+        "exit 0\n"
+    )
+    (tools / "rdma").chmod(0o755)
+    out = tmp_path / "server"
+    env = {"PATH": f"{tools}:{os.environ['PATH']}", "DRANET_RDMA_DEVICES": "rxe2"}
+    started = time.monotonic()
+    done = subprocess.run(["sh", "-c", pod_script("server", str(out), "10.77.0.1", str(out))], env=env, timeout=60)
+    assert done.returncode == 0
+    assert time.monotonic() - started < 30  # each marker came from the listing, not from a timeout
+    for tool in ("ib_write_bw", "ib_send_lat", "rping"):
+        assert (out / f"{tool}.listening").exists()
+        assert (out / f"{tool}.rc").read_text().strip() == "0"
+        assert (out / f"{tool}.txt").read_text().strip() == "served"
