@@ -63,6 +63,8 @@ CHART = REPO / "charts" / "dranet"
 SUITE = "trixie-backports"
 NODE_NAME = "guest-7-3"
 TOOLS = ("ib_write_bw", "ib_send_lat", "rping")
+SLOW_ROUND_S = 120
+"""A round's pods done after this long are stuck (they take 20-45 s): the guest is asked for a snapshot."""
 STRAY_BYTES = 64 * 1024
 """What an unclaimed NIC may move in a round (it is down; nothing should cross it at all)."""
 
@@ -322,20 +324,39 @@ def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, repor
     before = g.request("counters")
     manifest = pair.yaml()
     kubectl(nb, kubeconfig, "apply", "-f", "-", stdin=manifest)
-    phases = g.wait_for(lambda: pods_done(kube, pair), 600, f"round {r}: both pods finished")
+    try:
+        phases = g.wait_for(lambda: pods_done(kube, pair), SLOW_ROUND_S, f"round {r}: both pods finished")
+    except RuntimeError:
+        if g.failed():
+            raise
+        # Slow: what the guest shows now, while the pods still run (kept with the report's failures).
+        snap = g.folder / f"snapshot-{r}.txt"
+        snap.write_text(g.request("snapshot").get("text", ""))
+        say(f"round {r}: pods not done in {SLOW_ROUND_S} s; the guest's RDMA and links now: {snap}")
+        phases = g.wait_for(lambda: pods_done(kube, pair), 600, f"round {r}: both pods finished")
     ran_s = round(time.monotonic() - start, 1)
     kubectl(nb, kubeconfig, "delete", "--wait=false", "-f", "-", stdin=manifest)
     g.wait_for(lambda: pods_gone(kube, pair), 300, f"round {r}: both pods deleted")
     time.sleep(2)  # the NRI StopPodSandbox of the last sandbox is asynchronous to the pod's deletion
     after = g.request("counters")
     results = g.folder / RESULTS / str(r)
+    failed_before = len(report.failures)
     report.check(all(p == "Succeeded" for p in phases.values()), f"round {r}: pods {phases}")
     check_pods(report, results)
+    if len(report.failures) > failed_before:
+        # What a failed round needs to be understood, from a CI log alone.
+        snap = _read(g.folder / f"snapshot-{r}.txt")
+        report.failures.append(f"round {r}: the guest while the pods ran:\n{snap[-6000:]}" if snap else "")
+        report.failures.append(f"round {r}: the driver's log:\n{_tail(g.folder / 'driver.log', 60)}")
     moved = check_bytes(report, before, after, nics)
     check_home(report, after, nics)
     out = {"round": r, "apply_to_done_s": ran_s, "bytes": moved, **figures(results)}
     say(f"round {r}: {json.dumps(out)}")
     return out
+
+
+def _tail(path: Path, lines: int) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])
 
 
 def _read(path: Path) -> str:

@@ -176,6 +176,25 @@ def requests() -> Iterator[tuple[Path, str]]:
             time.sleep(POLL_S)
 
 
+SNAPSHOT = (
+    "rdma link show",
+    "rdma resource show cm_id",
+    "rdma resource show qp",
+    "ip -br link",
+    'for ns in $(ls /var/run/netns); do echo "netns $ns:"; ip -n $ns -br addr; done',
+    "dmesg | tail -n 40",
+)
+"""What the guest shows of its RDMA and links when a round takes too long (the pods' namespaces too)."""
+
+
+def snapshot() -> str:
+    parts = []
+    for cmd in SNAPSHOT:
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=60)
+        parts.append(f"$ {cmd}\n{out.stdout}{out.stderr}")
+    return "\n".join(parts)
+
+
 def serve(spec: GuestSpec, daemons: Daemons, nics: dict[str, str]) -> None:
     for path, word in requests():
         reply: dict[str, object] = {"request": word}
@@ -189,6 +208,8 @@ def serve(spec: GuestSpec, daemons: Daemons, nics: dict[str, str]) -> None:
             daemons.driver.start(timeout=spec.driver_timeout_s)
             reply["restart_s"] = round(time.monotonic() - start, 2)
             say(f"driver killed and started again in {reply['restart_s']} s")
+        elif word == "snapshot":
+            reply["text"] = snapshot()
         elif word != "stop":
             reply["error"] = f"unknown request {word!r}"
         path.with_name(path.name.replace("cmd-", "done-")).write_text(json.dumps(reply))
