@@ -45,6 +45,7 @@ asked about. Their devices' PCI addresses and NUMA nodes do not change while the
 PREPARE_FAILED = "ClaimPrepareFailed"
 NIC_LOST = "NICLost"  # a pod ended with no driver connected; its virtual NIC died with the namespace
 NIC_RETURNED_UNATTENDED = "NICReturnedUnattended"  # ... its physical NIC fell back, found and restored
+DEVICE_REMOVED = "DeviceRemoved"  # a claimed device's PCI function left the node (the health check's reason)
 """Reason of the Warning event on a claim NodePrepareResources refused (the Go driver's)."""
 
 
@@ -121,6 +122,19 @@ class ClaimStatusWriter:
     def pod_network_failed(self, pod_uid: str, claim: PreparedClaim, device: str, step: str, message: str) -> None:
         """Setting up ``device`` failed at ``step``: queue Ready=False and a Warning event on the pod."""
         self._enqueue(StatusUpdate(pod_uid, claim, failed_device=device, failed_step=step, failed_message=message))
+
+    def device_removed(self, pod_uids: Sequence[str], claim: PreparedClaim, device: str, message: str) -> None:
+        """``device`` of ``claim`` is gone from the node: Ready=False (``DeviceRemoved``) and a Warning
+        event on each pod it is reserved for and on the claim; with no pod yet, the claim's event only."""
+        for pod_uid in pod_uids:
+            self._enqueue(
+                StatusUpdate(
+                    pod_uid, claim, failed_device=device, failed_step="device", failed_message=message,
+                    failed_reason=DEVICE_REMOVED,
+                )
+            )  # fmt: skip
+        if not pod_uids:
+            self._enqueue(ClaimEvent(claim.namespace, claim.name, claim.uid, DEVICE_REMOVED, f"{device}: {message}"))
 
     def claim_unprepared(self, claim: PreparedClaim) -> None:
         """``claim`` was unprepared on this node: queue the removal of all our entries.
@@ -345,7 +359,7 @@ class ClaimStatusWriter:
         pod = {"apiVersion": "v1", "kind": "Pod", "namespace": claim.namespace, "name": pod_name, "uid": update.pod_uid}
         event = self._warning_event(
             pod,
-            reason_for(update.failed_step),
+            update.failed_reason or reason_for(update.failed_step),
             f"device {update.failed_device} of claim {claim.name}: {update.failed_step}: {update.failed_message}",
         )
         try:

@@ -50,6 +50,7 @@ class StatusUpdate:
     failed_device: str | None = None
     failed_step: str = ""
     failed_message: str = ""
+    failed_reason: str = ""  # the condition's and the event's reason; "" derives it from the step
     clear: bool = False  # drop all our entries (claim unprepared)
     attempts: int = 0
     event_posted: bool = False  # retries of the status write must not repeat the event
@@ -113,7 +114,7 @@ def status_body(
             ready = {
                 "type": READY,
                 "status": "False",
-                "reason": reason_for(update.failed_step),
+                "reason": update.failed_reason or reason_for(update.failed_step),
                 "message": f"{update.failed_step}: {update.failed_message}"[:MAX_MESSAGE],
             }
             network_data = None  # rolled back: the NIC is not in the pod

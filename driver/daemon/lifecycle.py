@@ -58,7 +58,7 @@ from driver.daemon.supervisor import Supervisor
 from driver.dra.field_support import consumable_capacity_accepted, list_attributes_accepted
 from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult, SliceDevice
-from driver.health.monitor import HealthMonitor
+from driver.health.monitor import HealthMonitor, RemovedDevices, removed_holders
 from driver.inventory import partitions, vf_counts
 from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
@@ -161,6 +161,7 @@ class Daemon:
         self.rxe_in_pod = False  # probed at start: Soft-RoCE devices made again in the pods (Linux 7.1 on)
         self.kernel: KernelFeatures | None = None  # detected at start: what the kernel offers
         self.claims_damage: str | None = None  # damaged prepared claims, until rebuilt from the API
+        self.removed = RemovedDevices()  # devices gone from the node whose holders were told
         # The NRI hooks announce themselves and the links they change here (shared with them).
         self.hook_activity = HookActivity()
         self.device_sync = DeviceSync(
@@ -458,8 +459,19 @@ class Daemon:
         self.metrics.mark_published()
 
     def _health_changed(self, states: list[DeviceHealthState]) -> None:
-        """New device health: the per-device gauge."""
+        """New device health: the per-device gauge; the holders of a device that left the node told
+        (claim condition and events, once per removal)."""
         self.metrics.set_device_health({s.device: s.healthy for s in states})
+        removed = self.removed.newly_removed(states)
+        if not removed:
+            return
+        for held in self.store.read(lambda st: removed_holders(st, removed)):
+            log.warning(
+                "a claimed device left the node",
+                extra={"kv": {"device": held.device, "claim": f"{held.claim.namespace}/{held.claim.name}",
+                              "pods": list(held.pod_uids), "why": removed[held.device]}},
+            )  # fmt: skip
+            self.status_writer.device_removed(held.pod_uids, held.claim, held.device, removed[held.device])
 
     async def _state_write_retry_loop(self) -> None:
         """While a state write is failing, try again every few seconds, so ``/healthz`` turns

@@ -7,12 +7,18 @@ without carrier is down (for a veth: its peer is down). The RDMA port states com
 The kit (:class:`driver.dra.health.HealthWatch`) runs :meth:`HealthMonitor.check` every
 ``--health-interval`` seconds and reports each change to the kubelet (``DRAResourceHealth``, the
 pod's ``allocatedResourcesStatus``) and as device taints in the ResourceSlice, whose value is the
-reason (:data:`LINK_DOWN`, :data:`PORT_NOT_ACTIVE`, :data:`NETDEV_MISSING`, :data:`PF_LINK_DOWN`).
+reason (:data:`LINK_DOWN`, :data:`PORT_NOT_ACTIVE`, :data:`NETDEV_MISSING`, :data:`PF_LINK_DOWN`,
+:data:`DEVICE_REMOVED`).
 
 An SR-IOV VF is only as up as its PF: where the PF's netdev (on the host, found by the VF's
 ``physfn``, published or not) is down, administratively or without carrier, every VF of it is
 unhealthy (``PfLinkDown``), wherever the VF is: a VF's own carrier does not always follow its PF
 at once (igbvf learns it over the mailbox), and the scheduler must not give one out meanwhile.
+
+A device whose PCI function is gone from the node (a VF whose PF's count an admin lowered, a
+function unplugged) is ``DeviceRemoved``. One no claim holds leaves the inventory with the next
+scan; one a claim holds stays published (the claim's snapshot) with that reason until the claim is
+unprepared, and its holders are told (:func:`removed_holders`).
 """
 
 from __future__ import annotations
@@ -21,10 +27,12 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable, Container
+from dataclasses import dataclass
 from pathlib import Path
 
-from driver.checkpoint.state import DriverState
+from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.status import DEVICE_REMOVED
 from driver.dra.protocol import DeviceHealthState
 from driver.health.links import LinkFacts, LinkProbe
 from driver.model.device import Device
@@ -32,6 +40,8 @@ from driver.netlink.namespaces import Namespaces
 
 log = logging.getLogger(__name__)
 IN_POD_STEPS = ("in-pod",)  # a NIC whose move is complete: it lives in the pod namespace
+
+__all__ = ["DEVICE_REMOVED", "LINK_DOWN", "NETDEV_MISSING", "PF_LINK_DOWN", "PORT_NOT_ACTIVE", "HealthMonitor"]
 
 LINK_DOWN = "LinkDown"
 PORT_NOT_ACTIVE = "PortNotActive"
@@ -60,7 +70,8 @@ def assess(
 ) -> tuple[bool, str, str]:
     """(healthy, reason, message) of one device.
 
-    Unhealthy: its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
+    Unhealthy: its PCI function is gone from the sysfs tree's PCI bus (``DeviceRemoved``; a tree
+    without a PCI bus says nothing), its netdev is administratively up but has no carrier (``LinkDown``; ``link`` comes
     from netlink in the namespace the netdev is in), its RDMA device has ports and none is
     ACTIVE (``PortNotActive``), or its netdev is gone from the host while no pod holds it
     (``NetdevMissing``). An administratively down link tells nothing about its cable: healthy.
@@ -71,6 +82,10 @@ def assess(
     """
     root = Path(sysfs_root)
     host = device.host
+    functions = root / "bus" / "pci" / "devices"
+    if host.pci_address and functions.is_dir() and not (functions / host.pci_address).exists():
+        why = f"its PF {host.sriov_pf}'s VF count was lowered" if host.sriov_pf else "removed from the PCI bus"
+        return False, DEVICE_REMOVED, f"PCI function {host.pci_address} is gone from the node ({why})"
     if link is not None and link.admin_up and not link.carrier:
         return False, LINK_DOWN, f"link down: {link.ifname} ({link.where}) has no carrier, operstate {link.operstate}"
     if pf_link is not None and not (pf_link.admin_up and pf_link.carrier):
@@ -114,6 +129,39 @@ def device_health_states(
         )
         out.append(DeviceHealthState(pool=pool, device=name, healthy=healthy, message=message, reason=reason))
     return out
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A claim holding a removed device, and the pods it is reserved for (none yet: a prepared claim)."""
+
+    claim: PreparedClaim
+    device: str
+    pod_uids: tuple[str, ...]
+
+
+class RemovedDevices:
+    """Which devices became ``DeviceRemoved`` since the last round, each told once while it stays so."""
+
+    def __init__(self) -> None:
+        self._told: set[str] = set()
+
+    def newly_removed(self, states: list[DeviceHealthState]) -> dict[str, str]:
+        """Device -> message, for the devices ``DeviceRemoved`` now and not in the last call's."""
+        removed = {s.device: s.message for s in states if s.reason == DEVICE_REMOVED}
+        new = {d: m for d, m in removed.items() if d not in self._told}
+        self._told = set(removed)
+        return new
+
+
+def removed_holders(state: DriverState, devices: Container[str]) -> list[Holder]:
+    """The claims (and their pods) that hold any of ``devices``."""
+    return [
+        Holder(claim, d.device, tuple(claim.pod_uids))
+        for claim in state.claims.values()
+        for d in claim.devices
+        if d.device in devices
+    ]
 
 
 def pf_netdev(sysfs_root: str, pf: str) -> str | None:

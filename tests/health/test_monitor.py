@@ -151,6 +151,7 @@ def test_a_vf_is_unhealthy_while_its_pf_is_down_published_or_not(netns_factory, 
     for peer in (pf_peer, vf_peer):
         ip("-n", fabric, "link", "set", peer, "up")
     (tmp_path / "bus/pci/devices/0000:41:00.0/net" / pf_nic).mkdir(parents=True)
+    (tmp_path / "bus/pci/devices/0000:41:00.1").mkdir()  # the VF's own function (its absence: DeviceRemoved)
     devices = {"vf": Device("vf", host=HostFacts(ifname=vf_nic, pci_address="0000:41:00.1", sriov_pf="0000:41:00.0"))}
     monitor = HealthMonitor(
         CheckpointStore(tmp_path / "s", tmp_path / "r"), lambda: devices, "node", str(tmp_path), HOST_NETNS

@@ -23,7 +23,7 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.config import HOST_NETNS
-from driver.health.monitor import PF_LINK_DOWN, HealthMonitor
+from driver.health.monitor import DEVICE_REMOVED, PF_LINK_DOWN, HealthMonitor, removed_holders
 from driver.inventory import vf_counts
 from driver.inventory.discovery import Scanner
 from driver.model.device import Device
@@ -348,3 +348,40 @@ def test_a_pf_set_down_makes_its_vfs_unhealthy_and_up_again_healthy(pfs: list[st
         subprocess.run(["ip", "link", "set", pf_name, "up"], check=True)
     # igb takes its link back up in a moment (the emulated autonegotiation): the VFs follow it.
     _wait("the VFs healthy again", lambda: all(s.reason != PF_LINK_DOWN for s in monitor.evaluate()))
+
+
+def test_a_vf_removed_under_its_pod_is_reported_and_the_pod_still_stops(
+    pfs: list[str], netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """An admin lowers a PF's VF count while one of its VFs is in a pod: the health check says
+    ``DeviceRemoved`` for that VF (the other PF's VFs are not), its holder is the pod's claim (the
+    daemon tells it: tests/health/test_device_removed.py); the pod's stop still completes and
+    leaves no state behind."""
+    devices = {d.name: d for d in _scan().values() if d.host.sriov_pf}
+    bdf = _vf(pfs[1], 0)
+    name = next(n for n, d in devices.items() if d.host.pci_address == bdf)
+    ifname = _netdev(bdf)
+    assert ifname
+    pod_ns = netns_factory.netns()
+    store = CheckpointStore(str(tmp_path / "state"), str(tmp_path / "run"))
+    uid = "pod-vf-removed"
+    config = {"opaque": [{"interface": {"name": "net1", "addresses": ["10.97.2.2/24"]}}]}
+    prepare_claim(store, uid, [{"ifname": ifname, "device": name, "pci_address": bdf, "config": config}])
+    pod = json_format.Parse(json.dumps(pod_json(uid, f"/run/netns/{pod_ns}")), api.PodSandbox())
+    hooks = NRIHooks(store, host_netns="/proc/self/ns/net")
+    monitor = HealthMonitor(store, lambda: devices, "node", "/sys", HOST_NETNS)
+    try:
+        hooks.run_pod_sandbox(pod)
+        assert all(s.reason != DEVICE_REMOVED for s in monitor.evaluate())
+        _set_vfs(pfs[1], 0)
+        states = {s.device: s for s in monitor.evaluate()}
+        assert (states[name].healthy, states[name].reason) == (False, DEVICE_REMOVED), states[name]
+        assert bdf in states[name].message and "VF count was lowered" in states[name].message
+        other_pf = [n for n, d in devices.items() if d.host.sriov_pf == pfs[0]]
+        assert other_pf and all(states[n].reason != DEVICE_REMOVED for n in other_pf)
+        [held] = store.read(lambda st: removed_holders(st, {name}))
+        assert held.pod_uids == (uid,)
+        hooks.stop_pod_sandbox(pod)
+    finally:
+        hooks.close()
+    assert store.read(lambda st: st.pods) == {}
