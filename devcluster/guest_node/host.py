@@ -26,8 +26,10 @@ printed and saved, never held against a goal. Exit 0 when every check passed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +67,8 @@ NODE_NAME = "guest-7-3"
 TOOLS = ("ib_write_bw", "ib_send_lat", "rping")
 SLOW_ROUND_S = 120
 """A round's pods done after this long are stuck (they take 20-45 s): the guest is asked for a snapshot."""
+STOP_WAIT_S = 120
+"""How long the guest may take to stop its daemons and power off once asked (it takes seconds)."""
 STRAY_BYTES = 64 * 1024
 """What an unclaimed NIC may move in a round (it is down; nothing should cross it at all)."""
 
@@ -111,6 +115,18 @@ class Guest:
             )
         except BaseException as exc:  # noqa: BLE001 - reported by wait_up/request
             self.result = exc
+
+    def kill(self) -> None:
+        """SIGKILL this run's QEMU (found by its console file, which names the run folder)."""
+        console = str(self.folder / "console.log")
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and console in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                    os.kill(int(proc.name), signal.SIGKILL)
+            except OSError:
+                continue
+        if self.thread.ident is not None:
+            self.thread.join(timeout=30)
 
     def failed(self) -> str:
         """Why the guest stopped, or "" while it runs."""
@@ -304,11 +320,13 @@ def run(rounds: int = 2, timeout: float = 1500, folder: Path | None = None) -> R
                     g.wait_for(lambda: rail_devices(kube), 300, "the NICs published again")
                 report.rounds.append(_round(g, kube, nb, cp.kubeconfig, report, r, up["nics"]))
             g.request("stop")
-            g.thread.join(timeout=300)
+            g.thread.join(timeout=STOP_WAIT_S)
         finally:
             if g.thread.is_alive():
                 (folder / CONTROL / f"cmd-{g.sent}").write_text("stop")
-                g.thread.join(timeout=300)
+                g.thread.join(timeout=STOP_WAIT_S)
+            if g.thread.is_alive():  # the guest does not answer: its QEMU goes, not left to outlive us
+                g.kill()
     report.seconds["total"] = round(time.monotonic() - t0, 1)
     if temporary and not report.failures:
         shutil.rmtree(folder, ignore_errors=True)

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from devcluster.builders.components import NodeBinaries
+from devcluster.guest_node.host import Guest
 from devcluster.guest_node.spec import RAIL_MACS, GuestSpec, PodPair, pod_script
 
 
@@ -103,3 +104,19 @@ def test_server_marks_each_tool_listening_once_the_kernel_lists_its_listen(tmp_p
         assert (out / f"{tool}.listening").exists()
         assert (out / f"{tool}.rc").read_text().strip() == "0"
         assert (out / f"{tool}.txt").read_text().strip() == "served"
+
+
+def test_a_guest_that_does_not_answer_has_its_qemu_killed(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    # Stands for QEMU: its command line names the run's console file, as QEMU's -serial does.
+    stand_in = subprocess.Popen(["sh", "-c", "sleep 600", f"file:{folder / 'console.log'}"])
+    other = subprocess.Popen(["sh", "-c", "sleep 600", f"file:{tmp_path / 'other' / 'console.log'}"])
+    try:
+        Guest(folder, None, None, 1).kill()  # type: ignore[arg-type]
+        assert stand_in.wait(timeout=10) == -9
+        assert other.poll() is None, "another run's QEMU is not this one's to kill"
+    finally:
+        for p in (stand_in, other):
+            p.kill()
+            p.wait()
