@@ -35,7 +35,7 @@ import yaml
 
 from devcluster.builders.binaries import K8S_RELEASE
 from devcluster.builders.images import ImageArchive, import_image
-from devcluster.cluster.node_config import cni_conflist, containerd_config, kubelet_config
+from devcluster.cluster.node_config import write_node_configs
 from devcluster.cluster.node_layout import IN_NODE, NodeLayout
 from devcluster.guest_node.spec import (
     CONTROL,
@@ -114,15 +114,12 @@ def cgroups() -> None:
 
 
 def write_configs(spec: GuestSpec, layout: NodeLayout) -> Path:
-    """containerd's config, the CNI network and the kubelet's config (the dev cluster's, with this
-    guest's cgroup root, address and resolver); the kubelet's config path."""
+    """The dev cluster's node configs (containerd, CNI, resolver, kubelet), then this guest's own in
+    the kubelet's and the resolver's (cgroup root, address, DNS); the kubelet's config path."""
     node = layout.node(0)
-    binaries = spec.binaries()
-    node.cni_conf_dir.mkdir(parents=True, exist_ok=True)
-    node.containerd_config.write_text(containerd_config(node, binaries))
-    (node.cni_conf_dir / "10-dranet.conflist").write_text(cni_conflist(node))
+    write_node_configs(node, spec.binaries(), K8S_RELEASE.fail_cgroup_v1, K8S_RELEASE.feature_gates)
     node.resolv_conf.write_text(f"nameserver {spec.dns}\n")
-    cfg = yaml.safe_load(kubelet_config(node, K8S_RELEASE.fail_cgroup_v1, K8S_RELEASE.feature_gates))
+    cfg = yaml.safe_load(node.kubelet_config.read_text())
     cfg |= {"cgroupRoot": "/", "address": "0.0.0.0", "clusterDNS": [spec.dns]}
     node.kubelet_config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return node.kubelet_config

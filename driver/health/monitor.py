@@ -137,7 +137,10 @@ class Holder:
 
     claim: PreparedClaim
     device: str
-    pod_uids: tuple[str, ...]
+
+    @property
+    def pod_uids(self) -> tuple[str, ...]:
+        return tuple(self.claim.pod_uids)
 
 
 class RemovedDevices:
@@ -156,12 +159,7 @@ class RemovedDevices:
 
 def removed_holders(state: DriverState, devices: Container[str]) -> list[Holder]:
     """The claims (and their pods) that hold any of ``devices``."""
-    return [
-        Holder(claim, d.device, tuple(claim.pod_uids))
-        for claim in state.claims.values()
-        for d in claim.devices
-        if d.device in devices
-    ]
+    return [Holder(claim, d.device) for claim in state.claims.values() for d in claim.devices if d.device in devices]
 
 
 def pf_netdev(sysfs_root: str, pf: str) -> str | None:
