@@ -1,12 +1,14 @@
 """The gRPC server's own cost: an empty NodePrepareResources through each server kind and option.
 
-``python -m bench.bench_grpc_server [--calls 2000] [--rounds 5]``. Each variant serves the DRA v1
+``python -m bench.bench_grpc_server [--calls 2000] [--rounds 5] [--gap 0.05]``. Each variant serves the DRA v1
 ``NodePrepareResources`` on a unix socket in a process of its own (the driver's layout: one
 interpreter, its GIL to itself) and answers every call with an empty response, as a driver with
 nothing to prepare does; one client (the kubelet's role: a unary call at a time over one
 channel) times each call. Variants run interleaved, round by round (A B C ... then back), so
 drift hits them alike. Printed: each variant's median and p99 per call, and the ratio to the
-aio server the driver ran with before.
+aio server the driver ran with before. ``--gap S``: the client sleeps S seconds before each call, as
+the kubelet's calls come (a server idle between calls wakes its threads for each; back to back,
+they are warm).
 
 Variants: ``aio`` (``grpc.aio.server()``, the driver's kind until now), ``aio-options`` (the same
 with SO_REUSEPORT off, compression off, message limits set), ``aio-service`` (the driver's own
@@ -115,7 +117,7 @@ def _serve(variant: str, socket_path: str, ready: Any) -> None:
         _serve_sync(variant, socket_path, ready)
 
 
-def _time_calls(socket_path: str, calls: int) -> list[float]:
+def _time_calls(socket_path: str, calls: int, gap: float = 0.0) -> list[float]:
     request = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace="ns", name="c", uid="u")]).SerializeToString()
     out = []
     with grpc.insecure_channel(f"unix://{socket_path}") as channel:
@@ -123,6 +125,8 @@ def _time_calls(socket_path: str, calls: int) -> list[float]:
         for _ in range(50):  # warm-up: the connection, the server's first calls
             call(request, timeout=5)
         for _ in range(calls):
+            if gap:
+                time.sleep(gap)
             t0 = time.perf_counter()
             call(request, timeout=5)
             out.append(time.perf_counter() - t0)
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=int, default=2000, help="calls per variant per round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds (each variant once per round, order alternating)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds the client waits before each call")
     a = ap.parse_args(argv)
     variants = a.variants.split(",")
     ctx = multiprocessing.get_context("spawn")
@@ -151,10 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         times: dict[str, list[float]] = {v: [] for v in variants}
         for r in range(a.rounds):
             for v in variants if r % 2 == 0 else list(reversed(variants)):
-                times[v] += _time_calls(servers[v][1], a.calls)
+                times[v] += _time_calls(servers[v][1], a.calls, a.gap)
         print(
-            f"empty NodePrepareResources, {a.rounds} x {a.calls} calls per variant (protobuf: "
-            f"{api_implementation.Type()}, grpcio {grpc.__version__}, load {os.getloadavg()[0]:.2f}):"
+            f"empty NodePrepareResources, {a.rounds} x {a.calls} calls per variant, {a.gap * 1e3:.0f} ms apart "
+            f"(protobuf: {api_implementation.Type()}, grpcio {grpc.__version__}, load {os.getloadavg()[0]:.2f}):"
         )
         base = statistics.median(times[variants[0]])
         for v in variants:

@@ -7,7 +7,7 @@ a fetched snapshot; see ``bench/go_driver.py``), cached outside the work tree by
 One real control plane; two nodes in it, one per driver, so each publishes its own pool. Each
 driver runs as it does on a node: this one is ``dranet run`` on the host's ``/sys`` (NRI plugin,
 kubelet plugin with a connected health stream, /metrics, link watch, publisher, status writer;
-claims and pod state on tmpfs, as ``/run/dranet``), the Go one is its
+claims and pod state on tmpfs, as ``/run/dranet``, and its CDI specs, as ``/var/run/cdi``), the Go one is its
 ``dranet`` binary (its bbolt database on tmpfs, as ``/var/run/dranet`` is on a node). Each has its
 own containerd/nri runtime harness (``harness/nri_harness``) on a private socket, its own kubelet
 root with the registration and DRA sockets (registered like the kubelet's plugin watcher does),
@@ -304,6 +304,7 @@ class Prepares:
     unprepare: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
     get: list[float] = field(default_factory=list)
     empty: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    empty_after_gap: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
     cpu: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
     idle_cpu: dict[str, list[float]] = field(default_factory=lambda: {a: [] for a in ARMS})
 
@@ -444,6 +445,9 @@ class VsGo:
                 str(self.runtime_dir / "py"),
                 "--state-dir",
                 str(self.runtime_dir / "py" / "claims"),
+                # CDI specs on tmpfs too, as /var/run/cdi on a node (the chart's deviceMetadata.cdiDir)
+                "--cdi-dir",
+                str(self.runtime_dir / "py" / "cdi"),
                 *self.args.driver_args,
             ],
             nri_socket=self.harness["py"].socket,
@@ -680,6 +684,14 @@ class VsGo:
                     t0 = time.perf_counter()
                     await clients[arm].prepare([])
                     out.empty[arm].append((time.perf_counter() - t0) * 1e3)
+                # The same after --gap idle, as the calls above come: a driver idle between the
+                # kubelet's calls wakes its threads for each (the floor of an unprepare).
+                for i in range(n):
+                    arm = ARMS[0] if i % 4 in (0, 3) else ARMS[1]
+                    await asyncio.sleep(gap)
+                    t0 = time.perf_counter()
+                    await clients[arm].prepare([])
+                    out.empty_after_gap[arm].append((time.perf_counter() - t0) * 1e3)
 
         asyncio.run(go())
         return out
@@ -826,7 +838,8 @@ def report(
                 f"{ARM_NAMES[arm]}: CPU per prepare + unprepare window {_mean_ms(own):.1f} ms"
                 f" (per GET window {_mean_ms(idle):.1f} ms); "
                 f"NodePrepareResources with no claims (the gRPC round trip) median {median(prep.empty[arm]):.2f} "
-                f"ms p99 {p99(prep.empty[arm]):.2f} ms"
+                f"ms p99 {p99(prep.empty[arm]):.2f} ms, {b.args.gap * 1e3:.0f} ms after the last call median "
+                f"{median(prep.empty_after_gap[arm]):.2f} ms p99 {p99(prep.empty_after_gap[arm]):.2f} ms"
             )
     return "\n".join(lines)
 

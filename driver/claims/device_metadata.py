@@ -38,10 +38,12 @@ the old one (never half-written by the driver).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,7 @@ from driver.claims.container_settings import pod_gid_index
 from driver.claims.metadata_document import (
     GPU_ATTRIBUTES,
     MAX_IPS,
+    METADATA_FILE,
     PCI_BUS_ID,
     POD_CLAIM_ANNOTATION,
     VERSIONS,
@@ -66,6 +69,7 @@ from driver.claims.metadata_document import (
     pair_up,
     put_views,
 )
+from driver.claims.metadata_leaving import LeavingClaims, strays
 from driver.claims.owned_files import CDI, METADATA, Mend, OwnedFiles, cdi_parses
 from driver.claims.status_entries import DeviceResult
 from driver.dra.protocol import PrepareResult, ResultDevice
@@ -109,6 +113,7 @@ class DeviceMetadataWriter:
         self.files = OwnedFiles()  # each owned file's stamp, and the files written again
         self._claim_paths: dict[str, tuple[Path, ...]] = {}  # claim UID -> its files
         self._facts: dict[str, ClaimFacts] = {}  # claim UID -> facts of a record without them
+        self.leaving = LeavingClaims()  # unprepared claims whose files are still here
         self.domain = ATTRIBUTE_DOMAIN  # our attributes' domain, whatever the driver's name
 
     def bind(self, store: CheckpointStore, fetch: ClaimFetch | None) -> None:
@@ -137,6 +142,7 @@ class DeviceMetadataWriter:
             else:
                 facts = ClaimFacts.of_record(record) or self._facts_of_claim(record, claim)
                 with self._files_lock:
+                    self._settle_leaving(record)
                     for request in requests:
                         self.files.put(
                             self.paths.file(record.namespace, record.name, request),
@@ -334,6 +340,7 @@ class DeviceMetadataWriter:
                 prepared, view = self.store.read(lambda s: (record.uid in s.claims, claim_view(s, record.uid)))
             if not prepared:
                 return  # unprepared meanwhile: its files are gone for good
+            self._settle_leaving(record)
             try:
                 facts = self._claim_facts(record)
             except Exception as exc:
@@ -357,14 +364,16 @@ class DeviceMetadataWriter:
         more to build than the stat that checks it)."""
         paths = self._claim_paths.get(record.uid)
         if paths is None:
-            requests = sorted({d.request for d in record.devices})
-            paths = tuple(
-                path
-                for r in requests
-                for path in (self.paths.file(record.namespace, record.name, r), self.paths.cdi_spec(record.uid, r))
-            )
-            self._claim_paths[record.uid] = paths
+            paths = self._claim_paths[record.uid] = self._paths_of(record)
         return paths
+
+    def _paths_of(self, record: PreparedClaim) -> tuple[Path, ...]:
+        requests = sorted({d.request for d in record.devices})
+        return tuple(
+            path
+            for r in requests
+            for path in (self.paths.file(record.namespace, record.name, r), self.paths.cdi_spec(record.uid, r))
+        )
 
     def _check(
         self,
@@ -389,12 +398,67 @@ class DeviceMetadataWriter:
     # -- unprepare -----------------------------------------------------------------------------
 
     def unprepared(self, claim: PreparedClaim) -> None:
-        """Remove the claim's files and CDI specs (none there: nothing to do)."""
+        """Remove the claim's files and CDI specs now (none there: nothing to do)."""
         with self._files_lock:
+            self.leaving.take_named(claim.namespace, claim.name)
+            self._forget(claim)
+            self._remove(claim)
+
+    def unprepared_later(self, claim: PreparedClaim) -> None:
+        """The claim was unprepared: its files go with the next check, or before files of a claim of
+        the same name are written (see :mod:`driver.claims.metadata_leaving`), not on the kubelet's
+        call."""
+        self._forget(claim)
+        self.leaving.add(claim)
+
+    def remove_leaving(self) -> int:
+        """(a worker thread) Remove the files of every claim unprepared since the last call; how many."""
+        if not len(self.leaving):
+            return 0
+        with self._files_lock:
+            taken = self.leaving.take()
+            for claim in taken:
+                self._remove(claim)
+        return len(taken)
+
+    def sweep_strays(self) -> list[Path]:
+        """(a worker thread) Remove our files and claim directories that no stored or leaving claim
+        owns and that have not changed for :data:`~driver.claims.metadata_leaving.STRAY_AFTER`
+        seconds (left by a crash); the paths removed. Only while the stored claims are whole."""
+        if self.store is None:
+            return []
+        with self._files_lock:
+            owners = [*self.store.read(lambda s: list(s.claims.values())), *self.leaving.claims()]
+            found = strays(self.paths, owners, time.time())
+            for path in found:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        if found:
+            log.info("device metadata files no claim owns removed", extra={"kv": {"paths": [str(p) for p in found]}})
+        return found
+
+    def _settle_leaving(self, record: PreparedClaim) -> None:
+        """(files lock held) Before ``record``'s files are written: the files of a leaving claim of
+        the same namespace and name go first, but those ``record`` writes again (the same claim
+        prepared again keeps its paths)."""
+        for old in self.leaving.take_named(record.namespace, record.name):
+            self._remove(old, keep=self._paths_of(record) if old.uid == record.uid else ())
+
+    def _forget(self, claim: PreparedClaim) -> None:
+        self._facts.pop(claim.uid, None)
+        self._claim_paths.pop(claim.uid, None)
+
+    def _remove(self, claim: PreparedClaim, keep: Collection[Path] = ()) -> None:
+        """(files lock held) The claim's metadata files and CDI specs, but ``keep``."""
+        if not keep:
             shutil.rmtree(self.paths.claim_dir(claim.namespace, claim.name), ignore_errors=True)
-            for request in {d.request for d in claim.devices}:
-                self.paths.cdi_spec(claim.uid, request).unlink(missing_ok=True)
-            for path in self._paths(claim):
-                self.files.forget(path)
-            self._facts.pop(claim.uid, None)
-            self._claim_paths.pop(claim.uid, None)
+        for path in self._paths_of(claim):
+            if path in keep:
+                continue
+            path.unlink(missing_ok=True)
+            if path.name == METADATA_FILE:
+                with contextlib.suppress(OSError):  # its request's directory, once empty
+                    path.parent.rmdir()
+            self.files.forget(path)

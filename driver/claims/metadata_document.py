@@ -30,6 +30,7 @@ VERSIONS = ("v1beta1", "v1alpha1")
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 CLAIMS_SUBDIR, TEMPLATES_SUBDIR = "resourceclaims", "resourceclaimtemplates"
 METADATA_SUBDIR = "dra-device-metadata"
+METADATA_FILE = "metadata.json"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 CDI_VERSION, CDI_DIGIT_NAME_VERSION = "0.3.0", "0.5.0"
 """The lowest CDI spec version with mounts, and the lowest that allows a device name starting with a
@@ -57,7 +58,7 @@ class MetadataPaths:
         return Path(self.directory, METADATA_SUBDIR, f"{namespace}_{name}")
 
     def file(self, namespace: str, name: str, request: str) -> Path:
-        return self.claim_dir(namespace, name) / request / "metadata.json"
+        return self.claim_dir(namespace, name) / request / METADATA_FILE
 
     def cdi_spec(self, uid: str, request: str) -> Path:
         return Path(self.cdi_dir, f"{self.driver_name}_metadata_{uid}_{request}.json")

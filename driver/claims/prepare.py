@@ -424,8 +424,9 @@ class Preparer:
 
     def unprepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """(the kubelet's call, on the DRA server's thread) Forget the claims, then what follows
-        (NICs the runtime never asked back go home, files removed, the status cleared), all on
-        this thread; claim UID -> error ("" = success). Unknown UIDs succeed.
+        (NICs the runtime never asked back go home, the status cleared, the metadata files handed
+        to their removal after the answer), all on this thread; claim UID -> error ("" = success).
+        Unknown UIDs succeed.
 
         The answer comes once the claims are durably forgotten and their NICs are home or known
         lost (the NRI hooks' lock is waited for): the kubelet may hand the devices to another pod
@@ -466,8 +467,8 @@ class Preparer:
             if self.profiles is not None:
                 profiled = [(d.snapshot, d.config) for d in claim.devices]
                 _best_effort("profile release", claim, self.profiles.release_devices, claim.uid, profiled)
-            if self.metadata is not None:
-                _best_effort("device metadata removal", claim, self.metadata.unprepared, claim)
+            if self.metadata is not None:  # its files go after the answer (they are no part of it)
+                _best_effort("device metadata removal", claim, self.metadata.unprepared_later, claim)
             if self.on_unprepare is not None:
                 _best_effort("on_unprepare", claim, self.on_unprepare, claim)
 

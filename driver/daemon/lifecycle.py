@@ -626,7 +626,8 @@ class Daemon:
 
     async def _keep_files_loop(self) -> None:
         """While this instance acts: every claim's files checked every :data:`KEEP_FILES_INTERVAL`
-        (between hooks) and written again where missing or damaged; what was written again (also
+        (between hooks) and written again where missing or damaged, files no claim owns swept with
+        every full check; in every instance, unprepared claims' files removed; what was written again (also
         by the check at start and before containers) goes into a Warning event on the Node, at most
         one per :data:`MENDED_EVENT_INTERVAL`."""
         metadata = self.metadata
@@ -637,10 +638,14 @@ class Daemon:
         last_event, rounds = float("-inf"), 0
         while True:
             await asyncio.sleep(KEEP_FILES_INTERVAL)
+            # Unprepared claims' files, whichever instance the kubelet asked.
+            await asyncio.to_thread(metadata.remove_leaving)
             if self.lease.held:
                 rounds += 1
                 await self.hook_activity.idle()
                 await asyncio.to_thread(metadata.keep_all, rounds % KEEP_FILES_FULL_EVERY == 0)
+                if rounds % KEEP_FILES_FULL_EVERY == 0 and self.claims_damage is None:
+                    await asyncio.to_thread(metadata.sweep_strays)  # not while the stored claims are partial
             pending += metadata.take_mends()
             if pending and loop.time() - last_event >= MENDED_EVENT_INTERVAL:
                 last_event = loop.time()
@@ -687,6 +692,8 @@ class Daemon:
             await asyncio.to_thread(self.hooks.retire)
         if self.metadata_sink is not None:  # the pods' queued metadata, before another instance acts
             await asyncio.to_thread(self.metadata_sink.close)
+        if self.metadata is not None:  # unprepared claims' files: no other instance knows them
+            await asyncio.to_thread(self.metadata.remove_leaving)
         await asyncio.to_thread(self.lease.release)
         self.device_sync.cloud.stop()
         await self.background.stop()

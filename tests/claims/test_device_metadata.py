@@ -222,6 +222,8 @@ async def test_unprepare_removes_the_files(api: FakeAPIServer, meta_preparer: Pr
     ref = ClaimRef("ns", "pod-devices-x7k2p", UID)
     await meta_preparer.prepare([ref])
     assert await meta_preparer.unprepare([ref]) == {UID: ""}
+    assert meta_preparer.metadata is not None
+    assert meta_preparer.metadata.remove_leaving() == 1  # after the answer (tests/claims/test_metadata_leaving.py)
     assert not paths.claim_dir("ns", "pod-devices-x7k2p").exists()
     assert list(Path(paths.cdi_dir).iterdir()) == []
 

@@ -138,7 +138,8 @@ async def test_a_restarted_container_reads_its_files_as_before(
             async with KubeletClient(config.registration_socket) as kubelet:
                 await kubelet.register()
                 assert (await kubelet.unprepare([("ns", "c1", "uid-c1")])).claims["uid-c1"].error == ""
-            assert not meta.exists() and not spec.exists()
+            # Removed after the answer, by the next check (every KEEP_FILES_INTERVAL).
+            await _until(lambda: not meta.exists() and not spec.exists(), "the files removed", 10)
         finally:
             await stop(daemon, task)
     finally:

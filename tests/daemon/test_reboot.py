@@ -164,7 +164,7 @@ async def test_after_a_reboot_every_pod_restarts_with_its_nics(
                 un = await kubelet.unprepare([("ns", "c1", "uid-c1")])
                 assert un.claims["uid-c1"].error == ""
             assert daemon.store.read(lambda s: list(s.claims)) == []
-            assert not meta.exists() and not spec.exists()
+            await _until(lambda: not meta.exists() and not spec.exists(), "the files removed after the answer", 10)
         finally:
             await stop(daemon, task)
         assert api.count("GET", ALL_CLAIMS) == lists + 1  # recorded from one LIST
