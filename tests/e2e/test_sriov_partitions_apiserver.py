@@ -18,7 +18,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,63 +28,17 @@ from devcluster.builders import helm
 from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
 from devcluster.demo.allocation import allocated_claim, build_fixture, delete_pod, pod_for_template, seed_docs
 from driver.dra.field_support import counter_sets_accepted
-from driver.kube.client import RESOURCE_API, KubeClient
+from driver.kube.client import RESOURCE_API
 from harness.driver_process import DriverProcess
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
+from tests.plugins.sriov_scheduling import SchedulingNode as Node
+from tests.plugins.sriov_scheduling import allocated_devices as _devices
+from tests.plugins.sriov_scheduling import pf_templates
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PF0, PF1 = "0000:3b:00.0", "0000:86:00.0"
 REPO = Path(__file__).resolve().parents[2]
 REQUEUE_WAIT = 90.0  # a pod waiting on a freed VF: the scheduler requeues it when the claim is deallocated
-
-
-def _request(name: str, expression: str) -> dict[str, Any]:
-    exactly = {"deviceClassName": "dranet.net", "selectors": [{"cel": {"expression": expression}}]}
-    return {"name": name, "exactly": exactly}
-
-
-def _whole(pf: str) -> str:
-    return f'device.attributes["dra.net"].pciAddress == "{pf}"'
-
-
-def _vf_of(pf: str) -> str:
-    return f'has(device.attributes["dra.net"].pfPciAddress) && device.attributes["dra.net"].pfPciAddress == "{pf}"'
-
-
-def template(name: str, *requests: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": list(requests)}}},
-    }
-
-
-@dataclass
-class Node:
-    kube: KubeClient
-    node: str
-    namespace: str
-
-    def schedule(self, pod: str, tmpl: str, within: float = 60) -> dict[str, Any]:
-        create_objects(self.kube, [pod_for_template(pod, tmpl, self.node)], self.namespace)
-        return wait_for(lambda: allocated_claim(self.kube, self.namespace, pod), within, what=f"{pod} allocated")
-
-    def unschedulable(self, pod: str, tmpl: str) -> dict[str, Any]:
-        create_objects(self.kube, [pod_for_template(pod, tmpl, self.node)], self.namespace)
-
-        def condition() -> dict[str, Any] | None:
-            p = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/pods/{pod}")
-            cond = [c for c in p.get("status", {}).get("conditions") or [] if c["type"] == "PodScheduled"]
-            return cond[0] if cond and cond[0]["status"] == "False" and cond[0].get("message") else None
-
-        cond = wait_for(condition, 60, what=f"{pod} PodScheduled=False")
-        assert cond["reason"] == "Unschedulable", cond
-        return cond
-
-
-def _devices(claim: dict[str, Any]) -> list[str]:
-    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
 @pytest.fixture(scope="module")
@@ -104,16 +57,7 @@ def node(control_plane: ControlPlane) -> Iterator[Node]:
         build_fixture("sriov-roce", work / "sysfs")
         driver.start()
         create_objects(kube, classes)
-        create_objects(
-            kube,
-            [
-                template("pf0-whole", _request("pf", _whole(PF0))),
-                template("pf0-vf", _request("vf", _vf_of(PF0))),
-                template("pf1-vf", _request("vf", _vf_of(PF1))),
-                template("pf1-and-its-vf", _request("pf", _whole(PF1)), _request("vf", _vf_of(PF1))),
-            ],
-            ns,
-        )
+        create_objects(kube, pf_templates(PF0, PF1), ns)
         yield Node(kube, name, ns)
     finally:
         driver.stop()

@@ -23,14 +23,16 @@ from google.protobuf import json_format
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
 from driver.config import HOST_NETNS
+from driver.dra.slices import build_slices
 from driver.health.monitor import DEVICE_REMOVED, PF_LINK_DOWN, HealthMonitor, removed_holders
-from driver.inventory import vf_counts
+from driver.inventory import partitions, vf_counts
 from driver.inventory.discovery import Scanner
 from driver.model.device import Device
 from driver.nri.claim_reports import HookError
 from driver.nri.hooks import NRIHooks
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
+from tests.plugins.sriov_scheduling import GUEST_OUT_ENV, NODE_PLACEHOLDER, SLICES_FILE, UID_PLACEHOLDER
 
 SRIOV_ENV = "DRANET_GUEST_SRIOV"
 K, D = "resource.kubernetes.io/", "dra.net/"
@@ -387,3 +389,100 @@ def test_a_vf_removed_under_its_pod_is_reported_and_the_pod_still_stops(
     finally:
         hooks.close()
     assert store.read(lambda st: st.pods) == {}
+
+
+@pytest.fixture
+def pfs_up(pfs: list[str]) -> Iterator[list[str]]:
+    """Both PFs with their link up (a VF has a link only while its PF has one), down again after."""
+    names = [_netdev(pf) or "" for pf in pfs]
+    try:
+        for name in names:
+            subprocess.run(["ip", "link", "set", name, "up"], check=True)
+        for pf, name in zip(pfs, names, strict=True):
+            _wait(
+                f"{name}'s link",
+                lambda pf=pf, name=name: (PCI / pf / "net" / name / "carrier").read_text().strip() == "1",
+            )
+        yield pfs
+    finally:
+        for name in names:
+            subprocess.run(["ip", "link", "set", name, "down"], check=False)
+
+
+def _counters(netns: str, ifname: str) -> dict[str, int]:
+    out = subprocess.run(["ip", "-n", netns, "-j", "-s", "link", "show", ifname], capture_output=True, text=True)
+    stats = json.loads(out.stdout)[0]["stats64"]
+    return {"rx": stats["rx"]["packets"], "tx": stats["tx"]["packets"]}
+
+
+def test_two_pods_talk_over_their_vfs_on_the_claims_vlan(
+    pfs_up: list[str], netns_factory: NetnsFactory, tmp_path: Path
+) -> None:
+    """A VF of each PF (one per NUMA node; the two PFs share a wire) moved into a pod of its own with
+    its claim's address and VLAN 100 set through its PF: the pods reach each other over the VFs (the
+    PFs tag and untag), and each pod's counters show the traffic on its VF. Home again, both VFs and
+    their PF settings are as before. A third pod whose VF has no VLAN does not reach them."""
+    stores, hooks, pods, netns, vfs, befores = [], [], [], [], [], []
+    address = {0: "10.98.0.1", 1: "10.98.0.2", 2: "10.98.0.3"}
+    plan = [(pfs_up[0], 0, 100), (pfs_up[1], 0, 100), (pfs_up[1], 1, 0)]
+    try:
+        for n, (pf, index, vlan) in enumerate(plan):
+            ifname = _netdev(_vf(pf, index)) or ""
+            subprocess.run(["ip", "link", "set", ifname, "up"], check=True)
+            befores.append((link_facts(ifname), _vf_settings(pf, index)))
+            vfs.append(ifname)
+            store = CheckpointStore(str(tmp_path / f"state{n}"), str(tmp_path / f"run{n}"))
+            sriov = {"sriov": {"vlan": vlan}} if vlan else {}
+            config = {"opaque": [{"interface": {"name": "net1", "addresses": [f"{address[n]}/24"]}, **sriov}]}
+            uid = f"pod-talk-{n}"
+            prepare_claim(store, uid, [{"ifname": ifname, "config": config}])
+            netns.append(netns_factory.netns())
+            pod = json_format.Parse(json.dumps(pod_json(uid, f"/run/netns/{netns[-1]}")), api.PodSandbox())
+            stores.append(store)
+            hooks.append(NRIHooks(store, host_netns="/proc/self/ns/net"))
+            hooks[-1].run_pod_sandbox(pod)
+            pods.append(pod)
+        assert _vf_settings(pfs_up[0], 0)["vlan"] == 100 and _vf_settings(pfs_up[1], 0)["vlan"] == 100
+        before = _counters(netns[1], "net1")
+        ping = subprocess.run(
+            ["ip", "netns", "exec", netns[0], "busybox", "ping", "-c", "5", "-A", "-W", "3", "-w", "15", address[1]],
+            capture_output=True,
+            text=True,
+        )
+        assert ping.returncode == 0, f"pod 0 -> pod 1 over their VFs: {ping.stdout}{ping.stderr}"
+        after = _counters(netns[1], "net1")
+        assert after["rx"] - before["rx"] >= 5 and after["tx"] - before["tx"] >= 5, (before, after)
+        untagged = subprocess.run(
+            ["ip", "netns", "exec", netns[2], "busybox", "ping", "-c", "2", "-W", "1", "-w", "3", address[1]],
+            capture_output=True,
+            text=True,
+        )
+        assert untagged.returncode != 0, "a VF outside the claims' VLAN reached them"
+    finally:
+        for hook, pod in zip(hooks, pods, strict=False):  # also after a failure: the VFs and their VLANs back
+            hook.stop_pod_sandbox(pod)
+        for hook in hooks:
+            hook.close()
+    for (pf, index, _), ifname, (facts, settings) in zip(plan, vfs, befores, strict=True):
+        assert link_facts(ifname) == facts, f"{ifname} not home as it was"
+        assert _vf_settings(pf, index) == settings
+    assert all(s.read(lambda st: st.pods) == {} for s in stores)
+
+
+def test_the_pool_of_the_real_pfs_and_vfs_is_published_with_their_counters(pfs: list[str]) -> None:
+    """The ResourceSlices the driver publishes for this node (what its publisher writes: the scan,
+    each PF and VF drawing on its PF's counter set, the counter sets): each PF draws all its VFs'
+    worth, each VF one. Written for the host, which hands them to the real scheduler."""
+    devices = partitions.with_counters(list(_scan().values()))
+    sets = partitions.counter_sets(devices)
+    assert sorted(s["name"] for s in sets) == sorted(partitions.counter_set_name(pf) for pf in pfs)
+    assert all(s["counters"][partitions.COUNTER]["value"] == str(VFS) for s in sets)
+    draws = {d.host.pci_address: (d.counters or {}) for d in devices}
+    for pf in pfs:
+        assert draws[pf] == {partitions.counter_set_name(pf): {partitions.COUNTER: VFS}}, draws[pf]
+        for index in range(VFS):
+            assert draws[_vf(pf, index)] == {partitions.counter_set_name(pf): {partitions.COUNTER: 1}}
+    slices = build_slices(devices, "dra.net", NODE_PLACEHOLDER, UID_PLACEHOLDER, counter_sets=sets)
+    out = os.environ.get(GUEST_OUT_ENV)
+    if out:
+        Path(out, SLICES_FILE).write_text(json.dumps({"pfs": pfs, "vfs_per_pf": VFS, "slices": slices}))

@@ -18,9 +18,11 @@ lacks skips there naming the kernel and the feature, and the tier lists what ran
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -29,12 +31,27 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from devcluster.builders import qemu as qemu_builder
 from devcluster.builders.stock_kernel import GUEST_DIR, StockKernelError, ensure
+from devcluster.cluster.controlplane import ControlPlane, create_objects, wait_for
+from devcluster.demo.allocation import allocated_claim, delete_pod, seed_docs
+from driver.dra.field_support import counter_sets_accepted
+from driver.kube.client import RESOURCE_API
 from harness import guest
+from tests.plugins.cluster import delete_if_present, delete_node_and_slices
+from tests.plugins.sriov_scheduling import (
+    GUEST_OUT_ENV,
+    NODE_PLACEHOLDER,
+    SLICES_FILE,
+    UID_PLACEHOLDER,
+    SchedulingNode,
+    allocated_devices,
+    pf_templates,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GUEST_TIMEOUT = 2400  # s: a kernel's tests under TCG on 2 cores, with room
@@ -105,6 +122,7 @@ class TierRun:
     run: guest.GuestRun
     outcomes: list[Outcome]
     prepare_s: float  # here, before the boot: bytecode and the guest's selection
+    folder: Path  # shared with the guest (its GUEST_DIR): its report and what its tests leave for the host
 
 
 def _outcomes(junit: Path) -> list[Outcome]:
@@ -172,7 +190,7 @@ def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     except StockKernelError as exc:
         pytest.fail(f"the guests' QEMU (bookworm-backports) cannot be had here: {exc}")
     if kernel.sriov:
-        env, topology = {SRIOV_ENV: "1"}, guest.Topology(igb_per_node=1)
+        env, topology = {SRIOV_ENV: "1", GUEST_OUT_ENV: GUEST_DIR}, guest.Topology(igb_per_node=1)
     elif kernel.topology:
         env, topology = {TOPOLOGY_ENV: "2x2"}, guest.Topology()
     else:
@@ -191,7 +209,7 @@ def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     junit = folder / "junit.xml"
     if not junit.exists():
         pytest.fail(f"no test report from the guest (exit {run.rc}):\n{run.output[-6000:]}\n{run.console[-3000:]}")
-    return TierRun(kernel, run, _outcomes(junit), warm_s + collect_s)
+    return TierRun(kernel, run, _outcomes(junit), warm_s + collect_s, folder)
 
 
 def test_every_kernel_test_passes_on_debians_own_kernel(
@@ -231,3 +249,81 @@ def test_a_skip_in_the_guest_names_the_kernel(tier: TierRun) -> None:
     """A kernel-marked test that cannot run on the stock kernel says which feature it lacks there."""
     vague = [o for o in tier.outcomes if o.outcome == "skipped" and tier.run.release not in o.message]
     assert not vague, "\n".join(f"{o.nodeid}: {o.message}" for o in vague)
+
+
+REQUEUE_WAIT = 90.0  # a pod waiting on a freed VF: the scheduler requeues it when the claim is deallocated
+
+
+def test_the_real_scheduler_keeps_a_real_pf_and_its_vfs_apart(tier: TierRun, control_plane: ControlPlane) -> None:
+    """The SR-IOV guests: the ResourceSlices the driver made of the guest's igb PFs and their VFs
+    (``test_the_pool_of_the_real_pfs_and_vfs_is_published_with_their_counters``), published for a
+    node of a real control plane here. The real scheduler gives a PF taken whole none of its VFs
+    to other claims until it is freed, and a PF with a VF taken to no claim whole; one claim cannot
+    have a PF and one of its VFs; the VFs of a PF go to as many claims, never one twice, and then
+    no more."""
+    if not tier.kernel.sriov:
+        pytest.skip(f"{tier.kernel.release}: no PFs in this guest (the SR-IOV guests have them)")
+    written = tier.folder / SLICES_FILE
+    if not written.exists():
+        pytest.fail("the guest wrote no slices: its test of them failed (see the test above)")
+    data = json.loads(written.read_text())
+    pf0, pf1 = data["pfs"]
+    kube = control_plane.kube()
+    accepted, why = counter_sets_accepted(kube, "dra.net", "probe-node")
+    assert accepted, f"the control plane keeps no shared counters: {why}"
+    name, ns = f"igb-{secrets.token_hex(3)}", f"igb-{secrets.token_hex(3)}"
+    classes, _ = seed_docs()
+    try:
+        control_plane.create_node(name)
+        uid = kube.request("GET", f"/api/v1/nodes/{name}")["metadata"]["uid"]
+        text = json.dumps(data["slices"]).replace(NODE_PLACEHOLDER, name).replace(UID_PLACEHOLDER, uid)
+        for body in json.loads(text):
+            kube.request("POST", f"{RESOURCE_API}/resourceslices", body)
+        kube.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        create_objects(kube, classes)
+        create_objects(kube, pf_templates(pf0, pf1), ns)
+        node = SchedulingNode(kube, name, ns)
+        published = _published(data["slices"])
+        named = {attrs.get("pciAddress"): device for device, attrs in published.items()}
+
+        def vfs_of(pf: str) -> set[str]:
+            return {device for device, attrs in published.items() if attrs.get("pfPciAddress") == pf}
+
+        assert len(vfs_of(pf0)) == len(vfs_of(pf1)) == data["vfs_per_pf"]
+
+        whole = node.schedule("whole-0", "pf0-whole")
+        assert allocated_devices(whole) == [named[pf0]]
+        node.unschedulable("vf-0", "pf0-vf")
+        delete_pod(kube, ns, "whole-0")
+        vf = wait_for(lambda: allocated_claim(kube, ns, "vf-0"), REQUEUE_WAIT, what="vf-0 allocated")
+        assert allocated_devices(vf)[0] in vfs_of(pf0)
+        node.unschedulable("whole-1", "pf0-whole")  # vf-0 holds a VF of PF 0
+        delete_pod(kube, ns, "whole-1")
+
+        cond = node.unschedulable("both", "pf1-and-its-vf")
+        assert "cannot allocate all claims" in cond["message"], cond
+        delete_pod(kube, ns, "both")
+
+        claims = [node.schedule(f"vf1-{i}", "pf1-vf") for i in range(data["vfs_per_pf"])]
+        taken = [d for c in claims for d in allocated_devices(c)]
+        assert set(taken) == vfs_of(pf1) and len(taken) == data["vfs_per_pf"], taken
+        node.unschedulable("vf1-more", "pf1-vf")  # every VF of PF 1 taken
+    finally:
+        delete_if_present(kube, f"/api/v1/namespaces/{ns}")
+        delete_node_and_slices(kube, name)
+        for c in classes:
+            delete_if_present(kube, f"{RESOURCE_API}/deviceclasses/{c['metadata']['name']}")
+
+
+def _published(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each published device's attributes of our domain, by device name: ``{"pciAddress": ...}``."""
+    out = {}
+    for body in slices:
+        for device in body["spec"].get("devices") or []:
+            attrs = {}
+            for key, value in (device.get("attributes") or {}).items():
+                short = key.removeprefix("dra.net/")
+                if "/" not in short:
+                    attrs[short] = next(iter(value.values()))
+            out[device["name"]] = attrs
+    return out
