@@ -75,12 +75,15 @@ class ClaimBuilder:
         default the current one) and decoded configs; :class:`ClaimError` when it cannot be prepared
         (then the profiles resolved for it are released again)."""
         profiled: list[tuple[Device, NetworkConfig]] = []
+        links = mtu_limits.HostLinks()  # one netlink socket for the claim's NIC checks
         try:
-            return self._build(ref, claim, inventory, profiled)
+            return self._build(ref, claim, inventory, profiled, links)
         except Exception:
             if profiled and self.profiles is not None:
                 self.profiles.release_devices(ref.uid, profiled)
             raise
+        finally:
+            links.close()
 
     def _build(
         self,
@@ -88,6 +91,7 @@ class ClaimBuilder:
         claim: dict[str, Any],
         inventory: dict[str, Device] | None,
         profiled: list[tuple[Device, NetworkConfig]],
+        links: mtu_limits.HostLinks,
     ) -> PreparedClaim:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         uid = (claim.get("metadata") or {}).get("uid")
@@ -102,6 +106,7 @@ class ClaimBuilder:
         inventory = self.devices() if inventory is None else inventory
         prepared: list[PreparedDevice] = []
         requests: list[str] = []  # each prepared device's request (with its subrequest)
+        decoded: dict[str, NetworkConfig] = {}  # request -> its config: decoded once, not per device
         for index, result in enumerate(alloc_devices.get("results") or []):
             if result.get("driver") != self.driver_name:
                 continue  # another driver's device in a mixed claim
@@ -113,17 +118,14 @@ class ClaimBuilder:
             if device is None:
                 raise ClaimError(f"{where}: {path}.device {name!r} is not a device of this node")
             base = base_request(request)
-            try:
-                config = configs_for_request(configs, request or base, self.driver_name)
-            except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
-                raise ClaimError(f"{where}: config for request {base!r}: {exc}") from None
+            config = self._request_config(where, configs, request or base, decoded)
             cloud = self.cloud_config(device) if self.cloud_config is not None else None
             config = merge_under_cloud(cloud, config)
             config = self._with_profile(where, base, claim, device, config)
             if config.profile:
                 profiled.append((device, config))
             share_id = _share_id(result)
-            self._check_nic(f"{where}: config for request {base!r}: ", device, config, share_id is not None)
+            self._check_nic(f"{where}: config for request {base!r}: ", device, config, share_id is not None, links)
             shared = result.get("adminAccess") is True or share_id is not None
             prepared.append(
                 PreparedDevice(
@@ -171,6 +173,17 @@ class ClaimBuilder:
             )
         return PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, pod_uids=pod_uids, devices=prepared)
 
+    def _request_config(
+        self, where: str, configs: list[dict[str, Any]], request: str, decoded: dict[str, NetworkConfig]
+    ) -> NetworkConfig:
+        """The allocation's config of ``request`` (with its subrequest), decoded once per claim."""
+        if request not in decoded:
+            try:
+                decoded[request] = configs_for_request(configs, request, self.driver_name)
+            except Exception as exc:  # noqa: BLE001 - decoder errors name the field; pass them on per claim
+                raise ClaimError(f"{where}: config for request {base_request(request)!r}: {exc}") from None
+        return decoded[request]
+
     def _with_profile(
         self, where: str, request: str, claim: dict[str, Any], device: Device, config: NetworkConfig
     ) -> NetworkConfig:
@@ -187,7 +200,14 @@ class ClaimBuilder:
         except ProfileError as exc:
             raise ClaimError(problem + str(exc)) from None
 
-    def _check_nic(self, problem: str, device: Device, config: NetworkConfig, share: bool = False) -> None:
+    def _check_nic(
+        self,
+        problem: str,
+        device: Device,
+        config: NetworkConfig,
+        share: bool = False,
+        links: mtu_limits.HostLinks | None = None,
+    ) -> None:
         """Refuse, at prepare, what the NIC cannot take (like the Go driver for ethtool), rather than
         fail at every start of the pod: for a sub-interface (a ``share`` of the NIC, or
         ``interface.type``) what a sub-interface cannot be, then an MTU outside the NIC driver's
@@ -197,7 +217,7 @@ class ClaimBuilder:
             self._check_sub_interface(problem, device, config)
         mtu = config.interface.mtu if config.interface else None
         if mtu is not None and device.host.ifname:
-            found = mtu_limits.check_host_nic(device.host.ifname, mtu, self.sysfs_root)
+            found = mtu_limits.check_host_nic(device.host.ifname, mtu, self.sysfs_root, links)
             if found:
                 raise ClaimError(problem + found)
         for setting in self.settings:

@@ -149,6 +149,37 @@ async def test_an_mtu_the_nic_cannot_take_is_refused_at_prepare(
     assert (await preparer.prepare([ClaimRef("ns", "ok", "uid-ok")]))["uid-ok"].error == ""
 
 
+@pytest.mark.root
+async def test_a_claims_nics_are_checked_over_one_socket_and_its_config_decoded_once(
+    api: FakeAPIServer, tmp_path: Path, netns_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four real NICs of one request with an MTU: one netlink socket for their checks and one decode
+    of the request's config; an MTU above their maximum still refused, naming the NIC."""
+    from driver.api.v1alpha1 import merge
+    from driver.claims import claim_build
+    from driver.netlink import mtu_limits
+
+    nics = [netns_factory.veth()[0] for _ in range(4)]
+    devices = {
+        f"n{i}": Device(name=f"n{i}", attributes={"dra.net/ifName": n}, host=HostFacts(ifname=n))
+        for i, n in enumerate(nics)
+    }
+    sockets, decodes = [], []
+    real_socket, real_decode = mtu_limits.netlink_socket, merge.configs_for_request
+    monkeypatch.setattr(mtu_limits, "netlink_socket", lambda *a: sockets.append(a) or real_socket(*a))
+    monkeypatch.setattr(claim_build, "configs_for_request", lambda *a: decodes.append(a) or real_decode(*a))
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), ClaimBuilder(lambda: devices, "dra.net", NODE))
+    results = [result(f"n{i}", NODE) for i in range(4)]
+    api.add_claim(make_claim("ns", "c", "uid-c", results, configs=[_config({"interface": {"mtu": 9000}})]))
+    assert (await preparer.prepare([ClaimRef("ns", "c", "uid-c")]))["uid-c"].error == ""
+    assert (len(sockets), len(decodes)) == (1, 1)
+    await preparer.unprepare([ClaimRef("ns", "c", "uid-c")])
+    api.add_claim(make_claim("ns", "big", "uid-big", results, configs=[_config({"interface": {"mtu": 65536}})]))
+    out = (await preparer.prepare([ClaimRef("ns", "big", "uid-big")]))["uid-big"]
+    assert "above the NIC's maximum MTU 65535" in out.error and f"device {nics[0]}" in out.error, out.error
+
+
 async def test_a_claim_whose_nics_overflow_the_pods_netlink_batch_is_refused(
     api: FakeAPIServer, preparer: Preparer
 ) -> None:
