@@ -639,7 +639,8 @@ class Daemon:
         while True:
             await asyncio.sleep(KEEP_FILES_INTERVAL)
             # Unprepared claims' files, whichever instance the kubelet asked.
-            await asyncio.to_thread(metadata.remove_leaving)
+            if len(metadata.leaving):
+                await asyncio.to_thread(metadata.remove_leaving)
             if self.lease.held:
                 rounds += 1
                 await self.hook_activity.idle()

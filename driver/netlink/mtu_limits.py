@@ -45,8 +45,8 @@ def problem(mtu: int, min_mtu: int | None, max_mtu: int | None, pf: tuple[str, i
 
 
 class HostLinks:
-    """Links of the driver's own netns looked up over one netlink socket, opened on first use: a
-    claim's NICs are checked over one (a socket per NIC cost a 4-NIC prepare a quarter of its checks)."""
+    """Links of the driver's own netns looked up over one netlink socket, opened on first use: all of
+    a claim's NICs are checked over one instead of a socket each."""
 
     def __init__(self) -> None:
         self._rtnl: Rtnl | None = None
