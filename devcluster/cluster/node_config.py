@@ -30,7 +30,13 @@ def _toml_str(value: str | Path) -> str:
     return json.dumps(str(value))  # TOML basic strings share JSON's escaping
 
 
-def containerd_config(node: NodeSpec, binaries: NodeBinaries) -> str:
+NRI_REQUEST_TIMEOUT_S = 2
+"""containerd's own default time for one NRI plugin call: what a node gives the driver's hooks."""
+
+
+def containerd_config(
+    node: NodeSpec, binaries: NodeBinaries, nri_request_timeout_s: int = NRI_REQUEST_TIMEOUT_S
+) -> str:
     """containerd 2.x config (version 3): standard in-node paths, NRI on, runc, the node's CNI."""
     q = _toml_str
     return f"""version = 3
@@ -61,7 +67,7 @@ state = {q(IN_NODE.containerd_state)}
     plugin_path = {q(node.containerd_root / "nri" / "plugins")}
     plugin_config_path = {q(node.containerd_root / "nri" / "conf.d")}
     plugin_registration_timeout = "5s"
-    plugin_request_timeout = "2s"
+    plugin_request_timeout = "{nri_request_timeout_s}s"
 
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = "overlayfs"
@@ -182,10 +188,11 @@ def write_node_configs(
     binaries: NodeBinaries,
     fail_cgroup_v1: bool | None = None,
     feature_gates: Mapping[str, bool] | None = None,
+    nri_request_timeout_s: int = NRI_REQUEST_TIMEOUT_S,
 ) -> None:
     """Write containerd's config, the CNI conflist, the resolver and the kubelet config."""
     node.cni_conf_dir.mkdir(parents=True, exist_ok=True)
-    node.containerd_config.write_text(containerd_config(node, binaries))
+    node.containerd_config.write_text(containerd_config(node, binaries, nri_request_timeout_s))
     (node.cni_conf_dir / "10-dranet.conflist").write_text(cni_conflist(node))
     node.resolv_conf.write_text(resolv_conf(node))
     node.kubelet_config.write_text(kubelet_config(node, fail_cgroup_v1, feature_gates))

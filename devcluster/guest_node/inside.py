@@ -51,6 +51,19 @@ GUEST = Path("/run/guest")
 BASE = Path("/var/lib/dranet-guest")
 """A tmpfs: containerd's root, the configs, the driver's state and kubelet root."""
 POLL_S = 0.5
+GUEST_NRI_REQUEST_TIMEOUT_S = 30
+"""containerd's time for one NRI call in the guest. Under TCG on a busy 2-core host the whole guest
+slows tenfold or more at times (one RunPodSandbox took 17 s, a device scan 9.8 s): containerd then
+drops the driver and starts pods without their devices, which tells nothing about RDMA between
+pods. The 2 s a node gives is held by the tiers that run containerd on this machine's kernel."""
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Written under a hidden name, then renamed: the host polls for the name over 9p and reads
+    the file at once, so it must never see it half written."""
+    hidden = path.with_name("." + path.name)
+    hidden.write_text(text)
+    hidden.rename(path)
 
 
 def say(msg: str) -> None:
@@ -117,7 +130,9 @@ def write_configs(spec: GuestSpec, layout: NodeLayout) -> Path:
     """The dev cluster's node configs (containerd, CNI, resolver, kubelet), then this guest's own in
     the kubelet's and the resolver's (cgroup root, address, DNS); the kubelet's config path."""
     node = layout.node(0)
-    write_node_configs(node, spec.binaries(), K8S_RELEASE.fail_cgroup_v1, K8S_RELEASE.feature_gates)
+    write_node_configs(
+        node, spec.binaries(), K8S_RELEASE.fail_cgroup_v1, K8S_RELEASE.feature_gates, GUEST_NRI_REQUEST_TIMEOUT_S
+    )
     node.resolv_conf.write_text(f"nameserver {spec.dns}\n")
     cfg = yaml.safe_load(node.kubelet_config.read_text())
     cfg |= {"cgroupRoot": "/", "address": "0.0.0.0", "clusterDNS": [spec.dns]}
@@ -209,7 +224,7 @@ def serve(spec: GuestSpec, daemons: Daemons, nics: dict[str, str]) -> None:
             reply["text"] = snapshot()
         elif word != "stop":
             reply["error"] = f"unknown request {word!r}"
-        path.with_name(path.name.replace("cmd-", "done-")).write_text(json.dumps(reply))
+        write_whole(path.with_name(path.name.replace("cmd-", "done-")), json.dumps(reply))
         if word == "stop":
             return
 
@@ -270,7 +285,7 @@ def main() -> int:
         daemons.driver = driver
         driver.start(timeout=spec.driver_timeout_s)
         say(f"kubelet and driver up at {time.monotonic() - start:.1f} s")
-        (GUEST / "node-up").write_text(json.dumps({"seconds": round(time.monotonic() - start, 1), "nics": nics,
+        write_whole(GUEST / "node-up", json.dumps({"seconds": round(time.monotonic() - start, 1), "nics": nics,
                                                    "uplink": uplink}))  # fmt: skip
         serve(spec, daemons, nics)
         return 0

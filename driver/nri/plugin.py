@@ -36,6 +36,7 @@ from driver.metrics import FAILED, SUCCESS, Metrics
 from driver.nri import ttrpc
 from driver.nri.claim_reports import HookError
 from driver.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, MuxDecoder, MuxError, encode
+from driver.nri.step_clock import RUNTIME_CALL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class NRIPlugin:
         # Whether the current connection completed its Synchronize: the runtime now calls us for
         # its events (a lost connection clears it until the next one is synchronized).
         self.in_sync = False
-        self.request_timeout: float = 2.0  # s, updated from ConfigureRequest
+        self.request_timeout: float = RUNTIME_CALL_TIMEOUT_S  # updated from ConfigureRequest
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: socket.socket | None = None

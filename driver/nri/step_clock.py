@@ -1,9 +1,11 @@
 """The running hook's steps: each one timed, and the fault injection that exits right after one.
 
-A hook marks its steps as it goes; when it ends, the time between them is logged at debug level
-(``hook steps``). Fault injection (tests only): ``DRANET_FAULT_AFTER=<step>`` makes the process
-``os._exit(137)`` right after that step; :data:`RUN_STEPS` and :data:`STOP_STEPS` list them
-(``{i}`` is the NIC's position in the pod), and ``tests/faults`` kills the driver after each.
+A hook marks its steps as it goes; when it ends, the time between them is logged (``hook steps``):
+at debug level, or as a warning when the hook took over half the runtime's default time for a
+call, so a slow hook on a node says which step was slow. Fault injection (tests only):
+``DRANET_FAULT_AFTER=<step>`` makes the process ``os._exit(137)`` right after that step;
+:data:`RUN_STEPS` and :data:`STOP_STEPS` list them (``{i}`` is the NIC's position in the pod), and
+``tests/faults`` kills the driver after each.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ log = logging.getLogger(__name__)
 FAULT_ENV = "DRANET_FAULT_AFTER"
 RUN_STEPS = ["run:planned", "run:moved-{i}", "run:set", "run:in-pod", "run:configured", "run:committed"]
 STOP_STEPS = ["stop:planned", "stop:returned-{i}", "stop:committed"]
+RUNTIME_CALL_TIMEOUT_S = 2.0
+"""The time containerd and CRI-O give one NRI call unless configured otherwise."""
 
 
 class StepClock:
@@ -47,7 +51,10 @@ class StepClock:
         try:
             yield
         finally:
-            if log.isEnabledFor(logging.DEBUG) and len(self._marks) > 1:
-                marks = [*self._marks, ("end", time.perf_counter())]
+            end = time.perf_counter()
+            slow = end - self._marks[0][1] > RUNTIME_CALL_TIMEOUT_S / 2
+            level = logging.WARNING if slow else logging.DEBUG
+            if log.isEnabledFor(level) and len(self._marks) > 1:
+                marks = [*self._marks, ("end", end)]
                 ms = {b[0]: round((b[1] - a[1]) * 1e3, 3) for a, b in itertools.pairwise(marks)}
-                log.debug("hook steps", extra={"kv": {"hook": hook, "pod": pod_uid, "ms": ms}})
+                log.log(level, "hook steps", extra={"kv": {"hook": hook, "pod": pod_uid, "ms": ms}})
