@@ -84,6 +84,8 @@ PRIORITY: tuple[str, ...] = (
     D + "vfIndex",
     D + "pfName",
     D + "pfDeviceID",
+    D + "iommuGroup",
+    D + "vfioUnsafe",
     D + "rateGbps",
     *CLOUD_PRIORITY,
     D + "mac",
@@ -99,6 +101,7 @@ PRIORITY: tuple[str, ...] = (
     D + "tcFilterNames",
     D + "tcxProgramNames",
     D + "alias",
+    D + "vfioUnsafeReason",
 )
 """Attribute keep-order when a device has more than 32 attributes (first = kept longest)."""
 

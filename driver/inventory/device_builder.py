@@ -85,6 +85,10 @@ class PciIds:
         return self._devices.get((vid, did), did)
 
 
+PCI_BRIDGE_CLASS = "0x0604"
+"""A PCI-to-PCI bridge (a PCIe port): in an IOMMU group, it does not keep a function from vfio-pci."""
+
+
 def _hex4(text: str | None) -> str | None:
     if not text:
         return None
@@ -231,6 +235,7 @@ class DeviceBuilder:
             out[D + "numaNode"] = numa
             out[S + "numaNode"] = numa_node_list(sysfs, numa) if self.numa_list and sane else numa
             host.numa_node = numa if sane else None
+        out.update(self._iommu_attributes(sysfs, bdf))
         physfn = sysfs.resolve(f"{base}/physfn")
         # A VF has no SR-IOV capability of its own, so the kernel gives it no sriov_* files:
         # skip that (failing) open on every VF, the bulk of an SR-IOV host's functions.
@@ -243,6 +248,28 @@ class DeviceBuilder:
             host.sriov_pf = os.path.basename(physfn)
             out.update(self._pf_attributes(sysfs, host.sriov_pf, real))
         return out, host
+
+    @staticmethod
+    def _iommu_attributes(sysfs: SysfsReader, bdf: str) -> dict[str, AttributeValue]:
+        """The function's IOMMU group (none: the IOMMU is off), and whether the function could go to
+        vfio-pci alone: the kernel hands a group to a VM or a DPDK process only whole, so every
+        other function of the group would have to leave its driver too (PCIe bridges aside: their
+        driver gives up DMA on its own). A shared group makes the function ``vfioUnsafe``, the
+        reason naming the other functions; the function stays published for its netdev's uses."""
+        group = sysfs.resolve(f"bus/pci/devices/{bdf}/iommu_group")
+        name = os.path.basename(group) if group else ""
+        if not name.isdigit():
+            return {}
+        others = [
+            f
+            for f in sysfs.listdir(f"{group}/devices")
+            if f != bdf and not (sysfs.read(f"bus/pci/devices/{f}/class") or "").startswith(PCI_BRIDGE_CLASS)
+        ]
+        out: dict[str, AttributeValue] = {D + "iommuGroup": int(name)}
+        if others:
+            out[D + "vfioUnsafe"] = True
+            out[D + "vfioUnsafeReason"] = f"IOMMU group {name} also holds {','.join(others)}"
+        return out
 
     @staticmethod
     def _pf_attributes(sysfs: SysfsReader, pf: str, vf_real: str | None) -> dict[str, AttributeValue]:

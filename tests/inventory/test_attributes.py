@@ -6,6 +6,9 @@ from driver.inventory.attributes import CLOUD_PRIORITY, PRIORITY, finalize, shor
 
 VF_ONLY = {"dra.net/pfPciAddress", "dra.net/vfIndex", "dra.net/pfName", "dra.net/pfDeviceID"}
 """What only a VF carries (its PF's facts): never on a device with ``sriovVfs`` (a PF)."""
+IOMMU_ONLY = {"dra.net/iommuGroup", "dra.net/vfioUnsafe", "dra.net/vfioUnsafeReason"}
+"""What only a function behind an IOMMU carries: not a cloud VM's NIC (no virtual IOMMU shown to
+the guest on GCE or Azure)."""
 
 
 def test_short_values_untouched() -> None:
@@ -47,7 +50,11 @@ def test_cap_drops_lowest_priority_deterministically() -> None:
 
 def test_cloud_topology_outranks_descriptive_attributes() -> None:
     # Every attribute a GCE NIC can have (a ConnectX-8 Data Direct function is not one of them).
-    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in VF_ONLY and n != "dra.net/dataDirectPciAddress"]
+    base = [
+        n
+        for n in PRIORITY
+        if n not in CLOUD_PRIORITY and n not in VF_ONLY | IOMMU_ONLY and n != "dra.net/dataDirectPciAddress"
+    ]
     gce = [n for n in CLOUD_PRIORITY if n.startswith("gce.")]
     azure = [n for n in CLOUD_PRIORITY if n.startswith("azure.")]
     # A GCE NIC with every attribute (eBPF names and an alias too) is over by three: the end of the
@@ -66,7 +73,11 @@ def test_cloud_topology_outranks_descriptive_attributes() -> None:
 def test_an_azure_vf_keeps_its_pf_and_placement_facts() -> None:
     # Azure's RDMA NICs are mlx5 VFs: every attribute a VF can have, with Azure's placement ones.
     vf = [
-        n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in ("dra.net/sriovVfs", "dra.net/dataDirectPciAddress")
+        n
+        for n in PRIORITY
+        if n not in CLOUD_PRIORITY
+        and n not in IOMMU_ONLY
+        and n not in ("dra.net/sriovVfs", "dra.net/dataDirectPciAddress")
     ]
     azure = [n for n in CLOUD_PRIORITY if n.startswith("azure.")]
     attrs: dict = {name: "v" for name in (*vf, *azure)}

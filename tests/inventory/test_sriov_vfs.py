@@ -127,7 +127,10 @@ def test_real_vfs_are_published_with_their_pfs_facts(pfs: list[str]) -> None:
             assert attrs[D + "ifName"] == _netdev(bdf) and attrs[K + "pciBusID"] == bdf
             assert attrs[D + "numaNode"] == numa and attrs[K + "pcieRoot"] == _root(pf), "its PF's node and root"
             assert vf.host.sriov_pf == pf and vf.host.pci_address == bdf
-            groups.add((PCI / bdf / "iommu_group").resolve().name)
+            group = (PCI / bdf / "iommu_group").resolve().name
+            assert attrs[D + "iommuGroup"] == int(group) and D + "vfioUnsafe" not in attrs, attrs
+            groups.add(group)
+        assert pf_attrs[D + "iommuGroup"] == int((PCI / pf / "iommu_group").resolve().name)
     assert nodes == {0, 1}
     assert len(groups) == VFS * len(pfs), "each VF in an IOMMU group of its own"
 
