@@ -93,14 +93,22 @@ class Harness:
     workdir: str
 
     @classmethod
-    def start(cls, binary: Path) -> Harness:
-        """Start it on a fresh socket in a short private directory (unix paths max 107 bytes)."""
+    def start(cls, binary: Path, request_timeout_s: float | None = None) -> Harness:
+        """Start it on a fresh socket in a short private directory (unix paths max 107 bytes);
+        ``request_timeout_s``: the time the driver gets for one call (None: the runtimes' 2 s)."""
         workdir = tempfile.mkdtemp(prefix="dn-nri-", dir="/tmp")
         sock = f"{workdir}/nri.sock"
         plugins = f"{workdir}/plugins"
         os.mkdir(plugins)
         proc = subprocess.Popen(
-            [str(binary), "-socket", sock, "-plugin-dir", plugins],
+            [
+                str(binary),
+                "-socket",
+                sock,
+                "-plugin-dir",
+                plugins,
+                *(["-request-timeout", f"{request_timeout_s}s"] if request_timeout_s else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=open(f"{workdir}/harness.log", "w"),

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,8 @@ SLOW_ROUND_S = 120
 """A round's pods done after this long are stuck (they take 20-45 s): the guest is asked for a snapshot."""
 STOP_WAIT_S = 120
 """How long the guest may take to stop its daemons and power off once asked (it takes seconds)."""
+TOOL_EXIT = re.compile(rf"^(server|client): ({'|'.join(TOOLS)}) exit ")
+"""A round's failure that is an RDMA tool's exit status alone (:func:`check_pods`)."""
 STRAY_BYTES = 64 * 1024
 """What an unclaimed NIC may move in a round (it is down; nothing should cross it at all)."""
 
@@ -83,6 +85,7 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)
     rounds: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)  # a round's failures that one retry of it rode out
 
     def check(self, ok: bool, what: str) -> bool:
         if not ok:
@@ -212,16 +215,17 @@ def figures(results: Path) -> dict[str, Any]:
     lat = _row(results / "client" / "ib_send_lat.txt", "#bytes")
     if len(lat) >= 5:
         out["ib_send_lat_typical_us"] = float(lat[4])
-    rping = (results / "client" / "rping.txt").read_text(errors="replace") if (results / "client").is_dir() else ""
-    out["rping_pings"] = len(re.findall(r"^ping data:", rping, re.M))
+    out["rping_pings"] = len(re.findall(r"^ping data:", _last_try(results / "client" / "rping.txt"), re.M))
     return out
 
 
+def _last_try(path: Path) -> str:
+    """The client's output of its last try of a tool (each try's output follows a ``--- try N`` line)."""
+    return _read(path).rsplit("--- try ", 1)[-1]
+
+
 def _row(path: Path, header: str) -> list[str]:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return []
+    lines = _last_try(path).splitlines()
     for i, line in enumerate(lines):
         if line.strip().startswith(header) and i + 1 < len(lines):
             return lines[i + 1].split()
@@ -318,7 +322,15 @@ def run(rounds: int = 2, timeout: float = 1500, folder: Path | None = None) -> R
                     answer = g.request("kill-driver")
                     say(f"driver killed (SIGKILL) and started again ({answer.get('restart_s')} s)")
                     g.wait_for(lambda: rail_devices(kube), 300, "the NICs published again")
-                report.rounds.append(_round(g, kube, nb, cp.kubeconfig, report, r, up["nics"]))
+                mark = len(report.failures)
+                pair = PodPair(round=r, node_name=NODE_NAME, image=images.WORKLOAD_IMAGE)
+                result = _round(g, kube, nb, cp.kubeconfig, report, pair, up["nics"])
+                if not report.retried and only_tools_failed(report.failures[mark:], r):
+                    report.retried, report.failures[mark:] = report.failures[mark:], []
+                    say(f"round {r}: only the RDMA tools failed ({report.retried[0][:200]}); once more, new pods")
+                    pair = replace(pair, attempt=2)
+                    result = _round(g, kube, nb, cp.kubeconfig, report, pair, up["nics"])
+                report.rounds.append(result)
             g.request("stop")
             g.thread.join(timeout=STOP_WAIT_S)
         finally:
@@ -335,10 +347,18 @@ def run(rounds: int = 2, timeout: float = 1500, folder: Path | None = None) -> R
     return report
 
 
-def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, report: Report, r: int,
+def only_tools_failed(failures: list[str], r: int) -> bool:
+    """Whether a round failed only on the RDMA tools' exit statuses (the pods had their devices,
+    environment and traffic on the claimed NICs, and every NIC came home): what a busy emulated
+    machine does to perftest's connection timeouts at times, which one retry of the round rides
+    out. Anything the driver decides fails at once."""
+    own = [f for f in failures if not f.startswith(f"round {r}: ")]  # the snapshot and log, not checks
+    return bool(own) and all(TOOL_EXIT.match(f) for f in own)
+
+
+def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, report: Report, pair: PodPair,
            nics: dict[str, str]) -> dict[str, Any]:  # fmt: skip
-    start = time.monotonic()
-    pair = PodPair(round=r, node_name=NODE_NAME, image=images.WORKLOAD_IMAGE)
+    start, r = time.monotonic(), pair.round
     before = g.request("counters")
     manifest = pair.yaml()
     kubectl(nb, kubeconfig, "apply", "-f", "-", stdin=manifest)
@@ -348,7 +368,7 @@ def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, repor
         if g.failed():
             raise
         # Slow: what the guest shows now, while the pods still run (kept with the report's failures).
-        snap = g.folder / f"snapshot-{r}.txt"
+        snap = g.folder / f"snapshot-{pair.tag}.txt"
         snap.write_text(g.request("snapshot").get("text", ""))
         say(f"round {r}: pods not done in {SLOW_ROUND_S} s; the guest's RDMA and links now: {snap}")
         phases = g.wait_for(lambda: pods_done(kube, pair), 600, f"round {r}: both pods finished")
@@ -357,18 +377,19 @@ def _round(g: Guest, kube: KubeClient, nb: NodeBinaries, kubeconfig: Path, repor
     g.wait_for(lambda: pods_gone(kube, pair), 300, f"round {r}: both pods deleted")
     time.sleep(2)  # the NRI StopPodSandbox of the last sandbox is asynchronous to the pod's deletion
     after = g.request("counters")
-    results = g.folder / RESULTS / str(r)
+    results = g.folder / RESULTS / pair.tag
     failed_before = len(report.failures)
     report.check(all(p == "Succeeded" for p in phases.values()), f"round {r}: pods {phases}")
     check_pods(report, results)
     if len(report.failures) > failed_before:
         # What a failed round needs to be understood, from a CI log alone.
-        snap = _read(g.folder / f"snapshot-{r}.txt")
-        report.failures.append(f"round {r}: the guest while the pods ran:\n{snap[-6000:]}" if snap else "")
+        snap = _read(g.folder / f"snapshot-{pair.tag}.txt")
+        if snap:
+            report.failures.append(f"round {r}: the guest while the pods ran:\n{snap[-6000:]}")
         report.failures.append(f"round {r}: the driver's log:\n{_tail(g.folder / 'driver.log', 60)}")
     moved = check_bytes(report, before, after, nics)
     check_home(report, after, nics)
-    out = {"round": r, "apply_to_done_s": ran_s, "bytes": moved, **figures(results)}
+    out = {"round": r, "attempt": pair.attempt, "apply_to_done_s": ran_s, "bytes": moved, **figures(results)}
     say(f"round {r}: {json.dumps(out)}")
     return out
 
@@ -379,6 +400,6 @@ def _tail(path: Path, lines: int) -> str:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text()
+        return path.read_text(errors="replace")
     except OSError:
         return ""

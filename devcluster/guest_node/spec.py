@@ -81,9 +81,14 @@ class PodPair:
     node_name: str = ""
     image: str = ""
     roles: tuple[str, ...] = field(default=("server", "client"))
+    attempt: int = 1  # a round run again gets pods, claims and a results folder of its own
+
+    @property
+    def tag(self) -> str:
+        return str(self.round) if self.attempt == 1 else f"{self.round}-{self.attempt}"
 
     def name(self, role: str) -> str:
-        return f"rdma-{role}-{self.round}"
+        return f"rdma-{role}-{self.tag}"
 
     def address(self, role: str) -> str:
         return f"{RAIL_SUBNET}.{1 + self.roles.index(role)}"
@@ -140,7 +145,7 @@ class PodPair:
         mounts.append({"name": "shared", "mountPath": SHARED})
         volumes = [{"name": k, "hostPath": {"path": outside}} for k, (outside, _) in host_dirs.items()]
         volumes.append({"name": "shared", "hostPath": {"path": "/run/guest"}})
-        peer, folder = self.address("server"), f"{SHARED}/{RESULTS}/{self.round}"
+        peer, folder = self.address("server"), f"{SHARED}/{RESULTS}/{self.tag}"
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -175,11 +180,12 @@ LISTEN_WAIT_S = 120
 
 def pod_script(role: str, out: str, peer: str, server_out: str) -> str:
     """What each pod runs: its view (RDMA devices, char devices, addresses, environment), then
-    ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. Each
-    tool's output and exit status go to ``out``. The server marks each tool ``<tool>.listening`` in
-    ``server_out`` once the kernel lists its rdma_cm listen (``rdma resource show cm_id``); the
-    client starts each tool only then, and tries again (ten times at most) only if it still fails.
-    No tool outlives :data:`LISTEN_WAIT_S` waiting for the other side."""
+        ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. Each
+        tool's output and exit status go to ``out``. The server marks each tool ``<tool>.listening`` in
+        ``server_out`` once the kernel lists its rdma_cm listen (``rdma resource show cm_id``); the
+        client starts each tool only then, and tries again (ten times at most) only if it still fails,
+    each try's output kept.
+        No tool outlives :data:`LISTEN_WAIT_S` waiting for the other side."""
     q = shlex.quote
     tools = [
         ("ib_write_bw", f"ib_write_bw -d $dev -R -s 65536 -n {BW_ITERS} -p 18515", 18515),
@@ -209,7 +215,8 @@ def pod_script(role: str, out: str, peer: str, server_out: str) -> str:
             run = f"{cmd} -c -a {peer}" if name == "rping" else f"{cmd} {peer}"
             lines += [
                 f"n=0; until [ -e $srv/{name}.listening ]; do n=$((n+1)); [ $n -ge {wait} ] && break; sleep 1; done",
-                f"n=1; while :; do timeout {wait} {run} > $out/{name}.txt 2>&1; rc=$?; "
+                f'n=1; while :; do echo "--- try $n" >> $out/{name}.txt; '
+                f"timeout {wait} {run} >> $out/{name}.txt 2>&1; rc=$?; "
                 f"[ $rc -eq 0 ] || [ $n -ge 10 ] && break; n=$((n+1)); sleep 1; done; "
                 f"echo $rc > $out/{name}.rc; echo $n > $out/{name}.tries",
             ]

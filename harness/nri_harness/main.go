@@ -233,11 +233,13 @@ func (h *harness) together(ctx context.Context, c command) (map[string]any, erro
 func main() {
 	socket := flag.String("socket", "", "NRI socket path to listen on")
 	pluginDir := flag.String("plugin-dir", "", "directory of pre-installed plugins (empty dir)")
+	requestTimeout := flag.Duration("request-timeout", 2*time.Second, "time a plugin gets for one call (the runtimes' default)")
 	flag.Parse()
 	if *socket == "" || *pluginDir == "" {
 		fmt.Fprintln(os.Stderr, "usage: nri-harness -socket PATH -plugin-dir DIR")
 		os.Exit(2)
 	}
+	adaptation.SetPluginRequestTimeout(*requestTimeout)
 	h := &harness{pods: map[string]*api.PodSandbox{}}
 	h.cond = sync.NewCond(&h.mu)
 	r, err := adaptation.New("nri-harness", "v0", h.sync, h.update,

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from pathlib import Path
 
 from devcluster.builders.components import NodeBinaries
-from devcluster.guest_node.host import Guest
+from devcluster.guest_node.host import Guest, figures, only_tools_failed
 from devcluster.guest_node.spec import RAIL_MACS, GuestSpec, PodPair, pod_script
 
 
@@ -120,3 +121,36 @@ def test_a_guest_that_does_not_answer_has_its_qemu_killed(tmp_path: Path) -> Non
         for p in (stand_in, other):
             p.kill()
             p.wait()
+
+
+def test_a_round_run_again_has_pods_claims_and_results_of_its_own() -> None:
+    again = PodPair(round=1, node_name="guest", image="img", attempt=2)
+    docs = again.manifests()
+    assert {d["metadata"]["name"] for d in docs} == {"rdma-server-1-2", "rdma-client-1-2"}
+    for pod in (d for d in docs if d["kind"] == "Pod"):
+        script = json.dumps(pod)
+        assert "/results/1-2" in script and "/results/1 " not in script and "/results/1/" not in script
+
+
+def test_only_the_tools_exit_statuses_let_a_round_run_again() -> None:
+    tools = ["client: ib_write_bw exit 1: Unexpected CM event", "server: ib_write_bw exit 143: "]
+    logs = ["round 1: the guest while the pods ran:\n...", "round 1: the driver's log:\n..."]
+    assert only_tools_failed([*tools, *logs], 1)
+    assert not only_tools_failed([], 1)
+    assert not only_tools_failed(logs, 1), "a failure needs a failed check"
+    assert not only_tools_failed([*tools, "client: char devices []"], 1), "the driver's part failed"
+    assert not only_tools_failed([*tools, "claimed NIC eth0 moved only 74 bytes"], 1)
+    assert not only_tools_failed(["round 1: pods {'server': 'Failed'}", "eth2 is not home"], 1)
+
+
+def test_the_figures_are_the_last_tries(tmp_path: Path) -> None:
+    client = tmp_path / "client"
+    client.mkdir()
+    (client / "ib_write_bw.txt").write_text(
+        "--- try 1\n #bytes #iterations BW peak[MB/sec] BW average[MB/sec]\n"
+        "Unexpected CM event bl blka 8\n--- try 2\n"
+        " #bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate\n 65536 512 13.10 12.78 0.000204\n"
+    )
+    (client / "rping.txt").write_text("--- try 1\nping data: a\n--- try 2\n" + "ping data: b\n" * 10)
+    out = figures(tmp_path)
+    assert out["ib_write_bw_MBps"] == 12.78 and out["rping_pings"] == 10

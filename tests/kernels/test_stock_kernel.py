@@ -56,6 +56,7 @@ from tests.plugins.sriov_scheduling import (
 ROOT = Path(__file__).resolve().parents[2]
 GUEST_TIMEOUT = 2400  # s: a kernel's tests under TCG on 2 cores, with room
 GUEST_CPUS = 2  # one pytest worker per vCPU (xdist, a file per worker): the tier's time halves on 2 cores
+# (the SR-IOV guests' files share their PFs' VF counts and settings: one worker there)
 TOPOLOGY_ENV = "DRANET_GUEST_TOPOLOGY"  # set in the guest: tests of the guest's own PCI/NUMA machine run
 SRIOV_ENV = "DRANET_GUEST_SRIOV"  # set in the SR-IOV guest: its PFs must be there
 PYVERBS = Path("/usr/lib/python3/dist-packages/pyverbs")
@@ -93,6 +94,9 @@ RXE_NETNS_TESTS = ("tests/nic_settings/test_rxe_between_pods.py",)
 """RDMA between pods through Soft-RoCE made in their namespaces: Linux 7.1's rxe namespaces."""
 SRIOV_TESTS = ("tests/inventory/test_sriov_vfs.py",)
 """Real VFs of QEMU's igb PFs (no other guest has a PF): discovery, the VF count, a VF in a pod."""
+SRIOV_FAULT_TESTS = ("tests/inventory/test_sriov_vf_faults.py",)
+"""A VF's settings through a driver killed after each hook step: on the newest kernel only (the
+kill and the PF's requests are the same on 6.1; a tier's minutes are not)."""
 KERNELS = {
     # 6.1 and 7.3 run every kernel test (what a kernel cannot do skips there, naming it), 6.12
     # every file that differs by kernel, 5.10 the moves; the SR-IOV guests their PFs' VFs.
@@ -101,7 +105,7 @@ KERNELS = {
     "debian13-6.12": Kernel("trixie", "6.12.", DIFFERING_TESTS, 60, False),
     "floor-5.10": Kernel("bullseye", "5.10.", FLOOR_TESTS, 30, False),
     "sriov-6.1": Kernel("", "6.1.", SRIOV_TESTS, 5, True, sriov=True),
-    "sriov-7.3": Kernel("trixie-backports", "7.3.", SRIOV_TESTS, 5, True, sriov=True),
+    "sriov-7.3": Kernel("trixie-backports", "7.3.", (*SRIOV_TESTS, *SRIOV_FAULT_TESTS), 5, True, sriov=True),
 }
 
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(GUEST_TIMEOUT + 300)]
@@ -179,7 +183,7 @@ def tier(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     pyverbs = f"mkdir -p {GUEST_DIR}/pyverbs && ln -sf {PYVERBS} {GUEST_DIR}/pyverbs/ && " if PYVERBS.exists() else ""
     command = (
         f"{pyverbs}PYTHONPATH={GUEST_DIR}/pyverbs {sys.executable} -m pytest -m kernel -q -rs -p no:cacheprovider"
-        f" -p no:hypothesispytest -n {GUEST_CPUS} --dist loadfile --durations=0"
+        f" -p no:hypothesispytest -n {1 if kernel.sriov else GUEST_CPUS} --dist loadfile --durations=0"
         f" --junitxml={GUEST_DIR}/junit.xml -o junit_family=xunit1 -o junit_logging=log {' '.join(files)}"
     )
     # The backport's QEMU for every guest: its igb for the SR-IOV ones, and its TCG runs a guest's
