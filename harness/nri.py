@@ -274,6 +274,18 @@ def prepare_claim(store: Any, pod_uid: str, devices: list[dict[str, Any]]) -> st
     return uid
 
 
+def restart_driver(
+    h: Harness, state_dir: Path, procs: list[DriverProcess], syncs: int, fault: str | None = None, within: float = 15
+) -> DriverProcess:
+    """A driver process started on ``state_dir`` (dying after step ``fault`` when given), kept in
+    ``procs`` for teardown; returns once the runtime side counted ``syncs`` Synchronize calls."""
+    drv = DriverProcess.start(h.socket, str(state_dir), fault_after=fault)
+    procs.append(drv)
+    res = h.cmd("wait-sync", count=syncs, timeout=within)
+    assert res["ok"], f"{res}\n{drv.log()[-2000:]}"
+    return drv
+
+
 def _ipj(*args: str, netns: str | None = None) -> Any:
     cmd = ["ip", "-j"] + (["-n", netns] if netns else []) + list(args)
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -19,7 +19,7 @@ import pytest
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.step_clock import RUN_STEPS, STOP_STEPS
 from harness.netns import NetnsFactory
-from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim
+from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim, restart_driver
 from tests.inventory.test_sriov_vfs import _netdev, _vf, _vf_settings, pf_up, pfs  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
@@ -34,16 +34,6 @@ the 2 s a node gives is held by the tiers on this machine's kernel; here the kil
 
 def _steps(steps: list[str]) -> list[str]:
     return [s.format(i=0) for s in steps]
-
-
-def _restart(
-    h: Harness, state: Path, procs: list[DriverProcess], syncs: int, fault: str | None = None
-) -> DriverProcess:
-    drv = DriverProcess.start(h.socket, str(state), fault_after=fault)
-    procs.append(drv)
-    res = h.cmd("wait-sync", count=syncs, timeout=60)
-    assert res["ok"], f"{res}\n{drv.log()[-2000:]}"
-    return drv
 
 
 class VfPod:
@@ -88,10 +78,10 @@ def vf_pod(pf_up: str, netns_factory: NetnsFactory, tmp_path: Path) -> Iterator[
 def test_killed_while_the_vf_goes_into_its_pod(
     step: str, vf_pod: VfPod, harness: Harness, driver_procs: list[DriverProcess], tmp_path: Path
 ) -> None:
-    drv = _restart(harness, tmp_path, driver_procs, 1, fault=step)
+    drv = restart_driver(harness, tmp_path, driver_procs, 1, fault=step, within=CALL_S)
     assert not harness.cmd("run", pod=vf_pod.pod)["ok"], "the driver died mid-hook"
     assert drv.wait_exit(CALL_S) == 137, drv.log()[-2000:]
-    _restart(harness, tmp_path, driver_procs, 2)  # the pod still exists: Synchronize reconciles
+    restart_driver(harness, tmp_path, driver_procs, 2, within=CALL_S)  # the pod still exists: Synchronize reconciles
     if step == "run:committed":
         vf_pod.assert_in_pod()  # the hook's work was done: it stays
     else:
@@ -105,15 +95,15 @@ def test_killed_while_the_vf_goes_into_its_pod(
 def test_killed_while_the_vf_comes_home(
     step: str, vf_pod: VfPod, harness: Harness, driver_procs: list[DriverProcess], tmp_path: Path
 ) -> None:
-    first = _restart(harness, tmp_path, driver_procs, 1)
+    first = restart_driver(harness, tmp_path, driver_procs, 1, within=CALL_S)
     assert harness.cmd("run", pod=vf_pod.pod)["ok"]
     vf_pod.assert_in_pod()
     first.kill()  # the VF stays in the running pod with its settings
-    drv = _restart(harness, tmp_path, driver_procs, 2, fault=step)
+    drv = restart_driver(harness, tmp_path, driver_procs, 2, fault=step, within=CALL_S)
     vf_pod.assert_in_pod()
     assert not harness.cmd("stop", pod=vf_pod.pod)["ok"]
     assert drv.wait_exit(CALL_S) == 137, drv.log()[-2000:]
-    _restart(harness, tmp_path, driver_procs, 3)  # Synchronize finishes the return
+    restart_driver(harness, tmp_path, driver_procs, 3, within=CALL_S)  # Synchronize finishes the return
     vf_pod.assert_home()
     assert harness.cmd("remove", pod=vf_pod.pod)["ok"]
     vf_pod.assert_home()

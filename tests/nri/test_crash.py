@@ -16,12 +16,12 @@ import pytest
 from driver.checkpoint.store import CheckpointStore
 from driver.nri.step_clock import RUN_STEPS, STOP_STEPS
 from harness.nri import (
-    DriverProcess,
     Harness,
     configure_host_nic,
     link_facts,
     pod_json,
     prepare_claim,
+    restart_driver,
 )
 from tests.nic_settings.test_ethtool import ioctl_features
 
@@ -72,16 +72,6 @@ def _setup(netns_factory, tmp_path: Path) -> tuple[str, str, list[str], dict]:
     return pod_ns, pod_uid, names, before
 
 
-def _restart(
-    h: Harness, tmp_path: Path, procs: list[DriverProcess], syncs: int, fault: str | None = None
-) -> DriverProcess:
-    drv = DriverProcess.start(h.socket, str(tmp_path), fault_after=fault)
-    procs.append(drv)
-    res = h.cmd("wait-sync", count=syncs, timeout=15)
-    assert res["ok"], f"{res}\n{drv.log()[-2000:]}"
-    return drv
-
-
 def _assert_on_host(names: list[str], before: dict, pod_ns: str) -> None:
     for a in names:
         assert {**link_facts(a), "features": ioctl_features(a)} == before[a], f"{a} not restored"
@@ -94,12 +84,12 @@ def test_crash_during_run_pod_sandbox(
 ) -> None:
     pod_ns, pod_uid, names, before = _setup(netns_factory, tmp_path)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
-    drv = _restart(nri_harness, tmp_path, driver_procs, 1, fault=step)
+    drv = restart_driver(nri_harness, tmp_path, driver_procs, 1, fault=step)
     res = nri_harness.cmd("run", pod=pod)
     assert not res["ok"], "the driver died mid-hook: the runtime must see an error"
     assert drv.wait_exit() == 137, drv.log()[-2000:]
 
-    _restart(nri_harness, tmp_path, driver_procs, 2)  # pod still exists: Synchronize reconciles
+    restart_driver(nri_harness, tmp_path, driver_procs, 2)  # pod still exists: Synchronize reconciles
     if step == "run:committed":
         # The hook finished its work before dying: the NICs stay, fully configured, in the pod.
         net1 = link_facts("net1", netns=pod_ns)
@@ -121,17 +111,17 @@ def test_crash_during_stop_pod_sandbox(
 ) -> None:
     pod_ns, pod_uid, names, before = _setup(netns_factory, tmp_path)
     pod = pod_json(pod_uid, f"/run/netns/{pod_ns}")
-    first = _restart(nri_harness, tmp_path, driver_procs, 1)
+    first = restart_driver(nri_harness, tmp_path, driver_procs, 1)
     assert nri_harness.cmd("run", pod=pod)["ok"]
     assert link_facts("net1", netns=pod_ns) is not None
     first.kill()  # SIGKILL with the NICs in the pod: they must stay there (pod still runs)
-    drv = _restart(nri_harness, tmp_path, driver_procs, 2, fault=step)
+    drv = restart_driver(nri_harness, tmp_path, driver_procs, 2, fault=step)
     assert link_facts("net1", netns=pod_ns) is not None
     res = nri_harness.cmd("stop", pod=pod)
     assert drv.wait_exit() == 137, drv.log()[-2000:]
     assert not res["ok"]
 
-    _restart(nri_harness, tmp_path, driver_procs, 3)  # Synchronize finishes the return
+    restart_driver(nri_harness, tmp_path, driver_procs, 3)  # Synchronize finishes the return
     _assert_on_host(names, before, pod_ns)
     assert CheckpointStore(tmp_path).read(lambda s: pod_uid not in s.pods)
     assert nri_harness.cmd("remove", pod=pod)["ok"]
