@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -141,6 +142,15 @@ class GroupCommit:
         self._writing = False
         self._compaction: asyncio.TimerHandle | None = None
         self._compactor: asyncio.Task[None] | None = None
+        # When a claim last changed (any thread writes it): an armed compaction that fires sooner
+        # than COMPACT_AFTER after it waits the rest, so a call need not wake the loop to push it back.
+        self.changed_at = 0.0
+
+    def changed(self) -> bool:
+        """(any thread) Note a claim change; whether the loop must be woken to schedule the
+        compaction (none armed, or the journal is over :data:`COMPACT_BYTES`)."""
+        self.changed_at = time.monotonic()
+        return self._compaction is None or self._store.journal_size > COMPACT_BYTES
 
     def apply(self, fn: Callable[[DriverState], T]) -> T:
         """(any thread but the event loop's) Run ``fn`` on the state; its result once the state is on
@@ -203,6 +213,10 @@ class GroupCommit:
 
     def _start_compaction(self) -> None:
         self._compaction = None
+        quiet = time.monotonic() - self.changed_at  # read after the handle is cleared: see changed()
+        if quiet < COMPACT_AFTER and self._store.journal_size <= COMPACT_BYTES:
+            self._compaction = asyncio.get_running_loop().call_later(COMPACT_AFTER - quiet, self._start_compaction)
+            return
         if self.busy or (self._compactor is not None and not self._compactor.done()):
             return  # the callers of the write in progress schedule it again
         self._compactor = asyncio.create_task(self._compact())
@@ -255,9 +269,11 @@ class Preparer:
         self._loop = loop
 
     def _compact_later(self) -> None:
-        """(any thread) Have the loop schedule the journal's compaction (each change pushes it back)."""
+        """(any thread) Have the loop schedule the journal's compaction (each change pushes it back).
+        The loop is woken only when no compaction is armed: waking it on every call made it take the
+        GIL while the call's answer went out (the kubelet's round trip after an idle gap)."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is not None and not loop.is_closed() and self._commit.changed():
             loop.call_soon_threadsafe(self._commit.schedule_compaction)
 
     def prepare_now(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
@@ -265,6 +281,8 @@ class Preparer:
         claim start to end on this thread (its GET, build, files and durable write), several on
         the pool concurrently; an entry for each claim UID, never an exception."""
         answers: list[PrepareResult | BaseException]
+        if not claims:
+            return {}  # nothing asked, nothing changed
         if len(claims) == 1:
             try:
                 answers = [self._prepare(claims[0])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,43 @@ async def test_a_prepare_does_not_wait_for_the_background_compaction(
     assert not store.journal_size
     snapshot = json.loads(store.directory.joinpath("checkpoint.json").read_bytes())
     assert sorted(snapshot["claims"]) == ["uid-0", "uid-1"]
+
+
+async def test_calls_on_the_servers_thread_wake_the_loop_once_and_the_compaction_waits_for_the_last(
+    api: FakeAPIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kubelet's calls run on the DRA server's thread: the first change arms the journal's
+    compaction on the event loop, the later ones only push it back (no wake of the loop while their
+    answers go out); it runs once the claims have been quiet for ``COMPACT_AFTER``, and an empty
+    call changes nothing."""
+    quiet = 0.4
+    monkeypatch.setattr(prepare_module, "COMPACT_AFTER", quiet)
+    store = CheckpointStore(tmp_path / "state", journal=True)
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    preparer = Preparer(kube, store, ClaimBuilder(inventory, "dra.net", NODE))
+    preparer.bind_loop(asyncio.get_running_loop())
+    wakes: list[float] = []
+    schedule = preparer._commit.schedule_compaction
+    monkeypatch.setattr(preparer._commit, "schedule_compaction", lambda: (wakes.append(0.0), schedule())[1])
+    for i in range(4):
+        api.add_claim(make_claim("ns", f"c{i}", f"uid-{i}", [result(f"pci-0000-8a-00-{i}", NODE)]))
+
+    def calls() -> float:
+        assert preparer.prepare_now([]) == {}
+        for i in range(4):
+            assert preparer.prepare_now([ClaimRef("ns", f"c{i}", f"uid-{i}")])[f"uid-{i}"].error == ""
+            time.sleep(0.05)  # the loop has armed the compaction after the first change
+            assert preparer.unprepare_now([ClaimRef("ns", f"c{i}", f"uid-{i}")]) == {f"uid-{i}": ""}
+            changed = time.monotonic()
+            time.sleep(0.1)
+        return changed
+
+    last_change = await asyncio.to_thread(calls)
+    assert len(wakes) == 1, "one wake of the loop for eight changes"
+    assert store.journal_size, "not folded while the claims change"
+    while store.journal_size:
+        await asyncio.sleep(0.02)
+    assert time.monotonic() - last_change >= quiet, "folded only once quiet"
 
 
 # -- the KubeClient transport prepare depends on (driver/kube/client.py) ------------------------------
