@@ -20,6 +20,7 @@ import yaml
 from devcluster.builders.components import NodeBinaries
 from devcluster.builders.images import PAUSE_IMAGE
 from devcluster.cluster.node_layout import IN_NODE, NodeSpec
+from driver.nri.step_clock import RUNTIME_CALL_TIMEOUT_S
 
 CLUSTER_DOMAIN = "cluster.local"
 KUBELET_PORT = 10250  # inside the node's network namespace: no other kubelet there
@@ -30,8 +31,8 @@ def _toml_str(value: str | Path) -> str:
     return json.dumps(str(value))  # TOML basic strings share JSON's escaping
 
 
-NRI_REQUEST_TIMEOUT_S = 2
-"""containerd's own default time for one NRI plugin call: what a node gives the driver's hooks."""
+NRI_REQUEST_TIMEOUT_S = int(RUNTIME_CALL_TIMEOUT_S)
+"""What a node gives the driver's hooks: containerd's own default time for one NRI plugin call."""
 
 
 def containerd_config(

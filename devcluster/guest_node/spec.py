@@ -180,12 +180,11 @@ LISTEN_WAIT_S = 120
 
 def pod_script(role: str, out: str, peer: str, server_out: str) -> str:
     """What each pod runs: its view (RDMA devices, char devices, addresses, environment), then
-        ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. Each
-        tool's output and exit status go to ``out``. The server marks each tool ``<tool>.listening`` in
-        ``server_out`` once the kernel lists its rdma_cm listen (``rdma resource show cm_id``); the
-        client starts each tool only then, and tries again (ten times at most) only if it still fails,
-    each try's output kept.
-        No tool outlives :data:`LISTEN_WAIT_S` waiting for the other side."""
+    ``ib_write_bw``, ``ib_send_lat`` (both over rdma_cm) and ``rping`` against the other pod. Each
+    tool's output and exit status go to ``out``. The server marks each tool ``<tool>.listening`` in
+    ``server_out`` once the kernel lists its rdma_cm listen (``rdma resource show cm_id``); the
+    client starts each tool only then, and tries again (ten times at most) only if it still fails,
+    each try's output kept. No tool outlives :data:`LISTEN_WAIT_S` waiting for the other side."""
     q = shlex.quote
     tools = [
         ("ib_write_bw", f"ib_write_bw -d $dev -R -s 65536 -n {BW_ITERS} -p 18515", 18515),
