@@ -14,7 +14,7 @@ from typing import Any
 from driver.api.v1alpha1.network_config import NetworkConfig
 from driver.checkpoint.errors import CheckpointError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Version of both state files. 1: device configs as raw ``{"opaque": [params, ...]}`` dicts,
 pods with ``rdma_moved``/``host_up``; 2: each device's config in its canonical typed form; 3: configs
 may carry dranet's remaining fields (rules, neighbors, VRF, sysctls, GSO/GRO sizes, eBPF, DHCP,
@@ -22,13 +22,19 @@ profile) and pods what the hooks changed for them; 4: pods record how each NIC i
 (its host and pod ifindex and its identity) and the links the hooks created; 5: what each NIC
 setting recorded to undo itself is kept per setting, by its name (``MovedDevice.records``), in
 place of one field per setting; 6: configs may set an SR-IOV VF's settings through its PF
-(``sriov``) and pods carry that setting's record. An older driver would ignore those fields (moving a NIC without
-its VRF, without its host addresses, a VF without its VLAN) or fail on them, so it must refuse the file.
+(``sriov``) and pods carry that setting's record; 7: a claim may hold a VF on vfio-pci
+(``sriov.driver``) with the kernel driver it goes back to. An older driver would ignore those
+fields (moving a NIC without its VRF, without its host addresses, a VF without its VLAN, looking
+for the netdev of a VF on vfio-pci and never giving it back to its driver) or fail on them, so it
+must refuse the file.
 
 A file is written with the oldest version its content needs (:data:`COMPATIBLE_VERSION`,
-:data:`CONFIG_FIELDS_VERSION`, :data:`IDENTITY_VERSION`, :data:`RECORDS_VERSION`): until a claim uses a newer field, an
-older driver (the old instance of a rolling update with surge, a downgrade) keeps reading the
-files this one writes."""
+:data:`CONFIG_FIELDS_VERSION`, :data:`IDENTITY_VERSION`, :data:`RECORDS_VERSION`,
+:data:`SRIOV_VERSION`): until a claim uses a newer field, an older driver (the old instance of a
+rolling update with surge, a downgrade) keeps reading the files this one writes."""
+SRIOV_VERSION = 6
+"""The version a file is written as when it needs only version 6's fields (a VF's settings through its
+PF), not a VF on vfio-pci."""
 RECORDS_VERSION = 5
 """The version a file is written as when it needs only version 5's fields (settings' records, a
 claim's sub-interfaces), not an SR-IOV VF's settings."""
@@ -136,12 +142,18 @@ def _v5_to_v6(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "version": 6}
 
 
+def _v6_to_v7(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 7 only adds optional fields: a version-6 file is a valid version-7 file."""
+    return {**data, "version": 7}
+
+
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
     3: _v3_to_v4,
     4: _v4_to_v5,
     5: _v5_to_v6,
+    6: _v6_to_v7,
 }
 """Version N -> the function that turns a version-N file into version N + 1."""
 

@@ -19,6 +19,7 @@ from driver.checkpoint.schema import (
     IDENTITY_VERSION,
     RECORDS_VERSION,
     SCHEMA_VERSION,
+    SRIOV_VERSION,
     check_version,
 )
 from driver.model.device import Device, quantity_value
@@ -114,6 +115,19 @@ class PreparedDevice:
     # before: the ResourceClaim is asked again). Here, on the device, because an older driver
     # reads a device's known keys only, where a new key of the claim's would fail its reader.
     metadata: MetadataFacts | None = None
+    # A VF the claim holds on vfio-pci (``sriov.driver``): the kernel driver it was bound to at
+    # prepare, which it is given back to at unprepare. Written only when set.
+    host_driver: str | None = None
+
+    @property
+    def vfio(self) -> bool:
+        """Whether the pod gets this VF on vfio-pci (its VFIO group), not its netdev."""
+        return self.config.vfio
+
+    @property
+    def moves(self) -> bool:
+        """Whether a netdev goes into the pod for this device (or a sub-interface of it is made there)."""
+        return bool(self.snapshot.host.ifname) and not self.vfio
 
     @property
     def sub_interface(self) -> bool:
@@ -123,11 +137,14 @@ class PreparedDevice:
 
     @property
     def needed_version(self) -> int:
-        """The oldest claims-file version whose readers handle this device right: a VF's settings
-        (a driver before version 6 would move the VF without them), a sub-interface (a driver before
-        version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
-        if self.config.sriov is not None:
+        """The oldest claims-file version whose readers handle this device right: a VF on vfio-pci (a
+        driver before version 7 would look for its netdev and never give it back to its driver), a
+        VF's settings (a driver before version 6 would move the VF without them), a sub-interface (a
+        driver before version 5 would move the NIC itself into the pod), else see :attr:`needs_v3`."""
+        if self.vfio:
             return SCHEMA_VERSION
+        if self.config.sriov is not None:
+            return SRIOV_VERSION
         if self.sub_interface:
             return RECORDS_VERSION
         return CONFIG_FIELDS_VERSION if self.needs_v3 else COMPATIBLE_VERSION
@@ -163,6 +180,8 @@ class PreparedDevice:
             out["consumedCapacity"] = dict(self.consumed)
         if self.metadata is not None:  # absent in older files; ignored by older drivers
             out["deviceMetadata"] = self.metadata.to_dict()
+        if self.host_driver is not None:
+            out["hostDriver"] = self.host_driver
         return out
 
     @classmethod
@@ -184,6 +203,7 @@ class PreparedDevice:
             share_id if isinstance(share_id, str) and share_id else None,
             {str(k): str(v) for k, v in consumed.items()} if isinstance(consumed, dict) else {},
             MetadataFacts.from_dict(data.get("deviceMetadata")),
+            data.get("hostDriver") if isinstance(data.get("hostDriver"), str) else None,
         )
 
 
@@ -299,7 +319,7 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
     """``(allocated, ready)``: the devices of prepared claims, once per pod each claim is reserved
     for, and how many of them the NRI hook has attached (their NIC is ``in-pod`` for that pod).
 
-    A device without a netdev (RDMA only) has nothing to attach: ready once prepared.
+    A device without a netdev (RDMA only) or on vfio-pci has nothing to attach: ready once prepared.
     """
     allocated = ready = 0
     for claim in state.claims.values():
@@ -308,7 +328,7 @@ def claim_device_counts(state: DriverState) -> tuple[int, int]:
             in_pod = {m.device for m in pod.devices if m.step == IN_POD} if pod else set()
             for d in claim.devices:
                 allocated += 1
-                ready += not d.snapshot.host.ifname or d.device in in_pod
+                ready += not d.moves or d.device in in_pod
     return allocated, ready
 
 
@@ -366,7 +386,7 @@ def pod_version(pod: dict[str, Any]) -> int:
     another record (a setting's, or what its device metadata file says: version 4 has no
     ``records``), else 4 when the pod or a NIC carries a field version 3 does not know, else 2."""
     if any(SRIOV_RECORD in d.get("records", ()) for d in pod["devices"]):
-        return SCHEMA_VERSION
+        return SRIOV_VERSION
     if any("records" in d for d in pod["devices"]):
         return RECORDS_VERSION
     if "created" in pod or any(set(_V4_POD_FIELDS) & d.keys() for d in pod["devices"]):

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from driver.api.v1alpha1.conflicts import conflict_errors, interface_conflicts
 from driver.api.v1alpha1.decode import MAX_POD_REQUESTS, configure_requests
 from driver.api.v1alpha1.fields import ConfigError
 from driver.api.v1alpha1.merge import configs_for_request, merge_under_cloud
-from driver.api.v1alpha1.network_config import NetworkConfig
+from driver.api.v1alpha1.network_config import VFIO_PCI, NetworkConfig
 from driver.checkpoint.state import PreparedClaim, PreparedDevice
 from driver.claims.numa_pinning import device_numa_node, numa_pin_node
 from driver.claims.profile import ProfileError, ProfileResolver
 from driver.dra.protocol import ClaimRef
+from driver.inventory.vfio_binding import VfioBinder
 from driver.model.device import Device
 from driver.netlink import mtu_limits
 from driver.netlink.channel import netlink_socket
@@ -68,6 +70,7 @@ class ClaimBuilder:
         self.profiles = profiles
         self.sysfs_root = sysfs_root
         self.settings = tuple(settings)
+        self.vfio = VfioBinder(sysfs_root)
         self._kinds: dict[str, tuple[bool, str]] = {}  # sub-interface kind -> whether this kernel has it
 
     def build(self, ref: ClaimRef, claim: dict[str, Any], inventory: dict[str, Device] | None = None) -> PreparedClaim:
@@ -147,6 +150,8 @@ class ClaimBuilder:
             if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
         ]
         _one_share_per_nic(where, prepared, requests)
+        if any(d.vfio for d in prepared):
+            prepared = self._with_host_drivers(where, prepared)
         nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
         errors = conflict_errors(
             interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
@@ -224,6 +229,30 @@ class ClaimBuilder:
             problems = setting.prepare_problems(device, config)
             if problems:
                 raise ClaimError(problem + "; ".join(problems))
+
+    def _with_host_drivers(self, where: str, prepared: list[PreparedDevice]) -> list[PreparedDevice]:
+        """The claim's VFs for vfio-pci, each with the kernel driver it goes back to; refused when one
+        is not a VF, is shared, or cannot go to vfio-pci alone (its IOMMU group, the driver)."""
+        held = {d.snapshot.host.pci_address for d in prepared if d.snapshot.host.pci_address}
+        out = []
+        for d in prepared:
+            if not d.vfio:
+                out.append(d)
+                continue
+            problem = f"{where}: config for request {d.request!r}: sriov.driver: device {d.device}"
+            pci = d.snapshot.host.pci_address
+            if not pci or not d.snapshot.host.sriov_pf:
+                raise ClaimError(f"{problem} is not an SR-IOV VF: only a VF goes to {VFIO_PCI} for a claim")
+            if d.shared:
+                raise ClaimError(f"{problem} is shared (adminAccess or a shareID): a VF on {VFIO_PCI} is one pod's")
+            found = self.vfio.problems(pci, held)
+            if found:
+                raise ClaimError(f"{problem}: {'; '.join(found)}")
+            driver = self.vfio.driver_of(pci)
+            if driver is None or driver == VFIO_PCI:
+                raise ClaimError(f"{problem}: VF {pci} has {driver or 'no driver'}, not a kernel driver to go back to")
+            out.append(replace(d, host_driver=driver))
+        return out
 
     def _check_sub_interface(self, problem: str, device: Device, config: NetworkConfig) -> None:
         """Refuse a sub-interface this node cannot make: its kind unknown to the kernel (asked once

@@ -53,8 +53,9 @@ def interfaces_env(devices: Iterable[PreparedDevice]) -> dict[str, str]:
         {
             (d.config.interface.name if d.config.interface and d.config.interface.name else None)
             or d.snapshot.host.ifname
+            or ""
             for d in devices
-            if d.snapshot.host.ifname
+            if d.moves  # a netdev, not a VF on vfio-pci
         }
     )
     return {"DRANET_INTERFACES": ",".join(names)} if names else {}
@@ -141,7 +142,9 @@ def settings_for_container(
     ``skipped_pin`` and the container runs unpinned. ``addresses``: the pod's sub-interfaces'
     addresses by device, for the RoCE GID index (:func:`gid_env`).
     """
-    env = container_env((d.config, d.snapshot.host.rdma_device) for d in devices) | interfaces_env(devices)
+    # A VF on vfio-pci has no RDMA device of the kernel's in the pod: user space drives it.
+    env = container_env((d.config, None if d.vfio else d.snapshot.host.rdma_device) for d in devices)
+    env |= interfaces_env(devices)
     env |= gid_env(devices, addresses or {}, sysfs_root)
     cpuset, skipped = None, None
     try:

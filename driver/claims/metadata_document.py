@@ -22,6 +22,7 @@ from typing import Any
 from driver.checkpoint.state import DriverState, GpuPair, MetadataFacts, PreparedClaim, PreparedDevice
 from driver.inventory import topology
 from driver.inventory.attributes import attribute_rank
+from driver.inventory.vfio_binding import VFIO_CONTAINER
 from driver.model.device import STANDARD_DOMAIN, AttributeValue, attribute_to_api
 
 GROUP = "metadata.resource.k8s.io"
@@ -42,6 +43,8 @@ PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
 GPU_ATTRIBUTES = ("gpu", "gpuPciBusID", "gpuPath")
 """A paired NIC's attributes (in our domain): the GPU's device name, its PCI address, the PCIe path."""
 PATH_RANK = {c: i for i, c in enumerate((topology.PIX, topology.PXB, topology.PHB, topology.NODE, topology.SYS))}
+VFIO_DEVICE_ENV, VFIO_GROUP_ENV = "DRANET_VFIO_DEVICE_", "DRANET_VFIO_GROUP_"
+"""A VF on vfio-pci: the prefixes of its PCI address's and its VFIO group's environment variables."""
 VIEW_RECORD = "deviceMetadata"
 """The name of a NIC's :class:`NicView` among its records in the pod's state."""
 
@@ -268,20 +271,44 @@ class MetadataDocument:
             "containerPath": self.paths.container_file(record.name, facts.pod_claim_name, request),
             "options": ["ro", "bind"],
         }
-        names = [cdi_device_name(record.uid, request, d.device) for d in record.devices if d.request == request]
+        devices = [
+            {"name": cdi_device_name(record.uid, request, d.device), "containerEdits": self._edits(d, mount)}
+            for d in record.devices
+            if d.request == request
+        ]
         spec = {
             "cdiVersion": CDI_DIGIT_NAME_VERSION if record.uid[:1].isdigit() else CDI_VERSION,
             "kind": f"{self.paths.driver_name}/metadata",
-            "devices": [{"name": name, "containerEdits": {"mounts": [mount]}} for name in names],
+            "devices": devices,
         }
         return compact_json(spec)
+
+    def _edits(self, d: PreparedDevice, mount: dict[str, Any]) -> dict[str, Any]:
+        """One NIC's container edits: the request's metadata file; for a VF on vfio-pci also its VFIO
+        group and the VFIO container (the runtime reads their numbers on the host and allows them
+        in the container's device cgroup) and ``DRANET_VFIO_DEVICE_<DEVICE>`` (its PCI address) and
+        ``DRANET_VFIO_GROUP_<DEVICE>`` (its group's device) in the environment."""
+        edits: dict[str, Any] = {"mounts": [mount]}
+        group = vfio_group(d, self.domain)
+        if group is None:
+            return edits
+        key = d.device.upper().replace("-", "_").replace(".", "_")
+        edits["env"] = [
+            f"{VFIO_DEVICE_ENV}{key}={d.snapshot.host.pci_address}",
+            f"{VFIO_GROUP_ENV}{key}=/dev/vfio/{group}",
+        ]
+        edits["deviceNodes"] = [{"path": f"/dev/vfio/{group}"}, {"path": VFIO_CONTAINER}]
+        return edits
 
     def _device(self, d: PreparedDevice, pair: GpuPair | None) -> dict[str, Any]:
         """One device entry: what the driver did first, then the published attributes by rank,
         at most :data:`MAX_ATTRIBUTES`."""
         own: dict[str, AttributeValue] = {}
         chars = ",".join(os.path.basename(c.path) for c in d.snapshot.host.char_devices)
-        if chars:
+        group = vfio_group(d, self.domain)
+        if group is not None:  # user space drives the VF: its group, not the kernel's RDMA devices
+            own[f"{self.domain}/vfioGroupDevice"] = f"/dev/vfio/{group}"
+        elif chars:
             own[f"{self.domain}/rdmaCharDevices"] = chars[:64]
         if pair is not None:
             values = (pair.device, pair.pci_bus_id, pair.path)
@@ -354,6 +381,12 @@ class MetadataDocument:
             and requests[0].get("name") == request
             and [e.get("name") if isinstance(e, dict) else None for e in requests[0].get("devices") or []] == names
         )
+
+
+def vfio_group(d: PreparedDevice, domain: str) -> int | None:
+    """The IOMMU group of a VF the pod gets on vfio-pci (as published at prepare), else None."""
+    group = d.snapshot.attributes.get(f"{domain}/iommuGroup")
+    return group if d.vfio and isinstance(group, int) and not isinstance(group, bool) else None
 
 
 def pair_up(

@@ -37,8 +37,10 @@ from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder, ClaimError
 from driver.claims.device_metadata import DeviceMetadataWriter, MetadataError
 from driver.dra.protocol import ClaimRef, PrepareResult, ResultDevice
+from driver.inventory.vfio_binding import VfioBinder, VfioError, write_file
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
+from driver.nic_settings.writable_proc_sys import SYS, WritableProcSys
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -259,6 +261,9 @@ class Preparer:
         self.after_commit, self.on_unprepare = after_commit, on_unprepare
         self.on_error = on_error
         self._commit = GroupCommit(store)
+        # VFs a claim holds on vfio-pci (sriov.driver); sysfs written where it is writable.
+        self._sysfs = WritableProcSys(path=SYS) if builder.sysfs_root == SYS else None
+        self.vfio = VfioBinder(builder.sysfs_root, write=self.write_sysfs)
         self._pool: Executor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the daemon's: the journal's compaction is timed there
 
@@ -339,7 +344,8 @@ class Preparer:
         except ClaimError as exc:
             return PrepareResult(error=str(exc))
         if isinstance(claim, PreparedClaim):  # the kubelet's retry: answered from the checkpoint
-            return self._with_metadata(claim, None)
+            problem = self._bind_vfio(claim)  # a crash may have come between the record and the bind
+            return PrepareResult(error=problem) if problem else self._with_metadata(claim, None)
         record = self._build(ref, claim)
         if isinstance(record, PrepareResult):
             return record
@@ -362,7 +368,69 @@ class Preparer:
             return PrepareResult(error=str(outcome))
         if self.after_commit is not None:
             self.after_commit([outcome.uid])
+        # A VF goes to vfio-pci once the record (with the driver it goes back to) is durable: a crash
+        # after the bind leaves a record that gives it back. A failed bind takes the claim back.
+        problem = self._bind_vfio(outcome)
+        if problem and outcome is record:
+            return self._taken_back(record, problem)
+        if problem:
+            return PrepareResult(error=problem)
         return written if outcome is record else self._with_metadata(outcome, None)
+
+    def write_sysfs(self, path: str, value: str) -> None:
+        """One sysfs write, in the thread with a writable ``/sys`` when it is the host's own tree (VF
+        drivers here, the PFs' VF counts at start)."""
+        if self._sysfs is None:
+            write_file(path, value)
+        else:  # a failure to make it writable is an OSError too (ProcSysReadOnly), named by the binder
+            self._sysfs.run(write_file, path, value)
+
+    def _bind_vfio(self, record: PreparedClaim) -> str | None:
+        """(pool thread) Put the claim's VFs for vfio-pci on it (idempotent); the error, or None."""
+        for d in record.devices:
+            if d.vfio and d.snapshot.host.pci_address:
+                try:
+                    self.vfio.bind(d.snapshot.host.pci_address)
+                except VfioError as exc:
+                    log.warning("VF not bound to vfio-pci", extra={"kv": {"claim": record.uid, "error": str(exc)}})
+                    return f"ResourceClaim {record.namespace}/{record.name}: device {d.device}: {exc}"
+        return None
+
+    def _taken_back(self, record: PreparedClaim, problem: str) -> PrepareResult:
+        """(pool thread) Undo a claim just stored whose VF could not go to vfio-pci: its VFs back on
+        their drivers, the record forgotten, its files removed; the answer is the bind's error."""
+        errors = self._give_back_vfio([record])
+        if errors:  # kept: the kubelet's unprepare (or its retried prepare) tries again
+            return PrepareResult(error=f"{problem}; {errors[record.uid]}")
+
+        def forget(state: DriverState) -> None:
+            state.claims.pop(record.uid, None)
+
+        try:
+            self._commit.apply(forget)
+        except Exception as exc:  # noqa: BLE001 - the record stays; the kubelet's unprepare removes it
+            return PrepareResult(error=f"{problem}; the claim's record stays: {exc}")
+        self._drop_metadata(record)
+        if self.profiles:
+            self.profiles.release_devices(record.uid, [(d.snapshot, d.config) for d in record.devices])
+        return PrepareResult(error=problem)
+
+    def _give_back_vfio(self, claims: Sequence[PreparedClaim]) -> dict[str, str]:
+        """(pool thread) Each claim's VFs on vfio-pci back on their kernel drivers; claim UID -> error
+        for the claims where one could not go back (they stay recorded)."""
+        errors: dict[str, str] = {}
+        for claim in claims:
+            for d in claim.devices:
+                if not (d.vfio and d.host_driver and d.snapshot.host.pci_address):
+                    continue
+                try:
+                    self.vfio.give_back(d.snapshot.host.pci_address, d.host_driver)
+                except VfioError as exc:
+                    log.warning(
+                        "VF not given back to its driver", extra={"kv": {"claim": claim.uid, "error": str(exc)}}
+                    )
+                    errors.setdefault(claim.uid, f"device {d.device}: {exc}")  # the others still go back
+        return errors
 
     def _drop_metadata(self, record: PreparedClaim) -> None:
         """The files of a claim that was not stored (refused, or the write failed)."""
@@ -389,6 +457,13 @@ class Preparer:
             return []
         return self.metadata.keep_all(full=True)
 
+    def restore_vfio(self) -> list[str]:
+        """(thread, at start) Every stored claim's VFs on vfio-pci again (a reboot or an admin put them
+        back on their drivers; a crash may have come between a record and its bind). Returns the
+        claims with a VF that could not be bound (each logged)."""
+        claims = self.store.read(lambda s: [c for c in s.claims.values() if any(d.vfio for d in c.devices)])
+        return [c.uid for c in claims if self._bind_vfio(c)]
+
     def _build(self, ref: ClaimRef, claim: dict[str, Any]) -> PreparedClaim | PrepareResult:
         """(pool thread) The record of a claim not prepared yet, or its answer instead: its error, or
         nothing to prepare."""
@@ -399,6 +474,12 @@ class Preparer:
         except Exception as exc:  # a bug for one claim must not fail the others
             log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
             return PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
+        if self.metadata is None and any(d.vfio for d in record.devices):
+            return PrepareResult(
+                error=f"ResourceClaim {ref.namespace}/{ref.name}: sriov.driver vfio-pci: the VFIO devices reach "
+                "the containers through the device metadata's CDI specs, which this node has turned off "
+                "(--device-metadata=false)"
+            )
         if not record.devices:
             # The kubelet asks a driver only about claims with devices of that driver;
             # this one has none of ours (reallocated?): nothing to prepare, nothing to store.
@@ -451,29 +532,40 @@ class Preparer:
         as soon as it has the answer."""
         uids = [c.uid for c in claims]
         try:
-            self._forget_then_release(uids)
+            kept = self._forget_then_release(uids)
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
         finally:
             self._compact_later()
-        return {u: "" for u in uids}
+        return {u: kept.get(u, "") for u in uids}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """Forget the claims; returns claim UID -> error ("" = success). Unknown UIDs succeed."""
         uids = [c.uid for c in claims]
         try:  # one pool hand-off for the whole unprepare
-            await asyncio.get_running_loop().run_in_executor(self._io_pool(), self._forget_then_release, uids)
+            loop = asyncio.get_running_loop()
+            kept = await loop.run_in_executor(self._io_pool(), self._forget_then_release, uids)
         except Exception as exc:  # noqa: BLE001 - answered to the kubelet per claim
             return {u: f"not unprepared: {exc}" for u in uids}
         finally:
             self._commit.schedule_compaction()
-        return {u: "" for u in uids}
+        return {u: kept.get(u, "") for u in uids}
 
-    def _forget_then_release(self, uids: list[str]) -> None:
+    def _forget_then_release(self, uids: list[str]) -> dict[str, str]:
+        """Forget the claims durably, then what follows; claim UID -> error for the claims kept: a VF
+        on vfio-pci goes back to its driver first, and a claim whose VF could not stays recorded
+        (the kubelet asks again)."""
+        kept: dict[str, str] = {}
+        held = self.store.read(lambda s: [c for u in uids if (c := s.claims.get(u)) and any(d.vfio for d in c.devices)])
+        if held:
+            kept = {u: f"not unprepared: {e}" for u, e in self._give_back_vfio(held).items()}
+        gone = [u for u in uids if u not in kept]
+
         def forget(state: DriverState) -> list[PreparedClaim]:
-            return [c for c in (state.claims.pop(u, None) for u in uids) if c is not None]
+            return [c for c in (state.claims.pop(u, None) for u in gone) if c is not None]
 
-        self._released(uids, self._commit.apply(forget))
+        self._released(gone, self._commit.apply(forget))
+        return kept
 
     def _released(self, uids: list[str], removed: list[PreparedClaim]) -> None:
         """(pool thread, the unprepare durable) What follows, claim by claim, best effort: the

@@ -435,6 +435,7 @@ class Daemon:
             if (await rebuild_prepared_claims(self.preparer, self.kube)).api_error is None:
                 self.claims_damage = None
                 await asyncio.to_thread(self.preparer.restore_metadata)
+                await asyncio.to_thread(self.preparer.restore_vfio)
                 return
 
     def serving(self) -> bool:
@@ -529,6 +530,9 @@ class Daemon:
         elif self.store.started_empty and ran_before:
             await self._record_claims_after_boot()
         await asyncio.to_thread(self.preparer.restore_metadata)
+        # The claims' VFs on vfio-pci again (a reboot gave them back to their drivers, a crash may
+        # have come between a record and its bind): before the kubelet starts their containers.
+        await asyncio.to_thread(self.preparer.restore_vfio)
         self.status_writer.start()
         await self.dra.start()
         try:
@@ -553,7 +557,9 @@ class Daemon:
                 d.snapshot.host.pci_address for c in s.claims.values() for d in c.devices if d.snapshot.host.pci_address
             }
         )
-        outcomes = await asyncio.to_thread(vf_counts.apply, self.vf_counts, self.config.sysfs_root, prepared)
+        outcomes = await asyncio.to_thread(
+            vf_counts.apply, self.vf_counts, self.config.sysfs_root, prepared, self.preparer.write_sysfs
+        )
         refused = "; ".join(o.refused for o in outcomes if o.refused)
         if refused:
             await asyncio.to_thread(self.status_writer.post_node_event, VF_COUNT_REFUSED_EVENT, refused)

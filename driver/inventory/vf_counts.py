@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -183,23 +183,38 @@ class VfOutcome:
     refused: str = ""  # why its count is not the entry's ("" when it is)
 
 
-def apply(counts: Sequence[VfCount], sysfs_root: str, prepared: Collection[str]) -> list[VfOutcome]:
+def apply(
+    counts: Sequence[VfCount],
+    sysfs_root: str,
+    prepared: Collection[str],
+    write: Callable[[str, str], None] | None = None,
+) -> list[VfOutcome]:
     """Give every PF the entries select its count; ``prepared``: the PCI addresses prepared claims
-    hold. One outcome per selected PF, logged; nothing raised for one PF's trouble."""
+    hold; ``write(path, value)`` writes a sysfs file (default: in this thread; the daemon's container
+    mounts ``/sys`` read-only unless privileged). One outcome per selected PF, logged; nothing
+    raised for one PF's trouble."""
     out = []
     for pf in scan_pfs(sysfs_root) if counts else []:
         chosen = [c for c in counts if c.selector.selects(pf)]
         if not chosen:
             continue
         entry = chosen[0]
-        outcome = _apply_one(pf, entry, chosen, f"{sysfs_root}/bus/pci/devices/{pf.pci}/sriov_numvfs", prepared)
+        path = f"{sysfs_root}/bus/pci/devices/{pf.pci}/sriov_numvfs"
+        outcome = _apply_one(pf, entry, chosen, path, prepared, write or _write)
         level = logging.WARNING if outcome.refused else logging.INFO
         log.log(level, "SR-IOV VF count", extra={"kv": {k: v for k, v in vars(outcome).items() if v != ""}})
         out.append(outcome)
     return out
 
 
-def _apply_one(pf: Pf, entry: VfCount, chosen: Sequence[VfCount], path: str, prepared: Collection[str]) -> VfOutcome:
+def _apply_one(
+    pf: Pf,
+    entry: VfCount,
+    chosen: Sequence[VfCount],
+    path: str,
+    prepared: Collection[str],
+    write: Callable[[str, str], None],
+) -> VfOutcome:
     def refused(why: str) -> VfOutcome:
         return VfOutcome(pf.pci, pf.names, entry.where, pf.current, pf.current, why)
 
@@ -218,8 +233,8 @@ def _apply_one(pf: Pf, entry: VfCount, chosen: Sequence[VfCount], path: str, pre
         )
     try:
         if pf.current:
-            _write(path, 0)
-        _write(path, entry.num_vfs)
+            write(path, "0")
+        write(path, str(entry.num_vfs))
     except OSError as exc:
         now = int(_read(path, "-1") or -1)
         why = f"{entry.where}.numVfs: PF {pf.pci} refused {entry.num_vfs} VFs: {exc.strerror or exc} (it has {now})"
@@ -227,6 +242,6 @@ def _apply_one(pf: Pf, entry: VfCount, chosen: Sequence[VfCount], path: str, pre
     return VfOutcome(pf.pci, pf.names, entry.where, pf.current, entry.num_vfs)
 
 
-def _write(path: str, count: int) -> None:
+def _write(path: str, value: str) -> None:
     with open(path, "w") as f:
-        f.write(str(count))
+        f.write(value)

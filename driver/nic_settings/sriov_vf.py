@@ -69,7 +69,7 @@ class SriovVf(NicSetting):
     name = SRIOV_RECORD
 
     def prepare_problems(self, device: Device, config: NetworkConfig) -> list[str]:
-        if config.sriov is None:
+        if config.sriov is None or config.vfio:  # a VF on vfio-pci: the claim builder's to check
             return []
         if not device.host.sriov_pf or not device.host.pci_address:
             return [f"sriov: device {device.name} is not an SR-IOV VF: only a VF's PF holds these settings"]

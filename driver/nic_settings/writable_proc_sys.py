@@ -9,7 +9,8 @@ namespace of its own: :class:`WritableProcSys` keeps one such thread, in which `
 bound onto itself and remounted read-write. That changes nothing any other process or thread
 sees (the namespace is private to the thread, its mounts marked private first), and the writes
 still go through the kernel's sysctl handlers, with their checks, for the network namespace the
-thread enters.
+thread enters. The same is done for ``/sys`` (``WritableProcSys(SYS)``): a VF's ``driver_override``
+and its driver's ``bind`` and ``unbind`` files, and a PF's ``sriov_numvfs``, are there only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from driver.netlink.channel import libc
 
 T = TypeVar("T")
 PROC_SYS = "/proc/sys"
+SYS = "/sys"
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REMOUNT, MS_REC, MS_PRIVATE = 4096, 32, 16384, 1 << 18
 # Kept on the read-write remount: the kernel refuses to clear these on a bind remount where they
@@ -33,7 +35,7 @@ _KEPT = os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC
 
 
 class ProcSysReadOnly(OSError):
-    """``/proc/sys`` could not be made writable for the driver's writes; says why."""
+    """``/proc/sys`` (or ``/sys``) could not be made writable for the driver's writes; says why."""
 
 
 def read_only(path: str = PROC_SYS) -> bool:
@@ -42,13 +44,15 @@ def read_only(path: str = PROC_SYS) -> bool:
 
 
 class WritableProcSys:
-    """One thread whose mount namespace has a writable ``/proc/sys``; :meth:`run` calls a function there.
+    """One thread whose mount namespace has a writable ``/proc/sys`` (or ``path``); :meth:`run` calls
+    a function there.
 
     The thread and its namespace are made on first use (a node whose claims never need it pays
     nothing) and kept: one ``unshare`` and two mounts per driver process, not per write."""
 
-    def __init__(self, c: ctypes.CDLL | None = None) -> None:
+    def __init__(self, c: ctypes.CDLL | None = None, path: str = PROC_SYS) -> None:
         self._c = c
+        self.path = path
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._ready = False  # touched only by the pool's one thread
@@ -58,7 +62,8 @@ class WritableProcSys:
         it cannot be made so, else whatever ``fn`` returns or raises."""
         with self._lock:
             if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="proc-sys")
+                name = "writable" + self.path.replace("/", "-")
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
             pool = self._pool
         return pool.submit(self._call, fn, args).result()
 
@@ -77,6 +82,7 @@ class WritableProcSys:
 
     def _make_writable(self) -> None:
         c = self._c or libc()
+        path = self.path
 
         def mount(source: bytes | None, target: bytes, flags: int) -> int:
             return int(c.mount(source, target, None, ctypes.c_ulong(flags), None))
@@ -85,15 +91,15 @@ class WritableProcSys:
             if rc != 0:
                 err = ctypes.get_errno()
                 hint = " (the driver needs CAP_SYS_ADMIN for this)" if err == 1 else ""
-                raise ProcSysReadOnly(err, f"{PROC_SYS} is read-only and {what} failed: {os.strerror(err)}{hint}")
+                raise ProcSysReadOnly(err, f"{path} is read-only and {what} failed: {os.strerror(err)}{hint}")
 
         check(c.unshare(CLONE_NEWNS), "a mount namespace of the driver's own (unshare)")
         # Private first: nothing done below may propagate back to the container's or the host's mounts.
         check(mount(None, b"/", MS_REC | MS_PRIVATE), "making its mounts private")
-        if not read_only():
+        if not read_only(path):
             return
-        kept = os.statvfs(PROC_SYS).f_flag & _KEPT
-        check(mount(PROC_SYS.encode(), PROC_SYS.encode(), MS_BIND | MS_REC), "binding it onto itself")
-        check(mount(None, PROC_SYS.encode(), MS_REMOUNT | MS_BIND | kept), "remounting it read-write")
-        if read_only():
-            raise ProcSysReadOnly(30, f"{PROC_SYS} is still read-only after a read-write remount")
+        kept = os.statvfs(path).f_flag & _KEPT
+        check(mount(path.encode(), path.encode(), MS_BIND | MS_REC), "binding it onto itself")
+        check(mount(None, path.encode(), MS_REMOUNT | MS_BIND | kept), "remounting it read-write")
+        if read_only(path):
+            raise ProcSysReadOnly(30, f"{path} is still read-only after a read-write remount")

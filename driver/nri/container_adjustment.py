@@ -34,8 +34,8 @@ def container_adjustment(
     seen: set[str] = set()
     for dev in devices:
         host = dev.snapshot.host
-        if not host.rdma_device and not host.char_devices:
-            continue
+        if dev.vfio or (not host.rdma_device and not host.char_devices):
+            continue  # a VF on vfio-pci: its VFIO devices come from its CDI device
         chars = list(host.char_devices)
         if host.rdma_device and not any(c.path.endswith("/rdma_cm") for c in chars):
             rdma_cm = _stat_char(RDMA_CM)

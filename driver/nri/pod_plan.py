@@ -28,8 +28,8 @@ Netdev = tuple[PreparedClaim, PreparedDevice]
 
 
 def netdevs_of(state: DriverState, pod_uid: str) -> list[Netdev]:
-    """The pod's prepared devices that have a netdev (the ones that move), with their claims."""
-    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.snapshot.host.ifname]
+    """The pod's prepared devices whose netdev moves (not a VF on vfio-pci), with their claims."""
+    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.moves]
 
 
 def pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:

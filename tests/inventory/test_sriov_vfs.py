@@ -10,8 +10,11 @@ tests skip (this machine's PFs, if any, are not the test's to change).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import stat
+import struct
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,14 +25,22 @@ from google.protobuf import json_format
 
 from dranet_proto import nri_v1alpha1_pb2 as api
 from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import MetadataPaths
+from driver.claims.prepare import Preparer
 from driver.config import HOST_NETNS
+from driver.dra.protocol import ClaimRef
 from driver.dra.slices import build_slices
 from driver.health.monitor import DEVICE_REMOVED, PF_LINK_DOWN, HealthMonitor, removed_holders
 from driver.inventory import partitions, vf_counts
 from driver.inventory.discovery import Scanner
+from driver.inventory.names import pci_device_name
+from driver.kube.client import KubeClient
 from driver.model.device import Device
 from driver.nri.claim_reports import HookError
 from driver.nri.hooks import NRIHooks
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from harness.netns import NetnsFactory
 from harness.nri import link_facts, pod_json, prepare_claim
 from tests.plugins.sriov_scheduling import GUEST_OUT_ENV, NODE_PLACEHOLDER, SLICES_FILE, UID_PLACEHOLDER
@@ -489,3 +500,52 @@ def test_the_pool_of_the_real_pfs_and_vfs_is_published_with_their_counters(pfs: 
     out = os.environ.get(GUEST_OUT_ENV)
     if out:
         Path(out, SLICES_FILE).write_text(json.dumps({"pfs": pfs, "vfs_per_pf": VFS, "slices": slices}))
+
+
+VFIO_GROUP_GET_STATUS = 0x3B67  # _IO(VFIO_TYPE ';', VFIO_BASE 100 + 3)
+VFIO_GROUP_FLAGS_VIABLE = 1
+
+
+def test_a_vf_goes_to_vfio_pci_for_its_claim_and_back_to_igbvf(pfs: list[str], tmp_path: Path) -> None:
+    """``sriov.driver: vfio-pci`` through the Preparer on a real VF: on vfio-pci once the claim is
+    prepared, its VFIO group's device there and viable (the VF alone in its group), the CDI spec
+    naming it; back on igbvf with a netdev after unprepare, the override cleared."""
+    subprocess.run(["modprobe", "vfio-pci"], check=True, capture_output=True)
+    bdf = _vf(pfs[0], 1)
+    devices = {d.name: d for d in _scan().values()}
+    name = pci_device_name(bdf)
+    group = devices[name].attributes[D + "iommuGroup"]
+    assert isinstance(group, int)
+    opaque = {"driver": "dra.net", "parameters": {"sriov": {"driver": "vfio-pci"}}}
+    configs = [{"opaque": opaque, "source": "FromClaim"}]
+    uid = "vfio-claim-1"
+    with FakeAPIServer() as api:
+        api.add_claim(make_claim("ns", "dpdk", uid, [result(name, "node")], configs=configs, pods=["pod-1"]))
+        kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        paths = MetadataPaths("dra.net", str(tmp_path / "plugins"), str(tmp_path / "cdi"))
+        builder = ClaimBuilder(lambda: devices, "dra.net", "node")
+        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), builder, metadata=DeviceMetadataWriter(paths))
+        ref = ClaimRef("ns", "dpdk", uid)
+        answer = preparer.prepare_now([ref])[uid]
+        try:
+            assert answer.error == ""
+            assert (PCI / bdf / "driver").resolve().name == "vfio-pci"
+            assert _netdev(bdf) is None, "no netdev: user space drives the VF"
+            node = Path(f"/dev/vfio/{group}")
+            _wait(f"{node} in devtmpfs", node.exists, within=5)
+            assert stat.S_ISCHR(node.stat().st_mode) and stat.S_ISCHR(os.stat("/dev/vfio/vfio").st_mode)
+            fd = os.open(node, os.O_RDWR)
+            try:
+                argsz_flags = fcntl.ioctl(fd, VFIO_GROUP_GET_STATUS, struct.pack("II", 8, 0))
+            finally:
+                os.close(fd)
+            assert struct.unpack("II", argsz_flags)[1] & VFIO_GROUP_FLAGS_VIABLE, "every device of the group on vfio"
+            [spec] = Path(paths.cdi_dir).iterdir()
+            nodes = json.loads(spec.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
+            assert [n["path"] for n in nodes] == [str(node), "/dev/vfio/vfio"]
+        finally:
+            unprepared = preparer.unprepare_now([ref])
+    assert unprepared == {uid: ""}
+    assert (PCI / bdf / "driver").resolve().name == "igbvf"
+    assert (PCI / bdf / "driver_override").read_text().strip() == "(null)"
+    _wait("the VF's netdev again", lambda: _netdev(bdf) is not None, within=10)

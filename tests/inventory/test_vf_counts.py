@@ -43,9 +43,9 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     done: list[tuple[str, int]] = []
     real = vf_counts._write
 
-    def write(path: str, count: int) -> None:
-        done.append((path.split("/")[-2], count))
-        real(path, count)
+    def write(path: str, value: str) -> None:
+        done.append((path.split("/")[-2], int(value)))
+        real(path, value)
 
     monkeypatch.setattr(vf_counts, "_write", write)
     return done
@@ -98,8 +98,8 @@ def test_one_pfs_trouble_never_keeps_another_from_its_count(
     assert over.refused == "sriov.vfs[0].numVfs: 8 is above PF 0000:41:00.0's sriov_totalvfs (7)"
     assert (fine.after, fine.refused) == (1, "") and _numvfs(sysfs, PF_B) == 1
 
-    def refuse(path: str, count: int) -> None:
-        if count:
+    def refuse(path: str, count: str) -> None:
+        if int(count):
             raise OSError(errno.ENOMEM, "Cannot allocate memory")
         Path(path).write_text("0")
 

@@ -30,13 +30,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "workloads.md"
 MINIMAL = ROOT / "examples" / "minimal" / "pod-one-rdma-nic.yaml"
 TORCHRUN = ROOT / "examples" / "torchrun" / "torchrun-job.yaml"
+SRIOV_EXAMPLES = sorted((ROOT / "examples" / "sriov").glob("claim-*.yaml"))
 
 
 def docs_of(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
-@pytest.mark.parametrize("path", [MINIMAL, TORCHRUN], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [MINIMAL, TORCHRUN, *SRIOV_EXAMPLES], ids=lambda p: p.name)
 def test_examples_are_valid_objects_and_configs(path: Path) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for doc in docs_of(path):

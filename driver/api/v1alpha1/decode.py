@@ -17,7 +17,7 @@ from typing import Any
 
 from driver.api.v1alpha1.decode_interface import decode_interface, ipv6_mtu_error
 from driver.api.v1alpha1.decode_routing import decode_neighbors, decode_routes, decode_rules
-from driver.api.v1alpha1.decode_sriov import decode_sriov, sriov_combination_errors
+from driver.api.v1alpha1.decode_sriov import decode_sriov, sriov_combination_errors, vfio_combination_errors
 from driver.api.v1alpha1.fields import (
     ConfigError,
     FieldError,
@@ -179,6 +179,7 @@ def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
         out.append(FieldError(f"{path}.sriov", reason))
     if config.sriov is not None:
         out.extend(sriov_combination_errors(config.sriov, f"{path}.sriov"))
+        out.extend(vfio_combination_errors(config, path))
     entries = config_entries(config)
     if entries > MAX_NIC_ENTRIES:
         reason = (

@@ -2,8 +2,10 @@
 
 The fields and their ranges are the kernel's (``ip link set <pf> vf N ...``) and the SR-IOV CNI's
 names for them (``vlan``, ``vlanQoS``, ``vlanProto``, ``spoofchk``, ``trust``, ``min_tx_rate``,
-``max_tx_rate``, ``link_state``), in this API's camelCase. Whether the NIC is a VF and whether its
-PF's driver has a setting are the node's to say (at prepare, and the PF's answer at pod start).
+``max_tx_rate``, ``link_state``), in this API's camelCase; ``driver`` is the SR-IOV DRA driver's
+``VfConfig.driver`` (``vfio-pci``: the VF goes to the pod on vfio-pci, for DPDK and KubeVirt).
+Whether the NIC is a VF and whether its PF's driver has a setting are the node's to say (at
+prepare, and the PF's answer at pod start).
 """
 
 from __future__ import annotations
@@ -11,14 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from driver.api.v1alpha1.fields import FieldError, FieldErrors, read_bool, read_int, read_object, read_str, shown
-from driver.api.v1alpha1.network_config import SriovConfig
+from driver.api.v1alpha1.network_config import VFIO_PCI, NetworkConfig, SriovConfig, json_name
 
-SRIOV_FIELDS = ["vlan", "vlanQoS", "vlanProto", "spoofChk", "trust", "minTxRate", "maxTxRate", "linkState"]
+SRIOV_FIELDS = ["vlan", "vlanQoS", "vlanProto", "spoofChk", "trust", "minTxRate", "maxTxRate", "linkState", "driver"]
 MAX_VLAN = 4094
 """802.1Q's last usable VLAN ID (4095 is reserved)."""
 MAX_QOS = 7
 VLAN_PROTOS = ("802.1Q", "802.1ad")
 LINK_STATES = ("auto", "enable", "disable")
+VF_DRIVERS = (VFIO_PCI,)
+"""The drivers a claim may bind its VF to (absent: the VF's own kernel driver)."""
+VF_SETTINGS = ("vlan", "vlan_qos", "vlan_proto", "spoof_chk", "trust", "min_tx_rate", "max_tx_rate", "link_state")
+"""The fields of ``sriov`` set through the PF once the VF's netdev is in the pod."""
 MAX_RATE = 2**32 - 1
 """Mbit/s: the kernel's rates are u32."""
 
@@ -45,6 +51,7 @@ def decode_sriov(raw: Any, path: str, errs: FieldErrors) -> SriovConfig | None:
         min_tx_rate=read_int(obj.get("minTxRate"), f"{path}.minTxRate", errs, 0, MAX_RATE),
         max_tx_rate=read_int(obj.get("maxTxRate"), f"{path}.maxTxRate", errs, 0, MAX_RATE),
         link_state=_choice(obj.get("linkState"), f"{path}.linkState", LINK_STATES, errs),
+        driver=_choice(obj.get("driver"), f"{path}.driver", VF_DRIVERS, errs),
     )
     return config
 
@@ -60,3 +67,30 @@ def sriov_combination_errors(config: SriovConfig, path: str) -> list[FieldError]
     if low and high and low > high:
         out.append(FieldError(f"{path}.minTxRate", f"{low} Mbit/s is above maxTxRate ({high} Mbit/s)"))
     return out
+
+
+def vfio_combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
+    """What a VF on vfio-pci cannot take: it has no netdev in the pod, so nothing that configures
+    one (the pod gets the VF's VFIO group; its PF settings are set only with a netdev move)."""
+    if not config.vfio:
+        return []
+    sriov = config.sriov or SriovConfig()
+    netdev_fields = [
+        name
+        for name, value in (
+            ("interface", config.interface),
+            ("routes", config.routes),
+            ("rules", config.rules),
+            ("neighbors", config.neighbors),
+            ("ethtool", config.ethtool),
+        )
+        if value is not None
+    ]
+    netdev_fields += [f"sriov.{json_name(f)}" for f in VF_SETTINGS if getattr(sriov, f) is not None]
+    if not netdev_fields:
+        return []
+    reason = (
+        f"sriov.driver {VFIO_PCI} hands the VF to the pod through its VFIO group, without a netdev: "
+        f"{', '.join(netdev_fields)} cannot apply"
+    )
+    return [FieldError(f"{path}.sriov.driver", reason)]

@@ -19,6 +19,8 @@ API_VERSION = f"{DRIVER_NAME}/v1alpha1"
 KIND = "NetworkConfig"
 RDMA_INJECT_ENV_DEFAULT = True
 """``rdma.injectEnv`` when no config sets it: RDMA NICs' environment goes into the containers."""
+VFIO_PCI = "vfio-pci"
+"""``sriov.driver`` that binds a VF to vfio-pci for the claim (the only driver a claim may ask for)."""
 NUMA_PIN_DEFAULT = False
 """``numa.pin`` when no config sets it: containers are not pinned to the NICs' NUMA node."""
 
@@ -148,6 +150,14 @@ class SriovConfig:
     min_tx_rate: int | None = None  # JSON "minTxRate": Mbit/s guaranteed; 0: none
     max_tx_rate: int | None = None  # JSON "maxTxRate": Mbit/s at most; 0: no limit
     link_state: str | None = None  # JSON "linkState": "auto" (the PF's), "enable" or "disable"
+    # The kernel driver the VF is bound to while the claim holds it: "vfio-pci" hands the VF itself
+    # to the pod (DPDK, KubeVirt) through its VFIO group instead of moving its netdev. None: its own.
+    driver: str | None = None
+
+    @property
+    def vfio(self) -> bool:
+        """Whether the VF goes to the pod on vfio-pci (no netdev moves)."""
+        return self.driver == VFIO_PCI
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,11 @@ class NetworkConfig:
         if self.rdma is None or self.rdma.inject_env is None:
             return RDMA_INJECT_ENV_DEFAULT
         return self.rdma.inject_env
+
+    @property
+    def vfio(self) -> bool:
+        """Whether the NIC is a VF handed to the pod on vfio-pci (``sriov.driver: vfio-pci``)."""
+        return self.sriov is not None and self.sriov.vfio
 
     @property
     def numa_pin(self) -> bool:

@@ -74,7 +74,9 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
     },
     ("NetworkConfig", "rdma"): {"description": "RDMA environment given to the consuming containers."},
     ("NetworkConfig", "numa"): {"description": "NUMA pinning of the consuming containers."},
-    ("NetworkConfig", "sriov"): {"description": "An SR-IOV VF's settings, set through its PF while it is in the pod."},
+    ("NetworkConfig", "sriov"): {
+        "description": "An SR-IOV VF's settings, set through its PF while it is in the pod, or its driver."
+    },
     ("InterfaceConfig", "name"): _IFNAME | {"description": "The interface name in the pod (default: the host's)."},
     ("InterfaceConfig", "addresses"): {
         "description": "CIDR addresses (192.0.2.5/24); default: the host's addresses and routes.",
@@ -134,6 +136,10 @@ FIELD_RULES: dict[tuple[str, str], JSON] = {
     ("SriovConfig", "min_tx_rate"): {"minimum": 0, "maximum": decode_sriov.MAX_RATE, "description": "Mbit/s."},
     ("SriovConfig", "max_tx_rate"): {"minimum": 0, "maximum": decode_sriov.MAX_RATE, "description": "Mbit/s; 0: none."},
     ("SriovConfig", "link_state"): {"enum": list(decode_sriov.LINK_STATES), "default": "auto"},
+    ("SriovConfig", "driver"): {
+        "enum": list(decode_sriov.VF_DRIVERS),
+        "description": "vfio-pci: the VF goes to the pod on vfio-pci (its VFIO group), not as a netdev.",
+    },
 }
 
 # JSON-only properties (no field of their own in the typed config), after the field named.

@@ -112,3 +112,36 @@ def test_a_requests_merged_config_is_checked_again() -> None:
 def test_a_vf_config_beside_an_interface_name_is_fine() -> None:
     config = decode_config({"interface": {"name": "net1"}, "sriov": {"vlan": 7}}, P)
     assert config.interface == InterfaceConfig(name="net1") and config.sriov == SriovConfig(vlan=7)
+
+
+def test_a_vf_for_vfio_pci_decodes_and_round_trips() -> None:
+    config = decode_config({"sriov": {"driver": "vfio-pci"}, "numa": {"pin": True}}, P)
+    assert config.sriov == SriovConfig(driver="vfio-pci") and config.vfio
+    assert decode_config(config.to_parameters(), P) == config
+    assert NetworkConfig.from_parameters(config.to_parameters()) == config
+    assert not decode_config({"sriov": {"vlan": 5}}, P).vfio
+
+
+def test_a_vf_for_vfio_pci_takes_nothing_that_configures_a_netdev() -> None:
+    errors = _errors(
+        {"driver": "vfio-pci", "trust": True},
+        interface={"mtu": 9000},
+        routes=[{"destination": "10.0.0.0/8", "gateway": "10.1.0.1"}],
+    )
+    assert errors == [
+        f"{P}.sriov.driver: sriov.driver vfio-pci hands the VF to the pod through its VFIO group, without a netdev: "
+        "interface, routes, sriov.trust cannot apply"
+    ]
+    assert _errors({"driver": "uio_pci_generic"})[0].startswith(
+        f"{P}.sriov.driver: 'uio_pci_generic' is not one of vfio-pci"
+    )
+
+
+def test_vfio_pci_in_one_config_and_an_interface_in_another_are_refused_together() -> None:
+    entries = [
+        {"source": "FromClass", "requests": ["vf"], "opaque": {"driver": "dra.net", "parameters": params}}
+        for params in ({"sriov": {"driver": "vfio-pci"}}, {"interface": {"name": "net1"}})
+    ]
+    with pytest.raises(ConfigError) as info:
+        configs_for_request(entries, "vf")
+    assert any("sriov.driver: sriov.driver vfio-pci hands the VF" in str(e) for e in info.value.errors)

@@ -287,7 +287,10 @@ def test_a_newer_state_file_is_refused_by_the_running_driver(real_node: RealNode
     node = real_node
     start_pod(node, ns, "writer", ALIGNED)
     wait_running(node, ns, "writer")
-    data = node.checkpoint()
+    # The claims file is written once the claims have been quiet for a second (before, only the journal).
+    deadline = time.monotonic() + 30
+    while "version" not in (data := node.checkpoint()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     # Version 2 while no claim uses a field of version 3 (driver/checkpoint/schema.py COMPATIBLE_VERSION).
     assert data["version"] in (COMPATIBLE_VERSION, SCHEMA_VERSION) and data["claims"]
     data["version"] = SCHEMA_VERSION + 1

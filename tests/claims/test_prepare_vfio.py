@@ -1,0 +1,189 @@
+"""A claim's VF on vfio-pci (``sriov.driver: vfio-pci``) through the real Preparer, apiserver client and
+checkpoint: bound only once its record (with the driver it goes back to) is durable, given back
+before the claim is forgotten, refused with the field named; its CDI device hands the container
+the VF's VFIO group. The PCI bus is a temporary tree answering as the kernel's
+(:class:`tests.inventory.pci_kernel.PciKernel`); the real bind is in tests/inventory/test_sriov_vfs.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.checkpoint.state import claim_device_counts
+from driver.checkpoint.store import CheckpointStore
+from driver.claims.claim_build import ClaimBuilder
+from driver.claims.device_metadata import DeviceMetadataWriter
+from driver.claims.metadata_document import MetadataPaths
+from driver.claims.prepare import Preparer
+from driver.dra.protocol import ClaimRef
+from driver.inventory.vfio_binding import VfioBinder
+from driver.kube.client import KubeClient
+from driver.model.device import Device, HostFacts
+from driver.nri.pod_plan import netdevs_of
+from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from tests.claims.conftest import NODE
+from tests.inventory.pci_kernel import PciKernel
+
+VF, PF, NIC = "0000:44:10.0", "0000:44:00.0", "0000:8a:00.0"
+VF_DEVICE, NIC_DEVICE = "pci-0000-44-10-0", "pci-0000-8a-00-0"
+UID = "0b5c7a52-1111-4222-8333-944455556666"
+VFIO = {"sriov": {"driver": "vfio-pci"}}
+
+
+def _inventory() -> dict[str, Device]:
+    vf = Device(
+        VF_DEVICE,
+        {"dra.net/ifName": "eth1", "dra.net/iommuGroup": 22, "dra.net/pciAddress": VF, "dra.net/isSriovVf": True},
+        HostFacts(pci_address=VF, ifname="eth1", sriov_pf=PF),
+    )
+    nic = Device(NIC_DEVICE, {"dra.net/ifName": "eth0"}, HostFacts(pci_address=NIC, ifname="eth0"))
+    return {vf.name: vf, nic.name: nic}
+
+
+@pytest.fixture
+def kernel(tmp_path: Path) -> PciKernel:
+    k = PciKernel(tmp_path / "sys")
+    k.function(VF, "igbvf", 22)
+    k.function(NIC, "igb", 23)
+    return k
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> MetadataPaths:
+    return MetadataPaths("dra.net", str(tmp_path / "plugins/dra.net"), str(tmp_path / "cdi"))
+
+
+def _preparer(api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths | None) -> Preparer:
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    builder = ClaimBuilder(_inventory, "dra.net", NODE, sysfs_root=str(kernel.root))
+    metadata = DeviceMetadataWriter(paths) if paths is not None else None
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), builder, metadata=metadata)
+    preparer.vfio = VfioBinder(str(kernel.root), timeout_s=0.2, write=kernel.write)
+    return preparer
+
+
+def _claim(api: FakeAPIServer, device: str = VF_DEVICE, params: dict[str, Any] | None = None) -> ClaimRef:
+    opaque = {"driver": "dra.net", "parameters": params or VFIO}
+    configs = [{"source": "FromClaim", "requests": ["nic"], "opaque": opaque}]
+    api.add_claim(make_claim("ns", "dpdk", UID, [result(device, NODE)], configs=configs, pods=["pod-1"]))
+    return ClaimRef("ns", "dpdk", UID)
+
+
+def test_the_vf_goes_to_vfio_pci_after_its_record_and_back_before_the_claim_is_forgotten(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    ref = _claim(api)
+    stored_at_write: list[bool] = []
+    write = kernel.write
+
+    def watching(path: str, value: str) -> None:
+        stored_at_write.append(preparer.store.read(lambda s: UID in s.claims))
+        write(path, value)
+
+    preparer.vfio = VfioBinder(str(kernel.root), timeout_s=0.2, write=watching)
+    answer = preparer.prepare_now([ref])[UID]
+    assert answer.error == ""
+    assert kernel.driver(VF) == "vfio-pci"
+    assert stored_at_write and all(stored_at_write), "every sysfs write came after the durable record"
+    record = CheckpointStore(preparer.store.directory).read(lambda s: s.claims[UID])
+    assert record.devices[0].host_driver == "igbvf", "the driver it goes back to, durable"
+    state = preparer.store.read(lambda s: s)
+    assert netdevs_of(state, "pod-1") == [], "no netdev moves for a VF on vfio-pci"
+    assert claim_device_counts(state) == (1, 1), "ready once prepared: nothing to attach"
+
+    [spec_path] = Path(paths.cdi_dir).iterdir()
+    [cdi_device] = json.loads(spec_path.read_text())["devices"]
+    edits = cdi_device["containerEdits"]
+    assert edits["deviceNodes"] == [{"path": "/dev/vfio/22"}, {"path": "/dev/vfio/vfio"}]
+    key = VF_DEVICE.upper().replace("-", "_")
+    assert sorted(edits["env"]) == [f"DRANET_VFIO_DEVICE_{key}={VF}", f"DRANET_VFIO_GROUP_{key}=/dev/vfio/22"]
+    assert answer.devices[0].cdi_device_ids and cdi_device["name"] in answer.devices[0].cdi_device_ids[0]
+
+    stored_at_write.clear()
+    assert preparer.unprepare_now([ref]) == {UID: ""}
+    assert kernel.driver(VF) == "igbvf"
+    assert stored_at_write and all(stored_at_write), "the VF went back while its claim was still recorded"
+    assert preparer.store.read(lambda s: s.claims) == {}
+
+
+def test_a_vf_that_cannot_go_back_keeps_its_claim_until_a_retry_can(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    ref = _claim(api)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    kernel.refuse["drivers/igbvf/bind"] = errno.ENODEV
+    answer = preparer.unprepare_now([ref])[UID]
+    assert answer.startswith("not unprepared: device pci-0000-44-10-0: PCI function 0000:44:10.0: bind to igbvf")
+    assert UID in preparer.store.read(lambda s: s.claims), "kept: the kubelet asks again"
+    del kernel.refuse["drivers/igbvf/bind"]
+    assert preparer.unprepare_now([ref]) == {UID: ""}
+    assert kernel.driver(VF) == "igbvf" and preparer.store.read(lambda s: s.claims) == {}
+
+
+def test_a_failed_bind_takes_the_claim_back_whole(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    ref = _claim(api)
+    kernel.refuse["drivers_probe"] = errno.EINVAL
+    answer = preparer.prepare_now([ref])[UID]
+    assert "device pci-0000-44-10-0: PCI function 0000:44:10.0: drivers_probe" in answer.error
+    assert preparer.store.read(lambda s: s.claims) == {}, "not recorded"
+    assert kernel.driver(VF) == "igbvf", "on its own driver again (it had been unbound)"
+    assert list(Path(paths.cdi_dir).iterdir()) == [], "its CDI spec removed"
+    del kernel.refuse["drivers_probe"]
+    assert preparer.prepare_now([ref])[UID].error == "" and kernel.driver(VF) == "vfio-pci"
+
+
+def test_a_retry_after_a_crash_between_the_record_and_the_bind_binds(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    """The record is durable, the VF still on its driver (the process died before the bind): the
+    kubelet's retried prepare, answered from the checkpoint, binds it; so does a start."""
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    ref = _claim(api)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    preparer.vfio.give_back(VF, "igbvf")  # as before the bind
+    assert preparer.prepare_now([ref])[UID].error == ""
+    assert kernel.driver(VF) == "vfio-pci"
+    preparer.vfio.give_back(VF, "igbvf")  # a reboot: every VF on its own driver again
+    assert preparer.restore_vfio() == []
+    assert kernel.driver(VF) == "vfio-pci"
+
+
+@pytest.mark.parametrize(
+    ("device", "params", "metadata", "expected"),
+    [
+        (NIC_DEVICE, VFIO, True, "sriov.driver: device pci-0000-8a-00-0 is not an SR-IOV VF"),
+        (VF_DEVICE, VFIO, False, "the VFIO devices reach the containers through the device metadata's CDI specs"),
+        (
+            VF_DEVICE,
+            {"sriov": {"driver": "vfio-pci", "vlan": 100}, "interface": {"name": "net1"}},
+            True,
+            "sriov.driver: sriov.driver vfio-pci hands the VF to the pod through its VFIO group, without a netdev: "
+            "interface, sriov.vlan cannot apply",
+        ),
+        (VF_DEVICE, {"sriov": {"driver": "igb_uio"}}, True, "sriov.driver: 'igb_uio' is not one of vfio-pci"),
+    ],
+)
+def test_refusals_name_the_field(
+    api: FakeAPIServer,
+    tmp_path: Path,
+    kernel: PciKernel,
+    paths: MetadataPaths,
+    device: str,
+    params: dict[str, Any],
+    metadata: bool,
+    expected: str,
+) -> None:
+    preparer = _preparer(api, tmp_path, kernel, paths if metadata else None)
+    answer = preparer.prepare_now([_claim(api, device, params)])[UID]
+    assert expected in answer.error
+    assert kernel.driver(VF) == "igbvf" and kernel.driver(NIC) == "igb", "nothing bound"
+    assert preparer.store.read(lambda s: s.claims) == {}
