@@ -150,8 +150,7 @@ class ClaimBuilder:
             if r.get("resource") == "pods" and r.get("apiGroup", "") in ("", None) and r.get("uid")
         ]
         _one_share_per_nic(where, prepared, requests)
-        if any(d.vfio for d in prepared):
-            prepared = self._with_host_drivers(where, prepared)
+        prepared = self._vfio_checked(where, prepared)
         nics = [(f"request {r!r} (device {d.device})", r, d.config) for r, d in zip(requests, prepared, strict=True)]
         errors = conflict_errors(
             interface_conflicts(nics), configs, self.driver_name, "status.allocation.devices.config"
@@ -230,6 +229,12 @@ class ClaimBuilder:
             if problems:
                 raise ClaimError(problem + "; ".join(problems))
 
+    def _vfio_checked(self, where: str, prepared: list[PreparedDevice]) -> list[PreparedDevice]:
+        """The claim's devices, its VFs for vfio-pci with the driver each goes back to; refused where
+        a VF is on vfio-pci for a claim that wants its netdev, or cannot go to vfio-pci."""
+        self._check_vfio_bound(where, prepared)
+        return self._with_host_drivers(where, prepared) if any(d.vfio for d in prepared) else prepared
+
     def _with_host_drivers(self, where: str, prepared: list[PreparedDevice]) -> list[PreparedDevice]:
         """The claim's VFs for vfio-pci, each with the kernel driver it goes back to; refused when one
         is not a VF, is shared, or cannot go to vfio-pci alone (its IOMMU group, the driver)."""
@@ -248,11 +253,23 @@ class ClaimBuilder:
             found = self.vfio.problems(pci, held)
             if found:
                 raise ClaimError(f"{problem}: {'; '.join(found)}")
-            driver = self.vfio.driver_of(pci)
-            if driver is None or driver == VFIO_PCI:
-                raise ClaimError(f"{problem}: VF {pci} has {driver or 'no driver'}, not a kernel driver to go back to")
+            driver = self.vfio.driver_of(pci)  # vfio-pci already (the admin's): it stays there after
+            if driver is None:
+                raise ClaimError(f"{problem}: VF {pci} has no driver to go back to")
             out.append(replace(d, host_driver=driver))
         return out
+
+    def _check_vfio_bound(self, where: str, prepared: list[PreparedDevice]) -> None:
+        """Refuse a VF on vfio-pci (an admin's) for a claim that wants its netdev: it has none."""
+        for d in prepared:
+            pci = d.snapshot.host.pci_address
+            if d.vfio or not (pci and d.snapshot.host.sriov_pf) or self.vfio.driver_of(pci) != VFIO_PCI:
+                continue
+            raise ClaimError(
+                f"{where}: config for request {d.request!r}: device {d.device} is a VF on {VFIO_PCI} (no "
+                f"netdev): only a claim with sriov.driver {VFIO_PCI} takes it; select on "
+                '!has(device.attributes["dra.net"].pciDriver) for a netdev'
+            )
 
     def _check_sub_interface(self, problem: str, device: Device, config: NetworkConfig) -> None:
         """Refuse a sub-interface this node cannot make: its kind unknown to the kernel (asked once

@@ -32,6 +32,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from driver.api.v1alpha1.network_config import VFIO_PCI
 from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder, ClaimError
@@ -421,8 +422,8 @@ class Preparer:
         errors: dict[str, str] = {}
         for claim in claims:
             for d in claim.devices:
-                if not (d.vfio and d.host_driver and d.snapshot.host.pci_address):
-                    continue
+                if not (d.vfio and d.host_driver and d.snapshot.host.pci_address) or d.host_driver == VFIO_PCI:
+                    continue  # an admin's VF on vfio-pci stays there
                 try:
                     self.vfio.give_back(d.snapshot.host.pci_address, d.host_driver)
                 except VfioError as exc:

@@ -60,6 +60,7 @@ from driver.dra.helper import Helper
 from driver.dra.protocol import ClaimRef, DeviceHealthState, PrepareResult, SliceDevice
 from driver.health.monitor import HealthMonitor, RemovedDevices, removed_holders
 from driver.inventory import partitions, vf_counts
+from driver.inventory.vfio_binding import VfioTaints
 from driver.kube.client import KubeClient, close_watch, watch_events
 from driver.kube.errors import KubeError
 from driver.metrics import Metrics
@@ -116,6 +117,7 @@ class NetworkDriver:
 
     def __init__(self, preparer: Preparer, device_sync: DeviceSync, health: HealthMonitor) -> None:
         self.preparer, self.device_sync, self.monitor = preparer, device_sync, health
+        self.vfio_taints = VfioTaints()
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         return await self.preparer.prepare(claims)
@@ -134,6 +136,9 @@ class NetworkDriver:
 
     def counter_sets(self, devices: Sequence[SliceDevice]) -> list[dict[str, Any]]:
         return partitions.counter_sets([d for d in devices if isinstance(d, Device)])
+
+    def device_taints(self, devices: Sequence[SliceDevice]) -> dict[str, list[dict[str, str]]]:
+        return self.vfio_taints.of([d for d in devices if isinstance(d, Device)])
 
     async def health(self) -> list[DeviceHealthState]:
         return await self.monitor.check()

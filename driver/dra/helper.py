@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Generic
+from typing import Any, Generic
 
 from driver.dra.dra_service import RequestMetrics
 from driver.dra.field_support import counter_sets_accepted
@@ -66,6 +66,10 @@ class Helper(Generic[D]):
         self.health_feed = DeviceHealthFeed()
         self.on_health = on_health
         self.taints = UnhealthyTaints(taint_effect, taint_key)
+        self.taints_kept = True  # the apiserver keeps device taints (check_taints)
+        self._health_taints: dict[str, list[dict[str, Any]]] = {}
+        # The driver's taints for what devices are (device_taints), written with the health's.
+        self._own_taints: dict[str, list[dict[str, Any]]] = {}
         self.plugin = KubeletPlugin(
             driver, driver_name, dra_socket, registration_socket, health=self.health_feed, metrics=metrics
         )
@@ -87,15 +91,18 @@ class Helper(Generic[D]):
         return self.plugin.registered
 
     async def check_taints(self) -> None:
-        """Turn tainting off when the apiserver would drop device taints (asked once, by dry run)."""
-        if self.taints.effect == OFF:
-            return
+        """Turn tainting off (the health's and the driver's own) when the apiserver would drop device
+        taints (asked once, by dry run): a slice it altered would be written again and again."""
         accepted, why = await asyncio.to_thread(
             device_taints_accepted, self.kube, self.driver_name, self.node_name, self.taints.key
         )
         if not accepted:
-            self.taints.effect = OFF
-            log.warning("unhealthy devices are not tainted in the ResourceSlice", extra={"kv": {"why": why}})
+            self.taints_kept = False
+            self._own_taints = {}
+            self._set_taints()
+            if self.taints.effect != OFF:
+                self.taints.effect = OFF
+                log.warning("unhealthy devices are not tainted in the ResourceSlice", extra={"kv": {"why": why}})
 
     async def start(self) -> None:
         """Serve the kubelet: the DRA socket, then the registration socket."""
@@ -110,7 +117,19 @@ class Helper(Generic[D]):
         from (coalesced), and check their health now."""
         devices = list(self.driver.devices())
         self.publisher.update(devices, self.driver.counter_sets(devices) if self.counters else ())
+        if self.taints_kept:
+            own = {k: [dict(t) for t in v] for k, v in self.driver.device_taints(devices).items() if v}
+            if own != self._own_taints:
+                self._own_taints = own
+                self._set_taints()
         self.health.poke()
+
+    def _set_taints(self) -> None:
+        """Each device's health taint, then the driver's own, into the next slice write."""
+        merged = {k: list(v) for k, v in self._health_taints.items()}
+        for device, own in self._own_taints.items():
+            merged[device] = [*merged.get(device, []), *own]
+        self.publisher.set_taints(merged)
 
     async def check_counters(self) -> None:
         """Publish no shared counters when the apiserver would drop them (asked once, by dry run):
@@ -133,4 +152,5 @@ class Helper(Generic[D]):
         await self.health_feed.set(states)
         if self.on_health is not None:
             self.on_health(states)
-        self.publisher.set_taints(self.taints.update({s.device: s.reason for s in states if not s.healthy}))
+        self._health_taints = self.taints.update({s.device: s.reason for s in states if not s.healthy})
+        self._set_taints()

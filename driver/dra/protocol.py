@@ -106,6 +106,12 @@ class DRADriver(ClaimPreparer, Protocol[D_co]):
         consume from: devices published as partitions of one (KEP-4815); empty for none."""
         ...
 
+    def device_taints(self, devices: Sequence[SliceDevice]) -> Mapping[str, Sequence[Mapping[str, Any]]]:
+        """Taints ``devices`` carry for what they are, not for their health (device -> its v1
+        ``DeviceTaint`` entries, each with a ``timeAdded`` that stays the same while it lasts);
+        published with the health taints where the apiserver keeps taints; empty for none."""
+        ...
+
     async def health(self) -> list[DeviceHealthState]:
         """The health of every published device now (called every health interval and when poked)."""
         ...

@@ -86,6 +86,7 @@ PRIORITY: tuple[str, ...] = (
     D + "pfDeviceID",
     D + "iommuGroup",
     D + "vfioUnsafe",
+    D + "pciDriver",
     D + "rateGbps",
     *CLOUD_PRIORITY,
     D + "mac",

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from driver.api.v1alpha1.network_config import VFIO_PCI
 from driver.inventory import attributes as attrs
 from driver.inventory.attributes import D
 from driver.inventory.names import netdev_device_name, pci_device_name
@@ -247,6 +248,8 @@ class DeviceBuilder:
             out[D + "isSriovVf"] = True
             host.sriov_pf = os.path.basename(physfn)
             out.update(self._pf_attributes(sysfs, host.sriov_pf, real))
+            if sysfs.link_name(f"{base}/driver") == VFIO_PCI:  # on vfio-pci already: for vfio claims only
+                out[D + "pciDriver"] = VFIO_PCI
         return out, host
 
     @staticmethod

@@ -7,7 +7,8 @@ Pipeline (one :class:`SysfsReader` per scan, so every file is read at most once)
 2. exclusions: loopback, the Go driver's ignored names, the default-route interfaces and
    ``exclude_interfaces`` together with everything enslaved to them (master chain);
 3. PCI network functions (class ``0x02xxxx``) from ``bus/pci/devices``, skipping unbound ones and
-   those taken by user-space drivers; a function whose netdev is in a pod's netns still appears
+   those taken by user-space drivers but VFs on vfio-pci (published for claims that take them so);
+   a function whose netdev is in a pod's netns still appears
    (``net/`` entries are netns-tagged) without netdev attributes;
 4. RDMA devices from ``class/infiniband``: attached to their PCI device, or published alone
    (``pci-...``) when their function is not a network function (e.g. eRDMA, class ``0x00ff``);
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from driver.api.v1alpha1.network_config import VFIO_PCI
 from driver.inventory import attributes as attrs
 from driver.inventory.device_builder import PCI_IDS_PATHS, DeviceBuilder, Netdev
 from driver.inventory.netlink_facts import ARPHRD_LOOPBACK, LinkFacts, LinkQuery, NetlinkFacts, enslaved_closure
@@ -317,8 +319,12 @@ class Scanner:
 
     @staticmethod
     def bound_to_kernel(sysfs: SysfsReader, bdf: str) -> bool:
-        """Whether a PCI function has a kernel driver (unbound and user-space-driven ones are skipped)."""
+        """Whether a PCI function is published by its driver: a kernel driver, or a VF on vfio-pci
+        (for claims that take it on vfio-pci: ``dra.net/pciDriver``); unbound functions and other
+        user-space-driven ones are skipped."""
         driver = sysfs.link_name(f"bus/pci/devices/{bdf}/driver")
+        if driver == VFIO_PCI and sysfs.resolve(f"bus/pci/devices/{bdf}/physfn"):
+            return True
         if driver is None or driver in USERSPACE_DRIVERS:
             log.debug("skipping PCI function", extra={"kv": {"pci": bdf, "driver": driver}})
             return False

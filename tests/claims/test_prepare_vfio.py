@@ -187,3 +187,22 @@ def test_refusals_name_the_field(
     assert expected in answer.error
     assert kernel.driver(VF) == "igbvf" and kernel.driver(NIC) == "igb", "nothing bound"
     assert preparer.store.read(lambda s: s.claims) == {}
+
+
+def test_a_vf_an_admin_put_on_vfio_pci_goes_only_to_a_vfio_claim_and_stays_there(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    preparer.vfio.bind(VF)  # the admin's (driverctl, a boot unit)
+    override = kernel.root / "bus/pci/devices" / VF / "driver_override"
+    answer = preparer.prepare_now([_claim(api, params={"interface": {"name": "net1"}})])[UID]
+    assert "device pci-0000-44-10-0 is a VF on vfio-pci (no netdev): only a claim with sriov.driver vfio-pci" in (
+        answer.error
+    )
+    ref = _claim(api)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    assert preparer.store.read(lambda s: s.claims[UID].devices[0].host_driver) == "vfio-pci"
+    writes = len(kernel.writes)
+    assert preparer.unprepare_now([ref]) == {UID: ""}
+    assert kernel.driver(VF) == "vfio-pci" and override.read_text().strip() == "vfio-pci", "left as the admin had it"
+    assert len(kernel.writes) == writes, "nothing written"

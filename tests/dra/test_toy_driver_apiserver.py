@@ -69,6 +69,9 @@ class ToyDriver:
     def counter_sets(self, devices: Sequence[Any]) -> list[dict[str, Any]]:
         return []  # gadgets are whole devices
 
+    def device_taints(self, devices: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
+        return {}  # a gadget is tainted only for its health
+
     async def health(self) -> list[DeviceHealthState]:
         return [
             DeviceHealthState(self.pool, g.name, g.name not in self.broken, "broken" if g.name in self.broken else "")

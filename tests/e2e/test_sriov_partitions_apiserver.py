@@ -33,11 +33,15 @@ from harness.driver_process import DriverProcess
 from tests.plugins.cluster import delete_if_present, delete_node_and_slices, list_slices
 from tests.plugins.sriov_scheduling import SchedulingNode as Node
 from tests.plugins.sriov_scheduling import allocated_devices as _devices
-from tests.plugins.sriov_scheduling import pf_templates
+from tests.plugins.sriov_scheduling import pf_templates, request, template
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 PF0, PF1 = "0000:3b:00.0", "0000:86:00.0"
 REPO = Path(__file__).resolve().parents[2]
+VFIO_VFS = [f"pci-0000-{bus}-07-{f}" for bus in ("3b", "86") for f in (6, 7)] + [
+    f"pci-0000-{bus}-08-{f}" for bus in ("3b", "86") for f in (0, 1)
+]
+"""VFs 60-63 of each PF, on vfio-pci in the fixture."""
 REQUEUE_WAIT = 90.0  # a pod waiting on a freed VF: the scheduler requeues it when the claim is deallocated
 
 
@@ -85,7 +89,11 @@ def test_each_pf_has_a_counter_set_its_vfs_and_it_draw_from(node: Node) -> None:
     assert all(len(s["spec"].get("devices") or []) <= 64 for s in slices)
     draws = {d["name"]: d.get("consumesCounters") for d in devices}
     assert draws["pci-0000-3b-00-0"] == [{"counterSet": "sriov-0000-3b-00-0", "counters": {"vfs": {"value": "64"}}}]
-    assert sum(1 for c in draws.values() if c and c[0]["counters"]["vfs"]["value"] == "1") == 120
+    assert sum(1 for c in draws.values() if c and c[0]["counters"]["vfs"]["value"] == "1") == 128
+    # The 4 VFs of each PF on vfio-pci: published, tainted for vfio claims only.
+    tainted = {d["name"]: d["taints"] for d in devices if d.get("taints")}
+    assert sorted(tainted) == sorted(VFIO_VFS), tainted
+    assert all(t[0]["key"] == "dra.net/vfio-pci" and t[0]["effect"] == "NoSchedule" for t in tainted.values())
     generation = slices[0]["spec"]["pool"]["generation"]
     time.sleep(3)  # the publisher's interval is 2 s: a pool the apiserver altered would be written again
     assert {s["spec"]["pool"]["generation"] for s in list_slices(node.kube, node.node, "dra.net")} == {generation}
@@ -119,6 +127,19 @@ def test_the_vfs_of_one_pf_go_to_as_many_claims(node: Node) -> None:
     for i in range(3):
         delete_pod(node.kube, node.namespace, f"vf1-{i}")
     delete_pod(node.kube, node.namespace, "vf-0")
+
+
+def test_a_vf_on_vfio_pci_goes_only_to_a_claim_that_tolerates_its_taint(node: Node) -> None:
+    vf60 = 'device.attributes["dra.net"].pciAddress == "0000:3b:07.6"'
+    plain = request("vf", vf60)
+    tolerating = request("vf", vf60)
+    tolerating["exactly"]["tolerations"] = [{"key": "dra.net/vfio-pci", "operator": "Exists", "effect": "NoSchedule"}]
+    create_objects(node.kube, [template("vf60", plain), template("vf60-vfio", tolerating)], node.namespace)
+    node.unschedulable("vf60-netdev", "vf60")
+    delete_pod(node.kube, node.namespace, "vf60-netdev")
+    claim = node.schedule("vf60-vfio", "vf60-vfio")
+    assert _devices(claim) == ["pci-0000-3b-07-6"]
+    delete_pod(node.kube, node.namespace, "vf60-vfio")
 
 
 def _example_classes() -> list[dict[str, Any]]:

@@ -6,9 +6,9 @@ from driver.inventory.attributes import CLOUD_PRIORITY, PRIORITY, finalize, shor
 
 VF_ONLY = {"dra.net/pfPciAddress", "dra.net/vfIndex", "dra.net/pfName", "dra.net/pfDeviceID"}
 """What only a VF carries (its PF's facts): never on a device with ``sriovVfs`` (a PF)."""
-IOMMU_ONLY = {"dra.net/iommuGroup", "dra.net/vfioUnsafe", "dra.net/vfioUnsafeReason"}
-"""What only a function behind an IOMMU carries: not a cloud VM's NIC (no virtual IOMMU shown to
-the guest on GCE or Azure)."""
+IOMMU_ONLY = {"dra.net/iommuGroup", "dra.net/vfioUnsafe", "dra.net/vfioUnsafeReason", "dra.net/pciDriver"}
+"""What only a function behind an IOMMU carries (``pciDriver``: a VF on vfio-pci, without a netdev):
+not a cloud VM's NIC (no virtual IOMMU shown to the guest on GCE or Azure)."""
 
 
 def test_short_values_untouched() -> None:
@@ -36,7 +36,8 @@ def test_list_with_no_whole_element_is_omitted() -> None:
 
 
 def test_cap_drops_lowest_priority_deterministically() -> None:
-    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in VF_ONLY]
+    # Not a VF: neither its PF's facts nor pciDriver (a VF on vfio-pci).
+    base = [n for n in PRIORITY if n not in CLOUD_PRIORITY and n not in VF_ONLY and n != "dra.net/pciDriver"]
     attrs: dict = {name: "v" for name in base}
     attrs.update({f"cloud.example/a{i:02d}": i for i in range(20)})
     out = finalize(attrs)

@@ -88,10 +88,13 @@ def test_nd_h100_v5_without_exclusion_shows_uplink(nd_h100_sysfs: Path) -> None:
 def test_sriov_roce(sriov_sysfs: Path) -> None:
     devices = scan(sriov_sysfs)
     by_name = {d.name: d for d in devices}
-    assert len(devices) == 2 + 2 * 60  # 4 VFs of each PF are on vfio-pci
+    assert len(devices) == 2 + 2 * 64  # the 4 VFs of each PF on vfio-pci too, without a netdev
     assert "pci-0000-3b-00-2" in by_name  # VF 0 of PF0
-    assert "pci-0000-3b-07-6" not in by_name  # VF 60 (vfio-pci)
     assert "pci-0000-3b-07-5" in by_name  # VF 59
+    on_vfio = by_name["pci-0000-3b-07-6"]  # VF 60 (vfio-pci): for vfio claims only (tainted when published)
+    assert on_vfio.attributes[D + "pciDriver"] == "vfio-pci" and on_vfio.attributes[D + "vfIndex"] == 60
+    assert D + "ifName" not in on_vfio.attributes and on_vfio.host.ifname is None
+    assert D + "pciDriver" not in by_name["pci-0000-3b-07-5"].attributes
     assert "pci-0000-3a-00-0" not in by_name  # the bridge
     assert by_name["pci-0000-3b-00-0"].attributes == {
         D + "ifName": "ens1f0np0",
@@ -146,11 +149,11 @@ def test_sriov_roce(sriov_sysfs: Path) -> None:
     }
     assert vf.host.sriov_pf == "0000:86:00.0"
     vfs = [d for d in devices if d.attributes.get(D + "isSriovVf")]
-    assert len(vfs) == 120
-    # Each PF's published VFs, by index: 0..59 (60..63 are on vfio-pci), each index once.
+    assert len(vfs) == 128
+    # Each PF's published VFs, by index: 0..63 (60..63 on vfio-pci), each index once.
     for pf in ("0000:3b:00.0", "0000:86:00.0"):
         indexes = sorted(d.attributes[D + "vfIndex"] for d in vfs if d.attributes[D + "pfPciAddress"] == pf)
-        assert indexes == list(range(60)), (pf, indexes)
+        assert indexes == list(range(64)), (pf, indexes)
 
 
 def test_single_socket(single_socket_sysfs: Path) -> None:

@@ -36,6 +36,7 @@ from driver.health.monitor import DEVICE_REMOVED, PF_LINK_DOWN, HealthMonitor, r
 from driver.inventory import partitions, vf_counts
 from driver.inventory.discovery import Scanner
 from driver.inventory.names import pci_device_name
+from driver.inventory.vfio_binding import VfioBinder, VfioTaints
 from driver.kube.client import KubeClient
 from driver.model.device import Device
 from driver.nri.claim_reports import HookError
@@ -549,3 +550,27 @@ def test_a_vf_goes_to_vfio_pci_for_its_claim_and_back_to_igbvf(pfs: list[str], t
     assert (PCI / bdf / "driver").resolve().name == "igbvf"
     assert (PCI / bdf / "driver_override").read_text().strip() == "(null)"
     _wait("the VF's netdev again", lambda: _netdev(bdf) is not None, within=10)
+
+
+def test_a_vf_an_admin_put_on_vfio_pci_is_published_for_vfio_claims(pfs: list[str]) -> None:
+    """A VF already on vfio-pci: published without a netdev, ``pciDriver`` saying so, tainted for
+    claims that tolerate it; back on igbvf it is published as before."""
+    subprocess.run(["modprobe", "vfio-pci"], check=True, capture_output=True)
+    bdf = _vf(pfs[1], 0)
+    before = _scan()[bdf].attributes
+    binder = VfioBinder()
+    binder.bind(bdf)
+    try:
+        device = _scan()[bdf]
+        assert device.attributes[D + "pciDriver"] == "vfio-pci"
+        assert (device.attributes[D + "vfIndex"], device.attributes[D + "pfPciAddress"]) == (0, pfs[1])
+        assert D + "ifName" not in device.attributes and device.host.ifname is None
+        [taint] = VfioTaints().of([device])[device.name]
+        assert (taint["key"], taint["effect"]) == ("dra.net/vfio-pci", "NoSchedule")
+    finally:
+        binder.give_back(bdf, "igbvf")
+    _wait("the VF's netdev again", lambda: _netdev(bdf) is not None, within=10)
+    fresh = (D + "mac", D + "ifName")  # a probe may give the VF another random MAC and the next free ethN
+    assert {k: v for k, v in _scan()[bdf].attributes.items() if k not in fresh} == {
+        k: v for k, v in before.items() if k not in fresh
+    }
