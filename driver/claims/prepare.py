@@ -476,10 +476,12 @@ class Preparer:
             log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
             return PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
         if self.metadata is None and any(d.vfio for d in record.devices):
+            if self.profiles:  # refused: free what it resolved
+                self.profiles.release_devices(record.uid, [(d.snapshot, d.config) for d in record.devices])
             return PrepareResult(
                 error=f"ResourceClaim {ref.namespace}/{ref.name}: sriov.driver vfio-pci: the VFIO devices reach "
                 "the containers through the device metadata's CDI specs, which this node has turned off "
-                "(--device-metadata=false)"
+                "(--no-device-metadata)"
             )
         if not record.devices:
             # The kubelet asks a driver only about claims with devices of that driver;
