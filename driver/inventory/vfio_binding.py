@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.api.v1alpha1.network_config import VFIO_PCI
+from driver.inventory.attributes import D
 from driver.inventory.device_builder import PCI_BRIDGE_CLASS
 from driver.model.device import ATTRIBUTE_DOMAIN, Device
 
@@ -37,12 +38,9 @@ BIND_TIMEOUT_S = 5.0
 """How long a bind or a return waits for the kernel to show the function on its new driver."""
 VFIO_CONTAINER = "/dev/vfio/vfio"
 """The VFIO container device (the legacy VFIO API every DPDK and QEMU release still opens)."""
-
-
 VFIO_TAINT_KEY = f"{ATTRIBUTE_DOMAIN}/vfio-pci"
 """The taint on a published VF that is on vfio-pci: only a claim that tolerates it (and asks for
 ``sriov.driver: vfio-pci``) gets it, never one that wants a netdev."""
-PCI_DRIVER = f"{ATTRIBUTE_DOMAIN}/pciDriver"
 
 
 class VfioError(Exception):
@@ -226,7 +224,7 @@ class VfioTaints:
     def of(self, devices: Sequence[Device], now: float | None = None) -> dict[str, list[dict[str, str]]]:
         """device -> its taint, for the devices on vfio-pci."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
-        bound = [d.name for d in devices if d.attributes.get(PCI_DRIVER) == VFIO_PCI]
+        bound = [d.name for d in devices if d.attributes.get(D + "pciDriver") == VFIO_PCI]
         self._since = {name: self._since.get(name, stamp) for name in bound}
         return {
             name: [{"key": VFIO_TAINT_KEY, "value": VFIO_PCI, "effect": "NoSchedule", "timeAdded": added}]
