@@ -119,17 +119,20 @@ class Guest:
         except BaseException as exc:  # noqa: BLE001 - reported by wait_up/request
             self.result = exc
 
-    def kill(self) -> None:
-        """SIGKILL this run's QEMU (found by its console file, which names the run folder)."""
+    def kill(self) -> list[int]:
+        """SIGKILL this run's QEMU (found by its console file, which names the run folder); the pids killed."""
         console = str(self.folder / "console.log")
+        killed = []
         for proc in Path("/proc").iterdir():
             try:
                 if proc.name.isdigit() and console in (proc / "cmdline").read_bytes().decode(errors="replace"):
                     os.kill(int(proc.name), signal.SIGKILL)
+                    killed.append(int(proc.name))
             except OSError:
                 continue
         if self.thread.ident is not None:
             self.thread.join(timeout=30)
+        return killed
 
     def failed(self) -> str:
         """Why the guest stopped, or "" while it runs."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,12 +111,15 @@ def test_server_marks_each_tool_listening_once_the_kernel_lists_its_listen(tmp_p
 def test_a_guest_that_does_not_answer_has_its_qemu_killed(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     folder.mkdir()
-    # Stands for QEMU: its command line names the run's console file, as QEMU's -serial does.
-    stand_in = subprocess.Popen(["sh", "-c", "sleep 600", f"file:{folder / 'console.log'}"])
-    other = subprocess.Popen(["sh", "-c", "sleep 600", f"file:{tmp_path / 'other' / 'console.log'}"])
+    # Stands for QEMU: its command line names the run's console file, as QEMU's -serial does. One
+    # process each (no shell), so that nothing outlives the test.
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    stand_in = subprocess.Popen([*sleeper, f"file:{folder / 'console.log'}"])
+    other = subprocess.Popen([*sleeper, f"file:{tmp_path / 'other' / 'console.log'}"])
     try:
-        Guest(folder, None, None, 1).kill()  # type: ignore[arg-type]
-        assert stand_in.wait(timeout=10) == -9
+        killed = Guest(folder, None, None, 1).kill()  # type: ignore[arg-type]
+        assert killed == [stand_in.pid]
+        assert stand_in.wait(timeout=60) == -9
         assert other.poll() is None, "another run's QEMU is not this one's to kill"
     finally:
         for p in (stand_in, other):
