@@ -1,4 +1,4 @@
-"""An SR-IOV VF's settings as its PF holds them: VLAN and QoS, spoof checking, trust, tx rates, link state.
+"""An SR-IOV VF's settings as its PF holds them: MAC, VLAN and QoS, spoof checking, trust, tx rates, link state.
 
 These live in the PF's driver, not in the VF: the PF's ``RTM_GETLINK`` answer lists them per VF
 (``IFLA_VFINFO_LIST``, asked for with ``RTEXT_FILTER_VF``) and an ``RTM_SETLINK`` on the PF sets
@@ -40,8 +40,9 @@ from driver.netlink.channel import (
 RTM_SETLINK = 19
 RTEXT_FILTER_VF = 1
 IFLA_VFINFO_LIST, IFLA_VF_INFO = 22, 1
-IFLA_VF_VLAN, IFLA_VF_SPOOFCHK, IFLA_VF_LINK_STATE, IFLA_VF_RATE, IFLA_VF_TRUST = 2, 4, 5, 6, 9
+IFLA_VF_MAC, IFLA_VF_VLAN, IFLA_VF_SPOOFCHK, IFLA_VF_LINK_STATE, IFLA_VF_RATE, IFLA_VF_TRUST = 1, 2, 4, 5, 6, 9
 IFLA_VF_VLAN_LIST, IFLA_VF_VLAN_INFO = 12, 1
+VF_MAC = struct.Struct("=I32s")  # struct ifla_vf_mac: vf, mac (32 bytes, the first 6 an Ethernet MAC)
 VF_VLAN = struct.Struct("=III")  # struct ifla_vf_vlan: vf, vlan, qos
 VF_VLAN_INFO = struct.Struct("=III2sxx")  # struct ifla_vf_vlan_info: vf, vlan, qos, __be16 vlan_proto (padded)
 VF_PAIR = struct.Struct("=II")  # ifla_vf_spoofchk, ifla_vf_trust, ifla_vf_link_state: vf, value
@@ -52,6 +53,9 @@ ETH_P_8021Q, ETH_P_8021AD = 0x8100, 0x88A8
 VLAN_PROTOCOLS = {"802.1Q": ETH_P_8021Q, "802.1ad": ETH_P_8021AD}
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}
 """``IFLA_VF_LINK_STATE_*``: follow the PF's link, always up, always down."""
+NO_MAC = "00:00:00:00:00:00"
+"""A VF MAC its PF holds none of: set through the PF, it takes back an administratively set MAC
+(igb, ixgbe: the VF may set its own again), so it is written before a VF's own MAC is restored."""
 
 
 class VfError(Exception):
@@ -79,6 +83,7 @@ class VfState:
     vlan: int = 0
     qos: int = 0
     vlan_proto: str = "802.1Q"
+    mac: str = ""  # lower case; "" in records of before the MAC was kept: left as it is
     spoofchk: bool | None = None
     trust: bool | None = None
     min_tx_rate: int = 0  # Mbit/s; 0: no limit
@@ -96,7 +101,7 @@ class VfState:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-SETTINGS = ("vlan", "spoofchk", "trust", "rate", "link_state")
+SETTINGS = ("mac", "vlan", "spoofchk", "trust", "rate", "link_state")
 """The requests :func:`apply` sends, in the kernel's own order of ``do_setvfinfo``."""
 
 
@@ -166,6 +171,9 @@ def _state(attrs: dict[int, bytes]) -> VfState:
     low = high = 0
     if IFLA_VF_RATE in attrs:
         _vf, low, high = VF_RATE.unpack_from(attrs[IFLA_VF_RATE])
+    mac = ""
+    if IFLA_VF_MAC in attrs:
+        mac = ":".join(f"{b:02x}" for b in VF_MAC.unpack_from(attrs[IFLA_VF_MAC])[1][:6])
     link_state = "auto"
     if IFLA_VF_LINK_STATE in attrs:
         code = VF_PAIR.unpack_from(attrs[IFLA_VF_LINK_STATE])[1]
@@ -179,13 +187,17 @@ def _state(attrs: dict[int, bytes]) -> VfState:
         min_tx_rate=low,
         max_tx_rate=high,
         link_state=link_state,
+        mac=mac,
     )
 
 
 def changes(current: VfState, wanted: VfState) -> list[str]:
     """The settings of :data:`SETTINGS` that differ between ``current`` and ``wanted`` (a None in
-    ``wanted``: leave it; spoof checking or trust the PF does not report is still set when asked)."""
+    ``wanted``: leave it; spoof checking or trust the PF does not report is still set when asked; a
+    MAC of none or all zeros is never written back: it would take the VF's unicast filter away)."""
     out = []
+    if wanted.mac and wanted.mac != NO_MAC and wanted.mac.lower() != current.mac.lower():
+        out.append("mac")
     if (wanted.vlan, wanted.qos, wanted.vlan_proto) != (current.vlan, current.qos, current.vlan_proto):
         out.append("vlan")
     for name in ("spoofchk", "trust"):
@@ -203,6 +215,8 @@ def setting_attr(setting: str, vf: int, state: VfState) -> bytes:
     """The attribute of ``IFLA_VF_INFO`` that sets ``setting`` of VF ``vf`` to ``state``'s value.
     An 802.1Q VLAN goes as ``IFLA_VF_VLAN`` (what ``ip link`` sends without a protocol, which every
     PF driver since 2.6.34 takes), another protocol in an ``IFLA_VF_VLAN_LIST``."""
+    if setting == "mac":
+        return attr(IFLA_VF_MAC, VF_MAC.pack(vf, bytes.fromhex(state.mac.replace(":", ""))))
     if setting == "vlan":
         proto = VLAN_PROTOCOLS.get(state.vlan_proto) or int(state.vlan_proto, 16)  # as read: "0x...."
         if proto == ETH_P_8021Q:

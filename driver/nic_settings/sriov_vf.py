@@ -1,4 +1,4 @@
-"""``sriov``: an SR-IOV VF's VLAN and QoS, spoof checking, trust, tx rates and link state, set through its PF.
+"""``sriov``: an SR-IOV VF's MAC, VLAN and QoS, spoof checking, trust, tx rates and link state, set through its PF.
 
 The PF's driver holds these for each of its VFs (:mod:`driver.netlink.sriov_vf`), so they are set
 on the host, on the PF, whichever namespace the VF's netdev is in. At RunPodSandbox the VF's PF and
@@ -8,6 +8,13 @@ applied, one request each: a refusal names the claim field and the PF's words, a
 refused with every NIC returned. At every return (StopPodSandbox, a rollback, a restarted driver
 finishing one) the recorded values are put back, once the VF is home: a VF the PF no longer lists
 (an admin lowered the count, which resets the PF's VF settings) needs nothing.
+
+A MAC goes in two places, in this order: the VF's netdev gets it in the pod with the MAC of
+``interface.hardwareAddr`` (its driver tells the PF, which takes it while the PF holds none), then
+the PF sets it, which locks it (igb and ixgbe then refuse the VF any other MAC unless trusted). So
+before the VF leaves the pod the PF's MAC is cleared (all zeros: "remove administratively set MAC"),
+which lets the return give the netdev its host MAC back; once home, the PF reports the VF's own MAC
+again, and only a MAC it does not report is written.
 
 Only claims that set ``sriov`` pay for it (one socket in the host namespace, one read of the PF).
 """
@@ -31,6 +38,7 @@ from driver.nic_settings.setting import HostNetns, Nic, NicSetting, PodNetns, Se
 log = logging.getLogger(__name__)
 
 FIELDS = {
+    "mac": "sriov.mac",
     "vlan": "sriov.vlan",
     "spoofchk": "sriov.spoofChk",
     "trust": "sriov.trust",
@@ -43,6 +51,8 @@ FIELDS = {
 def wanted(current: VfState, config: SriovConfig) -> VfState:
     """``current`` with what ``config`` sets over it (a VLAN set without QoS or protocol: 0, 802.1Q)."""
     out = current
+    if config.mac is not None:
+        out = replace(out, mac=config.mac)
     if config.vlan is not None:
         out = replace(out, vlan=config.vlan, qos=config.vlan_qos or 0, vlan_proto=config.vlan_proto or "802.1Q")
     if config.spoof_chk is not None:
@@ -56,6 +66,13 @@ def wanted(current: VfState, config: SriovConfig) -> VfState:
     if config.link_state is not None:
         out = replace(out, link_state=config.link_state)
     return out
+
+
+def _pod_mac(nic: MovedDevice) -> bool:
+    """Whether the VF's claim set its MAC through the PF (a record of a claim with ``sriov.mac``)."""
+    record = nic.records.get(SRIOV_RECORD) or {}
+    wanted, before = (record.get("pod") or {}).get("mac"), (record.get("host") or {}).get("mac")
+    return bool(wanted) and wanted != before
 
 
 def _channel(host: HostNetns) -> NetlinkChannel:
@@ -117,6 +134,31 @@ class SriovVf(NicSetting):
                 if refused:
                     first = refused[0]
                     raise NetnsOpError(nic.name, FIELDS[first.setting], first.reason, first.errno)
+        finally:
+            channel.close()
+
+    def before_return(self, nics: Sequence[MovedDevice], pod: PodNetns) -> None:
+        """Clear the MAC the PF set for each VF whose claim gave it one, so that the VF may take its
+        host MAC again at the return (a PF that keeps it refuses the VF's netdev any other). Best
+        effort: a PF that cannot clear it gets the host's MAC through it once the VF is home."""
+        todo = [m for m in nics if _pod_mac(m)]
+        if not todo:
+            return
+        channel = _channel(pod.host)
+        try:
+            for m in todo:
+                record = m.records[self.name]
+                try:
+                    place = sriov_vf.pf_place(record["pf"], record["vf"], pod.host.sysfs_root)
+                    now = sriov_vf.read(channel, place)
+                except VfError as exc:
+                    log.info("VF MAC not cleared", extra={"kv": {"device": m.device, "reason": str(exc)}})
+                    continue
+                if now.mac.lower() != str(record["pod"]["mac"]).lower():
+                    continue  # not (or no longer) the pod's: a return run again after the VF came home
+                cleared = replace(VfState.from_dict(record["pod"]), mac=sriov_vf.NO_MAC)
+                for refused in sriov_vf.apply(channel, place, cleared, ["mac"]):
+                    log.warning("VF MAC not cleared", extra={"kv": {"device": m.device, "reason": str(refused)}})
         finally:
             channel.close()
 

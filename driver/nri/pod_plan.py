@@ -36,8 +36,8 @@ def pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
     """The NIC's name, MTU and MAC in the pod (the settings plan the rest)."""
     iface = device.config.interface
     if iface is None:
-        return PodLinkConfig(ifname=host.ifname)
-    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu, mac=iface.hardware_addr)
+        return PodLinkConfig(ifname=host.ifname, mac=device.config.pod_mac)
+    return PodLinkConfig(ifname=iface.name or host.ifname, mtu=iface.mtu, mac=device.config.pod_mac)
 
 
 def nic_plan(claim: PreparedClaim, device: PreparedDevice, host: LinkState, lease: str | None = None) -> Nic:

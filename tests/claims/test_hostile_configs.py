@@ -91,6 +91,17 @@ def test_two_requests_of_one_claim_cannot_ask_for_the_same_setting(field: str, a
     assert validate_claim_spec(alternatives, "spec") == []
 
 
+def test_two_vfs_of_one_claim_cannot_get_the_same_mac_through_their_pfs() -> None:
+    """``sriov.mac`` is the VF netdev's MAC in the pod: the same one for two NICs is refused at the
+    field that set it, as ``interface.hardwareAddr`` is."""
+    spec = _spec(
+        (["a"], {"interface": {"hardwareAddr": "02:00:00:00:00:0a"}}), (["b"], {"sriov": {"mac": "02:00:00:00:00:0A"}})
+    )
+    (error,) = validate_claim_spec(spec, "spec")
+    assert error.path == "spec.devices.config[1].opaque.parameters.sriov.mac"
+    assert "request 'a' and request 'b' would both get MAC address '02:00:00:00:00:0a'" in error.reason
+
+
 DOC = """\
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaim

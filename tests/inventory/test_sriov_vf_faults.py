@@ -1,8 +1,8 @@
 """A real VF's settings through a driver killed after each hook step: nothing left behind.
 
 The fault suite's kill (``DRANET_FAULT_AFTER``, tests/nri/test_crash.py) on a VF of QEMU's igb in
-the SR-IOV guest: the claim sets the VF's VLAN and priority, spoof checking, trust and a tx ceiling
-through its PF, the driver dies right after one step of RunPodSandbox or StopPodSandbox, and the
+the SR-IOV guest: the claim sets the VF's MAC, VLAN and priority, spoof checking, trust and a tx
+ceiling through its PF, the driver dies right after one step of RunPodSandbox or StopPodSandbox, and the
 restarted one (the runtime side is the real containerd/nri adaptation, which keeps the pod in its
 Synchronize list) ends where an uninterrupted hook would: the VF in the pod with every setting, or
 home with every setting as the PF reported before, read back through the PF.
@@ -20,12 +20,13 @@ from driver.checkpoint.store import CheckpointStore
 from driver.nri.step_clock import RUN_STEPS, STOP_STEPS
 from harness.netns import NetnsFactory
 from harness.nri import DriverProcess, Harness, link_facts, pod_json, prepare_claim, restart_driver
-from tests.inventory.test_sriov_vfs import _netdev, _vf, _vf_settings, pf_up, pfs  # noqa: F401 - fixtures
+from tests.inventory.test_sriov_vfs import _home_as_before, _netdev, _vf, _vf_settings, pf_up, pfs  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
-SRIOV = {"vlan": 100, "vlanQoS": 3, "spoofChk": False, "trust": True, "maxTxRate": 100}
-IN_POD = {"vlan": 100, "qos": 3, "spoofchk": False, "trust": True, "max_tx_rate": 100}
+MAC = "02:d7:00:00:02:01"
+SRIOV = {"vlan": 100, "vlanQoS": 3, "spoofChk": False, "trust": True, "maxTxRate": 100, "mac": MAC}
+IN_POD = {"vlan": 100, "qos": 3, "spoofchk": False, "trust": True, "max_tx_rate": 100, "mac": MAC}
 INDEX = 1
 CALL_S = 60
 """The time the runtime side gives the driver for one call: a hook under TCG takes seconds, and
@@ -53,11 +54,13 @@ class VfPod:
         return link_facts("net1", netns=self.netns) is not None
 
     def assert_home(self) -> None:
-        assert _vf_settings(self.pf, INDEX) == self.before, "the PF reports the VF's settings as before"
+        now = _vf_settings(self.pf, INDEX)
+        assert _home_as_before(now, self.before, self.ifname), f"the PF reports the VF's settings as before: {now}"
         assert link_facts(self.ifname) == self.link_before and not self.in_pod()
 
     def assert_in_pod(self) -> None:
         assert _vf_settings(self.pf, INDEX) == {**self.before, **IN_POD} and self.in_pod()
+        assert (link_facts("net1", netns=self.netns) or {}).get("mac") == MAC, "the netdev carries the PF's MAC"
 
 
 @pytest.fixture

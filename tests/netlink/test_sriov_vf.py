@@ -23,9 +23,9 @@ PF_INDEX = 7
 RTM_NEWLINK = 16
 
 
-UAPI_SIZES = {2: 12, 4: 8, 5: 8, 6: 12, 9: 8}
-"""``IFLA_VF_*`` -> sizeof its struct in include/uapi/linux/if_link.h (vlan, spoofchk, link state,
-rate, trust); ``struct ifla_vf_vlan_info`` is 16 (three u32 and a __be16, padded)."""
+UAPI_SIZES = {1: 36, 2: 12, 4: 8, 5: 8, 6: 12, 9: 8}
+"""``IFLA_VF_*`` -> sizeof its struct in include/uapi/linux/if_link.h (mac, vlan, spoofchk, link
+state, rate, trust); ``struct ifla_vf_vlan_info`` is 16 (three u32 and a __be16, padded)."""
 VLAN_INFO_SIZE = 16
 
 
@@ -50,7 +50,7 @@ class FakePf:
     setting name -> (errno, extended-ack text))."""
 
     def __init__(self, vfs: int = 2, refuse: dict[str, tuple[int, str]] | None = None) -> None:
-        self.state = {vf: VfState(spoofchk=True, trust=False) for vf in range(vfs)}
+        self.state = {vf: VfState(spoofchk=True, trust=False, mac=f"02:00:00:00:00:0{vf}") for vf in range(vfs)}
         self.refuse = refuse or {}
         self.sets: list[str] = []
         self.queue: list[bytes] = []
@@ -98,7 +98,7 @@ class FakePf:
         ((info_kind, info),) = _attrs(vflist)
         assert info_kind == 1  # IFLA_VF_INFO
         ((kind, raw),) = _attrs(info)
-        setting = {2: "vlan", 12: "vlan", 4: "spoofchk", 9: "trust", 6: "rate", 5: "link_state"}[kind]
+        setting = {1: "mac", 2: "vlan", 12: "vlan", 4: "spoofchk", 9: "trust", 6: "rate", 5: "link_state"}[kind]
         self.sets.append(setting)
         if kind == 12:  # IFLA_VF_VLAN_LIST: each IFLA_VF_VLAN_INFO at least sizeof(struct ifla_vf_vlan_info)
             ((_, raw),) = _attrs(raw)
@@ -114,7 +114,9 @@ class FakePf:
         if vf not in self.state:
             return errno.EINVAL, ""
         current = self.state[vf]
-        if kind == 2:
+        if kind == 1:
+            new = replace(current, mac=":".join(f"{b:02x}" for b in raw[4:10]))
+        elif kind == 2:
             _, vlan, qos = struct.unpack_from("=III", raw)
             new = replace(current, vlan=vlan, qos=qos, vlan_proto="802.1Q")
         elif kind == 12:
@@ -138,7 +140,7 @@ class FakePf:
             trust = sriov_vf.UNREPORTED if s.trust is None else int(s.trust)
             spoofchk = sriov_vf.UNREPORTED if s.spoofchk is None else int(s.spoofchk)
             info = (
-                _attr(1, struct.pack("=I32s", vf, bytes.fromhex(f"02000000000{vf}")))  # IFLA_VF_MAC
+                _attr(1, struct.pack("=I32s", vf, bytes.fromhex(s.mac.replace(":", ""))))  # IFLA_VF_MAC
                 + _attr(2, struct.pack("=III", vf, s.vlan, s.qos))
                 + _attr(12 | 0x8000, _attr(1, struct.pack("=III2sxx", vf, s.vlan, s.qos, proto)))
                 + _attr(6, struct.pack("=III", vf, s.min_tx_rate, s.max_tx_rate))
@@ -160,9 +162,13 @@ def _channel(pf: FakePf) -> NetlinkChannel:
 
 def test_what_the_pf_reports_is_read_for_the_vf_asked() -> None:
     pf = FakePf()
-    pf.state[1] = VfState(vlan=7, qos=2, vlan_proto="802.1ad", spoofchk=False, trust=None, max_tx_rate=300)
+    pf.state[1] = VfState(
+        vlan=7, qos=2, vlan_proto="802.1ad", spoofchk=False, trust=None, max_tx_rate=300, mac="52:54:00:aa:bb:cc"
+    )
     assert sriov_vf.read(_channel(pf), PLACE) == pf.state[1]
-    assert sriov_vf.read(_channel(pf), replace(PLACE, vf=0)) == VfState(spoofchk=True, trust=False)
+    assert sriov_vf.read(_channel(pf), replace(PLACE, vf=0)) == VfState(
+        spoofchk=True, trust=False, mac="02:00:00:00:00:00"
+    )
     with pytest.raises(VfError, match="reports no VF 5"):
         sriov_vf.read(_channel(pf), replace(PLACE, vf=5))
 
@@ -170,12 +176,12 @@ def test_what_the_pf_reports_is_read_for_the_vf_asked() -> None:
 def test_only_what_differs_is_written_and_reads_back() -> None:
     pf = FakePf()
     before = sriov_vf.read(_channel(pf), PLACE)
-    goal = replace(before, vlan=100, qos=3, trust=True, max_tx_rate=1000)
+    goal = replace(before, vlan=100, qos=3, trust=True, max_tx_rate=1000, mac="52:54:00:12:34:56")
     todo = sriov_vf.changes(before, goal)
-    assert todo == ["vlan", "trust", "rate"]
+    assert todo == ["mac", "vlan", "trust", "rate"], "in the kernel's order: the MAC first"
     assert sriov_vf.apply(_channel(pf), PLACE, goal, todo) == []
     assert pf.sets == todo and sriov_vf.read(_channel(pf), PLACE) == goal
-    assert pf.state[0] == VfState(spoofchk=True, trust=False), "the other VF untouched"
+    assert pf.state[0] == VfState(spoofchk=True, trust=False, mac="02:00:00:00:00:00"), "the other VF untouched"
     assert sriov_vf.changes(goal, goal) == [] and sriov_vf.apply(_channel(pf), PLACE, goal, []) == []
     # Back as it was: the restore is the same call the other way.
     assert sriov_vf.apply(_channel(pf), PLACE, before, sriov_vf.changes(goal, before)) == []
@@ -238,3 +244,23 @@ def test_the_pf_and_index_are_found_by_the_vfs_pci_function(tmp_path: Path) -> N
         sriov_vf.pf_place("0000:41:00.0", 0, root)
     with pytest.raises(VfError, match="has no netdev"):
         sriov_vf.pf_place("0000:99:00.0", 0, root)
+
+
+def test_a_mac_of_none_is_never_written_back() -> None:
+    """A VF whose PF held no MAC before (all zeros, or a record of before MACs were kept): writing it
+    back would take the VF's unicast filter away, so the restore leaves the MAC as the VF has it."""
+    now = VfState(mac="52:54:00:12:34:56")
+    assert sriov_vf.changes(now, replace(now, mac=sriov_vf.NO_MAC)) == []
+    assert sriov_vf.changes(now, replace(now, mac="")) == []
+    assert sriov_vf.changes(now, replace(now, mac="52:54:00:12:34:57")) == ["mac"]
+    assert sriov_vf.changes(now, replace(now, mac="52:54:00:12:34:56".upper())) == []
+
+
+def test_the_pfs_mac_is_cleared_with_the_kernels_struct() -> None:
+    """``struct ifla_vf_mac`` is a u32 and 32 bytes: the MAC in the first six."""
+    pf = FakePf()
+    cleared = replace(pf.state[1], mac=sriov_vf.NO_MAC)
+    assert sriov_vf.apply(_channel(pf), PLACE, cleared, ["mac"]) == []
+    assert pf.state[1].mac == sriov_vf.NO_MAC and pf.state[0].mac == "02:00:00:00:00:00"
+    _kind, _flags, body = sriov_vf.set_request(PLACE, "mac", cleared)
+    assert len(body) == IFINFOMSG.size + 4 + 4 + 4 + 36

@@ -36,13 +36,13 @@ class Conflict:
 
 
 def _values(config: NetworkConfig, field: str) -> list[str]:
+    if field == "hardwareAddr":  # the interface's own or the one its PF gives a VF
+        return [config.pod_mac.lower()] if config.pod_mac else []
     iface = config.interface
     if iface is None:
         return []
     if field == "name":
         return [iface.name] if iface.name else []
-    if field == "hardwareAddr":
-        return [iface.hardware_addr.lower()] if iface.hardware_addr else []
     if field == "vrf":
         return [iface.vrf.name] if iface.vrf and iface.vrf.name else []
     # An address is the same address whatever its prefix length.
@@ -105,12 +105,26 @@ def source_index(configs: list[Any], request: str, driver: str, field: str) -> i
     return found
 
 
+def _field_path(entry: Any, field: str) -> str:
+    """Where in a config entry's parameters ``field`` was set (a VF's MAC may come from ``sriov.mac``)."""
+    if field == "hardwareAddr":
+        try:
+            config = decode_config(entry["opaque"].get("parameters"), "")
+        except (ConfigError, KeyError, TypeError, AttributeError):
+            return f"interface.{field}"
+        if not (config.interface and config.interface.hardware_addr) and config.sriov and config.sriov.mac:
+            return "sriov.mac"
+    return f"interface.{field}"
+
+
 def conflict_errors(conflicts: Sequence[Conflict], configs: list[Any], driver: str, base: str) -> list[FieldError]:
     """One error per conflict, at the field path of the config entry that set the repeated value."""
     errors = []
     for c in conflicts:
         index = source_index(configs, c.request, driver, c.field)
-        path = f"{base}[{index}].opaque.parameters.interface.{c.field}" if index is not None else base
+        path = base
+        if index is not None:
+            path = f"{base}[{index}].opaque.parameters.{_field_path(configs[index], c.field)}"
         what = {"name": "interface name", "addresses": "address", "hardwareAddr": "MAC address"}.get(c.field)
         shared = f"{c.first} and {c.second} would both get {what} {c.value!r}: each NIC in a pod needs its own"
         reason = c.reason or shared

@@ -177,6 +177,13 @@ def combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
     if config.sriov is not None and iface is not None and iface.type:
         reason = "an SR-IOV VF's settings are its own: a sub-interface (interface.type) of it cannot take them"
         out.append(FieldError(f"{path}.sriov", reason))
+    if config.sriov is not None and config.sriov.mac and iface is not None and iface.hardware_addr:
+        if iface.hardware_addr != config.sriov.mac:
+            reason = (
+                f"{config.sriov.mac} differs from interface.hardwareAddr ({iface.hardware_addr}): the VF's netdev "
+                "carries the MAC its PF gives it; set one of the two"
+            )
+            out.append(FieldError(f"{path}.sriov.mac", reason))
     if config.sriov is not None:
         out.extend(sriov_combination_errors(config.sriov, f"{path}.sriov"))
         out.extend(vfio_combination_errors(config, path))

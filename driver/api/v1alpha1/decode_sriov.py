@@ -2,7 +2,7 @@
 
 The fields and their ranges are the kernel's (``ip link set <pf> vf N ...``) and the SR-IOV CNI's
 names for them (``vlan``, ``vlanQoS``, ``vlanProto``, ``spoofchk``, ``trust``, ``min_tx_rate``,
-``max_tx_rate``, ``link_state``), in this API's camelCase; ``driver`` is the SR-IOV DRA driver's
+``max_tx_rate``, ``link_state``, ``mac``), in this API's camelCase; ``driver`` is the SR-IOV DRA driver's
 ``VfConfig.driver`` (``vfio-pci``: the VF goes to the pod on vfio-pci, for DPDK and KubeVirt).
 Whether the NIC is a VF and whether its PF's driver has a setting are the node's to say (at
 prepare, and the PF's answer at pod start).
@@ -12,10 +12,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from driver.api.v1alpha1.decode_interface import decode_mac
 from driver.api.v1alpha1.fields import FieldError, FieldErrors, read_bool, read_int, read_object, read_str, shown
 from driver.api.v1alpha1.network_config import VFIO_PCI, NetworkConfig, SriovConfig, json_name
 
-SRIOV_FIELDS = ["vlan", "vlanQoS", "vlanProto", "spoofChk", "trust", "minTxRate", "maxTxRate", "linkState", "driver"]
+SRIOV_FIELDS = [
+    "vlan",
+    "vlanQoS",
+    "vlanProto",
+    "spoofChk",
+    "trust",
+    "minTxRate",
+    "maxTxRate",
+    "linkState",
+    "mac",
+    "driver",
+]
 MAX_VLAN = 4094
 """802.1Q's last usable VLAN ID (4095 is reserved)."""
 MAX_QOS = 7
@@ -23,7 +35,17 @@ VLAN_PROTOS = ("802.1Q", "802.1ad")
 LINK_STATES = ("auto", "enable", "disable")
 VF_DRIVERS = (VFIO_PCI,)
 """The drivers a claim may bind its VF to (absent: the VF's own kernel driver)."""
-VF_SETTINGS = ("vlan", "vlan_qos", "vlan_proto", "spoof_chk", "trust", "min_tx_rate", "max_tx_rate", "link_state")
+VF_SETTINGS = (
+    "vlan",
+    "vlan_qos",
+    "vlan_proto",
+    "spoof_chk",
+    "trust",
+    "min_tx_rate",
+    "max_tx_rate",
+    "link_state",
+    "mac",
+)
 """The fields of ``sriov`` set through the PF once the VF's netdev is in the pod."""
 MAX_RATE = 2**32 - 1
 """Mbit/s: the kernel's rates are u32."""
@@ -51,6 +73,7 @@ def decode_sriov(raw: Any, path: str, errs: FieldErrors) -> SriovConfig | None:
         min_tx_rate=read_int(obj.get("minTxRate"), f"{path}.minTxRate", errs, 0, MAX_RATE),
         max_tx_rate=read_int(obj.get("maxTxRate"), f"{path}.maxTxRate", errs, 0, MAX_RATE),
         link_state=_choice(obj.get("linkState"), f"{path}.linkState", LINK_STATES, errs),
+        mac=decode_mac(obj.get("mac"), f"{path}.mac", errs),
         driver=_choice(obj.get("driver"), f"{path}.driver", VF_DRIVERS, errs),
     )
     return config

@@ -150,6 +150,9 @@ class SriovConfig:
     min_tx_rate: int | None = None  # JSON "minTxRate": Mbit/s guaranteed; 0: none
     max_tx_rate: int | None = None  # JSON "maxTxRate": Mbit/s at most; 0: no limit
     link_state: str | None = None  # JSON "linkState": "auto" (the PF's), "enable" or "disable"
+    # The VF's MAC as its PF gives it (the PF's filter and spoof check admit it, the VF cannot change
+    # it unless trusted); the netdev carries it in the pod. Lower case.
+    mac: str | None = None
     # The kernel driver the VF is bound to while the claim holds it: "vfio-pci" hands the VF itself
     # to the pod (DPDK, KubeVirt) through its VFIO group instead of moving its netdev. None: its own.
     driver: str | None = None
@@ -180,6 +183,14 @@ class NetworkConfig:
         if self.rdma is None or self.rdma.inject_env is None:
             return RDMA_INJECT_ENV_DEFAULT
         return self.rdma.inject_env
+
+    @property
+    def pod_mac(self) -> str | None:
+        """The MAC the NIC's netdev gets in the pod: ``interface.hardwareAddr``, else ``sriov.mac``
+        (the two cannot differ: the decoder refuses it)."""
+        if self.interface is not None and self.interface.hardware_addr:
+            return self.interface.hardware_addr
+        return self.sriov.mac if self.sriov is not None else None
 
     @property
     def vfio(self) -> bool:

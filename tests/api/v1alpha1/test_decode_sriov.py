@@ -20,6 +20,7 @@ FULL = {
     "minTxRate": 10,
     "maxTxRate": 1000,
     "linkState": "enable",
+    "mac": "52:54:00:12:34:56",
 }
 
 
@@ -40,6 +41,7 @@ def test_every_field_is_decoded_into_the_typed_model_and_round_trips() -> None:
         min_tx_rate=10,
         max_tx_rate=1000,
         link_state="enable",
+        mac="52:54:00:12:34:56",
     )
     params = config.to_parameters()
     assert params["sriov"] == FULL
@@ -69,6 +71,9 @@ def test_an_unset_field_is_left_as_the_pf_has_it() -> None:
         ({"vlanQoS": 2}, f"{P}.sriov.vlanQoS: needs a vlan other than 0"),
         ({"vlan": 0, "vlanProto": "802.1ad"}, f"{P}.sriov.vlanProto: needs a vlan other than 0"),
         ({"minTxRate": 500, "maxTxRate": 100}, f"{P}.sriov.minTxRate: 500 Mbit/s is above maxTxRate (100 Mbit/s)"),
+        ({"mac": "01:00:5e:00:00:01"}, f"{P}.sriov.mac: '01:00:5e:00:00:01' is a multicast address"),
+        ({"mac": "00:00:00:00:00:00"}, f"{P}.sriov.mac: the all-zero MAC address cannot be assigned"),
+        ({"mac": "52:54:00:12:34"}, f"{P}.sriov.mac: '52:54:00:12:34' is not a MAC address"),
         ("on", f"{P}.sriov: "),
     ],
 )
@@ -145,3 +150,19 @@ def test_vfio_pci_in_one_config_and_an_interface_in_another_are_refused_together
     with pytest.raises(ConfigError) as info:
         configs_for_request(entries, "vf")
     assert any("sriov.driver: sriov.driver vfio-pci hands the VF" in str(e) for e in info.value.errors)
+
+
+def test_a_vfs_mac_is_the_netdevs_in_the_pod_and_cannot_differ_from_the_interfaces() -> None:
+    """``sriov.mac`` is what the PF gives the VF and what its netdev carries in the pod
+    (``pod_mac``); the same MAC in ``interface.hardwareAddr`` is fine, another one is refused."""
+    config = decode_config({"sriov": {"mac": "52:54:00:AB:CD:EF"}}, P)
+    assert config.sriov == SriovConfig(mac="52:54:00:ab:cd:ef") and config.pod_mac == "52:54:00:ab:cd:ef"
+    same = decode_config({"interface": {"hardwareAddr": "52:54:00:ab:cd:ef"}, "sriov": {"mac": "52:54:00:ab:cd:ef"}}, P)
+    assert same.pod_mac == "52:54:00:ab:cd:ef"
+    errors = _errors({"mac": "52:54:00:ab:cd:ef"}, interface={"hardwareAddr": "52:54:00:00:00:01"})
+    assert errors == [
+        f"{P}.sriov.mac: 52:54:00:ab:cd:ef differs from interface.hardwareAddr (52:54:00:00:00:01): the VF's "
+        "netdev carries the MAC its PF gives it; set one of the two"
+    ]
+    vfio = _errors({"mac": "52:54:00:ab:cd:ef", "driver": "vfio-pci"})
+    assert any("sriov.mac" in e and "sriov.driver" in e for e in vfio), vfio
