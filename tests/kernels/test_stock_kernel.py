@@ -92,7 +92,7 @@ MODULE_TESTS = (
 DIFFERING_TESTS = (*FLOOR_TESTS, *MODULE_TESTS)
 RXE_NETNS_TESTS = ("tests/nic_settings/test_rxe_between_pods.py",)
 """RDMA between pods through Soft-RoCE made in their namespaces: Linux 7.1's rxe namespaces."""
-SRIOV_TESTS = ("tests/inventory/test_sriov_vfs.py",)
+SRIOV_TESTS = ("tests/inventory/test_sriov_vfs.py", "tests/inventory/test_vfio_container.py")
 """Real VFs of QEMU's igb PFs (no other guest has a PF): discovery, the VF count, a VF in a pod."""
 SRIOV_FAULT_TESTS = ("tests/inventory/test_sriov_vf_faults.py",)
 """A VF's settings through a driver killed after each hook step: on the newest kernel only (the
