@@ -118,6 +118,10 @@ class PreparedDevice:
     # A VF the claim holds on vfio-pci (``sriov.driver``): the kernel driver it was bound to at
     # prepare, which it is given back to at unprepare. Written only when set.
     host_driver: str | None = None
+    # A VF on vfio-pci whose claim sets its PF's VF settings (``sriov.vlan``, ``sriov.mac``, ...):
+    # where they are (``pf``, ``vf``), what the PF reported before (``host``) and what the claim
+    # wants (``pod``), as a pod's NIC records them. Written only when set.
+    vf_settings: dict[str, Any] | None = None
 
     @property
     def vfio(self) -> bool:
@@ -182,6 +186,8 @@ class PreparedDevice:
             out["deviceMetadata"] = self.metadata.to_dict()
         if self.host_driver is not None:
             out["hostDriver"] = self.host_driver
+        if self.vf_settings is not None:
+            out["vfSettings"] = self.vf_settings
         return out
 
     @classmethod
@@ -204,6 +210,7 @@ class PreparedDevice:
             {str(k): str(v) for k, v in consumed.items()} if isinstance(consumed, dict) else {},
             MetadataFacts.from_dict(data.get("deviceMetadata")),
             data.get("hostDriver") if isinstance(data.get("hostDriver"), str) else None,
+            data.get("vfSettings") if isinstance(data.get("vfSettings"), dict) else None,
         )
 
 

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from driver.api.v1alpha1.network_config import VFIO_PCI
@@ -37,10 +37,12 @@ from driver.checkpoint.state import DriverState, PreparedClaim
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder, ClaimError
 from driver.claims.device_metadata import DeviceMetadataWriter, MetadataError
+from driver.claims.vfio_vf_settings import VfioVfSettings
 from driver.dra.protocol import ClaimRef, PrepareResult, ResultDevice
 from driver.inventory.vfio_binding import VfioBinder, VfioError, write_file
 from driver.kube.client import KubeClient
 from driver.kube.errors import KubeError, NotFound
+from driver.netlink.sriov_vf import VfError
 from driver.nic_settings.writable_proc_sys import SYS, WritableProcSys
 
 log = logging.getLogger(__name__)
@@ -265,6 +267,7 @@ class Preparer:
         # VFs a claim holds on vfio-pci (sriov.driver); sysfs written where it is writable.
         self._sysfs = WritableProcSys(path=SYS) if builder.sysfs_root == SYS else None
         self.vfio = VfioBinder(builder.sysfs_root, write=self.write_sysfs)
+        self.vf_settings = VfioVfSettings(builder.sysfs_root)  # their PF's settings of them
         self._pool: Executor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the daemon's: the journal's compaction is timed there
 
@@ -387,7 +390,8 @@ class Preparer:
             self._sysfs.run(write_file, path, value)
 
     def _bind_vfio(self, record: PreparedClaim) -> str | None:
-        """(pool thread) Put the claim's VFs for vfio-pci on it (idempotent); the error, or None."""
+        """(pool thread) Put the claim's VFs for vfio-pci on it, then their PF settings (both
+        idempotent); the error, or None."""
         for d in record.devices:
             if d.vfio and d.snapshot.host.pci_address:
                 try:
@@ -395,6 +399,10 @@ class Preparer:
                 except VfioError as exc:
                     log.warning("VF not bound to vfio-pci", extra={"kv": {"claim": record.uid, "error": str(exc)}})
                     return f"ResourceClaim {record.namespace}/{record.name}: device {d.device}: {exc}"
+        refused = self.vf_settings.apply(record.devices)
+        if refused:
+            log.warning("VF settings refused by the PF", extra={"kv": {"claim": record.uid, "error": refused}})
+            return f"ResourceClaim {record.namespace}/{record.name}: {refused}"
         return None
 
     def _taken_back(self, record: PreparedClaim, problem: str) -> PrepareResult:
@@ -417,11 +425,17 @@ class Preparer:
         return PrepareResult(error=problem)
 
     def _give_back_vfio(self, claims: Sequence[PreparedClaim]) -> dict[str, str]:
-        """(pool thread) Each claim's VFs on vfio-pci back on their kernel drivers; claim UID -> error
-        for the claims where one could not go back (they stay recorded)."""
+        """(pool thread) Each claim's VFs on vfio-pci back on their kernel drivers, their PF settings
+        put back first; claim UID -> error for the claims where one could not go back (they stay
+        recorded)."""
         errors: dict[str, str] = {}
         for claim in claims:
             for d in claim.devices:
+                unrestored = self.vf_settings.restore(d) if d.vfio else None
+                if unrestored:
+                    log.warning("VF settings not restored", extra={"kv": {"claim": claim.uid, "error": unrestored}})
+                    errors.setdefault(claim.uid, unrestored)
+                    continue  # the VF stays on vfio-pci with its claim: the retry restores both
                 if not (d.vfio and d.host_driver and d.snapshot.host.pci_address) or d.host_driver == VFIO_PCI:
                     continue  # an admin's VF on vfio-pci stays there
                 try:
@@ -475,14 +489,21 @@ class Preparer:
         except Exception as exc:  # a bug for one claim must not fail the others
             log.exception("prepare failed", extra={"kv": {"claim": ref.uid}})
             return PrepareResult(error=f"internal error preparing claim {ref.namespace}/{ref.name}: {exc}")
+        refusal = ""
         if self.metadata is None and any(d.vfio for d in record.devices):
+            refusal = (
+                "sriov.driver vfio-pci: the VFIO devices reach the containers through the device metadata's "
+                "CDI specs, which this node has turned off (--no-device-metadata)"
+            )
+        else:
+            try:  # what the PFs of its VFs for vfio-pci report now, recorded before anything changes
+                record = replace(record, devices=self.vf_settings.recorded(record.devices))
+            except VfError as exc:
+                refusal = str(exc)
+        if refusal:
             if self.profiles:  # refused: free what it resolved
                 self.profiles.release_devices(record.uid, [(d.snapshot, d.config) for d in record.devices])
-            return PrepareResult(
-                error=f"ResourceClaim {ref.namespace}/{ref.name}: sriov.driver vfio-pci: the VFIO devices reach "
-                "the containers through the device metadata's CDI specs, which this node has turned off "
-                "(--no-device-metadata)"
-            )
+            return PrepareResult(error=f"ResourceClaim {ref.namespace}/{ref.name}: {refusal}")
         if not record.devices:
             # The kubelet asks a driver only about claims with devices of that driver;
             # this one has none of ours (reallocated?): nothing to prepare, nothing to store.

@@ -239,6 +239,21 @@ def set_request(place: VfPlace, setting: str, state: VfState) -> tuple[int, int,
     return RTM_SETLINK, NLM_F_REQUEST | NLM_F_ACK, body
 
 
+def put_back(
+    channel: NetlinkChannel, pf_pci: str, vf: int, before: VfState, sysfs_root: str = "/sys", none_mac: bool = False
+) -> list[VfError]:
+    """Set through the PF what differs from ``before`` for VF ``vf`` (read first: a second call
+    writes nothing); ``none_mac``: a MAC of none in ``before`` is written back too (see
+    :func:`changes`). The refusals; :class:`VfError` when the PF is gone or no longer lists the VF
+    (its count lowered, which resets its settings: nothing to put back)."""
+    place = pf_place(pf_pci, vf, sysfs_root)
+    current = read(channel, place)
+    todo = changes(current, before)
+    if none_mac and before.mac == NO_MAC and current.mac not in ("", NO_MAC):
+        todo.insert(0, "mac")
+    return apply(channel, place, before, todo)
+
+
 def apply(channel: NetlinkChannel, place: VfPlace, state: VfState, settings: Sequence[str]) -> list[VfError]:
     """Set ``settings`` (of :data:`SETTINGS`) of the VF to ``state``'s values, one pipelined request
     each (the kernel goes on after a refusal, so each gets its own answer); the refusals, each

@@ -170,15 +170,12 @@ class SriovVf(NicSetting):
             return
         channel = _channel(host)
         try:
-            try:
-                place = sriov_vf.pf_place(record["pf"], record["vf"], host.sysfs_root)
-                current = sriov_vf.read(channel, place)
-            except VfError as exc:
-                # A PF gone or no longer listing the VF holds none of its settings any more.
-                log.info("VF settings not restored", extra={"kv": {"device": nic.device, "reason": str(exc)}})
-                return
             before = VfState.from_dict(record["host"])
-            refused = sriov_vf.apply(channel, place, before, sriov_vf.changes(current, before))
+            refused = sriov_vf.put_back(channel, record["pf"], record["vf"], before, host.sysfs_root)
+        except VfError as exc:
+            # A PF gone or no longer listing the VF holds none of its settings any more.
+            log.info("VF settings not restored", extra={"kv": {"device": nic.device, "reason": str(exc)}})
+            return
         finally:
             channel.close()
         if refused:

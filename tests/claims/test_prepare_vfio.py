@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,17 @@ from driver.claims.claim_build import ClaimBuilder
 from driver.claims.device_metadata import DeviceMetadataWriter
 from driver.claims.metadata_document import MetadataPaths
 from driver.claims.prepare import Preparer
+from driver.claims.vfio_vf_settings import VfioVfSettings
 from driver.dra.protocol import ClaimRef
 from driver.inventory.vfio_binding import VfioBinder
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
+from driver.netlink.channel import NetlinkChannel
 from driver.nri.pod_plan import netdevs_of
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
 from tests.claims.conftest import NODE
 from tests.inventory.pci_kernel import PciKernel
+from tests.netlink.test_sriov_vf import PF_INDEX, FakePf
 
 VF, PF, NIC = "0000:44:10.0", "0000:44:00.0", "0000:8a:00.0"
 VF_DEVICE, NIC_DEVICE = "pci-0000-44-10-0", "pci-0000-8a-00-0"
@@ -167,7 +171,7 @@ def test_a_retry_after_a_crash_between_the_record_and_the_bind_binds(
             {"sriov": {"driver": "vfio-pci", "vlan": 100}, "interface": {"name": "net1"}},
             True,
             "sriov.driver: sriov.driver vfio-pci hands the VF to the pod through its VFIO group, without a netdev: "
-            "interface, sriov.vlan cannot apply",
+            "interface cannot apply",
         ),
         (VF_DEVICE, {"sriov": {"driver": "igb_uio"}}, True, "sriov.driver: 'igb_uio' is not one of vfio-pci"),
     ],
@@ -206,3 +210,100 @@ def test_a_vf_an_admin_put_on_vfio_pci_goes_only_to_a_vfio_claim_and_stays_there
     assert preparer.unprepare_now([ref]) == {UID: ""}
     assert kernel.driver(VF) == "vfio-pci" and override.read_text().strip() == "vfio-pci", "left as the admin had it"
     assert len(kernel.writes) == writes, "nothing written"
+
+
+PF_SETTINGS = {"sriov": {"driver": "vfio-pci", "vlan": 100, "mac": "52:54:00:00:00:07"}}
+
+
+@pytest.fixture
+def pf(kernel: PciKernel) -> FakePf:
+    """The VF's PF (``virtfn1`` of it, netdev ifindex ``PF_INDEX``) answering rtnetlink as the kernel."""
+    kernel.function(PF, "igb", 21)
+    devices = kernel.root / "bus/pci/devices"
+    (devices / PF / "virtfn1").symlink_to(devices / VF)
+    (devices / VF / "physfn").symlink_to(devices / PF)
+    (devices / PF / "net/eth5").mkdir(parents=True)
+    (devices / PF / "net/eth5/ifindex").write_text(f"{PF_INDEX}\n")
+    return FakePf()
+
+
+def _with_pf(preparer: Preparer, kernel: PciKernel, pf: FakePf, events: list[tuple[str, str | None]]) -> Preparer:
+    """``preparer`` reaching ``pf``; ``events`` gets each PF setting and sysfs write with the VF's driver then."""
+    set_one, write = pf._set, kernel.write
+
+    def setting(attrs: bytes) -> tuple[int, str]:
+        events.append(("pf", kernel.driver(VF)))
+        return set_one(attrs)
+
+    def sysfs(path: str, value: str) -> None:
+        events.append(("sysfs", kernel.driver(VF)))
+        write(path, value)
+
+    pf._set = setting  # type: ignore[method-assign]
+    preparer.vfio = VfioBinder(str(kernel.root), timeout_s=0.2, write=sysfs)
+    preparer.vf_settings = VfioVfSettings(str(kernel.root), channel=lambda: NetlinkChannel(pf, ext_ack=True))  # type: ignore[arg-type]
+    return preparer
+
+
+def test_a_vf_on_vfio_pci_gets_its_pfs_settings_once_bound_and_back_before_it_leaves(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths, pf: FakePf
+) -> None:
+    """A KubeVirt VM's VF: its MAC and VLAN through the PF. What the PF reported before is in the
+    durable record; the settings go once the VF is on vfio-pci and come back while it still is."""
+    events: list[tuple[str, str | None]] = []
+    preparer = _with_pf(_preparer(api, tmp_path, kernel, paths), kernel, pf, events)
+    before = pf.state[1]
+    ref = _claim(api, params=PF_SETTINGS)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    assert (pf.state[1].vlan, pf.state[1].mac) == (100, "52:54:00:00:00:07")
+    assert pf.sets == ["mac", "vlan"] and pf.state[0].mac == "02:00:00:00:00:00", "VF 0 untouched"
+    assert [e for e in events if e[0] == "pf"] == [("pf", "vfio-pci")] * 2, "set once the VF is on vfio-pci"
+    record = CheckpointStore(preparer.store.directory).read(lambda s: s.claims[UID].devices[0].vf_settings)
+    assert record == {"pf": PF, "vf": 1, "host": before.to_dict(), "pod": pf.state[1].to_dict()}
+    events.clear()
+    assert preparer.unprepare_now([ref]) == {UID: ""}
+    assert pf.state[1] == before and kernel.driver(VF) == "igbvf"
+    assert events[:2] == [("pf", "vfio-pci")] * 2 and events[2][0] == "sysfs", "settings back before the VF leaves"
+
+
+def test_a_setting_the_pf_refuses_takes_the_vfio_claim_back_whole(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths, pf: FakePf
+) -> None:
+    preparer = _with_pf(_preparer(api, tmp_path, kernel, paths), kernel, pf, [])
+    pf.refuse["vlan"] = (errno.EOPNOTSUPP, "VLAN not supported in switchdev mode")
+    before = pf.state[1]
+    answer = preparer.prepare_now([_claim(api, params=PF_SETTINGS)])[UID]
+    assert "device pci-0000-44-10-0: sriov.vlan: the PF eth5 refused it for VF 1" in answer.error, answer.error
+    assert "VLAN not supported in switchdev mode" in answer.error
+    assert pf.state[1] == before, "the MAC set before the refusal put back"
+    assert kernel.driver(VF) == "igbvf" and preparer.store.read(lambda s: s.claims) == {}
+
+
+def test_a_vfs_pf_settings_come_back_after_a_reboot_and_a_mac_of_none_is_restored(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths, pf: FakePf
+) -> None:
+    """A reboot resets the PF's VF settings and the VF's driver: a start binds and sets them again.
+    A PF that held no MAC for the VF holds none again after (the VF's driver takes its own at probe)."""
+    preparer = _with_pf(_preparer(api, tmp_path, kernel, paths), kernel, pf, [])
+    pf.state[1] = before = replace(pf.state[1], mac="00:00:00:00:00:00")
+    ref = _claim(api, params=PF_SETTINGS)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    preparer.vfio.give_back(VF, "igbvf")
+    pf.state[1] = before
+    assert preparer.restore_vfio() == []
+    assert kernel.driver(VF) == "vfio-pci" and (pf.state[1].vlan, pf.state[1].mac) == (100, "52:54:00:00:00:07")
+    assert preparer.unprepare_now([ref]) == {UID: ""}
+    assert pf.state[1] == before
+
+
+def test_a_vf_whose_pf_cannot_be_read_is_refused_before_anything_changes(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths, pf: FakePf
+) -> None:
+    preparer = _with_pf(_preparer(api, tmp_path, kernel, paths), kernel, pf, [])
+    (kernel.root / "bus/pci/devices" / PF / "net/eth5/ifindex").unlink()
+    (kernel.root / "bus/pci/devices" / PF / "net/eth5").rmdir()
+    answer = preparer.prepare_now([_claim(api, params=PF_SETTINGS)])[UID]
+    assert answer.error == (
+        "ResourceClaim ns/dpdk: sriov: device pci-0000-44-10-0: the PF 0000:44:00.0 has no netdev on the host"
+    )
+    assert kernel.writes == [] and pf.sets == [] and preparer.store.read(lambda s: s.claims) == {}

@@ -34,7 +34,15 @@ from driver.dra.protocol import ClaimRef
 from driver.inventory.names import pci_device_name
 from driver.kube.client import KubeClient
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
-from tests.inventory.test_sriov_vfs import PCI, _scan, _vf, pfs  # noqa: F401 - the fixture
+from tests.inventory.test_sriov_vfs import (  # noqa: F401 - the fixture
+    PCI,
+    _home_as_before,
+    _netdev,
+    _scan,
+    _vf,
+    _vf_settings,
+    pfs,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
 
@@ -127,16 +135,19 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
     containerd: Containerd,
     tmp_path: Path,
 ) -> None:
-    """The claim prepared with ``sriov.driver: vfio-pci``; containerd runs a container with the
-    claim's CDI device: it has ``/dev/vfio/<group>`` and ``/dev/vfio/vfio``, the variables naming
-    the group and the VF's PCI address, and it gets the VF's device fd (a PCI device with its
-    regions) through a VFIO container with an IOMMU. After unprepare the VF is on igbvf again."""
+    """The claim prepared with ``sriov.driver: vfio-pci`` and, as a KubeVirt VM's VF has them, a MAC
+    and a VLAN through the PF; containerd runs a container with the claim's CDI device: it has
+    ``/dev/vfio/<group>`` and ``/dev/vfio/vfio``, the variables naming the group and the VF's PCI
+    address, and it gets the VF's device fd (a PCI device with its regions) through a VFIO container
+    with an IOMMU. After unprepare the VF is on igbvf again and its PF settings as before."""
     subprocess.run(["modprobe", "vfio-pci"], check=True, capture_output=True)
     bdf = _vf(pfs[1], 1)
     devices = {d.name: d for d in _scan().values()}
     name = pci_device_name(bdf)
     group = devices[name].attributes["dra.net/iommuGroup"]
-    opaque = {"driver": "dra.net", "parameters": {"sriov": {"driver": "vfio-pci"}}}
+    mac = "02:d7:00:00:03:01"
+    opaque = {"driver": "dra.net", "parameters": {"sriov": {"driver": "vfio-pci", "vlan": 100, "mac": mac}}}
+    before = _vf_settings(pfs[1], 1)
     uid = "vfio-container-1"
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
@@ -155,6 +166,8 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
         answer = preparer.prepare_now([ref])[uid]
         try:
             assert answer.error == ""
+            pf_says = _vf_settings(pfs[1], 1)
+            assert (pf_says["vlan"], pf_says["mac"]) == (100, mac), pf_says
             [written] = Path(paths.cdi_dir).iterdir()
             spec = json.loads(written.read_text())
             cdi_device = f"{spec['kind']}={spec['devices'][0]['name']}"
@@ -176,3 +189,6 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
     assert seen["device_fd"] >= 0 and seen["pci"] and seen["regions"] >= 7, seen  # BARs, ROM, config space
     assert unprepared == {uid: ""}
     assert (PCI / bdf / "driver").resolve().name == "igbvf"
+    _wait("the VF's netdev again", lambda: _netdev(bdf) is not None, within=10)
+    now = _vf_settings(pfs[1], 1)
+    assert _home_as_before(now, before, _netdev(bdf) or ""), (now, before)

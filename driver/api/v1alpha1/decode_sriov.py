@@ -14,7 +14,7 @@ from typing import Any
 
 from driver.api.v1alpha1.decode_interface import decode_mac
 from driver.api.v1alpha1.fields import FieldError, FieldErrors, read_bool, read_int, read_object, read_str, shown
-from driver.api.v1alpha1.network_config import VFIO_PCI, NetworkConfig, SriovConfig, json_name
+from driver.api.v1alpha1.network_config import VFIO_PCI, NetworkConfig, SriovConfig
 
 SRIOV_FIELDS = [
     "vlan",
@@ -94,10 +94,10 @@ def sriov_combination_errors(config: SriovConfig, path: str) -> list[FieldError]
 
 def vfio_combination_errors(config: NetworkConfig, path: str) -> list[FieldError]:
     """What a VF on vfio-pci cannot take: it has no netdev in the pod, so nothing that configures
-    one (the pod gets the VF's VFIO group; its PF settings are set only with a netdev move)."""
+    one (the pod gets the VF's VFIO group; the PF's settings of the VF, ``sriov.vlan`` and the
+    others, it takes: they are set through the PF at prepare)."""
     if not config.vfio:
         return []
-    sriov = config.sriov or SriovConfig()
     netdev_fields = [
         name
         for name, value in (
@@ -109,7 +109,6 @@ def vfio_combination_errors(config: NetworkConfig, path: str) -> list[FieldError
         )
         if value is not None
     ]
-    netdev_fields += [f"sriov.{json_name(f)}" for f in VF_SETTINGS if getattr(sriov, f) is not None]
     if not netdev_fields:
         return []
     reason = (
