@@ -38,6 +38,7 @@ class DeviceResult:
     no_rdma: str | None = None  # why the NIC's RDMA device is not in the pod (None: it is, or it has none)
     mtu: int | None = None  # the link's MTU in the pod, read back once set (None: not known)
     rdma_in_pod: str | None = None  # the soft RDMA device made for the NIC in the pod (None: none made)
+    vfio: str | None = None  # a VF handed over on vfio-pci (no netdev): its PCI address and VFIO group
 
 
 @dataclass
@@ -105,7 +106,7 @@ def status_body(
             ready = {
                 "type": READY,
                 "status": "True",
-                "reason": "NetworkReady",
+                "reason": "VfioReady" if result.vfio else "NetworkReady",
                 "message": _ready_message(result, update.pod_uid),
             }
             network_data = _network_data(result)
@@ -148,7 +149,10 @@ def _stamp(cond: dict[str, Any], old: dict[str, Any] | None, now: str) -> dict[s
 
 
 def _ready_message(result: DeviceResult, pod_uid: str) -> str:
-    """The ``Ready`` condition's message: the interface, and for a sub-interface its kind and NIC."""
+    """The ``Ready`` condition's message: the interface, and for a sub-interface its kind and NIC; a
+    VF on vfio-pci, its PCI function and group."""
+    if result.vfio:
+        return f"VF {result.vfio} on vfio-pci for pod {pod_uid}"[:MAX_MESSAGE]
     if result.parent is None:
         return f"interface {result.interface_name} configured in pod {pod_uid}"
     what = f"sub-interface {result.interface_name} ({result.kind or 'macvlan'} of {result.parent})"

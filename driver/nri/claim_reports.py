@@ -74,6 +74,24 @@ class ClaimReports:
             except Exception:
                 log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
 
+    def vfio_ready(self, pod: api.PodSandbox, devices: Sequence[Netdev]) -> None:
+        """The pod's VFs on vfio-pci (bound at prepare, nothing to attach): one report per claim, with
+        the MAC its PF gives each (``sriov.mac``)."""
+        if self.sink is None:
+            return
+        for claim in {c.uid: c for c, _ in devices}.values():
+            out = []
+            for c, d in devices:
+                if c.uid != claim.uid:
+                    continue
+                group = d.snapshot.attributes.get("dra.net/iommuGroup")
+                where = f"{d.snapshot.host.pci_address} (/dev/vfio/{group})"
+                out.append(DeviceResult(d.device, "", hardware_address=d.config.pod_mac, vfio=where))
+            try:
+                self.sink.pod_network_ready(pod.uid, claim, out)
+            except Exception:
+                log.exception("status sink failed", extra={"kv": {"pod": pod.uid}})
+
     def failed(self, pod: api.PodSandbox, netdevs: Sequence[Netdev], device: str, step: str, message: str) -> None:
         """Attaching ``device`` (or, when "", the pod's NICs) failed at ``step``; all was rolled back."""
         log.error(

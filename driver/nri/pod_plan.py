@@ -32,6 +32,11 @@ def netdevs_of(state: DriverState, pod_uid: str) -> list[Netdev]:
     return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.moves]
 
 
+def vfio_of(state: DriverState, pod_uid: str) -> list[Netdev]:
+    """The pod's prepared VFs on vfio-pci (no netdev moves), with their claims."""
+    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.vfio]
+
+
 def pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:
     """The NIC's name, MTU and MAC in the pod (the settings plan the rest)."""
     iface = device.config.interface

@@ -13,21 +13,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 
+from dranet_proto import nri_v1alpha1_pb2 as nri
 from driver.checkpoint.state import claim_device_counts
 from driver.checkpoint.store import CheckpointStore
 from driver.claims.claim_build import ClaimBuilder
 from driver.claims.device_metadata import DeviceMetadataWriter
 from driver.claims.metadata_document import MetadataPaths
 from driver.claims.prepare import Preparer
+from driver.claims.status_entries import DeviceResult, StatusUpdate, status_body
 from driver.claims.vfio_vf_settings import VfioVfSettings
 from driver.dra.protocol import ClaimRef
 from driver.inventory.vfio_binding import VfioBinder
 from driver.kube.client import KubeClient
 from driver.model.device import Device, HostFacts
 from driver.netlink.channel import NetlinkChannel
+from driver.nri.hooks import NRIHooks
 from driver.nri.pod_plan import netdevs_of
 from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from harness.nri import pod_json
 from tests.claims.conftest import NODE
 from tests.inventory.pci_kernel import PciKernel
 from tests.netlink.test_sriov_vf import PF_INDEX, FakePf
@@ -307,3 +312,36 @@ def test_a_vf_whose_pf_cannot_be_read_is_refused_before_anything_changes(
         "ResourceClaim ns/dpdk: sriov: device pci-0000-44-10-0: the PF 0000:44:00.0 has no netdev on the host"
     )
     assert kernel.writes == [] and pf.sets == [] and preparer.store.read(lambda s: s.claims) == {}
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.ready: list[tuple[str, list[DeviceResult]]] = []
+
+    def pod_network_ready(self, pod_uid: str, claim: object, results: list[DeviceResult]) -> None:
+        self.ready.append((pod_uid, list(results)))
+
+
+def test_the_pod_of_a_vf_on_vfio_pci_is_told_ready_as_it_starts(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths, pf: FakePf
+) -> None:
+    """Nothing moves at RunPodSandbox for a VF on vfio-pci; its claim's status still says Ready (reason
+    ``VfioReady``, the VF's PCI function and group, the MAC its PF gives it)."""
+    preparer = _with_pf(_preparer(api, tmp_path, kernel, paths), kernel, pf, [])
+    ref = _claim(api, params=PF_SETTINGS)
+    assert preparer.prepare_now([ref])[UID].error == ""
+    sink = Sink()
+    hooks = NRIHooks(preparer.store, host_netns="/proc/self/ns/net", status=sink)  # type: ignore[arg-type]
+    try:
+        hooks.run_pod_sandbox(json_format.ParseDict(pod_json("pod-1", ""), nri.PodSandbox()))
+    finally:
+        hooks.close()
+    [(pod_uid, [result])] = sink.ready
+    assert pod_uid == "pod-1" and result.device == VF_DEVICE and result.hardware_address == "52:54:00:00:00:07"
+    claim = preparer.store.read(lambda s: s.claims[UID])
+    body = status_body(StatusUpdate("pod-1", claim, ready={VF_DEVICE: result}), {}, "dra.net", None)
+    [entry] = body["status"]["devices"]
+    [ready] = entry["conditions"]
+    assert (ready["status"], ready["reason"]) == ("True", "VfioReady")
+    assert ready["message"] == f"VF {VF} (/dev/vfio/22) on vfio-pci for pod pod-1"
+    assert entry["networkData"] == {"hardwareAddress": "52:54:00:00:00:07"}
