@@ -44,7 +44,7 @@ def _find(rtnl: Rtnl, device: PreparedDevice) -> LinkInfo | None:
     host = device.snapshot.host
     macs = {
         m.lower()
-        for m in (iface.hardware_addr if iface else None, host.permanent_mac, _snapshot_text(device, "mac"))
+        for m in (device.config.pod_mac, host.permanent_mac, _snapshot_text(device, "mac"))
         if m
     }
     for name in dict.fromkeys(n for n in (iface.name if iface else None, host.ifname) if n):
