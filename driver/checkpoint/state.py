@@ -122,6 +122,10 @@ class PreparedDevice:
     # where they are (``pf``, ``vf``), what the PF reported before (``host``) and what the claim
     # wants (``pod``), as a pod's NIC records them. Written only when set.
     vf_settings: dict[str, Any] | None = None
+    # A VF on vfio-pci: the device nodes its container gets (its group's, and of /dev/vfio/vfio and
+    # /dev/iommu those the node's kernel has), read at prepare. None: a record from before (the
+    # group's and /dev/vfio/vfio). Written only when set.
+    vfio_nodes: tuple[str, ...] | None = None
 
     @property
     def vfio(self) -> bool:
@@ -188,6 +192,8 @@ class PreparedDevice:
             out["hostDriver"] = self.host_driver
         if self.vf_settings is not None:
             out["vfSettings"] = self.vf_settings
+        if self.vfio_nodes is not None:
+            out["vfioNodes"] = list(self.vfio_nodes)
         return out
 
     @classmethod
@@ -211,7 +217,15 @@ class PreparedDevice:
             MetadataFacts.from_dict(data.get("deviceMetadata")),
             data.get("hostDriver") if isinstance(data.get("hostDriver"), str) else None,
             data.get("vfSettings") if isinstance(data.get("vfSettings"), dict) else None,
+            _strings(data.get("vfioNodes")),
         )
+
+
+def _strings(value: Any) -> tuple[str, ...] | None:
+    """A list of strings as a tuple; None when it is not one."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return None
 
 
 @dataclass

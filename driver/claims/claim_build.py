@@ -256,7 +256,8 @@ class ClaimBuilder:
             driver = self.vfio.driver_of(pci)  # vfio-pci already (the admin's): it stays there after
             if driver is None:
                 raise ClaimError(f"{problem}: VF {pci} has no driver to go back to")
-            out.append(replace(d, host_driver=driver))
+            nodes = self.vfio.devices(pci).paths  # those this node's kernel has
+            out.append(replace(d, host_driver=driver, vfio_nodes=nodes))
         return out
 
     def _check_vfio_bound(self, where: str, prepared: list[PreparedDevice]) -> None:

@@ -285,9 +285,10 @@ class MetadataDocument:
 
     def _edits(self, d: PreparedDevice, mount: dict[str, Any]) -> dict[str, Any]:
         """One NIC's container edits: the request's metadata file; for a VF on vfio-pci also its VFIO
-        group and the VFIO container (the runtime reads their numbers on the host and allows them
-        in the container's device cgroup) and ``DRANET_VFIO_DEVICE_<DEVICE>`` (its PCI address) and
-        ``DRANET_VFIO_GROUP_<DEVICE>`` (its group's device) in the environment."""
+        group and the VFIO container and iommufd devices the node has (the runtime reads their
+        numbers on the host and allows them in the container's device cgroup) and
+        ``DRANET_VFIO_DEVICE_<DEVICE>`` (its PCI address) and ``DRANET_VFIO_GROUP_<DEVICE>`` (its
+        group's device) in the environment."""
         edits: dict[str, Any] = {"mounts": [mount]}
         group = vfio_group(d, self.domain)
         if group is None:
@@ -297,7 +298,8 @@ class MetadataDocument:
             f"{VFIO_DEVICE_ENV}{key}={d.snapshot.host.pci_address}",
             f"{VFIO_GROUP_ENV}{key}=/dev/vfio/{group}",
         ]
-        edits["deviceNodes"] = [{"path": f"/dev/vfio/{group}"}, {"path": VFIO_CONTAINER}]
+        nodes = d.vfio_nodes if d.vfio_nodes is not None else (f"/dev/vfio/{group}", VFIO_CONTAINER)
+        edits["deviceNodes"] = [{"path": path} for path in nodes]
         return edits
 
     def _device(self, d: PreparedDevice, pair: GpuPair | None) -> dict[str, Any]:

@@ -38,6 +38,9 @@ BIND_TIMEOUT_S = 5.0
 """How long a bind or a return waits for the kernel to show the function on its new driver."""
 VFIO_CONTAINER = "/dev/vfio/vfio"
 """The VFIO container device (the legacy VFIO API every DPDK and QEMU release still opens)."""
+IOMMUFD = "/dev/iommu"
+"""The iommufd device: a group or a VF's cdev is attached to it instead of a VFIO container on
+kernels built without the container API (``CONFIG_VFIO_CONTAINER=n``)."""
 VFIO_TAINT_KEY = f"{ATTRIBUTE_DOMAIN}/vfio-pci"
 """The taint on a published VF that is on vfio-pci: only a claim that tolerates it (and asks for
 ``sriov.driver: vfio-pci``) gets it, never one that wants a netdev."""
@@ -54,6 +57,12 @@ class VfioDevices:
     group: int
     group_path: str  # /dev/vfio/<group>
     container_path: str | None  # /dev/vfio/vfio when the kernel has the container API
+    iommufd_path: str | None = None  # /dev/iommu when the kernel has iommufd
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Every node a container needs, those this kernel lacks left out."""
+        return tuple(p for p in (self.group_path, self.container_path, self.iommufd_path) if p)
 
 
 class VfioBinder:
@@ -134,7 +143,8 @@ class VfioBinder:
         if group is None:
             raise VfioError(f"PCI function {bdf} has no IOMMU group")
         container = VFIO_CONTAINER if (self.root / "class/misc/vfio").exists() else None
-        return VfioDevices(group=group, group_path=f"/dev/vfio/{group}", container_path=container)
+        iommufd = IOMMUFD if (self.root / "class/misc/iommu").exists() else None
+        return VfioDevices(group, f"/dev/vfio/{group}", container, iommufd)
 
     def bind(self, bdf: str) -> VfioDevices:
         """Put the function on vfio-pci (nothing to do when it is there) and wait for its VFIO group's

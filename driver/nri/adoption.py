@@ -42,11 +42,7 @@ def _find(rtnl: Rtnl, device: PreparedDevice) -> LinkInfo | None:
     """The link in ``rtnl``'s namespace that is ``device``: by its pod name, then its host name."""
     iface = device.config.interface
     host = device.snapshot.host
-    macs = {
-        m.lower()
-        for m in (device.config.pod_mac, host.permanent_mac, _snapshot_text(device, "mac"))
-        if m
-    }
+    macs = {m.lower() for m in (device.config.pod_mac, host.permanent_mac, _snapshot_text(device, "mac")) if m}
     for name in dict.fromkeys(n for n in (iface.name if iface else None, host.ifname) if n):
         link = rtnl.link(name)
         if link is None:

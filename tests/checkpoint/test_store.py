@@ -182,6 +182,7 @@ def test_serialisation_matches_asdict() -> None:
         assert stored.pop("metadata") is None  # written only with device metadata files (their facts)
         assert stored.pop("host_driver") is None  # written only for a VF on vfio-pci
         assert stored.pop("vf_settings") is None  # written only for a VF on vfio-pci with PF settings
+        assert stored.pop("vfio_nodes") is None  # written only for a VF on vfio-pci
         assert stored["snapshot"].pop("share") is None  # re-derived at every scan, never stored
     pod = asdict(state.pods["p1"])
     assert pod.pop("created") == []  # written only when the hooks created a link

@@ -345,3 +345,20 @@ def test_the_pod_of_a_vf_on_vfio_pci_is_told_ready_as_it_starts(
     assert (ready["status"], ready["reason"]) == ("True", "VfioReady")
     assert ready["message"] == f"VF {VF} (/dev/vfio/22) on vfio-pci for pod pod-1"
     assert entry["networkData"] == {"hardwareAddress": "52:54:00:00:00:07"}
+
+
+def test_a_container_gets_the_vfio_devices_the_nodes_kernel_has(
+    api: FakeAPIServer, tmp_path: Path, kernel: PciKernel, paths: MetadataPaths
+) -> None:
+    """A kernel without the VFIO container API (``CONFIG_VFIO_CONTAINER=n``) has no /dev/vfio/vfio: a
+    CDI spec naming it would keep the container from starting. The group is attached to iommufd
+    (/dev/iommu) there instead; the nodes are read at prepare and kept in the record."""
+    (kernel.root / "class/misc/vfio").rmdir()
+    (kernel.root / "class/misc/iommu").mkdir(parents=True)
+    preparer = _preparer(api, tmp_path, kernel, paths)
+    assert preparer.prepare_now([_claim(api)])[UID].error == ""
+    [spec_path] = Path(paths.cdi_dir).iterdir()
+    [cdi_device] = json.loads(spec_path.read_text())["devices"]
+    assert cdi_device["containerEdits"]["deviceNodes"] == [{"path": "/dev/vfio/22"}, {"path": "/dev/iommu"}]
+    record = CheckpointStore(preparer.store.directory).read(lambda s: s.claims[UID].devices[0])
+    assert record.vfio_nodes == ("/dev/vfio/22", "/dev/iommu")

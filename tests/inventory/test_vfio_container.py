@@ -67,7 +67,8 @@ fcntl.ioctl(container, 0x3B66, iommu)  # VFIO_SET_IOMMU
 device = fcntl.ioctl(fd, 0x3B6A, bytearray(bdf.encode() + b"\0"), True)  # VFIO_GROUP_GET_DEVICE_FD
 info = struct.unpack("6I", fcntl.ioctl(device, 0x3B6B, struct.pack("6I", 24, 0, 0, 0, 0, 0)))  # VFIO_DEVICE_GET_INFO
 print(json.dumps({"env": env, "api": api, "viable": bool(flags & 1), "iommu": iommu, "device_fd": device,
-                  "pci": bool(info[1] & 2), "regions": info[2], "dev": sorted(os.listdir("/dev/vfio"))}))
+                  "pci": bool(info[1] & 2), "regions": info[2], "dev": sorted(os.listdir("/dev/vfio")),
+                  "iommufd": os.path.exists("/dev/iommu") and os.close(os.open("/dev/iommu", os.O_RDWR)) is None}))
 """
 
 
@@ -141,6 +142,7 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
     address, and it gets the VF's device fd (a PCI device with its regions) through a VFIO container
     with an IOMMU. After unprepare the VF is on igbvf again and its PF settings as before."""
     subprocess.run(["modprobe", "vfio-pci"], check=True, capture_output=True)
+    subprocess.run(["modprobe", "iommufd"], check=False, capture_output=True)  # 6.2 on: /dev/iommu given too
     bdf = _vf(pfs[1], 1)
     devices = {d.name: d for d in _scan().values()}
     name = pci_device_name(bdf)
@@ -184,6 +186,7 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
             subprocess.run(["umount", str(rootfs)], check=False)
             unprepared = preparer.unprepare_now([ref])
     assert seen["dev"] == sorted([str(group), "vfio"]), seen
+    assert seen["iommufd"] == Path("/sys/class/misc/iommu").exists(), "/dev/iommu opened where the kernel has it"
     assert bdf in seen["env"].values() and f"/dev/vfio/{group}" in seen["env"].values(), seen["env"]
     assert seen["api"] == 0 and seen["viable"], seen
     assert seen["device_fd"] >= 0 and seen["pci"] and seen["regions"] >= 7, seen  # BARs, ROM, config space
