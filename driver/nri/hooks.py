@@ -39,7 +39,7 @@ from driver.nri.dad_watch import DadWatch
 from driver.nri.nic_return import NicReturn, NodeParts
 from driver.nri.pod_attach import PodAttach
 from driver.nri.pod_netns import NetnsPins, netns_alive, pod_netns_path
-from driver.nri.pod_plan import Netdev, netdevs_of, vfio_of
+from driver.nri.pod_plan import Netdev, netdevs_of, pod_devices
 from driver.nri.shares import PROBE_WAIT, SharePlanner, sub_interface_addresses
 from driver.nri.step_clock import StepClock
 
@@ -175,9 +175,7 @@ class NRIHooks:
     def run_pod_sandbox(self, pod: api.PodSandbox) -> None:
         """Move and configure every prepared netdev of the pod; all or nothing."""
         with self._lock, self._hook("RunPodSandbox", pod):
-            netdevs, existing, vfio = self.store.read(
-                lambda s: (netdevs_of(s, pod.uid), s.pods.get(pod.uid), vfio_of(s, pod.uid))
-            )
+            (netdevs, vfio), existing = self.store.read(lambda s: (pod_devices(s, pod.uid), s.pods.get(pod.uid)))
             if vfio:  # on vfio-pci since prepare: nothing to attach, ready as the pod starts
                 self.reports.vfio_ready(pod, vfio)
             if not netdevs:

@@ -29,12 +29,14 @@ Netdev = tuple[PreparedClaim, PreparedDevice]
 
 def netdevs_of(state: DriverState, pod_uid: str) -> list[Netdev]:
     """The pod's prepared devices whose netdev moves (not a VF on vfio-pci), with their claims."""
-    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.moves]
+    return pod_devices(state, pod_uid)[0]
 
 
-def vfio_of(state: DriverState, pod_uid: str) -> list[Netdev]:
-    """The pod's prepared VFs on vfio-pci (no netdev moves), with their claims."""
-    return [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices if d.vfio]
+def pod_devices(state: DriverState, pod_uid: str) -> tuple[list[Netdev], list[Netdev]]:
+    """The pod's prepared devices whose netdev moves (:func:`netdevs_of`), and its VFs on vfio-pci
+    (nothing moves), with their claims: the pod's claims looked up once."""
+    pairs = [(c, d) for c in state.claims_for_pod(pod_uid) for d in c.devices]
+    return [p for p in pairs if p[1].moves], [p for p in pairs if p[1].vfio]
 
 
 def pod_link(device: PreparedDevice, host: LinkState) -> PodLinkConfig:

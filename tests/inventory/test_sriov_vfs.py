@@ -532,6 +532,20 @@ VFIO_GROUP_GET_STATUS = 0x3B67  # _IO(VFIO_TYPE ';', VFIO_BASE 100 + 3)
 VFIO_GROUP_FLAGS_VIABLE = 1
 
 
+def vfio_preparer(
+    api: FakeAPIServer, tmp_path: Path, devices: dict[str, Device], name: str, uid: str, sriov: dict[str, object]
+) -> tuple[Preparer, ClaimRef, MetadataPaths]:
+    """The real Preparer (device metadata on, its files under ``tmp_path``) and a claim ``uid`` in
+    ``api`` for device ``name`` with the config ``{"sriov": sriov}``, reserved for pod-1."""
+    configs = [{"opaque": {"driver": "dra.net", "parameters": {"sriov": sriov}}, "source": "FromClaim"}]
+    api.add_claim(make_claim("ns", "dpdk", uid, [result(name, "node")], configs=configs, pods=["pod-1"]))
+    kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    paths = MetadataPaths("dra.net", str(tmp_path / "plugins"), str(tmp_path / "cdi"))
+    builder = ClaimBuilder(lambda: devices, "dra.net", "node")
+    preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), builder, metadata=DeviceMetadataWriter(paths))
+    return preparer, ClaimRef("ns", "dpdk", uid), paths
+
+
 def test_a_vf_goes_to_vfio_pci_for_its_claim_and_back_to_igbvf(pfs: list[str], tmp_path: Path) -> None:
     """``sriov.driver: vfio-pci`` through the Preparer on a real VF: on vfio-pci once the claim is
     prepared, its VFIO group's device there and viable (the VF alone in its group), the CDI spec
@@ -542,16 +556,9 @@ def test_a_vf_goes_to_vfio_pci_for_its_claim_and_back_to_igbvf(pfs: list[str], t
     name = pci_device_name(bdf)
     group = devices[name].attributes[D + "iommuGroup"]
     assert isinstance(group, int)
-    opaque = {"driver": "dra.net", "parameters": {"sriov": {"driver": "vfio-pci"}}}
-    configs = [{"opaque": opaque, "source": "FromClaim"}]
     uid = "vfio-claim-1"
     with FakeAPIServer() as api:
-        api.add_claim(make_claim("ns", "dpdk", uid, [result(name, "node")], configs=configs, pods=["pod-1"]))
-        kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        paths = MetadataPaths("dra.net", str(tmp_path / "plugins"), str(tmp_path / "cdi"))
-        builder = ClaimBuilder(lambda: devices, "dra.net", "node")
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), builder, metadata=DeviceMetadataWriter(paths))
-        ref = ClaimRef("ns", "dpdk", uid)
+        preparer, ref, paths = vfio_preparer(api, tmp_path, devices, name, uid, {"driver": "vfio-pci"})
         answer = preparer.prepare_now([ref])[uid]
         try:
             assert answer.error == ""

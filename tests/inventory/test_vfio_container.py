@@ -25,15 +25,8 @@ from pathlib import Path
 import pytest
 
 from devcluster.builders.components import build_containerd
-from driver.checkpoint.store import CheckpointStore
-from driver.claims.claim_build import ClaimBuilder
-from driver.claims.device_metadata import DeviceMetadataWriter
-from driver.claims.metadata_document import MetadataPaths
-from driver.claims.prepare import Preparer
-from driver.dra.protocol import ClaimRef
 from driver.inventory.names import pci_device_name
-from driver.kube.client import KubeClient
-from harness.fake_apiserver import FakeAPIServer, make_claim, result
+from harness.fake_apiserver import FakeAPIServer
 from tests.inventory.test_sriov_vfs import (  # noqa: F401 - the fixture
     PCI,
     _home_as_before,
@@ -42,6 +35,7 @@ from tests.inventory.test_sriov_vfs import (  # noqa: F401 - the fixture
     _vf,
     _vf_settings,
     pfs,
+    vfio_preparer,
 )
 
 pytestmark = [pytest.mark.root, pytest.mark.kernel]
@@ -148,7 +142,6 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
     name = pci_device_name(bdf)
     group = devices[name].attributes["dra.net/iommuGroup"]
     mac = "02:d7:00:00:03:01"
-    opaque = {"driver": "dra.net", "parameters": {"sriov": {"driver": "vfio-pci", "vlan": 100, "mac": mac}}}
     before = _vf_settings(pfs[1], 1)
     uid = "vfio-container-1"
     rootfs = tmp_path / "rootfs"
@@ -158,13 +151,8 @@ def test_a_container_drives_the_vf_its_claim_put_on_vfio_pci(
     subprocess.run(["mount", "--bind", "/", str(rootfs)], check=True)
     spec_copy: Path | None = None
     with FakeAPIServer() as api:
-        configs = [{"opaque": opaque, "source": "FromClaim"}]
-        api.add_claim(make_claim("ns", "dpdk", uid, [result(name, "node")], configs=configs, pods=["pod-1"]))
-        kube = KubeClient.from_kubeconfig(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-        paths = MetadataPaths("dra.net", str(tmp_path / "plugins"), str(tmp_path / "cdi"))
-        builder = ClaimBuilder(lambda: devices, "dra.net", "node")
-        preparer = Preparer(kube, CheckpointStore(tmp_path / "state"), builder, metadata=DeviceMetadataWriter(paths))
-        ref = ClaimRef("ns", "dpdk", uid)
+        sriov = {"driver": "vfio-pci", "vlan": 100, "mac": mac}
+        preparer, ref, paths = vfio_preparer(api, tmp_path, devices, name, uid, sriov)
         answer = preparer.prepare_now([ref])[uid]
         try:
             assert answer.error == ""
